@@ -1,0 +1,151 @@
+"""What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement.
+
+Environment variables read by :func:`measure_grid` (all optional):
+
+* ``MLA_FP8_BENCH_DEVICE`` - ``auto`` (default), ``cpu``, ``cuda``, ``cuda:N``.
+* ``MLA_FP8_BENCH_MAX_TOKENS`` - skip cases with more total tokens (default: the device's sweep cap,
+  2048 on CPU, 32768 on GPUs; ragged cases count their total).
+* ``MLA_FP8_BENCH_BACKENDS`` - comma-separated subset of :data:`ASV_BACKENDS` to measure.
+* ``MLA_FP8_BENCH_SAMPLES`` / ``MLA_FP8_BENCH_TIME_BUDGET`` - latency samples / seconds per param.
+* ``MLA_FP8_BENCH_EXPECT_COMMIT`` - in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the
+  SHA you pass to ``--set-commit-hash`` here and the measurement refuses to run on other code.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .cases import SWEEP_CAPS, SWEEP_SEQ_LENS
+
+#: Backends in the asv grid (static on every machine; unavailable ones are skips).
+ASV_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated", "fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref")
+#: Case ids in the asv grid: never change or reuse an id that has results.
+ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
+    "s255", "s257", "ragged-6992-6896-2495", "ragged-4096x4", "s8175",
+)
+#: Backends of the AITER PS path (planner time and workspace tracks).
+PLAN_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated")
+
+_DROP = ("traceback",)
+
+
+def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
+    """The cached record of (backend, case) for an asv ``setup``.
+
+    Raises:
+        NotImplementedError: the param was skipped (asv records a skip, shown n/a).
+        RuntimeError: the param failed (asv records a failure); the message carries the reason.
+    """
+    rec = cache.get("records", {}).get(f"{backend}|{case}")
+    if rec is None:
+        raise NotImplementedError(f"{backend} on {case}: not measured in this run")
+    if rec["status"] == "skipped":
+        raise NotImplementedError(f"{backend} on {case}: {rec['reason']}")
+    if rec["status"] != "ok":
+        raise RuntimeError(f"{backend} on {case} failed: {rec['reason']}")
+    return rec
+
+
+def _env_int(name: str) -> int | None:
+    val = os.environ.get(name)
+    if val in (None, ""):
+        return None
+    try:
+        return int(val)
+    except ValueError:
+        raise ValueError(f"{name}={val!r} is not an integer") from None
+
+
+def _check_commit() -> None:
+    expect = os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT")
+    if not expect:
+        return
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return  # installed from a wheel: nothing to compare
+    if not head.startswith(expect) and not expect.startswith(head):
+        raise RuntimeError(f"MLA_FP8_BENCH_EXPECT_COMMIT={expect} but the library at {here} is at {head}")
+
+
+def _grid_setup():
+    from .cases import parse_case_id
+    from .devices import platform_info
+
+    _check_commit()
+    pinfo = platform_info(os.environ.get("MLA_FP8_BENCH_DEVICE", "auto"))
+    cap = _env_int("MLA_FP8_BENCH_MAX_TOKENS") or SWEEP_CAPS[pinfo.device_type]
+    wanted = [b for b in os.environ.get("MLA_FP8_BENCH_BACKENDS", "").split(",") if b]
+    unknown = [b for b in wanted if b not in ASV_BACKENDS]
+    if unknown:
+        raise ValueError(f"MLA_FP8_BENCH_BACKENDS names unknown backends {unknown}: allowed {', '.join(ASV_BACKENDS)}")
+    backends = wanted or list(ASV_BACKENDS)
+    cases, skipped = [], {}
+    for cid in ASV_CASES:
+        c = parse_case_id(cid)
+        if c.total_tokens > cap:
+            skipped[cid] = f"{c.total_tokens} tokens exceed this run's cap of {cap} on {pinfo.device_type}"
+        else:
+            cases.append(c)
+    return pinfo, cap, backends, cases, skipped
+
+
+def measure_grid() -> dict[str, Any]:
+    """Measure every (backend, case) of the asv grid once; return plain-Python (picklable) records.
+
+    Returns:
+        ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
+    """
+    from .runner import RunOptions, evaluate
+
+    pinfo, cap, backends, cases, skipped = _grid_setup()
+    opts = RunOptions(samples=_env_int("MLA_FP8_BENCH_SAMPLES") or 30,
+                      time_budget_s=float(os.environ.get("MLA_FP8_BENCH_TIME_BUDGET", "10")))
+    data = evaluate(backends, cases, device=pinfo.device, options=opts,
+                    progress=lambda r: print(f"[mla_fp8_bench] {r.backend} {r.case}: {r.status} {r.reason}", flush=True))
+    records: dict[str, Any] = {}
+    for r in data["records"]:
+        records[f"{r['backend']}|{r['case']}"] = {k: v for k, v in r.items() if k not in _DROP}
+    for cid, why in skipped.items():
+        for b in ASV_BACKENDS:
+            records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}
+    return {"env": data["env"], "cap": cap, "records": records}
+
+
+def measure_plans() -> dict[str, Any]:
+    """Planner time, live partial slots and workspace bytes of the AITER PS path for the asv grid.
+
+    Each backend of :data:`PLAN_BACKENDS` that is available provides ``plan_stats(case, platform)``.
+
+    Returns:
+        ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``,
+        ``workspace_bytes`` and ``num_partials``.
+    """
+    from .backends import get_backend
+
+    pinfo, cap, _backends, cases, skipped = _grid_setup()
+    records: dict[str, Any] = {}
+    for name in PLAN_BACKENDS:
+        b = get_backend(name)
+        avail = b.availability(pinfo)
+        for c in cases:
+            key = f"{name}|{c.id}"
+            if not avail:
+                records[key] = {"status": "skipped", "reason": avail.reason}
+                continue
+            try:
+                stats = b.plan_stats(c, pinfo)
+                records[key] = {"status": "ok", "reason": "", **stats}
+            except NotImplementedError as exc:
+                records[key] = {"status": "skipped", "reason": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
+                records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+        for cid, why in skipped.items():
+            records[f"{name}|{cid}"] = {"status": "skipped", "reason": why}
+    return {"records": records}

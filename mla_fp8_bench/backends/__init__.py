@@ -1,0 +1,55 @@
+"""Backend registry. Modules are imported lazily so optional packages (aiter, vllm, fa3) are only
+touched when a backend is asked about."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+
+#: name -> "module:Class" (relative to this package).
+_REGISTRY: dict[str, str] = {
+    "aiter-emulated": "aiter_emulated:AiterEmulated",
+    "aiter": "aiter_real:AiterReal",
+    "vllm-aiter": "vllm_aiter:VllmAiter",
+    "fa3-fp8": "fa3:Fa3Fp8",
+    "fa3-bf16": "fa3:Fa3Bf16",
+    "torch-sdpa-bf16": "torch_ref:TorchSdpaBf16",
+    "torch-fp8-ref": "torch_ref:TorchFp8Ref",
+}
+
+#: What ``run`` uses when no backend is named: the AITER path, emulated where no gfx950 exists.
+DEFAULT_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated", "fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref")
+
+
+class UnknownBackendError(ValueError):
+    """A backend name is not registered; the message lists the known ones."""
+
+
+def backend_names() -> list[str]:
+    """All registered backend names."""
+    return list(_REGISTRY)
+
+
+def register_backend(name: str, target: str) -> None:
+    """Register ``name`` -> ``"package.module:Class"`` (absolute) or ``"module:Class"`` (in this package)."""
+    _REGISTRY[name] = target
+
+
+def get_backend(name: str) -> Backend:
+    """Instantiate a backend by name.
+
+    Raises:
+        UnknownBackendError: naming the bad value and the known names.
+    """
+    if name not in _REGISTRY:
+        raise UnknownBackendError(f"backend {name!r} is unknown: allowed {', '.join(_REGISTRY)}")
+    mod_name, cls_name = _REGISTRY[name].split(":")
+    module = importlib.import_module(mod_name if "." in mod_name else f"{__name__}.{mod_name}")
+    return getattr(module, cls_name)()
+
+
+__all__ = [
+    "Backend", "BackendUnavailable", "CaseUnsupported", "Prepared", "Verdict", "UnknownBackendError",
+    "DEFAULT_BACKENDS", "backend_names", "get_backend", "register_backend",
+]

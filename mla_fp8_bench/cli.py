@@ -1,0 +1,198 @@
+"""Command line: ``mla-fp8-bench env | run | cases | ...``.
+
+Bad input (unknown backend or case, bad device) exits with status 2 and one line naming the value and
+the allowed ones - never a traceback from inside torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+EXIT_USAGE = 2
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x >= 1:
+        return f"{x:.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.3f} ms"
+    return f"{x * 1e6:.1f} us"
+
+
+def _fmt_f(x: Any, spec: str = ".4g") -> str:
+    if x is None:
+        return "-"
+    try:
+        return format(float(x), spec)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def cmd_env(args: argparse.Namespace, console: Console) -> int:
+    from .backends import backend_names, get_backend
+    from .devices import platform_info, vendor_of_build
+    from .fp8 import cast_saturates
+    from .runner import environment
+
+    pinfo = platform_info(args.device)
+    env = environment(pinfo)
+    t = Table(title="platform", show_header=False)
+    for k in ("vendor", "arch", "device", "device_name", "fp8_dtype", "torch", "cuda", "hip", "asv", "asv_runner",
+              "amd-aiter", "vllm", "fa3-fwd"):
+        key = {"amd-aiter": "aiter", "fa3-fwd": "fa3_fwd_interface"}.get(k, k)
+        t.add_row(k, str(env.get(key)))
+    t.add_row("torch build vendor", vendor_of_build())
+    t.add_row("device string note", "ROCm GPUs are torch device type 'cuda' (HIP behind torch.cuda); vendor comes "
+              "from torch.version.hip / torch.version.cuda")
+    t.add_row("fp8 cast saturates", str(cast_saturates(pinfo.fp8_dtype)))
+    console.print(t)
+    bt = Table(title="backends")
+    bt.add_column("backend")
+    bt.add_column("available")
+    bt.add_column("reason / description")
+    for name in backend_names():
+        try:
+            b = get_backend(name)
+            v = b.availability(pinfo)
+            bt.add_row(name, "yes" if v else "no", b.description if v else v.reason)
+        except Exception as exc:  # noqa: BLE001 - one broken backend must not hide the others
+            bt.add_row(name, "no", f"backend failed to load: {type(exc).__name__}: {exc}")
+    console.print(bt)
+    return 0
+
+
+def cmd_cases(args: argparse.Namespace, console: Console) -> int:
+    from .cases import SUITES, default_sweep
+
+    t = Table(title="named suites")
+    t.add_column("suite")
+    t.add_column("case ids")
+    for k, v in SUITES.items():
+        t.add_row(k, " ".join(v))
+    console.print(t)
+    for dev in ("cpu", "cuda"):
+        console.print(default_sweep(dev)[1])
+    return 0
+
+
+def _resolve_run_args(args: argparse.Namespace):
+    from .backends import DEFAULT_BACKENDS, get_backend
+    from .cases import default_sweep, resolve_cases
+    from .devices import platform_info
+
+    pinfo = platform_info(args.device)
+    names = [b for s in (args.backends or []) for b in s.split(",") if b] or list(DEFAULT_BACKENDS)
+    for n in names:
+        get_backend(n)  # validates the name early
+    specs = [c for s in (args.cases or []) for c in s.split(",") if c]
+    note = ""
+    if not specs:
+        specs, note = default_sweep(pinfo.device_type, args.max_seq_len)
+        specs = list(specs)
+    cases = resolve_cases(specs)
+    return pinfo, names, cases, note
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .runner import RunOptions, evaluate, write_json_atomic
+
+    pinfo, names, cases, note = _resolve_run_args(args)
+    if note:
+        console.print(f"[dim]{note}[/dim]")
+    opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
+                      flush_l2=args.flush_l2)
+    total = len(names) * len(cases)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as prog:
+        task = prog.add_task("measuring", total=total)
+
+        def tick(rec):
+            prog.update(task, advance=1, description=f"{rec.backend} {rec.case}: {rec.status}")
+
+        data = evaluate(names, cases, device=pinfo.device, options=opts, progress=tick)
+    if args.json:
+        write_json_atomic(data, args.json)
+    t = Table(title=f"FP8 MLA prefill on {data['env']['device_name']} ({data['env']['arch']})")
+    for col in ("backend", "case", "status", "latency", "method", "TFLOP/s", "max-abs vs fp8", "max-abs vs bf16",
+                "rel-L2 vs fp8", "mismatch", "note"):
+        t.add_column(col, overflow="fold")
+    for r in data["records"]:
+        scope = r.get("timing_scope")
+        t.add_row(r["backend"], r["case"], r["status"], _fmt_s(r.get("latency_s")),
+                  (r.get("latency_method") or "-") + (" (emulation)" if r.get("emulation") else ""),
+                  _fmt_f(r.get("tflops"), ".1f") if scope != "emulation" else "-",
+                  _fmt_f(r.get("max_abs_error_fp8_ref")), _fmt_f(r.get("max_abs_error_bf16_ref")),
+                  _fmt_f(r.get("rel_l2_error_fp8_ref")), _fmt_f(r.get("mismatch_fraction")), r.get("reason", ""))
+    console.print(t)
+    if args.json:
+        console.print(f"wrote {args.json}")
+    errors = sum(r["status"] == "error" for r in data["records"])
+    return 1 if errors and args.strict else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("env", help="platform, versions and each backend's availability with the reason")
+    sub.add_parser("cases", help="list named suites and the default sweep per device")
+    r = sub.add_parser("run", help="measure backends x cases (latency, errors, TFLOP/s)")
+    r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
+    r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "
+                   "(default: the device's seq_len sweep)")
+    r.add_argument("--max-seq-len", type=int, default=None, help="cap of the default sweep")
+    r.add_argument("--json", help="write records to this JSON file (atomically)")
+    r.add_argument("--samples", type=int, default=30, help="latency samples per (backend, case)")
+    r.add_argument("--time-budget", type=float, default=20.0, help="seconds of latency sampling per (backend, case)")
+    r.add_argument("--no-timing", action="store_true", help="accuracy only")
+    r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
+    r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
+    _add_extra_commands(sub)
+    return p
+
+
+def _add_extra_commands(sub) -> None:
+    """Sub-commands that live in their own modules (calibrate, gate, plot, bisect) register here."""
+    import importlib
+
+    for mod in ("calibrate", "gate", "plot", "bisect"):
+        try:
+            m = importlib.import_module(f"{__package__}.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__package__}.{mod}":
+                continue
+            raise
+        if hasattr(m, "add_parser"):
+            m.add_parser(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``mla-fp8-bench`` console script; returns the exit status."""
+    console = Console()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .backends import UnknownBackendError
+    from .cases import CaseError
+    from .devices import DeviceError
+
+    handlers = {"env": cmd_env, "cases": cmd_cases, "run": cmd_run}
+    try:
+        handler = handlers.get(args.cmd) or args.handler
+        return handler(args, console)
+    except (UnknownBackendError, CaseError, DeviceError, FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Device and vendor facts: vendor (cuda / rocm / cpu), arch (sm_90, gfx950), fp8 dtype.
+
+On ROCm builds of PyTorch, AMD GPUs are exposed under device type ``"cuda"`` (the ``torch.cuda``
+APIs are HIP underneath); ``"hip"`` is not a usable tensor device. The vendor is told apart by
+``torch.version.hip`` / ``torch.version.cuda``, never by the device string (vLLM's
+``RocmPlatform.device_type == "cuda"``). ``torch.device("cuda")`` has no index and compares unequal
+to ``torch.device("cuda:0")``, so :func:`normalize_device` always adds the index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+class DeviceError(ValueError):
+    """A device string is invalid or names a device that is not present."""
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    """What the suite runs on.
+
+    Attributes:
+        vendor: ``"cuda"`` (NVIDIA), ``"rocm"`` (AMD) or ``"cpu"``.
+        device: normalised torch device (``cuda:0`` style, never bare ``cuda``).
+        arch: ``"sm_90"``, ``"gfx950"``, ... or ``"cpu"``.
+        name: the device's marketing name (``NVIDIA H200``) or the CPU's.
+        fp8_dtype: the platform fp8 dtype: ``torch.float8_e4m3fn``; ``float8_e4m3fnuz`` on gfx942.
+        torch_version / cuda_version / hip_version: build facts.
+        multi_processor_count: SMs / CUs (0 on CPU).
+    """
+
+    vendor: str
+    device: torch.device
+    arch: str
+    name: str
+    fp8_dtype: torch.dtype
+    torch_version: str
+    cuda_version: str | None
+    hip_version: str | None
+    multi_processor_count: int
+
+    @property
+    def device_type(self) -> str:
+        """``"cpu"`` or ``"cuda"`` (ROCm included)."""
+        return self.device.type
+
+
+def vendor_of_build() -> str:
+    """``"rocm"`` if this torch is a HIP build, ``"cuda"`` if a CUDA build, else ``"cpu"``."""
+    if getattr(torch.version, "hip", None):
+        return "rocm"
+    if getattr(torch.version, "cuda", None):
+        return "cuda"
+    return "cpu"
+
+
+def normalize_device(device: str | torch.device | None = "auto") -> torch.device:
+    """Resolve ``auto``/``cpu``/``cuda``/``cuda:N`` to a concrete, indexed torch device.
+
+    Raises:
+        DeviceError: for unknown strings, ``hip`` (use ``cuda`` on ROCm), or a GPU device when none
+            is available.
+    """
+    if device is None or device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(device, str) and device.startswith("hip"):
+        raise DeviceError(
+            f"device {device!r} is not a torch tensor device: on ROCm builds AMD GPUs are 'cuda' devices"
+        )
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise DeviceError(f"device {device!r} is invalid: allowed {', '.join(DEVICE_CHOICES)} or cuda:N ({exc})") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise DeviceError(f"device {device!r} is not supported: allowed {', '.join(DEVICE_CHOICES)} or cuda:N")
+    if not torch.cuda.is_available():
+        raise DeviceError(f"device {device!r} was asked for but no CUDA/ROCm GPU is available (torch {torch.__version__})")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise DeviceError(f"device {device!r}: index {index} out of range, {torch.cuda.device_count()} GPU(s) visible")
+    return torch.device("cuda", index)
+
+
+def gpu_arch(device: torch.device) -> str:
+    """``gfx950``-style arch on ROCm (``gcnArchName`` without feature flags), ``sm_XY`` on NVIDIA."""
+    props = torch.cuda.get_device_properties(device)
+    gcn = getattr(props, "gcnArchName", None)
+    if vendor_of_build() == "rocm" and gcn:
+        return gcn.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def fp8_dtype_for(vendor: str, arch: str) -> torch.dtype:
+    """The platform fp8 e4m3 dtype: ``float8_e4m3fnuz`` on gfx94x (max 240), else ``float8_e4m3fn`` (max 448)."""
+    if vendor == "rocm" and arch.startswith("gfx94"):
+        return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn
+
+
+def platform_info(device: str | torch.device | None = "auto") -> PlatformInfo:
+    """Describe the device the suite would run on.
+
+    Raises:
+        DeviceError: see :func:`normalize_device`.
+    """
+    dev = normalize_device(device)
+    if dev.type == "cpu":
+        import platform as _pf
+
+        return PlatformInfo(
+            vendor="cpu", device=dev, arch="cpu", name=_pf.processor() or _pf.machine(), fp8_dtype=torch.float8_e4m3fn,
+            torch_version=torch.__version__, cuda_version=None, hip_version=None, multi_processor_count=0,
+        )
+    vendor = vendor_of_build()
+    arch = gpu_arch(dev)
+    props = torch.cuda.get_device_properties(dev)
+    return PlatformInfo(
+        vendor=vendor, device=dev, arch=arch, name=props.name, fp8_dtype=fp8_dtype_for(vendor, arch),
+        torch_version=torch.__version__, cuda_version=getattr(torch.version, "cuda", None),
+        hip_version=getattr(torch.version, "hip", None), multi_processor_count=props.multi_processor_count,
+    )
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all queued work on ``device`` (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,73 @@
+"""FLOPs and bytes of causal MLA prefill, and achieved throughput.
+
+Convention (FA3 ``hopper/benchmark_attn.py``, FlashInfer ``testing/utils.py``, AITER's op test, the
+Triton tutorial; see docs/h200-fp8-peers.md §5): two GEMMs of ``2 * rows * cols * D`` each, halved
+for the causal triangle. For q_len == kv_len:
+
+    FLOPs = sum_i H * S_i^2 * (D_qk + D_v)      (= 320 * H * sum S_i^2 for 192/128)
+
+:func:`causal_flops` with ``exact=True`` counts the ``S(S+1)/2`` valid pairs instead (larger by the
+factor 1 + 1/S). Softmax work is not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .shapes import QK_HEAD_DIM, V_HEAD_DIM
+
+
+def _check(seq_lens: Sequence[int], num_heads: int) -> None:
+    if not seq_lens:
+        raise ValueError("seq_lens is empty: a batch needs at least one sequence")
+    if any((not isinstance(s, int)) or s < 0 for s in seq_lens):
+        raise ValueError(f"seq_lens {list(seq_lens)} must be integers >= 0")
+    if num_heads < 1:
+        raise ValueError(f"num_heads {num_heads} must be >= 1")
+
+
+def causal_pairs(seq_len: int, exact: bool = False) -> float:
+    """Causally valid (query, key) pairs of one prefill sequence: ``S^2/2`` (convention) or ``S(S+1)/2``."""
+    return seq_len * (seq_len + 1) / 2 if exact else seq_len * seq_len / 2
+
+
+def causal_flops(seq_lens: Sequence[int], num_heads: int, qk_head_dim: int = QK_HEAD_DIM,
+                 v_head_dim: int = V_HEAD_DIM, *, exact: bool = False) -> float:
+    """Floating-point operations of causal attention over a ragged prefill batch.
+
+    ``2 * H * (D_qk + D_v) * sum(pairs_i)``, pairs per :func:`causal_pairs`.
+
+    Raises:
+        ValueError: empty batch, negative lengths, num_heads < 1.
+    """
+    _check(seq_lens, num_heads)
+    return 2.0 * num_heads * (qk_head_dim + v_head_dim) * sum(causal_pairs(s, exact) for s in seq_lens)
+
+
+def min_bytes(seq_lens: Sequence[int], num_heads: int, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM,
+              in_bytes: int = 1, out_bytes: int = 2) -> int:
+    """Fewest bytes the kernel must move: fp8 q, k, v read once, bf16 output written once.
+
+    ``T * H * ((2*D_qk + D_v) * in_bytes + D_v * out_bytes)`` (768 * H * T for MLA fp8 -> bf16).
+    """
+    _check(seq_lens, num_heads)
+    t = sum(seq_lens)
+    return t * num_heads * ((2 * qk_head_dim + v_head_dim) * in_bytes + v_head_dim * out_bytes)
+
+
+def tflops(flops: float, seconds: float) -> float:
+    """Achieved TFLOP/s = flops / seconds / 1e12 (nan when seconds is not positive)."""
+    return flops / seconds / 1e12 if seconds and seconds > 0 else float("nan")
+
+
+#: Dense datasheet peaks in TFLOP/s (docs/h200-fp8-peers.md §6).
+DATASHEET_PEAKS_TFLOPS = {
+    "NVIDIA H200": {"fp8": 1979.0, "bf16": 989.5, "hbm_tb_s": 4.8},
+    "NVIDIA H100 80GB HBM3": {"fp8": 1979.0, "bf16": 989.5, "hbm_tb_s": 3.35},
+    "gfx950": {"fp8": 5000.0, "bf16": 2500.0, "hbm_tb_s": 8.0},  # MI355X
+}
+
+
+def datasheet_peak(device_name: str, arch: str) -> dict[str, float] | None:
+    """Datasheet peaks for a device name or arch, or None if unknown."""
+    return DATASHEET_PEAKS_TFLOPS.get(device_name) or DATASHEET_PEAKS_TFLOPS.get(arch)

@@ -1,0 +1,287 @@
+"""Evaluate a grid of (backend, case) in one process: latency, errors against both references, FLOPs.
+
+One failing backend or case never loses the others: unavailability and unsupported cases become
+``status="skipped"`` records with the reason, exceptions become ``status="error"`` records, and
+out-of-memory becomes a ``skipped`` record saying so. Each backend's ``cleanup`` runs in ``finally``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import os
+import platform as _pyplatform
+import tempfile
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .backends import Backend, BackendUnavailable, CaseUnsupported, get_backend
+from .cases import Case
+from .devices import PlatformInfo, platform_info, synchronize
+from .flops import causal_flops, min_bytes, tflops
+from .inputs import CaseInputs, make_inputs
+from .metrics import error_metrics, lse_error
+from .reference import reference_bf16, reference_fp8_dequant
+from .timing import measure_latency, time_call
+
+#: Record keys that every JSON record carries (issue #2's contract with users).
+RECORD_KEYS = (
+    "backend", "case", "status", "reason", "latency_s", "latency_samples_s", "latency_method", "timing_scope",
+    "max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_fp8_ref", "mismatch_fraction", "tflops",
+)
+
+
+@dataclass
+class RunOptions:
+    """How to measure.
+
+    Attributes:
+        timing: measure latency (False: accuracy only).
+        samples: latency samples per (backend, case).
+        time_budget_s: wall-clock budget for one (backend, case)'s latency samples.
+        call_latency: also measure host-inclusive call latency on GPUs.
+        flush_l2: flush L2 before each sample (GPU).
+        determinism: run twice and record the largest difference (``nondeterminism_max_abs``).
+        ref_dtype: reference dtype (default float64 on CPU, float32 on GPU).
+    """
+
+    timing: bool = True
+    samples: int = 30
+    time_budget_s: float = 20.0
+    call_latency: bool = True
+    flush_l2: bool = False
+    determinism: bool = True
+    ref_dtype: torch.dtype | None = None
+
+
+@dataclass
+class Record:
+    """The result of one (backend, case); serialised with :meth:`as_dict`."""
+
+    backend: str
+    case: str
+    status: str  # "ok" | "skipped" | "error"
+    reason: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {"backend": self.backend, "case": self.case, "status": self.status, "reason": self.reason}
+        for k in RECORD_KEYS:
+            d.setdefault(k, None)
+        d.update(self.values)
+        return d
+
+
+def environment(pinfo: PlatformInfo) -> dict[str, Any]:
+    """Versions and device facts stored with every run."""
+    env: dict[str, Any] = {
+        "mla_fp8_bench": __version__,
+        "torch": torch.__version__,
+        "python": _pyplatform.python_version(),
+        "vendor": pinfo.vendor,
+        "device": str(pinfo.device),
+        "arch": pinfo.arch,
+        "device_name": pinfo.name,
+        "fp8_dtype": str(pinfo.fp8_dtype).replace("torch.", ""),
+        "cuda": pinfo.cuda_version,
+        "hip": pinfo.hip_version,
+        "multi_processor_count": pinfo.multi_processor_count,
+        "hostname": _pyplatform.node(),
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    for mod in ("asv", "asv_runner", "numpy", "aiter", "vllm", "fa3_fwd_interface"):
+        if mod in ("aiter", "vllm", "fa3_fwd_interface"):
+            # never import aiter on a non-ROCm machine (its import runs rocminfo); report the dist version
+            env[mod] = _dist_version({"aiter": "amd-aiter", "vllm": "vllm", "fa3_fwd_interface": "fa3-fwd"}[mod])
+            continue
+        env[mod] = _dist_version(mod)
+    return env
+
+
+def _dist_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _short(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+class CaseContext:
+    """Inputs and lazily computed references of one case, shared by all backends."""
+
+    def __init__(self, case: Case, pinfo: PlatformInfo, ref_dtype: torch.dtype | None):
+        self.case = case
+        self.inputs: CaseInputs = make_inputs(case, pinfo.device, pinfo.fp8_dtype)
+        self._ref_dtype = ref_dtype
+        self._fp8_ref: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._bf16_ref: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def fp8_ref(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._fp8_ref is None:
+            self._fp8_ref = reference_fp8_dequant(self.inputs, self._ref_dtype)
+        return self._fp8_ref
+
+    @property
+    def bf16_ref(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._bf16_ref is None:
+            self._bf16_ref = reference_bf16(self.inputs, self._ref_dtype)
+        return self._bf16_ref
+
+
+def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: RunOptions) -> Record:
+    """Measure one backend on one case. Never raises for backend failures: returns a record."""
+    case = ctx.case
+    rec = Record(backend.name, case.id, "ok")
+    sup = backend.supports(case, pinfo)
+    if not sup:
+        rec.status, rec.reason = "skipped", sup.reason
+        return rec
+    prepared = None
+    try:
+        prepared = backend.prepare(ctx.inputs)
+        out = prepared.run()
+        synchronize(pinfo.device)
+        out_snapshot = out.detach().clone()
+        v = rec.values
+        v["timing_scope"] = prepared.timing_scope
+        v["emulation"] = backend.emulation
+        fp8m = error_metrics(out_snapshot, ctx.fp8_ref[0])
+        bfm = error_metrics(out_snapshot, ctx.bf16_ref[0])
+        v.update(fp8m.as_dict("_fp8_ref"))
+        v.update(bfm.as_dict("_bf16_ref"))
+        v["mismatch_fraction"] = bfm.mismatch_fraction  # AITER's criterion is against the unquantised ref
+        if prepared.lse is not None:
+            lse, rows = prepared.lse()
+            v["lse_rel_error_fp8_ref"] = lse_error(lse, ctx.fp8_ref[1], rows)
+            v["lse_rows_checked"] = int(rows.sum().item())
+        if opts.determinism:
+            out2 = prepared.run()
+            synchronize(pinfo.device)
+            v["nondeterminism_max_abs"] = float((out2.detach().double() - out_snapshot.double()).abs().nan_to_num(
+                nan=float("inf")).max().item())
+        del out_snapshot
+        flops = causal_flops(case.seq_lens, case.num_heads)
+        v["flops"] = flops
+        v["bytes"] = min_bytes(case.seq_lens, case.num_heads)
+        if opts.timing:
+            tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
+                                 samples=opts.samples, time_budget_s=opts.time_budget_s,
+                                 **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
+            v["latency_s"] = tr.median_s
+            v["latency_samples_s"] = tr.samples_s
+            v["latency_iqr_s"] = tr.iqr_s
+            v["latency_cv"] = tr.cv
+            v["latency_method"] = tr.method
+            v["launches_per_sample"] = tr.launches_per_sample
+            if tr.note:
+                v["latency_note"] = tr.note
+            v["tflops"] = tflops(flops, tr.median_s)
+            v["gb_s"] = v["bytes"] / tr.median_s / 1e9
+            if opts.call_latency and pinfo.device.type == "cuda":
+                cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
+                v["call_latency_s"] = cl.median_s
+        v.update({k: val for k, val in prepared.extras.items() if k not in v})
+    except (BackendUnavailable, CaseUnsupported) as exc:
+        rec.status, rec.reason = "skipped", str(exc)
+    except Exception as exc:  # noqa: BLE001 - a failing backend must not lose other results
+        if _is_oom(exc):
+            rec.status, rec.reason = "skipped", f"out of memory at {case.id}: {_short(exc)}"
+        else:
+            rec.status, rec.reason = "error", _short(exc)
+            rec.values["traceback"] = traceback.format_exc(limit=8)
+    finally:
+        if prepared is not None and prepared.cleanup is not None:
+            try:
+                prepared.cleanup()
+            except Exception as exc:  # noqa: BLE001
+                rec.values["cleanup_error"] = _short(exc)
+        if pinfo.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rec
+
+
+def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
+             options: RunOptions | None = None,
+             progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
+    """Run every (backend, case) pair; returns ``{"env": ..., "records": [...]}`` (JSON-ready).
+
+    Backends unavailable on this machine produce one ``skipped`` record per case with the reason.
+
+    Raises:
+        mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
+        mla_fp8_bench.devices.DeviceError: for a bad device.
+    """
+    opts = options or RunOptions()
+    pinfo = platform_info(device)
+    bks = [get_backend(n) for n in backends]
+    cases = list(cases)
+    avail = {b.name: b.availability(pinfo) for b in bks}
+    records: list[dict[str, Any]] = []
+    for case in cases:
+        ctx: CaseContext | None = None
+        ctx_error: str | None = None
+        for b in bks:
+            if not avail[b.name]:
+                rec = Record(b.name, case.id, "skipped", avail[b.name].reason)
+            else:
+                if ctx is None and ctx_error is None:
+                    try:
+                        ctx = CaseContext(case, pinfo, opts.ref_dtype)
+                    except Exception as exc:  # noqa: BLE001
+                        ctx_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
+                                     f"inputs for {case.id} failed: {_short(exc)}")
+                if ctx_error is not None:
+                    rec = Record(b.name, case.id, "skipped" if "out of memory" in ctx_error else "error", ctx_error)
+                else:
+                    rec = evaluate_one(b, ctx, pinfo, opts)
+            records.append(rec.as_dict())
+            if progress is not None:
+                progress(rec)
+        del ctx
+        gc.collect()
+    return {"env": environment(pinfo), "records": records}
+
+
+def write_json_atomic(data: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write JSON via a temp file + rename, so an interrupted run never leaves a truncated file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, default=_json_default, allow_nan=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, torch.dtype):
+        return str(o)
+    if isinstance(o, torch.device):
+        return str(o)
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")

@@ -1,0 +1,226 @@
+"""Latency measurement: kernel-only device time and host-inclusive call latency.
+
+Methods, in order of preference on a GPU (CUDA and ROCm share the ``torch.cuda`` code path):
+
+* ``graph`` - the prepared call is captured ``launches`` times back to back in one CUDA/HIP graph;
+  a sample is ``elapsed(replay) / launches`` between two device events. Python and launch overhead
+  vanish; what remains is device time including the gaps between kernels of one call.
+* ``events`` - when capture is impossible (host-side planning or a sync inside the call), the call
+  runs ``launches`` times back to back between one event pair. Host overhead that exceeds device time
+  shows up here; the method is recorded with every result.
+* ``host`` - CPU devices: ``time.perf_counter`` around each call.
+
+Caches: by default samples are L2-warm (the same buffers each launch; in production q/k/v come
+straight out of the ``kv_b_proj`` GEMM). ``flush_l2=True`` writes a buffer of twice the L2 size before
+each sample and times a single launch per sample (cold L2 for that launch).
+
+Call latency (:func:`time_call`) is the host-inclusive time of one call as a user sees it:
+``perf_counter`` around ``run(); synchronize()``.
+
+Statistics: median and IQR of samples, in seconds. Sources: docs/asv-notes.md §1 (samples format),
+docs/h200-fp8-peers.md (graph replay <= 0.45% CV; do_bench host-bound below S~8k).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TimingResult:
+    """Latency samples of one prepared call.
+
+    Attributes:
+        samples_s: per-launch latency samples, seconds.
+        method: ``"graph"``, ``"events"`` or ``"host"``.
+        launches_per_sample: launches averaged into one sample.
+        warmup_calls: calls run before sampling.
+        flush_l2: whether L2 was flushed before each sample.
+        note: why a fallback happened, if one did.
+    """
+
+    samples_s: list[float]
+    method: str
+    launches_per_sample: int
+    warmup_calls: int
+    flush_l2: bool = False
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def median_s(self) -> float:
+        """Median sample, seconds."""
+        return statistics.median(self.samples_s)
+
+    @property
+    def iqr_s(self) -> float:
+        """Inter-quartile range of the samples, seconds (0 for fewer than 4 samples)."""
+        if len(self.samples_s) < 4:
+            return 0.0
+        q = statistics.quantiles(self.samples_s, n=4)
+        return q[2] - q[0]
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation (stdev / mean) of the samples."""
+        if len(self.samples_s) < 2:
+            return 0.0
+        return statistics.stdev(self.samples_s) / statistics.fmean(self.samples_s)
+
+
+def _l2_bytes(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+
+
+def _warmup(run: Callable[[], object], sync: Callable[[], None], max_calls: int = 20, budget_s: float = 2.0,
+            rel_tol: float = 0.05) -> int:
+    """Call ``run`` until two consecutive host-timed calls agree within ``rel_tol`` (>= 3 calls)."""
+    prev = None
+    calls = 0
+    t_start = time.perf_counter()
+    while calls < max_calls:
+        t0 = time.perf_counter()
+        run()
+        sync()
+        dt = time.perf_counter() - t0
+        calls += 1
+        if calls >= 3 and prev is not None and abs(dt - prev) <= rel_tol * max(prev, 1e-9):
+            break
+        if time.perf_counter() - t_start > budget_s and calls >= 3:
+            break
+        prev = dt
+    return calls
+
+
+def time_device(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = True,
+                samples: int = 30, target_sample_s: float = 2e-3, max_launches: int = 200,
+                flush_l2: bool = False, time_budget_s: float = 20.0) -> TimingResult:
+    """Kernel-only latency of ``run`` on a CUDA/ROCm device.
+
+    Args:
+        run: the prepared call (launches device work, no host sync).
+        device: a ``cuda:N`` device.
+        graph_capturable: try CUDA-graph capture first (falls back to events on failure).
+        samples: samples to take (fewer if ``time_budget_s`` runs out, never fewer than 5).
+        target_sample_s: launches per sample are chosen so one sample lasts about this long.
+        max_launches: cap on launches per sample.
+        flush_l2: flush L2 before each sample and time one launch per sample.
+        time_budget_s: wall-clock budget for sampling.
+
+    Returns:
+        :class:`TimingResult` with per-launch samples in seconds.
+
+    Raises:
+        ValueError: if ``device`` is not a GPU device.
+    """
+    if device.type != "cuda":
+        raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
+    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    stream = torch.cuda.current_stream(device)
+    warm = _warmup(run, sync)
+    # estimate one launch's device time with events
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record(stream)
+    for _ in range(3):
+        run()
+    e1.record(stream)
+    sync()
+    one = max(e0.elapsed_time(e1) / 3 / 1e3, 1e-7)
+    launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
+    flush_buf = torch.empty(2 * _l2_bytes(device) // 4, dtype=torch.float32, device=device) if flush_l2 else None
+
+    method, note, graph = "events", "", None
+    if graph_capturable:
+        try:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                run()  # warm on the capture stream
+            stream.wait_stream(side)
+            sync()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(launches):
+                    run()
+            graph.replay()
+            sync()
+            method = "graph"
+        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
+            graph = None
+            note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
+            try:
+                torch.cuda.synchronize(device)
+            except Exception:  # noqa: BLE001
+                pass
+
+    out: list[float] = []
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    t_budget = time.perf_counter() + time_budget_s
+    for i in range(samples):
+        if flush_buf is not None:
+            flush_buf.zero_()
+        starts[i].record(stream)
+        if graph is not None:
+            graph.replay()
+        else:
+            for _ in range(launches):
+                run()
+        ends[i].record(stream)
+        if i >= 4 and time.perf_counter() > t_budget:
+            starts, ends = starts[: i + 1], ends[: i + 1]
+            break
+    sync()
+    out = [s.elapsed_time(e) / 1e3 / launches for s, e in zip(starts, ends)]
+    del graph
+    return TimingResult(out, method, launches, warm, flush_l2, note)
+
+
+def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
+              time_budget_s: float = 10.0, warmup: bool = True) -> TimingResult:
+    """Latency of ``run`` on the CPU: ``perf_counter`` per call, after one warm-up call (``warmup``).
+
+    At least ``min_samples`` samples are taken; sampling stops early once ``time_budget_s`` is spent.
+    """
+    if warmup:
+        run()
+    out: list[float] = []
+    t_budget = time.perf_counter() + time_budget_s
+    for i in range(samples):
+        t0 = time.perf_counter()
+        run()
+        out.append(time.perf_counter() - t0)
+        if i + 1 >= min_samples and time.perf_counter() > t_budget:
+            break
+    return TimingResult(out, "host", 1, int(warmup))
+
+
+def time_call(run: Callable[[], object], device: torch.device, *, samples: int = 20,
+              time_budget_s: float = 5.0) -> TimingResult:
+    """Host-inclusive latency of one call (``run(); synchronize()``), as a user of the API sees it."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    warm = _warmup(run, sync, max_calls=5)
+    out: list[float] = []
+    t_budget = time.perf_counter() + time_budget_s
+    for i in range(samples):
+        t0 = time.perf_counter()
+        run()
+        sync()
+        out.append(time.perf_counter() - t0)
+        if i >= 2 and time.perf_counter() > t_budget:
+            break
+    return TimingResult(out, "host-sync", 1, warm)
+
+
+def measure_latency(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = False,
+                    **kw) -> TimingResult:
+    """Kernel-only latency on GPUs (:func:`time_device`), host latency on CPU (:func:`time_host`)."""
+    if device.type == "cuda":
+        return time_device(run, device, graph_capturable=graph_capturable, **kw)
+    return time_host(run, **{k: v for k, v in kw.items() if k in ("samples", "time_budget_s", "min_samples", "warmup")})

@@ -1,0 +1,647 @@
+"""Tests for the pure-Python port of AITER's PS planner (``mla_fp8_bench.aiter_ps.planner``).
+
+* Golden vectors: every record of ``shared/data/ps_planner_golden.json.gz`` (real AITER
+  ``get_ps_metadata_v1`` output at commit e4048607a535) must be reproduced element by element.
+* Properties: ~200 seeded random configurations are checked by an independent coverage checker
+  (written from the contract's semantics, not from the planner's algorithm), plus brute-force
+  counting on small configurations.
+* Validation: every bad input raises ``ValueError`` naming the bad value.
+
+The golden file is looked up in ``$MLA_FP8_BENCH_SHARED`` (the ``shared`` folder or its ``data``
+sub-folder) and then in ``<repo>/../shared/data``; the golden tests are skipped if it is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import math
+import os
+import random
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from mla_fp8_bench.aiter_ps.planner import (
+    BUFFER_LENGTH_KEYS,
+    BUFFER_NAMES,
+    PsPlan,
+    buffer_lengths_from_info,
+    fill_aiter_buffers,
+    plan_ps_prefill,
+    ps_metadata_info,
+)
+
+GOLDEN_NAME = "ps_planner_golden.json.gz"
+SHARED_ENV = "MLA_FP8_BENCH_SHARED"
+
+
+# ------------------------------------------------------------------------------------------------
+# golden vectors
+# ------------------------------------------------------------------------------------------------
+
+
+def _golden_candidates() -> list[Path]:
+    out = []
+    env = os.environ.get(SHARED_ENV)
+    if env:
+        out += [Path(env) / "data" / GOLDEN_NAME, Path(env) / GOLDEN_NAME]
+    out.append(Path(__file__).resolve().parents[2] / "shared" / "data" / GOLDEN_NAME)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _golden() -> dict | None:
+    for path in _golden_candidates():
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                return json.load(f)
+    return None
+
+
+def _golden_params():
+    data = _golden()
+    if data is None:
+        tried = ", ".join(str(p) for p in _golden_candidates())
+        reason = f"golden file {GOLDEN_NAME} not found (tried {tried}; set ${SHARED_ENV} to the shared/ folder)"
+        return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="golden-missing")]
+    return [
+        pytest.param(i, id=f"{r['config']['id']}-{r['config']['name']}") for i, r in enumerate(data["records"])
+    ]
+
+
+def _first_mismatch(got: list, want: list) -> str:
+    if len(got) != len(want):
+        return f"length {len(got)} != {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            return f"first difference at [{i}]: got {g}, want {w}"
+    return "equal"
+
+
+def _assert_same(name: str, got, want) -> None:
+    assert got == want, f"{name}: {_first_mismatch(got, want) if isinstance(got, list) else f'{got} != {want}'}"
+
+
+def _plan_config(cfg: dict, **extra) -> PsPlan:
+    return plan_ps_prefill(
+        cfg["seqlens_qo_indptr"],
+        cfg["pages_kv_indptr"],
+        cfg["context_lens"],
+        num_heads_k=cfg["num_heads_k"],
+        cu_num=cfg["cu_num"],
+        gqa_ratio=cfg["gqa_ratio"],
+        qhead_granularity=cfg["qhead_granularity"],
+        qlen_granularity=cfg["qlen_granularity"],
+        kvlen_granularity=cfg["kvlen_granularity"],
+        block_size=cfg["block_size"],
+        is_causal=cfg["is_causal"],
+        **extra,
+    )
+
+
+def test_golden_file_meta():
+    data = _golden()
+    if data is None:
+        pytest.skip(f"golden file {GOLDEN_NAME} not found")
+    assert data["meta"]["num_records"] == len(data["records"]) == 192
+    assert data["meta"]["aiter_commit"].startswith("e4048607a535")
+    assert tuple(data["meta"]["work_info_fields"]) == (
+        "batch_idx", "partial_o_loc", "qo_start", "qo_end", "kv_start", "kv_end", "kv_offset", "q_head_range",
+    )
+
+
+@pytest.mark.parametrize("idx", _golden_params())
+def test_golden(idx):
+    rec = _golden()["records"][idx]
+    cfg, out = rec["config"], rec["outputs"]
+
+    info = ps_metadata_info(cfg["batch_size"], cfg["num_heads_k"], cfg["max_qlen"], 256, cu_num=cfg["cu_num"])
+    assert list(info) == list(BUFFER_NAMES)
+    got_shapes = {k: {"shape": list(shape), "dtype": dt} for k, (shape, dt) in info.items()}
+    assert got_shapes == rec["info_shapes"]
+    assert buffer_lengths_from_info(info) == out["buffer_lengths"]
+
+    plan = _plan_config(cfg, buffer_lengths=out["buffer_lengths"])
+    _assert_same("work_indptr", plan.work_indptr.tolist(), out["work_indptr"])
+    _assert_same("num_works", plan.num_works, out["num_works"])
+    _assert_same("work_info", plan.used_work_info.tolist(), out["work_info"])
+    _assert_same("reduce_indptr", plan.reduce_indptr.tolist(), out["reduce_indptr"])
+    _assert_same("num_reduce_groups", plan.num_reduce_groups, out["num_reduce_groups"])
+    _assert_same("reduce_final_map", plan.used_reduce_final_map.tolist(), out["reduce_final_map"])
+    _assert_same("num_partials", plan.num_partials, out["num_partials"])
+    _assert_same("reduce_partial_map", plan.used_reduce_partial_map.tolist(), out["reduce_partial_map"])
+
+    # whole buffers: exact lengths, tails as the real planner leaves them
+    bl = out["buffer_lengths"]
+    assert plan.buffer_lengths == bl
+    for t in (plan.work_indptr, plan.work_info, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map):
+        assert t.dtype == torch.int32 and t.device.type == "cpu" and t.is_contiguous()
+    assert plan.work_info.shape == (bl["work_info_rows"], 8)
+    assert plan.reduce_final_map.shape == (bl["reduce_final_map_rows"], 2)
+    assert not plan.work_info[plan.num_works :].any()
+    assert not plan.reduce_final_map[plan.num_reduce_groups :].any()
+    assert not plan.reduce_partial_map[plan.num_partials :].any()
+    assert plan.reduce_indptr[plan.num_reduce_groups + 1 :].eq(plan.num_partials).all()
+    assert int(plan.reduce_indptr[-1]) == plan.num_partials
+    assert int(plan.work_indptr[-1]) == plan.num_works
+
+    # the default sizing is the info sizing, so the plan is the same without buffer_lengths
+    plan2 = _plan_config(cfg)
+    assert plan2.buffer_lengths == bl
+    assert torch.equal(plan2.work_info, plan.work_info)
+
+    # fill_aiter_buffers writes whole buffers (garbage-initialised) exactly like the golden output
+    bufs = {
+        name: torch.full(shape, -7, dtype=getattr(torch, "int64" if dt == "uint64" else dt))
+        for name, (shape, dt) in info.items()
+    }
+    fill_aiter_buffers(plan, *(bufs[n] for n in BUFFER_NAMES))
+    assert bufs["work_metadata_ptrs"].eq(-7).all()  # never written
+    _assert_same("filled work_indptr", bufs["work_indptr"].tolist(), out["work_indptr"])
+    _assert_same("filled reduce_indptr", bufs["reduce_indptr"].tolist(), out["reduce_indptr"])
+    assert torch.equal(bufs["work_info"], plan.work_info)
+    assert torch.equal(bufs["reduce_final_map"], plan.reduce_final_map)
+    assert torch.equal(bufs["reduce_partial_map"], plan.reduce_partial_map)
+
+
+# ------------------------------------------------------------------------------------------------
+# independent invariant checker
+# ------------------------------------------------------------------------------------------------
+
+
+def check_plan(qo: list[int], kvp: list[int], ctx: list[int], num_heads: int, cu_num: int, causal: bool,
+               plan: PsPlan) -> dict:
+    """Check a plan against the contract's semantics (sections 4 and 5), independently of how the
+    planner builds it. Returns a few statistics. Assumes block_size 1 and default buffer sizes.
+
+    Coverage is checked per (tile, head) by interval arithmetic: the keys visible to a tile's last
+    row are ``[0, kmax)`` with ``kmax = kv_len - q_len + tile_end`` (causal, bottom-right) or
+    ``kv_len``; every other row of the tile sees a prefix of that. So the valid (row, head, key)
+    triples are covered exactly once iff the tile-head's KV intervals, sorted, tile ``[0, >= kmax)``
+    without gaps or overlaps and none starts at or after ``kmax`` (a work that could only touch
+    masked keys). Ends are bounded by kv_len separately.
+    """
+    nb = len(ctx)
+    info = ps_metadata_info(nb, num_heads, max(qo[b + 1] - qo[b] for b in range(nb)), 256, cu_num=cu_num)
+    assert plan.buffer_lengths == buffer_lengths_from_info(info)
+    nw, ng, npart = plan.num_works, plan.num_reduce_groups, plan.num_partials
+    assert nw <= info["work_info"][0][0]
+    assert ng <= info["reduce_final_map"][0][0] and ng + 1 <= info["reduce_indptr"][0][0]
+    assert npart <= info["reduce_partial_map"][0][0]
+
+    wind = plan.work_indptr.tolist()
+    assert len(wind) == cu_num + 1 and wind[0] == 0 and wind[-1] == nw
+    assert all(wind[g] <= wind[g + 1] for g in range(cu_num))
+    wi = plan.work_info.tolist()
+    assert not any(any(r) for r in wi[nw:]), "work_info tail must be zero"
+
+    tgs = cu_num // math.gcd(num_heads, cu_num)
+    n_tiles_of = [-(-(qo[b + 1] - qo[b]) // 256) for b in range(nb)]
+    n_tiles = sum(n_tiles_of)
+
+    cover: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+    per_tg_head: Counter = Counter()
+    for g in range(cu_num):
+        for w in range(wind[g], wind[g + 1]):
+            b, loc, qs, qe, ks, ke, _koff, hr = wi[w]
+            assert 0 <= b < nb, f"work {w}: batch {b}"
+            qlen, kvlen = qo[b + 1] - qo[b], ctx[b]
+            lq = qs - qo[b]
+            assert lq % 256 == 0 and 0 <= lq < qlen, f"work {w}: qo_start {qs} is not a tile start of seq {b}"
+            assert qe == qo[b] + min(lq + 256, qlen), f"work {w}: qo_end {qe}"
+            lk0, lk1 = ks - kvp[b], ke - kvp[b]
+            assert 0 <= lk0 <= lk1 <= kvlen, f"work {w}: kv [{ks},{ke}) outside seq {b}"
+            assert lk0 % 128 == 0, f"work {w}: kv_start {ks} is not 128-aligned from the seq start"
+            h = hr & 0xFFFF
+            assert h < num_heads and (hr >> 16) == h + 1, f"work {w}: q_head_range {hr:#x}"
+            assert loc == -1 or (loc >= 0 and loc % 256 == 0), f"work {w}: loc {loc}"
+            cover.setdefault((b, lq // 256, h), []).append((lk0, lk1, loc))
+            per_tg_head[g, h] += 1
+    assert all(n <= n_tiles + tgs - 1 for n in per_tg_head.values())
+
+    split_tiles: dict[tuple[int, int], tuple[int, ...]] = {}
+    for b in range(nb):
+        qlen, kvlen = qo[b + 1] - qo[b], ctx[b]
+        for i in range(n_tiles_of[b]):
+            tile_end = min(256 * i + 256, qlen)
+            kmax = kvlen - qlen + tile_end if causal else kvlen
+            tile_locs = None
+            for h in range(num_heads):
+                ws = sorted(cover.pop((b, i, h), []))
+                if kmax == 0:  # nothing visible: at most a zero-length unsplit work
+                    assert len(ws) <= 1 and all(a == e and loc == -1 for a, e, loc in ws), (b, i, h, ws)
+                    continue
+                assert ws, f"seq {b} tile {i} head {h}: not covered"
+                pos = 0
+                for a, e, _ in ws:
+                    assert a == pos, f"seq {b} tile {i} head {h}: gap/overlap at key {pos}: {ws}"
+                    assert a < e and a < kmax, f"seq {b} tile {i} head {h}: useless work {ws}"
+                    pos = e
+                assert pos >= kmax, f"seq {b} tile {i} head {h}: keys [{pos},{kmax}) not covered"
+                locs = tuple(loc for _, _, loc in ws)
+                if len(ws) == 1:
+                    assert locs == (-1,), f"seq {b} tile {i} head {h}: single work must have loc -1"
+                else:
+                    assert -1 not in locs and len(set(locs)) == len(locs), (b, i, h, ws)
+                    locs = tuple(sorted(locs))
+                if tile_locs is None:
+                    tile_locs = locs
+                assert locs == tile_locs, f"seq {b} tile {i}: heads disagree on the split ({locs} vs {tile_locs})"
+            if tile_locs is not None and tile_locs != (-1,):
+                split_tiles[b, i] = tile_locs
+    assert not cover, f"works for unknown (seq, tile, head): {list(cover)[:3]}"
+
+    owner: dict[int, tuple[int, int]] = {}
+    for tile, locs in split_tiles.items():
+        for loc in locs:
+            assert loc not in owner, f"partial loc {loc} used by tiles {owner[loc]} and {tile}"
+            owner[loc] = tile
+    assert set(owner) == {256 * k for k in range(npart)}, "partial rows must be 256*k, k < num_partials"
+
+    rind = plan.reduce_indptr.tolist()
+    rfm = plan.reduce_final_map.tolist()
+    rpm = plan.reduce_partial_map.tolist()
+    assert ng == len(split_tiles)
+    assert rind[0] == 0 and all(x == npart for x in rind[ng:]), "reduce_indptr tail must equal num_partials"
+    assert all(r == [0, 0] for r in rfm[ng:]) and all(x == 0 for x in rpm[npart:])
+    groups = {}
+    for g in range(ng):
+        key = tuple(rfm[g])
+        assert key not in groups, f"two reduce groups for tile {key}"
+        parts = rpm[rind[g] : rind[g + 1]]
+        assert len(parts) >= 2 and parts == sorted(set(parts)), f"group {g}: {parts}"
+        groups[key] = tuple(parts)
+    expected = {
+        (qo[b] + 256 * i, qo[b] + min(256 * i + 256, qo[b + 1] - qo[b])): locs for (b, i), locs in split_tiles.items()
+    }
+    assert groups == expected
+    assert list(groups) == sorted(groups), "reduce groups must be in (qo_start, qo_end) order"
+    return {"works": nw, "split_tiles": ng, "partials": npart}
+
+
+def brute_force_coverage(qo, kvp, ctx, num_heads, causal, plan: PsPlan) -> None:
+    """Count, for every (row, head, key), the works covering it; must equal the causal mask."""
+    counts = []
+    masks = []
+    for b in range(len(ctx)):
+        qlen, kvlen = qo[b + 1] - qo[b], ctx[b]
+        i = torch.arange(qlen)[:, None]
+        j = torch.arange(kvlen)[None, :]
+        mask = (j <= kvlen - qlen + i) if causal else torch.ones(qlen, kvlen, dtype=torch.bool)
+        masks.append(mask.to(torch.int32))
+        counts.append(torch.zeros(qlen, num_heads, kvlen, dtype=torch.int32))
+    for b, _loc, qs, qe, ks, ke, _off, hr in plan.used_work_info.tolist():
+        r0, r1, k0, k1 = qs - qo[b], qe - qo[b], ks - kvp[b], ke - kvp[b]
+        counts[b][r0:r1, hr & 0xFFFF, k0:k1] += masks[b][r0:r1, k0:k1]
+    for b in range(len(ctx)):
+        want = masks[b][:, None, :].expand_as(counts[b])
+        assert torch.equal(counts[b], want), f"seq {b}: coverage counts differ from the mask"
+
+
+# ------------------------------------------------------------------------------------------------
+# property tests
+# ------------------------------------------------------------------------------------------------
+
+CU_NUMS = (80, 256, 304)
+HEADS = (1, 8, 12, 16, 24, 32, 64, 128)
+N_RANDOM = 200
+
+
+def _rand_len(rng: random.Random, hi: int = 5000) -> int:
+    if rng.random() < 0.4:  # log-uniform: many short sequences
+        return max(1, min(hi, int(math.exp(rng.uniform(0, math.log(hi))))))
+    return rng.randint(1, hi)
+
+
+def _random_config(seed: int) -> dict:
+    rng = random.Random(1000 + seed)
+    causal = rng.random() < 0.65
+    nb = rng.randint(1, 8)
+    qlens, kvlens = [], []
+    for _ in range(nb):
+        a, b = _rand_len(rng), _rand_len(rng)
+        if causal:
+            q, k = (a, a) if rng.random() < 0.5 else (min(a, b), max(a, b))
+        else:
+            q, k = (a, a) if rng.random() < 0.3 else (a, b)
+        qlens.append(q)
+        kvlens.append(k)
+    qo, kv = [0], [0]
+    for q, k in zip(qlens, kvlens):
+        qo.append(qo[-1] + q)
+        kv.append(kv[-1] + k)
+    return {
+        "qo": qo, "kv": kv, "ctx": kvlens, "heads": rng.choice(HEADS), "cu": rng.choice(CU_NUMS), "causal": causal,
+    }
+
+
+@pytest.mark.parametrize("seed", range(N_RANDOM))
+def test_random_config_invariants(seed):
+    c = _random_config(seed)
+    plan = plan_ps_prefill(c["qo"], c["kv"], c["ctx"], num_heads_k=c["heads"], cu_num=c["cu"], is_causal=c["causal"])
+    check_plan(c["qo"], c["kv"], c["ctx"], c["heads"], c["cu"], c["causal"], plan)
+
+
+def test_random_configs_exercise_splits():
+    """The random sweep must actually contain split tiles, unsplit tiles and both mask modes."""
+    split = unsplit = 0
+    modes = set()
+    for seed in range(0, N_RANDOM, 5):
+        c = _random_config(seed)
+        plan = plan_ps_prefill(c["qo"], c["kv"], c["ctx"], num_heads_k=c["heads"], cu_num=c["cu"], is_causal=c["causal"])
+        split += plan.num_reduce_groups
+        unsplit += int((plan.used_work_info[:, 1] == -1).sum())
+        modes.add(c["causal"])
+    assert split > 20 and unsplit > 20 and modes == {True, False}
+
+
+EDGE_CASES = {
+    # (qlens, kvlens, heads, cu, causal)
+    "chunked-ctx-zero-kv": ([1] * 16 + [1], [0] * 16 + [8000], 16, 256, False),
+    "chunked-ctx-long-q": ([7893] + [1] * 119, [8000] + [0] * 119, 16, 256, False),
+    "all-kv-zero": ([5, 300, 1], [0, 0, 0], 8, 80, False),
+    "empty-q-seq": ([0, 300, 0, 17], [10, 300, 4, 17], 16, 256, True),
+    "cu1": ([700, 33], [700, 900], 8, 1, True),
+    "heads-eq-cu": ([4096, 1000], [4096, 1000], 256, 256, True),
+    "heads-multiple-of-cu": ([2000], [2000], 160, 80, True),
+    "odd-cu": ([3000, 1], [3000, 1], 3, 7, True),
+    "q-much-shorter": ([8, 8], [16384, 9000], 16, 256, True),
+    "non-causal-q-gt-kv": ([1000, 513], [10, 2000], 12, 304, False),
+    "prime-units": ([1, 257, 4099], [1, 257, 4099], 1, 304, True),
+}
+
+
+def _build(qlens, kvlens):
+    qo, kv = [0], [0]
+    for q, k in zip(qlens, kvlens):
+        qo.append(qo[-1] + q)
+        kv.append(kv[-1] + k)
+    return qo, kv, list(kvlens)
+
+
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_edge_case_invariants(name):
+    qlens, kvlens, heads, cu, causal = EDGE_CASES[name]
+    qo, kv, ctx = _build(qlens, kvlens)
+    plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal)
+    check_plan(qo, kv, ctx, heads, cu, causal, plan)
+    if name == "all-kv-zero":
+        assert plan.num_works == 0  # no units: no TG has capacity (contract section 4, kv_len = 0)
+    if name in ("cu1", "heads-eq-cu", "heads-multiple-of-cu"):
+        assert plan.num_partials == 0  # one TG per cluster never splits
+
+
+BRUTE_CASES = [
+    # (qlens, kvlens, heads, cu, causal)
+    ([600], [600], 1, 80, True),
+    ([512], [512], 16, 256, True),
+    ([300, 17, 513], [300, 40, 700], 2, 80, True),
+    ([300, 17, 513], [0, 700, 5], 3, 16, False),
+    ([1, 255, 256, 257], [129, 255, 256, 600], 4, 7, True),
+    ([700], [1000], 8, 304, True),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BRUTE_CASES)))
+def test_brute_force_coverage(case):
+    qlens, kvlens, heads, cu, causal = BRUTE_CASES[case]
+    qo, kv, ctx = _build(qlens, kvlens)
+    plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal)
+    brute_force_coverage(qo, kv, ctx, heads, causal, plan)
+    check_plan(qo, kv, ctx, heads, cu, causal, plan)
+
+
+def test_brute_force_random_small():
+    rng = random.Random(7)
+    for _ in range(12):
+        nb = rng.randint(1, 4)
+        causal = rng.random() < 0.6
+        qlens = [rng.randint(1, 700) for _ in range(nb)]
+        kvlens = [q + rng.randint(0, 300) if causal else rng.randint(0, 900) for q in qlens]
+        heads, cu = rng.choice([1, 2, 4]), rng.choice([5, 16, 80])
+        qo, kv, ctx = _build(qlens, kvlens)
+        plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal)
+        brute_force_coverage(qo, kv, ctx, heads, causal, plan)
+
+
+def test_contract_examples():
+    # contract section 6: B=1, q=512, cu_num=256 -> partial-map bounds 32/16/64 at H=16/32/24, 6 used
+    bounds = {h: ps_metadata_info(1, h, 512, cu_num=256)["reduce_partial_map"][0] for h in (16, 32, 24)}
+    assert bounds == {16: (32,), 32: (16,), 24: (64,)}
+    plan = plan_ps_prefill([0, 512], [0, 512], [512], num_heads_k=16, cu_num=256, is_causal=True)
+    assert plan.num_partials == 6 and plan.partial_rows == 6 * 256
+    # contract section 3.1: B=16, ctx=16384, H=16 -> 1920 partial slots
+    assert ps_metadata_info(16, 16, 16384, cu_num=256)["reduce_partial_map"] == ((1920,), "int32")
+    info = ps_metadata_info(3, 12, 1000, cu_num=80)
+    assert info["work_metadata_ptrs"] == ((2,), "uint64") and info["work_indptr"] == ((81,), "int32")
+    # cpc = 80 // gcd(12, 80) = 20, mqs = 4
+    assert info["work_info"] == (((3 + 19) * 4 * 12, 8), "int32")
+    assert info["reduce_indptr"] == ((13,), "int32") and info["reduce_final_map"] == ((12, 2), "int32")
+    assert info["reduce_partial_map"] == ((min(3 + 19, 38) * 4,), "int32")
+
+
+def test_plan_helpers():
+    qo = [0, 700, 1000]
+    plan = plan_ps_prefill(qo, qo, [700, 300], num_heads_k=12, cu_num=80)
+    assert plan.num_clusters == 4 and plan.tgs_per_cluster == 20
+    total = 0
+    for g in range(80):
+        w = plan.works_of(g)
+        assert w.shape[1] == 8
+        total += w.shape[0]
+    assert total == plan.num_works
+    assert plan.used_reduce_indptr.tolist() == plan.reduce_indptr[: plan.num_reduce_groups + 1].tolist()
+    with pytest.raises(ValueError, match="tg=80"):
+        plan.works_of(80)
+
+
+def test_tensor_inputs_match_lists():
+    qo, kv, ctx = [0, 300, 1500, 1501], [0, 400, 1700, 1702], [400, 1300, 2]
+    ref = plan_ps_prefill(qo, kv, ctx, num_heads_k=8, cu_num=80)
+    for dt in (torch.int32, torch.int64):
+        p = plan_ps_prefill(torch.tensor(qo, dtype=dt), torch.tensor(kv, dtype=dt), torch.tensor(ctx, dtype=dt),
+                            num_heads_k=8, cu_num=80)
+        assert torch.equal(p.work_info, ref.work_info) and torch.equal(p.work_indptr, ref.work_indptr)
+        assert torch.equal(p.reduce_partial_map, ref.reduce_partial_map)
+    p = plan_ps_prefill(tuple(qo), tuple(kv), tuple(ctx), num_heads_k=8, cu_num=80, buffer_lengths=ps_metadata_info(
+        3, 8, 1200, cu_num=80))
+    assert torch.equal(p.work_info, ref.work_info)
+
+
+def test_block_size_gt_1_smoke():
+    # not covered by the golden vectors; check it plans and splits on page multiples of G = 128/16
+    plan = plan_ps_prefill([0, 1000], [0, 63], [1000], num_heads_k=1, cu_num=80, block_size=16,
+                           kvlen_granularity=128)
+    w = plan.used_work_info
+    assert plan.num_works > 1 and bool(((w[:, 4] % 8) == 0).all()) and int(w[:, 5].max()) <= 63
+
+
+def test_planner_speed():
+    qo = [i * 16384 for i in range(17)]
+    plan_ps_prefill(qo, qo, [16384] * 16, num_heads_k=128, cu_num=256)  # warm up
+    t0 = time.perf_counter()
+    plan = plan_ps_prefill(qo, qo, [16384] * 16, num_heads_k=128, cu_num=256)
+    assert time.perf_counter() - t0 < 1.0
+    assert plan.num_works == 128 * 1024
+
+
+# ------------------------------------------------------------------------------------------------
+# fill_aiter_buffers
+# ------------------------------------------------------------------------------------------------
+
+
+def _alloc(info, **override_len):
+    bufs = {}
+    for name, (shape, dt) in info.items():
+        shape = list(shape)
+        if name in override_len:
+            shape[0] = override_len[name]
+        bufs[name] = torch.full(shape, -5, dtype=torch.int64 if dt == "uint64" else getattr(torch, dt))
+    return bufs
+
+
+def _split_plan():
+    qo = [0, 3000, 3700]
+    info = ps_metadata_info(2, 16, 3000, cu_num=80)
+    plan = plan_ps_prefill(qo, qo, [3000, 700], num_heads_k=16, cu_num=80)
+    assert plan.num_partials > 0 and plan.num_reduce_groups > 0
+    return plan, info
+
+
+def test_fill_larger_and_exact_buffers():
+    plan, info = _split_plan()
+    bufs = _alloc(info, work_indptr=90, work_info=plan.num_works + 3, reduce_indptr=50,
+                  reduce_final_map=plan.num_reduce_groups, reduce_partial_map=plan.num_partials)
+    fill_aiter_buffers(plan, *(bufs[n] for n in BUFFER_NAMES))
+    assert bufs["work_indptr"][:81].tolist() == plan.work_indptr.tolist() and not bufs["work_indptr"][81:].any()
+    assert torch.equal(bufs["work_info"][: plan.num_works], plan.used_work_info)
+    assert not bufs["work_info"][plan.num_works :].any()
+    ng, npart = plan.num_reduce_groups, plan.num_partials
+    assert bufs["reduce_indptr"][: ng + 1].tolist() == plan.used_reduce_indptr.tolist()
+    assert bufs["reduce_indptr"][ng + 1 :].eq(npart).all()
+    assert torch.equal(bufs["reduce_final_map"], plan.used_reduce_final_map)
+    assert torch.equal(bufs["reduce_partial_map"], plan.used_reduce_partial_map)
+
+
+@pytest.mark.parametrize(
+    "name, delta",
+    [("work_indptr", -1), ("work_info", -1), ("reduce_indptr", -1), ("reduce_final_map", -1),
+     ("reduce_partial_map", -1), ("work_metadata_ptrs", -1)],
+)
+def test_fill_rejects_small_buffers(name, delta):
+    plan, info = _split_plan()
+    need = {
+        "work_indptr": plan.cu_num + 1, "work_info": plan.num_works, "reduce_indptr": plan.num_reduce_groups + 1,
+        "reduce_final_map": plan.num_reduce_groups, "reduce_partial_map": plan.num_partials, "work_metadata_ptrs": 2,
+    }[name]
+    bufs = _alloc(info, **{name: need + delta})
+    with pytest.raises(ValueError, match=name):
+        fill_aiter_buffers(plan, *(bufs[n] for n in BUFFER_NAMES))
+    assert all(bool(b.eq(-5).all()) for b in bufs.values()), "nothing may be written on error"
+
+
+def test_fill_rejects_bad_buffers():
+    plan, info = _split_plan()
+    bufs = _alloc(info)
+    bad = dict(bufs, work_info=bufs["work_info"].to(torch.int64))
+    with pytest.raises(ValueError, match="work_info has dtype torch.int64"):
+        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
+    bad = dict(bufs, reduce_final_map=torch.zeros(info["reduce_final_map"][0][0], 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="reduce_final_map has shape"):
+        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
+    bad = dict(bufs, work_indptr=torch.zeros(2 * 81, dtype=torch.int32)[::2])
+    with pytest.raises(ValueError, match="work_indptr is not contiguous"):
+        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
+    bad = dict(bufs, reduce_partial_map=[0] * 100)
+    with pytest.raises(ValueError, match="reduce_partial_map must be a torch.Tensor"):
+        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
+
+
+# ------------------------------------------------------------------------------------------------
+# validation
+# ------------------------------------------------------------------------------------------------
+
+_OK = dict(qo_indptr=[0, 10, 300], kv_indptr=[0, 20, 400], context_lens=[20, 380], num_heads_k=16, cu_num=256)
+
+BAD_INPUTS = {
+    "qo-not-from-0": (dict(qo_indptr=[1, 10, 300]), r"qo_indptr\[0\]=1"),
+    "kv-not-from-0": (dict(kv_indptr=[3, 20, 400]), r"kv_indptr\[0\]=3"),
+    "qo-decreasing": (dict(qo_indptr=[0, 10, 5]), r"qo_indptr\[2\]=5 < qo_indptr\[1\]=10"),
+    "kv-decreasing": (dict(kv_indptr=[0, 20, 19], context_lens=[20, 0]), r"kv_indptr\[2\]=19"),
+    "qo-too-short": (dict(qo_indptr=[0], kv_indptr=[0], context_lens=[]), r"qo_indptr has length 1"),
+    "kv-length-mismatch": (dict(kv_indptr=[0, 20]), r"kv_indptr has length 2 .* 3"),
+    "ctx-length-mismatch": (dict(context_lens=[20, 380, 1]), r"context_lens has length 3: must have B=2"),
+    "ctx-inconsistent": (dict(context_lens=[21, 380]), r"context_lens\[0\]=21 != .* = 20"),
+    "ctx-negative": (dict(context_lens=[-1, 380], kv_indptr=[0, -1, 379]), r"(-1)"),
+    "causal-q-gt-kv": (dict(qo_indptr=[0, 30, 300], kv_indptr=[0, 20, 400], context_lens=[20, 380]),
+                       r"sequence 0: q_len=30 > kv_len=20"),
+    "heads-zero": (dict(num_heads_k=0), r"num_heads_k=0"),
+    "heads-too-many": (dict(num_heads_k=70000), r"num_heads_k=70000"),
+    "heads-float": (dict(num_heads_k=16.0), r"num_heads_k=16\.0"),
+    "cu-zero": (dict(cu_num=0), r"cu_num=0"),
+    "gqa": (dict(gqa_ratio=2), r"gqa_ratio=2 is not supported: only gqa_ratio=1"),
+    "qhead-gran": (dict(qhead_granularity=4), r"qhead_granularity=4 is not supported"),
+    "qlen-gran": (dict(qlen_granularity=128), r"qlen_granularity=128 is not supported: only 256"),
+    "kv-gran-not-pow2": (dict(kvlen_granularity=96), r"kvlen_granularity=96 .* power of two"),
+    "kv-gran-zero": (dict(kvlen_granularity=0), r"kvlen_granularity=0"),
+    "kv-gran-lt-block": (dict(kvlen_granularity=64, block_size=128, kv_indptr=[0, 1, 4]),
+                         r"kvlen_granularity=64 .* block_size=128"),
+    "block-size-zero": (dict(block_size=0), r"block_size=0"),
+    "ctx-exceeds-pages": (dict(block_size=16, kv_indptr=[0, 1, 2]), r"context_lens\[0\]=20 exceeds"),
+    "float-tensor": (dict(qo_indptr=torch.tensor([0.0, 10.0, 300.0])), r"qo_indptr has dtype torch.float32"),
+    "2d-tensor": (dict(kv_indptr=torch.zeros(3, 1, dtype=torch.int32)), r"kv_indptr has shape \(3, 1\)"),
+    "float-element": (dict(qo_indptr=[0, 1.5, 300]), r"qo_indptr\[1\]=1\.5"),
+    "not-a-sequence": (dict(context_lens=5), r"context_lens=5"),
+    "int32-overflow": (dict(qo_indptr=[0, 10, 2**31], kv_indptr=[0, 20, 2**31 + 10], context_lens=[20, 2**31 - 10],
+                            is_causal=False), r"qo_indptr\[-1\]=2147483648 does not fit in int32"),
+    "is-causal-str": (dict(is_causal="yes"), r"is_causal='yes'"),
+    "buffer-too-small": (dict(buffer_lengths={"work_info_rows": 3}), r"buffer_lengths\['work_info_rows'\]=3 is too small"),
+    "buffer-indptr-small": (dict(buffer_lengths={"work_indptr": 256}), r"buffer_lengths\['work_indptr'\]=256"),
+    "buffer-unknown-key": (dict(buffer_lengths={"work_infos": 3}), r"unknown key 'work_infos'"),
+    "buffer-negative": (dict(buffer_lengths={"reduce_partial_map": -2}), r"reduce_partial_map'\]=-2"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_validation_errors(name):
+    change, pattern = BAD_INPUTS[name]
+    kw = dict(_OK, **change)
+    args = [kw.pop(k) for k in ("qo_indptr", "kv_indptr", "context_lens")]
+    with pytest.raises(ValueError, match=pattern):
+        plan_ps_prefill(*args, **kw)
+
+
+def test_valid_baseline_plans():
+    kw = dict(_OK)
+    args = [kw.pop(k) for k in ("qo_indptr", "kv_indptr", "context_lens")]
+    plan = plan_ps_prefill(*args, **kw)
+    assert plan.num_works > 0
+    assert set(plan.buffer_lengths) == set(BUFFER_LENGTH_KEYS)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(batch_size=-1, num_heads_k=16, max_qlen=10, cu_num=256), r"batch_size=-1"),
+        (dict(batch_size=1, num_heads_k=0, max_qlen=10, cu_num=256), r"num_heads_k=0"),
+        (dict(batch_size=1, num_heads_k=16, max_qlen=-3, cu_num=256), r"max_qlen=-3"),
+        (dict(batch_size=1, num_heads_k=16, max_qlen=10, qlen_granularity=0, cu_num=256), r"qlen_granularity=0"),
+        (dict(batch_size=1, num_heads_k=16, max_qlen=10, cu_num=0), r"cu_num=0"),
+        (dict(batch_size=1.5, num_heads_k=16, max_qlen=10, cu_num=256), r"batch_size=1\.5"),
+    ],
+)
+def test_info_validation(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ps_metadata_info(**kwargs)
+
+
+def test_error_messages_are_readable():
+    with pytest.raises(ValueError) as e:
+        plan_ps_prefill([0, 5], [0, 3], [3], num_heads_k=1, cu_num=80)
+    assert re.search(r"q_len=5 > kv_len=3", str(e.value)) and "undefined" in str(e.value)
