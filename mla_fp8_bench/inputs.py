@@ -6,9 +6,10 @@ values for a given case) and then moved to the target device.
 Distributions:
 
 * ``normal`` - ``randn`` q/k/v (the vLLM seed test, PR #51457).
-* ``outlier`` - ``normal`` with a few channels scaled up, as LLM activations have: 2 of 192 q/k
-  channels x100 and 2 of 128 v channels x20. In ``cast`` mode these exceed e4m3fn's +-448 and so
-  exercise saturation.
+* ``outlier`` - ``normal`` with a few channels scaled up, as LLM activations have: 2 of 192 k
+  channels and 2 of 128 v channels x150 (|x| up to ~700). In ``cast`` mode these exceed e4m3fn's
+  +-448 and so exercise saturation; in ``per_tensor`` mode they squeeze every other channel into
+  fp8's subnormal range.
 * ``mla`` - production layout: ``k = cat(k_nope, k_pe)`` with the 64-dim rope part shared by all
   heads, and ``v`` a *strided view* into a ``[T, H, 256]`` ``kv_b_proj``-like output whose first 128
   channels are ``k_nope`` (vLLM's ``forward_mha`` split).
@@ -94,9 +95,8 @@ def make_bf16_qkv(case: Case, dims: MLADims = MLA_DIMS) -> tuple[torch.Tensor, t
     k = _randn(gen, t, h, dqk)
     v = _randn(gen, t, h, dv)
     if case.dist == "outlier":
-        q[..., [7, 133]] *= 100.0
-        k[..., [7, 133]] *= 100.0
-        v[..., [5, 77]] *= 20.0
+        k[..., [7, 133]] *= 150.0
+        v[..., [5, 77]] *= 150.0
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 

@@ -4,7 +4,9 @@ Methods, in order of preference on a GPU (CUDA and ROCm share the ``torch.cuda``
 
 * ``graph`` - the prepared call is captured ``launches`` times back to back in one CUDA/HIP graph;
   a sample is ``elapsed(replay) / launches`` between two device events. Python and launch overhead
-  vanish; what remains is device time including the gaps between kernels of one call.
+  vanish; what remains is device time including the gaps between kernels of one call. ``launches``
+  comes from a 4-launch probe graph (device time, not host time, so tiny kernels get enough launches
+  per sample), and untimed replays worth ``warmup_s`` (50 ms) of device time precede the samples.
 * ``events`` - when capture is impossible (host-side planning or a sync inside the call), the call
   runs ``launches`` times back to back between one event pair. Host overhead that exceeds device time
   shows up here; the method is recorded with every result.
@@ -98,10 +100,45 @@ def _warmup(run: Callable[[], object], sync: Callable[[], None], max_calls: int 
     return calls
 
 
+def _events_elapsed_s(run: Callable[[], object], n: int, stream, sync: Callable[[], None]) -> float:
+    """Device time of ``n`` back-to-back ``run()`` calls between one event pair, seconds."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record(stream)
+    for _ in range(n):
+        run()
+    e1.record(stream)
+    sync()
+    return e0.elapsed_time(e1) / 1e3
+
+
+def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[], None]):
+    """Capture ``launches`` back-to-back calls of ``run`` in one CUDA/HIP graph (warmed on a side stream)."""
+    side = torch.cuda.Stream(stream.device)
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        run()  # warm on the capture stream
+    stream.wait_stream(side)
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            run()
+    graph.replay()
+    sync()
+    return graph
+
+
 def time_device(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = True,
                 samples: int = 30, target_sample_s: float = 2e-3, max_launches: int = 200,
-                flush_l2: bool = False, time_budget_s: float = 20.0) -> TimingResult:
+                flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.05) -> TimingResult:
     """Kernel-only latency of ``run`` on a CUDA/ROCm device.
+
+    Procedure (docs/methodology.md): host-timed warm-up calls until two agree within 5% (module load,
+    JIT, handles); an estimate of one launch's *device* time (from a 4-launch probe graph when
+    capturable, so host overhead cannot inflate it, else from 3 eager launches between events); capture
+    of ``launches`` back-to-back calls in one graph (``launches`` chosen so a sample lasts about
+    ``target_sample_s``); replays for at least ``warmup_s`` of device time, so clocks and caches reach
+    the state of sustained load; then ``samples`` samples, each ``elapsed(replay) / launches``.
 
     Args:
         run: the prepared call (launches device work, no host sync).
@@ -112,9 +149,11 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
         max_launches: cap on launches per sample.
         flush_l2: flush L2 before each sample and time one launch per sample.
         time_budget_s: wall-clock budget for sampling.
+        warmup_s: device time of untimed replays (or launches) right before sampling.
 
     Returns:
-        :class:`TimingResult` with per-launch samples in seconds.
+        :class:`TimingResult` with per-launch samples in seconds; ``extra`` holds ``est_launch_s``
+        (the probe estimate) and ``warmup_replays``.
 
     Raises:
         ValueError: if ``device`` is not a GPU device.
@@ -124,34 +163,38 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     stream = torch.cuda.current_stream(device)
     warm = _warmup(run, sync)
-    # estimate one launch's device time with events
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record(stream)
-    for _ in range(3):
-        run()
-    e1.record(stream)
-    sync()
-    one = max(e0.elapsed_time(e1) / 3 / 1e3, 1e-7)
+
+    method, note, graph = "events", "", None
+    one = None
+    if graph_capturable:
+        probe_n = 4
+        try:
+            probe = _capture(run, probe_n, stream, sync)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            for _ in range(3):
+                probe.replay()
+            e1.record(stream)
+            sync()
+            one = max(e0.elapsed_time(e1) / 1e3 / (3 * probe_n), 1e-7)
+            del probe
+        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
+            graph_capturable = False
+            note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
+            try:
+                torch.cuda.synchronize(device)
+            except Exception:  # noqa: BLE001
+                pass
+    if one is None:
+        one = max(_events_elapsed_s(run, 3, stream, sync) / 3, 1e-7)
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
     flush_buf = torch.empty(2 * _l2_bytes(device) // 4, dtype=torch.float32, device=device) if flush_l2 else None
 
-    method, note, graph = "events", "", None
     if graph_capturable:
         try:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                run()  # warm on the capture stream
-            stream.wait_stream(side)
-            sync()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(launches):
-                    run()
-            graph.replay()
-            sync()
+            graph = _capture(run, launches, stream, sync)
             method = "graph"
-        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
+        except Exception as exc:  # noqa: BLE001
             graph = None
             note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
             try:
@@ -159,7 +202,19 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             except Exception:  # noqa: BLE001
                 pass
 
-    out: list[float] = []
+    # device-side warm-up: sustained load right before the samples (clock ramp, caches, TLBs)
+    warm_replays = 0
+    if warmup_s > 0:
+        per = one * launches
+        warm_replays = int(min(1000, max(1, round(warmup_s / max(per, 1e-9)))))
+        for _ in range(warm_replays):
+            if graph is not None:
+                graph.replay()
+            else:
+                for _ in range(launches):
+                    run()
+        sync()
+
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     t_budget = time.perf_counter() + time_budget_s
@@ -179,7 +234,8 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     sync()
     out = [s.elapsed_time(e) / 1e3 / launches for s, e in zip(starts, ends)]
     del graph
-    return TimingResult(out, method, launches, warm, flush_l2, note)
+    return TimingResult(out, method, launches, warm, flush_l2, note,
+                        extra={"est_launch_s": one, "warmup_replays": warm_replays})
 
 
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,

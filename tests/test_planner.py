@@ -13,6 +13,7 @@ sub-folder) and then in ``<repo>/../shared/data``; the golden tests are skipped 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import json
@@ -64,11 +65,15 @@ def _golden() -> dict | None:
     return None
 
 
+def _missing_reason() -> str:
+    tried = ", ".join(str(p) for p in _golden_candidates())
+    return f"golden file {GOLDEN_NAME} not found (tried {tried}; set ${SHARED_ENV} to the shared/ folder)"
+
+
 def _golden_params():
     data = _golden()
     if data is None:
-        tried = ", ".join(str(p) for p in _golden_candidates())
-        reason = f"golden file {GOLDEN_NAME} not found (tried {tried}; set ${SHARED_ENV} to the shared/ folder)"
+        reason = _missing_reason()
         return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="golden-missing")]
     return [
         pytest.param(i, id=f"{r['config']['id']}-{r['config']['name']}") for i, r in enumerate(data["records"])
@@ -108,7 +113,7 @@ def _plan_config(cfg: dict, **extra) -> PsPlan:
 def test_golden_file_meta():
     data = _golden()
     if data is None:
-        pytest.skip(f"golden file {GOLDEN_NAME} not found")
+        pytest.skip(_missing_reason())
     assert data["meta"]["num_records"] == len(data["records"]) == 192
     assert data["meta"]["aiter_commit"].startswith("e4048607a535")
     assert tuple(data["meta"]["work_info_fields"]) == (
@@ -348,13 +353,49 @@ def test_random_config_invariants(seed):
     check_plan(c["qo"], c["kv"], c["ctx"], c["heads"], c["cu"], c["causal"], plan)
 
 
+def _mutated(plan: PsPlan, row: int, col: int, value: int) -> PsPlan:
+    wi = plan.work_info.clone()
+    wi[row, col] = value
+    return dataclasses.replace(plan, work_info=wi)
+
+
+def test_checker_detects_corruption():
+    """The independent checker must reject plans with a single wrong field."""
+    qo = [0, 1000, 1700]
+    args = (qo, qo, [1000, 700], 2, 10, True)
+    plan = plan_ps_prefill(qo, qo, [1000, 700], num_heads_k=2, cu_num=10, is_causal=True)
+    check_plan(*args, plan)
+    wi = plan.used_work_info
+    split = [i for i in range(plan.num_works) if int(wi[i, 1]) != -1]
+    whole = [i for i in range(plan.num_works) if int(wi[i, 1]) == -1]
+    assert split and whole
+    s0 = split[0]
+    bad_plans = [
+        _mutated(plan, s0, 5, int(wi[s0, 5]) - 1),  # gap in the KV coverage
+        _mutated(plan, s0, 4, int(wi[s0, 4]) + 1),  # misaligned start
+        _mutated(plan, s0, 1, -1),  # a piece of a split tile marked unsplit
+        _mutated(plan, whole[0], 1, 256 * plan.num_partials),  # an unsplit tile with a partial loc
+        _mutated(plan, s0, 7, 1 | (2 << 16)),  # piece moved to the other head
+        _mutated(plan, s0, 1, int(wi[split[-1], 1])),  # partial loc shared by two pieces
+    ]
+    for i, bad in enumerate(bad_plans):
+        with pytest.raises(AssertionError):
+            check_plan(*args, bad)
+            pytest.fail(f"mutation {i} not detected")  # pragma: no cover
+    rpm = plan.reduce_partial_map.clone()
+    rpm[0], rpm[1] = rpm[1].clone(), rpm[0].clone()
+    with pytest.raises(AssertionError):
+        check_plan(*args, dataclasses.replace(plan, reduce_partial_map=rpm))
+
+
 def test_random_configs_exercise_splits():
     """The random sweep must actually contain split tiles, unsplit tiles and both mask modes."""
     split = unsplit = 0
     modes = set()
     for seed in range(0, N_RANDOM, 5):
         c = _random_config(seed)
-        plan = plan_ps_prefill(c["qo"], c["kv"], c["ctx"], num_heads_k=c["heads"], cu_num=c["cu"], is_causal=c["causal"])
+        plan = plan_ps_prefill(c["qo"], c["kv"], c["ctx"], num_heads_k=c["heads"], cu_num=c["cu"],
+                               is_causal=c["causal"])
         split += plan.num_reduce_groups
         unsplit += int((plan.used_work_info[:, 1] == -1).sum())
         modes.add(c["causal"])
@@ -474,12 +515,36 @@ def test_tensor_inputs_match_lists():
     assert torch.equal(p.work_info, ref.work_info)
 
 
-def test_block_size_gt_1_smoke():
-    # not covered by the golden vectors; check it plans and splits on page multiples of G = 128/16
-    plan = plan_ps_prefill([0, 1000], [0, 63], [1000], num_heads_k=1, cu_num=80, block_size=16,
-                           kvlen_granularity=128)
-    w = plan.used_work_info
-    assert plan.num_works > 1 and bool(((w[:, 4] % 8) == 0).all()) and int(w[:, 5].max()) <= 63
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_size_gt_1_page_coverage(causal):
+    """Not covered by the golden vectors (the PS kernel runs at page size 1): at block_size 16 each
+    tile-head's page ranges must tile [0, ceil(kmax/16)) pages from the sequence start, start on
+    multiples of G = 128/16 pages and stay inside the sequence's pages."""
+    bs, gran = 16, 128
+    qlens, kvlens = [1000, 40, 300], [1000, 77, 300]
+    qo, kvp, ctx = [0], [0], list(kvlens)
+    for q, k in zip(qlens, kvlens):
+        qo.append(qo[-1] + q)
+        kvp.append(kvp[-1] + -(-k // bs))
+    for heads, cu in ((1, 80), (2, 7), (16, 256)):
+        plan = plan_ps_prefill(qo, kvp, ctx, num_heads_k=heads, cu_num=cu, block_size=bs,
+                               kvlen_granularity=gran, is_causal=causal)
+        cover = {}
+        for b, loc, qs, qe, ks, ke, koff, hr in plan.used_work_info.tolist():
+            p0, p1 = ks - kvp[b], ke - kvp[b]
+            assert 0 <= p0 <= p1 <= kvp[b + 1] - kvp[b] and p0 % (gran // bs) == 0
+            assert koff in (0, ctx[b] - p1 * bs)
+            cover.setdefault((b, qs, hr & 0xFFFF), []).append((p0, p1))
+        for b in range(len(qlens)):
+            for i in range(-(-qlens[b] // 256)):
+                kmax = kvlens[b] - qlens[b] + min(256 * i + 256, qlens[b]) if causal else kvlens[b]
+                for h in range(heads):
+                    ws = sorted(cover[b, qo[b] + 256 * i, h])
+                    pos = 0
+                    for a, e in ws:
+                        assert a == pos and a < e
+                        pos = e
+                    assert pos >= -(-kmax // bs)
 
 
 def test_planner_speed():
@@ -593,6 +658,8 @@ BAD_INPUTS = {
     "kv-gran-lt-block": (dict(kvlen_granularity=64, block_size=128, kv_indptr=[0, 1, 4]),
                          r"kvlen_granularity=64 .* block_size=128"),
     "block-size-zero": (dict(block_size=0), r"block_size=0"),
+    "kv-gran-not-multiple": (dict(kvlen_granularity=128, block_size=48, kv_indptr=[0, 1, 9]),
+                             r"kvlen_granularity=128 .* block_size=48 and a multiple"),
     "ctx-exceeds-pages": (dict(block_size=16, kv_indptr=[0, 1, 2]), r"context_lens\[0\]=20 exceeds"),
     "float-tensor": (dict(qo_indptr=torch.tensor([0.0, 10.0, 300.0])), r"qo_indptr has dtype torch.float32"),
     "2d-tensor": (dict(kv_indptr=torch.zeros(3, 1, dtype=torch.int32)), r"kv_indptr has shape \(3, 1\)"),
@@ -601,7 +668,8 @@ BAD_INPUTS = {
     "int32-overflow": (dict(qo_indptr=[0, 10, 2**31], kv_indptr=[0, 20, 2**31 + 10], context_lens=[20, 2**31 - 10],
                             is_causal=False), r"qo_indptr\[-1\]=2147483648 does not fit in int32"),
     "is-causal-str": (dict(is_causal="yes"), r"is_causal='yes'"),
-    "buffer-too-small": (dict(buffer_lengths={"work_info_rows": 3}), r"buffer_lengths\['work_info_rows'\]=3 is too small"),
+    "buffer-too-small": (dict(buffer_lengths={"work_info_rows": 3}),
+                         r"buffer_lengths\['work_info_rows'\]=3 is too small"),
     "buffer-indptr-small": (dict(buffer_lengths={"work_indptr": 256}), r"buffer_lengths\['work_indptr'\]=256"),
     "buffer-unknown-key": (dict(buffer_lengths={"work_infos": 3}), r"unknown key 'work_infos'"),
     "buffer-negative": (dict(buffer_lengths={"reduce_partial_map": -2}), r"reduce_partial_map'\]=-2"),

@@ -472,7 +472,9 @@ def emulate_mla_reduce_v1(
         locs = pmap[lo:hi]
         for p in locs:
             if p < 0 or p + nr > n_rows:
-                raise ValueError(f"reduce group {g}: partial rows [{p}, {p + nr}) outside partial buffers ({n_rows} rows)")
+                raise ValueError(
+                    f"reduce group {g}: partial rows [{p}, {p + nr}) outside partial buffers ({n_rows} rows)"
+                )
         lses = [partial_lse[p : p + nr].float() for p in locs]  # each [nr, H]
         if no_max:
             ssum = torch.zeros_like(lses[0])

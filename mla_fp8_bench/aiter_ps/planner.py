@@ -27,6 +27,13 @@ at the capacity, and the pieces of a split tile get 256-row partial slots ``256*
 per cluster), which the reduce merges. Every cluster and every head of a cluster receive the
 identical tiling, so all heads share the same partial rows.
 
+Block sizes above 1 (not used by the PS kernel, which runs at page size 1, and not covered by the
+golden vectors): the contract's pseudo-code compares the remaining KV *tokens* with the capacity in
+*blocks*, leaves a split piece's ``kv_end`` unclipped and computes ``kv_offset`` in pages. Those
+three expressions coincide with AITER's at ``block_size=1``; for larger blocks this port follows
+AITER's host source (capacity compared in tokens, ``kv_end`` clipped to the sequence's pages,
+``kv_offset`` in tokens), which keeps every KV range inside its sequence.
+
 Everything here is plain Python integers (truncating, C-style division where AITER divides signed
 ints) with one ``torch.tensor`` build per buffer at the end, so planning is cheap even for
 ``B=16 x 16k`` tokens at 128 heads.
@@ -282,7 +289,7 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
     """Output of :func:`plan_ps_prefill`: AITER's PS metadata, as int32 CPU tensors.
 
@@ -303,7 +310,7 @@ class PsPlan:
       2. ``qo_start``, 3. ``qo_end`` - global q-token rows of the tile, end exclusive;
       4. ``kv_start``, 5. ``kv_end`` - global indices into ``kv_page_indices`` (pages; tokens at
          ``block_size=1``), end exclusive; ``kv_start`` is a multiple of ``kvlen_granularity``
-         from the sequence start;
+         tokens (``kvlen_granularity // block_size`` pages) from the sequence start;
       6. ``kv_offset`` - KV tokens of the sequence left after ``kv_end`` for a split piece, else 0
          (ignored by the kernel);
       7. ``q_head_range`` - ``first_head | (end_head << 16)``, one head per work.
@@ -335,6 +342,13 @@ class PsPlan:
     num_partials: int
     cu_num: int
     num_heads_k: int
+
+    def __repr__(self) -> str:
+        return (
+            f"PsPlan(cu_num={self.cu_num}, num_heads_k={self.num_heads_k}, num_works={self.num_works},"
+            f" num_reduce_groups={self.num_reduce_groups}, num_partials={self.num_partials},"
+            f" buffer_lengths={self.buffer_lengths})"
+        )
 
     @property
     def num_clusters(self) -> int:
@@ -438,7 +452,8 @@ def plan_ps_prefill(
         gqa_ratio, qhead_granularity: only 1 is supported (the only PS prefill configuration:
             MHA, one head per work).
         qlen_granularity: q-tile rows; only 256 is supported (the kernel's tile).
-        kvlen_granularity: KV split granularity in tokens, a power of two >= ``block_size``; use
+        kvlen_granularity: KV split granularity in tokens, a power of two >= ``block_size`` and a
+            multiple of it (AITER asserts ``kvlen_granularity % block_size == 0``); use
             ``max(128, block_size)`` = 128 (AITER's binding default is 1).
         block_size: tokens per KV page (>= 1); the PS kernel runs at 1.
         is_causal: bottom-right causal (local query i sees key j iff ``j <= kv_len - q_len + i``);
@@ -457,10 +472,11 @@ def plan_ps_prefill(
         input; indptrs not starting at 0, decreasing, of different lengths, or with fewer than 2
         entries; ``len(context_lens) != B``; negative or inconsistent ``context_lens``;
         ``num_heads_k`` outside 1..65535; ``cu_num < 1``; ``gqa_ratio``/``qhead_granularity`` != 1;
-        ``qlen_granularity != 256``; ``kvlen_granularity`` not a power of two or below
-        ``block_size``; ``block_size < 1``; causal with ``q_len > kv_len`` (AITER's unit count goes
-        negative there: undefined behaviour); values beyond int32; a ``buffer_lengths`` entry too
-        small for the plan (the real planner would overrun host memory there).
+        ``qlen_granularity != 256``; ``kvlen_granularity`` not a power of two, below
+        ``block_size`` or not a multiple of it; ``block_size < 1``; causal with
+        ``q_len > kv_len`` (AITER's unit count goes negative there: undefined behaviour); values
+        beyond int32; a ``buffer_lengths`` entry too small for the plan (the real planner would
+        overrun host memory there).
 
     Source: AITER ``e4048607a535``, ``csrc/kernels/mla/metadata/v1_2_host.cuh``
     (``get_ps_metadata_v1_2_host``, ``kn_generate_ps_metadata``, ``generate_reduce_info``);
@@ -492,10 +508,10 @@ def plan_ps_prefill(
         raise PsPlanError(
             f"kvlen_granularity={kvlen_granularity} is invalid: must be a power of two (use 128)"
         )
-    if kvlen_granularity < block_size:
+    if kvlen_granularity < block_size or kvlen_granularity % block_size:
         raise PsPlanError(
-            f"kvlen_granularity={kvlen_granularity} is invalid: must be >= block_size={block_size}"
-            " (use max(128, block_size))"
+            f"kvlen_granularity={kvlen_granularity} is invalid: must be >= block_size={block_size} and a"
+            " multiple of it (use max(128, block_size))"
         )
     if not isinstance(is_causal, bool):
         if _is_int(is_causal) and operator.index(is_causal) in (0, 1):
@@ -557,6 +573,9 @@ def plan_ps_prefill(
     avg, rem = divmod(total_units, tgs)
 
     # ---- the tiling of one cluster -------------------------------------------------------------
+    # Capacities and cursors count blocks (pages); eff/remaining KV count tokens. At block_size=1
+    # the two coincide (the contract's pseudo-code); for larger blocks the comparison, the split
+    # piece's clipping and kv_offset follow AITER's host source (see the module docstring).
     # AITER runs this loop per cluster and, inside a TG, once per head of the cluster, restoring
     # (cur_tile, cur_blk, p) before each head. Every head of a TG therefore emits the same rows and
     # leaves the same state, and every cluster (partial counter restarted) repeats the same tiling.
@@ -567,11 +586,11 @@ def plan_ps_prefill(
     cur_tile, cur_blk, p = 0, 0, 0
     ntiles = len(tiles)
     for t in range(tgs):
-        cap = (avg + (1 if t < rem else 0)) * blocks_per_unit
+        cap = (avg + (1 if t < rem else 0)) * blocks_per_unit  # in blocks (pages)
         while cur_tile < ntiles and cap > 0:
             b, qs, qe, eff, blocks = tiles[cur_tile]
             kv_start = kv[b] + cur_blk
-            if eff - cur_blk * block_size <= cap:  # the rest of the tile fits
+            if eff - cur_blk * block_size <= cap * block_size:  # the rest of the tile fits
                 if cur_blk == 0:
                     loc = -1
                 else:
@@ -585,8 +604,8 @@ def plan_ps_prefill(
             else:  # split the tile at the capacity
                 loc = Q_TILE * p
                 p += 1
-                kv_end = kv_start + cap
-                kv_off = ctx[b] - (kv_end - kv[b])
+                kv_end = min(kv_start + cap, kv[b + 1])
+                kv_off = ctx[b] - (kv_end - kv[b]) * block_size
                 cur_blk += cap
                 cap = 0
             rows.append((b, loc, qo[b] + qs, qo[b] + qe, kv_start, kv_end, kv_off))

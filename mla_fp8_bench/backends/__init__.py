@@ -8,7 +8,7 @@ import importlib
 from .base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 
 #: name -> "module:Class" (relative to this package).
-_REGISTRY: dict[str, str] = {
+_REGISTRY: dict[str, "str | type[Backend]"] = {
     "aiter-emulated": "aiter_emulated:AiterEmulated",
     "aiter": "aiter_real:AiterReal",
     "vllm-aiter": "vllm_aiter:VllmAiter",
@@ -31,9 +31,15 @@ def backend_names() -> list[str]:
     return list(_REGISTRY)
 
 
-def register_backend(name: str, target: str) -> None:
-    """Register ``name`` -> ``"package.module:Class"`` (absolute) or ``"module:Class"`` (in this package)."""
+def register_backend(name: str, target: "str | type[Backend]") -> None:
+    """Register ``name`` -> a Backend subclass, ``"package.module:Class"`` (absolute) or ``"module:Class"``
+    (in this package)."""
     _REGISTRY[name] = target
+
+
+def unregister_backend(name: str) -> None:
+    """Remove ``name`` from the registry (no error if absent)."""
+    _REGISTRY.pop(name, None)
 
 
 def get_backend(name: str) -> Backend:
@@ -44,12 +50,15 @@ def get_backend(name: str) -> Backend:
     """
     if name not in _REGISTRY:
         raise UnknownBackendError(f"backend {name!r} is unknown: allowed {', '.join(_REGISTRY)}")
-    mod_name, cls_name = _REGISTRY[name].split(":")
+    target = _REGISTRY[name]
+    if isinstance(target, type):
+        return target()
+    mod_name, cls_name = target.split(":")
     module = importlib.import_module(mod_name if "." in mod_name else f"{__name__}.{mod_name}")
     return getattr(module, cls_name)()
 
 
 __all__ = [
     "Backend", "BackendUnavailable", "CaseUnsupported", "Prepared", "Verdict", "UnknownBackendError",
-    "DEFAULT_BACKENDS", "backend_names", "get_backend", "register_backend",
+    "DEFAULT_BACKENDS", "backend_names", "get_backend", "register_backend", "unregister_backend",
 ]

@@ -1,0 +1,249 @@
+"""FlashAttention-3 on Hopper: the full-FP8 peer (``fa3-fp8``) and its bf16 twin (``fa3-bf16``).
+
+Source: the PyPI wheel ``fa3-fwd`` 0.0.3 (``fa3_fwd-0.0.3-cp39-abi3-manylinux_2_24_x86_64.whl``, a
+forward-only third-party build of upstream ``hopper/``; FP8, varlen and head dims 192/128 built in).
+Its Python module is ``fa3_fwd_interface`` (ops in ``torch.ops.fa3_fwd``); see
+docs/h200-fp8-peers.md §2. Install with ``pip install fa3-fwd==0.0.3`` (``pip download`` needs
+``--platform manylinux_2_24_x86_64``). The module is imported lazily, never at import of this file.
+
+The call (upstream FA3 signature)::
+
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale=..., causal=True,
+                           q_descale=..., k_descale=..., v_descale=...,   # fp8 only
+                           return_attn_probs=True)                        # -> (out, lse)
+
+Shapes and dtypes as passed here:
+
+* q ``[T, H, 192]``, k ``[T, H, 192]``, v ``[T, H, 128]``: ``float8_e4m3fn`` (fa3-fp8) or bf16
+  (fa3-bf16); last dim contiguous (``stride(-1) == 1``: the wrapper would otherwise copy v inside the
+  timed call, ``v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1``). The fp8 tensors from
+  :func:`mla_fp8_bench.fp8.quantize` are fully contiguous; the bf16 ``mla`` inputs keep v as the
+  strided ``kv_b_proj`` view, as vLLM passes it (FA3 honours strides).
+* cu_seqlens ``[B+1]`` int32 on the device, the same for q and k (q_len == kv_len per sequence).
+* descales: fp32 of shape ``(B, H_kv)`` (``batch = len(cu_seqlens) - 1``); the suite's per-tensor
+  descale ``[1]`` is passed as a ``(1, 1)`` view expanded to ``(B, H)`` (FA3 checks only the shape and
+  honours strides). Real value = fp8 * descale.
+* out ``[T, H, 128]`` bf16 (FP8 input must produce bf16 on FA3); lse ``[H, T]`` fp32, natural log of
+  the scaled scores, returned here transposed to ``[T, H]``.
+
+Everything that is not the kernel call (casts, contiguity, descale views, the cu_seqlens copy)
+happens in :meth:`prepare`; ``run()`` is one ``flash_attn_varlen_func`` call, host-sync free and
+CUDA-graph capturable (its output allocation comes from the graph pool during capture).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, ClassVar
+
+import torch
+
+from ..cases import Case
+from ..devices import PlatformInfo
+from ..inputs import CaseInputs
+from .base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+
+#: The Python module of the wheel and the exact wheel to install.
+FA3_MODULE = "fa3_fwd_interface"
+FA3_DIST = "fa3-fwd"
+FA3_PIN = "fa3-fwd==0.0.3"
+INSTALL_HINT = f"pip install {FA3_PIN} (wheel tag manylinux_2_24)"
+#: Head dims FA3 accepts with d_v != d_qk on Hopper: qk in (128, 192], v in (96, 128] (upstream 2a204125).
+_QK_RANGE = (128, 192)
+_V_RANGE = (96, 128)
+
+_module_cache: dict[str, Any] = {}
+
+
+def _find_spec(name: str) -> Any:
+    return importlib.util.find_spec(name)
+
+
+def _import_module(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+def _describe(platform: PlatformInfo) -> str:
+    if platform.vendor == "cpu":
+        return "cpu"
+    if platform.vendor == "rocm":
+        return f"an AMD GPU ({platform.name}, {platform.arch})"
+    return f"{platform.name} ({platform.arch})"
+
+
+def load_fa3() -> Any:
+    """Import and return ``fa3_fwd_interface`` (cached).
+
+    Raises:
+        BackendUnavailable: the wheel is not installed, or importing it failed (the reason says which,
+            e.g. a CUDA runtime mismatch: the 0.0.3 wheel links ``libcudart.so.13``).
+    """
+    if FA3_MODULE in _module_cache:
+        mod = _module_cache[FA3_MODULE]
+        if isinstance(mod, BackendUnavailable):
+            raise mod
+        return mod
+    try:
+        spec = _find_spec(FA3_MODULE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        err = BackendUnavailable(f"{FA3_DIST} is not installed: {INSTALL_HINT}")
+        _module_cache[FA3_MODULE] = err
+        raise err
+    try:
+        mod = _import_module(FA3_MODULE)
+    except Exception as exc:  # noqa: BLE001 - any import failure (missing .so, ABI) is "unavailable"
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        err = BackendUnavailable(f"{FA3_DIST} is installed but `import {FA3_MODULE}` failed "
+                                 f"({type(exc).__name__}: {first}); it needs torch with CUDA 13 "
+                                 f"(libcudart.so.13); reinstall with {INSTALL_HINT}")
+        _module_cache[FA3_MODULE] = err
+        raise err from None
+    if not hasattr(mod, "flash_attn_varlen_func"):
+        err = BackendUnavailable(f"{FA3_MODULE} has no flash_attn_varlen_func: expected {FA3_PIN}")
+        _module_cache[FA3_MODULE] = err
+        raise err
+    _module_cache[FA3_MODULE] = mod
+    return mod
+
+
+def fa3_availability(platform: PlatformInfo) -> Verdict:
+    """FA3 runs on NVIDIA Hopper (sm_90) with ``fa3-fwd`` importable; otherwise a precise reason."""
+    if platform.vendor != "cuda" or platform.arch != "sm_90":
+        return Verdict.no(f"needs an NVIDIA Hopper (sm_90) GPU; found {_describe(platform)}")
+    try:
+        load_fa3()
+    except BackendUnavailable as exc:
+        return Verdict.no(str(exc))
+    return Verdict.yes()
+
+
+def split_out_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``flash_attn_varlen_func`` returns ``out`` or ``(out, lse, ...)`` depending on build and flags."""
+    if isinstance(result, torch.Tensor):
+        return result, None
+    if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
+        lse = result[1] if len(result) > 1 and isinstance(result[1], torch.Tensor) else None
+        return result[0], lse
+    raise TypeError(f"flash_attn_varlen_func returned {type(result).__name__}; expected a tensor or (out, lse)")
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+class _Fa3Base(Backend):
+    """Shared FA3 plumbing; subclasses choose the input precision."""
+
+    use_fp8: ClassVar[bool] = True
+
+    def availability(self, platform: PlatformInfo) -> Verdict:
+        return fa3_availability(platform)
+
+    def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
+        if self.use_fp8 and platform.fp8_dtype != torch.float8_e4m3fn:
+            return Verdict.no(f"FA3 FP8 takes float8_e4m3fn only, not {platform.fp8_dtype}")
+        return Verdict.yes()
+
+    def _check_dims(self, inputs: CaseInputs) -> None:
+        dqk, dv = inputs.dims.qk_head_dim, inputs.dims.v_head_dim
+        if not (_QK_RANGE[0] < dqk <= _QK_RANGE[1] and _V_RANGE[0] < dv <= _V_RANGE[1]) and dqk != dv:
+            raise CaseUnsupported(f"FA3 with d_qk != d_v needs d_qk in (128, 192] and d_v in (96, 128]; got "
+                                  f"{dqk}/{dv}")
+        if dqk % 16 or dv % 16:
+            raise CaseUnsupported(f"FA3 needs head dims that are multiples of 16; got {dqk}/{dv}")
+
+    def _tensors(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        raise NotImplementedError
+
+    def prepare(self, inputs: CaseInputs) -> Prepared:
+        """Casts, contiguity and descale views happen here, outside the timed ``run``.
+
+        Raises:
+            BackendUnavailable: not a CUDA device or fa3-fwd missing.
+            CaseUnsupported: head dims FA3 does not build, or a non-e4m3fn fp8 dtype.
+        """
+        if inputs.device.type != "cuda":
+            raise BackendUnavailable(f"needs an NVIDIA Hopper (sm_90) GPU; found {inputs.device.type}")
+        fa3 = load_fa3()
+        self._check_dims(inputs)
+        q, k, v, kw = self._tensors(inputs)
+        cu = inputs.cu_seqlens.to(device=inputs.device, dtype=torch.int32).contiguous()
+        max_s = int(inputs.max_seqlen)
+        scale = float(inputs.softmax_scale)
+        fn = fa3.flash_attn_varlen_func
+        state: dict[str, torch.Tensor | None] = {"lse": None}
+
+        def run() -> torch.Tensor:
+            with torch.no_grad():
+                res = fn(q, k, v, cu, cu, max_s, max_s, softmax_scale=scale, causal=True,
+                         return_attn_probs=True, **kw)
+            out, lse = split_out_lse(res)
+            state["lse"] = lse
+            return out
+
+        t = q.shape[0]
+
+        def lse() -> tuple[torch.Tensor, torch.Tensor]:
+            if state["lse"] is None:
+                raise RuntimeError("FA3 returned no LSE (call run() first; this build returns out only)")
+            l = state["lse"]
+            l = l.transpose(0, 1) if l.shape[0] == q.shape[1] and l.shape[-1] == t else l  # [H, T] -> [T, H]
+            return l.float(), torch.ones(t, dtype=torch.bool)
+
+        return Prepared(run=run, graph_capturable=True, timing_scope="kernel", lse=lse,
+                        extras={"fa3_version": _dist_version()})
+
+
+def _dist_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(FA3_DIST)
+    except PackageNotFoundError:
+        return None
+
+
+def expand_descale(descale: torch.Tensor, batch: int, heads_k: int) -> torch.Tensor:
+    """A per-tensor fp32 descale ``[1]`` as FA3's ``(batch, num_heads_k)``: a stride-0 expanded view."""
+    return descale.to(torch.float32).reshape(1, 1).expand(batch, heads_k)
+
+
+class Fa3Fp8(_Fa3Base):
+    """FA3 FP8 forward: e4m3 q/k/v with per-tensor descales in, bf16 out (the Hopper FP8 peer)."""
+
+    name = "fa3-fp8"
+    description = "FlashAttention-3 FP8 (fa3-fwd 0.0.3): e4m3 in, per-tensor descales, bf16 out (Hopper peer)"
+    fp8 = True
+    use_fp8 = True
+
+    def _tensors(self, inputs: CaseInputs):
+        if inputs.fp8_dtype != torch.float8_e4m3fn:
+            raise CaseUnsupported(f"FA3 FP8 takes float8_e4m3fn only, not {inputs.fp8_dtype}")
+        q = _last_dim_contiguous(inputs.q8.data)
+        k = _last_dim_contiguous(inputs.k8.data)
+        v = _last_dim_contiguous(inputs.v8.data)
+        b = int(inputs.cu_seqlens_cpu.numel()) - 1
+        hk = int(k.shape[1])
+        kw = {"q_descale": expand_descale(inputs.q8.descale.to(inputs.device), b, hk),
+              "k_descale": expand_descale(inputs.k8.descale.to(inputs.device), b, hk),
+              "v_descale": expand_descale(inputs.v8.descale.to(inputs.device), b, hk)}
+        return q, k, v, kw
+
+
+class Fa3Bf16(_Fa3Base):
+    """FA3 bf16 forward on the original bf16 inputs (non-FP8 baseline on Hopper)."""
+
+    name = "fa3-bf16"
+    description = "FlashAttention-3 bf16 (fa3-fwd 0.0.3) on the bf16 inputs (Hopper non-FP8 baseline)"
+    fp8 = False
+    use_fp8 = False
+
+    def _tensors(self, inputs: CaseInputs):
+        q = _last_dim_contiguous(inputs.q.to(torch.bfloat16))
+        k = _last_dim_contiguous(inputs.k.to(torch.bfloat16))
+        v = _last_dim_contiguous(inputs.v.to(torch.bfloat16))
+        return q, k, v, {}

@@ -1,0 +1,201 @@
+"""The device's own ceilings, measured once per run: FP8 GEMM, bf16 GEMM and copy bandwidth.
+
+Attention throughput is reported against two references (docs/h200-fp8-peers.md §6): the datasheet
+peak (:data:`mla_fp8_bench.flops.DATASHEET_PEAKS_TFLOPS`) and a ceiling measured on the same machine
+in the same process, because ceilings vary between machines of one kind and between runs (bf16
+8192^3 GEMMs on H200s of this workplace gave 715 to 798 TFLOP/s).
+
+What is measured (GPU only; on CPU the result is ``status="skipped"`` with the reason):
+
+* ``fp8_gemm_tflops`` - ``torch._scaled_mm`` on ``float8_e4m3fn`` ``[M, K] x [K, N]`` (b column-major,
+  as cuBLASLt requires), fp32 per-tensor scales, bf16 out, M = N = K = 8192, random data
+  (``randn`` clamped to +-448 before the cast). FLOPs = 2 M N K.
+* ``bf16_gemm_tflops`` - ``torch.matmul`` on bf16 ``randn`` 8192^3. FLOPs = 2 M N K.
+* ``copy_tb_s`` - a device-to-device ``copy_`` of a 2 GiB buffer, counting bytes read + written.
+
+Each is timed with :func:`mla_fp8_bench.timing.time_device` (CUDA-graph replay, 50 ms device warm-up,
+median of the samples). Never on zeros: a bf16 GEMM ran 13% faster on zeros than on random data on
+an H200 of this workplace (METHOD.md).
+
+Hook: ``attach(data)`` adds ``data["ceilings"]`` to a runner result (``runner.evaluate``'s dict),
+including ``fraction_of_ceiling`` / ``fraction_of_datasheet`` per ok record. Set
+``MLA_FP8_BENCH_CEILINGS=0`` to skip the measurement (about 1-2 s of device time on an H200).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .flops import datasheet_peak
+
+#: GEMM size and copy size of the measurement.
+GEMM_N = 8192
+COPY_BYTES = 2 * 2**30
+
+
+def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
+    from .timing import time_device
+
+    if not hasattr(torch, "_scaled_mm"):
+        return {"status": "skipped", "reason": f"torch {torch.__version__} has no torch._scaled_mm"}
+    fp8 = torch.float8_e4m3fn
+    if getattr(torch.version, "hip", None):
+        from .devices import fp8_dtype_for, gpu_arch
+
+        fp8 = fp8_dtype_for("rocm", gpu_arch(device))
+    fmax = float(torch.finfo(fp8).max)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=gen).clamp_(-fmax, fmax).to(fp8)
+    bt = torch.randn(n, n, device=device, generator=gen).clamp_(-fmax, fmax).to(fp8)
+    b = bt.t()  # column-major [K, N]
+    sa = torch.ones((), device=device, dtype=torch.float32)
+    sb = torch.ones((), device=device, dtype=torch.float32)
+
+    def run():
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    run()
+    tr = time_device(run, device, graph_capturable=True, samples=samples, time_budget_s=5.0)
+    sec = tr.median_s
+    return {"status": "ok", "tflops": 2.0 * n ** 3 / sec / 1e12, "median_s": sec, "cv": tr.cv,
+            "method": tr.method, "dtype": str(fp8).replace("torch.", ""), "shape": [n, n, n]}
+
+
+def _bf16_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
+    from .timing import time_device
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    a = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
+    out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+
+    def run():
+        return torch.matmul(a, b, out=out)
+
+    run()
+    tr = time_device(run, device, graph_capturable=True, samples=samples, time_budget_s=5.0)
+    sec = tr.median_s
+    return {"status": "ok", "tflops": 2.0 * n ** 3 / sec / 1e12, "median_s": sec, "cv": tr.cv,
+            "method": tr.method, "shape": [n, n, n]}
+
+
+def _copy(device: torch.device, nbytes: int, samples: int) -> dict[str, Any]:
+    from .timing import time_device
+
+    n = nbytes // 4
+    src = torch.rand(n, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+
+    def run():
+        return dst.copy_(src)
+
+    run()
+    tr = time_device(run, device, graph_capturable=True, samples=samples, time_budget_s=5.0)
+    sec = tr.median_s
+    return {"status": "ok", "tb_s": 2.0 * n * 4 / sec / 1e12, "median_s": sec, "cv": tr.cv, "method": tr.method,
+            "bytes_moved": 2 * n * 4}
+
+
+def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_N, copy_bytes: int = COPY_BYTES,
+                     samples: int = 20) -> dict[str, Any]:
+    """Measure FP8 GEMM, bf16 GEMM and copy ceilings on ``device``.
+
+    Returns:
+        ``{"status": "ok", "device_name", "arch", "fp8_gemm_tflops", "bf16_gemm_tflops", "copy_tb_s",
+        "datasheet": {"fp8", "bf16", "hbm_tb_s"} | None, "fp8_gemm_fraction_of_datasheet", ...,
+        "details": {...}}``, or ``{"status": "skipped", "reason": ...}`` on a CPU. A part that fails
+        (e.g. no ``_scaled_mm`` for this GPU) has ``None`` and its reason in ``details``.
+    """
+    from .devices import platform_info
+
+    pinfo = platform_info(device)
+    if pinfo.device.type != "cuda":
+        return {"status": "skipped", "reason": "ceilings are measured on GPUs only; this run is on the cpu"}
+    dev = pinfo.device
+    details: dict[str, Any] = {}
+    for key, fn, arg in (("fp8_gemm", _fp8_gemm, gemm_n), ("bf16_gemm", _bf16_gemm, gemm_n),
+                         ("copy", _copy, copy_bytes)):
+        try:
+            details[key] = fn(dev, arg, samples)
+        except Exception as exc:  # noqa: BLE001 - one failing ceiling must not lose the others
+            details[key] = {"status": "error", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        finally:
+            torch.cuda.empty_cache()
+    peak = datasheet_peak(pinfo.name, pinfo.arch)
+    res: dict[str, Any] = {
+        "status": "ok",
+        "device_name": pinfo.name,
+        "arch": pinfo.arch,
+        "fp8_gemm_tflops": details["fp8_gemm"].get("tflops"),
+        "bf16_gemm_tflops": details["bf16_gemm"].get("tflops"),
+        "copy_tb_s": details["copy"].get("tb_s"),
+        "datasheet": dict(peak) if peak else None,
+        "details": details,
+    }
+    if peak:
+        for k, pk in (("fp8_gemm_tflops", "fp8"), ("bf16_gemm_tflops", "bf16"), ("copy_tb_s", "hbm_tb_s")):
+            if res[k] is not None:
+                res[k.replace("_tflops", "").replace("_tb_s", "") + "_fraction_of_datasheet"] = res[k] / peak[pk]
+    return res
+
+
+def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
+    """Add ``fraction_of_ceiling`` and ``fraction_of_datasheet`` to every ok record with ``tflops``.
+
+    FP8 backends (``emulation`` excluded) are divided by the FP8 ceiling/peak, bf16 ones by the bf16
+    ones; records whose backend is unknown to the registry are left alone.
+    """
+    if ceil.get("status") != "ok":
+        return
+    fp8_names = _fp8_backend_names()
+    peak = ceil.get("datasheet") or {}
+    for rec in data.get("records", []):
+        tf = rec.get("tflops")
+        if rec.get("status") != "ok" or tf is None or rec.get("timing_scope") == "emulation":
+            continue
+        is_fp8 = fp8_names.get(rec.get("backend"))
+        if is_fp8 is None:
+            continue
+        c = ceil.get("fp8_gemm_tflops" if is_fp8 else "bf16_gemm_tflops")
+        p = peak.get("fp8" if is_fp8 else "bf16")
+        rec["ceiling_kind"] = "fp8_gemm" if is_fp8 else "bf16_gemm"
+        rec["fraction_of_ceiling"] = tf / c if c else None
+        rec["fraction_of_datasheet"] = tf / p if p else None
+
+
+def _fp8_backend_names() -> dict[str, bool]:
+    from .backends import backend_names, get_backend
+
+    out: dict[str, bool] = {}
+    for n in backend_names():
+        try:
+            out[n] = bool(get_backend(n).fp8)
+        except Exception:  # noqa: BLE001 - a backend module that fails to import is simply not annotated
+            continue
+    return out
+
+
+def attach(data: dict[str, Any], device: str | torch.device | None = None) -> dict[str, Any]:
+    """Measure the ceilings once and store them in ``data["ceilings"]`` (and per-record fractions).
+
+    ``device`` defaults to ``data["env"]["device"]`` (the runner's device), else ``auto``. With
+    ``MLA_FP8_BENCH_CEILINGS=0`` nothing is measured and ``data["ceilings"]`` says so. Never raises
+    for measurement failures: they are recorded in the result.
+
+    Returns:
+        The ceilings dict (also stored in ``data``).
+    """
+    if os.environ.get("MLA_FP8_BENCH_CEILINGS", "1").strip() in ("0", "false", "no", "off"):
+        ceil: dict[str, Any] = {"status": "skipped", "reason": "MLA_FP8_BENCH_CEILINGS=0"}
+    else:
+        dev = device if device is not None else (data.get("env", {}).get("device") or "auto")
+        try:
+            ceil = measure_ceilings(dev)
+        except Exception as exc:  # noqa: BLE001
+            ceil = {"status": "error", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    data["ceilings"] = ceil
+    annotate_records(data, ceil)
+    return ceil

@@ -1,0 +1,413 @@
+#!/usr/bin/env python3
+"""One device session on an NVIDIA H200: everything the suite needs measured there, in one call.
+
+Run from the repository root on the device machine (wheels carried in ``.whl``, see README of the
+device tool), after::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+    python3 scripts/h200_session.py --out $OUT --deadline 540
+
+Steps (``--steps``, in this order; each runs in its own subprocess, its log goes to ``logs/``):
+
+``env``       ``nvidia-smi``, ``python -m mla_fp8_bench.cli env``, tree/.git check
+``smoke``     ``cli run`` of fa3-fp8 and fa3-bf16 on s2048 (JSON), aiter-emulated on s512 (cost probe)
+``pytest``    ``pytest tests/test_gpu.py``
+``ceilings``  :func:`mla_fp8_bench.ceilings.measure_ceilings` (fp8/bf16 GEMM 8192^3, copy)
+``cv``        ``--cv-procs`` separate processes of ``python -m mla_fp8_bench.profcheck`` for fa3-fp8
+              at s128/s2048/s8192/s32768 (graph timing + profiler cross-check), then the CV summary;
+              one process each for fa3-bf16 and torch-sdpa-bf16 (profiler cross-check)
+``sweep``     ``cli run --json`` over the sweep s128..s32768 for fa3-fp8, fa3-bf16, torch-sdpa-bf16 with
+              the device ceilings attached in the same process (``ceilings.attach``), plus
+              aiter-emulated capped at ``--emu-max-seq`` (its latency is an emulation's)
+``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
+``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key),
+              then ``asv run -E existing:<python3> --set-commit-hash <HEAD> --launch-method spawn``
+              restricted (``-b``) to the GPU-relevant backends; the results directory is kept
+
+Outputs: ``$OUT/session.tar.gz`` (everything: logs, JSON, the asv results directory), refreshed
+after every step so a kill at the time limit still returns what was done, plus ``$OUT/summary.json``
+and ``$OUT/session.log``.
+
+The commit for ``--set-commit-hash``: if ``.git`` did not travel with the working tree, the bundle
+``.whl/repo.bundle`` (made on the workstation with ``git bundle create .whl/repo.bundle --all``) is
+cloned and its ``.git`` put in place; the HEAD of that repository is the commit the results are
+filed under. The measured code is the working tree that travelled.
+
+aiter-emulated: a Python loop over the plan's works, so its cost grows with S^2 (seconds per call at
+S=8k on a GPU). It enters the asv grid only if ``backends/aiter_emulated.py`` honours
+``MLA_FP8_BENCH_EMU_MAX_TOKENS`` (set to ``--emu-max-seq``); otherwise it is measured only in the
+capped ``sweep`` step. Its latency is an emulation's, never a kernel's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "aiter-emulated", "aiter", "vllm-aiter")
+CV_CASES = "s128,s2048,s8192,s32768"
+SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
+ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv")
+
+
+class Session:
+    def __init__(self, out: Path, work: Path, deadline_s: float):
+        self.out, self.work = out, work
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + deadline_s
+        self.summary: dict = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "steps": {},
+                              "host": platform.node(), "python": sys.executable}
+        (work / "logs").mkdir(parents=True, exist_ok=True)
+        self.log_f = open(work / "session.log", "a", buffering=1)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.monotonic() - self.t0:7.1f}s] {msg}"
+        print(line, flush=True)
+        self.log_f.write(line + "\n")
+
+    def sh(self, name: str, cmd: list[str] | str, timeout: float, env: dict | None = None,
+           cwd: Path | None = None) -> tuple[int, float]:
+        """Run ``cmd``; stdout+stderr to logs/<name>.log with elapsed-time prefixes; returns (rc, wall)."""
+        timeout = max(5.0, min(timeout, self.left() - 15))
+        e = dict(os.environ)
+        e["PYTHONUNBUFFERED"] = "1"
+        if env:
+            e.update(env)
+        logp = self.work / "logs" / f"{name}.log"
+        t0 = time.monotonic()
+        self.log(f"$ {cmd if isinstance(cmd, str) else ' '.join(cmd)}  (timeout {timeout:.0f}s)")
+        with open(logp, "a") as lf:
+            lf.write(f"$ {cmd}\n")
+            p = subprocess.Popen(cmd, shell=isinstance(cmd, str), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env=e, cwd=cwd or ROOT, text=True, errors="replace", start_new_session=True)
+            rc = None
+            try:
+                assert p.stdout is not None
+                for line in p.stdout:
+                    lf.write(f"{time.monotonic() - t0:7.2f} {line}")
+                    if time.monotonic() - t0 > timeout:
+                        raise subprocess.TimeoutExpired(cmd, timeout)
+                rc = p.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait()
+                rc = 124
+                lf.write(f"\n!! killed after {timeout:.0f}s\n")
+        wall = time.monotonic() - t0
+        self.log(f"  -> rc {rc} in {wall:.1f}s")
+        return rc, wall
+
+    def step(self, name: str, rc: int, wall: float, **extra) -> None:
+        self.summary["steps"][name] = {"rc": rc, "wall_s": round(wall, 2), **extra}
+        self.pack()
+
+    def pack(self) -> None:
+        self.summary["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        (self.work / "summary.json").write_text(json.dumps(self.summary, indent=1))
+        tmp = self.out / "session.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tf:
+            tf.add(self.work, arcname="session")
+        os.replace(tmp, self.out / "session.tar.gz")
+        shutil.copy(self.work / "summary.json", self.out / "summary.json")
+        shutil.copy(self.work / "session.log", self.out / "session.log")
+
+
+def py() -> str:
+    return sys.executable
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def ensure_git(s: Session) -> str | None:
+    """Make sure ROOT is a git repository with a HEAD; returns the HEAD SHA (or None)."""
+    info: dict = {"git_binary": shutil.which("git")}
+    r = git("rev-parse", "HEAD") if info["git_binary"] else None
+    info["git_traveled"] = bool(r is not None and r.returncode == 0)
+    if not info["git_traveled"] and info["git_binary"]:
+        bundle = ROOT / ".whl" / "repo.bundle"
+        info["bundle"] = bundle.exists()
+        if bundle.exists():
+            tmp = Path("/tmp/repo_clone")
+            shutil.rmtree(tmp, ignore_errors=True)
+            c = subprocess.run(["git", "clone", "-q", "--no-checkout", str(bundle), str(tmp)], capture_output=True,
+                               text=True)
+            info["clone_rc"] = c.returncode
+            info["clone_err"] = c.stderr[-500:]
+            if c.returncode == 0 and not (ROOT / ".git").exists():
+                shutil.move(str(tmp / ".git"), str(ROOT / ".git"))
+                # the bundle's HEAD may be detached or on main: make sure a local 'main' exists for asv
+                br = git("branch", "--list", "main").stdout.strip()
+                if not br:
+                    git("branch", "main", "HEAD")
+        r = git("rev-parse", "HEAD")
+    sha = r.stdout.strip() if r is not None and r.returncode == 0 else None
+    info["sha"] = sha
+    if sha:
+        info["head_log"] = git("log", "-1", "--format=%H %cI %s").stdout.strip()
+        info["branches"] = git("branch", "-a").stdout.strip()
+    s.summary["git"] = info
+    s.log(f"git: {info}")
+    return sha
+
+
+def available_backends(names) -> tuple[list[str], dict[str, str]]:
+    """Backends whose module imports (a missing module would fail the whole asv grid)."""
+    from mla_fp8_bench.backends import get_backend
+
+    ok, bad = [], {}
+    for n in names:
+        try:
+            get_backend(n)
+            ok.append(n)
+        except Exception as exc:  # noqa: BLE001
+            bad[n] = f"{type(exc).__name__}: {exc}"
+    return ok, bad
+
+
+def ensure_plain_cache(s: Session) -> None:
+    """The asv ``setup_cache`` result must unpickle without importing torch.
+
+    ``runner.environment`` stores ``torch.__version__`` (a ``torch.torch_version.TorchVersion``); in the
+    pickled cache that makes every asv benchmark process import torch (1-5 s each, hundreds of
+    processes). If the working tree still has that, patch the *device copy* to ``str(...)`` (a
+    one-line fix the lead applies in the repository) and record it in the summary.
+    """
+    from mla_fp8_bench.devices import platform_info
+    from mla_fp8_bench.runner import environment
+
+    env = environment(platform_info("cpu"))
+    bad = {k: type(v).__module__ + "." + type(v).__name__ for k, v in env.items()
+           if v is not None and type(v) not in (str, int, float, bool)}
+    s.summary["env_non_plain_types"] = bad
+    if "torch" in bad:
+        p = ROOT / "mla_fp8_bench" / "runner.py"
+        txt = p.read_text()
+        old, new = '"torch": torch.__version__,', '"torch": str(torch.__version__),'
+        if old in txt:
+            p.write_text(txt.replace(old, new, 1))
+            s.summary["device_patches"] = [f"mla_fp8_bench/runner.py: {old} -> {new} (device copy only)"]
+            s.log(f"patched device copy: {old} -> {new}")
+
+
+def emu_cap_supported() -> bool:
+    p = ROOT / "mla_fp8_bench" / "backends" / "aiter_emulated.py"
+    return p.exists() and "MLA_FP8_BENCH_EMU_MAX_TOKENS" in p.read_text()
+
+
+def write_machine_file(s: Session, home: Path, machine: str) -> dict:
+    """``asv machine --yes --machine <machine>`` then add the GPU model (asv keeps extra keys)."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"HOME": str(home)}
+    s.sh("asv-machine", [py(), "-m", "asv", "machine", "--yes", "--machine", machine], 60, env=env)
+    mf = home / ".asv-machine.json"
+    data = json.loads(mf.read_text()) if mf.exists() else {"version": 1}
+    entry = data.get(machine, {"machine": machine})
+    gpu = None
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        gpu = q.stdout.strip().splitlines()[0].strip() if q.returncode == 0 and q.stdout.strip() else None
+    except OSError:
+        pass
+    try:
+        from asv.machine import Machine
+
+        defaults = Machine.get_defaults()
+    except Exception:  # noqa: BLE001
+        defaults = {"arch": platform.machine(), "num_cpu": str(os.cpu_count()), "os": platform.platform()}
+    for k, v in defaults.items():
+        if k != "machine" and not entry.get(k):
+            entry[k] = v
+    entry["gpu"] = gpu or "unknown"
+    data[machine] = entry
+    data["version"] = 1
+    mf.write_text(json.dumps(data, indent=4))
+    s.log(f"machine file: {entry}")
+    return entry
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/h200_out"))
+    ap.add_argument("--work", default="/tmp/h200_session")
+    ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole session")
+    ap.add_argument("--steps", default=",".join(ALL_STEPS))
+    ap.add_argument("--cv-procs", type=int, default=6)
+    ap.add_argument("--emu-max-seq", type=int, default=4096)
+    ap.add_argument("--asv-timeout", type=float, default=300.0)
+    ap.add_argument("--launch-method", default="spawn")
+    ap.add_argument("--machine", default="h200")
+    args = ap.parse_args()
+
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    s = Session(out, work, args.deadline)
+    steps = [x for x in args.steps.split(",") if x]
+    unknown = [x for x in steps if x not in ALL_STEPS]
+    if unknown:
+        print(f"unknown steps {unknown}: allowed {ALL_STEPS}")
+        return 2
+    s.summary["args"] = vars(args)
+    jd = work / "json"
+    jd.mkdir()
+    sha = ensure_git(s)
+    if not (ROOT / "benchmarks" / "__init__.py").exists():
+        (ROOT / "benchmarks" / "__init__.py").write_text("")
+        s.summary["created_benchmarks_init"] = True
+    if any(x.startswith("asv") for x in steps):
+        ensure_plain_cache(s)
+    ok_backends, bad_backends = available_backends(GPU_BACKENDS)
+    s.summary["backend_modules_missing"] = bad_backends
+    s.pack()
+
+    asv_home = Path("/tmp/asvhome")
+    asv_env_base = {"HOME": str(asv_home), "ASV_PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                    "MLA_FP8_BENCH_EXPECT_COMMIT": sha or ""}
+    grid = [b for b in ok_backends if b != "aiter-emulated" or emu_cap_supported()]
+    sel_run = [b for b in grid if b in ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "aiter-emulated")]
+    s.summary["asv_grid_backends"] = grid
+    s.summary["asv_selected_backends"] = sel_run
+    s.summary["emu_cap_supported"] = emu_cap_supported()
+    machine_done: list = []
+
+    def ensure_machine() -> None:
+        if not machine_done:
+            s.summary["machine"] = write_machine_file(s, asv_home, args.machine)
+            machine_done.append(True)
+
+    def do_env() -> None:
+        rc1, w1 = s.sh("env", "nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE | head -80; "
+                       "uname -a; nproc; free -g; ls -a; git rev-parse HEAD; git status --short | head -30; "
+                       f"{py()} -m pip list 2>/dev/null | grep -i -E 'torch|triton|fa3|asv|numpy|rich|json5'", 60)
+        rc2, w2 = s.sh("env", [py(), "-m", "mla_fp8_bench.cli", "env"], 120)
+        s.step("env", max(rc1, rc2), w1 + w2)
+
+    def do_smoke() -> None:
+        rc, w = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "fa3-fp8,fa3-bf16", "-c", "s2048",
+                               "--json", str(jd / "smoke_s2048.json")], 180)
+        rc2, w2 = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "aiter-emulated", "-c", "s512",
+                                 "--samples", "5", "--time-budget", "3", "--json", str(jd / "smoke_emu_s512.json")], 120)
+        s.step("smoke", rc, w, emu_rc=rc2, emu_wall_s=round(w2, 1))
+
+    def do_pytest() -> None:
+        rc, w = s.sh("pytest", [py(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-rs"], 240)
+        s.step("pytest", rc, w)
+
+    def do_ceilings() -> None:
+        code = ("import json,sys; from mla_fp8_bench.ceilings import measure_ceilings; r=measure_ceilings(); "
+                f"json.dump(r, open({str(jd / 'ceilings.json')!r},'w'), indent=1); "
+                "print({k: r.get(k) for k in ('fp8_gemm_tflops','bf16_gemm_tflops','copy_tb_s')})")
+        rc, w = s.sh("ceilings", [py(), "-c", code], 120)
+        s.step("ceilings", rc, w)
+
+    def do_cv() -> None:
+        files, t_cv, rcs = [], 0.0, []
+        for i in range(args.cv_procs):
+            if s.left() < 60:
+                s.log("cv: stopping early, deadline")
+                break
+            f = jd / f"cv_fa3-fp8_p{i}.json"
+            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.profcheck", "--backend", "fa3-fp8", "--cases", CV_CASES,
+                                "--json", str(f)], 150)
+            rcs.append(rc)
+            t_cv += w
+            if rc == 0:
+                files.append(str(f))
+        for bk in ("fa3-bf16", "torch-sdpa-bf16"):
+            if s.left() < 60:
+                break
+            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.profcheck", "--backend", bk, "--cases", CV_CASES,
+                                "--json", str(jd / f"cv_{bk}_p0.json")], 150)
+            t_cv += w
+        if files:
+            s.sh("cv", [py(), "-m", "mla_fp8_bench.profcheck", "--summarize", *files, "--json",
+                        str(jd / "cv_summary.json")], 60)
+        s.step("cv", max(rcs) if rcs else -1, t_cv, processes=len(files))
+
+    def do_sweep() -> None:
+        code = (
+            "import sys, mla_fp8_bench.runner as R, mla_fp8_bench.ceilings as C, mla_fp8_bench.cli as cli\n"
+            "orig = R.evaluate\n"
+            "def ev(*a, **k):\n"
+            "    d = orig(*a, **k)\n"
+            "    C.attach(d)\n"
+            "    return d\n"
+            "R.evaluate = ev\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+        rc, w = s.sh("sweep", [py(), "-c", code, "run", "-b", "fa3-fp8,fa3-bf16,torch-sdpa-bf16", "-c", SWEEP,
+                               "--json", str(jd / "run_h200_sweep.json")], 300)
+        emu_cases = ",".join(c for c in SWEEP.split(",") if int(c[1:]) <= args.emu_max_seq)
+        rc2, w2 = (None, 0.0)
+        if s.left() > 90:
+            rc2, w2 = s.sh("sweep", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "aiter-emulated,torch-fp8-ref",
+                                     "-c", emu_cases, "--samples", "5", "--time-budget", "3", "--json",
+                                     str(jd / "run_h200_emulated.json")], 180)
+        s.step("sweep", rc, w, emu_rc=rc2, emu_wall_s=round(w2, 1))
+
+    def do_asv_tiny(method: str) -> None:
+        ensure_machine()
+        env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS="fa3-fp8", MLA_FP8_BENCH_MAX_TOKENS="2048")
+        rc, w = s.sh(f"asv-tiny-{method}", [py(), "-m", "asv", "run", "-E", f"existing:{py()}", "--set-commit-hash",
+                                            sha, "--launch-method", method, "--machine", args.machine, "--dry-run",
+                                            "-b", r"MLAPrefill\.track_\w+\('fa3-fp8', 's2048'\)"], 120, env=env)
+        s.step(f"asv-tiny-{method}", rc, w)
+
+    def do_asv() -> None:
+        ensure_machine()
+        env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS=",".join(grid),
+                   MLA_FP8_BENCH_EMU_MAX_TOKENS=str(args.emu_max_seq))
+        regex = r"\('(" + "|".join(sel_run) + r")'"
+        plan_regex = r"AiterPlan\.\w+\('aiter-emulated'"
+        rc, w = s.sh("asv", [py(), "-m", "asv", "run", "-E", f"existing:{py()}", "--set-commit-hash", sha,
+                             "--launch-method", args.launch_method, "--machine", args.machine,
+                             "-b", regex, "-b", plan_regex], args.asv_timeout, env=env)
+        dst = work / "asv_results"
+        dst.mkdir(exist_ok=True)
+        if (ROOT / "results" / args.machine).exists():
+            shutil.copytree(ROOT / "results" / args.machine, dst / args.machine, dirs_exist_ok=True)
+        if (ROOT / "results" / "benchmarks.json").exists():
+            shutil.copy(ROOT / "results" / "benchmarks.json", dst / "benchmarks.json")
+        s.step("asv", rc, w, regex=[regex, plan_regex], launch_method=args.launch_method)
+
+    table = {"env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),
+             "cv": (do_cv, 90), "sweep": (do_sweep, 90), "asv-tiny": (lambda: do_asv_tiny("spawn"), 40),
+             "asv-tiny-fork": (lambda: do_asv_tiny("forkserver"), 40), "asv": (do_asv, 60)}
+    for name in steps:
+        fn, need = table[name]
+        if name.startswith("asv") and not sha:
+            s.log(f"skip {name}: no git commit to file results under")
+            continue
+        if s.left() < need:
+            s.log(f"skip {name}: {s.left():.0f}s left, needs {need}s")
+            s.summary["steps"][name] = {"skipped": f"deadline ({s.left():.0f}s left)"}
+            continue
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a broken step must not lose the others
+            s.log(f"step {name} raised {type(exc).__name__}: {exc}")
+            s.summary["steps"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            s.pack()
+    s.summary["finished"] = True
+    s.pack()
+    s.log(json.dumps({k: v for k, v in s.summary["steps"].items()}, indent=None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
