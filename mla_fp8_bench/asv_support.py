@@ -109,13 +109,16 @@ def measure_grid() -> dict[str, Any]:
                       time_budget_s=float(os.environ.get("MLA_FP8_BENCH_TIME_BUDGET", "10")))
     data = evaluate(backends, cases, device=pinfo.device, options=opts,
                     progress=lambda r: print(f"[mla_fp8_bench] {r.backend} {r.case}: {r.status} {r.reason}", flush=True))
+    from .ceilings import attach
+
+    attach(data)
     records: dict[str, Any] = {}
     for r in data["records"]:
         records[f"{r['backend']}|{r['case']}"] = {k: v for k, v in r.items() if k not in _DROP}
     for cid, why in skipped.items():
         for b in ASV_BACKENDS:
             records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}
-    return {"env": data["env"], "cap": cap, "records": records}
+    return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records}
 
 
 def measure_plans() -> dict[str, Any]:

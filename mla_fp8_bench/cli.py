@@ -120,6 +120,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             prog.update(task, advance=1, description=f"{rec.backend} {rec.case}: {rec.status}")
 
         data = evaluate(names, cases, device=pinfo.device, options=opts, progress=tick)
+    if not args.no_timing:
+        from .ceilings import attach
+
+        attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
     if args.json:
         write_json_atomic(data, args.json)
     t = Table(title=f"FP8 MLA prefill on {data['env']['device_name']} ({data['env']['arch']})")

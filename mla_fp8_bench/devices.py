@@ -116,14 +116,14 @@ def platform_info(device: str | torch.device | None = "auto") -> PlatformInfo:
 
         return PlatformInfo(
             vendor="cpu", device=dev, arch="cpu", name=_pf.processor() or _pf.machine(), fp8_dtype=torch.float8_e4m3fn,
-            torch_version=torch.__version__, cuda_version=None, hip_version=None, multi_processor_count=0,
+            torch_version=str(torch.__version__), cuda_version=None, hip_version=None, multi_processor_count=0,
         )
     vendor = vendor_of_build()
     arch = gpu_arch(dev)
     props = torch.cuda.get_device_properties(dev)
     return PlatformInfo(
         vendor=vendor, device=dev, arch=arch, name=props.name, fp8_dtype=fp8_dtype_for(vendor, arch),
-        torch_version=torch.__version__, cuda_version=getattr(torch.version, "cuda", None),
+        torch_version=str(torch.__version__), cuda_version=getattr(torch.version, "cuda", None),
         hip_version=getattr(torch.version, "hip", None), multi_processor_count=props.multi_processor_count,
     )
 

@@ -99,7 +99,7 @@ def crosscheck(run: Callable[[], object], device: torch.device, *, replays: int 
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from .timing import _capture, time_device
+    from .timing import _capture, _settle, time_device
 
     if device.type != "cuda":
         raise ValueError(f"the profiler cross-check needs a GPU, got {device}")
@@ -116,9 +116,8 @@ def crosscheck(run: Callable[[], object], device: torch.device, *, replays: int 
     g = None
     try:
         g = _capture(run, launches, stream, sync)
-        for _ in range(max(1, int(0.05 / max(tr.median_s * launches, 1e-9)))):  # ~50 ms warm-up, as time_device
-            g.replay()
-        sync()
+        # the same adaptive warm-up as time_device, so both windows run at the sustained-load clock
+        res["profiled_graph_warmup"] = _settle(g.replay, tr.median_s * launches, stream, sync, 0.15, 0.6, 0.005)
         evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for a, b in evs:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from . import __version__
-from .backends import Backend, BackendUnavailable, CaseUnsupported, get_backend
+from .backends import Backend, BackendUnavailable, CaseUnsupported, UnknownBackendError, Verdict, get_backend
 from .cases import Case
 from .devices import PlatformInfo, platform_info, synchronize
 from .flops import causal_flops, min_bytes, tflops
@@ -83,7 +83,7 @@ def environment(pinfo: PlatformInfo) -> dict[str, Any]:
     """Versions and device facts stored with every run."""
     env: dict[str, Any] = {
         "mla_fp8_bench": __version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # str: a TorchVersion would make every unpickler import torch
         "python": _pyplatform.python_version(),
         "vendor": pinfo.vendor,
         "device": str(pinfo.device),
@@ -121,6 +121,19 @@ def _is_oom(exc: BaseException) -> bool:
 def _short(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first[:300]}"
+
+
+class _Unloadable(Backend):
+    """Placeholder for a registered backend whose module failed to import."""
+
+    def __init__(self, name: str):
+        self.name = name  # type: ignore[misc]
+
+    def availability(self, platform: PlatformInfo) -> Verdict:  # pragma: no cover - never consulted
+        return Verdict.no("failed to load")
+
+    def prepare(self, inputs: CaseInputs):  # pragma: no cover - never called
+        raise BackendUnavailable("failed to load")
 
 
 class CaseContext:
@@ -231,9 +244,23 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     """
     opts = options or RunOptions()
     pinfo = platform_info(device)
-    bks = [get_backend(n) for n in backends]
+    bks: list[Backend] = []
+    avail: dict[str, Verdict] = {}
+    for n in backends:
+        try:
+            b = get_backend(n)
+        except UnknownBackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot even load is a skip, not a crash
+            b = _Unloadable(n)
+            avail[n] = Verdict.no(f"backend {n} failed to load: {_short(exc)}")
+        bks.append(b)
+        if n not in avail:
+            try:
+                avail[n] = b.availability(pinfo)
+            except Exception as exc:  # noqa: BLE001
+                avail[n] = Verdict.no(f"availability check failed: {_short(exc)}")
     cases = list(cases)
-    avail = {b.name: b.availability(pinfo) for b in bks}
     records: list[dict[str, Any]] = []
     for case in cases:
         ctx: CaseContext | None = None

@@ -6,7 +6,9 @@ Methods, in order of preference on a GPU (CUDA and ROCm share the ``torch.cuda``
   a sample is ``elapsed(replay) / launches`` between two device events. Python and launch overhead
   vanish; what remains is device time including the gaps between kernels of one call. ``launches``
   comes from a 4-launch probe graph (device time, not host time, so tiny kernels get enough launches
-  per sample), and untimed replays worth ``warmup_s`` (50 ms) of device time precede the samples.
+  per sample), and an adaptive warm-up of untimed replays (at least 150 ms of device time, until the
+  per-launch time stops moving, at most 600 ms) precedes the samples, so samples see the clocks of
+  sustained load rather than the boost clock of an idle GPU.
 * ``events`` - when capture is impossible (host-side planning or a sync inside the call), the call
   runs ``launches`` times back to back between one event pair. Host overhead that exceeds device time
   shows up here; the method is recorded with every result.
@@ -128,17 +130,53 @@ def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[]
     return graph
 
 
+def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Callable[[], None], min_s: float,
+            max_s: float, tol: float, chunk_s: float = 0.025) -> dict:
+    """Run ``sample`` in chunks of about ``chunk_s`` device time until settled (see :func:`time_device`).
+
+    Returns:
+        ``{"replays": calls of sample, "device_s": device time spent, "settled": bool}``.
+    """
+    if per_sample_s >= 4 * chunk_s:  # long samples (emulations, huge cases) are their own warm-up
+        return {"replays": 0, "device_s": 0.0, "settled": False}
+    n = int(min(10_000, max(1, round(chunk_s / max(per_sample_s, 1e-9)))))
+    per: list[float] = []
+    total, calls = 0.0, 0
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    settled = False
+    while total < max_s:
+        e0.record(stream)
+        for _ in range(n):
+            sample()
+        e1.record(stream)
+        sync()
+        dt = e0.elapsed_time(e1) / 1e3
+        total += dt
+        calls += n
+        per.append(dt / n)
+        if total >= min_s and len(per) >= 3:
+            last = per[-3:]
+            if (max(last) - min(last)) / max(min(last), 1e-12) <= tol:
+                settled = True
+                break
+    return {"replays": calls, "device_s": total, "settled": settled}
+
+
 def time_device(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = True,
                 samples: int = 30, target_sample_s: float = 2e-3, max_launches: int = 200,
-                flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.05) -> TimingResult:
+                flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
+                warmup_max_s: float = 0.6, warmup_tol: float = 0.005) -> TimingResult:
     """Kernel-only latency of ``run`` on a CUDA/ROCm device.
 
     Procedure (docs/methodology.md): host-timed warm-up calls until two agree within 5% (module load,
     JIT, handles); an estimate of one launch's *device* time (from a 4-launch probe graph when
     capturable, so host overhead cannot inflate it, else from 3 eager launches between events); capture
     of ``launches`` back-to-back calls in one graph (``launches`` chosen so a sample lasts about
-    ``target_sample_s``); replays for at least ``warmup_s`` of device time, so clocks and caches reach
-    the state of sustained load; then ``samples`` samples, each ``elapsed(replay) / launches``.
+    ``target_sample_s``); an adaptive device-side warm-up (:func:`_settle`: chunks of about 25 ms of
+    replays until at least ``warmup_s`` of device time has run and the last three chunks agree within
+    ``warmup_tol``, at most ``warmup_max_s``), so the samples see the clocks of sustained load (on an
+    H200 the SM clock falls from 1980 MHz to about 1710-1785 MHz within ~100 ms of heavy attention
+    work); then ``samples`` samples, each ``elapsed(replay) / launches``.
 
     Args:
         run: the prepared call (launches device work, no host sync).
@@ -149,11 +187,13 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
         max_launches: cap on launches per sample.
         flush_l2: flush L2 before each sample and time one launch per sample.
         time_budget_s: wall-clock budget for sampling.
-        warmup_s: device time of untimed replays (or launches) right before sampling.
+        warmup_s: least device time of untimed replays (or launches) right before sampling.
+        warmup_max_s: most device time spent settling.
+        warmup_tol: relative spread of the last three warm-up chunks that counts as settled.
 
     Returns:
         :class:`TimingResult` with per-launch samples in seconds; ``extra`` holds ``est_launch_s``
-        (the probe estimate) and ``warmup_replays``.
+        (the probe estimate), ``warmup_replays``, ``warmup_device_s`` and ``warmup_settled``.
 
     Raises:
         ValueError: if ``device`` is not a GPU device.
@@ -202,18 +242,16 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             except Exception:  # noqa: BLE001
                 pass
 
-    # device-side warm-up: sustained load right before the samples (clock ramp, caches, TLBs)
-    warm_replays = 0
-    if warmup_s > 0:
-        per = one * launches
-        warm_replays = int(min(1000, max(1, round(warmup_s / max(per, 1e-9)))))
-        for _ in range(warm_replays):
-            if graph is not None:
-                graph.replay()
-            else:
-                for _ in range(launches):
-                    run()
-        sync()
+    # device-side warm-up: sustained load right before the samples (clock state, caches, TLBs)
+    def one_sample() -> None:
+        if graph is not None:
+            graph.replay()
+        else:
+            for _ in range(launches):
+                run()
+
+    settle = _settle(one_sample, one * launches, stream, sync, warmup_s, warmup_max_s, warmup_tol) \
+        if warmup_s > 0 else {"replays": 0, "device_s": 0.0, "settled": False}
 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
@@ -235,7 +273,8 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     out = [s.elapsed_time(e) / 1e3 / launches for s, e in zip(starts, ends)]
     del graph
     return TimingResult(out, method, launches, warm, flush_l2, note,
-                        extra={"est_launch_s": one, "warmup_replays": warm_replays})
+                        extra={"est_launch_s": one, "warmup_replays": settle["replays"],
+                               "warmup_device_s": settle["device_s"], "warmup_settled": settle["settled"]})
 
 
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """One device session on an NVIDIA H200: everything the suite needs measured there, in one call.
 
-Run from the repository root on the device machine (wheels carried in ``.whl``, see README of the
-device tool), after::
+Run from the repository root on the device machine, with the wheels carried in ``.whl``
+(``fa3-fwd==0.0.3`` tagged manylinux_2_24, ``asv==0.6.6`` (cp36-abi3, it has a compiled extension),
+``asv_runner==0.3.2``, ``json5``, ``importlib-metadata`` + ``lazy-importer``, ``pympler``; the image has
+the rest). Device call (the workstation first runs ``git bundle create .whl/repo.bundle --all``; ``carry: [".whl"]``)::
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:$PWD
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD
     python3 scripts/h200_session.py --out $OUT --deadline 540
 
-Steps (``--steps``, in this order; each runs in its own subprocess, its log goes to ``logs/``):
+Steps (``--steps``, run in the order given, default ``env,smoke,asv,ceilings,cv,sweep,pytest``; each
+runs in its own subprocess, its log goes to ``logs/``):
 
 ``env``       ``nvidia-smi``, ``python -m mla_fp8_bench.cli env``, tree/.git check
 ``smoke``     ``cli run`` of fa3-fp8 and fa3-bf16 on s2048 (JSON), aiter-emulated on s512 (cost probe)
@@ -21,15 +24,25 @@ Steps (``--steps``, in this order; each runs in its own subprocess, its log goes
               the device ceilings attached in the same process (``ceilings.attach``), plus
               aiter-emulated capped at ``--emu-max-seq`` (its latency is an emulation's)
 ``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
-``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key),
-              then ``asv run -E existing:<python3> --set-commit-hash <HEAD> --launch-method spawn``
-              restricted (``-b``) to the GPU-relevant backends; the results directory is kept
+``asv-tiny-fork`` the same with ``--launch-method forkserver``
+``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key and a
+              stable ``os``), then ``asv run -E existing:<python3> --set-commit-hash <HEAD>
+              --launch-method <forkserver|spawn>`` restricted (``-b``) to the GPU-relevant backends; the
+              results directory is kept
+
+Launch method. asv starts one process per (benchmark, parameter): 8 tracks x 14 cases x 4 backends
+= 448 processes plus 42 for ``AiterPlan``. On the H200 machine a spawned benchmark process cost about
+0.55 s (python start-up of the image's venv, asv_runner, the suite's import), so ``spawn`` needs
+about 325 s (run 2 was killed at 270 s with one track left); ``forkserver`` forks from a process that
+has imported the suite and took 55 s in all (run 3). ``forkserver`` is safe here because nothing in
+the suite initialises CUDA at import time (torch is imported lazily, in ``setup_cache``).
 
 Outputs: ``$OUT/session.tar.gz`` (everything: logs, JSON, the asv results directory), refreshed
 after every step so a kill at the time limit still returns what was done, plus ``$OUT/summary.json``
 and ``$OUT/session.log``.
 
-The commit for ``--set-commit-hash``: if ``.git`` did not travel with the working tree, the bundle
+The commit for ``--set-commit-hash``: ``.git`` travels with the working tree but without a usable
+HEAD (seen on the first H200 session: ``git rev-parse HEAD`` said "unknown revision"), so the bundle
 ``.whl/repo.bundle`` (made on the workstation with ``git bundle create .whl/repo.bundle --all``) is
 cloned and its ``.git`` put in place; the HEAD of that repository is the commit the results are
 filed under. The measured code is the working tree that travelled.
@@ -58,6 +71,8 @@ GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "aite
 CV_CASES = "s128,s2048,s8192,s32768"
 SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
 ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv")
+#: Default order: cheap checks, then the asv run, then the studies (about 5-6 minutes on an H200).
+DEFAULT_STEPS = ("env", "smoke", "asv", "ceilings", "cv", "sweep", "pytest")
 
 
 class Session:
@@ -148,7 +163,11 @@ def ensure_git(s: Session) -> str | None:
                                text=True)
             info["clone_rc"] = c.returncode
             info["clone_err"] = c.stderr[-500:]
-            if c.returncode == 0 and not (ROOT / ".git").exists():
+            if c.returncode == 0:
+                if (ROOT / ".git").exists():  # a .git travelled but has no usable HEAD (seen: no objects)
+                    info["travelled_git_moved_to"] = ".git.travelled"
+                    shutil.rmtree(ROOT / ".git.travelled", ignore_errors=True)
+                    shutil.move(str(ROOT / ".git"), str(ROOT / ".git.travelled"))
                 shutil.move(str(tmp / ".git"), str(ROOT / ".git"))
                 # the bundle's HEAD may be detached or on main: make sure a local 'main' exists for asv
                 br = git("branch", "--list", "main").stdout.strip()
@@ -232,6 +251,9 @@ def write_machine_file(s: Session, home: Path, machine: str) -> dict:
     for k, v in defaults.items():
         if k != "machine" and not entry.get(k):
             entry[k] = v
+    # stable facets only: asv's default 'os' carries the kernel release, which differs between
+    # machines of one kind (6.18.44-fc-v657-gpu, ...-v669) and would split the history per boot
+    entry["os"] = platform.system()
     entry["gpu"] = gpu or "unknown"
     data[machine] = entry
     data["version"] = 1
@@ -245,11 +267,14 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/h200_out"))
     ap.add_argument("--work", default="/tmp/h200_session")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole session")
-    ap.add_argument("--steps", default=",".join(ALL_STEPS))
+    ap.add_argument("--steps", default=",".join(DEFAULT_STEPS), help=f"comma-separated, run in the order given; "
+                    f"known: {','.join(ALL_STEPS)}")
     ap.add_argument("--cv-procs", type=int, default=6)
     ap.add_argument("--emu-max-seq", type=int, default=4096)
     ap.add_argument("--asv-timeout", type=float, default=300.0)
-    ap.add_argument("--launch-method", default="spawn")
+    ap.add_argument("--launch-method", default="forkserver", choices=("spawn", "forkserver"),
+                    help="asv launch method of the full run (default forkserver: measured 55 s on an H200 "
+                         "against an estimated 325 s with spawn; the suite initialises no GPU at import)")
     ap.add_argument("--machine", default="h200")
     args = ap.parse_args()
 

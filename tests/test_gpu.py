@@ -5,8 +5,9 @@ GPU tests need a CUDA device (they skip on CPU with the reason); the FA3 ones al
 cleanly on a CPU, and the profiler summary maths.
 
 Accuracy band for FA3 FP8 against the fp32 reference on the *dequantised* inputs (the kernel's own
-error): measured max-abs 0.046-0.068 and rel-L2 about 0.02 on an H200 for S 512..8192
-(docs/h200-fp8-peers.md §8); the gates below leave headroom: max-abs < 0.1, rel-L2 < 0.03.
+error): measured max-abs 0.042-0.070 and rel-L2 0.0170-0.0218 over the 14 asv cases (S 128..32768,
+ragged) on an H200 (docs/methodology.md §5.5); the gates below leave headroom: max-abs < 0.1,
+rel-L2 < 0.03. Against the bf16 inputs (input quantisation included): 0.156-0.251.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def test_graph_timing_sane_samples():
     # 2048^3 bf16 is 17.2 GFLOP: more than 1 TFLOP/s and less than 5000 on any current GPU
     tflops = 2 * 2048 ** 3 / tr.median_s / 1e12
     assert 1.0 < tflops < 5000.0
-    assert tr.launches_per_sample >= 1 and tr.extra["warmup_replays"] >= 1
+    assert tr.launches_per_sample >= 1 and tr.extra["warmup_replays"] >= 1 and tr.extra["warmup_device_s"] > 0
     cl = time_call(lambda: a @ b, dev, samples=5)
     assert cl.median_s >= tr.median_s * 0.5  # host-inclusive latency is not faster than the device
 

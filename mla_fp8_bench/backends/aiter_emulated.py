@@ -41,6 +41,29 @@ def emulated_cu_num() -> int:
     return n
 
 
+#: Default token cap of the emulation per device type (0 = none). On an H200 it measured 127 ms per call
+#: at S=2048 and 437 ms at S=4096 (helper run, docs/methodology.md); beyond 4096 it would dominate a run.
+DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
+
+
+def emulated_max_tokens(device_type: str) -> int:
+    """Token cap for the emulated backend (env ``MLA_FP8_BENCH_EMU_MAX_TOKENS``; 0 = no cap).
+
+    Raises:
+        ValueError: if the variable is not an integer >= 0.
+    """
+    raw = os.environ.get("MLA_FP8_BENCH_EMU_MAX_TOKENS")
+    if raw in (None, ""):
+        return DEFAULT_EMU_MAX_TOKENS.get(device_type, 0)
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"MLA_FP8_BENCH_EMU_MAX_TOKENS={raw!r} is invalid: an integer >= 0 (0 = no cap)")
+    return n
+
+
 class AiterEmulated(Backend):
     name = "aiter-emulated"
     description = "AITER PS FP8 prefill path: planner port + PyTorch emulation of the gfx950 kernel and reduce"
@@ -66,6 +89,10 @@ class AiterEmulated(Backend):
         return Verdict.yes()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
+        cap = emulated_max_tokens(platform.device_type)
+        if cap and case.total_tokens > cap:
+            return Verdict.no(f"{case.total_tokens} tokens exceed the emulator's cap of {cap} on {platform.device_type} "
+                              "(set MLA_FP8_BENCH_EMU_MAX_TOKENS; the emulation is O(seq_len^2) in Python-driven tiles)")
         return self.driver().supports_heads(case.num_heads)
 
     def prepare(self, inputs: CaseInputs) -> Prepared:

@@ -1,0 +1,539 @@
+"""``vllm-aiter``: the FP8 MLA prefill as vLLM enters it, through vLLM's own code.
+
+The timed call is the REAL ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)`` from
+``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``, set up the way vLLM's seed test (PR #51457)
+does it (docs: vllm-fp8-prefill-entry.md §3-§5):
+
+* ``object.__new__(AiterMLAImpl)`` with only ``num_heads``, ``v_head_dim``, ``scale``,
+  ``_mla_prefill_ps_asm_fwd``, ``_mla_reduce_v1`` (and ``_fp8_prefill_one_scale = None`` where the
+  method reads that cache, 0.33);
+* ``object.__new__(AiterMLAMetadataBuilder)`` with ``num_heads`` and ``mla_dims``, then the real
+  ``_init_fp8_prefill_ps_buffers`` (``attn_out_dtype`` passed only where the signature has it,
+  >= 0.29) and the real ``_build_fp8_prefill_ps_metadata`` with ``SimpleNamespace`` stand-ins for
+  the prefill metadata;
+* vLLM's global workspace manager: ``init_workspace_manager(device)`` before the builder reserves its
+  scratch, ``lock_workspace()`` after the build (so a forward that needs more than vLLM reserved fails
+  loudly, as in production, #42978), and ``reset_workspace_manager()`` in ``Prepared.cleanup`` and in
+  ``prepare``'s own failure path.
+
+Timing scope is ``"call"``: bf16 q/k/v go in, so the three fp8 casts (and, from 0.29, vLLM's own
+head padding and un-padding) are inside the timed region, exactly as in ``forward_mha``. Planning,
+buffer allocation and workspace reservation are not.
+
+Version differences are feature-detected, never read from version strings:
+
+========================  =============================================================  =========
+feature                    detected by                                                    releases
+========================  =============================================================  =========
+``attn_out_dtype``         parameter of ``_init_fp8_prefill_ps_buffers``                   >= 0.29
+head padding               ``AiterMLAHelper.get_fp8_prefill_num_heads`` exists             >= 0.29
+budget-aware scratch       ``_init_fp8_prefill_ps_buffers`` reads ``num_compute_units``    >= 0.31
+pinned plan staging        ``_init_fp8_prefill_ps_buffers`` sets ``_fp8_ps_staging``       >= 0.32
+cached unit scale          ``_mla_fp8_prefill_attn`` reads ``_fp8_prefill_one_scale``      0.33
+========================  =============================================================  =========
+
+Only ``quant="cast"`` cases are supported: vLLM always casts at unit scale, so a ``per_tensor``
+(amax/448) case is not something vLLM can run. 0.28 enables the path only for ``num_heads % 16 == 0``.
+
+Tests run the same adapter on CPU against a stand-in ``aiter`` (:func:`for_testing`), bypassing the
+platform gate; the real-vLLM tier (``tests/vllm_tier``) does so against vLLM's real classes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+import time
+import types
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import torch
+
+from ..cases import Case
+from ..devices import PlatformInfo
+from ..inputs import CaseInputs
+from .aiter_real import PRIMITIVES, _aiter_gate, detect_reduce_arity, parse_aiter_version, reduce_heads_for
+from .base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+
+DEFAULT_VLLM_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
+DEFAULT_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
+TILE_Q = 256  # vLLM's _FP8_PREFILL_TILE_Q
+V_HEAD_DIM = 128
+#: Workspace slices are 256-byte aligned by WorkspaceManager.get_simultaneous.
+WORKSPACE_ALIGN = 256
+
+#: Deliberately wrong adapter variants (tests prove the tier catches each with a clear message):
+#: ``reduce-8-arg`` hands vLLM an ``mla_reduce_v1`` that forwards the pre-v0.1.16 8-argument form
+#: (#46760); ``omit-attn-out-dtype`` leaves ``attn_out_dtype`` out on >= 0.29; ``skip-one-scale``
+#: leaves ``_fp8_prefill_one_scale`` unset on 0.33; ``no-lock`` never locks the workspace.
+ADAPTER_FAULTS = ("reduce-8-arg", "omit-attn-out-dtype", "skip-one-scale", "no-lock")
+
+
+class VllmAdapterError(RuntimeError):
+    """vLLM's entry does not match what the adapter calls (a signature or attribute changed)."""
+
+
+@dataclass(frozen=True)
+class VllmFeatures:
+    """What this vLLM's FP8 prefill path does (detected from its code, see module docstring)."""
+
+    attn_out_dtype: bool
+    pads_heads: bool
+    budget_sizing: bool
+    staging: bool
+    one_scale_cache: bool
+    version: str | None = None
+
+
+@dataclass
+class VllmEntry:
+    """The vLLM classes and functions the adapter drives."""
+
+    module: types.ModuleType
+    workspace: types.ModuleType
+    impl_cls: type
+    builder_cls: type
+    helper_cls: type | None
+    features: VllmFeatures
+
+    def fp8_heads(self, num_heads: int) -> tuple[Verdict, int]:
+        """(does vLLM run the FP8 prefill at ``num_heads``, the head count the kernel is handed)."""
+        f = self.features
+        if f.pads_heads:
+            helper = self.helper_cls
+            valid = (helper.is_valid_num_heads(num_heads) if hasattr(helper, "is_valid_num_heads")
+                     else num_heads > 0 and (num_heads <= 128 or num_heads % 16 == 0))
+            if not valid:
+                return Verdict.no(f"vLLM {f.version or ''} gates the FP8 prefill on AiterMLAHelper.is_valid_num_heads "
+                                  f"(0 < n <= 128 or a multiple of 16): {num_heads} heads take the bf16 path"), num_heads
+            return Verdict.yes(), int(helper.get_fp8_prefill_num_heads(num_heads))
+        if num_heads <= 0 or num_heads % 16:
+            return Verdict.no(f"vLLM {f.version or ''} (no head padding; padding arrived in 0.29, #51040) enables the "
+                              f"FP8 prefill only for num_heads % 16 == 0; {num_heads} heads fall back to the bf16 "
+                              "flash_attn path"), num_heads
+        return Verdict.yes(), num_heads
+
+
+def _code_names(fn: Any) -> frozenset[str]:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return frozenset(code.co_names) if code is not None else frozenset()
+
+
+def detect_features(module: types.ModuleType) -> VllmFeatures:
+    """Feature-detect a ``rocm_aiter_mla`` module (signatures and the names its methods touch).
+
+    Raises:
+        VllmAdapterError: the module lacks the FP8 prefill entry (vLLM < 0.28 or a refactor).
+    """
+    impl = getattr(module, "AiterMLAImpl", None)
+    builder = getattr(module, "AiterMLAMetadataBuilder", None)
+    need = [("AiterMLAImpl", impl, "_mla_fp8_prefill_attn"),
+            ("AiterMLAMetadataBuilder", builder, "_init_fp8_prefill_ps_buffers"),
+            ("AiterMLAMetadataBuilder", builder, "_build_fp8_prefill_ps_metadata")]
+    missing = [f"{c}.{m}" for c, cls, m in need if cls is None or not hasattr(cls, m)]
+    if missing:
+        raise VllmAdapterError(f"{module.__name__} lacks {', '.join(missing)}: the FP8 MLA prefill entry needs vllm >= 0.28")
+    init = builder._init_fp8_prefill_ps_buffers
+    init_names = _code_names(init)
+    helper = getattr(module, "AiterMLAHelper", None)
+    version = None
+    root = sys.modules.get(module.__name__.split(".")[0])
+    if root is not None:
+        version = getattr(root, "__version__", None)
+    return VllmFeatures(
+        attn_out_dtype="attn_out_dtype" in inspect.signature(init).parameters,
+        pads_heads=helper is not None and hasattr(helper, "get_fp8_prefill_num_heads"),
+        budget_sizing="num_compute_units" in init_names,
+        staging="_fp8_ps_staging" in init_names,
+        one_scale_cache="_fp8_prefill_one_scale" in _code_names(impl._mla_fp8_prefill_attn),
+        version=str(version) if version is not None else None,
+    )
+
+
+def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
+                    workspace_module: str = DEFAULT_WORKSPACE_MODULE) -> VllmEntry:
+    """Import vLLM's ``rocm_aiter_mla`` and workspace modules (or stand-ins at other paths).
+
+    Raises:
+        ImportError: a module does not import.
+        VllmAdapterError: the entry or a workspace function is missing.
+    """
+    mod = importlib.import_module(vllm_module)
+    ws = importlib.import_module(workspace_module)
+    missing = [n for n in ("init_workspace_manager", "lock_workspace", "reset_workspace_manager",
+                           "current_workspace_manager") if not hasattr(ws, n)]
+    if missing:
+        raise VllmAdapterError(f"{workspace_module} lacks {', '.join(missing)} (vLLM's workspace manager, #42978)")
+    feats = detect_features(mod)
+    return VllmEntry(mod, ws, mod.AiterMLAImpl, mod.AiterMLAMetadataBuilder, getattr(mod, "AiterMLAHelper", None), feats)
+
+
+def _round_up(n: int, m: int = WORKSPACE_ALIGN) -> int:
+    return (n + m - 1) // m * m
+
+
+def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, max_num_batched_tokens: int,
+                                  num_heads: int, num_head_k: int, num_compute_units: int,
+                                  info_partial_slots: int, v_head_dim: int = V_HEAD_DIM,
+                                  out_itemsize: int = 2) -> int:
+    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace (doc §3.1 step 4).
+
+    P partial tiles: AITER's ``reduce_partial_map`` size (``info_partial_slots``) up to 0.30; from
+    0.31 ``ceil(max_num_batched_tokens/256) + max_num_reqs - 1 + num_compute_units``. Reserved:
+    logits ``[P*256, H, dv]`` fp32 + attn_lse ``[P*256, H]`` fp32 + final_lse ``[tokens, H]`` fp32,
+    plus (>= 0.29, padded heads only) a ``[tokens, H, dv]`` output scratch in the model dtype; each
+    slice rounded up to 256 bytes as ``get_simultaneous`` does. H is the padded count.
+    """
+    if features.budget_sizing:
+        p = math.ceil(max_num_batched_tokens / TILE_Q) + max_num_reqs - 1 + num_compute_units
+    else:
+        p = info_partial_slots
+    h = num_head_k
+    parts = [p * TILE_Q * h * v_head_dim * 4, p * TILE_Q * h * 4, max_num_batched_tokens * h * 4]
+    if features.pads_heads and num_heads < num_head_k:
+        parts.append(max_num_batched_tokens * h * v_head_dim * out_itemsize)
+    return sum(_round_up(x) for x in parts)
+
+
+def _numel(shape: Any) -> int:
+    """Elements of a ``get_ps_metadata_info_v1`` shape: real AITER gives 1-D sizes as bare ints."""
+    return int(shape) if isinstance(shape, int) else int(math.prod(shape))
+
+
+def _reserved_bytes(ws: types.ModuleType) -> int | None:
+    """Bytes the workspace manager holds now (reads a private list; None if it changed)."""
+    try:
+        bufs = ws.current_workspace_manager()._current_workspaces
+        return int(sum(b.numel() * b.element_size() for b in bufs if b is not None))
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+def _workspace_locked(ws: types.ModuleType) -> bool | None:
+    try:
+        return bool(ws.current_workspace_manager().is_locked())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+@contextlib.contextmanager
+def _aiter_installed(module: types.ModuleType | None) -> Iterator[None]:
+    """Make ``from aiter import ...`` inside vLLM see ``module`` (no-op for the real aiter)."""
+    if module is None or sys.modules.get("aiter") is module:
+        yield
+        return
+    had, old = "aiter" in sys.modules, sys.modules.get("aiter")
+    sys.modules["aiter"] = module
+    try:
+        yield
+    finally:
+        if had:
+            sys.modules["aiter"] = old  # type: ignore[assignment]
+        else:
+            sys.modules.pop("aiter", None)
+
+
+def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
+    """Fail with a clear message when vLLM's signature does not take the adapter's arguments."""
+    try:
+        inspect.signature(fn).bind(None, **kwargs)
+    except TypeError as exc:
+        raise VllmAdapterError(
+            f"vLLM's {what}{inspect.signature(fn)} does not accept the adapter's arguments "
+            f"({', '.join(kwargs)}): {exc}. The signature changed across releases (attn_out_dtype added in 0.29, "
+            "#51040); the adapter must follow it."
+        ) from None
+
+
+def _reduce_8_arg_form(reduce_9: Any) -> Any:
+    """FAULT ``reduce-8-arg``: forward vLLM's call in the pre-v0.1.16 8-argument form (#46760)."""
+
+    def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                      max_seqlen_q, num_kv_splits, final_output, final_lse=None):
+        return reduce_9(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                        max_seqlen_q, final_output, final_lse)
+
+    return mla_reduce_v1
+
+
+@dataclass
+class _Setup:
+    impl: Any
+    builder: Any
+    metadata: Any
+    build_s: float
+    num_partials: int
+    num_head_k: int
+    reserved_bytes: int | None
+
+
+class VllmAiter(Backend):
+    """vLLM's ``AiterMLAImpl._mla_fp8_prefill_attn`` on AITER (gfx950), set up as vLLM's seed test does.
+
+    Args:
+        aiter_module: an ``aiter`` module to use instead of importing the real one (the CPU stand-in
+            of :mod:`mla_fp8_bench.aiter_ps.standin`); it is placed in ``sys.modules["aiter"]`` while
+            vLLM's builder imports from it. With it, the platform gate is bypassed.
+        vllm_module / workspace_module: import paths of vLLM's ``rocm_aiter_mla`` and workspace
+            modules (tests pass stand-ins).
+        bypass_gate: skip the ROCm/gfx950 and ``_fp8_mla_prefill_supported()`` checks (tests only).
+        adapter_fault: one of :data:`ADAPTER_FAULTS` - a deliberately wrong adapter, for tests.
+    """
+
+    name = "vllm-aiter"
+    description = "vLLM AiterMLAImpl._mla_fp8_prefill_attn (real vLLM code; bf16 in, casts/padding timed)"
+    fp8 = True
+
+    def __init__(self, *, aiter_module: types.ModuleType | None = None, vllm_module: str = DEFAULT_VLLM_MODULE,
+                 workspace_module: str = DEFAULT_WORKSPACE_MODULE, bypass_gate: bool = False,
+                 adapter_fault: str | None = None) -> None:
+        if adapter_fault is not None and adapter_fault not in ADAPTER_FAULTS:
+            raise ValueError(f"adapter_fault {adapter_fault!r} is unknown: allowed {', '.join(ADAPTER_FAULTS)}")
+        self._aiter_given = aiter_module
+        self.vllm_module = vllm_module
+        self.workspace_module = workspace_module
+        self.bypass_gate = bypass_gate or aiter_module is not None
+        self.adapter_fault = adapter_fault
+        self._entry: VllmEntry | None = None
+        self._aiter: types.ModuleType | None = aiter_module
+        self._aiter_version: tuple[int, int, int] | None = None
+
+    # ------------------------------------------------------------------ resolution
+    def entry(self) -> VllmEntry:
+        """vLLM's classes (imported on first use)."""
+        if self._entry is None:
+            try:
+                self._entry = load_vllm_entry(self.vllm_module, self.workspace_module)
+            except VllmAdapterError as exc:
+                raise BackendUnavailable(str(exc)) from None
+            except Exception as exc:  # noqa: BLE001 - any import failure is "unavailable"
+                raise BackendUnavailable(f"cannot import {self.vllm_module}: {type(exc).__name__}: {exc}") from None
+        return self._entry
+
+    def aiter(self) -> types.ModuleType:
+        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one)."""
+        if self._aiter is None:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                import aiter  # noqa: PLC0415 - only reached on ROCm (availability gates it)
+            except Exception as exc:  # noqa: BLE001
+                raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
+            self._aiter = aiter
+            try:
+                self._aiter_version = parse_aiter_version(version("amd-aiter"))
+            except PackageNotFoundError:
+                self._aiter_version = parse_aiter_version(getattr(aiter, "__version__", None))
+        missing = [p for p in PRIMITIVES if not hasattr(self._aiter, p)]
+        if missing:
+            raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
+        if detect_reduce_arity(self._aiter.mla_reduce_v1) != 9:
+            raise BackendUnavailable(
+                "vLLM calls mla_reduce_v1 with 9 arguments (num_kv_splits, #46760) but this aiter has the "
+                f"{detect_reduce_arity(self._aiter.mla_reduce_v1)}-argument form: vLLM needs aiter >= v0.1.16")
+        return self._aiter
+
+    def _reduce_heads(self) -> frozenset[int]:
+        mod = self.aiter()
+        given = getattr(mod, "accepted_reduce_heads", None)  # the stand-in says what it emulates
+        if given is not None:
+            return frozenset(given)
+        return reduce_heads_for(self._aiter_version)
+
+    # ------------------------------------------------------------------ Backend API
+    def availability(self, platform: PlatformInfo) -> Verdict:
+        if not self.bypass_gate:
+            if platform.vendor != "rocm":
+                found = ("a CPU-only torch" if platform.vendor == "cpu"
+                         else f"an NVIDIA {platform.arch} GPU with a CUDA torch")
+                return Verdict.no(f"needs an AMD gfx950 GPU with ROCm torch; found {found}")
+            gate = _aiter_gate(platform)  # gfx950 (gfx942 named as unsupported)
+            if not gate:
+                return gate
+            for pkg, hint in (("vllm", "a ROCm build of vllm >= 0.28"), ("aiter", "amd-aiter >= v0.1.16 built for gfx950")):
+                if importlib.util.find_spec(pkg) is None:
+                    return Verdict.no(f"{pkg} is not importable: install {hint}")
+        try:
+            self.aiter()
+            entry = self.entry()
+        except BackendUnavailable as exc:
+            return Verdict.no(str(exc))
+        if not self.bypass_gate:
+            gate_fn = getattr(entry.module, "_fp8_mla_prefill_supported", None)
+            if gate_fn is not None and not gate_fn():
+                return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False (vllm.platforms.rocm.on_gfx950() "
+                                  "or `from aiter import mla_prefill_ps_asm_fwd, mla_reduce_v1` failed): vLLM would not "
+                                  "take the FP8 prefill here")
+        return Verdict.yes()
+
+    def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
+        if case.quant != "cast":
+            return Verdict.no(f"vLLM's _mla_fp8_prefill_attn always casts bf16 to fp8 at unit scale (quant 'cast'); "
+                              f"this case quantises {case.quant} (amax/448), which vLLM cannot run: use "
+                              f"{case.with_(quant='cast').id!r}")
+        try:
+            entry = self.entry()
+            heads_ok = self._reduce_heads()
+        except BackendUnavailable as exc:
+            return Verdict.no(str(exc))
+        verdict, padded = entry.fp8_heads(case.num_heads)
+        if not verdict:
+            return verdict
+        if padded not in heads_ok:
+            return Verdict.no(f"vLLM runs {case.num_heads} heads at {padded} but mla_reduce_v1 of this aiter dispatches "
+                              f"only {sorted(heads_ok)} at dv=128: vLLM would fail with \"doesn't support the specified "
+                              "settings\"")
+        return Verdict.yes()
+
+    def prepare(self, inputs: CaseInputs) -> Prepared:
+        case = inputs.case
+        sup = self.supports(case, None)  # type: ignore[arg-type] - platform unused
+        if not sup:
+            raise CaseUnsupported(sup.reason)
+        if inputs.fp8_dtype != torch.float8_e4m3fn:
+            raise CaseUnsupported(f"vLLM casts to current_platform.fp8_dtype() (float8_e4m3fn on gfx950); inputs use "
+                                  f"{inputs.fp8_dtype}")
+        entry, aiter = self.entry(), self.aiter()
+        ws = entry.workspace
+        dev = inputs.device
+        t, h = case.total_tokens, case.num_heads
+        ws.init_workspace_manager(dev)
+        try:
+            st = self._setup(entry, aiter, case.num_heads, inputs.softmax_scale, inputs.cu_seqlens_cpu, dev)
+            out = torch.empty(t, h * V_HEAD_DIM, dtype=torch.bfloat16, device=dev)
+            q, k, v = inputs.q, inputs.k, inputs.v
+            impl, md = st.impl, st.metadata
+        except BaseException:
+            ws.reset_workspace_manager()
+            raise
+        state = {"clean": False}
+
+        def run() -> torch.Tensor:
+            impl._mla_fp8_prefill_attn(q, k, v, md, out)
+            return out.view(t, h, V_HEAD_DIM)
+
+        def cleanup() -> None:
+            if not state["clean"]:
+                state["clean"] = True
+                ws.reset_workspace_manager()
+
+        feats = entry.features
+        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
+                        extras={"planner_s": st.build_s, "num_partials": st.num_partials,
+                                "workspace_bytes": st.reserved_bytes, "num_head_k": st.num_head_k,
+                                "workspace_locked": _workspace_locked(ws), "vllm_version": feats.version,
+                                "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
+
+    # ------------------------------------------------------------------ set-up (not timed)
+    def _setup(self, entry: VllmEntry, aiter: types.ModuleType, num_heads: int, scale: float,
+               cu_seqlens_cpu: torch.Tensor, device: torch.device, *, lock: bool = True) -> _Setup:
+        """Builder buffers + reservation, one metadata build, lock, and the bare impl. The workspace
+        manager must be initialised; the caller resets it."""
+        feats, fault = entry.features, self.adapter_fault
+        cu_cpu = cu_seqlens_cpu.to(torch.int32).contiguous()
+        lens = cu_cpu[1:] - cu_cpu[:-1]
+        b, t, max_q = int(lens.numel()), int(cu_cpu[-1]), int(lens.max())
+        _, num_head_k = entry.fp8_heads(num_heads)
+
+        builder = object.__new__(entry.builder_cls)
+        builder.num_heads = num_heads
+        builder.mla_dims = SimpleNamespace(v_head_dim=V_HEAD_DIM)
+        kw: dict[str, Any] = dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t)
+        if feats.attn_out_dtype and fault != "omit-attn-out-dtype":
+            kw["attn_out_dtype"] = torch.bfloat16  # model_config.dtype: the path requires a bf16 model
+        kw["device"] = device
+        _bind_or_explain(entry.builder_cls._init_fp8_prefill_ps_buffers,
+                         "AiterMLAMetadataBuilder._init_fp8_prefill_ps_buffers", kw)
+        with _aiter_installed(self._aiter_given):
+            builder._init_fp8_prefill_ps_buffers(**kw)
+            reserved = _reserved_bytes(entry.workspace)
+            prefill = SimpleNamespace(query_start_loc=cu_cpu.to(device), max_query_len=max_q)
+            metadata = SimpleNamespace(prefill=prefill, num_decodes=0)
+            common = SimpleNamespace(query_start_loc_cpu=cu_cpu)
+            t0 = time.perf_counter()
+            builder._build_fp8_prefill_ps_metadata(metadata, common)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            build_s = time.perf_counter() - t0
+        if lock and fault != "no-lock":
+            entry.workspace.lock_workspace()
+
+        impl = object.__new__(entry.impl_cls)
+        impl.num_heads = num_heads
+        impl.v_head_dim = V_HEAD_DIM
+        impl.scale = float(scale)
+        impl._mla_prefill_ps_asm_fwd = aiter.mla_prefill_ps_asm_fwd
+        impl._mla_reduce_v1 = (_reduce_8_arg_form(aiter.mla_reduce_v1) if fault == "reduce-8-arg"
+                               else aiter.mla_reduce_v1)
+        if feats.one_scale_cache and fault != "skip-one-scale":
+            impl._fp8_prefill_one_scale = None
+        n_part = metadata.fp8_prefill_num_partial_tiles
+        return _Setup(impl, builder, metadata, build_s, int(n_part) if n_part is not None else 0, num_head_k, reserved)
+
+    def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
+        """vLLM's per-step metadata build time, live partial tiles, and the workspace vLLM reserves.
+
+        ``planner_samples_s`` times the real ``_build_fp8_prefill_ps_metadata`` (host planner plus
+        vLLM's copies: up to 0.31 a blocking write and a ``.item()`` sync, from 0.32 pinned staging and
+        a stream-ordered copy), which vLLM runs once per step. ``workspace_bytes`` follows
+        :func:`vllm_reserved_workspace_bytes` for this release (sizes as in the seed test: max_num_reqs
+        = batch, max_prefill_qlen = longest sequence, max_num_batched_tokens = total tokens);
+        ``workspace_bytes_reserved`` is what the manager actually holds after the reservation.
+
+        Raises:
+            NotImplementedError: the case is unsupported (recorded as an asv skip).
+        """
+        if case.quant != "cast":
+            case = case.with_(quant="cast")  # the plan does not depend on the quantisation
+        sup = self.supports(case, platform)
+        if not sup:
+            raise NotImplementedError(sup.reason)
+        entry, aiter = self.entry(), self.aiter()
+        ws = entry.workspace
+        device = platform.device if not self.bypass_gate else torch.device("cpu")
+        cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32)
+        samples: list[float] = []
+        ws.init_workspace_manager(device)
+        try:
+            st = self._setup(entry, aiter, case.num_heads, 1.0, cu, device, lock=False)
+            samples.append(st.build_s)
+            md = SimpleNamespace(prefill=SimpleNamespace(query_start_loc=cu.to(device), max_query_len=case.max_seq_len),
+                                 num_decodes=0)
+            common = SimpleNamespace(query_start_loc_cpu=cu)
+            with _aiter_installed(self._aiter_given):
+                for _ in range(repeats - 1):
+                    t0 = time.perf_counter()
+                    st.builder._build_fp8_prefill_ps_metadata(md, common)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    samples.append(time.perf_counter() - t0)
+                info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
+                                                     max_qlen=case.max_seq_len, qlen_granularity=TILE_Q)
+        finally:
+            ws.reset_workspace_manager()
+        cus = getattr(aiter, "cu_num", None) or platform.multi_processor_count
+        formula = vllm_reserved_workspace_bytes(
+            entry.features, max_num_reqs=case.batch_size, max_num_batched_tokens=case.total_tokens,
+            num_heads=case.num_heads, num_head_k=st.num_head_k, num_compute_units=int(cus),
+            info_partial_slots=_numel(info[5][0]))
+        return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": formula,
+                "workspace_bytes_reserved": st.reserved_bytes, "num_head_k": st.num_head_k}
+
+
+def for_testing(aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_MODULE,
+                workspace_module: str = DEFAULT_WORKSPACE_MODULE, adapter_fault: str | None = None) -> VllmAiter:
+    """The ``vllm-aiter`` adapter over a given ``aiter`` module (e.g. the stand-in) and vLLM module
+    paths, with the platform gate bypassed - so the adapter's own code runs on a CPU machine."""
+    return VllmAiter(aiter_module=aiter_module, vllm_module=vllm_module, workspace_module=workspace_module,
+                     bypass_gate=True, adapter_fault=adapter_fault)
+
+
+__all__ = ["ADAPTER_FAULTS", "DEFAULT_VLLM_MODULE", "DEFAULT_WORKSPACE_MODULE", "VllmAdapterError", "VllmAiter",
+           "VllmEntry", "VllmFeatures", "detect_features", "for_testing", "load_vllm_entry",
+           "vllm_reserved_workspace_bytes"]

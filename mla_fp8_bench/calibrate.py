@@ -1,0 +1,561 @@
+"""Calibrated accuracy tolerances: measure error distributions over seeds, derive thresholds, check records.
+
+``mla-fp8-bench calibrate`` runs every backend x quantisation mode (``per_tensor``, ``cast``) x input
+distribution (``normal``, ``outlier``, ``mla``) x case shape over ``--seeds`` seeds (>= 20), measures
+the error metrics of :data:`METRICS` against both references (fp8-dequantised and bf16), and writes a
+versioned JSON file (``tolerances/<name>.json``) with, per (backend, case family), the measured
+distribution (min / median / max / mean / std over seeds) and a tolerance per metric.
+
+**Method: tolerance = max over the calibration seeds x margin (default 1.5), floored.**
+
+* Why the maximum and not ``mean + k*std``: per-seed errors are extreme-value statistics (a max over
+  ~10^5 elements, or a fraction of rare mismatches); their distribution is right-skewed and heavy
+  tailed, so a Gaussian ``k*std`` band under-covers the tail it is meant to cover. The sample maximum
+  is distribution-free: for exchangeable seeds, a fresh seed exceeds the maximum of ``n`` with
+  probability ``1/(n+1)`` (4.8 % at n = 20) *before* the margin.
+* Why x1.5: the margin covers the tail beyond the sample maximum. The healthy max-abs errors move by
+  ~+-20 % between seeds (see ``distributions`` in the file: max/median ~1.2-1.5), so x1.5 puts the
+  threshold one full seed-to-seed spread above the worst seen. Every injected fault the suite knows
+  moves the error by far more than x1.5 on at least one default case (tests/test_faults.py, the fault
+  table in docs/regressions.md), so the margin costs no detection there. It is validated, not assumed:
+  the calibration also runs ``--validate-seeds`` *held-out* seeds (1000, 1001, ...) and stores how
+  many of those raise an alarm (``validation`` in the file; 0 expected).
+* Floors (:data:`FLOORS`): a metric whose calibration values are all ~0 (e.g. a mismatch fraction of
+  0 on every seed) would otherwise get a zero tolerance, and any single flipped element would alarm.
+
+The accuracy check (:func:`check`) compares a runner record (``mla-fp8-bench run --json``) with the
+tolerances of its (backend, family); the family is the case id without its seed
+(``s257-cast-outlier-seed3`` -> ``s257-cast-outlier``). A case shape that was not calibrated falls
+back to the group of its (quantisation, distribution) - the max tolerance over the calibrated shapes
+of that group - and the check says it extrapolated. Non-finite outputs and ``status == "error"``
+records are always violations.
+
+Loading (:func:`load_tolerances`) validates the file and raises :class:`ToleranceFileError` (a
+``ValueError``: the CLI exits 2) naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform as _platform
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "mla_fp8_bench.tolerances"
+SCHEMA_VERSION = 1
+METHOD = "max_over_seeds_times_margin"
+DEFAULT_MARGIN = 1.5
+MIN_SEEDS = 20
+VALIDATION_SEED0 = 1000
+DEFAULT_NAME = "cpu-emulated-v1"
+DEFAULT_CASES = ("s128", "s257", "s512", "ragged-255-257", "s512-h8")
+DEFAULT_BACKENDS = ("aiter-emulated", "torch-fp8-ref")
+QUANTS = ("per_tensor", "cast")
+DISTS = ("normal", "outlier", "mla")
+
+#: Calibrated metrics (runner record keys).
+METRICS = (
+    "max_abs_error_fp8_ref", "mean_abs_error_fp8_ref", "rel_l2_error_fp8_ref",
+    "max_abs_error_bf16_ref", "mean_abs_error_bf16_ref", "rel_l2_error_bf16_ref",
+    "mismatch_fraction",
+)
+#: Smallest tolerance per metric (see module docstring).
+FLOORS = {
+    "max_abs_error_fp8_ref": 1e-3, "mean_abs_error_fp8_ref": 1e-5, "rel_l2_error_fp8_ref": 1e-4,
+    "max_abs_error_bf16_ref": 1e-3, "mean_abs_error_bf16_ref": 1e-5, "rel_l2_error_bf16_ref": 1e-4,
+    "mismatch_fraction": 1e-4,
+}
+#: Metrics that must be exactly 0 (checked always, not calibrated).
+ZERO_METRICS = ("nonfinite_count_fp8_ref",)
+
+
+class ToleranceFileError(ValueError):
+    """A tolerance file is missing, unreadable or malformed; the message names the file and the problem."""
+
+
+# ------------------------------------------------------------------------------------------ families
+def family_of(record: dict[str, Any]) -> str | None:
+    """The case family of a record: its ``family`` key, else the case id without the seed suffix."""
+    if record.get("family"):
+        return str(record["family"])
+    from .cases import CaseError, parse_case_id
+
+    try:
+        return parse_case_id(str(record.get("case"))).with_(seed=0).id
+    except (CaseError, TypeError, ValueError):
+        return None
+
+
+def group_of(family: str) -> str | None:
+    """``"<quant>/<dist>"`` of a case family (None for probes and unparsable ids)."""
+    from .cases import CaseError, parse_case_id
+
+    try:
+        c = parse_case_id(family)
+    except (CaseError, TypeError, ValueError):
+        return None
+    return f"{c.quant}/{c.dist}"
+
+
+# ------------------------------------------------------------------------------------------ loading
+@dataclass
+class Tolerances:
+    """A loaded tolerance file.
+
+    Attributes:
+        path: where it came from.
+        data: the JSON document (validated).
+    """
+
+    path: str
+    data: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("name", Path(self.path).stem))
+
+    def lookup(self, backend: str, family: str | None) -> tuple[dict[str, float] | None, str]:
+        """(tolerances per metric, how they were found: ``"family"``, ``"group <q>/<d>"`` or ``"none"``)."""
+        fam_tol = self.data["tolerances"].get(backend)
+        if fam_tol is None or family is None:
+            return None, "none"
+        if family in fam_tol:
+            return fam_tol[family], "family"
+        grp = group_of(family)
+        g = self.data.get("groups", {}).get(backend, {}).get(grp) if grp else None
+        if g is not None:
+            return g, f"group {grp} (extrapolated: shape not calibrated)"
+        return None, "none"
+
+
+def _bad(path: str, msg: str) -> ToleranceFileError:
+    return ToleranceFileError(f"tolerance file {path}: {msg}")
+
+
+def _check_number(path: str, where: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise _bad(path, f"{where} is {v!r}: must be a finite number >= 0")
+
+
+def validate_tolerances(data: Any, path: str = "<memory>") -> dict[str, Any]:
+    """Check the structure of a tolerance document; returns it.
+
+    Raises:
+        ToleranceFileError: naming ``path`` and the first problem found.
+    """
+    if not isinstance(data, dict):
+        raise _bad(path, f"top level is a {type(data).__name__}: must be a JSON object")
+    if data.get("schema") != SCHEMA:
+        raise _bad(path, f"schema is {data.get('schema')!r}: must be {SCHEMA!r} (not a tolerance file?)")
+    if data.get("version") != SCHEMA_VERSION:
+        raise _bad(path, f"version is {data.get('version')!r}: this mla_fp8_bench reads version {SCHEMA_VERSION}")
+    for key in ("method", "margin", "tolerances", "distributions"):
+        if key not in data:
+            raise _bad(path, f"missing key {key!r}")
+    _check_number(path, "margin", data["margin"])
+    for section in ("tolerances", "groups"):
+        sec = data.get(section, {})
+        if not isinstance(sec, dict):
+            raise _bad(path, f"{section} must be an object of backend -> family -> metric -> number")
+        for b, fams in sec.items():
+            if not isinstance(fams, dict):
+                raise _bad(path, f"{section}.{b} must be an object of family -> metric -> number")
+            for f, mets in fams.items():
+                if not isinstance(mets, dict) or not mets:
+                    raise _bad(path, f"{section}.{b}.{f} must be a non-empty object of metric -> number")
+                for m, v in mets.items():
+                    _check_number(path, f"{section}.{b}.{f}.{m}", v)
+    if not data["tolerances"]:
+        raise _bad(path, "tolerances is empty: no backend was calibrated")
+    return data
+
+
+def load_tolerances(path: str | os.PathLike) -> Tolerances:
+    """Read and validate a tolerance file.
+
+    Raises:
+        ToleranceFileError: missing file, invalid JSON (with line/column), wrong schema/version, or a
+            bad value (with its JSON path).
+    """
+    p = str(path)
+    try:
+        text = Path(p).read_text()
+    except FileNotFoundError:
+        raise _bad(p, "not found") from None
+    except OSError as exc:
+        raise _bad(p, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _bad(p, f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    return Tolerances(p, validate_tolerances(data, p))
+
+
+# ------------------------------------------------------------------------------------------ checking
+@dataclass(frozen=True)
+class Violation:
+    """One failed accuracy check."""
+
+    backend: str
+    case: str
+    metric: str
+    value: float | None
+    tolerance: float | None
+    how: str  # "family" / "group ..." / "status" / "nonfinite"
+    reason: str = ""
+
+    @property
+    def ratio(self) -> float:
+        if self.value is None or self.tolerance is None:
+            return math.inf
+        if self.tolerance == 0:
+            return math.inf if self.value > 0 else 0.0
+        return self.value / self.tolerance
+
+    def __str__(self) -> str:
+        if self.metric in ("status", "nonfinite"):
+            return f"{self.backend} {self.case}: {self.metric}: {self.reason}"
+        return (f"{self.backend} {self.case}: {self.metric} = {self.value:.4g} > tolerance {self.tolerance:.4g} "
+                f"({self.ratio:.2f}x, {self.how})")
+
+
+def ratios(record: dict[str, Any], tol: Tolerances) -> tuple[dict[str, float], str]:
+    """value/tolerance per calibrated metric present in the record, and how the tolerances were found."""
+    t, how = tol.lookup(str(record.get("backend")), family_of(record))
+    if t is None:
+        return {}, how
+    out = {}
+    for m, lim in t.items():
+        v = record.get(m)
+        if v is None:
+            continue
+        v = float(v)
+        out[m] = math.inf if not math.isfinite(v) else (v / lim if lim > 0 else (math.inf if v > 0 else 0.0))
+    return out, how
+
+
+def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
+    """Violations of one runner record against calibrated tolerances (empty list: healthy).
+
+    Rules: ``status == "error"`` is a violation; ``skipped`` records are not checked; any non-finite
+    output (``nonfinite_count_fp8_ref > 0`` or a non-finite metric) is a violation; every calibrated
+    metric must be <= its tolerance. A record without a calibrated (backend, family or group) gets no
+    violations from the metric rule (see :func:`ratios` to tell).
+    """
+    b, c = str(record.get("backend")), str(record.get("case"))
+    status = record.get("status", "ok")
+    if status == "skipped":
+        return []
+    if status != "ok":
+        return [Violation(b, c, "status", None, None, "status", f"{status}: {record.get('reason', '')}")]
+    out: list[Violation] = []
+    for m in ZERO_METRICS:
+        v = record.get(m)
+        if v is not None and float(v) != 0:
+            out.append(Violation(b, c, "nonfinite", float(v), 0.0, "nonfinite",
+                                 f"{int(v)} non-finite output elements"))
+    t, how = tolerances.lookup(b, family_of(record))
+    if t is None:
+        return out
+    for m, lim in t.items():
+        v = record.get(m)
+        if v is None:
+            continue
+        v = float(v)
+        if not math.isfinite(v) or v > lim:
+            out.append(Violation(b, c, m, v, lim, how))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ measuring
+def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -> dict[str, dict[str, Any]]:
+    """Records (metric dicts) of each backend on one case (CPU, no timing)."""
+    from .backends import get_backend
+    from .cases import parse_case_id
+    from .devices import platform_info
+    from .runner import CaseContext, RunOptions, evaluate_one
+
+    if cu_num:
+        os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = str(cu_num)
+    pinfo = platform_info("cpu")
+    ctx = CaseContext(parse_case_id(case_id), pinfo, None)
+    opts = RunOptions(timing=False, determinism=False)
+    out = {}
+    for b in backends:
+        rec = evaluate_one(get_backend(b), ctx, pinfo, opts).as_dict()
+        rec.pop("traceback", None)
+        out[b] = rec
+    return out
+
+
+def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("MLA_FP8_BENCH_CAL_THREADS", "1")))
+    if task[0] == "probe":
+        from .faults import probe_record
+
+        _, name, seed = task
+        return task, {"aiter-emulated": probe_record(name, seed)}
+    _, case_id, backends, cu_num = task
+    return task, _measure_case(case_id, backends, cu_num)
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs),
+            "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def _run_tasks(tasks: list[tuple], jobs: int, progress) -> list[tuple[tuple, dict]]:
+    if jobs <= 1:
+        out = []
+        for t in tasks:
+            out.append(_measure_task(t))
+            progress(t)
+        return out
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    out = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+        futs = [ex.submit(_measure_task, t) for t in tasks]
+        for f in as_completed(futs):
+            res = f.result()
+            out.append(res)
+            progress(res[0])
+    return out
+
+
+def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], seeds: Iterable[int],
+           backends: tuple[str, ...], cu_num: int | None, probes: bool) -> list[tuple]:
+    from .cases import parse_case_id
+
+    tasks = []
+    seeds = list(seeds)
+    for shape in shapes:
+        base = parse_case_id(shape)
+        for qm in quants:
+            for d in dists:
+                for s in seeds:
+                    tasks.append(("case", base.with_(quant=qm, dist=d, seed=s).id, backends, cu_num))
+    if probes:
+        from .faults import PROBES
+
+        for name in PROBES:
+            for s in seeds:
+                tasks.append(("probe", name, s))
+    return tasks
+
+
+def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str, ...] = DEFAULT_CASES,
+              quants: tuple[str, ...] = QUANTS, dists: tuple[str, ...] = DISTS, seeds: int = MIN_SEEDS,
+              validate_seeds: int = MIN_SEEDS, margin: float = DEFAULT_MARGIN, name: str = DEFAULT_NAME,
+              jobs: int = 1, cu_num: int | None = None, probes: bool = True,
+              progress=None) -> dict[str, Any]:
+    """Measure, derive and validate tolerances; returns the JSON document (see module docstring).
+
+    Raises:
+        ValueError: fewer than :data:`MIN_SEEDS` seeds, a margin < 1, or bad case/backend names.
+    """
+    from .backends import get_backend
+    from .cases import parse_case_id
+
+    if seeds < MIN_SEEDS:
+        raise ValueError(f"--seeds {seeds} is too few: at least {MIN_SEEDS} (a tolerance from fewer seeds "
+                         "says little about the tail)")
+    if not (margin >= 1.0 and math.isfinite(margin)):
+        raise ValueError(f"--margin {margin} is invalid: a finite factor >= 1")
+    for b in backends:
+        get_backend(b)
+    for s in shapes:
+        c = parse_case_id(s)
+        if (c.quant, c.dist, c.seed) != ("per_tensor", "normal", 0):
+            raise ValueError(f"case {s!r}: give shapes only (no -cast/-outlier/-mla/-seed suffix); quantisation "
+                             "modes, distributions and seeds are crossed by calibrate")
+    probes = probes and "aiter-emulated" in backends
+    progress = progress or (lambda t: None)
+    t0 = time.perf_counter()
+    cal = _run_tasks(_tasks(shapes, quants, dists, range(seeds), backends, cu_num, probes), jobs, progress)
+    cal_s = time.perf_counter() - t0
+
+    values: dict[str, dict[str, dict[str, list[float]]]] = {}
+    failures: list[str] = []
+    for _task, recs in cal:
+        for b, rec in recs.items():
+            if rec["status"] != "ok" or any(rec.get(m) for m in ZERO_METRICS):
+                failures.append(f"{b} {rec['case']}: {rec['status']} {rec.get('reason', '')} "
+                                f"nonfinite={rec.get('nonfinite_count_fp8_ref')}")
+                continue
+            fam = family_of(rec)
+            for m in METRICS:
+                values.setdefault(b, {}).setdefault(fam, {}).setdefault(m, []).append(float(rec[m]))
+    if failures:
+        raise RuntimeError("healthy calibration runs failed (fix before calibrating):\n  " + "\n  ".join(failures[:10]))
+
+    dists_out: dict[str, Any] = {}
+    tol_out: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+    for b, fams in values.items():
+        for fam, mets in sorted(fams.items()):
+            dists_out.setdefault(b, {})[fam] = {m: _stats(v) for m, v in mets.items()}
+            tol_out.setdefault(b, {})[fam] = {m: max(FLOORS[m], max(v) * margin) for m, v in mets.items()}
+            grp = group_of(fam)
+            if grp:
+                g = groups.setdefault(b, {}).setdefault(grp, {})
+                for m, lim in tol_out[b][fam].items():
+                    g[m] = max(g.get(m, 0.0), lim)
+
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "version": SCHEMA_VERSION, "name": name, "method": METHOD, "margin": margin,
+        "method_text": (f"tolerance = max(floor, max over {seeds} calibration seeds x {margin}) per (backend, case "
+                        "family, metric); family = case id without seed; groups = max over a (quant, dist) "
+                        "group's shapes, used for shapes that were not calibrated"),
+        "floors": FLOORS, "metrics": list(METRICS), "always_zero": list(ZERO_METRICS),
+        "seeds": {"calibration": list(range(seeds)),
+                  "validation": list(range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds))},
+        "cases": {"shapes": list(shapes), "quants": list(quants), "dists": list(dists),
+                  "probes": sorted(_probe_names()) if probes else []},
+        "backends": list(backends),
+        "env": _env(cu_num),
+        "tolerances": tol_out, "groups": groups, "distributions": dists_out,
+        "timing_s": {"calibration": round(cal_s, 1)},
+    }
+    if validate_seeds:
+        tol = Tolerances("<calibrating>", validate_tolerances(doc))
+        t1 = time.perf_counter()
+        val = _run_tasks(_tasks(shapes, quants, dists, range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds),
+                                backends, cu_num, probes), jobs, progress)
+        doc["timing_s"]["validation"] = round(time.perf_counter() - t1, 1)
+        summary: dict[str, Any] = {}
+        for _task, recs in val:
+            for b, rec in recs.items():
+                s = summary.setdefault(b, {"records": 0, "false_alarms": 0, "alarms": [], "worst_ratio": 0.0,
+                                           "worst": None})
+                s["records"] += 1
+                viol = check(rec, tol)
+                if viol:
+                    s["false_alarms"] += 1
+                    s["alarms"].extend(str(v) for v in viol[:3])
+                r, _how = ratios(rec, tol)
+                for m, x in r.items():
+                    if x > s["worst_ratio"]:
+                        s["worst_ratio"], s["worst"] = x, f"{rec['case']} {m} = {rec[m]:.4g}"
+        for s in summary.values():
+            s["worst_ratio"] = round(s["worst_ratio"], 4)
+        doc["validation"] = summary
+    return doc
+
+
+def _probe_names() -> list[str]:
+    from .faults import PROBES
+
+    return list(PROBES)
+
+
+def _env(cu_num: int | None) -> dict[str, Any]:
+    import torch
+
+    from . import __version__
+    from .backends.aiter_emulated import emulated_cu_num
+
+    cpu = _platform.processor() or _platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"mla_fp8_bench": __version__, "torch": torch.__version__, "python": _platform.python_version(),
+            "device": "cpu", "cpu": cpu, "num_cpu": os.cpu_count(), "emu_cu_num": cu_num or emulated_cu_num(),
+            "fp8_dtype": "float8_e4m3fn", "reference_dtype": "float64",
+            "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def _split(vals: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    out = tuple(x for v in (vals or []) for x in v.split(",") if x)
+    return out or default
+
+
+def cmd_calibrate(args: argparse.Namespace, console) -> int:
+    from rich.table import Table
+
+    from .runner import write_json_atomic
+
+    backends = _split(args.backends, DEFAULT_BACKENDS)
+    shapes = _split(args.cases, DEFAULT_CASES)
+    quants = _split(args.quants, QUANTS)
+    dists = _split(args.dists, DISTS)
+    for q in quants:
+        if q not in QUANTS:
+            raise ValueError(f"quantisation mode {q!r} is unknown: allowed {', '.join(QUANTS)}")
+    for d in dists:
+        if d not in DISTS:
+            raise ValueError(f"distribution {d!r} is unknown: allowed {', '.join(DISTS)}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs} is invalid: >= 1")
+    out = args.out or f"tolerances/{args.name}.json"
+    n_tasks = len(shapes) * len(quants) * len(dists) * (args.seeds + args.validate_seeds)
+    console.print(f"calibrating {', '.join(backends)} on {len(shapes)} shapes x {len(quants)} quant x {len(dists)} "
+                  f"dist x ({args.seeds} + {args.validate_seeds} held-out) seeds = {n_tasks} case runs "
+                  f"(+ probes), {args.jobs} job(s)")
+    done = [0]
+    t0 = time.perf_counter()
+
+    def progress(task):
+        done[0] += 1
+        if done[0] % 25 == 0:
+            console.print(f"[dim]{done[0]} runs, {time.perf_counter() - t0:.0f} s[/dim]")
+
+    doc = calibrate(backends=backends, shapes=shapes, quants=quants, dists=dists, seeds=args.seeds,
+                    validate_seeds=args.validate_seeds, margin=args.margin, name=args.name, jobs=args.jobs,
+                    cu_num=args.cu_num, probes=not args.no_probes, progress=progress)
+    write_json_atomic(doc, out)
+    t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) - {out}")
+    for col in ("backend", "family", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
+                "rel-L2 fp8 tol", "mismatch tol"):
+        t.add_column(col)
+    for b, fams in doc["tolerances"].items():
+        for fam, mets in fams.items():
+            d = doc["distributions"][b][fam]
+            t.add_row(b, fam,
+                      f"{d['max_abs_error_fp8_ref']['median']:.3g}/{d['max_abs_error_fp8_ref']['max']:.3g} -> "
+                      f"{mets['max_abs_error_fp8_ref']:.3g}",
+                      f"{d['max_abs_error_bf16_ref']['median']:.3g}/{d['max_abs_error_bf16_ref']['max']:.3g} -> "
+                      f"{mets['max_abs_error_bf16_ref']:.3g}",
+                      f"{mets['rel_l2_error_fp8_ref']:.3g}", f"{mets['mismatch_fraction']:.3g}")
+    console.print(t)
+    for b, s in doc.get("validation", {}).items():
+        console.print(f"held-out validation {b}: {s['false_alarms']} false alarm(s) in {s['records']} records; "
+                      f"worst value/tolerance {s['worst_ratio']} ({s['worst']})")
+    console.print(f"wrote {out}")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="measure error distributions over seeds and write tolerances JSON")
+    p.add_argument("--seeds", type=int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
+    p.add_argument("--validate-seeds", type=int, default=MIN_SEEDS,
+                   help=f"held-out seeds {VALIDATION_SEED0}.. checked against the new tolerances (0: skip)")
+    p.add_argument("--backends", "-b", action="append", help=f"comma-separated (default {','.join(DEFAULT_BACKENDS)})")
+    p.add_argument("--cases", "-c", action="append",
+                   help=f"comma-separated case shapes, no suffixes (default {','.join(DEFAULT_CASES)})")
+    p.add_argument("--quants", action="append", help=f"comma-separated (default {','.join(QUANTS)})")
+    p.add_argument("--dists", action="append", help=f"comma-separated (default {','.join(DISTS)})")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="tolerance = max over seeds x margin")
+    p.add_argument("--name", default=DEFAULT_NAME, help="tolerance set name (file tolerances/<name>.json)")
+    p.add_argument("--out", help="output JSON path (default tolerances/<name>.json)")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (1 torch thread each)")
+    p.add_argument("--cu-num", type=int, default=None, help="CU count of the emulated plan (default 256)")
+    p.add_argument("--no-probes", action="store_true", help="skip the chunked-context / hot-LSE probes")
+    p.set_defaults(handler=cmd_calibrate)

@@ -1,0 +1,318 @@
+"""Injected faults that the accuracy check must catch, and probes for faults no prefill case can show.
+
+Two kinds of fault:
+
+* **Emulator faults** (:data:`mla_fp8_bench.aiter_ps.emulator.ALL_FAULTS`): bugs inside the kernel or
+  the reduce (dropped/doubled scale, missing causal mask, wrong LSE merge, off-by-one tile, ...).
+* **Input-side faults** (:data:`INPUT_FAULTS`), implemented here around the emulated backend:
+
+  - ``unsaturated_cast`` - the fp8 cast of q/k/v does not saturate: values beyond the e4m3fn
+    rounding boundary (|x| > 464 for e4m3fn, > 248 for e4m3fnuz) become NaN, as eager casts did up to
+    PyTorch 2.11 (pytorch#178817). Acts in ``cast`` mode only (``per_tensor`` divides by amax/448
+    first, so nothing exceeds the range); visible on ``-cast-outlier`` inputs.
+  - ``stale_plan`` - the kernel and the reduce run with planner metadata built for the *previous*
+    step's batch (the stream-ordering race of vLLM #58886: step N+1's planner rewrote the buffers
+    while step N's kernels were queued). The previous step's lengths: for a batch of >= 2 sequences,
+    ``min(64, l1-1)`` tokens moved from sequence 1 to sequence 0 (same total, silently wrong
+    attention: rows of sequence 1 attend keys of sequence 0 and miss their own first keys); for one
+    sequence, the length ``T - max(1, T//4)`` (the tail rows are never written). The strict stand-in
+    ``aiter`` would reject such a call as a contract violation; the hardware would not, so this path
+    calls the emulator's kernel and reduce directly (hardware semantics: it reads what it is told).
+
+:class:`FaultyEmulated` is the ``aiter-emulated`` backend with faults. It keeps the name
+``aiter-emulated`` on purpose: a regressed AITER build still reports as ``aiter``, and its records are
+checked against the healthy backend's calibrated tolerances.
+
+**Probes.** Two emulator faults cannot show on any case of the suite, by construction:
+``top_left_causal`` is identical to the correct bottom-right mask whenever ``q_len == kv_len`` (every
+prefill case), and ``lse_no_max_subtraction`` only differs when a partial LSE exceeds ~88.7 (fp32
+``exp`` overflow), which randn-like inputs never reach (LSE ~ ln S + O(1)). :data:`PROBES` are two
+extra inputs, run through the emulator's kernel + reduce directly, that can: a chunked-context batch
+(``q_len < kv_len``) and a "hot LSE" batch (q ~ k, scores ~ 200). Their healthy error distributions
+are calibrated like the cases' (family ``probe-chunked`` / ``probe-hot-lse``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .aiter_ps.emulator import ALL_FAULTS, FAULT_DESCRIPTIONS, emulate_mla_prefill_ps_asm_fwd, emulate_mla_reduce_v1
+from .backends.aiter_emulated import AiterEmulated, emulated_cu_num
+from .backends.base import Backend, Prepared, Verdict
+from .cases import Case
+from .devices import PlatformInfo
+from .fp8 import Quantized, fp8_max, quantize
+from .inputs import CaseInputs
+from .metrics import error_metrics
+from .shapes import DEFAULT_SOFTMAX_SCALE
+
+#: Faults of the quantisation / planning steps around the kernel (implemented here).
+INPUT_FAULTS: dict[str, str] = {
+    "unsaturated_cast": "quantisation: fp8 cast without saturation; |x| beyond the rounding boundary -> NaN "
+                        "(PyTorch <= 2.11 eager casts; cast mode only)",
+    "stale_plan": "planning: kernel + reduce run with the plan of the previous step's batch "
+                  "(stream-ordering race, vLLM #58886)",
+}
+#: Every fault the suite can inject: the emulator's plus the input-side ones.
+SUITE_FAULTS: dict[str, str] = {**FAULT_DESCRIPTIONS, **INPUT_FAULTS}
+#: Faults that cannot show on q_len == kv_len prefill cases with randn-like inputs; checked on probes.
+PROBE_ONLY_FAULTS = {"top_left_causal": "probe-chunked", "lse_no_max_subtraction": "probe-hot-lse"}
+#: The case (family) a fault needs to show at all (None: any case).
+FAULT_NEEDS = {"unsaturated_cast": "cast quantisation with |x| > 464 (-cast-outlier)", **{
+    k: f"the {v} probe" for k, v in PROBE_ONLY_FAULTS.items()}}
+
+
+def normalize_suite_faults(faults: Iterable[str] | str | None) -> frozenset[str]:
+    """Validate fault names against :data:`SUITE_FAULTS`.
+
+    Raises:
+        ValueError: naming the unknown fault(s) and the allowed ones.
+    """
+    if faults is None:
+        return frozenset()
+    if isinstance(faults, str):
+        faults = (faults,)
+    out = frozenset(faults)
+    bad = sorted(repr(f) for f in out if f not in SUITE_FAULTS)
+    if bad:
+        raise ValueError(f"unknown fault name(s) {', '.join(bad)}: allowed {', '.join(sorted(SUITE_FAULTS))}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ faults
+def unsaturated_fp8_cast(x: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """``x.to(fp8)`` as PyTorch <= 2.11 did it: values past the rounding boundary become NaN.
+
+    The boundary is ``fp8_max + ulp/2`` (464 for e4m3fn: 448 + 32/2; a tie rounds to the even 448).
+    """
+    fmax = fp8_max(fp8_dtype)
+    ulp = 2.0 ** (math.floor(math.log2(fmax)) - 3)
+    boundary = fmax + ulp / 2
+    xf = x.contiguous().float()
+    data = xf.to(fp8_dtype)
+    bad = xf.abs() > boundary
+    if bool(bad.any()):
+        data = torch.where(bad, torch.full_like(xf, float("nan")), data.float()).to(fp8_dtype)
+    return data.contiguous()
+
+
+def _requantize_unsaturated(inputs: CaseInputs) -> CaseInputs:
+    if inputs.case.quant != "cast":
+        return inputs  # per_tensor scales by amax/448 first: nothing exceeds the range
+
+    def q(x: torch.Tensor, old: Quantized) -> Quantized:
+        return Quantized(unsaturated_fp8_cast(x, inputs.fp8_dtype), old.descale, old.mode)
+
+    return replace(inputs, q8=q(inputs.q, inputs.q8), k8=q(inputs.k, inputs.k8), v8=q(inputs.v, inputs.v8))
+
+
+def previous_step_lens(seq_lens: tuple[int, ...]) -> tuple[int, ...]:
+    """The previous step's batch used by ``stale_plan`` (see module docstring)."""
+    lens = list(seq_lens)
+    if len(lens) >= 2 and lens[1] > 1:
+        d = min(64, lens[1] - 1)
+        lens[0] += d
+        lens[1] -= d
+        return tuple(lens)
+    if len(lens) >= 2:  # second sequence of length 1: shorten the first instead
+        lens[0] = max(1, lens[0] - max(1, lens[0] // 4))
+        return tuple(lens)
+    t = lens[0]
+    return (max(1, t - max(1, t // 4)),)
+
+
+def _prepare_stale(inputs: CaseInputs, emu_faults: frozenset[str], cu_num: int) -> Prepared:
+    """Kernel + reduce of the emulator with the previous step's plan (hardware semantics)."""
+    from .aiter_ps.planner import plan_ps_prefill
+
+    dev = inputs.device
+    prev = previous_step_lens(inputs.case.seq_lens)
+    cu_prev = torch.tensor([0] + list(_cumsum(prev)), dtype=torch.int32)
+    h = inputs.case.num_heads
+    plan = plan_ps_prefill(cu_prev, cu_prev, torch.tensor(prev, dtype=torch.int32), num_heads_k=h, cu_num=cu_num,
+                           qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)
+    q8, k8, v8 = (x.data.contiguous() for x in (inputs.q8, inputs.k8, inputs.v8))
+    scales = [x.descale.reshape(1).to(device=dev, dtype=torch.float32) for x in (inputs.q8, inputs.k8, inputs.v8)]
+    t, dv = q8.shape[0], v8.shape[-1]
+    cu = inputs.cu_seqlens.to(device=dev, dtype=torch.int32)
+    pages = torch.arange(t, dtype=torch.int32, device=dev)
+    rows = max(1, plan.num_partials) * 256
+    split_data = torch.full((rows, h, dv), float("nan"), dtype=torch.float32, device=dev)
+    split_lse = torch.full((rows, h), float("nan"), dtype=torch.float32, device=dev)
+    output = torch.full((t, h, dv), float("nan"), dtype=torch.bfloat16, device=dev)
+    final_lse = torch.full((t, h), float("nan"), dtype=torch.float32, device=dev)
+
+    def run() -> torch.Tensor:
+        emulate_mla_prefill_ps_asm_fwd(q8, k8, v8, cu, cu, pages, plan.work_indptr, plan.work_info,
+                                       inputs.max_seqlen, inputs.softmax_scale, True, split_data, split_lse, output,
+                                       scales[0], scales[1], scales[2], faults=emu_faults)
+        emulate_mla_reduce_v1(split_data, split_lse, plan.reduce_indptr, plan.reduce_final_map,
+                              plan.reduce_partial_map, output, final_lse, faults=emu_faults)
+        return output
+
+    return Prepared(run=run, graph_capturable=False, timing_scope="emulation",
+                    extras={"stale_plan_lens": list(prev), "num_partials": plan.num_partials})
+
+
+def _cumsum(xs: Iterable[int]):
+    s = 0
+    for x in xs:
+        s += x
+        yield s
+
+
+class FaultyEmulated(Backend):
+    """``aiter-emulated`` with injected faults (emulator faults and :data:`INPUT_FAULTS`).
+
+    Args:
+        faults: names from :data:`SUITE_FAULTS` (None or empty: the healthy backend, bit for bit).
+        cu_num: CU count of the emulated plan (default: :func:`emulated_cu_num`, 256).
+
+    Raises:
+        ValueError: an unknown fault name.
+    """
+
+    name = "aiter-emulated"
+    description = "aiter-emulated with injected faults (regression-detection experiments)"
+    fp8 = True
+    emulation = True
+
+    def __init__(self, faults: Iterable[str] | str | None = None, cu_num: int | None = None):
+        self.faults = normalize_suite_faults(faults)
+        self.cu_num = cu_num or emulated_cu_num()
+        self.emu_faults = frozenset(self.faults & ALL_FAULTS)
+        self._inner = AiterEmulated(faults=self.emu_faults or None, cu_num=self.cu_num)
+
+    def availability(self, platform: PlatformInfo) -> Verdict:
+        return Verdict.yes()
+
+    def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
+        return self._inner.supports(case, platform)
+
+    def prepare(self, inputs: CaseInputs) -> Prepared:
+        if "unsaturated_cast" in self.faults:
+            inputs = _requantize_unsaturated(inputs)
+        if "stale_plan" in self.faults:
+            return _prepare_stale(inputs, self.emu_faults, self.cu_num)
+        return self._inner.prepare(inputs)
+
+
+# ------------------------------------------------------------------------------------------ probes
+@dataclass
+class ProbeInputs:
+    """A batch with separate q and kv lengths (bottom-right causal), quantised per tensor."""
+
+    name: str
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q8: Quantized
+    k8: Quantized
+    v8: Quantized
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+
+
+#: Probe name -> (q_lens, kv_lens, num_heads, kind).
+PROBES: dict[str, tuple[tuple[int, ...], tuple[int, ...], int, str]] = {
+    "probe-chunked": ((200, 64), (600, 64), 16, "randn"),
+    "probe-hot-lse": ((600,), (600,), 2, "hot"),
+}
+
+
+def make_probe(name: str, seed: int) -> ProbeInputs:
+    """Deterministic probe inputs (``per_tensor`` quantisation).
+
+    ``probe-chunked``: randn q/k/v, q_lens (200, 64) against kv_lens (600, 64), 16 heads.
+    ``probe-hot-lse``: q = k = a shared direction (4 +- 0.1 per channel) plus 0.05 noise, so the
+    scaled scores are ~200 and every LSE exceeds fp32's exp range; 2 heads, one sequence of 600.
+
+    Raises:
+        ValueError: an unknown probe name.
+    """
+    if name not in PROBES:
+        raise ValueError(f"probe {name!r} is unknown: allowed {', '.join(PROBES)}")
+    q_lens, kv_lens, h, kind = PROBES[name]
+    g = torch.Generator().manual_seed(seed)
+    t, p = sum(q_lens), sum(kv_lens)
+    if kind == "hot":
+        base = 4.0 + 0.1 * torch.randn(1, h, 192, generator=g)
+        q = base + 0.05 * torch.randn(t, h, 192, generator=g)
+        k = q.clone()
+    else:
+        q = torch.randn(t, h, 192, generator=g)
+        k = torch.randn(p, h, 192, generator=g)
+    v = torch.randn(p, h, 128, generator=g)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    return ProbeInputs(name, q, k, v, quantize(q), quantize(k), quantize(v), q_lens, kv_lens)
+
+
+def probe_reference(p: ProbeInputs, *, dequantized: bool = True) -> torch.Tensor:
+    """Float64 bottom-right causal attention ``[T, H, 128]`` on the dequantised (or bf16) inputs."""
+    if dequantized:
+        q, k, v = (x.dequantize(torch.float64) for x in (p.q8, p.k8, p.v8))
+    else:
+        q, k, v = p.q.double(), p.k.double(), p.v.double()
+    outs = []
+    qs, ks = 0, 0
+    for ql, kl in zip(p.q_lens, p.kv_lens):
+        qq, kk, vv = q[qs:qs + ql], k[ks:ks + kl], v[ks:ks + kl]
+        s = torch.einsum("qhd,khd->hqk", qq, kk) * DEFAULT_SOFTMAX_SCALE
+        allowed = torch.ones(ql, kl, dtype=torch.bool).tril(diagonal=kl - ql)
+        s = s.masked_fill(~allowed, -math.inf)
+        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv))
+        qs, ks = qs + ql, ks + kl
+    return torch.cat(outs)
+
+
+def run_probe(p: ProbeInputs, faults: Iterable[str] | str | None = None, cu_num: int | None = None) -> torch.Tensor:
+    """The emulated AITER PS path (planner port + kernel + reduce) on a probe, with emulator faults."""
+    from .aiter_ps.planner import plan_ps_prefill
+
+    fs = frozenset(normalize_suite_faults(faults) & ALL_FAULTS)
+    cu_num = cu_num or emulated_cu_num()
+    h = p.q.shape[1]
+    cu_q = torch.tensor([0] + list(_cumsum(p.q_lens)), dtype=torch.int32)
+    cu_kv = torch.tensor([0] + list(_cumsum(p.kv_lens)), dtype=torch.int32)
+    plan = plan_ps_prefill(cu_q, cu_kv, torch.tensor(p.kv_lens, dtype=torch.int32), num_heads_k=h, cu_num=cu_num,
+                           qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)
+    t, pk = p.q.shape[0], p.k.shape[0]
+    out = torch.full((t, h, 128), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((t, h), float("nan"))
+    rows = max(1, plan.num_partials) * 256
+    sd = torch.full((rows, h, 128), float("nan"))
+    sl = torch.full((rows, h), float("nan"))
+    emulate_mla_prefill_ps_asm_fwd(p.q8.data, p.k8.data, p.v8.data, cu_q, cu_kv, torch.arange(pk, dtype=torch.int32),
+                                   plan.work_indptr, plan.work_info, max(p.q_lens), DEFAULT_SOFTMAX_SCALE, True, sd, sl,
+                                   out, p.q8.descale, p.k8.descale, p.v8.descale, faults=fs)
+    emulate_mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
+                          faults=fs)
+    return out
+
+
+def probe_record(name: str, seed: int, faults: Iterable[str] | str | None = None,
+                 refs: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
+    """A runner-like record (``backend="aiter-emulated"``, ``case=<probe>-seed<n>``) of one probe run.
+
+    ``refs`` (fp8-dequant ref, bf16 ref) may be passed to reuse references across faults.
+    """
+    p = make_probe(name, seed)
+    if refs is None:
+        refs = (probe_reference(p), probe_reference(p, dequantized=False))
+    rec: dict[str, Any] = {"backend": "aiter-emulated", "case": f"{name}-seed{seed}" if seed else name,
+                           "family": name, "status": "ok", "reason": ""}
+    try:
+        out = run_probe(p, faults)
+    except Exception as exc:  # noqa: BLE001 - a crashing fault is an "error" record, like the runner's
+        rec["status"], rec["reason"] = "error", f"{type(exc).__name__}: {exc}"
+        return rec
+    fm, bm = error_metrics(out, refs[0]), error_metrics(out, refs[1])
+    rec.update(fm.as_dict("_fp8_ref"))
+    rec.update(bm.as_dict("_bf16_ref"))
+    rec["mismatch_fraction"] = bm.mismatch_fraction
+    return rec

@@ -1,0 +1,759 @@
+"""Plots of a run JSON or an asv results directory (``mla-fp8-bench plot``), and the
+``merge-results`` sub-command (:mod:`mla_fp8_bench.results_merge`; registered here because the CLI
+auto-loads only the modules calibrate/gate/plot/bisect).
+
+``mla-fp8-bench plot INPUT... --out DIR [--format png,svg]`` where each INPUT is
+
+* a run JSON written by ``mla-fp8-bench run --json`` (``{"env": ..., "records": [...]}``, optionally a
+  ``ceilings`` key from :func:`mla_fp8_bench.ceilings.attach`), or
+* an asv results directory (``results/`` with ``<machine>/`` inside; one figure set per machine) or one
+  machine's directory (``results/<machine>/``). The newest commit's result file is used
+  (``--commit`` picks another), read directly in asv 0.6's result format (api version 2:
+  ``result_columns`` + one row per benchmark, values in ``itertools.product`` order of the params;
+  NaN = skipped, null = failed).
+
+Per device it writes four figures: ``<slug>-latency``, ``<slug>-error``, ``<slug>-tflops`` and
+``<slug>-summary`` (the three side by side), each as PNG and/or SVG:
+
+* latency vs seq_len per backend, log-log, median with the interquartile range as error bars;
+  emulations (``aiter-emulated``: a PyTorch model of the kernel) are drawn dashed with hollow markers
+  and labelled EMULATION in the legend;
+* max |out - ref| vs seq_len per backend against both references (solid: the dequantised-fp8
+  reference, the kernel's own error; dashed: the bf16 reference, the end-to-end FP8 error);
+* TFLOP/s vs seq_len (emulations left out: not a kernel's throughput) with horizontal lines for the
+  measured FP8/bf16 GEMM ceilings and the datasheet peaks when the input has them.
+
+Only single-sequence cases (``s<N>``) are plotted against seq_len; among them one *variant* (the
+suffixes after the length, e.g. ``-h128``; default: the plain ids). Everything else is listed as
+"not plotted" on the console.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Formats ``--format`` accepts.
+FORMATS = ("png", "svg")
+#: Floor for error values on log axes (asv floors its tracks at 1e-12 too).
+ERROR_FLOOR = 1e-12
+_FIG_KINDS = ("latency", "error", "tflops", "summary")
+
+
+class PlotError(ValueError):
+    """Bad plot input (missing, corrupt, unknown machine/commit, nothing plottable); names the problem."""
+
+
+@dataclass
+class Point:
+    """One (backend, case) measurement placed on the seq_len axis."""
+
+    backend: str
+    case: str
+    seq_len: int
+    latency_s: float | None = None
+    latency_q25: float | None = None
+    latency_q75: float | None = None
+    err_fp8: float | None = None
+    err_bf16: float | None = None
+    tflops: float | None = None
+    emulation: bool = False
+
+
+@dataclass
+class Dataset:
+    """Everything one figure set shows: one device's measurements."""
+
+    device: str  # shown in titles, e.g. "NVIDIA H200 (sm_90)" or "machine cpu-2core (CPU)"
+    slug: str
+    source: str
+    latency_desc: str
+    points: list[Point] = field(default_factory=list)
+    ceilings: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    variant: str = ""
+    is_cpu: bool = False
+
+
+# ------------------------------------------------------------------------------------- helpers
+def _slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+    return s or "device"
+
+
+def _is_emulation(backend: str) -> bool:
+    try:
+        from .backends import get_backend
+
+        return bool(get_backend(backend).emulation)
+    except Exception:  # noqa: BLE001 - unknown names from other suite revisions: fall back to the name
+        return "emulat" in backend
+
+
+def _is_fp8(backend: str) -> bool:
+    try:
+        from .backends import get_backend
+
+        return bool(get_backend(backend).fp8)
+    except Exception:  # noqa: BLE001
+        return "bf16" not in backend
+
+
+def _split_case(cid: str) -> tuple[int, str] | None:
+    """``s4096-h128`` -> ``(4096, "-h128")``; None for ragged or non-canonical ids."""
+    m = re.fullmatch(r"s(\d+)((?:-[a-z0-9]+)*)", cid)
+    if not m:
+        return None
+    return int(m.group(1)), m.group(2)
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    ys = sorted(xs)
+    pos = q * (len(ys) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlotError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlotError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+                        "it may be truncated - re-run `mla-fp8-bench run --json` (it writes atomically)") from None
+
+
+def _select_variant(points: list[Point], wanted: str | None) -> tuple[str, list[Point]]:
+    """Keep one case variant; default: the plain ids, else the most frequent variant."""
+    by: dict[str, list[Point]] = {}
+    for p in points:
+        by.setdefault(_split_case(p.case)[1], []).append(p)  # type: ignore[index]
+    if wanted is not None:
+        w = wanted if (wanted == "" or wanted.startswith("-")) else "-" + wanted
+        if w not in by:
+            have = ", ".join(repr(k or "(plain)") for k in sorted(by)) or "none"
+            raise PlotError(f"case variant {wanted!r} has no single-sequence results here: variants present {have}")
+        return w, by[w]
+    if not by:
+        return "", []
+    if "" in by:
+        return "", by[""]
+    best = max(by, key=lambda k: (len(by[k]), k))
+    return best, by[best]
+
+
+# ------------------------------------------------------------------------------------- readers
+def load_run_json(path: Path, data: dict[str, Any], variant: str | None = None) -> Dataset:
+    """A :class:`Dataset` from a ``mla-fp8-bench run --json`` file (already parsed)."""
+    env = data.get("env") or {}
+    recs = data.get("records")
+    if not isinstance(recs, list):
+        raise PlotError(f"run JSON {path} has no 'records' list: not written by `mla-fp8-bench run --json`")
+    name = env.get("device_name") or "unknown device"
+    arch = env.get("arch") or "?"
+    vendor = env.get("vendor") or ""
+    is_cpu = vendor == "cpu" or arch == "cpu"
+    host = env.get("hostname")
+    device = (f"CPU ({name}" + (f", host {host}" if host else "") + ")") if is_cpu else f"{name} ({arch})"
+    methods = sorted({r.get("latency_method") for r in recs if isinstance(r, dict) and r.get("latency_method")})
+    desc = {"host": "host wall-clock", "graph": "device time, CUDA/HIP graph replay",
+            "events": "device time, events"}
+    latency_desc = ", ".join(desc.get(m, m) for m in methods) or "latency"
+    ds = Dataset(device=device, slug=_slug("cpu-" + name if is_cpu else name), source=str(path),
+                 latency_desc=latency_desc, ceilings=data.get("ceilings"), is_cpu=is_cpu)
+    pts: list[Point] = []
+    for i, r in enumerate(recs):
+        if not isinstance(r, dict) or not isinstance(r.get("backend"), str) or not isinstance(r.get("case"), str):
+            raise PlotError(f"run JSON {path}: record {i} is malformed (needs 'backend' and 'case' strings)")
+        b, cid, st = r["backend"], r["case"], r.get("status")
+        if st != "ok":
+            ds.notes.append(f"{b} {cid}: {st} - {r.get('reason', '')}".rstrip(" -"))
+            continue
+        sc = _split_case(cid)
+        if sc is None:
+            ds.notes.append(f"{b} {cid}: not a single-sequence case (not on the seq_len axis)")
+            continue
+        emu = bool(r.get("emulation")) or r.get("timing_scope") == "emulation"
+        samples = [x for x in (r.get("latency_samples_s") or []) if _finite(x) is not None]
+        p = Point(b, cid, sc[0], latency_s=_finite(r.get("latency_s")), err_fp8=_finite(r.get("max_abs_error_fp8_ref")),
+                  err_bf16=_finite(r.get("max_abs_error_bf16_ref")),
+                  tflops=None if emu else _finite(r.get("tflops")), emulation=emu)
+        if len(samples) >= 2:
+            p.latency_q25, p.latency_q75 = _quantile(samples, 0.25), _quantile(samples, 0.75)
+        pts.append(p)
+    ds.variant, ds.points = _select_variant(pts, variant)
+    return ds
+
+
+def _machine_dirs(path: Path) -> list[Path]:
+    if (path / "machine.json").is_file():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "machine.json").is_file())
+
+
+def _pick_result_file(mdir: Path, commit: str | None) -> tuple[Path, dict[str, Any]]:
+    files = sorted(p for p in mdir.glob("*.json") if p.name not in ("machine.json", "benchmarks.json"))
+    if not files:
+        raise PlotError(f"asv machine directory {mdir} holds no result files (only machine.json)")
+    loaded = []
+    for f in files:
+        d = _load_json(f, "asv result file")
+        if not isinstance(d, dict) or "results" not in d or "result_columns" not in d:
+            raise PlotError(f"asv result file {f} is not in asv 0.6's format (no 'results'/'result_columns')")
+        if d.get("version") != 2:
+            raise PlotError(f"asv result file {f} has api version {d.get('version')!r}; expected 2 (asv 0.6.x)")
+        loaded.append((f, d))
+    if commit:
+        sel = [(f, d) for f, d in loaded if str(d.get("commit_hash", "")).startswith(commit)]
+        if not sel:
+            have = ", ".join(sorted({str(d.get("commit_hash", ""))[:8] for _, d in loaded}))
+            raise PlotError(f"no result for commit {commit!r} in {mdir}: commits present {have}")
+        loaded = sel
+
+    def key(fd):
+        d = fd[1]
+        cols = d["result_columns"]
+        i = cols.index("started_at") if "started_at" in cols else None
+        started = max([row[i] for row in d["results"].values()
+                       if i is not None and isinstance(row, list) and len(row) > i and isinstance(row[i], (int, float))]
+                      or [0])
+        return (d.get("date") or 0, started)
+
+    return max(loaded, key=key)
+
+
+def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None = None) -> Dataset:
+    """A :class:`Dataset` from one asv machine directory (newest commit unless ``commit``)."""
+    mj = _load_json(mdir / "machine.json", "asv machine file")
+    if not isinstance(mj, dict):
+        raise PlotError(f"asv machine file {mdir / 'machine.json'} is not a JSON object")
+    mname = mj.get("machine") or mdir.name
+    f, d = _pick_result_file(mdir, commit)
+    gpu = mj.get("gpu")
+    hw = gpu if gpu and gpu != "none" else f"CPU: {mj.get('cpu') or mj.get('arch') or '?'}"
+    sha = str(d.get("commit_hash", ""))[:8]
+    ds = Dataset(device=f"machine {mname} ({hw}), commit {sha}", slug=_slug(f"asv-{mname}"), source=str(f),
+                 latency_desc="asv track_latency" + (" (device time)" if gpu and gpu != "none" else " (host time)"),
+                 is_cpu=not gpu or gpu == "none")
+    cols = d["result_columns"]
+    col = {k: cols.index(k) for k in ("result", "params", "stats_q_25", "stats_q_75") if k in cols}
+
+    def table(suffix: str) -> dict[tuple[str, str], tuple[Any, Any, Any]]:
+        names = [n for n in d["results"] if n.endswith(suffix)]
+        if not names:
+            return {}
+        row = d["results"][names[0]]
+        get = (lambda k: row[col[k]] if k in col and len(row) > col[k] else None)
+        vals, params = get("result"), get("params")
+        if not isinstance(params, list) or not isinstance(vals, list):
+            return {}
+        q25, q75 = get("stats_q_25") or [None] * len(vals), get("stats_q_75") or [None] * len(vals)
+        out = {}
+        for j, combo in enumerate(itertools.product(*params)):
+            if j >= len(vals) or len(combo) != 2:
+                break
+            b, c = (str(x).strip("'\"") for x in combo)
+            out[(b, c)] = (vals[j], q25[j] if j < len(q25) else None, q75[j] if j < len(q75) else None)
+        return out
+
+    lat = table(".MLAPrefill.track_latency")
+    if not lat:
+        raise PlotError(f"asv result file {f} has no MLAPrefill.track_latency results: not this suite's results "
+                        "(benchmarks/bench_mla_prefill.py)")
+    e8 = table(".MLAPrefill.track_max_abs_error")
+    e16 = table(".MLAPrefill.track_max_abs_error_bf16_ref")
+    spp = table(".MLAPrefill.track_seconds_per_pflop")
+    pts = []
+    for (b, c), (v, lo, hi) in lat.items():
+        sc = _split_case(c)
+        if v is None:
+            ds.notes.append(f"{b} {c}: failed in asv (null)")
+            continue
+        if isinstance(v, float) and math.isnan(v):
+            continue  # skipped in asv (not available on this machine / beyond its cap)
+        if sc is None:
+            ds.notes.append(f"{b} {c}: not a single-sequence case (not on the seq_len axis)")
+            continue
+        emu = _is_emulation(b)
+        s = _finite(spp.get((b, c), (None,))[0])
+        pts.append(Point(b, c, sc[0], latency_s=_finite(v), latency_q25=_finite(lo), latency_q75=_finite(hi),
+                         err_fp8=_finite(e8.get((b, c), (None,))[0]), err_bf16=_finite(e16.get((b, c), (None,))[0]),
+                         tflops=(1e3 / s) if (s and not emu) else None, emulation=emu))
+    ds.variant, ds.points = _select_variant(pts, variant)
+    ds.notes.append("ceilings: not stored in asv results (plot a run JSON with `ceilings` for the lines)")
+    return ds
+
+
+def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit: str | None = None,
+                variant: str | None = None) -> list[Dataset]:
+    """Read every INPUT (run JSON files and asv results directories) into datasets.
+
+    Raises:
+        PlotError: missing/corrupt input, unknown machine or commit, no asv machines in a directory.
+    """
+    out: list[Dataset] = []
+    skipped_empty: list[str] = []
+    seen_machines: set[str] = set()
+    any_dir = False
+    for raw in inputs:
+        path = Path(raw)
+        if path.is_dir():
+            any_dir = True
+            mdirs = _machine_dirs(path)
+            if not mdirs:
+                raise PlotError(f"{path} is a directory but not an asv results directory: no <machine>/machine.json "
+                                "inside (and no machine.json in it)")
+            names = [m.name for m in mdirs]
+            seen_machines.update(names)
+            if machines:
+                mdirs = [m for m in mdirs if m.name in machines]
+            for m in mdirs:
+                empty = not any(p.name not in ("machine.json", "benchmarks.json") for p in m.glob("*.json"))
+                if empty and len(mdirs) > 1 and not machines:
+                    skipped_empty.append(f"{m} (machine.json only, no results yet)")
+                    continue  # one runner without results must not stop the others' plots
+                out.append(load_asv_machine(m, commit, variant))
+        elif path.is_file():
+            data = _load_json(path, "run JSON")
+            if not isinstance(data, dict):
+                raise PlotError(f"{path} is neither a run JSON (an object with 'records') nor an asv results directory")
+            if "records" not in data and "result_columns" in data:
+                raise PlotError(f"{path} is one asv result file: pass its results directory "
+                                f"({path.parent.parent}) or machine directory ({path.parent}) instead")
+            out.append(load_run_json(path, data, variant))
+        else:
+            raise PlotError(f"input {path} does not exist: give a run JSON (`mla-fp8-bench run --json`) or an asv "
+                            "results directory")
+    if machines:
+        if not any_dir:
+            raise PlotError("--machine selects machines of an asv results directory, but no directory was given")
+        unknown = [m for m in machines if m not in seen_machines]
+        if unknown:
+            raise PlotError(f"machine {', '.join(map(repr, unknown))} is not in the given results: machines present "
+                            f"{', '.join(sorted(seen_machines)) or 'none'}")
+    if skipped_empty:
+        if not out:
+            raise PlotError("no results to plot: " + "; ".join(skipped_empty))
+        out[0].notes.extend(f"machine skipped: {e}" for e in skipped_empty)
+    slugs: dict[str, int] = {}
+    for ds in out:
+        n = slugs.get(ds.slug, 0)
+        slugs[ds.slug] = n + 1
+        if n:
+            ds.slug = f"{ds.slug}-{n + 1}"
+    return out
+
+
+# ------------------------------------------------------------------------------------- drawing
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+
+
+@dataclass
+class Styles:
+    """Colour and marker per backend (fixed by registry order, so figures of several devices agree)."""
+
+    colors: dict[str, Any]
+    markers: dict[str, str]
+
+    def color(self, b: str) -> Any:
+        return self.colors[b]
+
+    def marker(self, b: str) -> str:
+        return self.markers[b]
+
+
+def backend_styles(names: list[str]) -> Styles:
+    """A colour and a distinct marker per backend, so overlapping lines stay visible."""
+    colors = _backend_colors(names)
+    return Styles(colors, {n: _MARKERS[i % len(_MARKERS)] for i, n in enumerate(colors)})
+
+
+def _backend_colors(names: list[str]) -> dict[str, Any]:
+    import matplotlib
+
+    try:
+        from .backends import backend_names
+
+        order = backend_names()
+    except Exception:  # noqa: BLE001
+        order = []
+    order = order + sorted(n for n in names if n not in order)
+    cmap = matplotlib.colormaps["tab10"]
+    return {n: cmap(i % 10) for i, n in enumerate(order)}
+
+
+def _fmt_seconds(x: float, _pos=None) -> str:
+    if x <= 0:
+        return "0"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+        if x >= scale * 0.9999:
+            v = x / scale
+            return f"{v:.0f} {unit}" if v >= 1 else f"{v:.1g} {unit}"
+    return f"{x:.0e} s"
+
+
+def _fmt_tokens(x: float, _pos=None) -> str:
+    return f"{x:.0f}"  # the numbers of the case ids (s1024, s32768)
+
+
+def _series(points: list[Point]) -> dict[str, list[Point]]:
+    by: dict[str, list[Point]] = {}
+    for p in sorted(points, key=lambda p: (p.backend, p.seq_len)):
+        by.setdefault(p.backend, []).append(p)
+    return by
+
+
+def _on_grid(x: int) -> bool:
+    """Power-of-two lengths: the sweep's points, joined by lines; other lengths are markers only."""
+    return x > 0 and x & (x - 1) == 0
+
+
+def _draw_series(ax, xs: list[int], ys: list[float], *, yerr=None, color, marker, linestyle="-", hollow=False,
+                 label=None, linewidth=1.6) -> bool:
+    """Draw one backend's points: a line through the power-of-two (sweep) points and unconnected
+    markers for the others (tile edges like 255/257, s8175), so near-equal x values do not zig-zag.
+    Returns True if off-sweep points were drawn."""
+    on = [i for i, x in enumerate(xs) if _on_grid(x)]
+    off = [i for i, x in enumerate(xs) if not _on_grid(x)]
+    if len(on) < 2:  # no sweep to join: join everything
+        on, off = list(range(len(xs))), []
+    face = "white" if hollow else color
+    for idx, ls, lab, ms in ((on, linestyle, label, 6), (off, "none", None, 5)):
+        if not idx:
+            continue
+        kw = dict(color=color, linestyle=ls, marker=marker, markerfacecolor=face, markersize=ms, linewidth=linewidth,
+                  label=lab)
+        px, py = [xs[i] for i in idx], [ys[i] for i in idx]
+        if yerr is not None:
+            ax.errorbar(px, py, yerr=[[yerr[0][i] for i in idx], [yerr[1][i] for i in idx]], capsize=2, **kw)
+        else:
+            ax.plot(px, py, **kw)
+    return bool(off)
+
+
+_OFF_GRID_NOTE = "unconnected markers: lengths off the power-of-two sweep (q-tile edges 255/257, s8175, ...)"
+
+
+def _setup_x(ax, xs: list[int]) -> None:
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(xs))
+    on_grid = [x for x in ticks if _on_grid(x)]
+    if on_grid:  # label the sweep only: 255/256/257 or 8175/8192 labels would print over each other
+        lo, hi = ticks[0], ticks[-1]
+        ticks = on_grid
+    else:
+        lo, hi = (ticks[0], ticks[-1]) if ticks else (None, None)
+    if ticks:
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(lo / 1.3, hi * 1.3)
+    ax.xaxis.set_major_formatter(FuncFormatter(_fmt_tokens))
+    ax.set_xlabel("seq_len (tokens per sequence, causal prefill)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.grid(True, which="minor", axis="y", alpha=0.12)
+
+
+def _note(ax, lines: list[str]) -> None:
+    """Small grey notes under the x-axis label, where they cannot hide data."""
+    ax.annotate("\n".join(lines), xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -34),
+                textcoords="offset points", ha="left", va="top", fontsize=7.5, color="0.3")
+
+
+def _label(b: str, emu: bool) -> str:
+    return f"{b}  (EMULATION: PyTorch model, not kernel time)" if emu else b
+
+
+def draw_latency(ax, ds: Dataset, st: Styles) -> list[str]:
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    drawn = []
+    off = False
+    for b, pts in _series(ds.points).items():
+        pts = [p for p in pts if p.latency_s]
+        if not pts:
+            continue
+        emu = any(p.emulation for p in pts)
+        xs = [p.seq_len for p in pts]
+        ys = [p.latency_s for p in pts]
+        lo = [max(0.0, y - (p.latency_q25 if p.latency_q25 is not None else y)) for p, y in zip(pts, ys)]
+        hi = [max(0.0, (p.latency_q75 if p.latency_q75 is not None else y) - y) for p, y in zip(pts, ys)]
+        off |= _draw_series(ax, xs, ys, yerr=[lo, hi], color=st.color(b), marker=st.marker(b),
+                            linestyle="--" if emu else "-", hollow=emu, label=_label(b, emu))
+        if emu:
+            ax.annotate("emulation", (xs[-1], ys[-1]), textcoords="offset points", xytext=(-4, 6), ha="right",
+                        fontsize=8, color=st.color(b), style="italic")
+        drawn.append(b)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_formatter(FuncFormatter(_fmt_seconds))
+    _setup_x(ax, [p.seq_len for p in ds.points])
+    ax.set_ylabel(f"latency per call ({ds.latency_desc}; median, bars = IQR)")
+    ax.set_title("Latency vs seq_len (log-log, lower is better)")
+    notes = ["CPU host time of PyTorch code, not GPU kernel times"] if ds.is_cpu else []
+    if off:
+        notes.append(_OFF_GRID_NOTE)
+    if notes:
+        _note(ax, notes)
+    return drawn
+
+
+_REFS = {
+    "err_fp8": ("vs fp8-dequant reference", "the kernel's own error: q/k/v rounding to fp8 cancels"),
+    "err_bf16": ("vs bf16 reference", "end-to-end error of going FP8 (includes fp8 input rounding)"),
+}
+
+
+def draw_error(ax, ds: Dataset, st: Styles, attr: str = "err_fp8") -> list[str]:
+    """max |out - ref| against one reference (``attr``: ``err_fp8`` or ``err_bf16``)."""
+    drawn = []
+    floored = False
+    off = False
+    left_out = []
+    for b, pts in _series(ds.points).items():
+        emu = any(p.emulation for p in pts)
+        if attr == "err_fp8" and not _is_fp8(b):
+            left_out.append(b)  # a bf16 baseline never saw the fp8 inputs: its error here is meaningless
+            continue
+        sel = [p for p in pts if getattr(p, attr) is not None]
+        if not sel:
+            continue
+        ys = []
+        for p in sel:
+            v = getattr(p, attr)
+            floored |= v < ERROR_FLOOR
+            ys.append(max(v, ERROR_FLOOR))
+        off |= _draw_series(ax, [p.seq_len for p in sel], ys, color=st.color(b), marker=st.marker(b),
+                            linestyle="--" if emu else "-", hollow=emu, label=_label(b, emu))
+        drawn.append(b)
+    ax.set_yscale("log")
+    _setup_x(ax, [p.seq_len for p in ds.points])
+    ax.set_ylabel("max |out - ref| (absolute, output units)")
+    name, what = _REFS[attr]
+    ax.set_title(f"Max abs error {name}\n({what}; lower is better)", fontsize=10)
+    notes = []
+    if floored:
+        notes.append(f"values below {ERROR_FLOOR:g} drawn at {ERROR_FLOOR:g}")
+    if left_out:
+        notes.append(f"not shown: {', '.join(left_out)} (bf16 baseline: it never sees the fp8 inputs)")
+    if off:
+        notes.append(_OFF_GRID_NOTE)
+    if notes:
+        _note(ax, notes)
+    return drawn
+
+
+def draw_error_bf16(ax, ds: Dataset, st: Styles) -> list[str]:
+    return draw_error(ax, ds, st, "err_bf16")
+
+
+def _ceiling_lines(ds: Dataset) -> tuple[list[tuple[str, float, str, str]], list[str]]:
+    """(label, TFLOP/s, color, linestyle) lines and text notes from ``ds.ceilings``."""
+    c = ds.ceilings
+    if not isinstance(c, dict):
+        return [], ["no measured ceilings or datasheet peaks in this input"]
+    if c.get("status") not in (None, "ok"):
+        return [], [f"ceilings not measured: {c.get('reason') or c.get('status')}"]
+    lines, notes = [], []
+    for key, lab, col in (("fp8_gemm_tflops", "FP8 GEMM measured", "tab:red"),
+                          ("bf16_gemm_tflops", "bf16 GEMM measured", "tab:purple")):
+        v = _finite(c.get(key))
+        if v:
+            lines.append((f"{lab} {v:,.0f} TFLOP/s", v, col, "--"))
+    ds_peaks = c.get("datasheet") if isinstance(c.get("datasheet"), dict) else {}
+    for key, lab, col in (("fp8", "FP8 datasheet peak", "tab:red"), ("bf16", "bf16 datasheet peak", "tab:purple")):
+        v = _finite(ds_peaks.get(key))
+        if v:
+            lines.append((f"{lab} {v:,.0f} TFLOP/s", v, col, ":"))
+    cp = _finite(c.get("copy_tb_s"))
+    if cp:
+        hbm = _finite(ds_peaks.get("hbm_tb_s"))
+        notes.append(f"copy bandwidth measured {cp:.2f} TB/s" + (f" (datasheet {hbm:g} TB/s)" if hbm else ""))
+    if not lines:
+        notes.append("ceilings present but without TFLOP/s values")
+    return lines, notes
+
+
+def draw_tflops(ax, ds: Dataset, st: Styles) -> list[str]:
+    drawn = []
+    off = False
+    ymax, ymin = 0.0, math.inf
+    for b, pts in _series(ds.points).items():
+        sel = [p for p in pts if p.tflops and not p.emulation]
+        if not sel:
+            continue
+        ys = [p.tflops for p in sel]
+        ymax, ymin = max(ymax, *ys), min(ymin, *ys)
+        off |= _draw_series(ax, [p.seq_len for p in sel], ys, color=st.color(b), marker=st.marker(b), label=b)
+        drawn.append(b)
+    lines, notes = _ceiling_lines(ds)
+    for lab, v, col, ls in lines:
+        ax.axhline(v, color=col, linestyle=ls, linewidth=1.1)
+        ax.annotate(lab, (0.01, v), xycoords=("axes fraction", "data"), textcoords="offset points", xytext=(0, 3),
+                    fontsize=7, color=col)
+        ymax, ymin = max(ymax, v), min(ymin, v)
+    if off:
+        notes.append(_OFF_GRID_NOTE)
+    emus = sorted({p.backend for p in ds.points if p.emulation})
+    if emus:
+        notes.append(f"not shown: {', '.join(emus)} (an emulation's throughput is not a kernel's)")
+    if drawn or lines:
+        ax.set_yscale("log")
+        ax.set_ylim(ymin / 2.5, ymax * 2.5)
+    else:
+        ax.text(0.5, 0.5, "no kernel throughput to show", transform=ax.transAxes, ha="center", color="0.4")
+    _setup_x(ax, [p.seq_len for p in ds.points])
+    ax.set_ylabel("TFLOP/s (causal FLOPs = 320·H·S², higher is faster)")
+    ax.set_title("Throughput vs seq_len (informational)")
+    if notes:
+        _note(ax, notes)
+    return drawn
+
+
+def _variant_text(ds: Dataset) -> str:
+    heads = re.search(r"-h(\d+)", ds.variant)
+    h = heads.group(1) if heads else "16"
+    rest = re.sub(r"-h\d+", "", ds.variant)
+    extra = {"": "", "-cast": ", cast quant", "-outlier": ", outlier inputs", "-mla": ", mla inputs",
+             "-const": ", const inputs"}.get(rest, f", variant {rest}")
+    return f"{h} heads, d_qk=192, d_v=128, per-tensor fp8{extra}" if "cast" not in rest else \
+        f"{h} heads, d_qk=192, d_v=128{extra}"
+
+
+def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
+    """Write the four figures of ``ds`` into ``out_dir``; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams["svg.hashsalt"] = "mla-fp8-bench"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    st = backend_styles([p.backend for p in ds.points])
+    sub = f"{ds.device} — {_variant_text(ds)}"
+    written: list[Path] = []
+
+    def save(fig, kind: str) -> None:
+        for fmt in formats:
+            path = out_dir / f"{ds.slug}-{kind}.{fmt}"
+            tmp = path.with_name(path.name + ".tmp")
+            meta = {"Date": None} if fmt == "svg" else {"Software": "mla-fp8-bench plot"}
+            fig.savefig(tmp, format=fmt, dpi=130, bbox_inches="tight", metadata=meta)
+            os.replace(tmp, path)
+            written.append(path)
+        plt.close(fig)
+
+    def legend_handles() -> list:
+        from matplotlib.lines import Line2D
+
+        return [Line2D([], [], color=st.color(b), marker=st.marker(b), linestyle="--" if _is_emu(ds, b) else "-",
+                       markerfacecolor="white" if _is_emu(ds, b) else st.color(b), label=_label(b, _is_emu(ds, b)))
+                for b in _series(ds.points)]
+
+    for kind, fns in (("latency", (draw_latency,)), ("error", (draw_error, draw_error_bf16)),
+                      ("tflops", (draw_tflops,))):
+        fig, axes = plt.subplots(1, len(fns), figsize=(6.5 * len(fns) + 1.5, 5.2), squeeze=False, sharey=True)
+        for ax, fn in zip(axes[0], fns):
+            fn(ax, ds, st)
+        if len(fns) > 1:
+            axes[0][1].set_ylabel("")
+            axes[0][1].yaxis.set_tick_params(labelleft=True)
+        fig.suptitle(f"FP8 MLA prefill on {sub}", fontsize=10)
+        fig.legend(handles=legend_handles(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+        save(fig, kind)
+
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5))
+    draw_latency(axes[0][0], ds, st)
+    draw_tflops(axes[0][1], ds, st)
+    draw_error(axes[1][0], ds, st)
+    draw_error_bf16(axes[1][1], ds, st)
+    lo = min(a.get_ylim()[0] for a in axes[1])
+    hi = max(a.get_ylim()[1] for a in axes[1])
+    for a in axes[1]:
+        a.set_ylim(lo, hi)  # same scale for both references, so the panels compare at a glance
+    fig.legend(handles=legend_handles(), loc="lower center", ncol=3, fontsize=10, frameon=False)
+    fig.suptitle(f"FP8 MLA prefill on {sub}", fontsize=13)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    save(fig, "summary")
+    return written
+
+
+def _is_emu(ds: Dataset, backend: str) -> bool:
+    return any(p.emulation for p in ds.points if p.backend == backend)
+
+
+def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, ...] = FORMATS,
+         machines: list[str] | None = None, commit: str | None = None,
+         variant: str | None = None) -> tuple[list[Path], list[Dataset]]:
+    """Read ``inputs`` and write every dataset's figures into ``out_dir``.
+
+    Raises:
+        PlotError: see :func:`load_inputs`; also a dataset with nothing to plot.
+    """
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise PlotError(f"format {', '.join(map(repr, bad)) or '(none)'} is not supported: "
+                        f"allowed {', '.join(FORMATS)}")
+    datasets = load_inputs(inputs, machines=machines, commit=commit, variant=variant)
+    written: list[Path] = []
+    for ds in datasets:
+        if not ds.points:
+            raise PlotError(f"{ds.source}: no ok single-sequence (s<N>) results to plot for {ds.device}"
+                            + (f" ({len(ds.notes)} records skipped/failed/ragged)" if ds.notes else ""))
+        written += render(ds, Path(out_dir), formats)
+    return written, datasets
+
+
+# ------------------------------------------------------------------------------------- CLI
+def add_parser(subparsers) -> None:
+    """Register ``plot`` and ``merge-results`` (the CLI auto-loads this module)."""
+    p = subparsers.add_parser("plot", help="latency / max-abs-error / TFLOP/s vs seq_len from run JSONs or asv results")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="run JSON (mla-fp8-bench run --json) or asv results directory (results/ or results/<machine>/)")
+    p.add_argument("--out", required=True, help="output directory for the figures")
+    p.add_argument("--format", default="png,svg", help="comma-separated: png, svg (default: both)")
+    p.add_argument("--machine", action="append", default=None,
+                   help="asv inputs: only this machine (repeatable); an unknown name is an error")
+    p.add_argument("--commit", default=None, help="asv inputs: commit (prefix) to plot instead of the newest")
+    p.add_argument("--variant", default=None,
+                   help="case-id suffix to plot, e.g. -h128 or -cast-outlier (default: the plain s<N> ids)")
+    p.set_defaults(handler=cmd_plot)
+    from .results_merge import add_merge_parser
+
+    add_merge_parser(subparsers)
+
+
+def cmd_plot(args, console) -> int:
+    """Handler of ``plot``: 0 when every input was plotted, 2 on bad input (one line naming it)."""
+    formats = tuple(f.strip().lower() for f in args.format.split(",") if f.strip())
+    try:
+        written, datasets = plot(args.inputs, args.out, formats=formats, machines=args.machine, commit=args.commit,
+                                 variant=args.variant)
+    except PlotError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    for ds in datasets:
+        console.print(f"{ds.device}: {len(ds.points)} points from {ds.source}", highlight=False)
+        for n in ds.notes:
+            console.print(f"  not plotted: {n}", highlight=False)
+    for w in written:
+        console.print(f"wrote {w}", highlight=False)
+    return 0

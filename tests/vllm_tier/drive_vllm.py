@@ -1,0 +1,398 @@
+"""Driver of the real-vLLM tier. Runs INSIDE a vLLM environment built by ``scripts/vllm_envs.sh``
+(``<env>/bin/python tests/vllm_tier/drive_vllm.py --repo <repo> --out result.json``), with the repo on
+``PYTHONPATH``; ``test_vllm_real.py`` starts it and asserts on what it reports.
+
+It runs the suite's REAL ``vllm-aiter`` adapter (:mod:`mla_fp8_bench.backends.vllm_aiter`) against
+vLLM's REAL ``AiterMLAImpl`` / ``AiterMLAMetadataBuilder`` / workspace manager, with the stand-in
+``aiter`` (:func:`mla_fp8_bench.aiter_ps.standin.make_standin_aiter`, MI355X's 256 CUs) in
+``sys.modules``, and compares every output with the ``aiter-emulated`` backend bit for bit.
+
+CPU shims (docs: vllm-on-cpu.md), applied by detected feature, not by version string:
+
+* ``VLLM_TARGET_DEVICE=cpu`` before vLLM is imported (the CPU platform);
+* every release: ``torch.accelerator.empty_cache`` is a no-op (the workspace manager calls it);
+* plan staging (>= 0.32): ``torch.empty(pin_memory=True)`` drops ``pin_memory``; ``torch.cuda.Event``
+  is a host no-op event;
+* budget-aware sizing (>= 0.31): ``current_platform.num_compute_units()`` returns the stand-in's CU
+  count (256). On gfx950 vLLM's CU count and AITER's are the same number; the CPU platform would
+  report ``torch.get_num_threads()`` and size the locked workspace for a 2-CU device while the plan
+  is for 256 CUs, so the forward would (correctly) fail with "Workspace is locked";
+* the gate check only: a fake ``vllm.platforms.rocm`` with ``on_gfx950() -> True``.
+
+Modes:
+
+* default: every check, JSON to ``--out``; exit 0 unless the driver itself broke;
+* ``--fault NAME``: the per-case tier check with a deliberately wrong adapter
+  (:data:`~mla_fp8_bench.backends.vllm_aiter.ADAPTER_FAULTS`); exits 1 with a line
+  ``VLLM TIER FAILURE ...`` on stderr when the tier catches it, 0 when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import types
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+CU_NUM = 256  # MI355X
+CASES = (
+    "s255-cast", "s256-cast", "s257-cast",            # q-tile edges
+    "ragged-255-1-300-257-cast",                      # ragged, with a 1-token sequence
+    "s257-h32-cast",                                  # aligned, not 16
+    "s300-h12-cast", "s300-h24-cast", "s200-h8-cast",  # padded (>= 0.29): tile+slice, tile+slice, repeat_interleave
+    "s257-cast-mla",                                  # strided v view, as forward_mha passes it
+    "s129-cast-outlier",                              # values beyond +-448: torch's saturating cast
+)
+REPEAT_CASE = "s257-cast"
+PLAN_CASES = ("s600-cast", "ragged-300-17-1000-cast", "s300-h12-cast", "s300-h24-cast")
+
+
+class TierFailure(AssertionError):
+    """The adapter on real vLLM broke a contract the tier checks."""
+
+
+# ------------------------------------------------------------------------------------------------
+# shims
+
+
+class _HostEvent:
+    """Stand-in for ``torch.cuda.Event`` on a CPU-only torch (plans are staged synchronously)."""
+
+    def __init__(self, *args, **kwargs):
+        self.recorded = 0
+
+    def record(self, stream=None):
+        self.recorded += 1
+
+    def synchronize(self):
+        return None
+
+    def query(self):
+        return True
+
+    def wait(self, stream=None):
+        return None
+
+
+def apply_shims(features, shims: list[str]) -> None:
+    torch.accelerator.empty_cache = lambda: None
+    shims.append("torch.accelerator.empty_cache -> no-op")
+    if features.staging:
+        real_empty = torch.empty
+
+        def empty(*args, pin_memory=False, **kwargs):
+            return real_empty(*args, **kwargs)
+
+        torch.empty = empty
+        torch.cuda.Event = _HostEvent
+        shims.append("torch.empty(pin_memory=True) -> unpinned; torch.cuda.Event -> host event")
+
+
+def real_info_shapes(aiter, shims: list[str] | None = None):
+    """Make the stand-in's ``get_ps_metadata_info_v1`` return 1-D sizes as bare ints, as real AITER
+    does (``(2, torch.uint64)``, ``(cu_num + 1, torch.int32)``, ...; 2-D ones stay tuples). vLLM 0.28
+    multiplies the ``reduce_partial_map`` size by 256 for its reservation, which needs the int. A
+    no-op once the stand-in itself returns ints."""
+    import functools
+
+    fn = aiter.get_ps_metadata_info_v1
+    probe = fn(batch_size=1, num_head_k=16, max_qlen=256, qlen_granularity=256)
+    aiter.calls.pop()
+    if all(not isinstance(shape, tuple) or len(shape) != 1 for shape, _ in probe):
+        return aiter
+
+    @functools.wraps(fn)
+    def get_ps_metadata_info_v1(*args, **kwargs):
+        return [(shape[0] if isinstance(shape, tuple) and len(shape) == 1 else shape, dt)
+                for shape, dt in fn(*args, **kwargs)]
+
+    aiter.get_ps_metadata_info_v1 = get_ps_metadata_info_v1
+    if shims is not None:
+        shims.append("stand-in get_ps_metadata_info_v1: 1-D sizes as ints, like real AITER")
+    return aiter
+
+
+def set_compute_units(n: int) -> None:
+    from vllm.platforms import current_platform
+
+    type(current_platform).num_compute_units = classmethod(lambda cls, device_id=0: n)
+
+
+# ------------------------------------------------------------------------------------------------
+# checks
+
+
+def _pad_like_vllm(x: torch.Tensor, real: int, padded: int) -> torch.Tensor:
+    """Replicate-pad heads: repeat_interleave when ``padded`` is a multiple, else tile and slice."""
+    if padded % real == 0:
+        return x.repeat_interleave(padded // real, dim=1)
+    return x.repeat(1, -(-padded // real), 1)[:, :padded].contiguous()
+
+
+def _real_heads(x: torch.Tensor, real: int) -> torch.Tensor:
+    padded = x.shape[1]
+    return x[:, :: padded // real] if padded % real == 0 else x[:, :real]
+
+
+def _source_heads(real: int, padded: int) -> list[int]:
+    if padded % real == 0:
+        r = padded // real
+        return [i // r * r for i in range(padded)]
+    return [i % real for i in range(padded)]
+
+
+def emulated_output(inputs, padded: int) -> tuple[torch.Tensor, bool | None]:
+    """aiter-emulated on the case's inputs, padded to ``padded`` heads the way vLLM pads them.
+    Returns (output of the real heads, whether the padded heads were exact duplicates)."""
+    from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
+    from mla_fp8_bench.fp8 import quantize
+
+    real = inputs.case.num_heads
+    dup = None
+    if padded != real:
+        q, k, v = (_pad_like_vllm(x, real, padded) for x in (inputs.q, inputs.k, inputs.v))
+        inputs = replace(inputs, case=inputs.case.with_(num_heads=padded), q=q, k=k, v=v,
+                         q8=quantize(q, "cast"), k8=quantize(k, "cast"), v8=quantize(v, "cast"))
+    out = AiterEmulated(cu_num=CU_NUM).prepare(inputs).run().clone()
+    if padded != real:
+        dup = bool(torch.equal(out, out[:, _source_heads(real, padded)]))
+        out = _real_heads(out, real)
+    return out, dup
+
+
+def check_case(adapter, ws, aiter, cid: str, repeat: bool = False) -> dict:
+    """Prepare / run / cleanup one case through the adapter on real vLLM; compare with aiter-emulated.
+
+    Raises:
+        TierFailure: workspace not locked after setup or not reset after cleanup, output not equal.
+    """
+    from mla_fp8_bench.cases import parse_case_id
+    from mla_fp8_bench.inputs import make_inputs
+
+    case = parse_case_id(cid)
+    rec: dict = {"case": cid}
+    sup = adapter.supports(case, None)
+    rec["supported"], rec["reason"] = bool(sup), sup.reason
+    if not sup:
+        return rec
+    inputs = make_inputs(case)
+    n_calls = len(aiter.calls)
+    t0 = time.perf_counter()
+    p = adapter.prepare(inputs)
+    try:
+        rec["locked_after_setup"] = bool(ws.current_workspace_manager().is_locked())
+        if not rec["locked_after_setup"]:
+            raise TierFailure(f"{cid}: the workspace is not locked after setup: the adapter must call "
+                              "lock_workspace() after the metadata build so a forward needing more scratch than vLLM "
+                              "reserved fails loudly (#42978)")
+        out = p.run().clone()
+        if repeat:
+            rec["repeatable"] = bool(torch.equal(p.run(), out))
+    finally:
+        p.cleanup()
+    rec["vllm_s"] = time.perf_counter() - t0
+    rec["reset_after_cleanup"] = not ws.is_workspace_manager_initialized()
+    if not rec["reset_after_cleanup"]:
+        raise TierFailure(f"{cid}: the workspace manager is still initialised after Prepared.cleanup()")
+    rec.update({k: p.extras[k] for k in ("num_head_k", "num_partials", "workspace_bytes", "timing_scope")
+                if k in p.extras})
+    rec["timing_scope"] = p.timing_scope
+    calls = aiter.calls[n_calls:]
+    pick = {c["name"]: c["args"] for c in calls}
+    rec["info_args"] = pick.get("get_ps_metadata_info_v1")
+    asm, red = pick.get("mla_prefill_ps_asm_fwd"), pick.get("mla_reduce_v1")
+    rec["asm_q"] = asm and asm["Q"]
+    rec["asm_v"] = asm and asm["V"]
+    rec["asm_output"] = asm and asm["output"]
+    rec["asm_scale"] = asm and asm["q_scale"]
+    rec["asm_softmax_scale"] = asm and asm["softmax_scale"]
+    rec["reduce_ints"] = red and [red["max_seqlen_q"], red.get("num_kv_splits")]
+    t0 = time.perf_counter()
+    ref, dup = emulated_output(inputs, p.extras["num_head_k"])
+    rec["emulated_s"] = time.perf_counter() - t0
+    rec["pad_heads_are_duplicates"] = dup
+    rec["exact"] = bool(out.shape == ref.shape and torch.equal(out, ref))
+    if not rec["exact"]:
+        diff = (out.float() - ref.float()).abs().nan_to_num(nan=float("inf"))
+        rec["max_abs_diff"] = float(diff.max())
+        raise TierFailure(f"{cid}: vLLM's output differs from aiter-emulated: max |diff| {rec['max_abs_diff']:.3g} "
+                          f"({int((diff > 0).sum())} of {diff.numel()} elements)")
+    return rec
+
+
+def check_gate(vmod) -> dict:
+    """vLLM's own gate: False on CPU (vllm.platforms.rocm unusable); True with a fake gfx950 + the stand-in."""
+    gate = vmod._fp8_mla_prefill_supported
+    gate.cache_clear()
+    res = {"cpu": bool(gate())}
+    fake = types.ModuleType("vllm.platforms.rocm")
+    fake.on_gfx950 = lambda: True
+    old = sys.modules.get("vllm.platforms.rocm")
+    sys.modules["vllm.platforms.rocm"] = fake
+    try:
+        gate.cache_clear()
+        res["fake_gfx950"] = bool(gate())
+    finally:
+        if old is None:
+            sys.modules.pop("vllm.platforms.rocm", None)
+        else:
+            sys.modules["vllm.platforms.rocm"] = old
+        gate.cache_clear()
+    return res
+
+
+def check_raising(ws, vllm_aiter_mod) -> dict:
+    """Global state is reset when prepare raises (adapter's own path) and when the call raises (runner)."""
+    from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
+    from mla_fp8_bench.cases import parse_case_id
+    from mla_fp8_bench.devices import platform_info
+    from mla_fp8_bench.inputs import make_inputs
+    from mla_fp8_bench.runner import CaseContext, RunOptions, evaluate_one
+
+    res = {}
+    installed = sys.modules.get("aiter")
+    planner_boom = real_info_shapes(make_standin_aiter(cu_num=CU_NUM))
+
+    def boom_plan(*a, **k):
+        raise RuntimeError("injected planner failure")
+
+    planner_boom.get_ps_metadata_v1 = boom_plan
+    try:
+        vllm_aiter_mod.for_testing(planner_boom).prepare(make_inputs(parse_case_id("s64-cast")))
+        res["prepare_raised"] = False
+    except RuntimeError as exc:
+        res["prepare_raised"] = "injected planner failure" in str(exc)
+    res["prepare_reset"] = not ws.is_workspace_manager_initialized()
+    res["aiter_restored"] = sys.modules.get("aiter") is installed
+
+    kernel_boom = real_info_shapes(make_standin_aiter(cu_num=CU_NUM))
+
+    def boom_kernel(*a, **k):
+        raise RuntimeError("injected kernel failure")
+
+    kernel_boom.mla_prefill_ps_asm_fwd = boom_kernel
+    pinfo = platform_info("cpu")
+    case = parse_case_id("s64-cast")
+    rec = evaluate_one(vllm_aiter_mod.for_testing(kernel_boom), CaseContext(case, pinfo, None), pinfo,
+                       RunOptions(timing=False, determinism=False))
+    res["call_status"], res["call_reason"] = rec.status, rec.reason
+    res["call_reset"] = not ws.is_workspace_manager_initialized()
+    return res
+
+
+def check_locked_growth(adapter, ws) -> dict:
+    """>= 0.31: a reservation sized for 1 CU under a 256-CU plan must fail the forward loudly."""
+    from mla_fp8_bench.cases import parse_case_id
+    from mla_fp8_bench.inputs import make_inputs
+
+    set_compute_units(1)
+    try:
+        p = adapter.prepare(make_inputs(parse_case_id("s600-cast")))
+        try:
+            p.run()
+            return {"raised": False}
+        except AssertionError as exc:
+            return {"raised": True, "message": str(exc)}
+        finally:
+            p.cleanup()
+    finally:
+        set_compute_units(CU_NUM)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repo", required=True, help="repo root the suite must be imported from")
+    ap.add_argument("--out", help="JSON result path (default mode)")
+    ap.add_argument("--fault", help="run the per-case check with this deliberately wrong adapter")
+    ap.add_argument("--cases", nargs="*", help="case ids (default: the tier's list)")
+    args = ap.parse_args(argv)
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # the CPU platform; must precede the first vllm import
+    torch.set_num_threads(1)
+
+    import mla_fp8_bench
+
+    where = Path(mla_fp8_bench.__file__).resolve()
+    if not str(where).startswith(str(Path(args.repo).resolve()) + os.sep):
+        print(f"VLLM TIER SETUP ERROR: mla_fp8_bench imported from {where}, not from {args.repo} (PYTHONPATH?)",
+              file=sys.stderr)
+        return 2
+
+    import vllm
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as vmod
+    from vllm.v1.worker import workspace as ws
+
+    from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
+    from mla_fp8_bench.backends import vllm_aiter
+
+    feats = vllm_aiter.detect_features(vmod)
+    shims: list[str] = []
+    apply_shims(feats, shims)
+    if feats.budget_sizing:
+        set_compute_units(CU_NUM)
+        shims.append(f"current_platform.num_compute_units() -> {CU_NUM} (the stand-in's CU count)")
+    aiter = real_info_shapes(make_standin_aiter(cu_num=CU_NUM), shims)
+    sys.modules["aiter"] = aiter
+    cases = args.cases or list(CASES)
+
+    if args.fault:
+        adapter = vllm_aiter.for_testing(aiter, adapter_fault=args.fault)
+        for cid in cases:
+            try:
+                check_case(adapter, ws, aiter, cid)
+            except Exception as exc:  # noqa: BLE001 - any failure is the tier catching the fault
+                print(f"VLLM TIER FAILURE [vllm {vllm.__version__}, {cid}, adapter fault {args.fault}]: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr)
+                return 1
+        print(f"the tier did not catch adapter fault {args.fault} on vllm {vllm.__version__}", file=sys.stderr)
+        return 0
+
+    t_start = time.perf_counter()
+    out: dict = {"vllm": vllm.__version__, "torch": torch.__version__, "features": asdict(feats), "shims": shims,
+                 "cases": {}, "errors": {}}
+    adapter = vllm_aiter.for_testing(aiter)
+    out["availability"] = adapter.availability(None).reason or "yes"  # type: ignore[arg-type]
+    steps = [("gate", lambda: check_gate(vmod))]
+    for cid in cases:
+        steps.append((f"case:{cid}", lambda cid=cid: check_case(adapter, ws, aiter, cid, repeat=cid == REPEAT_CASE)))
+    for cid in PLAN_CASES:
+        def plan(cid=cid):
+            from mla_fp8_bench.cases import parse_case_id
+            from mla_fp8_bench.devices import platform_info
+
+            case = parse_case_id(cid)
+            if not adapter.supports(case, None):
+                return {"supported": False}
+            st = adapter.plan_stats(case, platform_info("cpu"), repeats=3)
+            st["reset"] = not ws.is_workspace_manager_initialized()
+            return st
+        steps.append((f"plan:{cid}", plan))
+    steps.append(("raising", lambda: check_raising(ws, vllm_aiter)))
+    if feats.budget_sizing:
+        steps.append(("locked_growth", lambda: check_locked_growth(adapter, ws)))
+    for name, fn in steps:
+        try:
+            res = fn()
+            if name.startswith("case:"):
+                out["cases"][name[5:]] = res
+            else:
+                out[name] = res
+        except Exception as exc:  # noqa: BLE001 - reported per check; pytest fails the matching test
+            out["errors"][name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+        if ws.is_workspace_manager_initialized():  # never leak state into the next check
+            out["errors"].setdefault(name, "the workspace manager was left initialised")
+            ws.reset_workspace_manager()
+    out["aiter_is_standin"] = sys.modules.get("aiter") is aiter
+    out["wall_s"] = time.perf_counter() - t_start
+    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
