@@ -57,12 +57,17 @@ build() {  # $1 version
     fi
     echo "[vllm_envs] vllm-$ver: building $env"
     rm -rf "$env"
-    "$PY" -m venv "$env"
+    step() {  # $1 label, rest: command; prints the step's duration
+        local label="$1" s=$SECONDS; shift
+        "$@"
+        echo "[vllm_envs] vllm-$ver: $label $((SECONDS - s)) s"
+    }
     local pip=("$env/bin/python" -m pip install --disable-pip-version-check -q)
-    "${pip[@]}" torch==2.13.0 numpy
-    "${pip[@]}" --no-deps "vllm==$ver"
-    "${pip[@]}" "${SMALL_PKGS[@]}"
-    "${pip[@]}" --no-deps xgrammar apache-tvm-ffi
+    step venv "$PY" -m venv "$env"
+    step torch "${pip[@]}" torch==2.13.0 numpy
+    step vllm "${pip[@]}" --no-deps "vllm==$ver"
+    step deps "${pip[@]}" "${SMALL_PKGS[@]}"
+    step xgrammar "${pip[@]}" --no-deps xgrammar apache-tvm-ffi
     local site
     site="$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     find "$site/vllm" -name '*.so' -delete
