@@ -10,6 +10,9 @@ unavailable here, or a case beyond this device's size cap, is an asv skip (``Not
 in ``setup``); a backend that failed on a case is an asv failure carrying the reason.
 
 Bump ``version`` when the measurement method changes (asv hashes only the source of the methods).
+
+Accuracy values are floored at 1e-12 (asv's summary uses a geometric mean over params, and one exact 0
+would make it 0): a plotted 1e-12 means exactly 0.
 """
 
 from mla_fp8_bench.asv_support import ASV_BACKENDS, ASV_CASES, PLAN_BACKENDS, lookup, measure_grid, measure_plans
@@ -36,6 +39,7 @@ class MLAPrefill:
         return {"samples": self.rec["latency_samples_s"], "number": 1}
 
     track_latency.unit = "seconds"
+    track_latency.pretty_name = "MLA prefill latency"
 
     def track_call_latency(self, cache, backend, case):
         """Host-inclusive latency of one call (run + synchronize), seconds (GPU only)."""
@@ -44,36 +48,42 @@ class MLAPrefill:
         return float("nan") if val is None else val
 
     track_call_latency.unit = "seconds"
+    track_call_latency.pretty_name = "MLA prefill call latency (host-inclusive)"
 
     def track_max_abs_error(self, cache, backend, case):
         """max |out - ref| against float64/float32 attention on the dequantised fp8 inputs."""
         return max(self.rec["max_abs_error_fp8_ref"], 1e-12)
 
     track_max_abs_error.unit = "max_abs_err"
+    track_max_abs_error.pretty_name = "max-abs error vs fp8-dequant reference"
 
     def track_max_abs_error_bf16_ref(self, cache, backend, case):
         """max |out - ref| against attention on the original bf16 inputs (end-to-end FP8 error)."""
         return max(self.rec["max_abs_error_bf16_ref"], 1e-12)
 
     track_max_abs_error_bf16_ref.unit = "max_abs_err"
+    track_max_abs_error_bf16_ref.pretty_name = "max-abs error vs bf16 reference"
 
     def track_rel_l2_error(self, cache, backend, case):
         """||out - ref||_2 / ||ref||_2 against the dequantised-fp8 reference."""
         return max(self.rec["rel_l2_error_fp8_ref"], 1e-12)
 
     track_rel_l2_error.unit = "rel_l2"
+    track_rel_l2_error.pretty_name = "rel-L2 error vs fp8-dequant reference"
 
     def track_mismatch_fraction(self, cache, backend, case):
         """AITER checkAllclose fraction failing atol=rtol=5e-2 against the bf16 reference."""
         return max(self.rec["mismatch_fraction"], 1e-12)
 
     track_mismatch_fraction.unit = "fraction"
+    track_mismatch_fraction.pretty_name = "mismatch fraction (AITER checkAllclose 5e-2)"
 
     def track_nondeterminism(self, cache, backend, case):
         """Largest |difference| between two runs on the same inputs (0 for deterministic kernels)."""
         return max(self.rec.get("nondeterminism_max_abs") or 0.0, 1e-12)
 
     track_nondeterminism.unit = "max_abs_diff"
+    track_nondeterminism.pretty_name = "run-to-run max difference"
 
     def track_seconds_per_pflop(self, cache, backend, case):
         """Informational throughput as seconds per PFLOP (asv treats larger as worse; TFLOP/s would invert)."""
@@ -82,6 +92,7 @@ class MLAPrefill:
         return self.rec["latency_s"] / (self.rec["flops"] / 1e15)
 
     track_seconds_per_pflop.unit = "s/PFLOP"
+    track_seconds_per_pflop.pretty_name = "seconds per PFLOP (informational)"
 
 
 class AiterPlan:
@@ -103,15 +114,18 @@ class AiterPlan:
         return {"samples": self.rec["planner_samples_s"], "number": 1}
 
     track_planner_time.unit = "seconds"
+    track_planner_time.pretty_name = "AITER PS planner time"
 
     def track_workspace_bytes(self, cache, backend, case):
         """Scratch bytes for partial outputs + partial LSE + final LSE (catches sizing regressions, vLLM #57923)."""
         return self.rec["workspace_bytes"]
 
     track_workspace_bytes.unit = "bytes"
+    track_workspace_bytes.pretty_name = "partial + LSE workspace"
 
     def track_num_partials(self, cache, backend, case):
         """Live partial slots (``reduce_indptr[-1]``) the plan uses."""
         return max(self.rec["num_partials"], 1e-12)
 
     track_num_partials.unit = "partial_slots"
+    track_num_partials.pretty_name = "live partial slots"

@@ -80,7 +80,11 @@ def _grid_setup():
 
     _check_commit()
     pinfo = platform_info(os.environ.get("MLA_FP8_BENCH_DEVICE", "auto"))
-    cap = _env_int("MLA_FP8_BENCH_MAX_TOKENS") or SWEEP_CAPS[pinfo.device_type]
+    cap = _env_int("MLA_FP8_BENCH_MAX_TOKENS")
+    if cap is None:
+        cap = SWEEP_CAPS[pinfo.device_type]
+    elif cap < 1:
+        raise ValueError(f"MLA_FP8_BENCH_MAX_TOKENS={cap} is invalid: a token count >= 1")
     wanted = [b for b in os.environ.get("MLA_FP8_BENCH_BACKENDS", "").split(",") if b]
     unknown = [b for b in wanted if b not in ASV_BACKENDS]
     if unknown:

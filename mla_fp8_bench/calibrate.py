@@ -6,20 +6,22 @@ the error metrics of :data:`METRICS` against both references (fp8-dequantised an
 versioned JSON file (``tolerances/<name>.json``) with, per (backend, case family), the measured
 distribution (min / median / max / mean / std over seeds) and a tolerance per metric.
 
-**Method: tolerance = max over the calibration seeds x margin (default 1.5), floored.**
+**Method: tolerance = max over the calibration seeds x margin (default 2.0), floored.**
 
 * Why the maximum and not ``mean + k*std``: per-seed errors are extreme-value statistics (a max over
   ~10^5 elements, or a fraction of rare mismatches); their distribution is right-skewed and heavy
   tailed, so a Gaussian ``k*std`` band under-covers the tail it is meant to cover. The sample maximum
   is distribution-free: for exchangeable seeds, a fresh seed exceeds the maximum of ``n`` with
   probability ``1/(n+1)`` (4.8 % at n = 20) *before* the margin.
-* Why x1.5: the margin covers the tail beyond the sample maximum. The healthy max-abs errors move by
-  ~+-20 % between seeds (see ``distributions`` in the file: max/median ~1.2-1.5), so x1.5 puts the
-  threshold one full seed-to-seed spread above the worst seen. Every injected fault the suite knows
-  moves the error by far more than x1.5 on at least one default case (tests/test_faults.py, the fault
-  table in docs/regressions.md), so the margin costs no detection there. It is validated, not assumed:
-  the calibration also runs ``--validate-seeds`` *held-out* seeds (1000, 1001, ...) and stores how
-  many of those raise an alarm (``validation`` in the file; 0 expected).
+* Why x2.0: the margin covers the tail beyond the sample maximum, and max-abs errors are *quantised
+  in powers of two*: the output is bf16, so a near-exact backend's max-abs error is half an ulp of its
+  largest output element, and it doubles whenever that element crosses a power of two. A first
+  calibration at x1.5 raised exactly such an alarm on a held-out seed (torch-fp8-ref, s128, seed
+  1007: 0.0134 against a tolerance of 0.0117, 1.71x the calibration maximum - one binade up); x2
+  covers one binade. Every injected fault the suite knows still moves some metric far beyond x2 on at
+  least one default case (tests/test_faults.py, the fault table in docs/regressions.md). The margin is
+  validated, not assumed: calibration also runs ``--validate-seeds`` *held-out* seeds (1000, 1001,
+  ...) and stores how many of those raise an alarm (``validation`` in the file; 0 expected).
 * Floors (:data:`FLOORS`): a metric whose calibration values are all ~0 (e.g. a mismatch fraction of
   0 on every seed) would otherwise get a zero tolerance, and any single flipped element would alarm.
 
@@ -52,7 +54,7 @@ from typing import Any
 SCHEMA = "mla_fp8_bench.tolerances"
 SCHEMA_VERSION = 1
 METHOD = "max_over_seeds_times_margin"
-DEFAULT_MARGIN = 1.5
+DEFAULT_MARGIN = 2.0
 MIN_SEEDS = 20
 VALIDATION_SEED0 = 1000
 DEFAULT_NAME = "cpu-emulated-v1"
@@ -521,6 +523,7 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
                     validate_seeds=args.validate_seeds, margin=args.margin, name=args.name, jobs=args.jobs,
                     cu_num=args.cu_num, probes=not args.no_probes, progress=progress)
     write_json_atomic(doc, out)
+    os.chmod(out, 0o644)  # mkstemp creates 0600; the file is committed and read by others
     t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) - {out}")
     for col in ("backend", "family", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
                 "rel-L2 fp8 tol", "mismatch tol"):

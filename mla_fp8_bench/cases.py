@@ -270,6 +270,8 @@ def resolve_cases(specs: list[str] | tuple[str, ...]) -> list[Case]:
         try:
             case = parse_case_id(spec)
         except CaseError as exc:
-            raise CaseError(f"{exc}; or a suite name: {', '.join(SUITES)}") from None
+            if "is invalid: expected" in str(exc):  # not id-shaped at all: maybe a mistyped suite name
+                raise CaseError(f"{exc}; or a suite name: {', '.join(SUITES)}") from None
+            raise
         out.setdefault(case.id, case)
     return list(out.values())

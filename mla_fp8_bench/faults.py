@@ -316,3 +316,109 @@ def probe_record(name: str, seed: int, faults: Iterable[str] | str | None = None
     rec.update(bm.as_dict("_bf16_ref"))
     rec["mismatch_fraction"] = bm.mismatch_fraction
     return rec
+
+
+# ------------------------------------------------------------------------------------------ report
+#: Cases each fault is tried on (cheapest first): the default calibration shapes, the cast-outlier
+#: family (for ``unsaturated_cast``), then the probes (for the probe-only faults).
+REPORT_CASES = ("s128", "s257", "ragged-255-257", "s512-h8", "s512", "s257-cast-outlier")
+
+
+def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] | None = None,
+                 cases: Iterable[str] = REPORT_CASES, stop_at_first: bool = False) -> list[dict[str, Any]]:
+    """Run every fault on every case/probe and seed; return one row per (fault, case, seed).
+
+    Each row: ``fault``, ``case``, ``seed``, ``flagged`` (bool), ``violations`` (strings), ``worst_metric``,
+    ``worst_value``, ``worst_tolerance``, ``worst_ratio`` (value / tolerance; inf for non-finite or
+    error records). ``stop_at_first`` stops a fault at its first flagged (case, seed).
+    """
+    from .calibrate import check, family_of
+    from .cases import parse_case_id
+    from .devices import platform_info
+    from .runner import CaseContext, RunOptions, evaluate_one
+
+    pinfo = platform_info("cpu")
+    opts = RunOptions(timing=False, determinism=False)
+    names = sorted(faults) if faults is not None else sorted(SUITE_FAULTS)
+    ctxs: dict[str, Any] = {}
+    probe_refs: dict[tuple[str, int], Any] = {}
+    rows: list[dict[str, Any]] = []
+    for f in names:
+        targets = [PROBE_ONLY_FAULTS[f]] if f in PROBE_ONLY_FAULTS else list(cases)
+        done = False
+        for s in seeds:
+            for cid in targets:
+                if f == "unsaturated_cast" and "-cast" not in cid:
+                    continue
+                if cid in PROBES:
+                    if (cid, s) not in probe_refs:
+                        p = make_probe(cid, s)
+                        probe_refs[(cid, s)] = (probe_reference(p), probe_reference(p, dequantized=False))
+                    rec = probe_record(cid, s, f, probe_refs[(cid, s)])
+                else:
+                    key = parse_case_id(cid).with_(seed=s).id
+                    if key not in ctxs:
+                        ctxs[key] = CaseContext(parse_case_id(key), pinfo, None)
+                    rec = evaluate_one(FaultyEmulated(faults=f), ctxs[key], pinfo, opts).as_dict()
+                viol = check(rec, tolerances)
+                lim, _how = tolerances.lookup("aiter-emulated", family_of(rec))
+                worst = (None, None, None, 0.0)
+                for v in viol:
+                    if v.ratio >= worst[3]:
+                        worst = (v.metric, v.value, v.tolerance, v.ratio)
+                if not viol and lim:
+                    for m, t in lim.items():
+                        val = rec.get(m)
+                        if val is not None and t > 0 and float(val) / t >= worst[3]:
+                            worst = (m, float(val), t, float(val) / t)
+                rows.append({"fault": f, "case": cid, "seed": s, "flagged": bool(viol),
+                             "violations": [str(v) for v in viol], "status": rec.get("status"),
+                             "worst_metric": worst[0], "worst_value": worst[1], "worst_tolerance": worst[2],
+                             "worst_ratio": worst[3]})
+                if viol and stop_at_first:
+                    done = True
+                    break
+            if done:
+                break
+    return rows
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from .calibrate import load_tolerances
+
+    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.faults",
+                                 description="run every injected fault on the report cases; print the fault table")
+    ap.add_argument("--tolerances", default="tolerances/cpu-emulated-v1.json")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    ap.add_argument("--faults", default=None, help="comma-separated subset (default: all)")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    a = ap.parse_args(argv)
+    tol = load_tolerances(a.tolerances)
+    rows = fault_report(tol, [int(x) for x in a.seeds.split(",")],
+                        a.faults.split(",") if a.faults else None)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(rows, fh, indent=1, default=str)
+    print("| fault | case | seeds flagged | worst metric | measured | tolerance | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["fault"], r["case"]), []).append(r)
+    for (f, c), rs in by.items():
+        w = max(rs, key=lambda r: r["worst_ratio"])
+        val = "error" if w["status"] != "ok" else (
+            "-" if w["worst_value"] is None else f"{w['worst_value']:.4g}")
+        tol_s = "-" if w["worst_tolerance"] is None else f"{w['worst_tolerance']:.4g}"
+        ratio = "inf" if w["worst_ratio"] == float("inf") else f"{w['worst_ratio']:.3g}"
+        print(f"| {f} | {c} | {sum(r['flagged'] for r in rs)}/{len(rs)} | {w['worst_metric'] or '-'} | {val} | "
+              f"{tol_s} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main())

@@ -327,14 +327,18 @@ def resolve_machine(results_dir: str, machine: str | None) -> str:
                          "pass --machine")
 
 
+def _check_prefix(prefix: str) -> None:
+    if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
+        raise GateUsageError(f"{prefix!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
+
+
 def find_asv_result(results_dir: str, machine: str, prefix: str, env: str | None = None) -> str:
     """The result file of commit ``prefix`` on ``machine`` (optionally filtered by env name substring).
 
     Raises:
         GateUsageError: no such commit, an ambiguous prefix, or several environments without ``--env``.
     """
-    if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
-        raise GateUsageError(f"{prefix!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
+    _check_prefix(prefix)
     mdir = Path(results_dir) / machine
     hits: dict[str, list[tuple[str, str]]] = {}
     for p in sorted(mdir.glob("*.json")):
@@ -369,6 +373,7 @@ def load_side(spec: str, label: str, results_dir: str, machine: str | None, env:
     """(Side, where it came from) for a file path or a commit prefix."""
     if os.path.isfile(spec):
         return _side_from_doc(_load_json(spec, label), f"{label} {spec}"), spec
+    _check_prefix(spec)
     path = find_asv_result(results_dir, resolve_machine(results_dir, machine), spec, env)
     return _side_from_doc(_load_json(path, label), f"{label} {spec}"), path
 
@@ -520,7 +525,9 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
     base, bsrc = load_side(args.base, "BASE", args.results_dir, args.machine, args.env)
     head, hsrc = load_side(args.head, "HEAD", args.results_dir, args.machine, args.env)
     rows = compare(base, head, factor=args.factor, acc_factor=args.acc_factor, alpha=args.alpha, tolerances=tol)
-    shown = rows if args.all else [r for r in rows if r.verdict not in ("ok", "info")]
+    quiet = ("ok", "info", "skipped")
+    shown = rows if args.all else [r for r in rows if r.verdict not in quiet
+                                   and r.verdict != "removed"]
     t = Table(title=f"gate: BASE {bsrc}  vs  HEAD {hsrc}  (latency factor {args.factor}, "
                     f"Mann-Whitney alpha {args.alpha}; accuracy: "
                     f"{'tolerances ' + tol.name + ' and ' if tol else ''}growth > {args.acc_factor}x)")
@@ -532,10 +539,30 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
                   "-" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.3f}", r.detail)
     if shown:
         console.print(t)
+    # one unfolded line per notable row, so CI logs and greps see every name whatever the terminal width
+    for r in shown:
+        if r.verdict not in ("ok", "info", "new"):
+            console.print(f"{r.verdict}: {r.backend} {r.case} {r.metric}: BASE {r.base} -> HEAD {r.head}"
+                          + (f" ({r.detail})" if r.detail else ""), highlight=False, soft_wrap=True)
+    # skips, grouped: backend -> cases (metrics of a skipped param are all skipped)
+    skipped: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if r.verdict == "skipped":
+            skipped.setdefault(r.backend, {}).setdefault(r.case, r.detail)
+    for b, cases in sorted(skipped.items()):
+        reasons = sorted({x for x in cases.values() if x})
+        console.print(f"skipped on HEAD: {b}: {len(cases)} case(s) ({', '.join(sorted(cases))})"
+                      + (f": {reasons[0][:160]}" if reasons else ""), highlight=False, soft_wrap=True)
+    removed = [r for r in rows if r.verdict == "removed" and r.base not in ("skipped", "failed")]
+    if removed and not args.all:
+        console.print(f"absent on HEAD (measured on BASE): {len(removed)} row(s), metrics "
+                      f"{', '.join(sorted({r.metric for r in removed}))} (--all lists them)", highlight=False,
+                      soft_wrap=True)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.verdict] = counts.get(r.verdict, 0) + 1
-    console.print("compared " + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items())), highlight=False)
+    console.print("compared (backend, case, metric) rows: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())),
+                  highlight=False)
     bad = [r for r in rows if r.gating]
     if bad:
         console.print(f"[bold red]GATE FAILED[/bold red]: {len(bad)} regression(s)/new failure(s)")

@@ -190,6 +190,10 @@ def load_run_json(path: Path, data: dict[str, Any], variant: str | None = None) 
             ds.notes.append(f"{b} {cid}: not a single-sequence case (not on the seq_len axis)")
             continue
         emu = bool(r.get("emulation")) or r.get("timing_scope") == "emulation"
+        for key in ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref"):
+            v = r.get(key)
+            if isinstance(v, (int, float)) and not math.isfinite(v):
+                ds.notes.append(f"{b} {cid}: {key} is {v} (non-finite output), not drawn")
         samples = [x for x in (r.get("latency_samples_s") or []) if _finite(x) is not None]
         p = Point(b, cid, sc[0], latency_s=_finite(r.get("latency_s")), err_fp8=_finite(r.get("max_abs_error_fp8_ref")),
                   err_bf16=_finite(r.get("max_abs_error_bf16_ref")),
@@ -351,12 +355,17 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
         if not out:
             raise PlotError("no results to plot: " + "; ".join(skipped_empty))
         out[0].notes.extend(f"machine skipped: {e}" for e in skipped_empty)
-    slugs: dict[str, int] = {}
+    counts: dict[str, int] = {}
     for ds in out:
-        n = slugs.get(ds.slug, 0)
-        slugs[ds.slug] = n + 1
-        if n:
-            ds.slug = f"{ds.slug}-{n + 1}"
+        counts[ds.slug] = counts.get(ds.slug, 0) + 1
+    used: set[str] = set()
+    for ds in out:  # two inputs from one device: tell their files apart by the input's name
+        slug = ds.slug if counts[ds.slug] == 1 else f"{ds.slug}-{_slug(Path(ds.source).stem)}"
+        base, n = slug, 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        ds.slug = slug
     return out
 
 
@@ -481,8 +490,23 @@ def _label(b: str, emu: bool) -> str:
     return f"{b}  (EMULATION: PyTorch model, not kernel time)" if emu else b
 
 
+def _log_ticks(ax, formatter) -> None:
+    """Labelled log ticks at 1 and 3 per decade when the data spans <= 3 decades, else 1 per decade."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    lo, hi = ax.get_ylim()
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 0
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0) if decades <= 3 else (1.0,)))
+    ax.yaxis.set_major_formatter(formatter)
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _fmt_plain(x: float, _pos=None) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def draw_latency(ax, ds: Dataset, st: Styles) -> list[str]:
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    from matplotlib.ticker import FuncFormatter
 
     drawn = []
     off = False
@@ -502,12 +526,12 @@ def draw_latency(ax, ds: Dataset, st: Styles) -> list[str]:
                         fontsize=8, color=st.color(b), style="italic")
         drawn.append(b)
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10))
-    ax.yaxis.set_major_formatter(FuncFormatter(_fmt_seconds))
+    _log_ticks(ax, FuncFormatter(_fmt_seconds))
     _setup_x(ax, [p.seq_len for p in ds.points])
-    ax.set_ylabel(f"latency per call ({ds.latency_desc}; median, bars = IQR)")
+    ax.set_ylabel("latency per call (median; bars: IQR)")
     ax.set_title("Latency vs seq_len (log-log, lower is better)")
-    notes = ["CPU host time of PyTorch code, not GPU kernel times"] if ds.is_cpu else []
+    notes = [f"timing: {ds.latency_desc}" + ("; CPU host time of PyTorch code, not GPU kernel times"
+                                             if ds.is_cpu else "")]
     if off:
         notes.append(_OFF_GRID_NOTE)
     if notes:
@@ -544,6 +568,9 @@ def draw_error(ax, ds: Dataset, st: Styles, attr: str = "err_fp8") -> list[str]:
                             linestyle="--" if emu else "-", hollow=emu, label=_label(b, emu))
         drawn.append(b)
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    _log_ticks(ax, FuncFormatter(_fmt_plain))
     _setup_x(ax, [p.seq_len for p in ds.points])
     ax.set_ylabel("max |out - ref| (absolute, output units)")
     name, what = _REFS[attr]
@@ -604,19 +631,24 @@ def draw_tflops(ax, ds: Dataset, st: Styles) -> list[str]:
         off |= _draw_series(ax, [p.seq_len for p in sel], ys, color=st.color(b), marker=st.marker(b), label=b)
         drawn.append(b)
     lines, notes = _ceiling_lines(ds)
-    for lab, v, col, ls in lines:
-        ax.axhline(v, color=col, linestyle=ls, linewidth=1.1)
-        ax.annotate(lab, (0.01, v), xycoords=("axes fraction", "data"), textcoords="offset points", xytext=(0, 3),
-                    fontsize=7, color=col)
+    handles = []
+    for lab, v, col, ls in lines:  # labelled in a legend of their own: close values would overprint inline
+        handles.append(ax.axhline(v, color=col, linestyle=ls, linewidth=1.1, label=lab))
         ymax, ymin = max(ymax, v), min(ymin, v)
+    if handles:
+        ax.legend(handles=handles, loc="lower right", fontsize=7, title="ceilings (dashed: measured here, "
+                  "dotted: datasheet)", title_fontsize=7, framealpha=0.9)
     if off:
         notes.append(_OFF_GRID_NOTE)
     emus = sorted({p.backend for p in ds.points if p.emulation})
     if emus:
         notes.append(f"not shown: {', '.join(emus)} (an emulation's throughput is not a kernel's)")
     if drawn or lines:
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_yscale("log")
         ax.set_ylim(ymin / 2.5, ymax * 2.5)
+        _log_ticks(ax, FuncFormatter(_fmt_plain))
     else:
         ax.text(0.5, 0.5, "no kernel throughput to show", transform=ax.transAxes, ha="center", color="0.4")
     _setup_x(ax, [p.seq_len for p in ds.points])
@@ -637,8 +669,8 @@ def _variant_text(ds: Dataset) -> str:
         f"{h} heads, d_qk=192, d_v=128{extra}"
 
 
-def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
-    """Write the four figures of ``ds`` into ``out_dir``; returns the written paths."""
+def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | None = None) -> list[Path]:
+    """Write the four figures of ``ds`` into ``out_dir`` (``note``: a second title line); returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -647,7 +679,7 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...]) -> list[Path]:
     matplotlib.rcParams["svg.hashsalt"] = "mla-fp8-bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     st = backend_styles([p.backend for p in ds.points])
-    sub = f"{ds.device} — {_variant_text(ds)}"
+    sub = f"{ds.device} — {_variant_text(ds)}" + (f"\n{note}" if note else "")
     written: list[Path] = []
 
     def save(fig, kind: str) -> None:
@@ -702,7 +734,7 @@ def _is_emu(ds: Dataset, backend: str) -> bool:
 
 def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, ...] = FORMATS,
          machines: list[str] | None = None, commit: str | None = None,
-         variant: str | None = None) -> tuple[list[Path], list[Dataset]]:
+         variant: str | None = None, note: str | None = None) -> tuple[list[Path], list[Dataset]]:
     """Read ``inputs`` and write every dataset's figures into ``out_dir``.
 
     Raises:
@@ -718,7 +750,7 @@ def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, .
         if not ds.points:
             raise PlotError(f"{ds.source}: no ok single-sequence (s<N>) results to plot for {ds.device}"
                             + (f" ({len(ds.notes)} records skipped/failed/ragged)" if ds.notes else ""))
-        written += render(ds, Path(out_dir), formats)
+        written += render(ds, Path(out_dir), formats, note)
     return written, datasets
 
 
@@ -735,6 +767,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--commit", default=None, help="asv inputs: commit (prefix) to plot instead of the newest")
     p.add_argument("--variant", default=None,
                    help="case-id suffix to plot, e.g. -h128 or -cast-outlier (default: the plain s<N> ids)")
+    p.add_argument("--note", default=None,
+                   help="a second title line, e.g. how the run was made ('torch 1 thread on a shared 2-core VM')")
     p.set_defaults(handler=cmd_plot)
     from .results_merge import add_merge_parser
 
@@ -746,7 +780,7 @@ def cmd_plot(args, console) -> int:
     formats = tuple(f.strip().lower() for f in args.format.split(",") if f.strip())
     try:
         written, datasets = plot(args.inputs, args.out, formats=formats, machines=args.machine, commit=args.commit,
-                                 variant=args.variant)
+                                 variant=args.variant, note=args.note)
     except PlotError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2

@@ -163,12 +163,12 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
     """Measure one backend on one case. Never raises for backend failures: returns a record."""
     case = ctx.case
     rec = Record(backend.name, case.id, "ok")
-    sup = backend.supports(case, pinfo)
-    if not sup:
-        rec.status, rec.reason = "skipped", sup.reason
-        return rec
     prepared = None
     try:
+        sup = backend.supports(case, pinfo)
+        if not sup:
+            rec.status, rec.reason = "skipped", sup.reason
+            return rec
         prepared = backend.prepare(ctx.inputs)
         out = prepared.run()
         synchronize(pinfo.device)
@@ -295,6 +295,9 @@ def write_json_atomic(data: dict[str, Any], path: str | os.PathLike) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, default=_json_default, allow_nan=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         try:

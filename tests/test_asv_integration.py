@@ -6,6 +6,7 @@ for every measured param, and a skip (n/a) for the params beyond the token cap.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,16 +19,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _strip_comments(text: str) -> str:
+    """asv.conf.json is JSONC: drop whole-line // comments."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//"))
+
+
 @pytest.mark.skipif(shutil.which("asv") is None and not (Path(sys.executable).parent / "asv").exists(),
                     reason="asv is not installed (pip install -e '.[test]')")
 def test_asv_runs_latency_and_error_tracks(tmp_path):
     asv = str(Path(sys.executable).parent / "asv") if (Path(sys.executable).parent / "asv").exists() else "asv"
     env = dict(os.environ, HOME=str(tmp_path), MLA_FP8_BENCH_MAX_TOKENS="128", MLA_FP8_BENCH_TIME_BUDGET="0.5",
                MLA_FP8_BENCH_SAMPLES="3", MLA_FP8_BENCH_BACKENDS="aiter-emulated,torch-sdpa-bf16,torch-fp8-ref")
+    # a copy of the config whose results and html go to tmp_path, so the test never touches results/
+    conf = json.loads(_strip_comments((ROOT / "asv.conf.json").read_text()))
+    conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(tmp_path / "results"),
+                html_dir=str(tmp_path / "html"), env_dir=str(tmp_path / "env"))
+    cfg = tmp_path / "asv.conf.json"
+    cfg.write_text(json.dumps(conf))
     subprocess.run([asv, "machine", "--yes", "--machine", "pytest-cpu"], cwd=ROOT, env=env, check=True,
                    capture_output=True)
     proc = subprocess.run(
-        [asv, "run", "--machine", "pytest-cpu", "-E", f"existing:{sys.executable}", "--quick", "--dry-run",
+        [asv, "run", "--config", str(cfg), "--machine", "pytest-cpu", "-E", f"existing:{sys.executable}", "--quick",
+         "--dry-run",
          "-b", r"MLAPrefill\.track_latency", "-b", r"MLAPrefill\.track_max_abs_error(?!_)"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
@@ -51,3 +64,4 @@ def test_asv_runs_latency_and_error_tracks(tmp_path):
     # params beyond the cap are skips, never failures
     assert re.search(r"aiter-emulated\s+s256\s+n/a", out)
     assert "failed" not in " ".join(re.findall(r"^\s+\S+\s+s\d+\s+(\S+)", out, re.M))
+    assert not (ROOT / "results" / "pytest-cpu").exists()

@@ -125,7 +125,8 @@ def _summary(v: Any) -> Any:
             "device": str(v.device),
             "contiguous": bool(v.is_contiguous()),
         }
-        if v.numel() == 1 and v.dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+        if (v.numel() == 1 and v.dtype in (torch.float32, torch.float64, torch.int32, torch.int64)
+                and v.device.type != "meta"):
             d["value"] = v.item()
         return d
     if v is None or isinstance(v, (bool, int, float, str)):

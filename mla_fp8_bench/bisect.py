@@ -1,0 +1,285 @@
+"""Bisect a library's history (AITER, vLLM, ...) for the commit that broke one benchmark, with ``git bisect run``.
+
+``mla-fp8-bench bisect --repo PATH --good SHA --bad SHA --benchmark REGEX --metric track_max_abs_error|track_latency
+--threshold X [--config asv.aiter.conf.json] [--python PY] [--install-cmd CMD] [--machine NAME]``
+
+Why not ``asv find``: it needs asv-managed environments that build every probed commit (an AITER
+build with prebuilt kernels takes about an hour; vLLM's needs its Docker toolchain), and its criterion
+is the largest absolute jump, not a threshold (docs/asv-notes.md §11). This command instead drives
+``git bisect run`` in a temporary **git worktree** of ``--repo`` (your checkout is never touched). At
+each probed commit the step (``python -m mla_fp8_bench.bisect step ...``):
+
+1. builds/installs the commit into the *existing* environment ``--python`` with ``--install-cmd``
+   (default ``{python} -m pip install --no-deps --no-build-isolation -q .``; a failed install exits
+   125: git skips the commit);
+2. runs ``{python} -m asv run -E existing:{python} --set-commit-hash <sha> -b <REGEX> --config <CONFIG>
+   --machine <NAME>`` (``--config`` is a suite whose ``repo`` is ``--repo``, so the SHA exists there);
+3. reads the stored value from ``<results_dir>/<machine>/<sha8>-existing-*.json`` with
+   :mod:`asv.results` (for ``track_latency`` the median of the samples asv stored) and exits **0**
+   (good: value <= threshold), **1** (bad: value > threshold) or **125** (skip: install failed, the
+   benchmark failed or was skipped). A mis-configuration - a regex that selects zero or several
+   benchmark combinations, a missing config - exits **128**, which makes ``git bisect run`` abort
+   instead of marking commits.
+
+The command prints the first bad commit, the value at every probed commit, and ``git bisect log``;
+it exits 0 when a first bad commit was named, 1 when bisection ended without one, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+METRICS = ("track_max_abs_error", "track_latency")
+DEFAULT_INSTALL = "{python} -m pip install --no-deps --no-build-isolation -q ."
+EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = 0, 1, 125, 128
+
+
+class BisectUsageError(ValueError):
+    """Bad bisect input; the CLI prints it and exits 2."""
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _git(repo: str, *args: str, check: bool = True) -> str:
+    p = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise BisectUsageError(f"git {' '.join(args)} in {repo} failed: {(p.stderr or p.stdout).strip()[:300]}")
+    return p.stdout.strip()
+
+
+def _load_conf(config: str) -> dict[str, Any]:
+    """asv.conf.json (JSONC: ``//`` comments allowed, as asv >= 0.6.4 accepts)."""
+    text = Path(config).read_text()
+    try:
+        import json5  # asv's own JSONC reader
+
+        return json5.loads(text)
+    except ImportError:
+        text = re.sub(r"^\s*//.*$", "", text, flags=re.M)
+        return json.loads(text)
+
+
+def results_dir_of(config: str) -> str:
+    conf = _load_conf(config)
+    return str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
+
+
+def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[str, float | None, str]:
+    """(selected name, value, status) of the one benchmark combination matching ``regex``.
+
+    The value is what asv stored: a ``track_`` float, or for samples the median. status is ``ok``,
+    ``failed`` (asv stored null), ``skipped`` (NaN) or ``missing`` (no result file).
+
+    Raises:
+        BisectUsageError: the regex selects zero or several combinations in the result file.
+    """
+    import itertools
+
+    from asv.results import Results
+
+    files = sorted(glob.glob(os.path.join(results_dir, machine, f"{sha[:8]}-existing*.json")))
+    if not files:
+        return "", None, "missing"
+    res = Results.load(files[-1])
+    hits: list[tuple[str, float | None]] = []
+    rx = re.compile(regex)
+    for key in res.get_all_result_keys():
+        params = res.get_result_params(key) or []
+        vals = res.get_result_value(key, params)
+        if not params:
+            if rx.search(key):
+                hits.append((key, vals if not isinstance(vals, list) else vals[0]))
+            continue
+        for combo, v in zip(itertools.product(*params), vals):
+            name = f"{key}({', '.join(combo)})"
+            if rx.search(name):
+                hits.append((name, v))
+    if len(hits) != 1:
+        raise BisectUsageError(f"--benchmark {regex!r} selects {len(hits)} benchmark combinations in {files[-1]} "
+                               f"({', '.join(h[0] for h in hits[:6])}): it must select exactly one")
+    name, v = hits[0]
+    if v is None:
+        return name, None, "failed"
+    v = float(v)
+    if math.isnan(v):
+        return name, None, "skipped"
+    return name, v, "ok"
+
+
+# ------------------------------------------------------------------------------------------ the step
+def step(args: argparse.Namespace) -> int:
+    """One ``git bisect run`` probe in the current directory (a worktree at the probed commit)."""
+    log = Path(args.log) if args.log else None
+
+    def note(**kw) -> None:
+        if log:
+            with open(log, "a") as f:
+                f.write(json.dumps(kw) + "\n")
+
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    py = args.python
+    install = args.install_cmd.format(python=shlex.quote(py))
+    p = subprocess.run(install, shell=True, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"[bisect step] {sha[:10]}: install failed (skip): {(p.stderr or p.stdout)[-500:]}", flush=True)
+        note(sha=sha, verdict="skip", why="install failed")
+        return EXIT_SKIP
+    cmd = [py, "-m", "asv", "run", "-E", f"existing:{py}", "--set-commit-hash", sha, "-b", args.benchmark,
+           "--config", args.config, "--machine", args.machine, "--show-stderr"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(args.config).resolve().parent))
+    out = p.stdout + p.stderr
+    if p.returncode != 0:
+        print(f"[bisect step] {sha[:10]}: asv run exited {p.returncode} (skip):\n{out[-1500:]}", flush=True)
+        note(sha=sha, verdict="skip", why=f"asv run exited {p.returncode}")
+        return EXIT_SKIP
+    try:
+        name, value, status = read_value(results_dir_of(args.config), args.machine, sha, args.benchmark)
+    except BisectUsageError as exc:
+        print(f"[bisect step] {sha[:10]}: {exc} (abort)", flush=True)
+        note(sha=sha, verdict="abort", why=str(exc))
+        return EXIT_ABORT
+    if status != "ok":
+        print(f"[bisect step] {sha[:10]}: {name or args.benchmark} {status} (skip)\n{out[-1500:]}", flush=True)
+        note(sha=sha, verdict="skip", why=status)
+        return EXIT_SKIP
+    bad = value > args.threshold
+    print(f"[bisect step] {sha[:10]}: {name} = {value:.6g} {'>' if bad else '<='} {args.threshold} -> "
+          f"{'bad' if bad else 'good'}", flush=True)
+    note(sha=sha, verdict="bad" if bad else "good", value=value, name=name)
+    return EXIT_BAD if bad else EXIT_GOOD
+
+
+# ------------------------------------------------------------------------------------------ driver
+def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, threshold: float, config: str,
+               python: str, install_cmd: str = DEFAULT_INSTALL, machine: str = "bisect",
+               keep_worktree: bool = False, echo=print) -> dict[str, Any]:
+    """Bisect ``good..bad`` of ``repo``; returns ``{"first_bad", "probes", "log", "output"}``.
+
+    Raises:
+        BisectUsageError: not a git repo, unknown commits, good not an ancestor of bad, bad config.
+    """
+    repo = str(Path(repo).resolve())
+    if not Path(repo, ".git").exists() and _git(repo, "rev-parse", "--is-bare-repository", check=False) != "true":
+        raise BisectUsageError(f"--repo {repo} is not a git repository")
+    good_sha = _git(repo, "rev-parse", "--verify", f"{good}^{{commit}}")
+    bad_sha = _git(repo, "rev-parse", "--verify", f"{bad}^{{commit}}")
+    if subprocess.run(["git", "-C", repo, "merge-base", "--is-ancestor", good_sha, bad_sha]).returncode != 0:
+        raise BisectUsageError(f"--good {good} is not an ancestor of --bad {bad}")
+    if metric not in METRICS:
+        raise BisectUsageError(f"--metric {metric!r} is unknown: allowed {', '.join(METRICS)}")
+    if not math.isfinite(threshold):
+        raise BisectUsageError(f"--threshold {threshold} must be finite")
+    config = str(Path(config).resolve())
+    if not Path(config).is_file():
+        raise BisectUsageError(f"--config {config} does not exist (an asv.conf.json whose repo is {repo})")
+    conf = _load_conf(config)
+    conf_repo = str((Path(config).parent / conf.get("repo", ".")).resolve()) if "://" not in str(conf.get("repo")) \
+        else str(conf.get("repo"))
+    if "://" not in conf_repo and Path(conf_repo).resolve() != Path(repo).resolve():
+        echo(f"note: {config} has repo {conf_repo}; --set-commit-hash needs the probed SHAs there too")
+    if metric not in benchmark:
+        benchmark = f"{benchmark}.*{metric}" if benchmark else metric
+
+    # the probe results are filed under --machine: make sure asv knows it (non-interactive)
+    subprocess.run([python, "-m", "asv", "machine", "--yes", "--machine", machine, "--config", config],
+                   capture_output=True, cwd=str(Path(config).parent))
+    wt = tempfile.mkdtemp(prefix="mla-bisect-")
+    log = os.path.join(wt + "-probes.jsonl")
+    _git(repo, "worktree", "add", "--detach", wt, bad_sha)
+    try:
+        _git(wt, "bisect", "start", bad_sha, good_sha)
+        step_cmd = [python, "-m", "mla_fp8_bench.bisect", "step", "--benchmark", benchmark, "--threshold",
+                    repr(threshold), "--config", config, "--python", python, "--install-cmd", install_cmd,
+                    "--machine", machine, "--log", log]
+        # git bisect run needs the mla_fp8_bench of *this* interpreter for the step
+        env = dict(os.environ)
+        p = subprocess.run(["git", "-C", wt, "bisect", "run", sys.executable, "-m", "mla_fp8_bench.bisect",
+                            *step_cmd[3:]], capture_output=True, text=True, env=env)
+        output = p.stdout + p.stderr
+        blog = _git(wt, "bisect", "log", check=False)
+        m = re.search(r"^([0-9a-f]{40}) is the first bad commit", output, flags=re.M)
+        first_bad = m.group(1) if m else None
+    finally:
+        subprocess.run(["git", "-C", wt, "bisect", "reset"], capture_output=True)
+        if not keep_worktree:
+            subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", wt], capture_output=True)
+            shutil.rmtree(wt, ignore_errors=True)
+    probes = []
+    if os.path.exists(log):
+        with open(log) as f:
+            probes = [json.loads(x) for x in f if x.strip()]
+        os.unlink(log)
+    return {"first_bad": first_bad, "probes": probes, "log": blog, "output": output, "benchmark": benchmark}
+
+
+def cmd_bisect(args: argparse.Namespace, console) -> int:
+    try:
+        res = run_bisect(repo=args.repo, good=args.good, bad=args.bad, benchmark=args.benchmark, metric=args.metric,
+                         threshold=args.threshold, config=args.config, python=args.python or sys.executable,
+                         install_cmd=args.install_cmd, machine=args.machine, keep_worktree=args.keep_worktree,
+                         echo=console.print)
+    except BisectUsageError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    for pr in res["probes"]:
+        v = pr.get("value")
+        console.print(f"  {pr['sha'][:12]}  {pr['verdict']:5s}  " + (f"{v:.6g}" if v is not None else pr.get("why", "")),
+                      highlight=False)
+    if res["first_bad"]:
+        subj = _git(args.repo, "log", "-1", "--format=%s", res["first_bad"], check=False)
+        console.print(f"first bad commit: {res['first_bad']} {subj}", highlight=False)
+        return 0
+    console.print("[red]bisection named no first bad commit[/red]\n" + res["output"][-3000:], highlight=False)
+    return 1
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bisect", help="git bisect a library's history on one asv benchmark and a threshold")
+    p.add_argument("--repo", required=True, help="git repository of the library (AITER, vLLM, ...)")
+    p.add_argument("--good", required=True, help="a commit where the value is <= threshold")
+    p.add_argument("--bad", required=True, help="a later commit where the value is > threshold")
+    p.add_argument("--benchmark", required=True, help="regex selecting ONE benchmark combination, matched against "
+                   "asv's 'name(param, ...)' (e.g. \"MLAPrefill.track_max_abs_error\\('aiter', 's4096'\\)\")")
+    p.add_argument("--metric", required=True, choices=METRICS)
+    p.add_argument("--threshold", required=True, type=float, help="value above which a commit is bad")
+    p.add_argument("--config", default="asv.aiter.conf.json", help="asv config of the suite; its repo is --repo")
+    p.add_argument("--python", help="interpreter of the existing environment (default: this one)")
+    p.add_argument("--install-cmd", default=DEFAULT_INSTALL, help="builds/installs the checked-out commit; "
+                   "{python} is replaced (default: %(default)s)")
+    p.add_argument("--machine", default="bisect", help="asv machine name for the probe results (default bisect)")
+    p.add_argument("--keep-worktree", action="store_true", help="keep the temporary worktree")
+    p.set_defaults(handler=cmd_bisect)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.bisect")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("step", help="one git-bisect-run probe (internal)")
+    s.add_argument("--benchmark", required=True)
+    s.add_argument("--threshold", required=True, type=float)
+    s.add_argument("--config", required=True)
+    s.add_argument("--python", required=True)
+    s.add_argument("--install-cmd", default=DEFAULT_INSTALL)
+    s.add_argument("--machine", default="bisect")
+    s.add_argument("--log", default=None)
+    a = ap.parse_args(argv)
+    try:
+        return step(a)
+    except Exception as exc:  # noqa: BLE001 - anything unexpected aborts the bisection, never marks a commit
+        print(f"[bisect step] unexpected {type(exc).__name__}: {exc} (abort)", flush=True)
+        return EXIT_ABORT
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
