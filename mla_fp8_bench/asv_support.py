@@ -23,6 +23,8 @@ ASV_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated", "fa3-fp8", "fa3-bf16", 
 #: Case ids in the asv grid: never change or reuse an id that has results.
 ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     "s255", "s257", "ragged-6992-6896-2495", "ragged-4096x4", "s8175",
+    # vLLM's unit-scale cast (the only mode vllm-aiter runs): appended, never reorder or reuse ids
+    "s1024-cast", "s4096-cast", "ragged-6992-6896-2495-cast",
 )
 #: Backends of the AITER PS path (planner time and workspace tracks).
 PLAN_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated")

@@ -7,7 +7,7 @@ commit hash (prefix) whose asv results are read from ``<results-dir>/<machine>/`
 
 * **0** - nothing regressed;
 * **1** - a regression: an accuracy metric exceeds its calibrated tolerance, or grew by more than
-  ``--acc-factor`` (default 1.5, the calibration margin) over BASE, or became non-finite; a latency
+  ``--acc-factor`` (default 2.0, the calibration margin) over BASE, or became non-finite; a latency
   grew by more than ``--factor`` *and* the growth is statistically significant; a resource count
   (workspace bytes, partial slots) grew by more than ``--factor``; a parameter that was OK on BASE
   failed on HEAD;
@@ -43,7 +43,7 @@ import numpy as np
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 DEFAULT_FACTOR = 1.05
-DEFAULT_ACC_FACTOR = 1.5
+DEFAULT_ACC_FACTOR = 2.0
 DEFAULT_ALPHA = 0.01
 
 #: asv benchmark method -> (record metric, kind). kind: accuracy | latency | resource | info
@@ -474,7 +474,7 @@ def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_facto
                 row.verdict = "REGRESSION"
                 row.detail = f"{lv.ratio:.3f}x > {factor} and significant ({lv.method})"
             elif lv.ratio < 1 / factor and _sig_faster(bm, hm, alpha):
-                row.verdict = "improved"
+                row.verdict, row.detail = "improved", f"{lv.ratio:.3f}x, significantly faster"
             continue
         row.ratio = (hv / bv) if bv else (math.inf if hv else 1.0)
         if kind == "accuracy":
@@ -590,7 +590,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--env", help="substring of the asv environment name when a commit has several")
     p.add_argument("--factor", type=float, default=DEFAULT_FACTOR, help="latency/resource growth factor (1.05)")
     p.add_argument("--acc-factor", type=float, default=DEFAULT_ACC_FACTOR,
-                   help="accuracy growth factor over BASE (1.5, the calibration margin)")
+                   help="accuracy growth factor over BASE (2.0, the calibration margin)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Mann-Whitney significance level (0.01)")
     p.add_argument("--tolerances", help="calibrated tolerance JSON (e.g. tolerances/cpu-emulated-v1.json)")
     p.add_argument("--all", action="store_true", help="show every compared row, not only notable ones")

@@ -92,7 +92,7 @@ def test_calibration_file_records_zero_held_out_false_alarms(tol):
         assert val[backend]["records"] >= 20 * 30
         assert val[backend]["false_alarms"] == 0, val[backend]["alarms"][:5]
     assert len(tol.data["seeds"]["calibration"]) >= MIN_SEEDS
-    assert tol.data["margin"] == 1.5 and tol.data["method"] == "max_over_seeds_times_margin"
+    assert tol.data["margin"] == 2.0 and tol.data["method"] == "max_over_seeds_times_margin"
 
 
 def test_healthy_faulty_backend_equals_aiter_emulated_bit_for_bit():

@@ -298,7 +298,9 @@ def make_standin_aiter(
                 if ck.py_int(k, v) < (1 if k in ("num_head_k", "qlen_granularity") else 0):
                     ck.fail(f"{k}={v} is out of range")
             info = ps_metadata_info(batch_size, num_head_k, max_qlen, qlen_granularity, cu_num=cu_num)
-            return [(tuple(shape), getattr(torch, dt)) for shape, dt in info.values()]
+            # like the real function: 1-D sizes are bare ints, 2-D shapes are tuples (aiter/ops/attention.py)
+            return [(int(shape[0]) if len(shape) == 1 else tuple(shape), getattr(torch, dt))
+                    for shape, dt in info.values()]
 
         return _record("get_ps_metadata_info_v1", args, body)
 

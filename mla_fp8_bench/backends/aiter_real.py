@@ -148,7 +148,9 @@ class AiterPsDriver:
                                               qlen_granularity=TILE_Q)
         names = ("work_metadata_ptrs", "work_indptr", "work_info", "reduce_indptr", "reduce_final_map",
                  "reduce_partial_map")
-        bufs = {n: torch.zeros(tuple(shape), dtype=_as_dtype(dt), device=device) for n, (shape, dt) in zip(names, info)}
+        # real AITER gives 1-D sizes as bare ints and 2-D shapes as tuples
+        bufs = {n: torch.zeros((int(shape),) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
+                               device=device) for n, (shape, dt) in zip(names, info)}
         kw: dict[str, Any] = dict(qhead_granularity=1, qlen_granularity=TILE_Q, kvlen_granularity=KVLEN_GRANULARITY,
                                   block_size=1, is_causal=True)
         t0 = time.perf_counter()
