@@ -506,6 +506,9 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
             raise ValueError(f"distribution {d!r} is unknown: allowed {', '.join(DISTS)}")
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs} is invalid: >= 1")
+    if args.seeds < MIN_SEEDS:
+        raise ValueError(f"--seeds {args.seeds} is too few: at least {MIN_SEEDS} (a tolerance from fewer seeds "
+                         "says little about the tail)")
     out = args.out or f"tolerances/{args.name}.json"
     n_tasks = len(shapes) * len(quants) * len(dists) * (args.seeds + args.validate_seeds)
     console.print(f"calibrating {', '.join(backends)} on {len(shapes)} shapes x {len(quants)} quant x {len(dists)} "
