@@ -235,20 +235,9 @@ def _umask_mode() -> int:
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, _umask_mode())
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=4, sort_keys=True, allow_nan=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from .runner import write_json_atomic
+
+    write_json_atomic(data, path, indent=4, sort_keys=True)
 
 
 def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, machines: list[str] | None = None,

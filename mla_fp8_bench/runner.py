@@ -287,14 +287,18 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     return {"env": environment(pinfo), "records": records}
 
 
-def write_json_atomic(data: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write JSON via a temp file + rename, so an interrupted run never leaves a truncated file."""
+def write_json_atomic(data: Any, path: str | os.PathLike, *, indent: int = 1, sort_keys: bool = False) -> None:
+    """Write JSON via a temp file + rename, so an interrupted run never leaves a truncated file.
+
+    The file gets the usual umask-derived mode (``mkstemp`` alone would leave it 0600).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=_json_default, allow_nan=True)
+            json.dump(data, f, indent=indent, sort_keys=sort_keys, default=_json_default, allow_nan=True)
+            f.write("\n")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
