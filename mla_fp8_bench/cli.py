@@ -144,12 +144,50 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 1 if errors and args.strict else 0
 
 
+def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
+    """Write ``~/.asv-machine.json`` for ``args.name``: the committed ``results/<name>/machine.json`` if
+    there is one (so a run never rewrites a published machine's facts), else facts read off this
+    machine, with a ``gpu`` key (asv keeps extra keys; they become graph facets)."""
+    import json
+    import os
+    import platform as _pf
+    from pathlib import Path
+
+    from .devices import platform_info
+
+    committed = Path(args.results_dir) / args.name / "machine.json"
+    if committed.exists():
+        facts = json.loads(committed.read_text())
+        facts.pop("version", None)
+        src = str(committed)
+    else:
+        pinfo = platform_info(args.device)
+        facts = {"machine": args.name, "arch": _pf.machine(), "os": _pf.system(), "cpu": _pf.processor() or _pf.machine(),
+                 "num_cpu": str(os.cpu_count()),
+                 "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+                 "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
+        src = "this machine"
+    if facts.get("machine") != args.name:
+        raise ValueError(f"{committed} names machine {facts.get('machine')!r}, not {args.name!r}")
+    path = Path.home() / ".asv-machine.json"
+    data = json.loads(path.read_text()) if path.exists() else {"version": 1}
+    data[args.name] = facts
+    data["version"] = 1
+    path.write_text(json.dumps(data, indent=4, sort_keys=True) + "\n")
+    console.print(f"wrote machine {args.name!r} to {path} (facts from {src}): {facts}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("env", help="platform, versions and each backend's availability with the reason")
     sub.add_parser("cases", help="list named suites and the default sweep per device")
+    am = sub.add_parser("asv-machine", help="write ~/.asv-machine.json for NAME from results/NAME/machine.json "
+                        "(or from this machine's facts, with a gpu key)")
+    am.add_argument("name", help="asv machine name, e.g. cpu-2core, h200, mi355")
+    am.add_argument("--results-dir", default="results")
     r = sub.add_parser("run", help="measure backends x cases (latency, errors, TFLOP/s)")
     r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
     r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "
@@ -189,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cases import CaseError
     from .devices import DeviceError
 
-    handlers = {"env": cmd_env, "cases": cmd_cases, "run": cmd_run}
+    handlers = {"env": cmd_env, "cases": cmd_cases, "run": cmd_run, "asv-machine": cmd_asv_machine}
     try:
         handler = handlers.get(args.cmd) or args.handler
         return handler(args, console)

@@ -44,7 +44,8 @@ class TorchSdpaBf16(Backend):
         q, k, v = inputs.q, inputs.k, inputs.v.contiguous()
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.bfloat16, device=q.device)
         return Prepared(run=lambda: _sdpa_ragged(q, k, v, cu, inputs.softmax_scale, out),
-                        graph_capturable=inputs.device.type == "cuda", timing_scope="kernel")
+                        graph_capturable=inputs.device.type == "cuda",
+                        timing_scope="kernel" if inputs.device.type == "cuda" else "call")
 
 
 class TorchFp8Ref(Backend):
@@ -61,4 +62,5 @@ class TorchFp8Ref(Backend):
         q, k, v = inputs.dequantized(dt)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.bfloat16, device=q.device)
         return Prepared(run=lambda: _sdpa_ragged(q, k, v, cu, inputs.softmax_scale, out),
-                        graph_capturable=inputs.device.type == "cuda", timing_scope="kernel")
+                        graph_capturable=inputs.device.type == "cuda",
+                        timing_scope="kernel" if inputs.device.type == "cuda" else "call")
