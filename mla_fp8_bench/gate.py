@@ -545,10 +545,15 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
             console.print(f"{r.verdict}: {r.backend} {r.case} {r.metric}: BASE {r.base} -> HEAD {r.head}"
                           + (f" ({r.detail})" if r.detail else ""), highlight=False, soft_wrap=True)
     # skips, grouped: backend -> cases (metrics of a skipped param are all skipped)
-    skipped: dict[str, dict[str, str]] = {}
+    # a param counts as skipped only when every one of its metrics was skipped (a CPU run skips call
+    # latency alone, which is not a skipped case)
+    by_param: dict[tuple[str, str], list] = {}
     for r in rows:
-        if r.verdict == "skipped":
-            skipped.setdefault(r.backend, {}).setdefault(r.case, r.detail)
+        by_param.setdefault((r.backend, r.case), []).append(r)
+    skipped: dict[str, dict[str, str]] = {}
+    for (b, c), rs in by_param.items():
+        if all(r.verdict == "skipped" for r in rs):
+            skipped.setdefault(b, {}).setdefault(c, next((r.detail for r in rs if r.detail), ""))
     for b, cases in sorted(skipped.items()):
         reasons = sorted({x for x in cases.values() if x})
         console.print(f"skipped on HEAD: {b}: {len(cases)} case(s) ({', '.join(sorted(cases))})"
