@@ -211,6 +211,7 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
             if opts.call_latency and pinfo.device.type == "cuda":
                 cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
                 v["call_latency_s"] = cl.median_s
+                v["call_latency_samples_s"] = cl.samples_s
         v.update({k: val for k, val in prepared.extras.items() if k not in v})
     except (BackendUnavailable, CaseUnsupported) as exc:
         rec.status, rec.reason = "skipped", str(exc)
