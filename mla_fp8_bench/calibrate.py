@@ -525,8 +525,7 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
     doc = calibrate(backends=backends, shapes=shapes, quants=quants, dists=dists, seeds=args.seeds,
                     validate_seeds=args.validate_seeds, margin=args.margin, name=args.name, jobs=args.jobs,
                     cu_num=args.cu_num, probes=not args.no_probes, progress=progress)
-    write_json_atomic(doc, out)
-    os.chmod(out, 0o644)  # mkstemp creates 0600; the file is committed and read by others
+    write_json_atomic(doc, out)  # atomic, umask-derived mode (the file is committed and read by others)
     t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) - {out}")
     for col in ("backend", "family", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
                 "rel-L2 fp8 tol", "mismatch tol"):

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .jsonio import load_json
+
 import numpy as np
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
@@ -293,13 +295,7 @@ def _guess_kind(method: str) -> str:
 
 # ------------------------------------------------------------------------------------------ loading
 def _load_json(path: str, label: str) -> dict[str, Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise GateUsageError(f"{label} {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except OSError as exc:
-        raise GateUsageError(f"{label} {path}: cannot be read ({exc.strerror or exc})") from None
+    return load_json(path, label, GateUsageError)
 
 
 def _side_from_doc(doc: dict[str, Any], label: str) -> Side:

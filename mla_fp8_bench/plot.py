@@ -31,13 +31,14 @@ suffixes after the length, e.g. ``-h128``; default: the plain ids). Everything e
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .jsonio import load_json
 
 #: Formats ``--format`` accepts.
 FORMATS = ("png", "svg")
@@ -128,15 +129,8 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def _load_json(path: Path, what: str) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlotError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlotError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-                        "it may be truncated - re-run `mla-fp8-bench run --json` (it writes atomically)") from None
+    return load_json(path, what, PlotError,
+                     "it may be truncated - re-run `mla-fp8-bench run --json` (it writes atomically)")
 
 
 def _select_variant(points: list[Point], wanted: str | None) -> tuple[str, list[Point]]:

@@ -27,13 +27,13 @@ Everything is checked before anything is written; every write is a temp file + r
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .jsonio import load_json, write_file_atomic, write_json_atomic
 
 #: asv's results/benchmarks.json api version that this code understands (asv 0.6.x).
 ASV_RESULTS_API_VERSION = 2
@@ -62,15 +62,7 @@ class MergeReport:
 # ---------------------------------------------------------------------------------------- reading
 def load_json_file(path: Path, what: str) -> Any:
     """Parse JSON, turning every failure into a :class:`MergeError` naming ``path`` and ``what``."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise MergeError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MergeError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-                         "it may be truncated") from None
+    return load_json(path, what, MergeError, "it may be truncated")
 
 
 def _check_api(data: Any, path: Path, what: str, version: int) -> dict[str, Any]:
@@ -227,16 +219,7 @@ def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str) -> di
     return out
 
 
-def _umask_mode() -> int:
-    """0o666 minus the process umask: what a plain ``open(..., "w")`` would create (mkstemp makes 0600)."""
-    old = os.umask(0)
-    os.umask(old)
-    return 0o666 & ~old
-
-
 def _write_json_atomic(path: Path, data: Any) -> None:
-    from .runner import write_json_atomic
-
     write_json_atomic(data, path, indent=4, sort_keys=True)
 
 
@@ -377,19 +360,8 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
 
 
 def _copy_atomic(src: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
-    try:
-        os.chmod(tmp, _umask_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(src.read_bytes())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    data = src.read_bytes()
+    write_file_atomic(target, lambda f: f.write(data), binary=True)
 
 
 # ---------------------------------------------------------------------------------------- CLI

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
-import json
-import os
 import platform as _pyplatform
-import tempfile
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +23,7 @@ from .cases import Case
 from .devices import PlatformInfo, platform_info, synchronize
 from .flops import causal_flops, min_bytes, tflops
 from .inputs import CaseInputs, make_inputs
+from .jsonio import write_json_atomic  # noqa: F401 - re-exported (CLI, tests)
 from .metrics import error_metrics, lse_error
 from .reference import reference_bf16, reference_fp8_dequant
 from .timing import measure_latency, time_call
@@ -286,37 +283,3 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
         del ctx
         gc.collect()
     return {"env": environment(pinfo), "records": records}
-
-
-def write_json_atomic(data: Any, path: str | os.PathLike, *, indent: int = 1, sort_keys: bool = False) -> None:
-    """Write JSON via a temp file + rename, so an interrupted run never leaves a truncated file.
-
-    The file gets the usual umask-derived mode (``mkstemp`` alone would leave it 0600).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=indent, sort_keys=sort_keys, default=_json_default, allow_nan=True)
-            f.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, torch.dtype):
-        return str(o)
-    if isinstance(o, torch.device):
-        return str(o)
-    if isinstance(o, torch.Tensor):
-        return o.tolist()
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")

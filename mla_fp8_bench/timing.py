@@ -162,6 +162,15 @@ def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Calla
     return {"replays": calls, "device_s": total, "settled": settled}
 
 
+def _capture_failed(exc: BaseException, device: torch.device) -> str:
+    """Drain the device after a failed capture; the note recorded with the events fallback."""
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - the capture error is the one to report
+        pass
+    return f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
+
+
 def time_device(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = True,
                 samples: int = 30, target_sample_s: float = 2e-3, max_launches: int = 200,
                 flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
@@ -220,11 +229,7 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             del probe
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
             graph_capturable = False
-            note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
-            try:
-                torch.cuda.synchronize(device)
-            except Exception:  # noqa: BLE001
-                pass
+            note = _capture_failed(exc, device)
     if one is None:
         one = max(_events_elapsed_s(run, 3, stream, sync) / 3, 1e-7)
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
@@ -236,11 +241,7 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             method = "graph"
         except Exception as exc:  # noqa: BLE001
             graph = None
-            note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
-            try:
-                torch.cuda.synchronize(device)
-            except Exception:  # noqa: BLE001
-                pass
+            note = _capture_failed(exc, device)
 
     # device-side warm-up: sustained load right before the samples (clock state, caches, TLBs)
     def one_sample() -> None:

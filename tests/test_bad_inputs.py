@@ -464,7 +464,7 @@ def test_interrupted_json_write_keeps_the_previous_file(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt  # Ctrl-C in the middle of the dump
 
-    monkeypatch.setattr("mla_fp8_bench.runner.json", SimpleNamespace(dump=boom))  # only the runner's json
+    monkeypatch.setattr("mla_fp8_bench.jsonio.json", SimpleNamespace(dump=boom))  # only the writer's json
     with pytest.raises(KeyboardInterrupt):
         write_json_atomic({"records": [1, 2]}, path)
     assert json.loads(path.read_text()) == {"records": [1]}
