@@ -1,6 +1,6 @@
 """asv benchmarks: FP8 MLA prefill latency and accuracy over a seq_len sweep.
 
-Thin by design: all measuring is done by :func:`mla_fp8_bench.asv_support.measure_grid` ONCE per
+Thin by design: all measuring is done by :func:`mla_fp8_bench.harness.asv_support.measure_grid` ONCE per
 asv environment and commit, in ``setup_cache`` (one process; torch and CUDA are initialised once),
 and every ``track_*`` method only indexes the cached, plain-Python records. That keeps an asv run
 within minutes even though asv spawns one process per (benchmark, parameter).
@@ -15,7 +15,7 @@ Accuracy values are floored at 1e-12 (asv's summary uses a geometric mean over p
 would make it 0): a plotted 1e-12 means exactly 0.
 """
 
-from mla_fp8_bench.asv_support import ASV_BACKENDS, ASV_CASES, PLAN_BACKENDS, lookup, measure_grid, measure_plans
+from mla_fp8_bench.harness.asv_support import ASV_BACKENDS, ASV_CASES, PLAN_BACKENDS, lookup, measure_grid, measure_plans
 
 _VERSION = "mla-prefill-v1"
 

@@ -37,10 +37,10 @@ def _fmt_f(x: Any, spec: str = ".4g") -> str:
 
 
 def cmd_env(args: argparse.Namespace, console: Console) -> int:
-    from .backends import backend_names, get_backend
-    from .devices import platform_info, vendor_of_build
-    from .fp8 import cast_saturates
-    from .runner import environment
+    from mla_fp8_bench.backends import backend_names, get_backend
+    from mla_fp8_bench.measure.devices import platform_info, vendor_of_build
+    from mla_fp8_bench.problem.fp8 import cast_saturates
+    from mla_fp8_bench.harness.runner import environment
 
     pinfo = platform_info(args.device)
     env = environment(pinfo)
@@ -70,7 +70,7 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_cases(args: argparse.Namespace, console: Console) -> int:
-    from .cases import SUITES, default_sweep
+    from mla_fp8_bench.problem.cases import SUITES, default_sweep
 
     t = Table(title="named suites")
     t.add_column("suite")
@@ -84,9 +84,9 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
 
 
 def _resolve_run_args(args: argparse.Namespace):
-    from .backends import DEFAULT_BACKENDS, get_backend
-    from .cases import default_sweep, resolve_cases
-    from .devices import platform_info
+    from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
+    from mla_fp8_bench.problem.cases import default_sweep, resolve_cases
+    from mla_fp8_bench.measure.devices import platform_info
 
     pinfo = platform_info(args.device)
     names = [b for s in (args.backends or []) for b in s.split(",") if b] or list(DEFAULT_BACKENDS)
@@ -104,7 +104,7 @@ def _resolve_run_args(args: argparse.Namespace):
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .runner import RunOptions, evaluate, write_json_atomic
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
 
     pinfo, names, cases, note = _resolve_run_args(args)
     if note:
@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
         data = evaluate(names, cases, device=pinfo.device, options=opts, progress=tick)
     if not args.no_timing:
-        from .ceilings import attach
+        from mla_fp8_bench.measure.ceilings import attach
 
         attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
     if args.json:
@@ -153,7 +153,7 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
     import platform as _pf
     from pathlib import Path
 
-    from .devices import platform_info
+    from mla_fp8_bench.measure.devices import platform_info
 
     committed = Path(args.results_dir) / args.name / "machine.json"
     if committed.exists():
@@ -204,18 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_extra_commands(sub) -> None:
-    """Sub-commands that live in their own modules (calibrate, gate, plot, bisect) register here."""
-    import importlib
+    """Sub-commands that live in their own modules register here (each module's ``add_parser``)."""
+    from mla_fp8_bench.analysis import bisect, calibrate, gate, plot, results_merge
 
-    for mod in ("calibrate", "gate", "plot", "bisect"):
-        try:
-            m = importlib.import_module(f"{__package__}.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__package__}.{mod}":
-                continue
-            raise
-        if hasattr(m, "add_parser"):
-            m.add_parser(sub)
+    for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
+                     bisect.add_parser):
+        register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .backends import UnknownBackendError
-    from .cases import CaseError
-    from .devices import DeviceError
+    from mla_fp8_bench.backends import UnknownBackendError
+    from mla_fp8_bench.problem.cases import CaseError
+    from mla_fp8_bench.measure.devices import DeviceError
 
     handlers = {"env": cmd_env, "cases": cmd_cases, "run": cmd_run, "asv-machine": cmd_asv_machine}
     try:

@@ -125,7 +125,7 @@ def make_synthetic_results(dest: Path, branch: str = "main") -> dict[str, Any]:
     commits, ``MLAPrefill`` latency/accuracy tracks and ``AiterPlan`` planner time, values for
     aiter-emulated / torch-sdpa-bf16 / torch-fp8-ref on s128..s2048 and NaN (skipped) elsewhere."""
     sys.path.insert(0, str(ROOT))
-    from mla_fp8_bench.asv_support import ASV_BACKENDS, ASV_CASES, PLAN_BACKENDS
+    from mla_fp8_bench.harness.asv_support import ASV_BACKENDS, ASV_CASES, PLAN_BACKENDS
 
     commits = _git("rev-list", "--max-count=2", branch).split()
     machine = {"arch": "x86_64", "cpu": "synthetic 2-core", "gpu": "none", "machine": "synthetic-cpu",

@@ -16,8 +16,8 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``env``       ``nvidia-smi``, ``python -m mla_fp8_bench.cli env``, tree/.git check
 ``smoke``     ``cli run`` of fa3-fp8 and fa3-bf16 on s2048 (JSON), aiter-emulated on s512 (cost probe)
 ``pytest``    ``pytest tests/test_gpu.py``
-``ceilings``  :func:`mla_fp8_bench.ceilings.measure_ceilings` (fp8/bf16 GEMM 8192^3, copy)
-``cv``        ``--cv-procs`` separate processes of ``python -m mla_fp8_bench.profcheck`` for fa3-fp8
+``ceilings``  :func:`mla_fp8_bench.measure.ceilings.measure_ceilings` (fp8/bf16 GEMM 8192^3, copy)
+``cv``        ``--cv-procs`` separate processes of ``python -m mla_fp8_bench.measure.profcheck`` for fa3-fp8
               at s128/s2048/s8192/s32768 (graph timing + profiler cross-check), then the CV summary;
               one process each for fa3-bf16 and torch-sdpa-bf16 (profiler cross-check)
 ``sweep``     ``cli run --json`` over the sweep s128..s32768 for fa3-fp8, fa3-bf16, torch-sdpa-bf16 with
@@ -206,8 +206,8 @@ def ensure_plain_cache(s: Session) -> None:
     processes). If the working tree still has that, patch the *device copy* to ``str(...)`` (a
     one-line fix the lead applies in the repository) and record it in the summary.
     """
-    from mla_fp8_bench.devices import platform_info
-    from mla_fp8_bench.runner import environment
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.harness.runner import environment
 
     env = environment(platform_info("cpu"))
     bad = {k: type(v).__module__ + "." + type(v).__name__ for k, v in env.items()
@@ -219,7 +219,7 @@ def ensure_plain_cache(s: Session) -> None:
         old, new = '"torch": torch.__version__,', '"torch": str(torch.__version__),'
         if old in txt:
             p.write_text(txt.replace(old, new, 1))
-            s.summary["device_patches"] = [f"mla_fp8_bench/runner.py: {old} -> {new} (device copy only)"]
+            s.summary["device_patches"] = [f"mla_fp8_bench/harness/runner.py: {old} -> {new} (device copy only)"]
             s.log(f"patched device copy: {old} -> {new}")
 
 
@@ -335,7 +335,7 @@ def main() -> int:
         s.step("pytest", rc, w)
 
     def do_ceilings() -> None:
-        code = ("import json,sys; from mla_fp8_bench.ceilings import measure_ceilings; r=measure_ceilings(); "
+        code = ("import json,sys; from mla_fp8_bench.measure.ceilings import measure_ceilings; r=measure_ceilings(); "
                 f"json.dump(r, open({str(jd / 'ceilings.json')!r},'w'), indent=1); "
                 "print({k: r.get(k) for k in ('fp8_gemm_tflops','bf16_gemm_tflops','copy_tb_s')})")
         rc, w = s.sh("ceilings", [py(), "-c", code], 120)
@@ -348,7 +348,7 @@ def main() -> int:
                 s.log("cv: stopping early, deadline")
                 break
             f = jd / f"cv_fa3-fp8_p{i}.json"
-            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.profcheck", "--backend", "fa3-fp8", "--cases", CV_CASES,
+            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", "fa3-fp8", "--cases", CV_CASES,
                                 "--json", str(f)], 150)
             rcs.append(rc)
             t_cv += w
@@ -357,17 +357,17 @@ def main() -> int:
         for bk in ("fa3-bf16", "torch-sdpa-bf16"):
             if s.left() < 60:
                 break
-            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.profcheck", "--backend", bk, "--cases", CV_CASES,
+            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", bk, "--cases", CV_CASES,
                                 "--json", str(jd / f"cv_{bk}_p0.json")], 150)
             t_cv += w
         if files:
-            s.sh("cv", [py(), "-m", "mla_fp8_bench.profcheck", "--summarize", *files, "--json",
+            s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--summarize", *files, "--json",
                         str(jd / "cv_summary.json")], 60)
         s.step("cv", max(rcs) if rcs else -1, t_cv, processes=len(files))
 
     def do_sweep() -> None:
         code = (
-            "import sys, mla_fp8_bench.runner as R, mla_fp8_bench.ceilings as C, mla_fp8_bench.cli as cli\n"
+            "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.measure.ceilings as C, mla_fp8_bench.cli as cli\n"
             "orig = R.evaluate\n"
             "def ev(*a, **k):\n"
             "    d = orig(*a, **k)\n"

@@ -3,7 +3,7 @@
 
 For one backend and case, each *trial* measures a BASE and a HEAD sample set (``--samples`` samples each,
 the suite's own timing: CUDA-graph replay between events on GPUs, ``perf_counter`` on CPU) and applies
-the gate's latency rule (:func:`mla_fp8_bench.gate.latency_verdict`: ratio of medians > ``--factor`` AND
+the gate's latency rule (:func:`mla_fp8_bench.analysis.gate.latency_verdict`: ratio of medians > ``--factor`` AND
 one-sided Mann-Whitney U p < ``--alpha``). HEAD is either the same call (A/A, ``--aa`` trials) or the
 call followed by an injected slowdown of 3 / 5 / 10 % (``--slowdowns``, ``--reps`` trials each):
 
@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mla_fp8_bench.gate import DEFAULT_ALPHA, DEFAULT_FACTOR, Measure, latency_verdict  # noqa: E402
+from mla_fp8_bench.analysis.gate import DEFAULT_ALPHA, DEFAULT_FACTOR, Measure, latency_verdict  # noqa: E402
 
 RELIABLE = 0.9
 
@@ -145,7 +145,7 @@ def make_slow(run: Callable[[], Any], device, extra_s: float, cps: float | None)
 
 
 def measure(run, device, samples: int, graph_capturable: bool) -> list[float]:
-    from mla_fp8_bench.timing import measure_latency
+    from mla_fp8_bench.measure.timing import measure_latency
 
     kw = {"samples": samples, "time_budget_s": 60.0}
     if device.type != "cuda":
@@ -156,9 +156,9 @@ def measure(run, device, samples: int, graph_capturable: bool) -> list[float]:
 def run_trials(backend: str, case: str, device: str, aa: int, reps: int, slowdowns: list[float], samples: int,
                deadline: float, log=print) -> tuple[list[Trial], dict[str, Any]]:
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.devices import platform_info
-    from mla_fp8_bench.inputs import make_inputs
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     pinfo = platform_info(device)
     b = get_backend(backend)

@@ -19,21 +19,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import mla_fp8_bench.inputs as inputs_mod
-from mla_fp8_bench import asv_support
+import mla_fp8_bench.problem.inputs as inputs_mod
+from mla_fp8_bench.harness import asv_support
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
 from mla_fp8_bench.backends import BackendUnavailable, CaseUnsupported, UnknownBackendError, get_backend
 from mla_fp8_bench.backends import aiter_real
 from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
 from mla_fp8_bench.backends.aiter_real import TILE_Q, AiterPsDriver, AiterReal
-from mla_fp8_bench.cases import Case, CaseError, parse_case_id, resolve_cases
+from mla_fp8_bench.problem.cases import Case, CaseError, parse_case_id, resolve_cases
 from mla_fp8_bench.cli import main
-from mla_fp8_bench.devices import DeviceError, platform_info
-from mla_fp8_bench.fp8 import QuantError, quantize
-from mla_fp8_bench.inputs import make_inputs
-from mla_fp8_bench.metrics import error_metrics
-from mla_fp8_bench.reference import causal_attention
-from mla_fp8_bench.runner import RunOptions, evaluate, write_json_atomic
+from mla_fp8_bench.measure.devices import DeviceError, platform_info
+from mla_fp8_bench.problem.fp8 import QuantError, quantize
+from mla_fp8_bench.problem.inputs import make_inputs
+from mla_fp8_bench.measure.metrics import error_metrics
+from mla_fp8_bench.measure.reference import causal_attention
+from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
 
 CPU = platform_info("cpu")
 HOPPER = dataclasses.replace(CPU, vendor="cuda", arch="sm_90", name="NVIDIA H200")
@@ -331,7 +331,7 @@ def test_missing_backends_are_skips_in_a_run_and_lose_nothing():
 
 # ============================================================================ F. corrupt files
 def test_corrupt_tolerance_file(tmp_path):
-    from mla_fp8_bench.calibrate import ToleranceFileError, load_tolerances
+    from mla_fp8_bench.analysis.calibrate import ToleranceFileError, load_tolerances
 
     p = tmp_path / "tol.json"
     p.write_text('{"schema": "mla_fp8_bench.tolerances", "version": 1, "toler')
@@ -431,7 +431,7 @@ def test_bad_asv_env_vars_fail_before_measuring(monkeypatch, var, value, needle)
     monkeypatch.setenv(var, value)
     monkeypatch.setattr(asv_support, "_check_commit", lambda: None)
     calls = []
-    monkeypatch.setattr("mla_fp8_bench.runner.evaluate", lambda *a, **k: calls.append(a) or {})
+    monkeypatch.setattr("mla_fp8_bench.harness.runner.evaluate", lambda *a, **k: calls.append(a) or {})
     with pytest.raises(ValueError) as ei:
         asv_support.measure_grid()
     assert needle in str(ei.value)

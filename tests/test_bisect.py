@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.bisect import run_bisect
+from mla_fp8_bench.analysis.bisect import run_bisect
 
 ACC_FAULT_COMMIT = 3  # index of the commit that injects drop_v_descale
 LAT_FAULT_COMMIT = 5  # index of the commit that adds the sleep
@@ -67,16 +67,16 @@ class FakeAiterPrefill:
 
         import fakeaiter
         from mla_fp8_bench.backends.aiter_real import AiterPsDriver
-        from mla_fp8_bench.cases import parse_case_id
-        from mla_fp8_bench.inputs import make_inputs
+        from mla_fp8_bench.problem.cases import parse_case_id
+        from mla_fp8_bench.problem.inputs import make_inputs
 
         torch.set_num_threads(1)
         self.inputs = make_inputs(parse_case_id("s128-h8"))
         self.prepared = AiterPsDriver(fakeaiter, (0, 1, 20)).prepare(self.inputs)
 
     def track_max_abs_error(self):
-        from mla_fp8_bench.metrics import error_metrics
-        from mla_fp8_bench.reference import reference_fp8_dequant
+        from mla_fp8_bench.measure.metrics import error_metrics
+        from mla_fp8_bench.measure.reference import reference_fp8_dequant
 
         out = self.prepared.run()
         return max(error_metrics(out, reference_fp8_dequant(self.inputs)[0]).max_abs_error, 1e-12)

@@ -1,9 +1,9 @@
-"""The ``edge`` suite (mla_fp8_bench.cases.SUITES["edge"]) as tests with known right answers (CPU).
+"""The ``edge`` suite (mla_fp8_bench.problem.cases.SUITES["edge"]) as tests with known right answers (CPU).
 
 Each test runs ``aiter-emulated`` (the AITER PS driver over the stand-in: planner port, emulated
 kernel and reduce) and ``torch-fp8-ref`` on one edge case and checks a value against an expectation
 that does not come from the code under test: a dense float64 attention written here (not
-``mla_fp8_bench.reference``), an exact answer (one key, all-equal scores), or plan arithmetic.
+``mla_fp8_bench.measure.reference``), an exact answer (one key, all-equal scores), or plan arithmetic.
 
 CPU budget (2 cores): the emulator is O(S^2 * H) Python-level work, so cases run at two heads where
 the head count is not the point (``s257-h2`` for the suite's ``s257``); the head-count cases run at
@@ -21,11 +21,11 @@ import torch
 
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends.aiter_real import TILE_Q, workspace_bytes
-from mla_fp8_bench.cases import SUITES, parse_case_id
-from mla_fp8_bench.devices import platform_info
-from mla_fp8_bench.fp8 import cast_saturates, fp8_max
-from mla_fp8_bench.inputs import make_inputs
-from mla_fp8_bench.runner import RunOptions, evaluate
+from mla_fp8_bench.problem.cases import SUITES, parse_case_id
+from mla_fp8_bench.measure.devices import platform_info
+from mla_fp8_bench.problem.fp8 import cast_saturates, fp8_max
+from mla_fp8_bench.problem.inputs import make_inputs
+from mla_fp8_bench.harness.runner import RunOptions, evaluate
 
 PINFO = platform_info("cpu")
 #: max |out - ref| bound of the emulated FP8 kernel against exact attention on the same fp8 inputs

@@ -5,8 +5,8 @@ Tolerances: ``tolerances/cpu-emulated-v1.json`` (``mla-fp8-bench calibrate``: ma
 Fault cases: the default calibration shapes (per_tensor/normal, seed 0) cheapest first, stopping at the
 first flagged one; ``unsaturated_cast`` needs ``s257-cast-outlier``; ``top_left_causal`` and
 ``lse_no_max_subtraction`` cannot show on q_len == kv_len prefill inputs and are checked on their probes
-(see :mod:`mla_fp8_bench.faults`). The full per-case numbers are in docs/regressions.md
-(``python -m mla_fp8_bench.faults --seeds 0,1,2``).
+(see :mod:`mla_fp8_bench.analysis.faults`). The full per-case numbers are in docs/regressions.md
+(``python -m mla_fp8_bench.analysis.faults --seeds 0,1,2``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from mla_fp8_bench.aiter_ps.emulator import ALL_FAULTS
-from mla_fp8_bench.calibrate import MIN_SEEDS, check, load_tolerances
-from mla_fp8_bench.faults import (
+from mla_fp8_bench.analysis.calibrate import MIN_SEEDS, check, load_tolerances
+from mla_fp8_bench.analysis.faults import (
     INPUT_FAULTS,
     PROBE_ONLY_FAULTS,
     SUITE_FAULTS,
@@ -65,9 +65,9 @@ def test_probe_only_faults_are_invisible_on_prefill_cases(tol, fault):
 
 def test_healthy_path_raises_no_alarm_over_fresh_seeds(tol):
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.devices import platform_info
-    from mla_fp8_bench.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
 
     pinfo = platform_info("cpu")
     opts = RunOptions(timing=False, determinism=False)
@@ -97,8 +97,8 @@ def test_calibration_file_records_zero_held_out_false_alarms(tol):
 
 def test_healthy_faulty_backend_equals_aiter_emulated_bit_for_bit():
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.inputs import make_inputs
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     inp = make_inputs(parse_case_id("ragged-255-257-h8"))
     a = get_backend("aiter-emulated").prepare(inp).run()

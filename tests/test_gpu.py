@@ -19,7 +19,7 @@ import torch
 
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends import fa3 as fa3mod
-from mla_fp8_bench.devices import PlatformInfo
+from mla_fp8_bench.measure.devices import PlatformInfo
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA/ROCm GPU; this machine has none (torch "
@@ -126,7 +126,7 @@ def test_expand_descale_shape_and_strides():
 # ---------------------------------------------------------------- CPU: ceilings and profcheck maths
 @pytest.mark.skipif(CUDA, reason="checks the CPU skip path")
 def test_ceilings_skip_on_cpu():
-    from mla_fp8_bench.ceilings import attach, measure_ceilings
+    from mla_fp8_bench.measure.ceilings import attach, measure_ceilings
 
     r = measure_ceilings("cpu")
     assert r["status"] == "skipped" and "GPUs only" in r["reason"]
@@ -137,7 +137,7 @@ def test_ceilings_skip_on_cpu():
 
 
 def test_ceilings_env_opt_out(monkeypatch):
-    from mla_fp8_bench.ceilings import attach
+    from mla_fp8_bench.measure.ceilings import attach
 
     monkeypatch.setenv("MLA_FP8_BENCH_CEILINGS", "0")
     data = {"records": []}
@@ -145,7 +145,7 @@ def test_ceilings_env_opt_out(monkeypatch):
 
 
 def test_annotate_records_fractions():
-    from mla_fp8_bench.ceilings import annotate_records
+    from mla_fp8_bench.measure.ceilings import annotate_records
 
     ceil = {"status": "ok", "fp8_gemm_tflops": 1000.0, "bf16_gemm_tflops": 500.0,
             "datasheet": {"fp8": 2000.0, "bf16": 1000.0, "hbm_tb_s": 4.8}}
@@ -163,7 +163,7 @@ def test_annotate_records_fractions():
 
 
 def test_profcheck_summary_cv():
-    from mla_fp8_bench.profcheck import format_cv_table, summarize_cv
+    from mla_fp8_bench.measure.profcheck import format_cv_table, summarize_cv
 
     runs = [{"records": [{"backend": "fa3-fp8", "case": "s2048", "status": "ok", "graph_s": t, "graph_cv": 0.001,
                           "tflops": 500.0, "diff_same_window_pct": d}]}
@@ -178,7 +178,7 @@ def test_profcheck_summary_cv():
 # ---------------------------------------------------------------- GPU
 @needs_cuda
 def test_graph_timing_sane_samples():
-    from mla_fp8_bench.timing import time_call, time_device
+    from mla_fp8_bench.measure.timing import time_call, time_device
 
     dev = torch.device("cuda", torch.cuda.current_device())
     a = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16)
@@ -197,7 +197,7 @@ def test_graph_timing_sane_samples():
 
 @needs_cuda
 def test_events_fallback_when_capture_fails():
-    from mla_fp8_bench.timing import time_device
+    from mla_fp8_bench.measure.timing import time_device
 
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(1 << 16, device=dev)
@@ -214,7 +214,7 @@ def test_events_fallback_when_capture_fails():
 
 @needs_cuda
 def test_ceilings_measure_on_gpu():
-    from mla_fp8_bench.ceilings import measure_ceilings
+    from mla_fp8_bench.measure.ceilings import measure_ceilings
 
     r = measure_ceilings(gemm_n=4096, copy_bytes=1 << 28, samples=5)
     assert r["status"] == "ok"
@@ -225,11 +225,11 @@ def test_ceilings_measure_on_gpu():
 @needs_fa3
 @pytest.mark.parametrize("case_id", ["s512", "s2048", "ragged-603-640-655-698"])
 def test_fa3_fp8_accuracy_vs_fp32_dequant_reference(case_id):
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.devices import platform_info
-    from mla_fp8_bench.inputs import make_inputs
-    from mla_fp8_bench.metrics import error_metrics, lse_error
-    from mla_fp8_bench.reference import reference_bf16, reference_fp8_dequant
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.inputs import make_inputs
+    from mla_fp8_bench.measure.metrics import error_metrics, lse_error
+    from mla_fp8_bench.measure.reference import reference_bf16, reference_fp8_dequant
 
     pinfo = platform_info("cuda")
     inp = make_inputs(parse_case_id(case_id), pinfo.device, pinfo.fp8_dtype)
@@ -251,12 +251,12 @@ def test_fa3_fp8_accuracy_vs_fp32_dequant_reference(case_id):
 
 @needs_fa3
 def test_fa3_bf16_accuracy_and_graph_timing():
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.devices import platform_info
-    from mla_fp8_bench.inputs import make_inputs
-    from mla_fp8_bench.metrics import error_metrics
-    from mla_fp8_bench.reference import reference_bf16
-    from mla_fp8_bench.timing import time_device
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.inputs import make_inputs
+    from mla_fp8_bench.measure.metrics import error_metrics
+    from mla_fp8_bench.measure.reference import reference_bf16
+    from mla_fp8_bench.measure.timing import time_device
 
     pinfo = platform_info("cuda")
     inp = make_inputs(parse_case_id("s2048-mla"), pinfo.device, pinfo.fp8_dtype)  # strided v, as vLLM passes it
@@ -271,9 +271,9 @@ def test_fa3_bf16_accuracy_and_graph_timing():
 @needs_fa3
 def test_fa3_fp8_graph_replay_matches_eager_output():
     """The graph-captured call computes the same output as the eager one (deterministic kernel)."""
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.devices import platform_info
-    from mla_fp8_bench.inputs import make_inputs
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     pinfo = platform_info("cuda")
     inp = make_inputs(parse_case_id("s1024"), pinfo.device, pinfo.fp8_dtype)
@@ -294,7 +294,7 @@ def test_fa3_fp8_graph_replay_matches_eager_output():
 
 @needs_fa3
 def test_profcheck_on_fa3():
-    from mla_fp8_bench.profcheck import measure
+    from mla_fp8_bench.measure.profcheck import measure
 
     res = measure("fa3-fp8", ["s2048"], samples=10)
     r = res["records"][0]

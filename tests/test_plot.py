@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mla_fp8_bench.cli import main
-from mla_fp8_bench.plot import load_inputs, plot
+from mla_fp8_bench.analysis.plot import load_inputs, plot
 
 
 def _rec(backend, case, lat, e8, e16, tf, emu=False):

@@ -590,7 +590,7 @@ def run_emulated_prefill(
     if B == 0 or T == 0:
         return (output, final_lse) if return_lse else output
 
-    from .planner import plan_ps_prefill  # lazy: the emulator itself does not need the planner
+    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # lazy: the emulator itself does not need the planner
 
     seqlens = (cu_cpu[1:] - cu_cpu[:-1]).to(torch.int32).contiguous()
     plan = plan_ps_prefill(

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .emulator import (
+from mla_fp8_bench.aiter_ps.emulator import (
     KV_TILE,
     QO_TILE,
     emulate_mla_prefill_ps_asm_fwd,
@@ -291,7 +291,7 @@ def make_standin_aiter(
         args = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen, qlen_granularity=qlen_granularity)
 
         def body():
-            from .planner import ps_metadata_info
+            from mla_fp8_bench.aiter_ps.planner import ps_metadata_info
 
             ck = _Checker("get_ps_metadata_info_v1")
             for k, v in args.items():
@@ -338,7 +338,7 @@ def make_standin_aiter(
         )  # fmt: skip
 
         def body():
-            from .planner import PsPlanError, fill_aiter_buffers, plan_ps_prefill
+            from mla_fp8_bench.aiter_ps.planner import PsPlanError, fill_aiter_buffers, plan_ps_prefill
 
             ck = _Checker("get_ps_metadata_v1")
             qo = ck.indptr("seqlens_qo_indptr", ck.int_vec("seqlens_qo_indptr", seqlens_qo_indptr))

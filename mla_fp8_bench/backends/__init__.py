@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 
 #: name -> "module:Class" (relative to this package).
 _REGISTRY: dict[str, "str | type[Backend]"] = {

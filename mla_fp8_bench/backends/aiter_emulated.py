@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..cases import Case
-from ..devices import PlatformInfo
-from ..inputs import CaseInputs
-from .aiter_real import AiterPsDriver, plan_stats_with
-from .base import Backend, Prepared, Verdict
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.inputs import CaseInputs
+from mla_fp8_bench.backends.aiter_real import AiterPsDriver, plan_stats_with
+from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
 
 DEFAULT_EMU_CU_NUM = 256  # MI355X multiProcessorCount
 
@@ -78,7 +78,7 @@ class AiterEmulated(Backend):
 
     def driver(self) -> AiterPsDriver:
         if self._driver is None:
-            from ..aiter_ps.standin import make_standin_aiter
+            from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
 
             module = make_standin_aiter(reduce_variant=9, cu_num=self.cu_num or emulated_cu_num(),
                                         faults=self.faults, aiter_version=self.aiter_version)

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..cases import Case
-from ..devices import PlatformInfo
-from ..inputs import CaseInputs
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.inputs import CaseInputs
 
 
 class BackendUnavailable(RuntimeError):

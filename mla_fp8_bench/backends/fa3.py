@@ -18,7 +18,7 @@ Shapes and dtypes as passed here:
 * q ``[T, H, 192]``, k ``[T, H, 192]``, v ``[T, H, 128]``: ``float8_e4m3fn`` (fa3-fp8) or bf16
   (fa3-bf16); last dim contiguous (``stride(-1) == 1``: the wrapper would otherwise copy v inside the
   timed call, ``v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1``). The fp8 tensors from
-  :func:`mla_fp8_bench.fp8.quantize` are fully contiguous; the bf16 ``mla`` inputs keep v as the
+  :func:`mla_fp8_bench.problem.fp8.quantize` are fully contiguous; the bf16 ``mla`` inputs keep v as the
   strided ``kv_b_proj`` view, as vLLM passes it (FA3 honours strides).
 * cu_seqlens ``[B+1]`` int32 on the device, the same for q and k (q_len == kv_len per sequence).
 * descales: fp32 of shape ``(B, H_kv)`` (``batch = len(cu_seqlens) - 1``); the suite's per-tensor
@@ -40,10 +40,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..cases import Case
-from ..devices import PlatformInfo
-from ..inputs import CaseInputs
-from .base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.inputs import CaseInputs
+from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 
 #: The Python module of the wheel and the exact wheel to install.
 FA3_MODULE = "fa3_fwd_interface"

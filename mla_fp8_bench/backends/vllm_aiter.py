@@ -55,11 +55,11 @@ from typing import Any, Iterator
 
 import torch
 
-from ..cases import Case
-from ..devices import PlatformInfo
-from ..inputs import CaseInputs
-from .aiter_real import PRIMITIVES, _aiter_gate, detect_reduce_arity, parse_aiter_version, reduce_heads_for
-from .base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.inputs import CaseInputs
+from mla_fp8_bench.backends.aiter_real import PRIMITIVES, _aiter_gate, detect_reduce_arity, parse_aiter_version, reduce_heads_for
+from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 
 DEFAULT_VLLM_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
 DEFAULT_WORKSPACE_MODULE = "vllm.v1.worker.workspace"

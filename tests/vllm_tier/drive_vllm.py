@@ -152,7 +152,7 @@ def emulated_output(inputs, padded: int) -> tuple[torch.Tensor, bool | None]:
     """aiter-emulated on the case's inputs, padded to ``padded`` heads the way vLLM pads them.
     Returns (output of the real heads, whether the padded heads were exact duplicates)."""
     from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
-    from mla_fp8_bench.fp8 import quantize
+    from mla_fp8_bench.problem.fp8 import quantize
 
     real = inputs.case.num_heads
     dup = None
@@ -173,8 +173,8 @@ def check_case(adapter, ws, aiter, cid: str, repeat: bool = False) -> dict:
     Raises:
         TierFailure: workspace not locked after setup or not reset after cleanup, output not equal.
     """
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.inputs import make_inputs
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     case = parse_case_id(cid)
     rec: dict = {"case": cid}
@@ -251,10 +251,10 @@ def check_gate(vmod) -> dict:
 def check_raising(ws, vllm_aiter_mod) -> dict:
     """Global state is reset when prepare raises (adapter's own path) and when the call raises (runner)."""
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.devices import platform_info
-    from mla_fp8_bench.inputs import make_inputs
-    from mla_fp8_bench.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.inputs import make_inputs
+    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
 
     res = {}
     installed = sys.modules.get("aiter")
@@ -289,8 +289,8 @@ def check_raising(ws, vllm_aiter_mod) -> dict:
 
 def check_locked_growth(adapter, ws) -> dict:
     """>= 0.31: a reservation sized for 1 CU under a 256-CU plan must fail the forward loudly."""
-    from mla_fp8_bench.cases import parse_case_id
-    from mla_fp8_bench.inputs import make_inputs
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     set_compute_units(1)
     try:
@@ -363,8 +363,8 @@ def main(argv=None) -> int:
         steps.append((f"case:{cid}", lambda cid=cid: check_case(adapter, ws, aiter, cid, repeat=cid == REPEAT_CASE)))
     for cid in PLAN_CASES:
         def plan(cid=cid):
-            from mla_fp8_bench.cases import parse_case_id
-            from mla_fp8_bench.devices import platform_info
+            from mla_fp8_bench.problem.cases import parse_case_id
+            from mla_fp8_bench.measure.devices import platform_info
 
             case = parse_case_id(cid)
             if not adapter.supports(case, None):

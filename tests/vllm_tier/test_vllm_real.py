@@ -109,7 +109,7 @@ def test_vllm_gate_false_on_cpu_true_with_gfx950_faked(report):
 
 @pytest.mark.parametrize("cid", drive.CASES)
 def test_case_matches_aiter_emulated_exactly(report, cid):
-    from mla_fp8_bench.cases import parse_case_id
+    from mla_fp8_bench.problem.cases import parse_case_id
 
     _no_error(report, f"case:{cid}")
     rec = report["cases"][cid]

@@ -7,7 +7,7 @@ Why not ``asv find``: it needs asv-managed environments that build every probed 
 build with prebuilt kernels takes about an hour; vLLM's needs its Docker toolchain), and its criterion
 is the largest absolute jump, not a threshold (docs/asv-notes.md §11). This command instead drives
 ``git bisect run`` in a temporary **git worktree** of ``--repo`` (your checkout is never touched). At
-each probed commit the step (``python -m mla_fp8_bench.bisect step ...``):
+each probed commit the step (``python -m mla_fp8_bench.analysis.bisect step ...``):
 
 1. builds/installs the commit into the *existing* environment ``--python`` with ``--install-cmd``
    (default ``{python} -m pip install --no-deps --no-build-isolation -q .``; a failed install exits
@@ -199,12 +199,12 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
     _git(repo, "worktree", "add", "--detach", wt, bad_sha)
     try:
         _git(wt, "bisect", "start", bad_sha, good_sha)
-        step_cmd = [python, "-m", "mla_fp8_bench.bisect", "step", "--benchmark", benchmark, "--threshold",
+        step_cmd = [python, "-m", "mla_fp8_bench.analysis.bisect", "step", "--benchmark", benchmark, "--threshold",
                     repr(threshold), "--config", config, "--python", python, "--install-cmd", install_cmd,
                     "--machine", machine, "--log", log]
         # git bisect run needs the mla_fp8_bench of *this* interpreter for the step
         env = dict(os.environ)
-        p = subprocess.run(["git", "-C", wt, "bisect", "run", sys.executable, "-m", "mla_fp8_bench.bisect",
+        p = subprocess.run(["git", "-C", wt, "bisect", "run", sys.executable, "-m", "mla_fp8_bench.analysis.bisect",
                             *step_cmd[3:]], capture_output=True, text=True, env=env)
         output = p.stdout + p.stderr
         blog = _git(wt, "bisect", "log", check=False)
@@ -263,7 +263,7 @@ def add_parser(subparsers) -> None:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.bisect")
+    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.analysis.bisect")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("step", help="one git-bisect-run probe (internal)")
     s.add_argument("--benchmark", required=True)

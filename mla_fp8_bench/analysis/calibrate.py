@@ -88,7 +88,7 @@ def family_of(record: dict[str, Any]) -> str | None:
     """The case family of a record: its ``family`` key, else the case id without the seed suffix."""
     if record.get("family"):
         return str(record["family"])
-    from .cases import CaseError, parse_case_id
+    from mla_fp8_bench.problem.cases import CaseError, parse_case_id
 
     try:
         return parse_case_id(str(record.get("case"))).with_(seed=0).id
@@ -98,7 +98,7 @@ def family_of(record: dict[str, Any]) -> str | None:
 
 def group_of(family: str) -> str | None:
     """``"<quant>/<dist>"`` of a case family (None for probes and unparsable ids)."""
-    from .cases import CaseError, parse_case_id
+    from mla_fp8_bench.problem.cases import CaseError, parse_case_id
 
     try:
         c = parse_case_id(family)
@@ -280,10 +280,10 @@ def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
 # ------------------------------------------------------------------------------------------ measuring
 def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -> dict[str, dict[str, Any]]:
     """Records (metric dicts) of each backend on one case (CPU, no timing)."""
-    from .backends import get_backend
-    from .cases import parse_case_id
-    from .devices import platform_info
-    from .runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
 
     if cu_num:
         os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = str(cu_num)
@@ -303,7 +303,7 @@ def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
 
     torch.set_num_threads(int(os.environ.get("MLA_FP8_BENCH_CAL_THREADS", "1")))
     if task[0] == "probe":
-        from .faults import probe_record
+        from mla_fp8_bench.analysis.faults import probe_record
 
         _, name, seed = task
         return task, {"aiter-emulated": probe_record(name, seed)}
@@ -338,7 +338,7 @@ def _run_tasks(tasks: list[tuple], jobs: int, progress) -> list[tuple[tuple, dic
 
 def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], seeds: Iterable[int],
            backends: tuple[str, ...], cu_num: int | None, probes: bool) -> list[tuple]:
-    from .cases import parse_case_id
+    from mla_fp8_bench.problem.cases import parse_case_id
 
     tasks = []
     seeds = list(seeds)
@@ -349,7 +349,7 @@ def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], s
                 for s in seeds:
                     tasks.append(("case", base.with_(quant=qm, dist=d, seed=s).id, backends, cu_num))
     if probes:
-        from .faults import PROBES
+        from mla_fp8_bench.analysis.faults import PROBES
 
         for name in PROBES:
             for s in seeds:
@@ -367,8 +367,8 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
     Raises:
         ValueError: fewer than :data:`MIN_SEEDS` seeds, a margin < 1, or bad case/backend names.
     """
-    from .backends import get_backend
-    from .cases import parse_case_id
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.problem.cases import parse_case_id
 
     if seeds < MIN_SEEDS:
         raise ValueError(f"--seeds {seeds} is too few: at least {MIN_SEEDS} (a tolerance from fewer seeds "
@@ -457,7 +457,7 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
 
 
 def _probe_names() -> list[str]:
-    from .faults import PROBES
+    from mla_fp8_bench.analysis.faults import PROBES
 
     return list(PROBES)
 
@@ -465,8 +465,8 @@ def _probe_names() -> list[str]:
 def _env(cu_num: int | None) -> dict[str, Any]:
     import torch
 
-    from . import __version__
-    from .backends.aiter_emulated import emulated_cu_num
+    from mla_fp8_bench import __version__
+    from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
 
     cpu = _platform.processor() or _platform.machine()
     try:
@@ -492,7 +492,7 @@ def _split(vals: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
 def cmd_calibrate(args: argparse.Namespace, console) -> int:
     from rich.table import Table
 
-    from .runner import write_json_atomic
+    from mla_fp8_bench.harness.runner import write_json_atomic
 
     backends = _split(args.backends, DEFAULT_BACKENDS)
     shapes = _split(args.cases, DEFAULT_CASES)

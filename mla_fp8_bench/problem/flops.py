@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .shapes import QK_HEAD_DIM, V_HEAD_DIM
+from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 
 
 def _check(seq_lens: Sequence[int], num_heads: int) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .jsonio import load_json
+from mla_fp8_bench.jsonio import load_json
 
 import numpy as np
 
@@ -416,7 +416,7 @@ def _fmt_s(x: float) -> str:
 def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_factor: float = DEFAULT_ACC_FACTOR,
             alpha: float = DEFAULT_ALPHA, tolerances=None) -> list[Row]:
     """Every (backend, case, metric) of either side with its verdict (see module docstring)."""
-    from .calibrate import family_of
+    from mla_fp8_bench.analysis.calibrate import family_of
 
     rows: list[Row] = []
     keys = sorted(set(base.data) | set(head.data))
@@ -515,7 +515,7 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
         raise GateUsageError(f"--alpha {args.alpha} is invalid: in (0, 1)")
     tol = None
     if args.tolerances:
-        from .calibrate import load_tolerances
+        from mla_fp8_bench.analysis.calibrate import load_tolerances
 
         tol = load_tolerances(args.tolerances)
     base, bsrc = load_side(args.base, "BASE", args.results_dir, args.machine, args.env)
@@ -573,7 +573,7 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
 
 
 def _handler(args: argparse.Namespace, console) -> int:
-    from .calibrate import ToleranceFileError
+    from mla_fp8_bench.analysis.calibrate import ToleranceFileError
 
     try:
         return cmd_gate(args, console)

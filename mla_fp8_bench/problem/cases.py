@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from .shapes import DEFAULT_NUM_HEADS
+from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS
 
 QUANT_MODES = ("per_tensor", "cast")
 DISTRIBUTIONS = ("normal", "outlier", "mla", "const")
@@ -47,7 +47,7 @@ class Case:
         num_heads: query heads == kv heads (MLA after ``kv_b_proj`` is MHA), >= 1.
         quant: ``"per_tensor"`` (scale = amax/448, saturating clamp; AITER's op test) or ``"cast"``
             (plain cast at unit scale; vLLM's ``_mla_fp8_prefill_attn``).
-        dist: input distribution, one of :data:`DISTRIBUTIONS` (see :mod:`mla_fp8_bench.inputs`).
+        dist: input distribution, one of :data:`DISTRIBUTIONS` (see :mod:`mla_fp8_bench.problem.inputs`).
         seed: generator seed; the same seed gives the same inputs on every run.
 
     Raises:

@@ -1,7 +1,7 @@
 """The device's own ceilings, measured once per run: FP8 GEMM, bf16 GEMM and copy bandwidth.
 
 Attention throughput is reported against two references (docs/h200-fp8-peers.md §6): the datasheet
-peak (:data:`mla_fp8_bench.flops.DATASHEET_PEAKS_TFLOPS`) and a ceiling measured on the same machine
+peak (:data:`mla_fp8_bench.problem.flops.DATASHEET_PEAKS_TFLOPS`) and a ceiling measured on the same machine
 in the same process, because ceilings vary between machines of one kind and between runs (bf16
 8192^3 GEMMs on H200s of this workplace gave 715 to 798 TFLOP/s).
 
@@ -15,7 +15,7 @@ What is measured (GPU only; on CPU the result is ``status="skipped"`` with the r
   faster of eager launches between events and graph replay (a graph turns the copy into a memcpy
   node, which ran slower on an H200).
 
-Each is timed with :func:`mla_fp8_bench.timing.time_device` (CUDA-graph replay after the adaptive
+Each is timed with :func:`mla_fp8_bench.measure.timing.time_device` (CUDA-graph replay after the adaptive
 device warm-up, so the ceilings see the same sustained-load clocks as the attention numbers; median
 of the samples). Never on zeros: a bf16 GEMM ran 13% faster on zeros than on random data on
 an H200 of this workplace (METHOD.md).
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .flops import datasheet_peak
+from mla_fp8_bench.problem.flops import datasheet_peak
 
 #: GEMM size and copy size of the measurement.
 GEMM_N = 8192
@@ -40,13 +40,13 @@ COPY_BYTES = 2 * 2**30
 
 
 def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
-    from .timing import time_device
+    from mla_fp8_bench.measure.timing import time_device
 
     if not hasattr(torch, "_scaled_mm"):
         return {"status": "skipped", "reason": f"torch {torch.__version__} has no torch._scaled_mm"}
     fp8 = torch.float8_e4m3fn
     if getattr(torch.version, "hip", None):
-        from .devices import fp8_dtype_for, gpu_arch
+        from mla_fp8_bench.measure.devices import fp8_dtype_for, gpu_arch
 
         fp8 = fp8_dtype_for("rocm", gpu_arch(device))
     fmax = float(torch.finfo(fp8).max)
@@ -68,7 +68,7 @@ def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
 
 
 def _bf16_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
-    from .timing import time_device
+    from mla_fp8_bench.measure.timing import time_device
 
     gen = torch.Generator(device=device).manual_seed(1)
     a = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
@@ -92,7 +92,7 @@ def _copy(device: torch.device, nbytes: int, samples: int) -> dict[str, Any]:
     H200 that moved about 2.7 TB/s against about 4 TB/s for the eager copy kernel. The ceiling is
     the faster of the two; both are kept.
     """
-    from .timing import time_device
+    from mla_fp8_bench.measure.timing import time_device
 
     n = nbytes // 4
     src = torch.rand(n, device=device, dtype=torch.float32)
@@ -122,7 +122,7 @@ def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_
         "details": {...}}``, or ``{"status": "skipped", "reason": ...}`` on a CPU. A part that fails
         (e.g. no ``_scaled_mm`` for this GPU) has ``None`` and its reason in ``details``.
     """
-    from .devices import platform_info
+    from mla_fp8_bench.measure.devices import platform_info
 
     pinfo = platform_info(device)
     if pinfo.device.type != "cuda":
@@ -180,7 +180,7 @@ def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
 
 
 def _fp8_backend_names() -> dict[str, bool]:
-    from .backends import backend_names, get_backend
+    from mla_fp8_bench.backends import backend_names, get_backend
 
     out: dict[str, bool] = {}
     for n in backend_names():

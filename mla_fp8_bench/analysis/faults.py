@@ -41,15 +41,15 @@ from typing import Any
 
 import torch
 
-from .aiter_ps.emulator import ALL_FAULTS, FAULT_DESCRIPTIONS, emulate_mla_prefill_ps_asm_fwd, emulate_mla_reduce_v1
-from .backends.aiter_emulated import AiterEmulated, emulated_cu_num
-from .backends.base import Backend, Prepared, Verdict
-from .cases import Case
-from .devices import PlatformInfo
-from .fp8 import Quantized, fp8_max, quantize
-from .inputs import CaseInputs
-from .metrics import error_metrics
-from .shapes import DEFAULT_SOFTMAX_SCALE
+from mla_fp8_bench.aiter_ps.emulator import ALL_FAULTS, FAULT_DESCRIPTIONS, emulate_mla_prefill_ps_asm_fwd, emulate_mla_reduce_v1
+from mla_fp8_bench.backends.aiter_emulated import AiterEmulated, emulated_cu_num
+from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.fp8 import Quantized, fp8_max, quantize
+from mla_fp8_bench.problem.inputs import CaseInputs
+from mla_fp8_bench.measure.metrics import error_metrics
+from mla_fp8_bench.problem.shapes import DEFAULT_SOFTMAX_SCALE
 
 #: Faults of the quantisation / planning steps around the kernel (implemented here).
 INPUT_FAULTS: dict[str, str] = {
@@ -128,7 +128,7 @@ def previous_step_lens(seq_lens: tuple[int, ...]) -> tuple[int, ...]:
 
 def _prepare_stale(inputs: CaseInputs, emu_faults: frozenset[str], cu_num: int) -> Prepared:
     """Kernel + reduce of the emulator with the previous step's plan (hardware semantics)."""
-    from .aiter_ps.planner import plan_ps_prefill
+    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 
     dev = inputs.device
     prev = previous_step_lens(inputs.case.seq_lens)
@@ -272,7 +272,7 @@ def probe_reference(p: ProbeInputs, *, dequantized: bool = True) -> torch.Tensor
 
 def run_probe(p: ProbeInputs, faults: Iterable[str] | str | None = None, cu_num: int | None = None) -> torch.Tensor:
     """The emulated AITER PS path (planner port + kernel + reduce) on a probe, with emulator faults."""
-    from .aiter_ps.planner import plan_ps_prefill
+    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 
     fs = frozenset(normalize_suite_faults(faults) & ALL_FAULTS)
     cu_num = cu_num or emulated_cu_num()
@@ -332,10 +332,10 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
     ``worst_value``, ``worst_tolerance``, ``worst_ratio`` (value / tolerance; inf for non-finite or
     error records). ``stop_at_first`` stops a fault at its first flagged (case, seed).
     """
-    from .calibrate import check, family_of
-    from .cases import parse_case_id
-    from .devices import platform_info
-    from .runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.analysis.calibrate import check, family_of
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
 
     pinfo = platform_info("cpu")
     opts = RunOptions(timing=False, determinism=False)
@@ -387,9 +387,9 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from .calibrate import load_tolerances
+    from mla_fp8_bench.analysis.calibrate import load_tolerances
 
-    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.faults",
+    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.analysis.faults",
                                  description="run every injected fault on the report cases; print the fault table")
     ap.add_argument("--tolerances", default="tolerances/cpu-emulated-v1.json")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")

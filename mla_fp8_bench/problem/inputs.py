@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .cases import Case
-from .fp8 import Quantized, quantize
-from .shapes import MLA_DIMS, MLADims
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.fp8 import Quantized, quantize
+from mla_fp8_bench.problem.shapes import MLA_DIMS, MLADims
 
 
 @dataclass
@@ -36,7 +36,7 @@ class CaseInputs:
         q: ``[T, H, 192]`` bf16.
         k: ``[T, H, 192]`` bf16.
         v: ``[T, H, 128]`` bf16 (a strided view for ``mla`` inputs).
-        q8, k8, v8: :class:`~mla_fp8_bench.fp8.Quantized` (fp8 data contiguous, fp32 ``[1]`` descale).
+        q8, k8, v8: :class:`~mla_fp8_bench.problem.fp8.Quantized` (fp8 data contiguous, fp32 ``[1]`` descale).
         cu_seqlens: ``[B+1]`` int32 on the device (qo_indptr == kv_indptr).
         cu_seqlens_cpu: the same on the CPU.
         max_seqlen: longest sequence.
@@ -105,7 +105,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", fp8_dtype: torch
     """Build the deterministic inputs of ``case`` on ``device``.
 
     Raises:
-        mla_fp8_bench.fp8.QuantError: if quantisation fails (e.g. non-finite inputs).
+        mla_fp8_bench.problem.fp8.QuantError: if quantisation fails (e.g. non-finite inputs).
         torch.OutOfMemoryError: if the device cannot hold them (callers record it as a skip).
     """
     device = torch.device(device)

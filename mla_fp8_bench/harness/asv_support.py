@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .cases import SWEEP_CAPS, SWEEP_SEQ_LENS
+from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
 #: Backends in the asv grid (static on every machine; unavailable ones are skips).
 ASV_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated", "fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref")
@@ -77,8 +77,8 @@ def _check_commit() -> None:
 
 
 def _grid_setup():
-    from .cases import parse_case_id
-    from .devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.measure.devices import platform_info
 
     _check_commit()
     pinfo = platform_info(os.environ.get("MLA_FP8_BENCH_DEVICE", "auto"))
@@ -108,14 +108,14 @@ def measure_grid() -> dict[str, Any]:
     Returns:
         ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
     """
-    from .runner import RunOptions, evaluate
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate
 
     pinfo, cap, backends, cases, skipped = _grid_setup()
     opts = RunOptions(samples=_env_int("MLA_FP8_BENCH_SAMPLES") or 30,
                       time_budget_s=float(os.environ.get("MLA_FP8_BENCH_TIME_BUDGET", "10")))
     data = evaluate(backends, cases, device=pinfo.device, options=opts,
                     progress=lambda r: print(f"[mla_fp8_bench] {r.backend} {r.case}: {r.status} {r.reason}", flush=True))
-    from .ceilings import attach
+    from mla_fp8_bench.measure.ceilings import attach
 
     attach(data)
     records: dict[str, Any] = {}
@@ -136,7 +136,7 @@ def measure_plans() -> dict[str, Any]:
         ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``,
         ``workspace_bytes`` and ``num_partials``.
     """
-    from .backends import get_backend
+    from mla_fp8_bench.backends import get_backend
 
     pinfo, cap, _backends, cases, skipped = _grid_setup()
     records: dict[str, Any] = {}

@@ -1,11 +1,11 @@
 """Plots of a run JSON or an asv results directory (``mla-fp8-bench plot``), and the
-``merge-results`` sub-command (:mod:`mla_fp8_bench.results_merge`; registered here because the CLI
+``merge-results`` sub-command (:mod:`mla_fp8_bench.analysis.results_merge`; registered here because the CLI
 auto-loads only the modules calibrate/gate/plot/bisect).
 
 ``mla-fp8-bench plot INPUT... --out DIR [--format png,svg]`` where each INPUT is
 
 * a run JSON written by ``mla-fp8-bench run --json`` (``{"env": ..., "records": [...]}``, optionally a
-  ``ceilings`` key from :func:`mla_fp8_bench.ceilings.attach`), or
+  ``ceilings`` key from :func:`mla_fp8_bench.measure.ceilings.attach`), or
 * an asv results directory (``results/`` with ``<machine>/`` inside; one figure set per machine) or one
   machine's directory (``results/<machine>/``). The newest commit's result file is used
   (``--commit`` picks another), read directly in asv 0.6's result format (api version 2:
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .jsonio import load_json
+from mla_fp8_bench.jsonio import load_json
 
 #: Formats ``--format`` accepts.
 FORMATS = ("png", "svg")
@@ -90,7 +90,7 @@ def _slug(text: str) -> str:
 
 def _is_emulation(backend: str) -> bool:
     try:
-        from .backends import get_backend
+        from mla_fp8_bench.backends import get_backend
 
         return bool(get_backend(backend).emulation)
     except Exception:  # noqa: BLE001 - unknown names from other suite revisions: fall back to the name
@@ -99,7 +99,7 @@ def _is_emulation(backend: str) -> bool:
 
 def _is_fp8(backend: str) -> bool:
     try:
-        from .backends import get_backend
+        from mla_fp8_bench.backends import get_backend
 
         return bool(get_backend(backend).fp8)
     except Exception:  # noqa: BLE001
@@ -391,7 +391,7 @@ def _backend_colors(names: list[str]) -> dict[str, Any]:
     import matplotlib
 
     try:
-        from .backends import backend_names
+        from mla_fp8_bench.backends import backend_names
 
         order = backend_names()
     except Exception:  # noqa: BLE001
@@ -750,7 +750,7 @@ def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, .
 
 # ------------------------------------------------------------------------------------- CLI
 def add_parser(subparsers) -> None:
-    """Register ``plot`` and ``merge-results`` (the CLI auto-loads this module)."""
+    """Register ``plot`` on the CLI's sub-parsers."""
     p = subparsers.add_parser("plot", help="latency / max-abs-error / TFLOP/s vs seq_len from run JSONs or asv results")
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="run JSON (mla-fp8-bench run --json) or asv results directory (results/ or results/<machine>/)")
@@ -764,9 +764,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--note", default=None,
                    help="a second title line, e.g. how the run was made ('torch 1 thread on a shared 2-core VM')")
     p.set_defaults(handler=cmd_plot)
-    from .results_merge import add_merge_parser
-
-    add_merge_parser(subparsers)
 
 
 def cmd_plot(args, console) -> int:

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .inputs import CaseInputs
+from mla_fp8_bench.problem.inputs import CaseInputs
 
 #: Elements of the [H, chunk, S] score block per chunk (about 64 MiB in float64).
 _CHUNK_ELEMENTS = 1 << 23

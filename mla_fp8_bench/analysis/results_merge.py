@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .jsonio import load_json, write_file_atomic, write_json_atomic
+from mla_fp8_bench.jsonio import load_json, write_file_atomic, write_json_atomic
 
 #: asv's results/benchmarks.json api version that this code understands (asv 0.6.x).
 ASV_RESULTS_API_VERSION = 2
@@ -366,7 +366,7 @@ def _copy_atomic(src: Path, target: Path) -> None:
 
 # ---------------------------------------------------------------------------------------- CLI
 def add_merge_parser(subparsers) -> None:
-    """Register ``merge-results`` (called from :func:`mla_fp8_bench.plot.add_parser`)."""
+    """Register ``merge-results`` (called from :func:`mla_fp8_bench.analysis.plot.add_parser`)."""
     p = subparsers.add_parser(
         "merge-results",
         help="merge asv results directories from several runners into one (union of benchmarks.json, "

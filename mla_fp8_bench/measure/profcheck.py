@@ -2,7 +2,7 @@
 
 For one prepared call this measures, in one process and one window:
 
-* ``graph_s`` - the suite's kernel-only number (:func:`mla_fp8_bench.timing.time_device`: graph
+* ``graph_s`` - the suite's kernel-only number (:func:`mla_fp8_bench.measure.timing.time_device`: graph
   replay between events, median per launch).
 * ``profiled_graph`` - ``R`` replays of a graph of ``L`` launches run under ``torch.profiler``
   (CUDA activity). Each replay is bracketed by events, so the same launches are timed both ways:
@@ -22,9 +22,9 @@ Differences are in percent, ``(graph / profiler - 1) * 100``:
 
 Command line (one process; the CV study of ``scripts/h200_session.py`` runs it several times)::
 
-    python -m mla_fp8_bench.profcheck --backend fa3-fp8 --cases s128,s2048 --json out.json
+    python -m mla_fp8_bench.measure.profcheck --backend fa3-fp8 --cases s128,s2048 --json out.json
 
-and ``python -m mla_fp8_bench.profcheck --summarize a.json b.json ...`` prints the run-to-run CV of
+and ``python -m mla_fp8_bench.measure.profcheck --summarize a.json b.json ...`` prints the run-to-run CV of
 ``graph_s`` across those processes.
 """
 
@@ -99,7 +99,7 @@ def crosscheck(run: Callable[[], object], device: torch.device, *, replays: int 
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from .timing import _capture, _settle, time_device
+    from mla_fp8_bench.measure.timing import _capture, _settle, time_device
 
     if device.type != "cuda":
         raise ValueError(f"the profiler cross-check needs a GPU, got {device}")
@@ -167,12 +167,12 @@ def measure(backend: str, case_ids: list[str], *, device: str = "auto", profile:
     Returns:
         ``{"env": ..., "backend": ..., "records": [{"case", "status", "graph_s", "tflops", ...}]}``.
     """
-    from .backends import get_backend
-    from .cases import resolve_cases
-    from .devices import platform_info
-    from .flops import causal_flops, tflops
-    from .inputs import make_inputs
-    from .runner import environment
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.problem.cases import resolve_cases
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.flops import causal_flops, tflops
+    from mla_fp8_bench.problem.inputs import make_inputs
+    from mla_fp8_bench.harness.runner import environment
 
     pinfo = platform_info(device)
     b = get_backend(backend)
@@ -195,7 +195,7 @@ def measure(backend: str, case_ids: list[str], *, device: str = "auto", profile:
             if profile:
                 rec.update(crosscheck(prepared.run, pinfo.device, samples=samples))
             else:
-                from .timing import time_device
+                from mla_fp8_bench.measure.timing import time_device
 
                 tr = time_device(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
                                  samples=samples)
@@ -272,7 +272,7 @@ def format_cv_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mla_fp8_bench.profcheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mla_fp8_bench.measure.profcheck", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="fa3-fp8")
     p.add_argument("--cases", default="s128,s2048,s8192,s32768", help="comma-separated case ids")
     p.add_argument("--device", default="auto")

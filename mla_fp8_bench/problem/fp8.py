@@ -1,6 +1,6 @@
 """FP8 e4m3 quantisation as the paths under test do it.
 
-Two modes (see :data:`mla_fp8_bench.cases.QUANT_MODES`):
+Two modes (see :data:`mla_fp8_bench.problem.cases.QUANT_MODES`):
 
 * ``per_tensor`` - AITER's ``per_tensor_quant`` (op_tests/test_mla_prefill_ps.py):
   ``scale = amax / fp8_max``; ``x8 = clamp(x / scale, -fp8_max, fp8_max).to(fp8)``; the descale
