@@ -15,7 +15,14 @@ Accuracy values are floored at 1e-12 (asv's summary uses a geometric mean over p
 would make it 0): a plotted 1e-12 means exactly 0.
 """
 
-from mla_fp8_bench.harness.asv_support import ASV_BACKENDS, ASV_CASES, PLAN_BACKENDS, lookup, measure_grid, measure_plans
+from mla_fp8_bench.harness.asv_support import (
+    ASV_BACKENDS,
+    ASV_CASES,
+    PLAN_BACKENDS,
+    lookup,
+    measure_grid,
+    measure_plans,
+)
 
 _VERSION = "mla-prefill-v1"
 

@@ -38,9 +38,9 @@ def _fmt_f(x: Any, spec: str = ".4g") -> str:
 
 def cmd_env(args: argparse.Namespace, console: Console) -> int:
     from mla_fp8_bench.backends import backend_names, get_backend
+    from mla_fp8_bench.harness.runner import environment
     from mla_fp8_bench.measure.devices import platform_info, vendor_of_build
     from mla_fp8_bench.problem.fp8 import cast_saturates
-    from mla_fp8_bench.harness.runner import environment
 
     pinfo = platform_info(args.device)
     env = environment(pinfo)
@@ -85,8 +85,8 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
 
 def _resolve_run_args(args: argparse.Namespace):
     from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
-    from mla_fp8_bench.problem.cases import default_sweep, resolve_cases
     from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import default_sweep, resolve_cases
 
     pinfo = platform_info(args.device)
     names = [b for s in (args.backends or []) for b in s.split(",") if b] or list(DEFAULT_BACKENDS)
@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from mla_fp8_bench.backends import UnknownBackendError
-    from mla_fp8_bench.problem.cases import CaseError
     from mla_fp8_bench.measure.devices import DeviceError
+    from mla_fp8_bench.problem.cases import CaseError
 
     handlers = {"env": cmd_env, "cases": cmd_cases, "run": cmd_run, "asv-machine": cmd_asv_machine}
     try:

@@ -326,7 +326,6 @@ def coloured_pixels(png: Path, box: tuple[float, float, float, float] = (0.16, 0
     """Strongly coloured (saturated, not grey/black/white) pixels inside ``box`` (fractions of the
     image: left, top, right, bottom) - flot's series colours; the asv chrome is grey and blue-grey."""
     import matplotlib.image as mpimg
-    import numpy as np
 
     img = mpimg.imread(str(png))[..., :3]
     h, w = img.shape[:2]

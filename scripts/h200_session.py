@@ -206,8 +206,8 @@ def ensure_plain_cache(s: Session) -> None:
     processes). If the working tree still has that, patch the *device copy* to ``str(...)`` (a
     one-line fix the lead applies in the repository) and record it in the summary.
     """
-    from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.harness.runner import environment
+    from mla_fp8_bench.measure.devices import platform_info
 
     env = environment(platform_info("cpu"))
     bad = {k: type(v).__module__ + "." + type(v).__name__ for k, v in env.items()

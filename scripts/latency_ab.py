@@ -34,9 +34,10 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -156,8 +157,8 @@ def measure(run, device, samples: int, graph_capturable: bool) -> list[float]:
 def run_trials(backend: str, case: str, device: str, aa: int, reps: int, slowdowns: list[float], samples: int,
                deadline: float, log=print) -> tuple[list[Trial], dict[str, Any]]:
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.problem.inputs import make_inputs
 
     pinfo = platform_info(device)

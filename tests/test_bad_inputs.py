@@ -20,20 +20,19 @@ import pytest
 import torch
 
 import mla_fp8_bench.problem.inputs as inputs_mod
-from mla_fp8_bench.harness import asv_support
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
-from mla_fp8_bench.backends import BackendUnavailable, CaseUnsupported, UnknownBackendError, get_backend
-from mla_fp8_bench.backends import aiter_real
+from mla_fp8_bench.backends import BackendUnavailable, CaseUnsupported, UnknownBackendError, aiter_real, get_backend
 from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
 from mla_fp8_bench.backends.aiter_real import TILE_Q, AiterPsDriver, AiterReal
-from mla_fp8_bench.problem.cases import Case, CaseError, parse_case_id, resolve_cases
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.harness import asv_support
+from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
 from mla_fp8_bench.measure.devices import DeviceError, platform_info
-from mla_fp8_bench.problem.fp8 import QuantError, quantize
-from mla_fp8_bench.problem.inputs import make_inputs
 from mla_fp8_bench.measure.metrics import error_metrics
 from mla_fp8_bench.measure.reference import causal_attention
-from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
+from mla_fp8_bench.problem.cases import Case, CaseError, parse_case_id, resolve_cases
+from mla_fp8_bench.problem.fp8 import QuantError, quantize
+from mla_fp8_bench.problem.inputs import make_inputs
 
 CPU = platform_info("cpu")
 HOPPER = dataclasses.replace(CPU, vendor="cuda", arch="sm_90", name="NVIDIA H200")

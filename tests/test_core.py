@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
+from mla_fp8_bench.measure.metrics import error_metrics, lse_error
+from mla_fp8_bench.measure.reference import causal_attention, reference_bf16, reference_fp8_dequant
 from mla_fp8_bench.problem.cases import Case, CaseError, default_sweep, parse_case_id, resolve_cases
 from mla_fp8_bench.problem.flops import causal_flops, min_bytes, tflops
 from mla_fp8_bench.problem.fp8 import QuantError, fp8_max, quantize
 from mla_fp8_bench.problem.inputs import make_inputs
-from mla_fp8_bench.measure.metrics import error_metrics, lse_error
-from mla_fp8_bench.measure.reference import causal_attention, reference_bf16, reference_fp8_dequant
 
 
 # ----------------------------------------------------------------------------- cases

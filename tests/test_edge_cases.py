@@ -21,11 +21,11 @@ import torch
 
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends.aiter_real import TILE_Q, workspace_bytes
-from mla_fp8_bench.problem.cases import SUITES, parse_case_id
+from mla_fp8_bench.harness.runner import RunOptions, evaluate
 from mla_fp8_bench.measure.devices import platform_info
+from mla_fp8_bench.problem.cases import SUITES, parse_case_id
 from mla_fp8_bench.problem.fp8 import cast_saturates, fp8_max
 from mla_fp8_bench.problem.inputs import make_inputs
-from mla_fp8_bench.harness.runner import RunOptions, evaluate
 
 PINFO = platform_info("cpu")
 #: max |out - ref| bound of the emulated FP8 kernel against exact attention on the same fp8 inputs

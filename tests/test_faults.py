@@ -65,9 +65,9 @@ def test_probe_only_faults_are_invisible_on_prefill_cases(tol, fault):
 
 def test_healthy_path_raises_no_alarm_over_fresh_seeds(tol):
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.problem.cases import parse_case_id
-    from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
 
     pinfo = platform_info("cpu")
     opts = RunOptions(timing=False, determinism=False)

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mla_fp8_bench.cli import main
 from mla_fp8_bench.analysis.gate import (
     Measure,
     latency_verdict,
     mann_whitney_greater,
     min_attainable_p,
 )
+from mla_fp8_bench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = ROOT / "tolerances" / "cpu-emulated-v1.json"

@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends import fa3 as fa3mod
+from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.measure.devices import PlatformInfo
 
 CUDA = torch.cuda.is_available()
@@ -225,11 +225,11 @@ def test_ceilings_measure_on_gpu():
 @needs_fa3
 @pytest.mark.parametrize("case_id", ["s512", "s2048", "ragged-603-640-655-698"])
 def test_fa3_fp8_accuracy_vs_fp32_dequant_reference(case_id):
-    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.measure.devices import platform_info
-    from mla_fp8_bench.problem.inputs import make_inputs
     from mla_fp8_bench.measure.metrics import error_metrics, lse_error
     from mla_fp8_bench.measure.reference import reference_bf16, reference_fp8_dequant
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     pinfo = platform_info("cuda")
     inp = make_inputs(parse_case_id(case_id), pinfo.device, pinfo.fp8_dtype)
@@ -251,12 +251,12 @@ def test_fa3_fp8_accuracy_vs_fp32_dequant_reference(case_id):
 
 @needs_fa3
 def test_fa3_bf16_accuracy_and_graph_timing():
-    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.measure.devices import platform_info
-    from mla_fp8_bench.problem.inputs import make_inputs
     from mla_fp8_bench.measure.metrics import error_metrics
     from mla_fp8_bench.measure.reference import reference_bf16
     from mla_fp8_bench.measure.timing import time_device
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     pinfo = platform_info("cuda")
     inp = make_inputs(parse_case_id("s2048-mla"), pinfo.device, pinfo.fp8_dtype)  # strided v, as vLLM passes it
@@ -271,8 +271,8 @@ def test_fa3_bf16_accuracy_and_graph_timing():
 @needs_fa3
 def test_fa3_fp8_graph_replay_matches_eager_output():
     """The graph-captured call computes the same output as the eager one (deterministic kernel)."""
-    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.problem.inputs import make_inputs
 
     pinfo = platform_info("cuda")

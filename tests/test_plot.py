@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.cli import main
 from mla_fp8_bench.analysis.plot import load_inputs, plot
+from mla_fp8_bench.cli import main
 
 
 def _rec(backend, case, lat, e8, e16, tf, emu=False):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mla_fp8_bench.analysis.results_merge import MergeError, merge_result_data, merge_results
 from mla_fp8_bench.cli import main
-from mla_fp8_bench.analysis.results_merge import MergeError, merge_results, merge_result_data
 
 COLS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
         "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]

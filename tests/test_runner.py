@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mla_fp8_bench.backends import Backend, Prepared, Verdict, register_backend, unregister_backend
-from mla_fp8_bench.problem.cases import resolve_cases
 from mla_fp8_bench.cli import main
 from mla_fp8_bench.harness.runner import RECORD_KEYS, RunOptions, evaluate, write_json_atomic
+from mla_fp8_bench.problem.cases import resolve_cases
 
 
 class _Boom(Backend):

@@ -31,13 +31,19 @@ import torch
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
-from mla_fp8_bench.backends.vllm_aiter import (ADAPTER_FAULTS, VllmAdapterError, VllmAiter, VllmFeatures,
-                                               detect_features, for_testing)
-from mla_fp8_bench.problem.cases import parse_case_id
+from mla_fp8_bench.backends.vllm_aiter import (
+    ADAPTER_FAULTS,
+    VllmAdapterError,
+    VllmAiter,
+    VllmFeatures,
+    detect_features,
+    for_testing,
+)
+from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
 from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.cases import parse_case_id
 from mla_fp8_bench.problem.fp8 import quantize
 from mla_fp8_bench.problem.inputs import make_inputs
-from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
 
 CU = 32  # a small CU count keeps the emulator fast; the tier uses MI355X's 256
 TILE = 256

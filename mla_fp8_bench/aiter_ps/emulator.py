@@ -36,7 +36,7 @@ regressions; see :data:`FAULT_DESCRIPTIONS`.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 

@@ -31,7 +31,8 @@ import importlib.machinery
 import math
 import re
 import types
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 

@@ -281,9 +281,9 @@ def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
 def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -> dict[str, dict[str, Any]]:
     """Records (metric dicts) of each backend on one case (CPU, no timing)."""
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.problem.cases import parse_case_id
-    from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
 
     if cu_num:
         os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = str(cu_num)

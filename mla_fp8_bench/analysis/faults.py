@@ -41,14 +41,19 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.emulator import ALL_FAULTS, FAULT_DESCRIPTIONS, emulate_mla_prefill_ps_asm_fwd, emulate_mla_reduce_v1
+from mla_fp8_bench.aiter_ps.emulator import (
+    ALL_FAULTS,
+    FAULT_DESCRIPTIONS,
+    emulate_mla_prefill_ps_asm_fwd,
+    emulate_mla_reduce_v1,
+)
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated, emulated_cu_num
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
-from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.measure.metrics import error_metrics
+from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.fp8 import Quantized, fp8_max, quantize
 from mla_fp8_bench.problem.inputs import CaseInputs
-from mla_fp8_bench.measure.metrics import error_metrics
 from mla_fp8_bench.problem.shapes import DEFAULT_SOFTMAX_SCALE
 
 #: Faults of the quantisation / planning steps around the kernel (implemented here).
@@ -333,9 +338,9 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
     error records). ``stop_at_first`` stops a fault at its first flagged (case, seed).
     """
     from mla_fp8_bench.analysis.calibrate import check, family_of
-    from mla_fp8_bench.problem.cases import parse_case_id
-    from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
 
     pinfo = platform_info("cpu")
     opts = RunOptions(timing=False, determinism=False)

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.jsonio import load_json
-
 import numpy as np
+
+from mla_fp8_bench.jsonio import load_json
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 DEFAULT_FACTOR = 1.05
@@ -150,7 +150,7 @@ class LatencyVerdict:
     p: float | None = None
 
 
-def latency_verdict(base: "Measure", head: "Measure", factor: float = DEFAULT_FACTOR,
+def latency_verdict(base: Measure, head: Measure, factor: float = DEFAULT_FACTOR,
                     alpha: float = DEFAULT_ALPHA) -> LatencyVerdict:
     """The gate's latency rule: ratio of medians (or values) > factor AND significant."""
     bv, hv = base.center(), head.center()

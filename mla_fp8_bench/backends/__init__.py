@@ -8,7 +8,7 @@ import importlib
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 
 #: name -> "module:Class" (relative to this package).
-_REGISTRY: dict[str, "str | type[Backend]"] = {
+_REGISTRY: dict[str, str | type[Backend]] = {
     "aiter-emulated": "aiter_emulated:AiterEmulated",
     "aiter": "aiter_real:AiterReal",
     "vllm-aiter": "vllm_aiter:VllmAiter",
@@ -31,7 +31,7 @@ def backend_names() -> list[str]:
     return list(_REGISTRY)
 
 
-def register_backend(name: str, target: "str | type[Backend]") -> None:
+def register_backend(name: str, target: str | type[Backend]) -> None:
     """Register ``name`` -> a Backend subclass, ``"package.module:Class"`` (absolute) or ``"module:Class"``
     (in this package)."""
     _REGISTRY[name] = target

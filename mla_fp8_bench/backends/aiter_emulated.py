@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mla_fp8_bench.problem.cases import Case
-from mla_fp8_bench.measure.devices import PlatformInfo
-from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.backends.aiter_real import AiterPsDriver, plan_stats_with
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.inputs import CaseInputs
 
 DEFAULT_EMU_CU_NUM = 256  # MI355X multiProcessorCount
 

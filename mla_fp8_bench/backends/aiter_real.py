@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.problem.cases import Case
-from mla_fp8_bench.measure.devices import PlatformInfo
-from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.inputs import CaseInputs
 
 TILE_Q = 256  # qlen_granularity: rows of one q-tile (AITER kernel m32x8 -> 256 rows)
 KVLEN_GRANULARITY = 128  # max(128, block_size), power of two (checked by the planner)

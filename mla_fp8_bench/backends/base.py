@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
 
 
@@ -40,11 +40,11 @@ class Verdict:
         return self.ok
 
     @classmethod
-    def yes(cls) -> "Verdict":
+    def yes(cls) -> Verdict:
         return cls(True, "")
 
     @classmethod
-    def no(cls, reason: str) -> "Verdict":
+    def no(cls, reason: str) -> Verdict:
         return cls(False, reason)
 
 

@@ -40,10 +40,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from mla_fp8_bench.problem.cases import Case
-from mla_fp8_bench.measure.devices import PlatformInfo
-from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.inputs import CaseInputs
 
 #: The Python module of the wheel and the exact wheel to install.
 FA3_MODULE = "fa3_fwd_interface"

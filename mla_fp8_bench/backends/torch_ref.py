@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.inputs import CaseInputs
-from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
 
 
 def _sdpa_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], scale: float,

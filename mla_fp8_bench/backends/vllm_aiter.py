@@ -49,17 +49,24 @@ import math
 import sys
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from mla_fp8_bench.problem.cases import Case
-from mla_fp8_bench.measure.devices import PlatformInfo
-from mla_fp8_bench.problem.inputs import CaseInputs
-from mla_fp8_bench.backends.aiter_real import PRIMITIVES, _aiter_gate, detect_reduce_arity, parse_aiter_version, reduce_heads_for
+from mla_fp8_bench.backends.aiter_real import (
+    PRIMITIVES,
+    _aiter_gate,
+    detect_reduce_arity,
+    parse_aiter_version,
+    reduce_heads_for,
+)
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.inputs import CaseInputs
 
 DEFAULT_VLLM_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
 DEFAULT_WORKSPACE_MODULE = "vllm.v1.worker.workspace"

@@ -77,8 +77,8 @@ def _check_commit() -> None:
 
 
 def _grid_setup():
-    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
 
     _check_commit()
     pinfo = platform_info(os.environ.get("MLA_FP8_BENCH_DEVICE", "auto"))

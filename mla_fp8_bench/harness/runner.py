@@ -18,15 +18,22 @@ from typing import Any
 import torch
 
 from mla_fp8_bench import __version__
-from mla_fp8_bench.backends import Backend, BackendUnavailable, CaseUnsupported, UnknownBackendError, Verdict, get_backend
-from mla_fp8_bench.problem.cases import Case
-from mla_fp8_bench.measure.devices import PlatformInfo, platform_info, synchronize
-from mla_fp8_bench.problem.flops import causal_flops, min_bytes, tflops
-from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
+from mla_fp8_bench.backends import (
+    Backend,
+    BackendUnavailable,
+    CaseUnsupported,
+    UnknownBackendError,
+    Verdict,
+    get_backend,
+)
 from mla_fp8_bench.jsonio import write_json_atomic  # noqa: F401 - re-exported (CLI, tests)
+from mla_fp8_bench.measure.devices import PlatformInfo, platform_info, synchronize
 from mla_fp8_bench.measure.metrics import error_metrics, lse_error
 from mla_fp8_bench.measure.reference import reference_bf16, reference_fp8_dequant
 from mla_fp8_bench.measure.timing import measure_latency, time_call
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.flops import causal_flops, min_bytes, tflops
+from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 
 #: Record keys that every JSON record carries (issue #2's contract with users).
 RECORD_KEYS = (

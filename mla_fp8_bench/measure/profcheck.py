@@ -168,11 +168,11 @@ def measure(backend: str, case_ids: list[str], *, device: str = "auto", profile:
         ``{"env": ..., "backend": ..., "records": [{"case", "status", "graph_s", "tflops", ...}]}``.
     """
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.problem.cases import resolve_cases
+    from mla_fp8_bench.harness.runner import environment
     from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import resolve_cases
     from mla_fp8_bench.problem.flops import causal_flops, tflops
     from mla_fp8_bench.problem.inputs import make_inputs
-    from mla_fp8_bench.harness.runner import environment
 
     pinfo = platform_info(device)
     b = get_backend(backend)

@@ -112,7 +112,7 @@ class Case:
         """The stable short id (see module docstring)."""
         return format_case_id(self)
 
-    def with_(self, **changes) -> "Case":
+    def with_(self, **changes) -> Case:
         """A copy with fields replaced (validated)."""
         return replace(self, **changes)
 

@@ -251,10 +251,10 @@ def check_gate(vmod) -> dict:
 def check_raising(ws, vllm_aiter_mod) -> dict:
     """Global state is reset when prepare raises (adapter's own path) and when the call raises (runner)."""
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
-    from mla_fp8_bench.problem.cases import parse_case_id
-    from mla_fp8_bench.measure.devices import platform_info
-    from mla_fp8_bench.problem.inputs import make_inputs
     from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
 
     res = {}
     installed = sys.modules.get("aiter")
@@ -363,8 +363,8 @@ def main(argv=None) -> int:
         steps.append((f"case:{cid}", lambda cid=cid: check_case(adapter, ws, aiter, cid, repeat=cid == REPEAT_CASE)))
     for cid in PLAN_CASES:
         def plan(cid=cid):
-            from mla_fp8_bench.problem.cases import parse_case_id
             from mla_fp8_bench.measure.devices import platform_info
+            from mla_fp8_bench.problem.cases import parse_case_id
 
             case = parse_case_id(cid)
             if not adapter.supports(case, None):
