@@ -1,0 +1,448 @@
+"""The one reader of stored results: asv results directories and ``mla-fp8-bench run --json`` files.
+
+Every report (gate, plot, bisect, merge-results, publish) reads results through this module, so the
+file formats are parsed in one place and every read error is one line naming the file and the problem.
+
+asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
+
+    results/benchmarks.json                 {"version": 2, "<benchmark name>": {definition}, ...}
+    results/<machine>/machine.json          {"version": 1, "machine": "<machine>", "arch": ..., ...}
+    results/<machine>/<sha8>-<env>.json     one (commit, environment) result file, api version 2
+
+A result file holds ``commit_hash``, ``env_name``, ``date`` (ms since the epoch), ``params`` (machine
+facts + python + requirements), ``result_columns`` (column names, e.g. ``result, params, version,
+started_at, duration, stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number,
+stats_repeat, samples, profile``) and ``results``: per benchmark one row in column order (trailing
+columns may be absent). ``result`` and the ``stats_*``/``samples`` columns are lists over
+``itertools.product(*params)`` where ``params`` lists each parameter's values as Python literals
+(``"'aiter'"``); a failed combination is ``null``, a skipped one ``NaN``; ``started_at`` is ms since
+the epoch.
+
+A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
+optionally with ``ceilings`` (:func:`mla_fp8_bench.measure.ceilings.attach`).
+
+API (all errors are :class:`ResultsError`, a ``ValueError``)
+
+* :func:`load_run_json` -> :class:`RunDoc` (``env``, ``records``, ``ceilings``)
+* :func:`list_machines` / :func:`machine_dirs` / :func:`load_machine` - machines of a results directory
+* :func:`list_result_files` -> :class:`ResultFileName` (commit prefix, env, path) per result file
+* :func:`find_result` - the result file of one commit prefix (and env) on one machine
+* :func:`load_asv_result` -> :class:`AsvResult`; ``.measurements(benchmark)`` gives one
+  :class:`Measurement` (value, status, quartiles, CI, samples) per parameter combination
+* :func:`load_benchmarks` - ``benchmarks.json``
+* :func:`load_any` - a run JSON or an asv result file, told apart by content
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mla_fp8_bench.jsonio import load_json
+
+#: asv 0.6.x api versions of the three files.
+ASV_RESULTS_API_VERSION = 2
+ASV_BENCHMARKS_API_VERSION = 2
+ASV_MACHINE_API_VERSION = 1
+#: File names in a machine directory that are not result files.
+NON_RESULT_FILES = ("machine.json", "benchmarks.json")
+_RESULT_KEYS = ("commit_hash", "env_name", "params", "result_columns", "results")
+_TRUNCATED_HINT = "it may be truncated or corrupt"
+
+
+class ResultsError(ValueError):
+    """A results file or directory cannot be read; the message names the path and the problem."""
+
+
+def _load(path: Path, what: str) -> Any:
+    return load_json(path, what, ResultsError, _TRUNCATED_HINT)
+
+
+def _finite_or_none(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+# ------------------------------------------------------------------------------------------ run JSONs
+@dataclass
+class RunDoc:
+    """A parsed ``mla-fp8-bench run --json`` file.
+
+    Attributes:
+        path: the file.
+        env: the run's environment (device, versions); ``{}`` when absent.
+        records: one dict per (backend, case), each with ``backend`` and ``case`` strings.
+        ceilings: measured GEMM ceilings / datasheet peaks, or None.
+        raw: the whole document.
+    """
+
+    path: Path
+    env: dict[str, Any]
+    records: list[dict[str, Any]]
+    ceilings: dict[str, Any] | None
+    raw: dict[str, Any]
+
+
+def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
+    """Check an already parsed run JSON document (see :func:`load_run_json`)."""
+    path = Path(path)
+    if not isinstance(data, dict):
+        raise ResultsError(f"run JSON {path} is a JSON {type(data).__name__}, not an object with a 'records' list")
+    recs = data.get("records")
+    if not isinstance(recs, list):
+        raise ResultsError(f"run JSON {path} has no 'records' list: not written by `mla-fp8-bench run --json`")
+    for i, r in enumerate(recs):
+        if not isinstance(r, dict) or not isinstance(r.get("backend"), str) or not isinstance(r.get("case"), str):
+            raise ResultsError(f"run JSON {path}: record {i} is malformed ({str(r)[:60]!s}; needs an object with "
+                               "'backend' and 'case' strings)")
+    env = data.get("env")
+    if env is not None and not isinstance(env, dict):
+        raise ResultsError(f"run JSON {path}: 'env' is a {type(env).__name__}, not an object")
+    ceilings = data.get("ceilings")
+    return RunDoc(path, env or {}, recs, ceilings if isinstance(ceilings, dict) else None, data)
+
+
+def load_run_json(path: str | os.PathLike) -> RunDoc:
+    """Read a run JSON.
+
+    Raises:
+        ResultsError: unreadable, not JSON (e.g. truncated), not an object, no ``records`` list, or a
+            record that is not an object with ``backend``/``case`` strings; the message names the file.
+    """
+    return run_doc_from_data(_load(Path(path), "run JSON"), path)
+
+
+# ------------------------------------------------------------------------------------ asv directories
+def _check_version(data: Any, path: Path, what: str, version: int) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ResultsError(f"{what} {path} is a JSON {type(data).__name__}, not an object")
+    if data.get("version") != version:
+        raise ResultsError(f"{what} {path} has api version {data.get('version')!r}; expected {version} (asv 0.6.x)")
+    return data
+
+
+def load_machine(path: str | os.PathLike) -> dict[str, Any]:
+    """``machine.json`` of a machine directory (``path`` is the directory or the file itself).
+
+    Raises:
+        ResultsError: missing/corrupt file, wrong api version, no ``machine`` name.
+    """
+    p = Path(path)
+    f = p / "machine.json" if p.is_dir() else p
+    mj = _check_version(_load(f, "asv machine file"), f, "asv machine file", ASV_MACHINE_API_VERSION)
+    if not isinstance(mj.get("machine"), str) or not mj["machine"]:
+        raise ResultsError(f"asv machine file {f} has no 'machine' name")
+    return mj
+
+
+def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:
+    """``benchmarks.json`` (``path`` is the results directory or the file): name -> definition, plus
+    ``version``.
+
+    Raises:
+        ResultsError: missing/corrupt file or wrong api version.
+    """
+    p = Path(path)
+    f = p / "benchmarks.json" if p.is_dir() else p
+    return _check_version(_load(f, "asv benchmarks file"), f, "asv benchmarks file", ASV_BENCHMARKS_API_VERSION)
+
+
+def is_machine_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is one machine's directory (holds ``machine.json``)."""
+    return (Path(path) / "machine.json").is_file()
+
+
+def machine_dirs(results_dir: str | os.PathLike) -> list[Path]:
+    """Machine directories of ``results_dir`` (``[results_dir]`` itself when it is one), sorted by name.
+
+    Raises:
+        ResultsError: ``results_dir`` is not a directory.
+    """
+    p = Path(results_dir)
+    if not p.is_dir():
+        raise ResultsError(f"results directory {p} does not exist or is not a directory")
+    if is_machine_dir(p):
+        return [p]
+    return sorted(q for q in p.iterdir() if q.is_dir() and is_machine_dir(q))
+
+
+def list_machines(results_dir: str | os.PathLike) -> list[str]:
+    """Names of the machine directories in ``results_dir`` (see :func:`machine_dirs`)."""
+    return [m.name for m in machine_dirs(results_dir)]
+
+
+@dataclass(frozen=True)
+class ResultFileName:
+    """A result file as named by asv: ``<commit prefix>-<env name>.json``."""
+
+    path: Path
+    commit: str  # the 8-hex-digit prefix asv puts in the name
+    env: str
+
+
+_NAME_RE = re.compile(r"([0-9a-fA-F]{8})-(.+)\.json")
+
+
+def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
+    """The result files of one machine directory (by name; contents are not read), sorted by path.
+
+    Raises:
+        ResultsError: ``machine_dir`` is not a directory.
+    """
+    p = Path(machine_dir)
+    if not p.is_dir():
+        raise ResultsError(f"asv machine directory {p} does not exist or is not a directory")
+    out = []
+    for f in sorted(p.glob("*.json")):
+        if f.name in NON_RESULT_FILES or not f.is_file():
+            continue
+        m = _NAME_RE.fullmatch(f.name)
+        out.append(ResultFileName(f, m.group(1).lower(), m.group(2)) if m else ResultFileName(f, "", f.stem))
+    return out
+
+
+def list_commits(machine_dir: str | os.PathLike) -> list[str]:
+    """Commit prefixes (8 hex digits) with a result file in ``machine_dir``, sorted."""
+    return sorted({r.commit for r in list_result_files(machine_dir) if r.commit})
+
+
+def list_envs(machine_dir: str | os.PathLike) -> list[str]:
+    """Environment names with a result file in ``machine_dir``, sorted."""
+    return sorted({r.env for r in list_result_files(machine_dir)})
+
+
+def _check_commit_prefix(prefix: str) -> str:
+    if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
+        raise ResultsError(f"{prefix!r} is not a commit hash prefix (>= 4 hex digits)")
+    return prefix.lower()
+
+
+def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: str | None = None) -> Path:
+    """The result file of commit ``commit`` (a prefix of >= 4 hex digits) on ``machine``.
+
+    Candidate files are chosen by name and then read: a corrupt candidate is an error naming it,
+    never "no results".
+
+    Args:
+        results_dir: the asv results directory.
+        machine: the machine directory name.
+        commit: commit hash prefix.
+        env: keep only environments whose name contains this string.
+
+    Raises:
+        ResultsError: bad prefix, unknown machine, corrupt candidate, no result, an ambiguous prefix,
+            or several environments without ``env``.
+    """
+    prefix = _check_commit_prefix(commit)
+    mdir = Path(results_dir) / machine
+    if not is_machine_dir(mdir):
+        have = ", ".join(list_machines(results_dir)) if Path(results_dir).is_dir() else "none"
+        raise ResultsError(f"machine {machine!r} has no results in {results_dir}: machines present {have or 'none'}")
+    hits: dict[str, list[tuple[Path, str]]] = {}
+    for rf in list_result_files(mdir):
+        if not rf.commit or not (rf.commit.startswith(prefix[:8]) or prefix.startswith(rf.commit)):
+            continue
+        head = load_asv_result(rf.path)
+        if head.commit_hash.lower().startswith(prefix):
+            hits.setdefault(head.commit_hash, []).append((rf.path, head.env_name))
+    if not hits:
+        have = ", ".join(list_commits(mdir)) or "none"
+        raise ResultsError(f"commit {commit} has no asv results in {mdir}: commits present {have}")
+    if len(hits) > 1:
+        raise ResultsError(f"commit prefix {commit} is ambiguous in {mdir}: {', '.join(sorted(h[:12] for h in hits))}")
+    files = next(iter(hits.values()))
+    if env:
+        files = [f for f in files if env in f[1]]
+        if not files:
+            raise ResultsError(f"commit {commit} in {mdir}: no result file whose environment contains {env!r}")
+    if len(files) > 1:
+        raise ResultsError(f"commit {commit} has results of {len(files)} environments in {mdir} "
+                           f"({', '.join(e for _, e in files)}): choose one (--env)")
+    return files[0][0]
+
+
+# ------------------------------------------------------------------------------------ asv result files
+def param_literal(text: Any) -> str:
+    """One stored parameter value as the benchmark saw it: ``"'aiter'"`` -> ``"aiter"``."""
+    if not isinstance(text, str):
+        return str(text)
+    try:
+        return str(ast.literal_eval(text))
+    except (ValueError, SyntaxError):
+        return text
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One stored value: a benchmark at one parameter combination.
+
+    Attributes:
+        benchmark: full asv name (``bench_mla_prefill.MLAPrefill.track_latency``).
+        params: the combination's values as strings (``("aiter", "s4096")``); ``()`` if unparameterised.
+        status: ``ok``, ``failed`` (asv stored null) or ``skipped`` (NaN).
+        value: the stored number (asv's median for sample-based benchmarks); None unless ok.
+        q25, q75, ci_99_a, ci_99_b: asv's statistics, None when absent.
+        samples: asv's samples (floats), None when absent.
+        version: the benchmark's version string; started_at: ms since the epoch.
+    """
+
+    benchmark: str
+    params: tuple[str, ...]
+    status: str
+    value: float | None = None
+    q25: float | None = None
+    q75: float | None = None
+    ci_99_a: float | None = None
+    ci_99_b: float | None = None
+    samples: list[float] | None = None
+    version: str | None = None
+    started_at: float | None = None
+
+
+@dataclass
+class AsvResult:
+    """A parsed asv result file (api version 2). See the module docstring for the format."""
+
+    path: Path
+    commit_hash: str
+    env_name: str
+    date: float | None
+    params: dict[str, Any]
+    result_columns: list[str]
+    results: dict[str, list[Any]]
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def machine(self) -> str | None:
+        """The machine name stored in the file's params (asv copies machine.json there)."""
+        m = self.params.get("machine")
+        return m if isinstance(m, str) else None
+
+    def benchmarks(self) -> list[str]:
+        """Benchmark names with a row in this file, in file order."""
+        return list(self.results)
+
+    def row(self, benchmark: str) -> dict[str, Any]:
+        """One benchmark's row as column name -> value (absent trailing columns are None)."""
+        row = self.results.get(benchmark)
+        if row is None:
+            raise ResultsError(f"asv result file {self.path} has no result for benchmark {benchmark!r}")
+        return {c: (row[i] if i < len(row) else None) for i, c in enumerate(self.result_columns)}
+
+    def started_at(self, benchmark: str | None = None) -> float:
+        """``started_at`` (ms) of one benchmark, or the newest of all; 0.0 when absent."""
+        names = [benchmark] if benchmark is not None else list(self.results)
+        vals = [self.row(n).get("started_at") for n in names]
+        return max([float(v) for v in vals if _finite_or_none(v) is not None] or [0.0])
+
+    def param_combos(self, benchmark: str) -> list[tuple[str, ...]]:
+        """The parameter combinations of one benchmark in stored order (``[()]`` if unparameterised)."""
+        params = self.row(benchmark).get("params") or []
+        if not isinstance(params, list) or not all(isinstance(p, list) for p in params):
+            raise ResultsError(f"asv result file {self.path}: benchmark {benchmark!r} has malformed params")
+        return [tuple(param_literal(x) for x in c) for c in itertools.product(*params)] if params else [()]
+
+    def measurements(self, benchmark: str) -> dict[tuple[str, ...], Measurement]:
+        """params -> :class:`Measurement` for one benchmark (combinations without a stored value are absent)."""
+        d = self.row(benchmark)
+        combos = self.param_combos(benchmark)
+        vals = d.get("result")
+        if not isinstance(vals, list):
+            vals = [vals] * len(combos)
+
+        def col(name: str, i: int) -> Any:
+            c = d.get(name)
+            return c[i] if isinstance(c, list) and i < len(c) else None
+
+        out: dict[tuple[str, ...], Measurement] = {}
+        for i, combo in enumerate(combos):
+            if i >= len(vals):
+                break
+            v = vals[i]
+            status = "failed" if v is None else "skipped" if (isinstance(v, float) and math.isnan(v)) else "ok"
+            if status == "ok" and _finite_or_none(v) is None and not (isinstance(v, float) and math.isinf(v)):
+                raise ResultsError(f"asv result file {self.path}: {benchmark}{combo} has a non-numeric value {v!r}")
+            smp = col("samples", i)
+            out[combo] = Measurement(
+                benchmark, combo, status, float(v) if status == "ok" else None,
+                _finite_or_none(col("stats_q_25", i)), _finite_or_none(col("stats_q_75", i)),
+                _finite_or_none(col("stats_ci_99_a", i)), _finite_or_none(col("stats_ci_99_b", i)),
+                [float(x) for x in smp if _finite_or_none(x) is not None] if isinstance(smp, list) else None,
+                d.get("version"), _finite_or_none(d.get("started_at")))
+        return out
+
+    def all_measurements(self) -> Iterator[Measurement]:
+        """Every stored measurement of every benchmark."""
+        for name in self.results:
+            yield from self.measurements(name).values()
+
+
+def asv_result_from_data(data: Any, path: str | os.PathLike) -> AsvResult:
+    """Check an already parsed asv result document (see :func:`load_asv_result`)."""
+    path = Path(path)
+    data = _check_version(data, path, "asv result file", ASV_RESULTS_API_VERSION)
+    for key in _RESULT_KEYS:
+        if key not in data:
+            raise ResultsError(f"asv result file {path} lacks the key {key!r}: not an asv 0.6 result file")
+    cols, res = data["result_columns"], data["results"]
+    if not isinstance(cols, list) or not isinstance(res, dict) or not all(isinstance(r, list) for r in res.values()):
+        raise ResultsError(f"asv result file {path}: 'result_columns' must be a list and 'results' an object of rows")
+    if "result" not in cols or "params" not in cols:
+        raise ResultsError(f"asv result file {path}: result_columns {cols} lack 'result'/'params'")
+    params = data["params"] if isinstance(data["params"], dict) else {}
+    return AsvResult(path, str(data["commit_hash"]), str(data["env_name"]), _finite_or_none(data.get("date")),
+                     params, cols, res, data)
+
+
+def load_asv_result(path: str | os.PathLike) -> AsvResult:
+    """Read one asv result file.
+
+    Raises:
+        ResultsError: unreadable, not JSON (truncated/corrupt), wrong api version or missing keys; the
+            message names the file.
+    """
+    return asv_result_from_data(_load(Path(path), "asv result file"), path)
+
+
+def load_any(path: str | os.PathLike) -> RunDoc | AsvResult:
+    """A run JSON or an asv result file, told apart by content (``records`` vs ``result_columns``).
+
+    Raises:
+        ResultsError: neither, or either kind's own errors.
+    """
+    data = _load(Path(path), "results file")
+    if isinstance(data, dict) and "result_columns" in data:
+        return asv_result_from_data(data, path)
+    if isinstance(data, dict) and "records" in data:
+        return run_doc_from_data(data, path)
+    what = type(data).__name__ if not isinstance(data, dict) else "object without 'records' or 'result_columns'"
+    raise ResultsError(f"{path} is neither a run JSON ('records') nor an asv result file ('result_columns'): "
+                       f"a JSON {what}")
+
+
+def newest_result(machine_dir: str | os.PathLike, commit: str | None = None) -> AsvResult:
+    """The newest result file in ``machine_dir`` (by ``date``, then ``started_at``), optionally of one commit.
+
+    Raises:
+        ResultsError: no result files, a corrupt one (named), or no result of ``commit``.
+    """
+    files = list_result_files(machine_dir)
+    if not files:
+        raise ResultsError(f"asv machine directory {machine_dir} holds no result files (only machine.json)")
+    loaded = [load_asv_result(f.path) for f in files]
+    if commit:
+        prefix = _check_commit_prefix(commit)
+        sel = [r for r in loaded if r.commit_hash.lower().startswith(prefix)]
+        if not sel:
+            have = ", ".join(sorted({r.commit_hash[:8] for r in loaded}))
+            raise ResultsError(f"no result for commit {commit!r} in {machine_dir}: commits present {have}")
+        loaded = sel
+    return max(loaded, key=lambda r: (r.date or 0.0, r.started_at()))
