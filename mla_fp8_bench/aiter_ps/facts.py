@@ -1,0 +1,349 @@
+"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, markers.
+
+Everything else (planner port, emulator, stand-in ``aiter``, the ``aiter`` driver, the vLLM adapter)
+derives from these names. The facts are explained in ``docs/aiter-contract.md``:
+
+* tiles and buffers: section "Planner inputs and outputs" (``#planner-io``) and "work_info" (``#work-info``);
+* versions, signature markers and the ROCm/aiter#3606 split: "Versions and feature detection"
+  (``#versions``) and "Revision semantics: before and after #3606" (``#pr-3606``);
+* reduce head-count dispatch: "mla_reduce_v1" (``#reduce``).
+
+Importing this module never imports ``aiter`` (its import runs ``rocminfo``); :func:`import_aiter`
+does, and only callers gated on a ROCm device call it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = [
+    "AITER_DIST",
+    "AITER_REFERENCE_COMMIT",
+    "AITER_POST_3606_COMMIT",
+    "AiterVersionError",
+    "BLOCK_SIZE",
+    "BUFFER_NAMES",
+    "KV_TILE",
+    "KVLEN_GRANULARITY",
+    "NEWEST_MODELLED_VERSION",
+    "POST_3606_FIRST_VERSION",
+    "POST_3606_MARKER",
+    "PRIMITIVES",
+    "PS_PREFILL_FIRST_VERSION",
+    "QHEAD_GRANULARITY",
+    "Q_TILE",
+    "REDUCE_9_ARG_VERSION",
+    "REDUCE_8_ARG_VERSION",
+    "REDUCE_HEADS_BY_VERSION",
+    "SPLIT_DATA_MAX_BYTES",
+    "WORK_INFO_FIELDS",
+    "WORK_INFO_COLS",
+    "WI",
+    "aiter_version_of",
+    "detect_reduce_arity",
+    "dist_version",
+    "format_version",
+    "has_param",
+    "import_aiter",
+    "is_post_3606",
+    "kvlen_granularity_for",
+    "pack_q_head_range",
+    "parse_aiter_version",
+    "parse_aiter_version_or_none",
+    "planner_markers",
+    "reduce_arity_for_version",
+    "reduce_heads_for",
+    "unpack_q_head_range",
+]
+
+# ----------------------------------------------------------------------------------------------
+# revisions
+# ----------------------------------------------------------------------------------------------
+
+AITER_DIST = "amd-aiter"
+"""Distribution name of AITER (``importlib.metadata.version(AITER_DIST)``)."""
+
+AITER_REFERENCE_COMMIT = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
+"""AITER main at 2026-08-22 (newest tag then v0.1.20.post1): the pre-#3606 reference revision."""
+
+AITER_POST_3606_COMMIT = "b97d239d1a8c73d29c1876507b7e303deb266834"
+"""``refs/pull/3606/merge`` at 2026-08-22: ROCm/aiter#3606 merged onto main; v0.1.22 semantics."""
+
+# ----------------------------------------------------------------------------------------------
+# tiles and buffers
+# ----------------------------------------------------------------------------------------------
+
+Q_TILE = 256
+"""Rows of one q-tile: the planner's ``qlen_granularity``, the kernel's ``m32x8`` tile, the row
+stride of one partial slot in ``splitData``/``splitLse`` and vLLM's ``_FP8_PREFILL_TILE_Q``."""
+
+KV_TILE = 128
+"""Keys per inner KV tile of the kernel (``n128x1``); also the planner's KV split granularity."""
+
+QHEAD_GRANULARITY = 1
+"""Heads per work (the PS prefill is MHA: one head per work)."""
+
+BLOCK_SIZE = 1
+"""Tokens per KV page in the PS prefill (page = token)."""
+
+
+def kvlen_granularity_for(block_size: int = BLOCK_SIZE) -> int:
+    """``kvlen_granularity`` to pass to ``get_ps_metadata_v1``: ``max(128, block_size)`` (a power of two)."""
+    return max(KV_TILE, block_size)
+
+
+KVLEN_GRANULARITY = kvlen_granularity_for(BLOCK_SIZE)
+"""``kvlen_granularity`` at ``block_size=1``: 128 (AITER's binding default of 1 is wrong for the kernel)."""
+
+PRIMITIVES = ("get_ps_metadata_info_v1", "get_ps_metadata_v1", "mla_prefill_ps_asm_fwd", "mla_reduce_v1")
+"""The four ``aiter`` exports the PS FP8 prefill path calls."""
+
+BUFFER_NAMES = (
+    "work_metadata_ptrs",
+    "work_indptr",
+    "work_info",
+    "reduce_indptr",
+    "reduce_final_map",
+    "reduce_partial_map",
+)
+"""The six planner buffers, in the order ``get_ps_metadata_info_v1`` returns them."""
+
+WORK_INFO_FIELDS = (
+    "batch_idx",
+    "partial_o_loc",
+    "qo_start",
+    "qo_end",
+    "kv_start",
+    "kv_end",
+    "kv_offset",
+    "q_head_range",
+)
+"""Columns of a ``work_info`` row (AITER ``WorkInfo``, ``csrc/include/ps.h``), int32 each."""
+
+WORK_INFO_COLS = len(WORK_INFO_FIELDS)
+"""8: int32 values per ``work_info`` row."""
+
+WI = types.SimpleNamespace(**{name.upper(): i for i, name in enumerate(WORK_INFO_FIELDS)})
+"""Column indices by name: ``WI.BATCH_IDX`` = 0 ... ``WI.Q_HEAD_RANGE`` = 7."""
+
+SPLIT_DATA_MAX_BYTES = 2**31
+"""``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (from the
+kernel's disassembly)."""
+
+
+def pack_q_head_range(first_head: int, end_head: int) -> int:
+    """``q_head_range`` of a work: ``first_head | (end_head << 16)`` (end exclusive, 16 bits each)."""
+    return first_head | (end_head << 16)
+
+
+def unpack_q_head_range(value: int) -> tuple[int, int]:
+    """``(first_head, end_head)`` of a packed ``q_head_range`` (inverse of :func:`pack_q_head_range`)."""
+    return value & 0xFFFF, (value >> 16) & 0xFFFF
+
+
+# ----------------------------------------------------------------------------------------------
+# versions
+# ----------------------------------------------------------------------------------------------
+
+Version = tuple[int, int, int]
+
+PS_PREFILL_FIRST_VERSION: Version = (0, 1, 10)
+"""First release with the PS prefill primitives (tag v0.1.10.post1; ``(0, 1, 10)`` stands for it)."""
+
+REDUCE_8_ARG_VERSION: Version = (0, 1, 8)
+"""``mla_reduce_v1`` gains ``max_seqlen_q`` (8 arguments)."""
+
+REDUCE_9_ARG_VERSION: Version = (0, 1, 16)
+"""``mla_reduce_v1`` gains ``num_kv_splits`` (9 arguments, ROCm/aiter#3391); vLLM needs it (vLLM #46760)."""
+
+POST_3606_FIRST_VERSION: Version = (0, 1, 22)
+"""First release with ROCm/aiter#3606 semantics (every tile gets a partial slot, the reduce writes
+``final_lse`` for every row, ``get_ps_metadata_info_v1`` takes ``max_kvlen``)."""
+
+NEWEST_MODELLED_VERSION: Version = (0, 1, 22)
+"""Newest AITER release the suite models (the default emulated version)."""
+
+POST_3606_MARKER = ("get_ps_metadata_info_v1", "max_kvlen")
+"""``(function, parameter)``: a ``max_kvlen`` parameter of ``get_ps_metadata_info_v1`` means #3606
+semantics (vLLM keys on the same test). ``need_lse`` in ``get_ps_metadata_v1`` is *not* a marker."""
+
+REDUCE_HEADS_BY_VERSION: tuple[tuple[Version, tuple[int, ...]], ...] = (
+    ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)),  # as at v0.1.10.post1, the earliest documented
+    ((0, 1, 11), (32, 64)),
+    ((0, 1, 12), (40,)),
+    ((0, 1, 20), (48, 96)),
+)
+"""Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them.
+Versions before v0.1.10.post1 (no PS prefill) are given the v0.1.10.post1 list."""
+
+
+class AiterVersionError(ValueError):
+    """An AITER version that cannot be parsed (a ``ValueError``)."""
+
+
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[.+\-_a-zA-Z0-9]*)$")
+
+
+def parse_aiter_version(v: str | Iterable[int]) -> Version:
+    """``"0.1.20.post1"``, ``"v0.1.22"``, ``"0.1.7.post2.dev18"``, ``"0.1.22+rocm7"`` or ``(0, 1, 22)``
+    -> ``(major, minor, patch)``.
+
+    Raises:
+        AiterVersionError: not ``MAJOR.MINOR.PATCH[suffix]`` / not a sequence of >= 3 non-negative ints.
+    """
+    if isinstance(v, str):
+        m = _VERSION_RE.match(v.strip())
+        if not m:
+            raise AiterVersionError(
+                f"AITER version {v!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.20, 0.1.20.post1, 0.1.22)"
+            )
+        return int(m.group(1)), int(m.group(2)), int(m.group(3))
+    try:
+        parts = tuple(v)
+    except TypeError:
+        raise AiterVersionError(f"AITER version {v!r} is neither a string nor a tuple like (0, 1, 22)") from None
+    if len(parts) < 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in parts[:3]):
+        raise AiterVersionError(f"AITER version {v!r} must have 3 non-negative int components like (0, 1, 22)")
+    return parts[0], parts[1], parts[2]
+
+
+def parse_aiter_version_or_none(v: Any) -> Version | None:
+    """:func:`parse_aiter_version`, or None for a missing or unparsable version (e.g. a dev build)."""
+    if v is None:
+        return None
+    try:
+        return parse_aiter_version(v)
+    except AiterVersionError:
+        return None
+
+
+def format_version(v: Version | None) -> str:
+    """``(0, 1, 22)`` -> ``"0.1.22"``; None -> ``"unknown"``."""
+    return ".".join(map(str, v)) if v is not None else "unknown"
+
+
+def reduce_heads_for(version: str | Iterable[int] | None) -> frozenset[int]:
+    """Head counts ``mla_reduce_v1`` accepts at ``v_head_dim`` 128 for ``version`` (None: newest known).
+
+    Any other count fails with "doesn't support the specified settings", even when nothing was split.
+    """
+    ver = None if version is None else parse_aiter_version(version)
+    heads: set[int] = set()
+    for since, hs in REDUCE_HEADS_BY_VERSION:
+        if ver is None or ver >= since:
+            heads.update(hs)
+    return frozenset(heads)
+
+
+def reduce_arity_for_version(version: str | Iterable[int]) -> int:
+    """``mla_reduce_v1`` argument count at ``version``: 7 (<= 0.1.7), 8 (0.1.8 .. 0.1.15.x), 9 (>= 0.1.16)."""
+    ver = parse_aiter_version(version)
+    if ver >= REDUCE_9_ARG_VERSION:
+        return 9
+    if ver >= REDUCE_8_ARG_VERSION:
+        return 8
+    return 7
+
+
+# ----------------------------------------------------------------------------------------------
+# signature markers
+# ----------------------------------------------------------------------------------------------
+
+
+def has_param(fn: Any, name: str) -> bool | None:
+    """Whether callable ``fn`` has parameter ``name``; None when its signature cannot be read."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+
+
+def detect_reduce_arity(fn: Any) -> int:
+    """7, 8 or 9: the ``mla_reduce_v1`` form from its signature (``num_kv_splits`` -> 9,
+    ``max_seqlen_q`` only -> 8, neither -> 7). An unreadable signature is taken as the current 9."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return 9
+    if "num_kv_splits" in params:
+        return 9
+    if "max_seqlen_q" in params:
+        return 8
+    return 7
+
+
+def planner_markers(module: Any) -> dict[str, bool]:
+    """Optional planner keywords present in ``module`` (an ``aiter`` or the stand-in).
+
+    Keys: ``max_kvlen`` and ``kvlen_granularity`` (of ``get_ps_metadata_info_v1``; ``max_kvlen`` is
+    the #3606 marker, :data:`POST_3606_MARKER`) and ``need_lse`` (of ``get_ps_metadata_v1``; seen in
+    some later revisions, not a #3606 marker). A missing function or unreadable signature gives False.
+    """
+    out = {}
+    for fn_name, key in (("get_ps_metadata_info_v1", "max_kvlen"), ("get_ps_metadata_info_v1", "kvlen_granularity"),
+                         ("get_ps_metadata_v1", "need_lse")):
+        out[key] = bool(has_param(getattr(module, fn_name, None), key))
+    return out
+
+
+def is_post_3606(x: Any) -> bool:
+    """Whether ``x`` has ROCm/aiter#3606 semantics.
+
+    ``x`` is a version (``"0.1.22"``, ``(0, 1, 20)``): True from :data:`POST_3606_FIRST_VERSION`; or
+    an ``aiter`` module (real or stand-in) or its ``get_ps_metadata_info_v1``: True iff that function
+    has the ``max_kvlen`` parameter (:data:`POST_3606_MARKER`).
+
+    Raises:
+        AiterVersionError: ``x`` is a string or tuple that is not a version.
+        ValueError: a module without ``get_ps_metadata_info_v1`` or a function whose signature cannot be read.
+    """
+    if isinstance(x, (str, tuple, list)):
+        return parse_aiter_version(x) >= POST_3606_FIRST_VERSION
+    fn_name, param = POST_3606_MARKER
+    fn = getattr(x, fn_name, None) if isinstance(x, types.ModuleType) or not callable(x) else x
+    if fn is None:
+        raise ValueError(f"{x!r} has no {fn_name}: cannot tell whether it has #3606 semantics")
+    found = has_param(fn, param)
+    if found is None:
+        raise ValueError(f"the signature of {fn!r} cannot be read: pass the AITER version instead")
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# the installed aiter
+# ----------------------------------------------------------------------------------------------
+
+
+def dist_version(dist: str) -> str | None:
+    """Installed version of distribution ``dist`` (``importlib.metadata``), None if not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def import_aiter() -> types.ModuleType:
+    """Import the real ``aiter``. Only call on a ROCm machine: its import runs ``rocminfo``.
+
+    Raises:
+        Exception: whatever importing ``aiter`` raises (callers report it as unavailable).
+    """
+    import aiter
+
+    return aiter
+
+
+def aiter_version_of(module: Any) -> Version | None:
+    """The AITER version of ``module``: the stand-in's ``aiter_version``, else the installed
+    ``amd-aiter`` distribution, else ``module.__version__``; None when none parses."""
+    given = getattr(module, "aiter_version", None)
+    if given is not None:
+        return parse_aiter_version_or_none(given)
+    text = dist_version(AITER_DIST) or getattr(module, "__version__", None)
+    return parse_aiter_version_or_none(text)
