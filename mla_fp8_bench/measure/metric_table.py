@@ -1,0 +1,324 @@
+"""The metric table: every figure the suite records, defined once.
+
+Each :class:`Metric` says where the value lives in a run record (``record_key``), whether and how asv
+tracks it (``track``, ``asv_class``, ``unit``, ``pretty_name``, ``floor``), what kind of figure it is,
+which direction is better, whether calibrated tolerances exist for it, and how the PR gate treats it.
+Everything else is derived from :data:`METRICS`:
+
+* the asv ``track_*`` methods of ``benchmarks/bench_mla_prefill.py``
+  (:func:`mla_fp8_bench.harness.asv_tracks.with_tracks`);
+* the run-record keys always present (``RECORD_KEYS`` in :mod:`mla_fp8_bench.harness.runner`);
+* the gate's metric kinds and rules (:mod:`mla_fp8_bench.analysis.gate`);
+* calibrate's metric list, tolerance floors and always-zero metrics (:mod:`mla_fp8_bench.analysis.tolerances`);
+* plot labels (:func:`label`);
+* asv's ``regressions_thresholds`` / ``regressions_first_commits`` in ``asv.conf.json``
+  (:func:`asv_regression_config`; ``tests/test_metric_table.py`` checks the file equals it).
+
+**Adding a metric** (three places):
+
+1. compute it and store it in the run record under its ``record_key`` (``harness/runner.py`` or the
+   backend's ``Prepared.extras``), or give the entry a ``derive`` function of the record;
+2. add a :class:`Metric` entry to :data:`METRICS` (with ``track``/``asv_class`` if asv should track it;
+   the method is generated, no edit to ``benchmarks/`` is needed); if it has an asv track, regenerate the
+   thresholds with ``python -m mla_fp8_bench.measure.metric_table`` and paste them into ``asv.conf.json``;
+3. a test that asserts the computed value against an independent reference.
+
+Kinds (:data:`KINDS`): ``accuracy`` (deterministic error figures), ``kernel_latency`` (device time of
+the kernel; a CPU or emulation run's is host time of PyTorch code and never gates), ``host_latency``
+(host-side time: call latency incl. launch and sync, planner time; informational unless the gate is
+asked for it), ``resource`` (bytes, slot counts), ``informational`` (reported, never gating).
+
+Gate rules (:data:`GATES`):
+
+* ``tolerance`` - calibrated accuracy: HEAD must be within its calibrated tolerance (when a tolerance
+  file is given) and must not grow by more than the accuracy factor over BASE;
+* ``grow`` - must not grow by more than the factor over BASE (accuracy: ``--acc-factor``; resources:
+  ``--factor``);
+* ``latency`` - a regression when the ratio of medians exceeds ``--factor`` and the growth is
+  statistically significant; applied only to kernel-scope records (kind ``kernel_latency``) or, for
+  kind ``host_latency``, only when the gate is asked to (``--gate-call-latency``);
+* ``exact`` - any change from BASE is a regression (counts that must not move);
+* ``zero`` - must be exactly 0 on HEAD (e.g. non-finite output elements);
+* ``none`` - informational.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("accuracy", "kernel_latency", "host_latency", "resource", "informational")
+GATES = ("tolerance", "grow", "latency", "exact", "zero", "none")
+ASV_CLASSES = ("MLAPrefill", "AiterPlan")
+#: asv module that holds the classes (benchmark names are ``<module>.<class>.<track>``).
+ASV_MODULE = "bench_mla_prefill"
+#: Floor of accuracy values tracked by asv: asv's summary takes a geometric mean over params, and one exact
+#: 0 would make it 0; a plotted 1e-12 means exactly 0.
+ASV_ACCURACY_FLOOR = 1e-12
+#: asv relative regression thresholds per kind (asv ``regressions_thresholds``): accuracy values are
+#: deterministic, so any increase is a regression; kernel latency and resources: 5 % (the noise floor of
+#: graph-replay timing is <= 0.5 % at seq_len >= 2048 on an H200).
+ASV_THRESHOLDS = {"accuracy": 0.0, "kernel_latency": 0.05, "resource": 0.05}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One recorded figure.
+
+    Attributes:
+        name: short id (``latency``, ``max_abs_error``); unique.
+        record_key: key in run records (``mla-fp8-bench run --json``); unique.
+        track: asv method name (``track_latency``) or None when asv does not track it.
+        asv_class: asv class of the track (one of :data:`ASV_CLASSES`) or None.
+        unit: unit string shown by asv and plots (``seconds``, ``bytes``).
+        pretty_name: human label (asv's ``pretty_name``, plot axis labels).
+        kind: one of :data:`KINDS`.
+        floor: asv floor (value tracked = ``max(value, floor)``) or None; the gate applies it to both sides.
+        better: ``"lower"`` or ``"higher"``.
+        calibrated: calibrate measures it and the tolerance file holds a limit for it.
+        gate: one of :data:`GATES`.
+        samples_key: record key of the raw samples (asv gets ``{"samples": ...}``) or None.
+        tolerance_floor: smallest calibrated tolerance (calibrated metrics only).
+        derive: computes the value from a record when the record does not store ``record_key``.
+        doc: one-line description (the asv method's docstring).
+    """
+
+    name: str
+    record_key: str
+    track: str | None
+    asv_class: str | None
+    unit: str
+    pretty_name: str
+    kind: str
+    floor: float | None = None
+    better: str = "lower"
+    calibrated: bool = False
+    gate: str = "none"
+    samples_key: str | None = None
+    tolerance_floor: float | None = None
+    derive: Callable[[dict[str, Any]], float | None] | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"metric {self.name}: kind {self.kind!r} is unknown: allowed {', '.join(KINDS)}")
+        if self.gate not in GATES:
+            raise ValueError(f"metric {self.name}: gate {self.gate!r} is unknown: allowed {', '.join(GATES)}")
+        if self.better not in ("lower", "higher"):
+            raise ValueError(f"metric {self.name}: better {self.better!r} is unknown: allowed lower, higher")
+        if (self.track is None) != (self.asv_class is None):
+            raise ValueError(f"metric {self.name}: track and asv_class go together")
+        if self.asv_class is not None and self.asv_class not in ASV_CLASSES:
+            raise ValueError(f"metric {self.name}: asv_class {self.asv_class!r} is unknown: "
+                             f"allowed {', '.join(ASV_CLASSES)}")
+        if self.calibrated and self.tolerance_floor is None:
+            raise ValueError(f"metric {self.name}: a calibrated metric needs a tolerance_floor")
+
+    @property
+    def asv_name(self) -> str | None:
+        """Full asv benchmark name (``bench_mla_prefill.MLAPrefill.track_latency``) or None."""
+        return f"{ASV_MODULE}.{self.asv_class}.{self.track}" if self.track else None
+
+    def value(self, record: dict[str, Any]) -> float | None:
+        """The metric of a run record: ``record[record_key]``, else ``derive(record)``; None when absent."""
+        v = record.get(self.record_key)
+        if v is None and self.derive is not None:
+            v = self.derive(record)
+        return v
+
+    def floored(self, v: float) -> float:
+        """``max(v, floor)`` (NaN stays NaN); the value asv stores for ``v``."""
+        if self.floor is None or math.isnan(v):
+            return v
+        return max(v, self.floor)
+
+
+def _seconds_per_pflop(rec: dict[str, Any]) -> float | None:
+    """latency_s / (flops / 1e15); None for an emulation's latency (not a kernel's throughput)."""
+    if rec.get("timing_scope") == "emulation":
+        return None
+    lat, flops = rec.get("latency_s"), rec.get("flops")
+    if lat is None or not flops:
+        return None
+    return float(lat) / (float(flops) / 1e15)
+
+
+def _accuracy(name: str, key: str, track: str | None, unit: str, pretty: str, *, calibrated: bool = False,
+              tolerance_floor: float | None = None, doc: str = "") -> Metric:
+    return Metric(name, key, track, "MLAPrefill" if track else None, unit, pretty, "accuracy",
+                  floor=ASV_ACCURACY_FLOOR if track else None, calibrated=calibrated,
+                  gate="tolerance" if calibrated else "grow", tolerance_floor=tolerance_floor, doc=doc)
+
+
+#: Every metric of the suite. Order: asv tracks first (in their classes), then record-only figures.
+METRICS: tuple[Metric, ...] = (
+    Metric("latency", "latency_s", "track_latency", "MLAPrefill", "seconds", "MLA prefill latency",
+           "kernel_latency", gate="latency", samples_key="latency_samples_s",
+           doc="Kernel-only device time (CUDA/HIP graph replay) on GPUs; host time on CPU; seconds."),
+    Metric("call_latency", "call_latency_s", "track_call_latency", "MLAPrefill", "seconds",
+           "MLA prefill call latency (host-inclusive)", "host_latency", gate="latency",
+           samples_key="call_latency_samples_s",
+           doc="Host-inclusive latency of one call (run + synchronize), seconds (GPU only)."),
+    _accuracy("max_abs_error", "max_abs_error_fp8_ref", "track_max_abs_error", "max_abs_err",
+              "max-abs error vs fp8-dequant reference", calibrated=True, tolerance_floor=1e-3,
+              doc="max |out - ref| against float64/float32 attention on the dequantised fp8 inputs."),
+    _accuracy("max_abs_error_bf16_ref", "max_abs_error_bf16_ref", "track_max_abs_error_bf16_ref", "max_abs_err",
+              "max-abs error vs bf16 reference", calibrated=True, tolerance_floor=1e-3,
+              doc="max |out - ref| against attention on the original bf16 inputs (end-to-end FP8 error)."),
+    _accuracy("rel_l2_error", "rel_l2_error_fp8_ref", "track_rel_l2_error", "rel_l2",
+              "rel-L2 error vs fp8-dequant reference", calibrated=True, tolerance_floor=1e-4,
+              doc="||out - ref||_2 / ||ref||_2 against the dequantised-fp8 reference."),
+    _accuracy("mismatch_fraction", "mismatch_fraction", "track_mismatch_fraction", "fraction",
+              "mismatch fraction (AITER checkAllclose 5e-2)", calibrated=True, tolerance_floor=1e-4,
+              doc="AITER checkAllclose fraction failing atol=rtol=5e-2 against the bf16 reference."),
+    _accuracy("nondeterminism", "nondeterminism_max_abs", "track_nondeterminism", "max_abs_diff",
+              "run-to-run max difference",
+              doc="Largest |difference| between two runs on the same inputs (0 for deterministic kernels)."),
+    Metric("seconds_per_pflop", "seconds_per_pflop", "track_seconds_per_pflop", "MLAPrefill", "s/PFLOP",
+           "seconds per PFLOP (informational)", "informational", derive=_seconds_per_pflop,
+           doc="Informational throughput as seconds per PFLOP (asv treats larger as worse; TFLOP/s would invert)."),
+    Metric("planner_time", "planner_s", "track_planner_time", "AiterPlan", "seconds", "AITER PS planner time",
+           "host_latency", gate="latency", samples_key="planner_samples_s",
+           doc="get_ps_metadata_v1 host planning time (the real planner on gfx950, the port elsewhere), seconds."),
+    Metric("workspace_bytes", "workspace_bytes", "track_workspace_bytes", "AiterPlan", "bytes",
+           "partial + LSE workspace", "resource", gate="grow",
+           doc="Scratch bytes for partial outputs + partial LSE + final LSE (catches sizing regressions)."),
+    Metric("num_partials", "num_partials", "track_num_partials", "AiterPlan", "partial_slots", "live partial slots",
+           "resource", floor=ASV_ACCURACY_FLOOR, gate="grow",
+           doc="Live partial slots (reduce_indptr[-1]) the plan uses."),
+    # record-only figures (no asv track)
+    _accuracy("mean_abs_error", "mean_abs_error_fp8_ref", None, "abs_err", "mean-abs error vs fp8-dequant reference",
+              calibrated=True, tolerance_floor=1e-5),
+    _accuracy("rel_l2_error_bf16_ref", "rel_l2_error_bf16_ref", None, "rel_l2", "rel-L2 error vs bf16 reference",
+              calibrated=True, tolerance_floor=1e-4),
+    _accuracy("mean_abs_error_bf16_ref", "mean_abs_error_bf16_ref", None, "abs_err",
+              "mean-abs error vs bf16 reference", calibrated=True, tolerance_floor=1e-5),
+    _accuracy("lse_rel_error", "lse_rel_error_fp8_ref", None, "rel_err", "LSE relative error vs fp8-dequant reference"),
+    Metric("nonfinite_count", "nonfinite_count_fp8_ref", None, None, "elements", "non-finite output elements",
+           "accuracy", gate="zero"),
+    Metric("tflops", "tflops", None, None, "TFLOP/s", "throughput (causal FLOPs / latency)", "informational",
+           better="higher"),
+    Metric("gb_s", "gb_s", None, None, "GB/s", "minimum bytes / latency", "informational", better="higher"),
+)
+
+
+def _index(attr: str) -> dict[str, Metric]:
+    out: dict[str, Metric] = {}
+    for m in METRICS:
+        k = getattr(m, attr)
+        if k is None:
+            continue
+        if k in out:
+            raise ValueError(f"metric table: {attr} {k!r} appears twice")
+        out[k] = m
+    return out
+
+
+BY_NAME = _index("name")
+BY_RECORD_KEY = _index("record_key")
+BY_TRACK = _index("track")
+
+
+class UnknownMetricError(KeyError):
+    """A metric name, record key or asv track is not in the table."""
+
+
+def metric(key: str) -> Metric:
+    """The metric with this name, record key, asv track name or full asv benchmark name.
+
+    Raises:
+        UnknownMetricError: naming the key and the known names.
+    """
+    for index in (BY_NAME, BY_RECORD_KEY, BY_TRACK):
+        if key in index:
+            return index[key]
+    tail = key.rsplit(".", 1)[-1]
+    if tail in BY_TRACK and BY_TRACK[tail].asv_name == key:
+        return BY_TRACK[tail]
+    raise UnknownMetricError(f"metric {key!r} is unknown: allowed {', '.join(BY_NAME)}")
+
+
+def find(key: str) -> Metric | None:
+    """:func:`metric` or None."""
+    try:
+        return metric(key)
+    except UnknownMetricError:
+        return None
+
+
+def label(key: str) -> str:
+    """Human label of a metric (its ``pretty_name``); the key itself for unknown keys."""
+    m = find(key)
+    return m.pretty_name if m else key
+
+
+def asv_metrics(asv_class: str | None = None) -> tuple[Metric, ...]:
+    """Metrics with an asv track (of one class when given), in table order."""
+    return tuple(m for m in METRICS if m.track and (asv_class is None or m.asv_class == asv_class))
+
+
+def calibrated_metrics() -> tuple[Metric, ...]:
+    """Metrics calibrate measures and tolerance files hold."""
+    return tuple(m for m in METRICS if m.calibrated)
+
+
+def zero_metrics() -> tuple[Metric, ...]:
+    """Metrics that must be exactly 0 (checked always, never calibrated)."""
+    return tuple(m for m in METRICS if m.gate == "zero")
+
+
+def record_keys() -> tuple[str, ...]:
+    """Record keys of the asv-tracked metrics that are stored in records (present, maybe None, in every record)."""
+    keys: list[str] = []
+    for m in asv_metrics():
+        if m.derive is None:
+            keys.append(m.record_key)
+            if m.samples_key:
+                keys.append(m.samples_key)
+    return tuple(keys)
+
+
+def _asv_regex(m: Metric) -> str:
+    return "^" + re.escape(m.asv_name) + r"(\(|$)"
+
+
+def emulation_backends() -> tuple[str, ...]:
+    """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``), from the registry."""
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.harness.asv_support import ASV_BACKENDS
+
+    return tuple(b for b in ASV_BACKENDS if get_backend(b).emulation)
+
+
+def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+    """asv.conf.json's ``regressions_thresholds`` and ``regressions_first_commits``, from the table.
+
+    One anchored regex per tracked metric (disjoint: asv applies the maximum over matching entries).
+    Metrics that never gate in asv (host latency, informational) and the kernel-latency params of
+    emulation backends get ``null`` in ``regressions_first_commits`` (asv reports no regression for them).
+    asv matches ``<module>.<class>.<track>(<param reprs>)`` with ``re.match``.
+
+    Returns:
+        ``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}``.
+    """
+    thresholds: dict[str, float] = {}
+    off: dict[str, None] = {}
+    for m in asv_metrics():
+        rx = _asv_regex(m)
+        if m.kind in ASV_THRESHOLDS and m.gate != "none":
+            thresholds[rx] = 0.0 if m.gate in ("exact", "zero") else ASV_THRESHOLDS[m.kind]
+        else:
+            off[rx] = None
+        if m.kind == "kernel_latency":
+            for b in emulation_backends() if emulation is None else emulation:
+                off["^" + re.escape(m.asv_name) + re.escape(f"('{b}'")] = None
+    return {"regressions_thresholds": thresholds, "regressions_first_commits": off}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(asv_regression_config(), indent=4))
