@@ -27,6 +27,7 @@ from mla_fp8_bench.backends import (
     get_backend,
 )
 from mla_fp8_bench.jsonio import write_json_atomic  # noqa: F401 - re-exported (CLI, tests)
+from mla_fp8_bench.measure import metric_table
 from mla_fp8_bench.measure.devices import PlatformInfo, platform_info, synchronize
 from mla_fp8_bench.measure.metrics import error_metrics, lse_error
 from mla_fp8_bench.measure.reference import reference_bf16, reference_fp8_dequant
@@ -36,10 +37,7 @@ from mla_fp8_bench.problem.flops import causal_flops, min_bytes, tflops
 from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 
 #: Record keys that every JSON record carries (issue #2's contract with users).
-RECORD_KEYS = (
-    "backend", "case", "status", "reason", "latency_s", "latency_samples_s", "latency_method", "timing_scope",
-    "max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_fp8_ref", "mismatch_fraction", "tflops",
-)
+RECORD_KEYS = ("backend", "case", "status", "reason", "latency_method", "timing_scope") + metric_table.record_keys()
 
 
 @dataclass
