@@ -271,10 +271,11 @@ def zero_metrics() -> tuple[Metric, ...]:
 
 
 def record_keys() -> tuple[str, ...]:
-    """Record keys of the asv-tracked metrics that are stored in records (present, maybe None, in every record)."""
+    """Metric keys every run record holds (None when not measured): the stored metrics of the
+    per-(backend, case) asv class ``MLAPrefill`` with their samples keys, and the stored informational figures."""
     keys: list[str] = []
-    for m in asv_metrics():
-        if m.derive is None:
+    for m in METRICS:
+        if m.derive is None and (m.asv_class == "MLAPrefill" or m.kind == "informational"):
             keys.append(m.record_key)
             if m.samples_key:
                 keys.append(m.samples_key)
