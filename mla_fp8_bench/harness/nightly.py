@@ -1,0 +1,403 @@
+"""``mla-fp8-bench nightly``: one asv history point keyed by the library under test (AITER or vLLM).
+
+On a runner whose Python has AITER (or vLLM) installed, the command
+
+1. identifies the library under test and its exact commit (:func:`identify`), from, in order: an
+   explicit ``--commit``; ``git rev-parse HEAD`` of ``--checkout PATH``; the installed distribution's
+   PEP 610 ``direct_url.json`` (``vcs_info.commit_id`` of a ``pip install git+...@sha``, or the source
+   directory of a local/editable install, read with git); a ``+g<hex>`` local version label
+   (setuptools-scm, e.g. ``0.1.6.dev12+g1a2b3c4``);
+2. runs the asv suite against the library's config (``asv.aiter.conf.json`` / ``asv.vllm.conf.json``,
+   whose ``repo`` is the library's repository, so the x-axis is the library's commits) with
+   ``asv run -E existing:<python> --set-commit-hash <sha> --machine <name>``. With ``--checkout`` the
+   config's ``repo`` is pointed at that checkout (a derived config under ``.asv/``; asv needs the SHA in
+   ``repo`` and the checkout has it without network access);
+3. gates the new result against the previous stored result on that machine with
+   ``mla-fp8-bench gate`` (which never fails on an emulation's or a CPU host's latency);
+4. publishes the site (``mla-fp8-bench publish`` where available, else ``asv publish``);
+5. exits 1 when the gate found a regression, 0 otherwise (3 when asv stored no result, 2 on bad usage).
+
+``--dry-run`` identifies the library and prints the commands without running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Library under test -> (distribution names to look for, import name, default asv config).
+LIBRARIES: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "aiter": (("amd-aiter", "aiter"), "aiter", "asv.aiter.conf.json"),
+    "vllm": (("vllm",), "vllm", "asv.vllm.conf.json"),
+}
+#: Benchmarks that depend on each library (the default ``--bench``; the rest of the grid is unaffected by it).
+DEFAULT_BENCH = {"aiter": r"(MLAPrefill|AiterPlan)\.", "vllm": r"(MLAPrefill|AiterPlan)\."}
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NO_RESULT = 0, 1, 2, 3
+_SCM_SHA = re.compile(r"\+g([0-9a-f]{7,40})(?:\b|\.|$)")
+_HEX = re.compile(r"[0-9a-f]{7,40}")
+
+
+class NightlyError(ValueError):
+    """Bad usage or nothing identifiable installed; the CLI prints it and exits 2."""
+
+
+@dataclass
+class LibraryUnderTest:
+    """What ``identify`` found.
+
+    Attributes:
+        name: ``aiter`` or ``vllm``.
+        dist: the installed distribution name (``amd-aiter``), or None when only a checkout was given.
+        version: its version string, or None.
+        commit: the commit SHA (full when resolvable, else the short SHA of the version label).
+        source: where the commit came from (``--commit``, ``checkout <path>``, ``direct_url vcs_info``, ...).
+        checkout: a local git checkout holding the commit, or None.
+    """
+
+    name: str
+    dist: str | None
+    version: str | None
+    commit: str
+    source: str
+    checkout: str | None = None
+
+
+_PROBE = r"""
+import json, sys
+from importlib import metadata
+out = {}
+for dist in sys.argv[1:]:
+    try:
+        d = metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        continue
+    out[dist] = {"version": d.version, "direct_url": d.read_text("direct_url.json")}
+print(json.dumps(out))
+"""
+
+
+def installed_dists(python: str, dists: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``{dist: {"version", "direct_url"}}`` for the distributions installed for ``python``.
+
+    Raises:
+        NightlyError: ``python`` cannot be run.
+    """
+    try:
+        p = subprocess.run([python, "-c", _PROBE, *dists], capture_output=True, text=True, timeout=120)
+    except OSError as exc:
+        raise NightlyError(f"--python {python} cannot be run: {exc}") from None
+    if p.returncode != 0:
+        raise NightlyError(f"--python {python} failed to list packages: {p.stderr.strip()[-300:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _git_head(path: str) -> str | None:
+    p = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def _from_direct_url(text: str | None) -> tuple[str | None, str | None, str]:
+    """(commit, local checkout, source) from a PEP 610 ``direct_url.json`` text."""
+    if not text:
+        return None, None, ""
+    try:
+        du = json.loads(text)
+    except ValueError:
+        return None, None, ""
+    vcs = du.get("vcs_info") or {}
+    url = str(du.get("url", ""))
+    local = url[len("file://"):] if url.startswith("file://") else None
+    if vcs.get("commit_id"):
+        return str(vcs["commit_id"]), local if local and _git_head(local) else None, "direct_url vcs_info"
+    if local and Path(local).is_dir():
+        head = _git_head(local)
+        if head:
+            return head, local, f"git HEAD of the installed source {local}"
+    return None, None, ""
+
+
+def identify(library: str, python: str, checkout: str | None = None, commit: str | None = None) -> LibraryUnderTest:
+    """The library under test and its commit (module docstring, step 1).
+
+    Args:
+        library: ``aiter``, ``vllm`` or ``auto`` (the one installed; an error when both or none are).
+        python: interpreter of the environment that runs the benchmarks.
+        checkout: a git checkout of the library (its HEAD is the commit).
+        commit: an explicit commit (overrides everything else).
+
+    Raises:
+        NightlyError: unknown library, nothing identifiable installed, both installed with ``auto``, a
+            checkout that is not a git repository, or no commit found.
+    """
+    if library not in (*LIBRARIES, "auto"):
+        raise NightlyError(f"--library {library!r} is unknown: allowed auto, {', '.join(LIBRARIES)}")
+    names = list(LIBRARIES) if library == "auto" else [library]
+    found = {n: installed_dists(python, LIBRARIES[n][0]) for n in names}
+    found = {n: d for n, d in found.items() if d}
+    if library == "auto":
+        if len(found) > 1:
+            raise NightlyError(f"both {' and '.join(found)} are installed for {python}: choose --library "
+                               f"(aiter on AITER's runners, vllm on vLLM's)")
+        if not found and not checkout:
+            raise NightlyError(f"neither AITER (amd-aiter) nor vLLM is installed for {python}: install the library "
+                               "under test, or pass --library and --checkout PATH")
+        library = next(iter(found)) if found else "aiter"
+    dists = found.get(library, {})
+    dist, info = next(iter(dists.items())) if dists else (None, {})
+    version = info.get("version")
+    if commit:
+        if not _HEX.fullmatch(commit):
+            raise NightlyError(f"--commit {commit!r} is not a commit hash (7 to 40 lowercase hex digits)")
+        return LibraryUnderTest(library, dist, version, commit, "--commit", checkout)
+    if checkout:
+        head = _git_head(checkout)
+        if head is None:
+            raise NightlyError(f"--checkout {checkout} is not a git checkout")
+        return LibraryUnderTest(library, dist, version, head, f"checkout {checkout}", str(Path(checkout).resolve()))
+    if dist is None:
+        raise NightlyError(f"{library} is not installed for {python} ({' or '.join(LIBRARIES[library][0])}): "
+                           "install it, or pass --checkout PATH / --commit SHA")
+    sha, local, source = _from_direct_url(info.get("direct_url"))
+    if sha:
+        return LibraryUnderTest(library, dist, version, sha, source, local)
+    m = _SCM_SHA.search(version or "")
+    if m:
+        return LibraryUnderTest(library, dist, version, m.group(1), f"version label {version}")
+    raise NightlyError(f"{dist} {version} installed for {python} names no commit (no direct_url.json vcs_info, no "
+                       "'+g<sha>' version label): pass --checkout PATH (its git checkout) or --commit SHA")
+
+
+def load_conf(path: str) -> dict[str, Any]:
+    """An asv config (JSONC, as asv >= 0.6.4 reads it).
+
+    Raises:
+        NightlyError: missing or unparsable.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise NightlyError(f"--config {path} does not exist (run from the suite's checkout, or pass --config)")
+    import json5
+
+    try:
+        return json5.loads(p.read_text())
+    except ValueError as exc:
+        raise NightlyError(f"--config {path} is not valid JSON/JSONC: {exc}") from None
+
+
+def derived_config(config: str, repo: str, out_dir: str) -> str:
+    """Write a copy of ``config`` whose ``repo`` is ``repo`` and whose directories are absolute; return its path."""
+    from mla_fp8_bench.jsonio import write_json_atomic
+
+    conf = load_conf(config)
+    base = Path(config).resolve().parent
+    for key, default in (("benchmark_dir", "benchmarks"), ("results_dir", "results"), ("html_dir", "html"),
+                         ("env_dir", "env")):
+        conf[key] = str((base / conf.get(key, default)).resolve())
+    conf["repo"] = str(Path(repo).resolve())
+    out = Path(out_dir) / f"nightly-{Path(config).stem.replace('.', '-')}.conf.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(conf, out)
+    return str(out)
+
+
+def previous_commit(results_dir: str, machine: str, head: str) -> str | None:
+    """The commit of the newest stored ``existing`` result on ``machine`` other than ``head`` (by commit date)."""
+    from mla_fp8_bench.analysis.results import list_result_files, load_asv_result
+
+    mdir = Path(results_dir) / machine
+    if not mdir.is_dir():
+        return None
+    best: tuple[float, float, str] | None = None
+    for rf in list_result_files(mdir):
+        if "existing" not in rf.env:
+            continue
+        r = load_asv_result(rf.path)
+        if r.commit_hash.startswith(head) or head.startswith(r.commit_hash):
+            continue
+        key = (r.date or 0.0, r.started_at(), r.commit_hash)
+        if best is None or key > best:
+            best = key
+    return best[2] if best else None
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from mla_fp8_bench.cli import main; sys.exit(main(sys.argv[1:]))",
+            *args]
+
+
+def _has_command(name: str) -> bool:
+    from mla_fp8_bench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return name in sub.choices
+
+
+def _gate_supports(flag: str) -> bool:
+    from mla_fp8_bench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return any(flag in a.option_strings for a in sub.choices["gate"]._actions)
+
+
+def _machine_known(machine: str) -> bool:
+    path = Path.home() / ".asv-machine.json"
+    try:
+        return machine in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class Plan:
+    """The commands of one nightly (``--dry-run`` prints them)."""
+
+    lib: LibraryUnderTest
+    config: str
+    results_dir: str
+    machine: str
+    setup: list[list[str]]
+    run: list[str]
+    publish: list[str] | None
+    gate_fmt: list[str]
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Identify the library and build the commands (nothing is run).
+
+    Raises:
+        NightlyError: see :func:`identify` and :func:`load_conf`; a bad machine name.
+    """
+    python = args.python or sys.executable
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.machine or ""):
+        raise NightlyError(f"--machine {args.machine!r} is invalid: letters, digits, '.', '_', '-' (e.g. mi355)")
+    lib = identify(args.library, python, args.checkout, args.commit)
+    config = args.config or LIBRARIES[lib.name][2]
+    conf = load_conf(config)
+    results_dir = str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
+    if lib.checkout:
+        config = (derived_config(config, lib.checkout, str(Path(config).resolve().parent / ".asv"))
+                  if not args.dry_run else f"<{config} with repo={lib.checkout}>")
+    setup = [] if _machine_known(args.machine) else [_cli("asv-machine", args.machine, "--results-dir", results_dir)]
+    bench = args.bench or DEFAULT_BENCH[lib.name]
+    run = [sys.executable, "-m", "asv", "run", "--config", config, "-E", f"existing:{python}", "--set-commit-hash",
+           lib.commit, "--machine", args.machine, "--show-stderr", "-b", bench]
+    if args.no_publish:
+        publish = None
+    elif _has_command("publish"):
+        publish = _cli("publish", "--config", config)
+    else:
+        publish = [sys.executable, "-m", "asv", "publish", "--config", config]
+    fmt = ["--format", args.format] if args.format != "text" and _gate_supports("--format") else []
+    return Plan(lib, config, results_dir, args.machine, setup, run, publish, fmt)
+
+
+def _sh(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def _run(cmd: list[str], echo) -> subprocess.CompletedProcess:
+    echo(f"$ {_sh(cmd)}")
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    out = (p.stdout + p.stderr).rstrip()
+    if out:
+        echo(out[-6000:])
+    return p
+
+
+def gate_command(plan: Plan, base: str, tolerances: str | None) -> list[str]:
+    cmd = _cli("gate", "--results-dir", plan.results_dir, "--machine", plan.machine, "--env", "existing",
+               *plan.gate_fmt, base, plan.lib.commit)
+    return [*cmd, "--tolerances", tolerances] if tolerances else cmd
+
+
+def _header(plan: Plan, md: bool) -> str:
+    lib = plan.lib
+    what = f"{lib.dist or lib.name} {lib.version or ''}".strip()
+    line = f"nightly: {what} at {lib.commit[:12]} ({lib.source}) on machine {plan.machine}"
+    return f"### {line}\n" if md else line
+
+
+def _stored(plan: Plan) -> bool:
+    from mla_fp8_bench.analysis.results import ResultsError, find_result
+
+    try:
+        find_result(plan.results_dir, plan.machine, plan.lib.commit[:8], env="existing")
+    except ResultsError:
+        return False
+    return True
+
+
+def run_nightly(args: argparse.Namespace, echo=print) -> int:
+    """Run the plan (module docstring); returns the exit status."""
+    plan = make_plan(args)
+    md = args.format == "markdown"
+    echo(_header(plan, False))
+    if args.dry_run:
+        for cmd in [*plan.setup, plan.run]:
+            echo(_sh(cmd))
+        prev = previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
+        echo(_sh(gate_command(plan, prev or "<previous stored commit>", args.tolerances)))
+        if plan.publish:
+            echo(_sh(plan.publish))
+        return EXIT_OK
+    for cmd in plan.setup:
+        if _run(cmd, echo).returncode != 0:
+            raise NightlyError(f"could not register asv machine {plan.machine}")
+    p = _run(plan.run, echo)
+    if not _stored(plan):
+        echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
+        return EXIT_NO_RESULT
+    prev = previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
+    if prev is None:
+        summary, rc = _header(plan, md) + "\nfirst result on this machine: nothing to gate against\n", EXIT_OK
+    else:
+        g = subprocess.run(gate_command(plan, prev, args.tolerances), capture_output=True, text=True)
+        rc = g.returncode if g.returncode in (EXIT_OK, EXIT_REGRESSION) else EXIT_USAGE
+        summary = f"{_header(plan, md)}\nbase {prev[:12]} -> head {plan.lib.commit[:12]}\n\n{g.stdout}{g.stderr}"
+    echo(summary)
+    if args.summary:
+        from mla_fp8_bench.jsonio import write_file_atomic
+
+        write_file_atomic(args.summary, lambda f: f.write(summary))
+    if plan.publish:
+        pp = _run(plan.publish, echo)
+        if pp.returncode != 0:
+            echo(f"publish exited {pp.returncode} (results are stored; the gate's verdict stands)")
+    return rc
+
+
+def cmd_nightly(args: argparse.Namespace, console) -> int:
+    try:
+        return run_nightly(args, echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
+    except NightlyError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return EXIT_USAGE
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "nightly", help="asv history point keyed by the installed AITER/vLLM commit, gated and published",
+        description="Identify the installed AITER (or vLLM) and its commit, run the asv suite with "
+                    "-E existing --set-commit-hash <that commit>, gate against the previous result on this "
+                    "machine, publish. Exit 1 on a regression, 2 on bad usage, 3 when asv stored nothing.")
+    p.add_argument("--machine", required=True, help="asv machine name (e.g. mi355): results/<machine>/")
+    p.add_argument("--library", default="auto", help="aiter, vllm or auto (the one installed; default auto)")
+    p.add_argument("--python", help="interpreter of the environment with the library (default: this one)")
+    p.add_argument("--checkout", help="git checkout of the library (its HEAD is the commit; "
+                   "asv's repo is pointed here)")
+    p.add_argument("--commit", help="the library's commit, when it cannot be read from the installed package")
+    p.add_argument("--config", help="asv config (default asv.aiter.conf.json / asv.vllm.conf.json)")
+    p.add_argument("--bench", help="asv -b regex (default: the benchmarks that depend on the library)")
+    p.add_argument("--tolerances", help="calibrated tolerance JSON for the gate")
+    p.add_argument("--format", default="text", choices=("text", "markdown"), help="gate summary format")
+    p.add_argument("--summary", help="also write the gate summary to this file (for a PR comment / annotation)")
+    p.add_argument("--no-publish", action="store_true", help="skip publishing the site")
+    p.add_argument("--dry-run", action="store_true", help="identify the library and print the commands")
+    p.set_defaults(handler=cmd_nightly)
