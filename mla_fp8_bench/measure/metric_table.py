@@ -319,7 +319,58 @@ def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str,
     return {"regressions_thresholds": thresholds, "regressions_first_commits": off}
 
 
-if __name__ == "__main__":
+_BLOCK_COMMENT = """\
+    // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.measure.metric_table
+    // --write <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
+    // the MAX over matching entries, so they are disjoint): accuracy 0 (deterministic values: any increase),
+    // kernel latency and resources 5 %. regressions_first_commits null: no regression is reported for
+    // figures that are not a kernel's (host latency, informational, an emulation's latency).
+"""
+
+
+def asv_config_block() -> str:
+    """The tail of an asv config file: the generated regression keys, then the closing brace."""
     import json
 
-    print(json.dumps(asv_regression_config(), indent=4))
+    body = json.dumps(asv_regression_config(), indent=4)
+    inner = body.strip()[1:-1].strip("\n")
+    return _BLOCK_COMMENT + inner + "\n}\n"
+
+
+def write_asv_config(path: str) -> bool:
+    """Replace the regression keys at the end of an asv config file (``//`` comments kept) with
+    :func:`asv_config_block`; returns whether the file changed. The keys must be the file's last entries.
+
+    Raises:
+        ValueError: the file has no ``"regressions_thresholds"`` key.
+    """
+    from mla_fp8_bench.jsonio import write_file_atomic
+
+    with open(path) as f:
+        lines = f.read().splitlines(keepends=True)
+    at = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith('"regressions_')), None)
+    if at is None:
+        raise ValueError(f"{path}: no \"regressions_thresholds\" key to replace")
+    while at > 0 and lines[at - 1].lstrip().startswith("//"):
+        at -= 1
+    head = "".join(lines[:at])
+    if not head.rstrip().endswith((",", "{")):
+        head = head.rstrip() + ",\n"
+    new = head + asv_config_block()
+    if new == "".join(lines):
+        return False
+    write_file_atomic(path, lambda f: f.write(new))
+    return True
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description="print (or --write into asv config files) the asv regression keys")
+    ap.add_argument("--write", nargs="+", metavar="ASV_CONF", help="asv config files to update in place")
+    a = ap.parse_args()
+    if not a.write:
+        sys.stdout.write(asv_config_block())
+    for conf in a.write or ():
+        print(f"{conf}: {'updated' if write_asv_config(conf) else 'already current'}")
