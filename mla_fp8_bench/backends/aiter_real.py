@@ -234,6 +234,21 @@ def plan_stats_with(driver_plan, case: Case, device: torch.device, repeats: int 
             "workspace_bytes": workspace_bytes(last["num_partials"], case.total_tokens, case.num_heads)}
 
 
+#: Opt-in (``=1``) to drive whatever ``aiter`` is installed on a non-gfx950 machine (a CPU, a test
+#: library): every record is then labelled ``timing_scope="emulation"`` and ``aiter_off_device=True``.
+ANY_DEVICE_ENV = "MLA_FP8_BENCH_AITER_ANY_DEVICE"
+
+
+def aiter_any_device() -> bool:
+    """True when :data:`ANY_DEVICE_ENV` is ``1`` (any other value but empty/``0`` raises ValueError)."""
+    import os
+
+    raw = os.environ.get(ANY_DEVICE_ENV, "")
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{ANY_DEVICE_ENV}={raw!r} is invalid: 1 (drive a non-gfx950 aiter) or 0/unset")
+    return raw == "1"
+
+
 def _aiter_gate(platform: PlatformInfo) -> Verdict:
     if platform.vendor != "rocm":
         found = platform.arch if platform.vendor == "cuda" else "a CPU-only torch"
@@ -277,7 +292,8 @@ class AiterReal(Backend):
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         gate = _aiter_gate(platform)
-        if not gate:
+        self.emulation = bool(not gate and aiter_any_device())  # off gfx950: labelled, never a kernel's time
+        if not gate and not self.emulation:
             return gate
         try:
             self._get_driver()
@@ -289,7 +305,12 @@ class AiterReal(Backend):
         return self._get_driver().supports_heads(case.num_heads)
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        return self._get_driver().prepare(inputs)
+        p = self._get_driver().prepare(inputs)
+        if self.emulation:
+            p.graph_capturable = False
+            p.timing_scope = "emulation"
+            p.extras["aiter_off_device"] = True
+        return p
 
     def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
         return plan_stats_with(self._get_driver().plan, case, platform.device)

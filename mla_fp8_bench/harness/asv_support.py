@@ -6,6 +6,8 @@ Environment variables read by :func:`measure_grid` (all optional):
 * ``MLA_FP8_BENCH_MAX_TOKENS`` - skip cases with more total tokens (default: the device's sweep cap,
   2048 on CPU, 32768 on GPUs; ragged cases count their total).
 * ``MLA_FP8_BENCH_BACKENDS`` - comma-separated subset of :data:`ASV_BACKENDS` to measure.
+* ``MLA_FP8_BENCH_CASES`` - comma-separated subset of :data:`ASV_CASES` to measure (the others are
+  asv skips; ``mla-fp8-bench bisect`` sets it, with ``MLA_FP8_BENCH_BACKENDS``, to the probed params).
 * ``MLA_FP8_BENCH_SAMPLES`` / ``MLA_FP8_BENCH_TIME_BUDGET`` - latency samples / seconds per param.
 * ``MLA_FP8_BENCH_EXPECT_COMMIT`` - in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the
   SHA you pass to ``--set-commit-hash`` here and the measurement refuses to run on other code.
@@ -92,8 +94,15 @@ def _grid_setup():
     if unknown:
         raise ValueError(f"MLA_FP8_BENCH_BACKENDS names unknown backends {unknown}: allowed {', '.join(ASV_BACKENDS)}")
     backends = wanted or list(ASV_BACKENDS)
+    only = [c for c in os.environ.get("MLA_FP8_BENCH_CASES", "").split(",") if c]
+    unknown = [c for c in only if c not in ASV_CASES]
+    if unknown:
+        raise ValueError(f"MLA_FP8_BENCH_CASES names cases {unknown} outside the asv grid: "
+                         f"allowed {', '.join(ASV_CASES)}")
     cases, skipped = [], {}
     for cid in ASV_CASES:
+        if only and cid not in only:
+            continue  # not measured: lookup() makes it an asv skip
         c = parse_case_id(cid)
         if c.total_tokens > cap:
             skipped[cid] = f"{c.total_tokens} tokens exceed this run's cap of {cap} on {pinfo.device_type}"
