@@ -30,15 +30,28 @@ suffixes after the length, e.g. ``-h128``; default: the plain ids). Everything e
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.analysis.results import (
+    AsvResult,
+    Measurement,
+    ResultsError,
+    RunDoc,
+    list_result_files,
+    load_machine,
+    machine_dirs,
+    newest_result,
+    run_doc_from_data,
+)
 from mla_fp8_bench.jsonio import load_json
+from mla_fp8_bench.problem.cases import CaseError, parse_case_id
+from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 
 #: Formats ``--format`` accepts.
 FORMATS = ("png", "svg")
@@ -107,11 +120,16 @@ def _is_fp8(backend: str) -> bool:
 
 
 def _split_case(cid: str) -> tuple[int, str] | None:
-    """``s4096-h128`` -> ``(4096, "-h128")``; None for ragged or non-canonical ids."""
-    m = re.fullmatch(r"s(\d+)((?:-[a-z0-9]+)*)", cid)
-    if not m:
+    """``s4096-h128`` -> ``(4096, "-h128")``: a single-sequence case's seq_len and its variant (the id's
+    suffixes); None for multi-sequence or unparsable ids (grammar: :func:`parse_case_id`)."""
+    try:
+        case = parse_case_id(cid)
+    except CaseError:
         return None
-    return int(m.group(1)), m.group(2)
+    if case.batch_size != 1:
+        return None
+    base = f"s{case.seq_lens[0]}"
+    return (case.seq_lens[0], cid[len(base):]) if cid.startswith(base) else None
 
 
 def _finite(x: Any) -> float | None:
@@ -126,11 +144,6 @@ def _quantile(xs: list[float], q: float) -> float:
     pos = q * (len(ys) - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
-
-
-def _load_json(path: Path, what: str) -> Any:
-    return load_json(path, what, PlotError,
-                     "it may be truncated - re-run `mla-fp8-bench run --json` (it writes atomically)")
 
 
 def _select_variant(points: list[Point], wanted: str | None) -> tuple[str, list[Point]]:
@@ -153,28 +166,49 @@ def _select_variant(points: list[Point], wanted: str | None) -> tuple[str, list[
 
 
 # ------------------------------------------------------------------------------------- readers
-def load_run_json(path: Path, data: dict[str, Any], variant: str | None = None) -> Dataset:
-    """A :class:`Dataset` from a ``mla-fp8-bench run --json`` file (already parsed)."""
-    env = data.get("env") or {}
-    recs = data.get("records")
-    if not isinstance(recs, list):
-        raise PlotError(f"run JSON {path} has no 'records' list: not written by `mla-fp8-bench run --json`")
+_LATENCY_DESC = {"host": "host wall-clock", "graph": "device time, CUDA/HIP graph replay",
+                 "events": "device time, events"}
+#: Record keys drawn as accuracy; a value that is present but not a number is named in the notes.
+_ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref")
+
+
+def _record_value_notes(b: str, cid: str, r: dict[str, Any]) -> list[str]:
+    """Notes for values that are stored but cannot be drawn (non-finite or not a number)."""
+    notes = []
+    for key in (*_ERROR_KEYS, "latency_s"):
+        v = r.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            notes.append(f"{b} {cid}: {key} is {v!r:.40}, not a number; not drawn")
+        elif not math.isfinite(v):
+            notes.append(f"{b} {cid}: {key} is {v} (non-finite output), not drawn")
+    return notes
+
+
+def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None = None) -> Dataset:
+    """A :class:`Dataset` from a ``mla-fp8-bench run --json`` file (already parsed: a dict or a
+    :class:`~mla_fp8_bench.analysis.results.RunDoc`).
+
+    Raises:
+        PlotError: not a run JSON, a malformed record, or an unknown ``variant``.
+    """
+    try:
+        doc = data if isinstance(data, RunDoc) else run_doc_from_data(data, path)
+    except ResultsError as exc:
+        raise PlotError(str(exc)) from None
+    env, recs = doc.env, doc.records
     name = env.get("device_name") or "unknown device"
     arch = env.get("arch") or "?"
-    vendor = env.get("vendor") or ""
-    is_cpu = vendor == "cpu" or arch == "cpu"
+    is_cpu = env.get("vendor") == "cpu" or arch == "cpu"
     host = env.get("hostname")
     device = (f"CPU ({name}" + (f", host {host}" if host else "") + ")") if is_cpu else f"{name} ({arch})"
-    methods = sorted({r.get("latency_method") for r in recs if isinstance(r, dict) and r.get("latency_method")})
-    desc = {"host": "host wall-clock", "graph": "device time, CUDA/HIP graph replay",
-            "events": "device time, events"}
-    latency_desc = ", ".join(desc.get(m, m) for m in methods) or "latency"
+    methods = sorted({str(r["latency_method"]) for r in recs if r.get("latency_method")})
     ds = Dataset(device=device, slug=_slug("cpu-" + name if is_cpu else name), source=str(path),
-                 latency_desc=latency_desc, ceilings=data.get("ceilings"), is_cpu=is_cpu)
+                 latency_desc=", ".join(_LATENCY_DESC.get(m, m) for m in methods) or "latency",
+                 ceilings=doc.ceilings, is_cpu=is_cpu)
     pts: list[Point] = []
-    for i, r in enumerate(recs):
-        if not isinstance(r, dict) or not isinstance(r.get("backend"), str) or not isinstance(r.get("case"), str):
-            raise PlotError(f"run JSON {path}: record {i} is malformed (needs 'backend' and 'case' strings)")
+    for r in recs:
         b, cid, st = r["backend"], r["case"], r.get("status")
         if st != "ok":
             ds.notes.append(f"{b} {cid}: {st} - {r.get('reason', '')}".rstrip(" -"))
@@ -184,10 +218,7 @@ def load_run_json(path: Path, data: dict[str, Any], variant: str | None = None) 
             ds.notes.append(f"{b} {cid}: not a single-sequence case (not on the seq_len axis)")
             continue
         emu = bool(r.get("emulation")) or r.get("timing_scope") == "emulation"
-        for key in ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref"):
-            v = r.get(key)
-            if isinstance(v, (int, float)) and not math.isfinite(v):
-                ds.notes.append(f"{b} {cid}: {key} is {v} (non-finite output), not drawn")
+        ds.notes.extend(_record_value_notes(b, cid, r))
         samples = [x for x in (r.get("latency_samples_s") or []) if _finite(x) is not None]
         p = Point(b, cid, sc[0], latency_s=_finite(r.get("latency_s")), err_fp8=_finite(r.get("max_abs_error_fp8_ref")),
                   err_bf16=_finite(r.get("max_abs_error_bf16_ref")),
@@ -199,103 +230,116 @@ def load_run_json(path: Path, data: dict[str, Any], variant: str | None = None) 
     return ds
 
 
-def _machine_dirs(path: Path) -> list[Path]:
-    if (path / "machine.json").is_file():
-        return [path]
-    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "machine.json").is_file())
+_BENCH = "MLAPrefill"
 
 
-def _pick_result_file(mdir: Path, commit: str | None) -> tuple[Path, dict[str, Any]]:
-    files = sorted(p for p in mdir.glob("*.json") if p.name not in ("machine.json", "benchmarks.json"))
-    if not files:
-        raise PlotError(f"asv machine directory {mdir} holds no result files (only machine.json)")
-    loaded = []
-    for f in files:
-        d = _load_json(f, "asv result file")
-        if not isinstance(d, dict) or "results" not in d or "result_columns" not in d:
-            raise PlotError(f"asv result file {f} is not in asv 0.6's format (no 'results'/'result_columns')")
-        if d.get("version") != 2:
-            raise PlotError(f"asv result file {f} has api version {d.get('version')!r}; expected 2 (asv 0.6.x)")
-        loaded.append((f, d))
-    if commit:
-        sel = [(f, d) for f, d in loaded if str(d.get("commit_hash", "")).startswith(commit)]
-        if not sel:
-            have = ", ".join(sorted({str(d.get("commit_hash", ""))[:8] for _, d in loaded}))
-            raise PlotError(f"no result for commit {commit!r} in {mdir}: commits present {have}")
-        loaded = sel
-
-    def key(fd):
-        d = fd[1]
-        cols = d["result_columns"]
-        i = cols.index("started_at") if "started_at" in cols else None
-        started = max([row[i] for row in d["results"].values()
-                       if i is not None and isinstance(row, list) and len(row) > i and isinstance(row[i], (int, float))]
-                      or [0])
-        return (d.get("date") or 0, started)
-
-    return max(loaded, key=key)
+def _by_backend_case(res: AsvResult, method: str) -> dict[tuple[str, str], Measurement]:
+    """(backend, case) -> measurement of ``<module>.MLAPrefill.<method>``; {} when absent."""
+    names = [n for n in res.benchmarks() if n.endswith(f".{_BENCH}.{method}")]
+    if not names:
+        return {}
+    return {m.params: m for m in res.measurements(names[0]).values() if len(m.params) == 2}
 
 
 def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None = None) -> Dataset:
-    """A :class:`Dataset` from one asv machine directory (newest commit unless ``commit``)."""
-    mj = _load_json(mdir / "machine.json", "asv machine file")
-    if not isinstance(mj, dict):
-        raise PlotError(f"asv machine file {mdir / 'machine.json'} is not a JSON object")
-    mname = mj.get("machine") or mdir.name
-    f, d = _pick_result_file(mdir, commit)
+    """A :class:`Dataset` from one asv machine directory (newest commit unless ``commit``).
+
+    Raises:
+        PlotError: corrupt/missing files (named), unknown commit, no ``MLAPrefill.track_latency`` results.
+    """
+    try:
+        mj = load_machine(mdir)
+        res = newest_result(mdir, commit)
+        lat = _by_backend_case(res, "track_latency")
+        e8 = _by_backend_case(res, "track_max_abs_error")
+        e16 = _by_backend_case(res, "track_max_abs_error_bf16_ref")
+        spp = _by_backend_case(res, "track_seconds_per_pflop")
+    except ResultsError as exc:
+        raise PlotError(str(exc)) from None
     gpu = mj.get("gpu")
-    hw = gpu if gpu and gpu != "none" else f"CPU: {mj.get('cpu') or mj.get('arch') or '?'}"
-    sha = str(d.get("commit_hash", ""))[:8]
-    ds = Dataset(device=f"machine {mname} ({hw}), commit {sha}", slug=_slug(f"asv-{mname}"), source=str(f),
-                 latency_desc="asv track_latency" + (" (device time)" if gpu and gpu != "none" else " (host time)"),
-                 is_cpu=not gpu or gpu == "none")
-    cols = d["result_columns"]
-    col = {k: cols.index(k) for k in ("result", "params", "stats_q_25", "stats_q_75") if k in cols}
-
-    def table(suffix: str) -> dict[tuple[str, str], tuple[Any, Any, Any]]:
-        names = [n for n in d["results"] if n.endswith(suffix)]
-        if not names:
-            return {}
-        row = d["results"][names[0]]
-        get = (lambda k: row[col[k]] if k in col and len(row) > col[k] else None)
-        vals, params = get("result"), get("params")
-        if not isinstance(params, list) or not isinstance(vals, list):
-            return {}
-        q25, q75 = get("stats_q_25") or [None] * len(vals), get("stats_q_75") or [None] * len(vals)
-        out = {}
-        for j, combo in enumerate(itertools.product(*params)):
-            if j >= len(vals) or len(combo) != 2:
-                break
-            b, c = (str(x).strip("'\"") for x in combo)
-            out[(b, c)] = (vals[j], q25[j] if j < len(q25) else None, q75[j] if j < len(q75) else None)
-        return out
-
-    lat = table(".MLAPrefill.track_latency")
+    has_gpu = bool(gpu) and gpu != "none"
+    hw = gpu if has_gpu else f"CPU: {mj.get('cpu') or mj.get('arch') or '?'}"
+    ds = Dataset(device=f"machine {mj['machine']} ({hw}), commit {res.commit_hash[:8]}",
+                 slug=_slug(f"asv-{mj['machine']}"), source=str(res.path),
+                 latency_desc="asv track_latency" + (" (device time)" if has_gpu else " (host time)"),
+                 is_cpu=not has_gpu)
     if not lat:
-        raise PlotError(f"asv result file {f} has no MLAPrefill.track_latency results: not this suite's results "
-                        "(benchmarks/bench_mla_prefill.py)")
-    e8 = table(".MLAPrefill.track_max_abs_error")
-    e16 = table(".MLAPrefill.track_max_abs_error_bf16_ref")
-    spp = table(".MLAPrefill.track_seconds_per_pflop")
+        raise PlotError(f"asv result file {res.path} has no {_BENCH}.track_latency results: not this suite's "
+                        "results (benchmarks/bench_mla_prefill.py)")
+
+    def val(table: dict[tuple[str, str], Measurement], key: tuple[str, str]) -> float | None:
+        m = table.get(key)
+        return _finite(m.value) if m is not None else None
+
     pts = []
-    for (b, c), (v, lo, hi) in lat.items():
-        sc = _split_case(c)
-        if v is None:
+    for (b, c), m in lat.items():
+        if m.status == "failed":
             ds.notes.append(f"{b} {c}: failed in asv (null)")
             continue
-        if isinstance(v, float) and math.isnan(v):
-            continue  # skipped in asv (not available on this machine / beyond its cap)
+        if m.status == "skipped":
+            continue  # not available on this machine / beyond its cap
+        sc = _split_case(c)
         if sc is None:
             ds.notes.append(f"{b} {c}: not a single-sequence case (not on the seq_len axis)")
             continue
         emu = _is_emulation(b)
-        s = _finite(spp.get((b, c), (None,))[0])
-        pts.append(Point(b, c, sc[0], latency_s=_finite(v), latency_q25=_finite(lo), latency_q75=_finite(hi),
-                         err_fp8=_finite(e8.get((b, c), (None,))[0]), err_bf16=_finite(e16.get((b, c), (None,))[0]),
+        s = val(spp, (b, c))
+        pts.append(Point(b, c, sc[0], latency_s=_finite(m.value), latency_q25=m.q25, latency_q75=m.q75,
+                         err_fp8=val(e8, (b, c)), err_bf16=val(e16, (b, c)),
                          tflops=(1e3 / s) if (s and not emu) else None, emulation=emu))
     ds.variant, ds.points = _select_variant(pts, variant)
     ds.notes.append("ceilings: not stored in asv results (plot a run JSON with `ceilings` for the lines)")
     return ds
+
+
+def _load_dir(path: Path, machines: list[str] | None, commit: str | None, variant: str | None,
+              seen: set[str], skipped_empty: list[str]) -> list[Dataset]:
+    """Datasets of one asv results (or machine) directory; machines without results are listed in
+    ``skipped_empty`` when others have results."""
+    try:
+        mdirs = machine_dirs(path)
+    except ResultsError as exc:
+        raise PlotError(str(exc)) from None
+    if not mdirs:
+        raise PlotError(f"{path} is a directory but not an asv results directory: no <machine>/machine.json "
+                        "inside (and no machine.json in it)")
+    seen.update(m.name for m in mdirs)
+    if machines:
+        mdirs = [m for m in mdirs if m.name in machines]
+    out = []
+    for m in mdirs:
+        if not list_result_files(m) and len(mdirs) > 1 and not machines:
+            skipped_empty.append(f"{m} (machine.json only, no results yet)")
+            continue  # one runner without results must not stop the others' plots
+        out.append(load_asv_machine(m, commit, variant))
+    return out
+
+
+def _load_file(path: Path, variant: str | None) -> Dataset:
+    try:
+        data = load_json(path, "run JSON", PlotError,
+                         "it may be truncated - re-run `mla-fp8-bench run --json` (it writes atomically)")
+        if isinstance(data, dict) and "records" not in data and "result_columns" in data:
+            raise PlotError(f"{path} is one asv result file: pass its results directory "
+                            f"({path.parent.parent}) or machine directory ({path.parent}) instead")
+        doc = run_doc_from_data(data, path)
+    except ResultsError as exc:
+        raise PlotError(str(exc)) from None
+    return load_run_json(path, doc, variant)
+
+
+def _unique_slugs(out: list[Dataset]) -> None:
+    counts: dict[str, int] = {}
+    for ds in out:
+        counts[ds.slug] = counts.get(ds.slug, 0) + 1
+    used: set[str] = set()
+    for ds in out:  # two inputs from one device: tell their files apart by the input's name
+        slug = ds.slug if counts[ds.slug] == 1 else f"{ds.slug}-{_slug(Path(ds.source).stem)}"
+        base, n = slug, 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        ds.slug = slug
 
 
 def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit: str | None = None,
@@ -313,28 +357,9 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
         path = Path(raw)
         if path.is_dir():
             any_dir = True
-            mdirs = _machine_dirs(path)
-            if not mdirs:
-                raise PlotError(f"{path} is a directory but not an asv results directory: no <machine>/machine.json "
-                                "inside (and no machine.json in it)")
-            names = [m.name for m in mdirs]
-            seen_machines.update(names)
-            if machines:
-                mdirs = [m for m in mdirs if m.name in machines]
-            for m in mdirs:
-                empty = not any(p.name not in ("machine.json", "benchmarks.json") for p in m.glob("*.json"))
-                if empty and len(mdirs) > 1 and not machines:
-                    skipped_empty.append(f"{m} (machine.json only, no results yet)")
-                    continue  # one runner without results must not stop the others' plots
-                out.append(load_asv_machine(m, commit, variant))
+            out += _load_dir(path, machines, commit, variant, seen_machines, skipped_empty)
         elif path.is_file():
-            data = _load_json(path, "run JSON")
-            if not isinstance(data, dict):
-                raise PlotError(f"{path} is neither a run JSON (an object with 'records') nor an asv results directory")
-            if "records" not in data and "result_columns" in data:
-                raise PlotError(f"{path} is one asv result file: pass its results directory "
-                                f"({path.parent.parent}) or machine directory ({path.parent}) instead")
-            out.append(load_run_json(path, data, variant))
+            out.append(_load_file(path, variant))
         else:
             raise PlotError(f"input {path} does not exist: give a run JSON (`mla-fp8-bench run --json`) or an asv "
                             "results directory")
@@ -349,17 +374,7 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
         if not out:
             raise PlotError("no results to plot: " + "; ".join(skipped_empty))
         out[0].notes.extend(f"machine skipped: {e}" for e in skipped_empty)
-    counts: dict[str, int] = {}
-    for ds in out:
-        counts[ds.slug] = counts.get(ds.slug, 0) + 1
-    used: set[str] = set()
-    for ds in out:  # two inputs from one device: tell their files apart by the input's name
-        slug = ds.slug if counts[ds.slug] == 1 else f"{ds.slug}-{_slug(Path(ds.source).stem)}"
-        base, n = slug, 2
-        while slug in used:
-            slug, n = f"{base}-{n}", n + 1
-        used.add(slug)
-        ds.slug = slug
+    _unique_slugs(out)
     return out
 
 
@@ -499,16 +514,30 @@ def _fmt_plain(x: float, _pos=None) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def draw_latency(ax, ds: Dataset, st: Styles) -> list[str]:
+#: Latency panels: which points each draws. Kernel and emulation latency never share an axis (an
+#: emulation's time is PyTorch code, not a kernel's).
+LATENCY_SCOPES = ("kernel", "emulation")
+
+
+def latency_scopes(ds: Dataset) -> list[str]:
+    """The latency panels ``ds`` needs: ``kernel`` and/or ``emulation`` (``["kernel"]`` when it has none)."""
+    have = {("emulation" if p.emulation else "kernel") for p in ds.points if p.latency_s}
+    return [s for s in LATENCY_SCOPES if s in have] or ["kernel"]
+
+
+def draw_latency(ax, ds: Dataset, st: Styles, scope: str = "kernel") -> list[str]:
+    """Latency vs seq_len of one ``scope`` (``kernel``: non-emulation backends; ``emulation``)."""
     from matplotlib.ticker import FuncFormatter
 
+    if scope not in LATENCY_SCOPES:
+        raise ValueError(f"latency scope {scope!r} is unknown: allowed {', '.join(LATENCY_SCOPES)}")
     drawn = []
     off = False
     for b, pts in _series(ds.points).items():
-        pts = [p for p in pts if p.latency_s]
+        pts = [p for p in pts if p.latency_s and p.emulation == (scope == "emulation")]
         if not pts:
             continue
-        emu = any(p.emulation for p in pts)
+        emu = scope == "emulation"
         xs = [p.seq_len for p in pts]
         ys = [p.latency_s for p in pts]
         lo = [max(0.0, y - (p.latency_q25 if p.latency_q25 is not None else y)) for p, y in zip(pts, ys)]
@@ -519,17 +548,23 @@ def draw_latency(ax, ds: Dataset, st: Styles) -> list[str]:
             ax.annotate("emulation", (xs[-1], ys[-1]), textcoords="offset points", xytext=(-4, 6), ha="right",
                         fontsize=8, color=st.color(b), style="italic")
         drawn.append(b)
-    ax.set_yscale("log")
-    _log_ticks(ax, FuncFormatter(_fmt_seconds))
+    if drawn:
+        ax.set_yscale("log")
+        _log_ticks(ax, FuncFormatter(_fmt_seconds))
+    else:
+        ax.text(0.5, 0.5, "no latency to show", transform=ax.transAxes, ha="center", color="0.4")
     _setup_x(ax, [p.seq_len for p in ds.points])
     ax.set_ylabel("latency per call (median; bars: IQR)")
-    ax.set_title("Latency vs seq_len (log-log, lower is better)")
+    if scope == "emulation":
+        ax.set_title("EMULATION latency vs seq_len (PyTorch model of the kernel;\nnot kernel time, never compared)",
+                     fontsize=10)
+    else:
+        ax.set_title("Latency vs seq_len (log-log, lower is better)")
     notes = [f"timing: {ds.latency_desc}" + ("; CPU host time of PyTorch code, not GPU kernel times"
                                              if ds.is_cpu else "")]
     if off:
         notes.append(_OFF_GRID_NOTE)
-    if notes:
-        _note(ax, notes)
+    _note(ax, notes)
     return drawn
 
 
@@ -653,14 +688,20 @@ def draw_tflops(ax, ds: Dataset, st: Styles) -> list[str]:
     return drawn
 
 
+_QUANT_TEXT = {"per_tensor": "per-tensor fp8", "cast": "cast quant"}
+
+
 def _variant_text(ds: Dataset) -> str:
-    heads = re.search(r"-h(\d+)", ds.variant)
-    h = heads.group(1) if heads else "16"
-    rest = re.sub(r"-h\d+", "", ds.variant)
-    extra = {"": "", "-cast": ", cast quant", "-outlier": ", outlier inputs", "-mla": ", mla inputs",
-             "-const": ", const inputs"}.get(rest, f", variant {rest}")
-    return f"{h} heads, d_qk=192, d_v=128, per-tensor fp8{extra}" if "cast" not in rest else \
-        f"{h} heads, d_qk=192, d_v=128{extra}"
+    """The case shape shared by the plotted points, from the case-id grammar (:func:`parse_case_id`)."""
+    case = parse_case_id(ds.points[0].case) if ds.points else None
+    if case is None:
+        return f"variant {ds.variant or '(plain)'}"
+    text = f"{case.num_heads} heads, d_qk={QK_HEAD_DIM}, d_v={V_HEAD_DIM}, {_QUANT_TEXT.get(case.quant, case.quant)}"
+    if case.dist != "normal":
+        text += f", {case.dist} inputs"
+    if case.seed:
+        text += f", seed {case.seed}"
+    return text + (f" (ids s<N>{ds.variant})" if ds.variant else "")
 
 
 def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | None = None) -> list[Path]:
@@ -693,33 +734,43 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
                        markerfacecolor="white" if _is_emu(ds, b) else st.color(b), label=_label(b, _is_emu(ds, b)))
                 for b in _series(ds.points)]
 
-    for kind, fns in (("latency", (draw_latency,)), ("error", (draw_error, draw_error_bf16)),
-                      ("tflops", (draw_tflops,))):
-        fig, axes = plt.subplots(1, len(fns), figsize=(6.5 * len(fns) + 1.5, 5.2), squeeze=False, sharey=True)
+    scopes = latency_scopes(ds)
+    lat_fns = [lambda ax, d, s, sc=sc: draw_latency(ax, d, s, sc) for sc in scopes]
+    for kind, fns in (("latency", lat_fns), ("error", (draw_error, draw_error_bf16)), ("tflops", (draw_tflops,))):
+        fig, axes = plt.subplots(1, len(fns), figsize=(6.5 * len(fns) + 1.5, 5.2), squeeze=False,
+                                 sharey=kind == "error")
         for ax, fn in zip(axes[0], fns):
             fn(ax, ds, st)
-        if len(fns) > 1:
+        if kind == "error":
             axes[0][1].set_ylabel("")
             axes[0][1].yaxis.set_tick_params(labelleft=True)
         fig.suptitle(f"FP8 MLA prefill on {sub}", fontsize=10)
         fig.legend(handles=legend_handles(), loc="lower center", ncol=3, fontsize=8, frameon=False)
         fig.tight_layout(rect=(0, 0.08, 1, 0.97))
         save(fig, kind)
+    _render_summary(plt, ds, st, scopes, sub, legend_handles, save)
+    return written
 
-    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5))
-    draw_latency(axes[0][0], ds, st)
-    draw_tflops(axes[0][1], ds, st)
-    draw_error(axes[1][0], ds, st)
-    draw_error_bf16(axes[1][1], ds, st)
-    lo = min(a.get_ylim()[0] for a in axes[1])
-    hi = max(a.get_ylim()[1] for a in axes[1])
-    for a in axes[1]:
+
+def _render_summary(plt, ds: Dataset, st: Styles, scopes: list[str], sub: str, legend_handles, save) -> None:
+    """Latency panel(s) and throughput on top, both error panels below (one figure)."""
+    top = len(scopes) + 1
+    fig = plt.figure(figsize=(7 * top, 10.5))
+    gs = fig.add_gridspec(2, 2 * top)
+    for i, sc in enumerate(scopes):
+        draw_latency(fig.add_subplot(gs[0, 2 * i:2 * i + 2]), ds, st, sc)
+    draw_tflops(fig.add_subplot(gs[0, 2 * top - 2:]), ds, st)
+    err = [fig.add_subplot(gs[1, :top]), fig.add_subplot(gs[1, top:])]
+    draw_error(err[0], ds, st)
+    draw_error_bf16(err[1], ds, st)
+    lo = min(a.get_ylim()[0] for a in err)
+    hi = max(a.get_ylim()[1] for a in err)
+    for a in err:
         a.set_ylim(lo, hi)  # same scale for both references, so the panels compare at a glance
     fig.legend(handles=legend_handles(), loc="lower center", ncol=3, fontsize=10, frameon=False)
     fig.suptitle(f"FP8 MLA prefill on {sub}", fontsize=13)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     save(fig, "summary")
-    return written
 
 
 def _is_emu(ds: Dataset, backend: str) -> bool:
@@ -738,14 +789,51 @@ def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, .
     if bad or not formats:
         raise PlotError(f"format {', '.join(map(repr, bad)) or '(none)'} is not supported: "
                         f"allowed {', '.join(FORMATS)}")
-    datasets = load_inputs(inputs, machines=machines, commit=commit, variant=variant)
-    written: list[Path] = []
-    for ds in datasets:
-        if not ds.points:
-            raise PlotError(f"{ds.source}: no ok single-sequence (s<N>) results to plot for {ds.device}"
-                            + (f" ({len(ds.notes)} records skipped/failed/ragged)" if ds.notes else ""))
-        written += render(ds, Path(out_dir), formats, note)
+    created = _prepare_out_dir(Path(out_dir))
+    try:
+        datasets = load_inputs(inputs, machines=machines, commit=commit, variant=variant)
+        written: list[Path] = []
+        for ds in datasets:
+            if not ds.points:
+                raise PlotError(f"{ds.source}: no ok single-sequence (s<N>) results to plot for {ds.device}"
+                                + (f" ({len(ds.notes)} records skipped/failed/ragged)" if ds.notes else ""))
+            try:
+                written += render(ds, Path(out_dir), formats, note)
+            except OSError as exc:
+                raise PlotError(f"cannot write figures into --out {out_dir}: {exc.strerror or exc}") from None
+    except BaseException:
+        for d in reversed(created):  # leave no empty output folders behind a refused plot
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise
     return written, datasets
+
+
+def _prepare_out_dir(out: Path) -> list[Path]:
+    """Check that figures can be written into ``out`` before any input is read: create it (and missing
+    parents) and write a probe file. Returns the folders it created (removed again if the plot fails).
+
+    Raises:
+        PlotError: ``out`` is a file, lies under a file, or is not writable; the message names it.
+    """
+    if out.exists() and not out.is_dir():
+        raise PlotError(f"--out {out} is a file, not a directory: give a directory for the figures")
+    created = [a for a in (out, *out.parents) if not a.exists()][::-1]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".plot-probe", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise PlotError(f"--out {out} is not a writable directory: {exc.strerror or exc}") from None
+    return created
 
 
 # ------------------------------------------------------------------------------------- CLI
