@@ -1,38 +1,26 @@
-"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner.
+"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, both revisions.
 
 Ports two AITER functions so that the suite can plan, inspect and emulate the FP8 MLA prefill
 without ROCm:
 
 * ``get_ps_metadata_info_v1`` (``aiter/ops/attention.py``) -> :func:`ps_metadata_info`, the six
   buffer ``(shape, dtype)`` pairs used to pre-allocate the planner's outputs;
-* ``get_ps_metadata_v1`` (``csrc/kernels/mla/metadata.cu`` ->
-  ``get_ps_metadata_v1_2_host`` / ``kn_generate_ps_metadata`` / ``generate_reduce_info`` in
-  ``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in ``csrc/include/ps.h``) ->
-  :func:`plan_ps_prefill` (returns a :class:`PsPlan`) and :func:`fill_aiter_buffers` (writes a plan
-  into caller-provided buffers, as the real host function does).
+* ``get_ps_metadata_v1`` (host code in ``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in
+  ``csrc/include/ps.h``) -> :func:`plan_ps_prefill` (returns a :class:`PsPlan`) and
+  :func:`fill_aiter_buffers` (writes a plan into caller-provided buffers, as the real host function does).
 
-Reference: AITER commit ``e4048607a535`` (2026-08-22). Written from the suite's contract
-``shared/docs/aiter-ps-prefill-contract.md`` sections 3.1, 3.2, 5 and 6 (the algorithm's
-pseudo-code is section 6) and checked element by element against the golden vectors of AITER's
-real host planner in ``shared/data/ps_planner_golden.json.gz`` (``tests/test_planner.py``).
+Two revisions, selected by semantics with ``post_3606`` (see :func:`mla_fp8_bench.aiter_ps.facts.is_post_3606`):
 
-Algorithm summary (contract section 6). The ``cu_num`` workgroups ("TGs") are split into
-``C = gcd(num_heads_k, cu_num)`` clusters of ``T = cu_num // C`` TGs; cluster ``c`` serves the
-``num_heads_k // C`` contiguous heads ``[c*hpc, (c+1)*hpc)``. Every sequence is cut into 256-row
-q-tiles, visited in ping-pong order (0, n-1, 1, n-2, ...); each tile costs
-``ceil(eff_kv / kvlen_granularity)`` units, where ``eff_kv`` is the causally visible KV length of
-its last row. The units are dealt out evenly to the ``T`` TGs of a cluster (the first
-``units % T`` TGs get one more); a tile that does not fit into a TG's remaining capacity is split
-at the capacity, and the pieces of a split tile get 256-row partial slots ``256*p`` (``p`` counts
-per cluster), which the reduce merges. Every cluster and every head of a cluster receive the
-identical tiling, so all heads share the same partial rows.
+* pre-#3606 (AITER up to v0.1.21, reference commit ``e4048607a535``): a tile computed by a single
+  work gets ``partial_o_loc = -1`` and no reduce group;
+* post-#3606 (v0.1.22+, ROCm/aiter#3606): every work gets a partial slot and every tile a reduce
+  group; ``get_ps_metadata_info_v1`` takes ``max_kvlen`` and ``kvlen_granularity`` and gives far
+  looser bounds. The schedule (``work_indptr`` and every other ``work_info`` field) is identical.
 
-Block sizes above 1 (not used by the PS kernel, which runs at page size 1, and not covered by the
-golden vectors): the contract's pseudo-code compares the remaining KV *tokens* with the capacity in
-*blocks*, leaves a split piece's ``kv_end`` unclipped and computes ``kv_offset`` in pages. Those
-three expressions coincide with AITER's at ``block_size=1``; for larger blocks this port follows
-AITER's host source (capacity compared in tokens, ``kv_end`` clipped to the sequence's pages,
-``kv_offset`` in tokens), which keeps every KV range inside its sequence.
+The algorithm, the buffers and both revisions are described in ``docs/aiter-contract.md``
+(sections ``#planner-io``, ``#planner-algorithm``, ``#info-sizes`` and ``#pr-3606``). The port is
+checked element by element against AITER's own planner outputs in ``tests/data``
+(``tests/test_planner.py``).
 
 Everything here is plain Python integers (truncating, C-style division where AITER divides signed
 ints) with one ``torch.tensor`` build per buffer at the end, so planning is cheap even for
@@ -49,6 +37,15 @@ from typing import Any
 
 import torch
 
+from mla_fp8_bench.aiter_ps.facts import (
+    AITER_REFERENCE_COMMIT,
+    BUFFER_NAMES,
+    KV_TILE,
+    Q_TILE,
+    WORK_INFO_COLS,
+    WORK_INFO_FIELDS,
+)
+
 __all__ = [
     "AITER_COMMIT",
     "AITER_PLANNER_SOURCE",
@@ -64,36 +61,11 @@ __all__ = [
     "ps_metadata_info",
 ]
 
-AITER_COMMIT = "e4048607a535"
-"""AITER commit the port follows (``e4048607a535ace3a2b51ded31b1c8c2d45c0879``, 2026-08-22)."""
+AITER_COMMIT = AITER_REFERENCE_COMMIT[:12]
+"""Short id of the pre-#3606 AITER revision the port follows (``e4048607a535``, 2026-08-22)."""
 
 AITER_PLANNER_SOURCE = "csrc/kernels/mla/metadata/v1_2_host.cuh"
 """AITER file holding the host planner that :func:`plan_ps_prefill` ports."""
-
-Q_TILE = 256
-"""Rows per q-tile (``qlen_granularity``); also the row stride of one partial slot."""
-
-WORK_INFO_FIELDS = (
-    "batch_idx",
-    "partial_o_loc",
-    "qo_start",
-    "qo_end",
-    "kv_start",
-    "kv_end",
-    "kv_offset",
-    "q_head_range",
-)
-"""Column names of a ``work_info`` row (AITER ``WorkInfo`` in ``csrc/include/ps.h``)."""
-
-BUFFER_NAMES = (
-    "work_metadata_ptrs",
-    "work_indptr",
-    "work_info",
-    "reduce_indptr",
-    "reduce_final_map",
-    "reduce_partial_map",
-)
-"""The six planner buffers, in AITER's order (also the keys of :func:`ps_metadata_info`)."""
 
 BUFFER_LENGTH_KEYS = (
     "work_metadata_ptrs",
@@ -103,7 +75,7 @@ BUFFER_LENGTH_KEYS = (
     "reduce_final_map_rows",
     "reduce_partial_map",
 )
-"""Keys of a buffer-length dict (as in the golden file's ``outputs.buffer_lengths``)."""
+"""Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``)."""
 
 _INT32_MAX = 2**31 - 1
 _MAX_HEADS = 0xFFFF  # q_head_range packs first/end head as two 16-bit fields
@@ -187,9 +159,12 @@ def ps_metadata_info(
     batch_size: int,
     num_heads_k: int,
     max_qlen: int,
-    qlen_granularity: int = 256,
+    qlen_granularity: int = Q_TILE,
     *,
     cu_num: int,
+    post_3606: bool = False,
+    max_kvlen: int | None = None,
+    kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
     """Buffer shapes and dtypes for the PS planner (port of AITER ``get_ps_metadata_info_v1``).
 
@@ -197,22 +172,21 @@ def ps_metadata_info(
     here it is an explicit keyword so layouts for any device can be computed on a CPU.
 
     With ``C = gcd(num_heads_k, cu_num)``, ``cpc = cu_num // C`` (TGs per cluster),
-    ``mqs = ceil(max_qlen / qlen_granularity)`` and ``tiles = batch_size * mqs``
-    (contract section 3.1):
+    ``mqs = ceil(max_qlen / qlen_granularity)`` and ``tiles = batch_size * mqs``, both revisions give
+    ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``, ``reduce_indptr (tiles + 1,)``
+    and ``reduce_final_map (tiles, 2)`` (int32). They differ in ``work_info`` ``(max_works, 8)`` and
+    ``reduce_partial_map`` ``(max_partials,)``:
 
-    ======================  ===================================================  ========
-    buffer                  shape                                                dtype
-    ======================  ===================================================  ========
-    ``work_metadata_ptrs``  ``(2,)``  (unused by PS, but must be passed)          uint64
-    ``work_indptr``         ``(cu_num + 1,)``                                    int32
-    ``work_info``           ``((batch_size + cpc - 1) * mqs * num_heads_k, 8)``  int32
-    ``reduce_indptr``       ``(tiles + 1,)``                                     int32
-    ``reduce_final_map``    ``(tiles, 2)``                                       int32
-    ``reduce_partial_map``  ``(min(batch_size + cpc - 1, 2*(cpc - 1)) * mqs,)``  int32
-    ======================  ===================================================  ========
+    * pre-#3606 (``batch_size, num_head_k, max_qlen, qlen_granularity=256``):
+      ``max_works = (batch_size + cpc - 1) * mqs * num_heads_k``,
+      ``max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs``;
+    * post-#3606 (adds ``max_kvlen=None, kvlen_granularity=128``):
+      ``kv_splits = max(1, ceil((max_kvlen or max_qlen) / kvlen_granularity))``,
+      ``max_partials = tiles * (kv_splits + cpc)``, ``max_works = num_heads_k * max_partials``.
 
-    These are upper bounds and can be very loose; a plan's live sizes are
-    :attr:`PsPlan.num_works`, :attr:`PsPlan.num_reduce_groups` and :attr:`PsPlan.num_partials`.
+    These are upper bounds and can be very loose (``docs/aiter-contract.md#info-sizes``); a plan's
+    live sizes are :attr:`PsPlan.num_works`, :attr:`PsPlan.num_reduce_groups` and
+    :attr:`PsPlan.num_partials`.
 
     Args:
         batch_size: number of sequences B (>= 0).
@@ -220,15 +194,18 @@ def ps_metadata_info(
         max_qlen: longest q length (>= 0).
         qlen_granularity: q-tile rows (>= 1; the PS kernel uses 256).
         cu_num: device CU count (>= 1).
+        post_3606: use the post-#3606 function (AITER v0.1.22+).
+        max_kvlen: post-#3606 only: the longest KV length (>= 0) or None (then ``max_qlen`` is used,
+            as is 0: AITER takes ``max_kvlen or max_qlen``).
+        kvlen_granularity: post-#3606 only: KV split granularity (>= 1; 128).
 
     Returns:
         ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order;
         dtype names are ``"uint64"`` / ``"int32"`` (``getattr(torch, name)`` gives the dtype).
 
     Raises:
-        PsPlanError (a ValueError): a non-integer or out-of-range argument.
-
-    Source: AITER ``e4048607a535``, ``aiter/ops/attention.py``; contract section 3.1.
+        PsPlanError (a ValueError): a non-integer or out-of-range argument, or ``max_kvlen`` /
+        a non-default ``kvlen_granularity`` given to the pre-#3606 function (it has no such parameter).
     """
     batch_size = _as_int("batch_size", batch_size, minimum=0, allowed="must be an integer >= 0")
     num_heads_k = _as_int("num_heads_k", num_heads_k, minimum=1, allowed="must be an integer >= 1")
@@ -237,17 +214,33 @@ def ps_metadata_info(
         "qlen_granularity", qlen_granularity, minimum=1, allowed="must be an integer >= 1 (256 for the PS kernel)"
     )
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
+    if not post_3606 and (max_kvlen is not None or kvlen_granularity != KV_TILE):
+        raise PsPlanError(
+            f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the pre-#3606"
+            " get_ps_metadata_info_v1 has no such parameters (pass post_3606=True for AITER v0.1.22+)"
+        )
 
     cpc = cu_num // math.gcd(num_heads_k, cu_num)
     mqs = _ceil_div(max_qlen, qlen_granularity)
     tiles = batch_size * mqs
+    if post_3606:
+        if max_kvlen is not None:
+            max_kvlen = _as_int("max_kvlen", max_kvlen, minimum=0, allowed="must be None or an integer >= 0")
+        kvlen_granularity = _as_int("kvlen_granularity", kvlen_granularity, minimum=1,
+                                    allowed="must be an integer >= 1 (128)")
+        kv_splits = max(1, _ceil_div(max_kvlen or max_qlen, kvlen_granularity))
+        max_partials = tiles * (kv_splits + cpc)
+        max_works = num_heads_k * max_partials
+    else:
+        max_works = (batch_size + cpc - 1) * mqs * num_heads_k
+        max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs
     return {
         "work_metadata_ptrs": ((2,), "uint64"),
         "work_indptr": ((cu_num + 1,), "int32"),
-        "work_info": (((batch_size + cpc - 1) * mqs * num_heads_k, 8), "int32"),
+        "work_info": ((max_works, WORK_INFO_COLS), "int32"),
         "reduce_indptr": ((tiles + 1,), "int32"),
         "reduce_final_map": ((tiles, 2), "int32"),
-        "reduce_partial_map": ((min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs,), "int32"),
+        "reduce_partial_map": ((max_partials,), "int32"),
     }
 
 
@@ -295,27 +288,20 @@ class PsPlan:
     """Output of :func:`plan_ps_prefill`: AITER's PS metadata, as int32 CPU tensors.
 
     Every tensor has the full length of the buffer the real planner would fill (by default the
-    :func:`ps_metadata_info` sizes, else the ``buffer_lengths`` given to :func:`plan_ps_prefill`),
-    with the tails exactly as the real planner leaves them (it zero-fills its host vectors and
-    copies the whole buffers back):
+    :func:`ps_metadata_info` sizes of the plan's revision, else the ``buffer_lengths`` given to
+    :func:`plan_ps_prefill`), with the tails exactly as the real planner leaves them (it zero-fills
+    its host vectors and copies the whole buffers back):
 
     * ``work_indptr`` ``[cu_num + 1]`` int32: workgroup ``g`` runs
       ``work_info[work_indptr[g]:work_indptr[g + 1]]`` in order; ``work_indptr[-1] == num_works``
       (entries past ``cu_num`` in a longer buffer are 0).
-    * ``work_info`` ``[max_works, 8]`` int32; rows past ``num_works`` are 0. Columns
-      (:data:`WORK_INFO_FIELDS`, AITER ``WorkInfo``):
-
-      0. ``batch_idx`` - sequence index b;
-      1. ``partial_o_loc`` - -1: the tile is not split, the kernel writes bf16 to ``output``;
-         otherwise a row offset (multiple of 256) into ``splitData``/``splitLse``;
-      2. ``qo_start``, 3. ``qo_end`` - global q-token rows of the tile, end exclusive;
-      4. ``kv_start``, 5. ``kv_end`` - global indices into ``kv_page_indices`` (pages; tokens at
-         ``block_size=1``), end exclusive; ``kv_start`` is a multiple of ``kvlen_granularity``
-         tokens (``kvlen_granularity // block_size`` pages) from the sequence start;
-      6. ``kv_offset`` - KV tokens of the sequence left after ``kv_end`` for a split piece, else 0
-         (ignored by the kernel);
-      7. ``q_head_range`` - ``first_head | (end_head << 16)``, one head per work.
-
+    * ``work_info`` ``[max_works, 8]`` int32; rows past ``num_works`` are 0. Columns are
+      :data:`WORK_INFO_FIELDS` (``docs/aiter-contract.md#work-info``): ``batch_idx``,
+      ``partial_o_loc`` (-1: unsplit, bf16 straight to ``output``, pre-#3606 only; else a row offset,
+      a multiple of 256, into ``splitData``/``splitLse``), ``qo_start``/``qo_end`` (global q rows,
+      end exclusive), ``kv_start``/``kv_end`` (global indices into ``kv_page_indices``),
+      ``kv_offset`` (KV tokens left after a split piece's ``kv_end``, else 0) and ``q_head_range``
+      (``first_head | (end_head << 16)``).
     * ``reduce_indptr`` ``[tiles + 1]`` int32: reduce group ``g`` merges the partial slots
       ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g + 1]]``; entries after
       ``num_reduce_groups`` all equal ``num_partials`` (= ``reduce_indptr[-1]``).
@@ -323,14 +309,12 @@ class PsPlan:
     * ``reduce_partial_map`` ``[n]`` int32: each group's partial row offsets (multiples of 256),
       ascending; entries past ``num_partials`` are 0.
 
-    Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups`` (split tiles),
-    ``num_partials`` (distinct partial slots; ``splitData``/``splitLse`` need
-    ``256 * num_partials`` rows, see :attr:`partial_rows`), ``cu_num`` and ``num_heads_k``.
+    Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups`` (tiles with a reduce
+    group), ``num_partials`` (distinct partial slots; ``splitData``/``splitLse`` need
+    ``256 * num_partials`` rows, see :attr:`partial_rows`), ``cu_num``, ``num_heads_k`` and
+    ``post_3606`` (the revision's semantics).
 
     The dataclass is frozen, but the tensors are ordinary tensors: do not modify them in place.
-
-    Source: AITER ``e4048607a535``, ``csrc/kernels/mla/metadata/v1_2_host.cuh`` and
-    ``csrc/include/ps.h``; contract sections 3.2 and 5.
     """
 
     work_indptr: torch.Tensor
@@ -343,12 +327,13 @@ class PsPlan:
     num_partials: int
     cu_num: int
     num_heads_k: int
+    post_3606: bool = False
 
     def __repr__(self) -> str:
         return (
-            f"PsPlan(cu_num={self.cu_num}, num_heads_k={self.num_heads_k}, num_works={self.num_works},"
-            f" num_reduce_groups={self.num_reduce_groups}, num_partials={self.num_partials},"
-            f" buffer_lengths={self.buffer_lengths})"
+            f"PsPlan(cu_num={self.cu_num}, num_heads_k={self.num_heads_k}, post_3606={self.post_3606},"
+            f" num_works={self.num_works}, num_reduce_groups={self.num_reduce_groups},"
+            f" num_partials={self.num_partials}, buffer_lengths={self.buffer_lengths})"
         )
 
     @property
@@ -408,82 +393,29 @@ class PsPlan:
 
 
 # ----------------------------------------------------------------------------------------------
-# get_ps_metadata_v1
+# get_ps_metadata_v1, step 0: validated inputs
 # ----------------------------------------------------------------------------------------------
 
 
-def _ping_pong(n: int) -> list[int]:
-    """Tile visiting order 0, n-1, 1, n-2, ... (pairs heavy and light causal tiles)."""
-    order = []
-    lo, hi = 0, n - 1
-    while lo <= hi:
-        order.append(lo)
-        if hi != lo:
-            order.append(hi)
-        lo += 1
-        hi -= 1
-    return order
+@dataclass(frozen=True)
+class _Inputs:
+    qo: list[int]  # seqlens_qo_indptr [B+1]
+    kv: list[int]  # pages_kv_indptr [B+1]
+    ctx: list[int]  # context_lens [B]
+    num_heads_k: int
+    cu_num: int
+    kvlen_granularity: int
+    block_size: int
+    is_causal: bool
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.qo) - 1
 
 
-def plan_ps_prefill(
-    qo_indptr: Sequence[int] | torch.Tensor,
-    kv_indptr: Sequence[int] | torch.Tensor,
-    context_lens: Sequence[int] | torch.Tensor,
-    *,
-    num_heads_k: int,
-    cu_num: int,
-    gqa_ratio: int = 1,
-    qhead_granularity: int = 1,
-    qlen_granularity: int = 256,
-    kvlen_granularity: int = 128,
-    block_size: int = 1,
-    is_causal: bool = True,
-    buffer_lengths: Mapping[str, Any] | None = None,
-) -> PsPlan:
-    """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does.
-
-    Args:
-        qo_indptr: ``seqlens_qo_indptr`` ``[B+1]``: cumulative q lengths (starts at 0,
-            non-decreasing). A list/tuple of ints or a 1-D integer tensor (any device).
-        kv_indptr: ``pages_kv_indptr`` ``[B+1]``: cumulative KV pages (tokens at ``block_size=1``).
-        context_lens: ``[B]`` KV tokens per sequence; at ``block_size=1`` it must equal
-            ``kv_indptr[b+1] - kv_indptr[b]``, otherwise at most ``pages * block_size``.
-        num_heads_k: KV heads (1 .. 65535; H_q == H_kv for the PS kernel).
-        cu_num: device CU count (``multiProcessorCount``; 256 on MI355X).
-        gqa_ratio, qhead_granularity: only 1 is supported (the only PS prefill configuration:
-            MHA, one head per work).
-        qlen_granularity: q-tile rows; only 256 is supported (the kernel's tile).
-        kvlen_granularity: KV split granularity in tokens, a power of two >= ``block_size`` and a
-            multiple of it (AITER asserts ``kvlen_granularity % block_size == 0``); use
-            ``max(128, block_size)`` = 128 (AITER's binding default is 1).
-        block_size: tokens per KV page (>= 1); the PS kernel runs at 1.
-        is_causal: bottom-right causal (local query i sees key j iff ``j <= kv_len - q_len + i``);
-            requires ``q_len <= kv_len`` for every sequence.
-        buffer_lengths: leading dims of the buffers the real planner would fill, keyed as in
-            :data:`BUFFER_LENGTH_KEYS` (``work_info``/``reduce_final_map`` are accepted as
-            aliases of the ``*_rows`` keys; values may be ints or ``(shape, dtype)`` pairs, so a
-            :func:`ps_metadata_info` dict works). Missing keys default to
-            ``ps_metadata_info(B, num_heads_k, max_qlen, 256, cu_num=cu_num)``.
-
-    Returns:
-        A :class:`PsPlan` with buffers of exactly the requested lengths.
-
-    Raises:
-        PsPlanError (a ValueError) naming the bad value, for: a non-integer or wrongly shaped
-        input; indptrs not starting at 0, decreasing, of different lengths, or with fewer than 2
-        entries; ``len(context_lens) != B``; negative or inconsistent ``context_lens``;
-        ``num_heads_k`` outside 1..65535; ``cu_num < 1``; ``gqa_ratio``/``qhead_granularity`` != 1;
-        ``qlen_granularity != 256``; ``kvlen_granularity`` not a power of two, below
-        ``block_size`` or not a multiple of it; ``block_size < 1``; causal with
-        ``q_len > kv_len`` (AITER's unit count goes negative there: undefined behaviour); values
-        beyond int32; a ``buffer_lengths`` entry too small for the plan (the real planner would
-        overrun host memory there).
-
-    Source: AITER ``e4048607a535``, ``csrc/kernels/mla/metadata/v1_2_host.cuh``
-    (``get_ps_metadata_v1_2_host``, ``kn_generate_ps_metadata``, ``generate_reduce_info``);
-    contract sections 3.2, 5 and 6.
-    """
-    # ---- validation ---------------------------------------------------------------------------
+def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granularity, kvlen_granularity,
+                   block_size, is_causal) -> tuple[int, int, int, int, bool]:
+    """Validated ``(num_heads_k, cu_num, kvlen_granularity, block_size, is_causal)``; PsPlanError otherwise."""
     num_heads_k = _as_int("num_heads_k", num_heads_k)
     if not 1 <= num_heads_k <= _MAX_HEADS:
         raise PsPlanError(
@@ -492,23 +424,19 @@ def plan_ps_prefill(
         )
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
     for name, val in (("gqa_ratio", gqa_ratio), ("qhead_granularity", qhead_granularity)):
-        v = _as_int(name, val)
-        if v != 1:
+        if _as_int(name, val) != 1:
             raise PsPlanError(
-                f"{name}={v} is not supported: only {name}=1 is (the PS prefill is MHA, H_q == H_kv,"
+                f"{name}={val} is not supported: only {name}=1 is (the PS prefill is MHA, H_q == H_kv,"
                 " one head per work)"
             )
-    qlen_granularity = _as_int("qlen_granularity", qlen_granularity)
-    if qlen_granularity != Q_TILE:
+    if _as_int("qlen_granularity", qlen_granularity) != Q_TILE:
         raise PsPlanError(
             f"qlen_granularity={qlen_granularity} is not supported: only {Q_TILE} is (the PS kernel's q-tile)"
         )
     block_size = _as_int("block_size", block_size, minimum=1, allowed="must be an integer >= 1")
     kvlen_granularity = _as_int("kvlen_granularity", kvlen_granularity)
     if kvlen_granularity < 1 or kvlen_granularity & (kvlen_granularity - 1):
-        raise PsPlanError(
-            f"kvlen_granularity={kvlen_granularity} is invalid: must be a power of two (use 128)"
-        )
+        raise PsPlanError(f"kvlen_granularity={kvlen_granularity} is invalid: must be a power of two (use 128)")
     if kvlen_granularity < block_size or kvlen_granularity % block_size:
         raise PsPlanError(
             f"kvlen_granularity={kvlen_granularity} is invalid: must be >= block_size={block_size} and a"
@@ -519,7 +447,11 @@ def plan_ps_prefill(
             is_causal = bool(operator.index(is_causal))
         else:
             raise PsPlanError(f"is_causal={is_causal!r} is invalid: must be a bool")
+    return num_heads_k, cu_num, kvlen_granularity, block_size, is_causal
 
+
+def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_causal: bool):
+    """Validated ``(qo, kv, ctx)`` int lists; PsPlanError naming the first bad entry otherwise."""
     qo = _as_int_list("qo_indptr", qo_indptr)
     kv = _as_int_list("kv_indptr", kv_indptr)
     ctx = _as_int_list("context_lens", context_lens)
@@ -538,84 +470,109 @@ def plan_ps_prefill(
                 " at block_size=1 they must be equal (one token per page)"
             )
         if c > pages * block_size:
-            raise PsPlanError(
-                f"context_lens[{b}]={c} exceeds the sequence's {pages} pages x block_size={block_size}"
-            )
+            raise PsPlanError(f"context_lens[{b}]={c} exceeds the sequence's {pages} pages x block_size={block_size}")
         if is_causal and qlen > c:
             raise PsPlanError(
                 f"sequence {b}: q_len={qlen} > kv_len={c} with is_causal=True is not supported:"
                 " AITER's planner is undefined there (negative unit count); causal needs q_len <= kv_len"
             )
+    return qo, kv, ctx
 
-    max_qlen = max(qo[b + 1] - qo[b] for b in range(nb))
-    lengths = buffer_lengths_from_info(ps_metadata_info(nb, num_heads_k, max_qlen, Q_TILE, cu_num=cu_num))
-    if buffer_lengths is not None:
-        if not isinstance(buffer_lengths, Mapping):
-            raise PsPlanError(f"buffer_lengths={buffer_lengths!r} must be a dict or None")
-        lengths = _normalise_buffer_lengths(buffer_lengths, lengths)
 
-    # ---- q-tiles in ping-pong order and their cost ---------------------------------------------
-    blocks_per_unit = kvlen_granularity // block_size  # G
-    tiles: list[tuple[int, int, int, int, int]] = []  # (batch, qs, qe, eff_kv, blocks), local rows
+# ----------------------------------------------------------------------------------------------
+# get_ps_metadata_v1, steps 1-3: q-tiles, the tiling of one cluster, reduce info
+# ----------------------------------------------------------------------------------------------
+
+
+def _ping_pong(n: int) -> list[int]:
+    """Tile visiting order 0, n-1, 1, n-2, ... (pairs heavy and light causal tiles)."""
+    order = []
+    lo, hi = 0, n - 1
+    while lo <= hi:
+        order.append(lo)
+        if hi != lo:
+            order.append(hi)
+        lo += 1
+        hi -= 1
+    return order
+
+
+def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
+    """Step 1: every sequence's 256-row q-tiles in ping-pong order, with their cost.
+
+    Returns ``(tiles, total_units)``; a tile is ``(batch, qs, qe, eff_kv, blocks)`` with local rows
+    ``[qs, qe)``, ``eff_kv`` the KV tokens its last row sees (bottom-right causal, else all) and
+    ``blocks = units * kvlen_granularity // block_size``, ``units = ceil(eff_kv / kvlen_granularity)``
+    (C-style truncating division, as AITER's signed ints).
+    """
+    g = inp.kvlen_granularity
+    blocks_per_unit = g // inp.block_size
+    tiles: list[tuple[int, int, int, int, int]] = []
     total_units = 0
-    for b in range(nb):
-        qlen, kvlen = qo[b + 1] - qo[b], ctx[b]
+    for b in range(inp.batch_size):
+        qlen, kvlen = inp.qo[b + 1] - inp.qo[b], inp.ctx[b]
         for i in _ping_pong(_ceil_div(qlen, Q_TILE)):
             qs = Q_TILE * i
             qe = min(qs + Q_TILE, qlen)
-            eff = min(kvlen - qlen + qe, kvlen) if is_causal else kvlen
-            units = _c_div(eff + kvlen_granularity - 1, kvlen_granularity)
+            eff = min(kvlen - qlen + qe, kvlen) if inp.is_causal else kvlen
+            units = _c_div(eff + g - 1, g)
             total_units += units
             tiles.append((b, qs, qe, eff, units * blocks_per_unit))
+    return tiles, total_units
 
-    num_clusters = math.gcd(num_heads_k, cu_num)  # C
-    tgs = cu_num // num_clusters  # T
-    heads_per_cluster = num_heads_k // num_clusters
+
+def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, post_3606: bool):
+    """Step 2: deal the units out to the ``tgs`` TGs of one cluster and split tiles at the capacity.
+
+    TG ``t`` gets ``avg + (t < rem)`` units (``avg, rem = divmod(total_units, tgs)``), counted in
+    blocks. A tile whose remainder fits is finished (pre-#3606: ``partial_o_loc = -1`` if it was not
+    split before; post-#3606: always a new partial slot); otherwise it is split at the capacity and the
+    piece gets a new slot ``256 * p``. Every head of a TG and every cluster repeat this tiling
+    (AITER restores the cursors per head and restarts ``p`` per cluster), so one pass gives them all.
+
+    Returns ``(rows, tg_bounds)``: per-head rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)``
+    and the row range ``[tg_bounds[t], tg_bounds[t + 1])`` of each TG. At ``block_size > 1`` the
+    comparison is in tokens, a piece's ``kv_end`` is clipped to the sequence and ``kv_offset`` is in
+    tokens, as in AITER's host source.
+    """
+    qo, kv, ctx, bs = inp.qo, inp.kv, inp.ctx, inp.block_size
+    blocks_per_unit = inp.kvlen_granularity // bs
     avg, rem = divmod(total_units, tgs)
-
-    # ---- the tiling of one cluster -------------------------------------------------------------
-    # Capacities and cursors count blocks (pages); eff/remaining KV count tokens. At block_size=1
-    # the two coincide (the contract's pseudo-code); for larger blocks the comparison, the split
-    # piece's clipping and kv_offset follow AITER's host source (see the module docstring).
-    # AITER runs this loop per cluster and, inside a TG, once per head of the cluster, restoring
-    # (cur_tile, cur_blk, p) before each head. Every head of a TG therefore emits the same rows and
-    # leaves the same state, and every cluster (partial counter restarted) repeats the same tiling.
-    # So one pass over the TGs gives the per-head rows of every TG; heads and clusters are stamped
-    # on below. The golden test checks the result against AITER's output element by element.
     rows: list[tuple[int, int, int, int, int, int, int]] = []
-    tg_bounds: list[int] = [0]
+    tg_bounds = [0]
     cur_tile, cur_blk, p = 0, 0, 0
     ntiles = len(tiles)
     for t in range(tgs):
-        cap = (avg + (1 if t < rem else 0)) * blocks_per_unit  # in blocks (pages)
+        cap = (avg + (1 if t < rem else 0)) * blocks_per_unit
         while cur_tile < ntiles and cap > 0:
             b, qs, qe, eff, blocks = tiles[cur_tile]
             kv_start = kv[b] + cur_blk
-            if eff - cur_blk * block_size <= cap * block_size:  # the rest of the tile fits
-                if cur_blk == 0:
+            if eff - cur_blk * bs <= cap * bs:  # the rest of the tile fits
+                if cur_blk == 0 and not post_3606:
                     loc = -1
                 else:
-                    loc = Q_TILE * p
-                    p += 1
+                    loc, p = Q_TILE * p, p + 1
                 kv_end = min(kv_start + blocks - cur_blk, kv[b + 1])
                 kv_off = 0
                 cap -= blocks - cur_blk
-                cur_tile += 1
-                cur_blk = 0
+                cur_tile, cur_blk = cur_tile + 1, 0
             else:  # split the tile at the capacity
-                loc = Q_TILE * p
-                p += 1
+                loc, p = Q_TILE * p, p + 1
                 kv_end = min(kv_start + cap, kv[b + 1])
-                kv_off = ctx[b] - (kv_end - kv[b]) * block_size
+                kv_off = ctx[b] - (kv_end - kv[b]) * bs
                 cur_blk += cap
                 cap = 0
             rows.append((b, loc, qo[b] + qs, qo[b] + qe, kv_start, kv_end, kv_off))
         tg_bounds.append(len(rows))
+    return rows, tg_bounds
 
-    works_per_cluster = heads_per_cluster * len(rows)
-    num_works = num_clusters * works_per_cluster
 
-    # ---- reduce info: split tiles grouped by (qo_start, qo_end), lexicographic ------------------
+def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """Step 3: reduce groups = works with a partial slot grouped by ``(qo_start, qo_end)``.
+
+    Returns ``(keys, indptr, partial_map)``: groups in lexicographic order of their rows, the prefix
+    sums of their sizes, and each group's slots ascending and de-duplicated.
+    """
     groups: dict[tuple[int, int], set[int]] = {}
     for r in rows:
         if r[1] != -1:
@@ -626,10 +583,16 @@ def plan_ps_prefill(
     for k in keys:
         partial_map.extend(sorted(groups[k]))
         indptr.append(len(partial_map))
-    num_groups = len(keys)
-    num_partials = len(partial_map)
+    return keys, indptr, partial_map
 
-    # ---- size checks (the real planner writes without bounds checks) ---------------------------
+
+# ----------------------------------------------------------------------------------------------
+# get_ps_metadata_v1, step 4: the buffers
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_groups: int, num_partials: int) -> None:
+    """The real planner writes without bounds checks; refuse a plan that would not fit."""
     for key, need in (
         ("work_indptr", cu_num + 1),
         ("work_info_rows", num_works),
@@ -645,53 +608,158 @@ def plan_ps_prefill(
     if num_works > _INT32_MAX:
         raise PsPlanError(f"num_works={num_works} does not fit in int32")
 
-    # ---- work_indptr ---------------------------------------------------------------------------
+
+def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[str, int]):
+    """``work_indptr`` and ``work_info``: one cluster's rows repeated per head of each TG, stamped per cluster.
+
+    Cluster ``c`` (of ``C = gcd(num_heads_k, cu_num)``) serves heads ``[c*hpc, (c+1)*hpc)``; TG ``t`` of
+    cluster ``c`` is workgroup ``c*T + t`` and runs its rows once per head, head-major.
+    """
+    num_clusters = math.gcd(num_heads_k, cu_num)
+    tgs = cu_num // num_clusters
+    hpc = num_heads_k // num_clusters
+    works_per_cluster = hpc * len(rows)
+    num_works = num_clusters * works_per_cluster
     wind = [0] * lengths["work_indptr"]
     for c in range(num_clusters):
-        base = c * works_per_cluster
         for t in range(tgs):
-            wind[c * tgs + t + 1] = base + heads_per_cluster * tg_bounds[t + 1]
-
-    # ---- work_info: rows of one cluster, then stamped per cluster ------------------------------
-    work_info = torch.zeros((lengths["work_info_rows"], 8), dtype=torch.int32)
+            wind[c * tgs + t + 1] = c * works_per_cluster + hpc * tg_bounds[t + 1]
+    work_info = torch.zeros((lengths["work_info_rows"], WORK_INFO_COLS), dtype=torch.int32)
     if num_works:
-        template = torch.tensor(rows, dtype=torch.int64)  # [R, 7]
         idx: list[int] = []
         head_local: list[int] = []
         for t in range(tgs):
             lo, hi = tg_bounds[t], tg_bounds[t + 1]
-            for j in range(heads_per_cluster):
+            for j in range(hpc):
                 idx.extend(range(lo, hi))
                 head_local.extend([j] * (hi - lo))
-        block = template[torch.tensor(idx, dtype=torch.int64)]  # [works_per_cluster, 7]
+        block = torch.tensor(rows, dtype=torch.int64)[torch.tensor(idx, dtype=torch.int64)]
         heads = torch.tensor(head_local, dtype=torch.int64)[None, :] + (
-            torch.arange(num_clusters, dtype=torch.int64) * heads_per_cluster
+            torch.arange(num_clusters, dtype=torch.int64) * hpc
         )[:, None]  # [C, works_per_cluster]
         q_head_range = heads | ((heads + 1) << 16)
         if num_heads_k >= 2**15:  # end head >= 32768: int32 two's complement, as in C++
             q_head_range = (q_head_range + 2**31) % 2**32 - 2**31
-        used = work_info[:num_works].view(num_clusters, works_per_cluster, 8)
-        used[:, :, :7] = block.to(torch.int32).unsqueeze(0)  # broadcast over clusters
+        used = work_info[:num_works].view(num_clusters, works_per_cluster, WORK_INFO_COLS)
+        used[:, :, :7] = block.to(torch.int32).unsqueeze(0)
         used[:, :, 7] = q_head_range.to(torch.int32)
+    return torch.tensor(wind, dtype=torch.int32), work_info, num_works
 
-    # ---- reduce buffers --------------------------------------------------------------------------
+
+def _reduce_buffers(keys, indptr, partial_map, lengths: dict[str, int]):
+    """``reduce_indptr`` (tail = num_partials), ``reduce_final_map`` and ``reduce_partial_map`` (tails 0)."""
+    num_partials = len(partial_map)
     rind = indptr + [num_partials] * (lengths["reduce_indptr"] - len(indptr))
     rfm = torch.zeros((lengths["reduce_final_map_rows"], 2), dtype=torch.int32)
-    if num_groups:
-        rfm[:num_groups] = torch.tensor(keys, dtype=torch.int32)
+    if keys:
+        rfm[: len(keys)] = torch.tensor(keys, dtype=torch.int32)
     rpm = partial_map + [0] * (lengths["reduce_partial_map"] - num_partials)
+    return torch.tensor(rind, dtype=torch.int32), rfm, torch.tensor(rpm, dtype=torch.int32)
 
+
+def _default_lengths(inp: _Inputs, post_3606: bool, buffer_lengths: Mapping[str, Any] | None) -> dict[str, int]:
+    """Buffer lengths from the revision's info function (post-#3606: ``max_kvlen`` = the largest
+    ``context_lens``), overridden by ``buffer_lengths``."""
+    nb = inp.batch_size
+    max_qlen = max(inp.qo[b + 1] - inp.qo[b] for b in range(nb))
+    extra = {"post_3606": True, "max_kvlen": max(inp.ctx), "kvlen_granularity": KV_TILE} if post_3606 else {}
+    lengths = buffer_lengths_from_info(ps_metadata_info(nb, inp.num_heads_k, max_qlen, Q_TILE, cu_num=inp.cu_num,
+                                                        **extra))
+    if buffer_lengths is not None:
+        if not isinstance(buffer_lengths, Mapping):
+            raise PsPlanError(f"buffer_lengths={buffer_lengths!r} must be a dict or None")
+        lengths = _normalise_buffer_lengths(buffer_lengths, lengths)
+    return lengths
+
+
+def plan_ps_prefill(
+    qo_indptr: Sequence[int] | torch.Tensor,
+    kv_indptr: Sequence[int] | torch.Tensor,
+    context_lens: Sequence[int] | torch.Tensor,
+    *,
+    num_heads_k: int,
+    cu_num: int,
+    gqa_ratio: int = 1,
+    qhead_granularity: int = 1,
+    qlen_granularity: int = Q_TILE,
+    kvlen_granularity: int = KV_TILE,
+    block_size: int = 1,
+    is_causal: bool = True,
+    buffer_lengths: Mapping[str, Any] | None = None,
+    post_3606: bool = False,
+) -> PsPlan:
+    """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does (either revision).
+
+    Steps (``docs/aiter-contract.md#planner-algorithm``): validate; cut every sequence into 256-row
+    q-tiles in ping-pong order with their KV cost (:func:`_q_tiles`); tile one cluster
+    (:func:`_tile_one_cluster`); group the partial slots into reduce groups (:func:`_reduce_info`);
+    write the buffers (:func:`_work_buffers`, :func:`_reduce_buffers`).
+
+    Args:
+        qo_indptr: ``seqlens_qo_indptr`` ``[B+1]``: cumulative q lengths (starts at 0,
+            non-decreasing). A list/tuple of ints or a 1-D integer tensor (any device).
+        kv_indptr: ``pages_kv_indptr`` ``[B+1]``: cumulative KV pages (tokens at ``block_size=1``).
+        context_lens: ``[B]`` KV tokens per sequence; at ``block_size=1`` it must equal
+            ``kv_indptr[b+1] - kv_indptr[b]``, otherwise at most ``pages * block_size``.
+            ``q_len < kv_len`` is a context chunk (new queries against cached keys).
+        num_heads_k: KV heads (1 .. 65535; H_q == H_kv for the PS kernel).
+        cu_num: device CU count (``multiProcessorCount``; 256 on MI355X).
+        gqa_ratio, qhead_granularity: only 1 is supported (MHA, one head per work).
+        qlen_granularity: q-tile rows; only 256 is supported (the kernel's tile).
+        kvlen_granularity: KV split granularity in tokens, a power of two >= ``block_size`` and a
+            multiple of it; use ``max(128, block_size)`` = 128 (AITER's binding default is 1).
+        block_size: tokens per KV page (>= 1); the PS kernel runs at 1.
+        is_causal: bottom-right causal (local query i sees key j iff ``j <= kv_len - q_len + i``);
+            requires ``q_len <= kv_len`` for every sequence. False: every row sees all keys.
+        buffer_lengths: leading dims of the buffers the real planner would fill, keyed as in
+            :data:`BUFFER_LENGTH_KEYS` (``work_info``/``reduce_final_map`` accepted as aliases of the
+            ``*_rows`` keys; ints or ``(shape, dtype)`` pairs, so a :func:`ps_metadata_info` dict
+            works). Missing keys default to the revision's :func:`ps_metadata_info` (post-#3606 with
+            ``max_kvlen = max(context_lens)``).
+        post_3606: plan with ROCm/aiter#3606 semantics (AITER v0.1.22+): every work gets a partial
+            slot and every tile a reduce group.
+
+    Returns:
+        A :class:`PsPlan` with buffers of exactly the requested lengths.
+
+    Raises:
+        PsPlanError (a ValueError) naming the bad value, for: a non-integer or wrongly shaped
+        input; indptrs not starting at 0, decreasing, of different lengths, or with fewer than 2
+        entries; ``len(context_lens) != B``; negative or inconsistent ``context_lens``;
+        ``num_heads_k`` outside 1..65535; ``cu_num < 1``; ``gqa_ratio``/``qhead_granularity`` != 1;
+        ``qlen_granularity != 256``; a bad ``kvlen_granularity`` or ``block_size``; causal with
+        ``q_len > kv_len`` (AITER's unit count goes negative there: undefined behaviour); values
+        beyond int32; a ``buffer_lengths`` entry too small for the plan (the real planner would
+        overrun host memory there).
+    """
+    heads, cus, kv_gran, bs, causal = _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity,
+                                                     qlen_granularity, kvlen_granularity, block_size, is_causal)
+    qo, kv, ctx = _check_sequences(qo_indptr, kv_indptr, context_lens, bs, causal)
+    inp = _Inputs(qo, kv, ctx, heads, cus, kv_gran, bs, causal)
+    post_3606 = bool(post_3606)
+    lengths = _default_lengths(inp, post_3606, buffer_lengths)
+
+    tiles, total_units = _q_tiles(inp)
+    tgs = cus // math.gcd(heads, cus)
+    rows, tg_bounds = _tile_one_cluster(inp, tiles, total_units, tgs, post_3606)
+    keys, indptr, partial_map = _reduce_info(rows)
+    num_works = heads * len(rows)  # every head of every cluster repeats the rows
+    _check_lengths(lengths, cus, num_works, len(keys), len(partial_map))
+
+    work_indptr, work_info, _ = _work_buffers(rows, tg_bounds, heads, cus, lengths)
+    reduce_indptr, reduce_final_map, reduce_partial_map = _reduce_buffers(keys, indptr, partial_map, lengths)
     return PsPlan(
-        work_indptr=torch.tensor(wind, dtype=torch.int32),
+        work_indptr=work_indptr,
         work_info=work_info,
-        reduce_indptr=torch.tensor(rind, dtype=torch.int32),
-        reduce_final_map=rfm,
-        reduce_partial_map=torch.tensor(rpm, dtype=torch.int32),
+        reduce_indptr=reduce_indptr,
+        reduce_final_map=reduce_final_map,
+        reduce_partial_map=reduce_partial_map,
         num_works=num_works,
-        num_reduce_groups=num_groups,
-        num_partials=num_partials,
-        cu_num=cu_num,
-        num_heads_k=num_heads_k,
+        num_reduce_groups=len(keys),
+        num_partials=len(partial_map),
+        cu_num=cus,
+        num_heads_k=heads,
+        post_3606=post_3606,
     )
 
 
@@ -715,6 +783,12 @@ def _check_buffer(name: str, buf: Any, ndim: int, last: int | None, need: int) -
             f"{name} has {buf.shape[0]} {'entries' if ndim == 1 else 'rows'} but the plan needs {need}"
             " (AITER's planner would write past it and corrupt memory)"
         )
+
+
+def _write_with_tail(dst: torch.Tensor, src_used: torch.Tensor, n: int, fill: int = 0) -> None:
+    tmp = torch.full(tuple(dst.shape), fill, dtype=torch.int32)
+    tmp[:n] = src_used[:n]
+    dst.copy_(tmp)
 
 
 def fill_aiter_buffers(
@@ -748,9 +822,6 @@ def fill_aiter_buffers(
         PsPlanError (a ValueError): a buffer that is not a contiguous int32 tensor of the right rank,
         or too small for the plan (AITER does not check and silently corrupts host memory; this
         port rejects instead). Nothing is written when an error is raised.
-
-    Source: AITER ``e4048607a535``, ``csrc/kernels/mla/metadata.cu`` /
-    ``csrc/kernels/mla/metadata/v1_2_host.cuh``; contract sections 3.2 and 5.
     """
     if not isinstance(plan, PsPlan):
         raise PsPlanError(f"plan must be a PsPlan, got {type(plan).__name__}")
@@ -760,18 +831,12 @@ def fill_aiter_buffers(
         raise PsPlanError(f"work_metadata_ptrs has {work_metadata_ptrs.numel()} elements: needs 2 (uint64 [2])")
     nw, ng, npart = plan.num_works, plan.num_reduce_groups, plan.num_partials
     _check_buffer("work_indptr", work_indptr, 1, None, plan.cu_num + 1)
-    _check_buffer("work_info", work_info, 2, 8, nw)
+    _check_buffer("work_info", work_info, 2, WORK_INFO_COLS, nw)
     _check_buffer("reduce_indptr", reduce_indptr, 1, None, ng + 1)
     _check_buffer("reduce_final_map", reduce_final_map, 2, 2, ng)
     _check_buffer("reduce_partial_map", reduce_partial_map, 1, None, npart)
-
-    def _write(dst: torch.Tensor, src_used: torch.Tensor, n: int, fill: int = 0) -> None:
-        tmp = torch.full(tuple(dst.shape), fill, dtype=torch.int32)
-        tmp[:n] = src_used[:n]
-        dst.copy_(tmp)
-
-    _write(work_indptr, plan.work_indptr, plan.cu_num + 1)
-    _write(work_info, plan.work_info, nw)
-    _write(reduce_indptr, plan.reduce_indptr, ng + 1, fill=npart)
-    _write(reduce_final_map, plan.reduce_final_map, ng)
-    _write(reduce_partial_map, plan.reduce_partial_map, npart)
+    _write_with_tail(work_indptr, plan.work_indptr, plan.cu_num + 1)
+    _write_with_tail(work_info, plan.work_info, nw)
+    _write_with_tail(reduce_indptr, plan.reduce_indptr, ng + 1, fill=npart)
+    _write_with_tail(reduce_final_map, plan.reduce_final_map, ng)
+    _write_with_tail(reduce_partial_map, plan.reduce_partial_map, npart)
