@@ -83,49 +83,43 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _split_list(values: list[str] | None, option: str) -> list[str]:
+    """Comma-separated option values, in order, each once; ``None`` when the option was not given.
+
+    Raises:
+        ValueError: the option was given but names nothing (``-b ",,,"``).
+    """
+    if values is None:
+        return None
+    items = [x.strip() for s in values for x in s.split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"{option} {','.join(values)!r} names nothing: give comma-separated names, or leave "
+                         f"{option} out for the default")
+    return list(dict.fromkeys(items))
+
+
 def _resolve_run_args(args: argparse.Namespace):
     from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
     from mla_fp8_bench.measure.devices import platform_info
-    from mla_fp8_bench.problem.cases import default_sweep, resolve_cases
+    from mla_fp8_bench.problem.cases import SWEEP_SEQ_LENS, default_sweep, resolve_cases
 
     pinfo = platform_info(args.device)
-    names = [b for s in (args.backends or []) for b in s.split(",") if b] or list(DEFAULT_BACKENDS)
+    names = _split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
     for n in names:
         get_backend(n)  # validates the name early
-    specs = [c for s in (args.cases or []) for c in s.split(",") if c]
+    specs = _split_list(args.cases, "--cases")
     note = ""
-    if not specs:
+    if specs is None:
         specs, note = default_sweep(pinfo.device_type, args.max_seq_len)
         specs = list(specs)
-    cases = resolve_cases(specs)
+        if not specs:
+            raise ValueError(f"--max-seq-len {args.max_seq_len} leaves no case of the default sweep: allowed "
+                             f">= {SWEEP_SEQ_LENS[0]} (the smallest seq_len of the sweep)")
+    cases = list({c.id: c for c in resolve_cases(specs)}.values())
     return pinfo, names, cases, note
 
 
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
-
-    pinfo, names, cases, note = _resolve_run_args(args)
-    if note:
-        console.print(f"[dim]{note}[/dim]")
-    opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
-                      flush_l2=args.flush_l2)
-    total = len(names) * len(cases)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as prog:
-        task = prog.add_task("measuring", total=total)
-
-        def tick(rec):
-            prog.update(task, advance=1, description=f"{rec.backend} {rec.case}: {rec.status}")
-
-        data = evaluate(names, cases, device=pinfo.device, options=opts, progress=tick)
-    if not args.no_timing:
-        from mla_fp8_bench.measure.ceilings import attach
-
-        attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
-    if args.json:
-        write_json_atomic(data, args.json)
+def _records_table(data: dict) -> Table:
     t = Table(title=f"FP8 MLA prefill on {data['env']['device_name']} ({data['env']['arch']})")
     for col in ("backend", "case", "status", "latency", "method", "TFLOP/s", "max-abs vs fp8", "max-abs vs bf16",
                 "rel-L2 vs fp8", "mismatch", "note"):
@@ -137,48 +131,106 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                   _fmt_f(r.get("tflops"), ".1f") if scope != "emulation" else "-",
                   _fmt_f(r.get("max_abs_error_fp8_ref")), _fmt_f(r.get("max_abs_error_bf16_ref")),
                   _fmt_f(r.get("rel_l2_error_fp8_ref")), _fmt_f(r.get("mismatch_fraction")), r.get("reason", ""))
-    console.print(t)
+    return t
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    """``run``: every argument (names, cases, numbers, the ``--json`` path) is checked before measuring.
+
+    Ctrl-C writes the records completed so far (marked ``"interrupted": true``) and exits 130.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate, write_json_atomic
+    from mla_fp8_bench.jsonio import check_output_path
+
+    if args.json is not None:
+        check_output_path(args.json, "--json")
+    pinfo, names, cases, note = _resolve_run_args(args)
+    if note:
+        console.print(f"[dim]{note}[/dim]")
+    opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
+                      flush_l2=args.flush_l2)
+    interrupted = False
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as prog:
+        task = prog.add_task("measuring", total=len(names) * len(cases))
+
+        def tick(rec):
+            prog.update(task, advance=1, description=f"{rec.backend} {rec.case}: {rec.status}")
+
+        try:
+            data = evaluate(names, cases, device=pinfo.device, options=opts, progress=tick)
+        except RunInterrupted as exc:
+            data, interrupted = exc.data, True
+    if not args.no_timing and not interrupted:
+        from mla_fp8_bench.measure.ceilings import attach
+
+        attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
     if args.json:
-        console.print(f"wrote {args.json}")
+        write_json_atomic(data, args.json)
+    console.print(_records_table(data))
+    if args.json:
+        console.print(f"wrote {args.json}" + (" (marked interrupted)" if interrupted else ""))
+    if interrupted:
+        console.print(f"[red]interrupted:[/red] {len(data['records'])} of {data['planned']} (backend, case) "
+                      f"records completed; stopped at {data['interrupted_before']}", highlight=False)
+        return 130
     errors = sum(r["status"] == "error" for r in data["records"])
+    if errors:
+        console.print(f"{errors} of {len(data['records'])} records are errors (see note)")
     return 1 if errors and args.strict else 0
 
 
 def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
     """Write ``~/.asv-machine.json`` for ``args.name``: the committed ``results/<name>/machine.json`` if
     there is one (so a run never rewrites a published machine's facts), else facts read off this
-    machine, with a ``gpu`` key (asv keeps extra keys; they become graph facets)."""
-    import json
+    machine, with a ``gpu`` key (asv keeps extra keys; they become graph facets).
+
+    The name must be a safe path component that asv does not reserve; the machine file is read first
+    (a corrupt or non-object file is refused, naming it) and written atomically, other machines kept.
+    """
     import os
     import platform as _pf
     from pathlib import Path
 
+    from mla_fp8_bench.argtypes import check_name
+    from mla_fp8_bench.jsonio import load_json, write_json_atomic
     from mla_fp8_bench.measure.devices import platform_info
 
+    check_name(args.name, "asv machine name")
+    path = Path.home() / ".asv-machine.json"
+    data = load_json(path, "asv machine file") if path.exists() else {"version": 1}
+    if not isinstance(data, dict):
+        raise ValueError(f"asv machine file {path} holds a JSON {type(data).__name__}, not an object of machines: "
+                         "fix or remove it")
     committed = Path(args.results_dir) / args.name / "machine.json"
     if committed.exists():
-        facts = json.loads(committed.read_text())
+        facts = load_json(committed, "committed machine file")
+        if not isinstance(facts, dict):
+            raise ValueError(f"committed machine file {committed} is not a JSON object")
         facts.pop("version", None)
         src = str(committed)
     else:
         pinfo = platform_info(args.device)
-        facts = {"machine": args.name, "arch": _pf.machine(), "os": _pf.system(), "cpu": _pf.processor() or _pf.machine(),
+        facts = {"machine": args.name, "arch": _pf.machine(), "os": _pf.system(),
+                 "cpu": _pf.processor() or _pf.machine(),
                  "num_cpu": str(os.cpu_count()),
                  "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
                  "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
         src = "this machine"
     if facts.get("machine") != args.name:
         raise ValueError(f"{committed} names machine {facts.get('machine')!r}, not {args.name!r}")
-    path = Path.home() / ".asv-machine.json"
-    data = json.loads(path.read_text()) if path.exists() else {"version": 1}
     data[args.name] = facts
     data["version"] = 1
-    path.write_text(json.dumps(data, indent=4, sort_keys=True) + "\n")
+    write_json_atomic(data, path, indent=4, sort_keys=True)
     console.print(f"wrote machine {args.name!r} to {path} (facts from {src}): {facts}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mla_fp8_bench.argtypes import positive_float, positive_int
+
     p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -192,10 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
     r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "
                    "(default: the device's seq_len sweep)")
-    r.add_argument("--max-seq-len", type=int, default=None, help="cap of the default sweep")
+    r.add_argument("--max-seq-len", type=positive_int, default=None, help="cap of the default sweep")
     r.add_argument("--json", help="write records to this JSON file (atomically)")
-    r.add_argument("--samples", type=int, default=30, help="latency samples per (backend, case)")
-    r.add_argument("--time-budget", type=float, default=20.0, help="seconds of latency sampling per (backend, case)")
+    r.add_argument("--samples", type=positive_int, default=30, help="latency samples per (backend, case)")
+    r.add_argument("--time-budget", type=positive_float, default=20.0,
+                   help="seconds of latency sampling per (backend, case)")
     r.add_argument("--no-timing", action="store_true", help="accuracy only")
     r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")

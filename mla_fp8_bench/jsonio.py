@@ -38,6 +38,38 @@ def load_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
                     + (f"; {hint}" if hint else "")) from None
 
 
+def check_output_path(path: str | os.PathLike | None, what: str = "output file") -> Path:
+    """Check, before any work, that :func:`write_file_atomic` can create ``path``; return it as a Path.
+
+    Missing parent directories are created (the write would create them too); a temp file is created
+    and removed in the target directory, so a read-only file system or missing permission shows here.
+
+    Raises:
+        ValueError: naming ``path`` when it is empty, is a directory or another non-regular file, lies
+            under a regular file, or its directory cannot be created or written.
+    """
+    if path is None or str(path).strip() == "":
+        raise ValueError(f"{what} path {str(path)!r} is empty: give a file name, e.g. runs/out.json")
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a directory: give a file path inside it, e.g. {p / 'out.json'}")
+    if p.exists() and not p.is_file():
+        raise ValueError(f"{what} {p} exists and is not a regular file")
+    for anc in p.parents:
+        if anc.exists():
+            if not anc.is_dir():
+                raise ValueError(f"{what} {p} lies under {anc}, which is a file, not a directory")
+            break
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=p.name, suffix=".probe", dir=p.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{what} {p} cannot be written: {exc.strerror or exc} ({p.parent})") from None
+    return p
+
+
 def _umask_mode() -> int:
     old = os.umask(0)
     os.umask(old)

@@ -493,6 +493,7 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
     from rich.table import Table
 
     from mla_fp8_bench.harness.runner import write_json_atomic
+    from mla_fp8_bench.jsonio import check_output_path
 
     backends = _split(args.backends, DEFAULT_BACKENDS)
     shapes = _split(args.cases, DEFAULT_CASES)
@@ -510,6 +511,7 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
         raise ValueError(f"--seeds {args.seeds} is too few: at least {MIN_SEEDS} (a tolerance from fewer seeds "
                          "says little about the tail)")
     out = args.out or f"tolerances/{args.name}.json"
+    check_output_path(out, "--out")  # before hours of measuring
     n_tasks = len(shapes) * len(quants) * len(dists) * (args.seeds + args.validate_seeds)
     console.print(f"calibrating {', '.join(backends)} on {len(shapes)} shapes x {len(quants)} quant x {len(dists)} "
                   f"dist x ({args.seeds} + {args.validate_seeds} held-out) seeds = {n_tasks} case runs "
@@ -548,6 +550,8 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
 
 
 def add_parser(subparsers) -> None:
+    from mla_fp8_bench.argtypes import positive_int, safe_name
+
     p = subparsers.add_parser("calibrate", help="measure error distributions over seeds and write tolerances JSON")
     p.add_argument("--seeds", type=int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
     p.add_argument("--validate-seeds", type=int, default=MIN_SEEDS,
@@ -558,9 +562,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quants", action="append", help=f"comma-separated (default {','.join(QUANTS)})")
     p.add_argument("--dists", action="append", help=f"comma-separated (default {','.join(DISTS)})")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="tolerance = max over seeds x margin")
-    p.add_argument("--name", default=DEFAULT_NAME, help="tolerance set name (file tolerances/<name>.json)")
+    p.add_argument("--name", default=DEFAULT_NAME, type=safe_name("tolerance set name"),
+                   help="tolerance set name (file tolerances/<name>.json)")
     p.add_argument("--out", help="output JSON path (default tolerances/<name>.json)")
     p.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (1 torch thread each)")
-    p.add_argument("--cu-num", type=int, default=None, help="CU count of the emulated plan (default 256)")
+    p.add_argument("--cu-num", type=positive_int, default=None, help="CU count of the emulated plan (default 256)")
     p.add_argument("--no-probes", action="store_true", help="skip the chunked-context / hot-LSE probes")
     p.set_defaults(handler=cmd_calibrate)

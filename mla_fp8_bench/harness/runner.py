@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import math
 import platform as _pyplatform
 import traceback
 from collections.abc import Callable, Iterable
@@ -62,6 +63,18 @@ class RunOptions:
     determinism: bool = True
     ref_dtype: torch.dtype | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse values that would fail every record only after its accuracy was computed.
+
+        Raises:
+            ValueError: ``samples`` is not an integer >= 1 or ``time_budget_s`` not a finite number > 0.
+        """
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise ValueError(f"samples={self.samples!r} is invalid: an integer >= 1 (latency samples per case)")
+        tb = self.time_budget_s
+        if isinstance(tb, bool) or not isinstance(tb, (int, float)) or not math.isfinite(tb) or tb <= 0:
+            raise ValueError(f"time_budget_s={tb!r} is invalid: a finite number of seconds > 0")
+
 
 @dataclass
 class Record:
@@ -79,6 +92,18 @@ class Record:
             d.setdefault(k, None)
         d.update(self.values)
         return d
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A ``KeyboardInterrupt`` during :func:`evaluate`; ``data`` holds the records completed before it.
+
+    ``data`` is the usual ``{"env", "records"}`` dict plus ``"interrupted": True`` and
+    ``"interrupted_before"`` (the (backend, case) that was running), ready to be written.
+    """
+
+    def __init__(self, data: dict[str, Any]):
+        super().__init__(f"interrupted after {len(data['records'])} records")
+        self.data = data
 
 
 def environment(pinfo: PlatformInfo) -> dict[str, Any]:
@@ -161,6 +186,50 @@ class CaseContext:
         return self._bf16_ref
 
 
+def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunOptions) -> None:
+    """Latency (and on GPUs host call latency) of ``prepared.run`` into the record values ``v``."""
+    tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
+                         samples=opts.samples, time_budget_s=opts.time_budget_s,
+                         **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
+    v["latency_s"] = tr.median_s
+    v["latency_samples_s"] = tr.samples_s
+    v["latency_iqr_s"] = tr.iqr_s
+    v["latency_cv"] = tr.cv
+    v["latency_method"] = tr.method
+    v["launches_per_sample"] = tr.launches_per_sample
+    if tr.note:
+        v["latency_note"] = tr.note
+    v["tflops"] = tflops(v["flops"], tr.median_s)
+    v["gb_s"] = v["bytes"] / tr.median_s / 1e9
+    if opts.call_latency and pinfo.device.type == "cuda":
+        cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
+        v["call_latency_s"] = cl.median_s
+        v["call_latency_samples_s"] = cl.samples_s
+
+
+#: Error values of a record that must be finite numbers for the record to count as measured.
+_ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_fp8_ref", "mismatch_fraction")
+
+
+def _check_finite(rec: Record) -> None:
+    """Make a record with a non-finite output or an undefined (NaN) error an ``error`` record.
+
+    The values stay in the record (``nonfinite_count_*`` counts the NaN/Inf outputs); the status makes
+    it a failure everywhere (``--strict``, asv, the gate) rather than a NaN that asv would show as n/a.
+    """
+    v = rec.values
+    bad_out = max(int(v.get("nonfinite_count_fp8_ref") or 0), int(v.get("nonfinite_count_bf16_ref") or 0))
+    undefined = [k for k in _ERROR_KEYS if isinstance(v.get(k), float) and math.isnan(v[k])]
+    if bad_out:
+        rec.status = "error"
+        rec.reason = (f"non-finite result: {bad_out} of {v.get('numel_fp8_ref', '?')} outputs are NaN/Inf "
+                      "(values kept in this record)")
+    elif undefined:
+        rec.status = "error"
+        rec.reason = (f"non-finite result: {', '.join(undefined)} undefined (NaN): the reference is NaN/Inf, "
+                      "the inputs are not finite")
+
+
 def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: RunOptions) -> Record:
     """Measure one backend on one case. Never raises for backend failures: returns a record."""
     case = ctx.case
@@ -196,24 +265,9 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
         flops = causal_flops(case.seq_lens, case.num_heads)
         v["flops"] = flops
         v["bytes"] = min_bytes(case.seq_lens, case.num_heads)
-        if opts.timing:
-            tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
-                                 samples=opts.samples, time_budget_s=opts.time_budget_s,
-                                 **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
-            v["latency_s"] = tr.median_s
-            v["latency_samples_s"] = tr.samples_s
-            v["latency_iqr_s"] = tr.iqr_s
-            v["latency_cv"] = tr.cv
-            v["latency_method"] = tr.method
-            v["launches_per_sample"] = tr.launches_per_sample
-            if tr.note:
-                v["latency_note"] = tr.note
-            v["tflops"] = tflops(flops, tr.median_s)
-            v["gb_s"] = v["bytes"] / tr.median_s / 1e9
-            if opts.call_latency and pinfo.device.type == "cuda":
-                cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
-                v["call_latency_s"] = cl.median_s
-                v["call_latency_samples_s"] = cl.samples_s
+        _check_finite(rec)
+        if opts.timing and rec.status == "ok":
+            _measure_timing(v, prepared, pinfo, opts)
         v.update({k: val for k, val in prepared.extras.items() if k not in v})
     except (BackendUnavailable, CaseUnsupported) as exc:
         rec.status, rec.reason = "skipped", str(exc)
@@ -234,22 +288,11 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
     return rec
 
 
-def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
-             options: RunOptions | None = None,
-             progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
-    """Run every (backend, case) pair; returns ``{"env": ..., "records": [...]}`` (JSON-ready).
-
-    Backends unavailable on this machine produce one ``skipped`` record per case with the reason.
-
-    Raises:
-        mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
-        mla_fp8_bench.measure.devices.DeviceError: for a bad device.
-    """
-    opts = options or RunOptions()
-    pinfo = platform_info(device)
+def _load_backends(names: list[str], pinfo: PlatformInfo) -> tuple[list[Backend], dict[str, Verdict]]:
+    """Backends by name with their availability; one that cannot load is a placeholder with a verdict."""
     bks: list[Backend] = []
     avail: dict[str, Verdict] = {}
-    for n in backends:
+    for n in names:
         try:
             b = get_backend(n)
         except UnknownBackendError:
@@ -263,28 +306,61 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
                 avail[n] = b.availability(pinfo)
             except Exception as exc:  # noqa: BLE001
                 avail[n] = Verdict.no(f"availability check failed: {_short(exc)}")
-    cases = list(cases)
+    return bks, avail
+
+
+def _unique(items: list, key: Callable[[Any], Any]) -> list:
+    seen: set = set()
+    return [x for x in items if not (key(x) in seen or seen.add(key(x)))]
+
+
+def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
+             options: RunOptions | None = None,
+             progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
+    """Run every (backend, case) pair; returns ``{"env": ..., "records": [...]}`` (JSON-ready).
+
+    Backends unavailable on this machine produce one ``skipped`` record per case with the reason.
+    A backend name or case id given twice is measured once (first position kept).
+
+    Raises:
+        mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
+        mla_fp8_bench.measure.devices.DeviceError: for a bad device.
+        RunInterrupted: on ``KeyboardInterrupt``; it carries the records completed so far.
+    """
+    opts = options or RunOptions()
+    pinfo = platform_info(device)
+    bks, avail = _load_backends(_unique(list(backends), str), pinfo)
+    cases = _unique(list(cases), lambda c: c.id)
     records: list[dict[str, Any]] = []
-    for case in cases:
-        ctx: CaseContext | None = None
-        ctx_error: str | None = None
-        for b in bks:
-            if not avail[b.name]:
-                rec = Record(b.name, case.id, "skipped", avail[b.name].reason)
-            else:
-                if ctx is None and ctx_error is None:
-                    try:
-                        ctx = CaseContext(case, pinfo, opts.ref_dtype)
-                    except Exception as exc:  # noqa: BLE001
-                        ctx_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
-                                     f"inputs for {case.id} failed: {_short(exc)}")
-                if ctx_error is not None:
-                    rec = Record(b.name, case.id, "skipped" if "out of memory" in ctx_error else "error", ctx_error)
+    current = ("", "")
+    try:
+        for case in cases:
+            ctx: CaseContext | None = None
+            ctx_error: str | None = None
+            for b in bks:
+                current = (b.name, case.id)
+                if not avail[b.name]:
+                    rec = Record(b.name, case.id, "skipped", avail[b.name].reason)
                 else:
-                    rec = evaluate_one(b, ctx, pinfo, opts)
-            records.append(rec.as_dict())
-            if progress is not None:
-                progress(rec)
-        del ctx
-        gc.collect()
+                    if ctx is None and ctx_error is None:
+                        try:
+                            ctx = CaseContext(case, pinfo, opts.ref_dtype)
+                        except Exception as exc:  # noqa: BLE001
+                            ctx_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
+                                         f"inputs for {case.id} failed: {_short(exc)}")
+                    if ctx_error is not None:
+                        rec = Record(b.name, case.id, "skipped" if "out of memory" in ctx_error else "error",
+                                     ctx_error)
+                    else:
+                        rec = evaluate_one(b, ctx, pinfo, opts)
+                records.append(rec.as_dict())
+                if progress is not None:
+                    progress(rec)
+            del ctx
+            gc.collect()
+    except KeyboardInterrupt as exc:
+        data = {"env": environment(pinfo), "records": records, "interrupted": True,
+                "interrupted_before": {"backend": current[0], "case": current[1]},
+                "planned": len(bks) * len(cases)}
+        raise RunInterrupted(data) from exc
     return {"env": environment(pinfo), "records": records}

@@ -1,0 +1,100 @@
+"""Validation of user-supplied values (command-line options, environment variables, names) before any
+work starts: each failure is one line naming the value and what is allowed.
+
+``positive_int`` / ``positive_float`` / ``safe_name`` are argparse ``type=`` callables (argparse turns
+their ``ArgumentTypeError`` into ``error: argument --x: ...`` and exit status 2); ``env_int`` /
+``env_float`` read an environment variable and raise ``ValueError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+
+#: asv machine names and tolerance-set names: they become one path component under results/ or
+#: tolerances/, so no separators, no leading dot and no ``..``.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+#: Names asv itself uses as keys of ``~/.asv-machine.json`` or as files/directories in results/.
+RESERVED_NAMES = frozenset({"version", "benchmarks.json", "machine.json", "html"})
+
+
+def check_name(value: str, what: str) -> str:
+    """Return ``value`` if it is a safe one-component name, else raise ``ValueError``.
+
+    Raises:
+        ValueError: ``value`` is empty, contains a path separator or ``..``, starts with a dot, is longer
+            than 64 characters, or is a name asv reserves (:data:`RESERVED_NAMES`).
+    """
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
+        raise ValueError(f"{what} {value!r} is invalid: letters, digits, '.', '_', '+', '-' (1-64 characters, "
+                         "first a letter or digit, no '..' or '/'): it names a file or directory")
+    if value.lower() in RESERVED_NAMES:
+        raise ValueError(f"{what} {value!r} is reserved by asv: choose another name (reserved: "
+                         f"{', '.join(sorted(RESERVED_NAMES))})")
+    return value
+
+
+def _parse_number(text: str, kind: type, what: str, minimum: float, strict: bool) -> float:
+    try:
+        val = kind(str(text).strip())
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}={text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if isinstance(val, float) and not math.isfinite(val):
+        raise ValueError(f"{what}={text!r} is invalid: a finite number is needed")
+    if val < minimum or (strict and val == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ValueError(f"{what}={text!r} is invalid: must be {bound}")
+    return val
+
+
+def env_int(name: str, default: int | None = None, minimum: int = 1) -> int | None:
+    """The integer in environment variable ``name`` (``default`` when unset or empty).
+
+    Raises:
+        ValueError: naming the variable, when the value is not an integer or is below ``minimum``.
+    """
+    val = os.environ.get(name, "")
+    if val.strip() == "":
+        return default
+    return int(_parse_number(val, int, name, minimum, strict=False))
+
+
+def env_float(name: str, default: float | None = None) -> float | None:
+    """The positive finite number in environment variable ``name`` (``default`` when unset or empty).
+
+    Raises:
+        ValueError: naming the variable, when the value is not a positive finite number.
+    """
+    val = os.environ.get(name, "")
+    if val.strip() == "":
+        return default
+    return float(_parse_number(val, float, name, 0.0, strict=True))
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        return int(_parse_number(text, int, "value", 1, strict=False))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        return float(_parse_number(text, float, "value", 0.0, strict=True))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
+
+
+def safe_name(what: str):
+    """argparse type factory: a name accepted by :func:`check_name`."""
+    def parse(text: str) -> str:
+        try:
+            return check_name(text, what)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = what.replace(" ", "_")
+    return parse
