@@ -50,13 +50,14 @@ from mla_fp8_bench.analysis.results import (
     run_doc_from_data,
 )
 from mla_fp8_bench.jsonio import load_json
+from mla_fp8_bench.measure import metric_table as MT
 from mla_fp8_bench.problem.cases import CaseError, parse_case_id
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 
 #: Formats ``--format`` accepts.
 FORMATS = ("png", "svg")
 #: Floor for error values on log axes (asv floors its tracks at 1e-12 too).
-ERROR_FLOOR = 1e-12
+ERROR_FLOOR = MT.ASV_ACCURACY_FLOOR
 _FIG_KINDS = ("latency", "error", "tflops", "summary")
 
 
@@ -169,13 +170,18 @@ def _select_variant(points: list[Point], wanted: str | None) -> tuple[str, list[
 _LATENCY_DESC = {"host": "host wall-clock", "graph": "device time, CUDA/HIP graph replay",
                  "events": "device time, events"}
 #: Record keys drawn as accuracy; a value that is present but not a number is named in the notes.
-_ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref")
+_LAT = MT.metric("latency")
+_ERR8 = MT.metric("max_abs_error")
+_ERR16 = MT.metric("max_abs_error_bf16_ref")
+_TFLOPS = MT.metric("tflops")
+_SPP = MT.metric("seconds_per_pflop")
+_ERROR_KEYS = (_ERR8.record_key, _ERR16.record_key)
 
 
 def _record_value_notes(b: str, cid: str, r: dict[str, Any]) -> list[str]:
     """Notes for values that are stored but cannot be drawn (non-finite or not a number)."""
     notes = []
-    for key in (*_ERROR_KEYS, "latency_s"):
+    for key in (*_ERROR_KEYS, _LAT.record_key):
         v = r.get(key)
         if v is None:
             continue
@@ -219,10 +225,10 @@ def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None
             continue
         emu = bool(r.get("emulation")) or r.get("timing_scope") == "emulation"
         ds.notes.extend(_record_value_notes(b, cid, r))
-        samples = [x for x in (r.get("latency_samples_s") or []) if _finite(x) is not None]
-        p = Point(b, cid, sc[0], latency_s=_finite(r.get("latency_s")), err_fp8=_finite(r.get("max_abs_error_fp8_ref")),
-                  err_bf16=_finite(r.get("max_abs_error_bf16_ref")),
-                  tflops=None if emu else _finite(r.get("tflops")), emulation=emu)
+        samples = [x for x in (r.get(_LAT.samples_key) or []) if _finite(x) is not None]
+        p = Point(b, cid, sc[0], latency_s=_finite(r.get(_LAT.record_key)), err_fp8=_finite(r.get(_ERR8.record_key)),
+                  err_bf16=_finite(r.get(_ERR16.record_key)),
+                  tflops=None if emu else _finite(r.get(_TFLOPS.record_key)), emulation=emu)
         if len(samples) >= 2:
             p.latency_q25, p.latency_q75 = _quantile(samples, 0.25), _quantile(samples, 0.75)
         pts.append(p)
@@ -250,10 +256,10 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
     try:
         mj = load_machine(mdir)
         res = newest_result(mdir, commit)
-        lat = _by_backend_case(res, "track_latency")
-        e8 = _by_backend_case(res, "track_max_abs_error")
-        e16 = _by_backend_case(res, "track_max_abs_error_bf16_ref")
-        spp = _by_backend_case(res, "track_seconds_per_pflop")
+        lat = _by_backend_case(res, _LAT.track)
+        e8 = _by_backend_case(res, _ERR8.track)
+        e16 = _by_backend_case(res, _ERR16.track)
+        spp = _by_backend_case(res, _SPP.track)
     except ResultsError as exc:
         raise PlotError(str(exc)) from None
     gpu = mj.get("gpu")
@@ -554,7 +560,7 @@ def draw_latency(ax, ds: Dataset, st: Styles, scope: str = "kernel") -> list[str
     else:
         ax.text(0.5, 0.5, "no latency to show", transform=ax.transAxes, ha="center", color="0.4")
     _setup_x(ax, [p.seq_len for p in ds.points])
-    ax.set_ylabel("latency per call (median; bars: IQR)")
+    ax.set_ylabel(f"{_LAT.pretty_name} per call (median; bars: IQR)")
     if scope == "emulation":
         ax.set_title("EMULATION latency vs seq_len (PyTorch model of the kernel;\nnot kernel time, never compared)",
                      fontsize=10)
@@ -569,8 +575,8 @@ def draw_latency(ax, ds: Dataset, st: Styles, scope: str = "kernel") -> list[str
 
 
 _REFS = {
-    "err_fp8": ("vs fp8-dequant reference", "the kernel's own error: q/k/v rounding to fp8 cancels"),
-    "err_bf16": ("vs bf16 reference", "end-to-end error of going FP8 (includes fp8 input rounding)"),
+    "err_fp8": (_ERR8, "the kernel's own error: q/k/v rounding to fp8 cancels"),
+    "err_bf16": (_ERR16, "end-to-end error of going FP8 (includes fp8 input rounding)"),
 }
 
 
@@ -602,8 +608,8 @@ def draw_error(ax, ds: Dataset, st: Styles, attr: str = "err_fp8") -> list[str]:
     _log_ticks(ax, FuncFormatter(_fmt_plain))
     _setup_x(ax, [p.seq_len for p in ds.points])
     ax.set_ylabel("max |out - ref| (absolute, output units)")
-    name, what = _REFS[attr]
-    ax.set_title(f"Max abs error {name}\n({what}; lower is better)", fontsize=10)
+    m, what = _REFS[attr]
+    ax.set_title(f"{m.pretty_name[:1].upper()}{m.pretty_name[1:]}\n({what}; lower is better)", fontsize=10)
     notes = []
     if floored:
         notes.append(f"values below {ERROR_FLOOR:g} drawn at {ERROR_FLOOR:g}")
@@ -681,7 +687,7 @@ def draw_tflops(ax, ds: Dataset, st: Styles) -> list[str]:
     else:
         ax.text(0.5, 0.5, "no kernel throughput to show", transform=ax.transAxes, ha="center", color="0.4")
     _setup_x(ax, [p.seq_len for p in ds.points])
-    ax.set_ylabel("TFLOP/s (causal FLOPs = 320·H·S², higher is faster)")
+    ax.set_ylabel(f"{_TFLOPS.unit} (causal FLOPs = 320·H·S², higher is faster)")
     ax.set_title("Throughput vs seq_len (informational)")
     if notes:
         _note(ax, notes)
