@@ -7,8 +7,9 @@ Two references serve two questions:
 * :func:`reference_bf16` - on the original bf16 inputs: the end-to-end error of going FP8.
 
 Computed in float64 on the CPU and float32 on GPUs, one sequence at a time and in query chunks, so
-memory stays ``O(H * chunk * seq_len)``. Masking is bottom-right causal: local query ``i`` sees key
-``j`` iff ``j <= kv_len - q_len + i`` (AITER contract §4; equal to top-left when q_len == kv_len).
+memory stays ``O(H * chunk * kv_len)``. Masking is bottom-right causal: local query ``i`` sees key
+``j`` iff ``j <= kv_len - q_len + i`` (AITER's mask; equal to top-left when q_len == kv_len);
+context chunks (``ctx`` cases) are non-causal.
 """
 
 from __future__ import annotations
@@ -28,73 +29,104 @@ def default_ref_dtype(device: torch.device) -> torch.dtype:
     return torch.float64 if device.type == "cpu" else torch.float32
 
 
+def _starts(cu: list[int] | torch.Tensor, total: int, name: str) -> list[int]:
+    out = [int(x) for x in (cu.tolist() if isinstance(cu, torch.Tensor) else cu)]
+    if not out or out[0] != 0 or any(b < a for a, b in zip(out, out[1:])) or out[-1] != total:
+        raise ValueError(f"{name} {out} must start at 0, be non-decreasing and end at T={total}")
+    return out
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int] | torch.Tensor,
                      softmax_scale: float, *, causal: bool = True, dtype: torch.dtype | None = None,
-                     chunk_elements: int = _CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_elements: int = _CHUNK_ELEMENTS,
+                     cu_seqlens_kv: list[int] | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact (optionally causal) softmax attention over a ragged batch.
 
     Args:
-        q: ``[T, H, Dqk]`` any float dtype.
-        k: ``[T, H, Dqk]``.
-        v: ``[T, H, Dv]``.
-        cu_seqlens: ``[B+1]`` sequence starts (q_len == kv_len per sequence).
+        q: ``[T_q, H, Dqk]`` any float dtype.
+        k: ``[T_kv, H, Dqk]``.
+        v: ``[T_kv, H, Dv]``.
+        cu_seqlens: ``[B+1]`` query starts (and key starts when ``cu_seqlens_kv`` is None).
         softmax_scale: multiplier of ``q.k`` (``1/sqrt(192)`` for MLA).
-        causal: bottom-right causal mask when True.
+        causal: bottom-right causal mask when True (query ``i`` sees key ``j`` iff
+            ``j <= kv_len - q_len + i``); every key when False.
         dtype: compute dtype (default: float64 on CPU, float32 on GPU).
         chunk_elements: score elements per query chunk (memory bound).
+        cu_seqlens_kv: ``[B+1]`` key starts (kv_len may differ from q_len per sequence).
 
     Returns:
-        ``(out, lse)``: out ``[T, H, Dv]`` and natural-log LSE ``[T, H]`` of the scaled scores, both
-        in ``dtype``.
+        ``(out, lse)``: out ``[T_q, H, Dv]`` and natural-log LSE ``[T_q, H]`` of the scaled scores, both
+        in ``dtype``. A row that sees no key (kv_len 0) gets out 0 and LSE -inf.
 
     Raises:
         ValueError: on inconsistent shapes or cu_seqlens.
     """
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q/k/v must be 3-D [T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2] or q.shape[-1] != k.shape[-1]:
+    same_t = cu_seqlens_kv is None
+    if (same_t and q.shape[0] != k.shape[0]) or q.shape[1:2] != k.shape[1:2] or k.shape[:2] != v.shape[:2] \
+            or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q/k/v shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    cu = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
-    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] != q.shape[0]:
-        raise ValueError(f"cu_seqlens {cu} must start at 0, be non-decreasing and end at T={q.shape[0]}")
+    cu = _starts(cu_seqlens, q.shape[0], "cu_seqlens")
+    cu_kv = cu if same_t else _starts(cu_seqlens_kv, k.shape[0], "cu_seqlens_kv")
+    if len(cu_kv) != len(cu):
+        raise ValueError(f"cu_seqlens_kv {cu_kv} and cu_seqlens {cu} hold different batch sizes")
     dtype = dtype or default_ref_dtype(q.device)
     t, h, _ = q.shape
-    dv = v.shape[-1]
-    out = torch.empty(t, h, dv, dtype=dtype, device=q.device)
-    lse = torch.empty(t, h, dtype=dtype, device=q.device)
+    out = torch.zeros(t, h, v.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.full((t, h), -math.inf, dtype=dtype, device=q.device)
     for b in range(len(cu) - 1):
-        s0, s1 = cu[b], cu[b + 1]
-        n = s1 - s0
-        if n == 0:
-            continue
-        kb = k[s0:s1].to(dtype).transpose(0, 1)  # [H, S, D]
-        vb = v[s0:s1].to(dtype).transpose(0, 1)  # [H, S, Dv]
-        chunk = max(1, min(n, chunk_elements // max(1, h * n)))
-        for c0 in range(0, n, chunk):
-            c1 = min(n, c0 + chunk)
-            qc = q[s0 + c0:s0 + c1].to(dtype).transpose(0, 1)  # [H, c, D]
-            kv_end = c1 if causal else n  # keys beyond the chunk's last row are all masked
-            s = torch.matmul(qc, kb[:, :kv_end].transpose(1, 2)) * softmax_scale  # [H, c, kv_end]
-            if causal:
-                rows = torch.arange(c0, c1, device=q.device).unsqueeze(1)
-                cols = torch.arange(kv_end, device=q.device).unsqueeze(0)
-                s.masked_fill_((cols > rows).unsqueeze(0), -math.inf)
-            m = s.amax(dim=-1, keepdim=True)
-            p = torch.exp(s - m)
-            l = p.sum(dim=-1, keepdim=True)
-            o = torch.matmul(p, vb[:, :kv_end]) / l
-            out[s0 + c0:s0 + c1] = o.transpose(0, 1)
-            lse[s0 + c0:s0 + c1] = (m + torch.log(l)).squeeze(-1).transpose(0, 1)
+        _attend_one(q[cu[b]:cu[b + 1]], k[cu_kv[b]:cu_kv[b + 1]], v[cu_kv[b]:cu_kv[b + 1]],
+                    out[cu[b]:cu[b + 1]], lse[cu[b]:cu[b + 1]], softmax_scale, causal, dtype, chunk_elements)
     return out, lse
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                softmax_scale: float, causal: bool, dtype: torch.dtype, chunk_elements: int) -> None:
+    """One sequence: q ``[n, H, D]``, k/v ``[n_kv, H, D]``; writes ``out`` ``[n, H, Dv]`` and ``lse`` ``[n, H]``."""
+    n, h = q.shape[0], q.shape[1]
+    n_kv = k.shape[0]
+    if n == 0 or n_kv == 0:
+        return  # out 0, lse -inf
+    offset = n_kv - n  # bottom-right alignment
+    kb = k.to(dtype).transpose(0, 1)  # [H, S_kv, D]
+    vb = v.to(dtype).transpose(0, 1)  # [H, S_kv, Dv]
+    chunk = max(1, min(n, chunk_elements // max(1, h * n_kv)))
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        qc = q[c0:c1].to(dtype).transpose(0, 1)  # [H, c, D]
+        kv_end = max(0, min(n_kv, offset + c1)) if causal else n_kv  # keys past the chunk's last row are masked
+        if kv_end == 0:
+            continue
+        s = torch.matmul(qc, kb[:, :kv_end].transpose(1, 2)) * softmax_scale  # [H, c, kv_end]
+        if causal:
+            rows = torch.arange(c0, c1, device=q.device).unsqueeze(1) + offset
+            cols = torch.arange(kv_end, device=q.device).unsqueeze(0)
+            s.masked_fill_((cols > rows).unsqueeze(0), -math.inf)
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # rows that see no key (q_len > kv_len)
+        p = torch.exp(s - m)
+        denom = p.sum(dim=-1, keepdim=True)
+        o = torch.matmul(p, vb[:, :kv_end]) / denom.clamp_min(torch.finfo(dtype).tiny)
+        out[c0:c1] = o.transpose(0, 1)
+        lse[c0:c1] = (m + torch.log(denom)).squeeze(-1).transpose(0, 1)
+
+
+def case_attention(inputs: CaseInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention of ``inputs``' case on the given q/k/v: its q/kv starts and its mask (non-causal for
+    ``ctx``, bottom-right causal over context + new keys for ``prefix``). Returns ``(out, lse)``."""
+    return causal_attention(q, k, v, inputs.cu_seqlens_q_cpu, inputs.softmax_scale, causal=inputs.causal,
+                            dtype=dtype, cu_seqlens_kv=inputs.cu_seqlens_kv_cpu)
 
 
 def reference_fp8_dequant(inputs: CaseInputs, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference on the dequantised fp8 inputs: ``(out [T,H,128], lse [T,H])``; isolates kernel error."""
     dtype = dtype or default_ref_dtype(inputs.device)
     q, k, v = inputs.dequantized(dtype)
-    return causal_attention(q, k, v, inputs.cu_seqlens_cpu, inputs.softmax_scale, dtype=dtype)
+    return case_attention(inputs, q, k, v, dtype)
 
 
 def reference_bf16(inputs: CaseInputs, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference on the original bf16 inputs: ``(out [T,H,128], lse [T,H])``; end-to-end FP8 error."""
-    return causal_attention(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_cpu, inputs.softmax_scale, dtype=dtype)
+    return case_attention(inputs, inputs.q, inputs.k, inputs.v, dtype)

@@ -1,25 +1,35 @@
-"""Benchmark cases: a ragged causal prefill batch plus quantisation, distribution and seed.
+"""Benchmark cases: a ragged prefill batch plus quantisation, distribution and seed.
 
 A case id is a short stable string usable as an asv parameter and on the command line:
 
 * ``s4096`` - one sequence of 4096 tokens at the defaults (16 heads, ``per_tensor``
-  quantisation, ``normal`` inputs, seed 0);
+  quantisation, ``normal`` inputs, seed 0): causal prefill, q_len == kv_len;
 * ``ragged-6992-6896-2495`` - a ragged batch, one length per sequence; ``ragged-4096x4`` repeats a
   length (``ragged-1x120-8000`` is 120 sequences of length 1 then one of 8000);
+* ``ctx1024-q256`` - a context chunk: 256 new queries attending *non-causally* to 1024 cached context
+  keys (q_len < kv_len; vLLM's context-chunk attention of a prefix-cached prefill);
+* ``prefix1024-q300`` - a whole prefix-cached prefill: 300 new tokens over 1024 cached ones, i.e.
+  bottom-right causal attention of 300 queries over 1324 keys, computed the way vLLM computes it
+  (causal new-vs-new, non-causal new-vs-context, merged by LSE; see
+  :mod:`mla_fp8_bench.problem.prefix`);
+* ragged forms ``ctx-ragged-<C>q<Q>[x<n>]-...`` and ``prefix-ragged-<C>q<Q>[x<n>]-...`` (one context
+  length C >= 0 and query length Q >= 1 per sequence; at least one C >= 1), e.g.
+  ``prefix-ragged-1024q256-0q300``;
 * non-defaults add suffixes, in this order: ``-h<heads>``, ``-cast`` (vLLM's unit-scale cast instead
   of the amax/448 per-tensor scale), ``-outlier`` / ``-mla`` / ``-const`` (input distribution),
-  ``-seed<n>``. Example: ``s4096-h128-cast-mla-seed3``.
+  ``-seed<n>``. Example: ``s4096-h128-cast-mla-seed3``, ``prefix1024-q300-cast-seed2``.
 
 Ids that have published results are never changed or reused: add new ids, never edit the meaning of
 an old one (the asv history of an id must stay one series).
 
-Every sequence is a prefill with ``q_len == kv_len`` and causal (bottom-right aligned) masking.
+Masking: ``prefill`` and ``prefix`` cases are causal with the mask aligned bottom-right (local query
+``i`` of a sequence sees key ``j`` iff ``j <= kv_len - q_len + i``); ``ctx`` cases are non-causal.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS
 
@@ -28,31 +38,48 @@ DISTRIBUTIONS = ("normal", "outlier", "mla", "const")
 _QUANT_SUFFIX = {"cast": "cast"}
 _DIST_SUFFIX = {"outlier": "outlier", "mla": "mla", "const": "const"}
 
-#: Largest number of query tokens in one case. AITER's 32-bit buffer descriptors limit bf16 output to
-#: ``T*H*256 < 2**32`` (1 048 576 tokens at H=16); we cap lower to keep references tractable.
+#: Largest number of query tokens (and, separately, of key tokens) in one case. AITER's 32-bit buffer
+#: descriptors limit bf16 output to ``T*H*256 < 2**32`` (1 048 576 tokens at H=16); we cap lower to keep
+#: references tractable.
 MAX_TOTAL_TOKENS = 1 << 20
 MAX_NUM_HEADS = 1024
+#: Case families: ``prefill`` (q_len == kv_len, causal), ``ctx`` (context chunk: q_len new queries over
+#: kv_len cached keys, non-causal), ``prefix`` (prefix-cached prefill: bottom-right causal over
+#: context + new keys, composed of a causal and a ctx piece merged by LSE).
+FAMILIES = ("prefill", "ctx", "prefix")
+#: Most decimal digits a length, count, head count or seed may have in an id (refused before any work).
+_MAX_DIGITS = 9
 
 
 class CaseError(ValueError):
     """A case id or case field is invalid. The message names the bad value and the allowed ones."""
 
 
+def _check_lens(lens: tuple, what: str, minimum: int) -> None:
+    for s in lens:
+        if not isinstance(s, int) or isinstance(s, bool) or s < minimum:
+            raise CaseError(f"{what} {s!r} is invalid: every {what} must be an integer >= {minimum}")
+
+
 @dataclass(frozen=True)
 class Case:
-    """One benchmark case: a causal ragged prefill batch.
+    """One benchmark case: a ragged prefill batch, a context chunk or a prefix-cached prefill.
 
     Attributes:
-        seq_lens: per-sequence token counts (q_len == kv_len), each >= 1.
+        seq_lens: per-sequence query token counts (q_len; == kv_len for ``prefill``), each >= 1.
         num_heads: query heads == kv heads (MLA after ``kv_b_proj`` is MHA), >= 1.
         quant: ``"per_tensor"`` (scale = amax/448, saturating clamp; AITER's op test) or ``"cast"``
             (plain cast at unit scale; vLLM's ``_mla_fp8_prefill_attn``).
         dist: input distribution, one of :data:`DISTRIBUTIONS` (see :mod:`mla_fp8_bench.problem.inputs`).
         seed: generator seed; the same seed gives the same inputs on every run.
+        context_lens: per-sequence cached context token counts (each >= 0, at least one >= 1) for
+            ``ctx`` and ``prefix``; empty for ``prefill``.
+        family: one of :data:`FAMILIES`.
 
     Raises:
-        CaseError: on empty batches, seq_len <= 0, num_heads <= 0, unknown quant/dist, or more than
-            :data:`MAX_TOTAL_TOKENS` tokens.
+        CaseError: on empty batches, seq_len <= 0, num_heads <= 0, unknown quant/dist/family, context
+            lengths that do not match the family, or more than :data:`MAX_TOTAL_TOKENS` query or key
+            tokens.
     """
 
     seq_lens: tuple[int, ...]
@@ -60,18 +87,22 @@ class Case:
     quant: str = "per_tensor"
     dist: str = "normal"
     seed: int = 0
-    causal: bool = field(default=True, repr=False)
+    context_lens: tuple[int, ...] = ()
+    family: str = "prefill"
 
     def __post_init__(self) -> None:
         lens = tuple(self.seq_lens)
         object.__setattr__(self, "seq_lens", lens)
+        ctx = tuple(self.context_lens)
+        object.__setattr__(self, "context_lens", ctx)
         if not lens:
             raise CaseError("empty batch: seq_lens must hold at least one sequence length")
-        for s in lens:
-            if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
-                raise CaseError(f"seq_len {s!r} is invalid: every seq_len must be an integer >= 1")
+        _check_lens(lens, "seq_len", 1)
+        self._check_family(lens, ctx)
         if sum(lens) > MAX_TOTAL_TOKENS:
             raise CaseError(f"total tokens {sum(lens)} exceed the supported maximum {MAX_TOTAL_TOKENS}")
+        if self.total_kv_tokens > MAX_TOTAL_TOKENS:
+            raise CaseError(f"total key tokens {self.total_kv_tokens} exceed the supported maximum {MAX_TOTAL_TOKENS}")
         if not isinstance(self.num_heads, int) or not 1 <= self.num_heads <= MAX_NUM_HEADS:
             raise CaseError(f"num_heads {self.num_heads!r} is invalid: allowed 1..{MAX_NUM_HEADS}")
         if self.quant not in QUANT_MODES:
@@ -80,10 +111,27 @@ class Case:
             raise CaseError(f"distribution {self.dist!r} is unknown: allowed {', '.join(DISTRIBUTIONS)}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise CaseError(f"seed {self.seed!r} is invalid: must be an integer >= 0")
-        if self.causal is not True:
-            raise CaseError("only causal prefill is supported (causal=True)")
+
+    def _check_family(self, lens: tuple[int, ...], ctx: tuple[int, ...]) -> None:
+        if self.family not in FAMILIES:
+            raise CaseError(f"case family {self.family!r} is unknown: allowed {', '.join(FAMILIES)}")
+        if self.family == "prefill":
+            if ctx:
+                raise CaseError(f"context_lens {list(ctx)} given for a prefill case: use family 'ctx' or 'prefix'")
+            return
+        if len(ctx) != len(lens):
+            raise CaseError(f"context_lens {list(ctx)} must hold one length per sequence ({len(lens)} sequences)")
+        _check_lens(ctx, "context_len", 0)
+        if not any(ctx):
+            raise CaseError(f"a {self.family} case needs at least one context_len >= 1; got {list(ctx)} "
+                            "(without cached context it is a plain prefill: s<Q> / ragged-...)")
 
     # ------------------------------------------------------------------ derived sizes
+    @property
+    def causal(self) -> bool:
+        """Causal masking (bottom-right aligned): True for ``prefill`` and ``prefix``, False for ``ctx``."""
+        return self.family != "ctx"
+
     @property
     def batch_size(self) -> int:
         """Number of sequences B."""
@@ -96,15 +144,47 @@ class Case:
 
     @property
     def max_seq_len(self) -> int:
-        """Longest sequence."""
+        """Longest query sequence (max q_len)."""
         return max(self.seq_lens)
 
+    @property
+    def kv_lens(self) -> tuple[int, ...]:
+        """Per-sequence key counts: q_len (prefill), context_len (ctx), context_len + q_len (prefix)."""
+        if self.family == "prefill":
+            return self.seq_lens
+        if self.family == "ctx":
+            return self.context_lens
+        return tuple(c + q for c, q in zip(self.context_lens, self.seq_lens))
+
+    @property
+    def total_kv_tokens(self) -> int:
+        """Total key tokens sum(kv_lens)."""
+        return sum(self.kv_lens)
+
+    @property
+    def max_kv_len(self) -> int:
+        """Longest key sequence."""
+        return max(self.kv_lens)
+
+    def cu_seqlens_q(self) -> list[int]:
+        """Query starts ``[0, q0, q0+q1, ...]`` (qo_indptr, length B+1)."""
+        return _cumsum(self.seq_lens)
+
+    def cu_seqlens_kv(self) -> list[int]:
+        """Key starts ``[0, kv0, kv0+kv1, ...]`` (kv_indptr, length B+1)."""
+        return _cumsum(self.kv_lens)
+
     def cu_seqlens(self) -> list[int]:
-        """Cumulative sequence starts ``[0, s0, s0+s1, ...]`` (length B+1): qo_indptr == kv_indptr."""
-        out = [0]
-        for s in self.seq_lens:
-            out.append(out[-1] + s)
-        return out
+        """Cumulative sequence starts ``[0, s0, s0+s1, ...]`` (length B+1): qo_indptr == kv_indptr.
+
+        Raises:
+            CaseError: for ``ctx``/``prefix`` cases, where q and kv starts differ (use
+                :meth:`cu_seqlens_q` / :meth:`cu_seqlens_kv`).
+        """
+        if self.family != "prefill":
+            raise CaseError(f"cu_seqlens() is defined for prefill cases (q_len == kv_len), not for {self.family} "
+                            f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
+        return _cumsum(self.seq_lens)
 
     # ------------------------------------------------------------------ ids
     @property
@@ -117,22 +197,43 @@ class Case:
         return replace(self, **changes)
 
 
-def _format_lens(lens: tuple[int, ...]) -> str:
+def _cumsum(lens: tuple[int, ...]) -> list[int]:
+    out = [0]
+    for s in lens:
+        out.append(out[-1] + s)
+    return out
+
+
+def _format_runs(items: tuple) -> str:
+    """Run-length ``-``-joined items: equal neighbours become ``<item>x<n>``."""
     parts: list[str] = []
     i = 0
-    while i < len(lens):
+    while i < len(items):
         j = i
-        while j + 1 < len(lens) and lens[j + 1] == lens[i]:
+        while j + 1 < len(items) and items[j + 1] == items[i]:
             j += 1
         n = j - i + 1
-        parts.append(f"{lens[i]}x{n}" if n > 1 else str(lens[i]))
+        parts.append(f"{items[i]}x{n}" if n > 1 else str(items[i]))
         i = j + 1
     return "-".join(parts)
 
 
+def _format_lens(lens: tuple[int, ...]) -> str:
+    return _format_runs(lens)
+
+
+def _format_base(case: Case) -> str:
+    if case.family == "prefill":
+        return f"s{case.seq_lens[0]}" if case.batch_size == 1 else "ragged-" + _format_lens(case.seq_lens)
+    if case.batch_size == 1:
+        return f"{case.family}{case.context_lens[0]}-q{case.seq_lens[0]}"
+    pairs = tuple(f"{c}q{q}" for c, q in zip(case.context_lens, case.seq_lens))
+    return f"{case.family}-ragged-" + _format_runs(pairs)
+
+
 def format_case_id(case: Case) -> str:
     """Build the id of ``case``; :func:`parse_case_id` inverts it."""
-    base = f"s{case.seq_lens[0]}" if case.batch_size == 1 else "ragged-" + _format_lens(case.seq_lens)
+    base = _format_base(case)
     sfx = []
     if case.num_heads != DEFAULT_NUM_HEADS:
         sfx.append(f"h{case.num_heads}")
@@ -146,14 +247,55 @@ def format_case_id(case: Case) -> str:
 
 
 _ID_HELP = (
-    "expected 's<seq_len>' or 'ragged-<len>[x<count>]-...' followed by optional suffixes "
+    "expected 's<seq_len>', 'ragged-<len>[x<count>]-...', 'ctx<C>-q<Q>', 'prefix<C>-q<Q>' or "
+    "'ctx-ragged-<C>q<Q>[x<count>]-...' / 'prefix-ragged-...', followed by optional suffixes "
     "'-h<heads>', '-cast', '-outlier'|'-mla'|'-const', '-seed<n>' (e.g. s4096, s4096-h128, "
-    "ragged-6992-6896-2495, ragged-4096x4-cast)"
+    "ragged-6992-6896-2495, ragged-4096x4-cast, ctx1024-q256, prefix1024-q300-seed1, prefix-ragged-1024q256-0q300)"
 )
 
 
+def _num(tok: str, case_id: str) -> int:
+    """A decimal token of an id, refused (CaseError) when longer than :data:`_MAX_DIGITS` digits."""
+    if len(tok) > _MAX_DIGITS:
+        raise CaseError(f"case id {case_id!r}: number {tok[:20]!r}{'...' if len(tok) > 20 else ''} is too large "
+                        f"(at most {_MAX_DIGITS} digits; cases are limited to {MAX_TOTAL_TOKENS} tokens)")
+    return int(tok)
+
+
+def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]] | None:
+    """Parse the base of a ``ctx``/``prefix`` id; None if ``tokens`` do not start one."""
+    m = re.fullmatch(r"(ctx|prefix)(\d+)", tokens[0])
+    if m:
+        if len(tokens) < 2 or not re.fullmatch(r"q\d+", tokens[1]):
+            raise CaseError(f"case id {case_id!r}: {tokens[0]!r} must be followed by '-q<Q>' (e.g. {tokens[0]}-q256)")
+        kw = {"family": m.group(1), "context_lens": (_num(m.group(2), case_id),),
+              "seq_lens": (_num(tokens[1][1:], case_id),)}
+        return kw, tokens[2:]
+    if tokens[0] not in ("ctx", "prefix"):
+        return None
+    if len(tokens) < 2 or tokens[1] != "ragged":
+        raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
+    rest = tokens[2:]
+    ctx: list[int] = []
+    lens: list[int] = []
+    while rest and re.fullmatch(r"\d+q\d+(x\d+)?", rest[0]):
+        tok = rest.pop(0)
+        pair, _, count = tok.partition("x")
+        c, q = (_num(x, case_id) for x in pair.split("q"))
+        n = _num(count, case_id) if count else 1
+        if n < 1:
+            raise CaseError(f"case id {case_id!r}: repeat count in {tok!r} must be >= 1")
+        if len(lens) + n > MAX_TOTAL_TOKENS:  # every sequence has >= 1 query token
+            raise CaseError(f"case id {case_id!r}: {tok!r} makes more than {MAX_TOTAL_TOKENS} tokens")
+        ctx += [c] * n
+        lens += [q] * n
+    if not lens:
+        raise CaseError(f"case id {case_id!r} has no '<C>q<Q>' sequences (empty batch): {_ID_HELP}")
+    return {"family": tokens[0], "context_lens": tuple(ctx), "seq_lens": tuple(lens)}, rest
+
+
 def parse_case_id(case_id: str) -> Case:
-    """Parse a case id (see module docstring) or a named-suite member.
+    """Parse a case id (see module docstring).
 
     Raises:
         CaseError: naming the bad id and the accepted grammar.
@@ -162,8 +304,12 @@ def parse_case_id(case_id: str) -> Case:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
     tokens = case_id.split("-")
     lens: list[int] = []
-    if re.fullmatch(r"s\d+", tokens[0]):
-        lens = [int(tokens[0][1:])]
+    kw: dict = {}
+    chunk = _parse_chunk_base(tokens, case_id)
+    if chunk is not None:
+        kw, rest = chunk
+    elif re.fullmatch(r"s\d+", tokens[0]):
+        lens = [_num(tokens[0][1:], case_id)]
         rest = tokens[1:]
     elif tokens[0] == "ragged":
         rest = tokens[1:]
@@ -171,28 +317,31 @@ def parse_case_id(case_id: str) -> Case:
             tok = rest.pop(0)
             if "x" in tok:
                 n, c = tok.split("x")
-                if int(c) < 1:
+                if _num(c, case_id) < 1:
                     raise CaseError(f"case id {case_id!r}: repeat count in {tok!r} must be >= 1")
+                if len(lens) + int(c) > MAX_TOTAL_TOKENS:  # every sequence has >= 1 token
+                    raise CaseError(f"case id {case_id!r}: {tok!r} makes more than {MAX_TOTAL_TOKENS} tokens")
                 lens += [int(n)] * int(c)
             else:
-                lens.append(int(tok))
+                lens.append(_num(tok, case_id))
         if not lens:
             raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
     else:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
-    kw: dict = {}
+    if lens:
+        kw["seq_lens"] = tuple(lens)
     for tok in rest:
         if re.fullmatch(r"h\d+", tok) and "num_heads" not in kw:
-            kw["num_heads"] = int(tok[1:])
+            kw["num_heads"] = _num(tok[1:], case_id)
         elif tok == "cast" and "quant" not in kw:
             kw["quant"] = "cast"
         elif tok in ("outlier", "mla", "const") and "dist" not in kw:
             kw["dist"] = tok
         elif re.fullmatch(r"seed\d+", tok) and "seed" not in kw:
-            kw["seed"] = int(tok[4:])
+            kw["seed"] = _num(tok[4:], case_id)
         else:
             raise CaseError(f"case id {case_id!r}: suffix {tok!r} is not recognised: {_ID_HELP}")
-    case = Case(tuple(lens), **kw)
+    case = Case(kw.pop("seq_lens"), **kw)
     if case.id != case_id:
         raise CaseError(f"case id {case_id!r} is not canonical: write it as {case.id!r}")
     return case

@@ -31,18 +31,31 @@ from mla_fp8_bench.problem.shapes import MLA_DIMS, MLADims
 class CaseInputs:
     """Everything a backend and the references need for one case.
 
+    T_q is the number of query tokens (``case.total_tokens``), T_kv the number of key tokens
+    (``case.total_kv_tokens``; == T_q for ``prefill`` cases). For ``prefix`` cases each sequence's keys
+    are laid out as its context keys followed by its new tokens' keys.
+
     Attributes:
         case: the case.
-        q: ``[T, H, 192]`` bf16.
-        k: ``[T, H, 192]`` bf16.
-        v: ``[T, H, 128]`` bf16 (a strided view for ``mla`` inputs).
+        q: ``[T_q, H, 192]`` bf16.
+        k: ``[T_kv, H, 192]`` bf16.
+        v: ``[T_kv, H, 128]`` bf16 (a strided view for ``mla`` inputs).
         q8, k8, v8: :class:`~mla_fp8_bench.problem.fp8.Quantized` (fp8 data contiguous, fp32 ``[1]`` descale).
-        cu_seqlens: ``[B+1]`` int32 on the device (qo_indptr == kv_indptr).
-        cu_seqlens_cpu: the same on the CPU.
-        max_seqlen: longest sequence.
+        cu_seqlens_q: ``[B+1]`` int32 query starts (qo_indptr) on the device.
+        cu_seqlens_q_cpu: the same on the CPU.
+        cu_seqlens_kv: ``[B+1]`` int32 key starts (kv_indptr) on the device.
+        cu_seqlens_kv_cpu: the same on the CPU.
+        max_seqlen_q: longest query sequence.
+        max_seqlen_kv: longest key sequence.
+        causal: causal masking, bottom-right aligned when q_len < kv_len (query ``i`` of a sequence sees
+            key ``j`` iff ``j <= kv_len - q_len + i``); False for context chunks.
         softmax_scale: ``1/sqrt(192)``.
         fp8_dtype: the fp8 dtype used.
         device: the torch device.
+        dims: head dimensions.
+
+    ``cu_seqlens`` / ``cu_seqlens_cpu`` / ``max_seqlen`` (qo_indptr == kv_indptr) exist for ``prefill``
+    cases only; ``qo_indptr`` / ``kv_indptr`` are the device starts under AITER's names.
     """
 
     case: Case
@@ -52,13 +65,50 @@ class CaseInputs:
     q8: Quantized
     k8: Quantized
     v8: Quantized
-    cu_seqlens: torch.Tensor
-    cu_seqlens_cpu: torch.Tensor
-    max_seqlen: int
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_q_cpu: torch.Tensor
+    cu_seqlens_kv: torch.Tensor
+    cu_seqlens_kv_cpu: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_kv: int
+    causal: bool
     softmax_scale: float
     fp8_dtype: torch.dtype
     device: torch.device
     dims: MLADims = MLA_DIMS
+
+    def _same_q_kv(self, name: str) -> None:
+        if self.case.family != "prefill":
+            raise AttributeError(f"CaseInputs.{name} is defined for prefill cases (q_len == kv_len), not for "
+                                 f"{self.case.family} case {self.case.id}: use {name}_q / {name}_kv")
+
+    @property
+    def cu_seqlens(self) -> torch.Tensor:
+        """``[B+1]`` int32 device starts, qo_indptr == kv_indptr (prefill cases only)."""
+        self._same_q_kv("cu_seqlens")
+        return self.cu_seqlens_q
+
+    @property
+    def cu_seqlens_cpu(self) -> torch.Tensor:
+        """The same on the CPU (prefill cases only)."""
+        self._same_q_kv("cu_seqlens")
+        return self.cu_seqlens_q_cpu
+
+    @property
+    def max_seqlen(self) -> int:
+        """Longest sequence (prefill cases only)."""
+        self._same_q_kv("max_seqlen")
+        return self.max_seqlen_q
+
+    @property
+    def qo_indptr(self) -> torch.Tensor:
+        """AITER's name for :attr:`cu_seqlens_q`."""
+        return self.cu_seqlens_q
+
+    @property
+    def kv_indptr(self) -> torch.Tensor:
+        """AITER's name for :attr:`cu_seqlens_kv`."""
+        return self.cu_seqlens_kv
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) as the fp8 kernel sees them: ``fp8 * descale`` in ``dtype``."""
@@ -75,25 +125,28 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
 
 def make_bf16_qkv(case: Case, dims: MLADims = MLA_DIMS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Draw the case's bf16 q ``[T,H,192]``, k ``[T,H,192]``, v ``[T,H,128]`` on the CPU (seeded)."""
+    """Draw the case's bf16 q ``[T_q,H,192]``, k ``[T_kv,H,192]``, v ``[T_kv,H,128]`` on the CPU (seeded).
+
+    Draw order q, k, v (``mla``: q, kv, k_pe), so prefill cases (T_q == T_kv) keep their values.
+    """
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
-    t, h = case.total_tokens, case.num_heads
+    t, tk, h = case.total_tokens, case.total_kv_tokens, case.num_heads
     dqk, dv, dn, dr = dims.qk_head_dim, dims.v_head_dim, dims.qk_nope_head_dim, dims.qk_rope_head_dim
     if case.dist == "const":
         q = torch.full((t, h, dqk), 0.5)
-        k = torch.full((t, h, dqk), 0.25)
+        k = torch.full((tk, h, dqk), 0.25)
         # v[token, head, c] = c/128 - 0.5: every output row is the mean of visible v rows = v row itself
-        v = (torch.arange(dv, dtype=torch.float32) / dv - 0.5).expand(t, h, dv).clone()
+        v = (torch.arange(dv, dtype=torch.float32) / dv - 0.5).expand(tk, h, dv).clone()
         return q.bfloat16(), k.bfloat16(), v.bfloat16()
     q = _randn(gen, t, h, dqk)
     if case.dist == "mla":
-        kv = _randn(gen, t, h, dn + dv).bfloat16()
-        k_pe = _randn(gen, t, 1, dr).bfloat16()
+        kv = _randn(gen, tk, h, dn + dv).bfloat16()
+        k_pe = _randn(gen, tk, 1, dr).bfloat16()
         k_nope, v = kv[..., :dn], kv[..., dn:]
-        k = torch.cat([k_nope, k_pe.expand(t, h, dr)], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(tk, h, dr)], dim=-1)
         return q.bfloat16(), k, v  # v: strided view of kv (stride(-2) == 256)
-    k = _randn(gen, t, h, dqk)
-    v = _randn(gen, t, h, dv)
+    k = _randn(gen, tk, h, dqk)
+    v = _randn(gen, tk, h, dv)
     if case.dist == "outlier":
         k[..., [7, 133]] *= 150.0
         v[..., [5, 77]] *= 150.0
@@ -116,13 +169,17 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", fp8_dtype: torch
             q, k = q.to(device), k.to(device)
             # keep v a strided view on the device too
             kv_dev = kv_base.to(device)
-            v = kv_dev[..., dims.qk_nope_head_dim:] if kv_dev.shape[-1] == dims.qk_nope_head_dim + dims.v_head_dim else v.to(device)
+            full = kv_dev.shape[-1] == dims.qk_nope_head_dim + dims.v_head_dim
+            v = kv_dev[..., dims.qk_nope_head_dim:] if full else v.to(device)
         else:
             q, k, v = q.to(device), k.to(device), v.to(device)
-    cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32)
+    cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
+    cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
     return CaseInputs(
         case=case, q=q, k=k, v=v,
-        q8=quantize(q, case.quant, fp8_dtype), k8=quantize(k, case.quant, fp8_dtype), v8=quantize(v, case.quant, fp8_dtype),
-        cu_seqlens=cu.to(device), cu_seqlens_cpu=cu, max_seqlen=case.max_seq_len,
+        q8=quantize(q, case.quant, fp8_dtype), k8=quantize(k, case.quant, fp8_dtype),
+        v8=quantize(v, case.quant, fp8_dtype),
+        cu_seqlens_q=cu_q.to(device), cu_seqlens_q_cpu=cu_q, cu_seqlens_kv=cu_kv.to(device), cu_seqlens_kv_cpu=cu_kv,
+        max_seqlen_q=case.max_seq_len, max_seqlen_kv=case.max_kv_len, causal=case.causal,
         softmax_scale=dims.softmax_scale, fp8_dtype=fp8_dtype, device=device, dims=dims,
     )
