@@ -1,45 +1,65 @@
 """Merge asv results directories from several runners into one (``mla-fp8-bench merge-results``).
 
-Why this exists: asv has no merge command (asv#1362). The documented way to publish results from
-several machines is to put their ``results/<machine>/`` directories side by side under one
-``results/`` and run ``asv publish`` there (docs/asv-notes.md §9). Two things make a plain ``cp -r``
-unsafe:
+Why this exists: asv has no merge command (asv#1362). The way to publish results from several machines
+is to put their ``results/<machine>/`` directories side by side under one ``results/`` and run
+``asv publish`` there. A plain ``cp -r`` is unsafe:
 
 * ``results/benchmarks.json`` is **rewritten by every** ``asv run`` with the benchmarks *that run*
-  discovered. A CPU runner and a GPU runner at different suite revisions each have their own, and
-  copying one over the other drops definitions: results whose benchmark is missing from
-  ``benchmarks.json`` are silently not rendered (rapidsai/asvdb#3). So the merged file is the
-  **union** of all definitions, and where two sources define the same benchmark the **newest**
-  definition wins (a source's age is the newest ``started_at`` of its results, else the file's
-  mtime; the destination's existing file takes part like any source).
-* ``results/<machine>/machine.json`` names the machine every result file in the directory belongs to
-  (its keys become graph facets). Two *different* machines that happen to share a name would be
-  merged into one history, so a different ``machine.json`` for an existing machine name is refused
-  and nothing is written.
+  discovered. Copying one runner's file over another's drops definitions, and results whose benchmark
+  is missing from ``benchmarks.json`` are silently not rendered. So the merged file is the **union** of
+  all definitions; where two sources define one benchmark the **newest** definition wins (a source's age
+  is the newest ``started_at`` of its results, else the file's mtime; the destination takes part like
+  any source).
+* ``results/<machine>/machine.json`` names the machine every result file in the directory belongs to.
+  Two different machines under one name would merge into one history, so a different ``machine.json``
+  for an existing machine name is refused, and so is a result file whose stored machine facts
+  (``params``: machine, gpu, cpu, ...) differ from the ``machine.json`` of the directory it lies in
+  (e.g. an H200 file placed under ``cpu-2core/``), unless ``allow_machine_mismatch`` is given.
+* Nothing stored is overwritten by less. Result files that exist in the destination with different
+  content (one commit and environment measured twice) are merged **per parameter combination**: the
+  newer row (``started_at``) wins where it measured the combination (a value or a failure, ``null``);
+  where it did not (``NaN``: skipped / not in its grid, or a parameter value missing from its params),
+  the older value is kept. A row whose benchmark ``version`` differs is replaced whole by the newer one
+  (the old values measured other code). Files whose header (commit, environment, machine params,
+  columns) differs are refused.
 
-Result files (``<sha8>-<env>.json``) that already exist in the destination with different content
-(the same commit and environment measured twice) are merged per benchmark, newest ``started_at``
-wins - what ``asv run`` itself does when it re-runs a benchmark into an existing file. Files whose
-header (commit, environment, params, api version) differs are refused.
-
-Everything is checked before anything is written; every write is a temp file + rename.
+Every input is read and checked before anything is written (corrupt files are named). The merge is
+then staged: a copy of the destination is made beside it, the changes are written into the copy, and
+the copy is swapped into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames).
+A failure or a kill before the swap leaves the destination byte-identical.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import itertools
 import math
 import os
+import shutil
+import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.jsonio import load_json, write_file_atomic, write_json_atomic
+from mla_fp8_bench.analysis.results import (
+    ASV_BENCHMARKS_API_VERSION,
+    AsvResult,
+    ResultsError,
+    list_result_files,
+    load_asv_result,
+    load_benchmarks,
+    load_machine,
+    machine_dirs,
+)
+from mla_fp8_bench.jsonio import write_file_atomic, write_json_atomic
 
-#: asv's results/benchmarks.json api version that this code understands (asv 0.6.x).
-ASV_RESULTS_API_VERSION = 2
-ASV_BENCHMARKS_API_VERSION = 2
-ASV_MACHINE_API_VERSION = 1
-_SKIP_FILES = ("machine.json", "benchmarks.json")
+#: Row columns that hold one entry per parameter combination (asv 0.6 ``result_columns``).
+PER_COMBO_COLUMNS = ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75", "stats_number",
+                     "stats_repeat", "samples")
+#: Result-file header keys that must agree for two files to be merged.
+_HEADER_KEYS = ("commit_hash", "env_name", "params", "result_columns", "python")
 
 
 class MergeError(ValueError):
@@ -54,26 +74,13 @@ class MergeReport:
     copied: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # "<file>: <benchmark>(<params>)" kept from the older row
     benchmarks_added: list[str] = field(default_factory=list)
     benchmarks_replaced: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------- reading
-def load_json_file(path: Path, what: str) -> Any:
-    """Parse JSON, turning every failure into a :class:`MergeError` naming ``path`` and ``what``."""
-    return load_json(path, what, MergeError, "it may be truncated")
-
-
-def _check_api(data: Any, path: Path, what: str, version: int) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise MergeError(f"{what} {path} is not a JSON object")
-    if data.get("version") != version:
-        raise MergeError(f"{what} {path} has api version {data.get('version')!r}; this tool understands asv's "
-                         f"version {version} (asv 0.6.x)")
-    return data
-
-
 @dataclass
 class MachineDir:
     name: str
@@ -92,79 +99,72 @@ class Source:
 
 
 def _machine_dir(path: Path) -> MachineDir:
-    mj = _check_api(load_json_file(path / "machine.json", "machine file"), path / "machine.json", "machine file",
-                    ASV_MACHINE_API_VERSION)
-    name = mj.get("machine")
-    if not isinstance(name, str) or not name:
-        raise MergeError(f"machine file {path / 'machine.json'} has no 'machine' name")
-    if name != path.name:
-        raise MergeError(f"machine file {path / 'machine.json'} names machine {name!r} but lives in directory "
-                         f"{path.name!r}: asv files results under results/<machine>/, rename one of them")
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix == ".json" and p.name not in _SKIP_FILES)
-    return MachineDir(name, path, mj, files)
+    mj = load_machine(path)
+    if mj["machine"] != path.name:
+        raise MergeError(f"machine file {path / 'machine.json'} names machine {mj['machine']!r} but lives in "
+                         f"directory {path.name!r}: asv files results under results/<machine>/, rename one of them")
+    return MachineDir(mj["machine"], path, mj, [f.path for f in list_result_files(path)])
 
 
-def _result_started_at(data: dict[str, Any]) -> float:
-    cols = data.get("result_columns") or []
-    if "started_at" not in cols:
-        return 0.0
-    i = cols.index("started_at")
-    best = 0.0
-    for row in (data.get("results") or {}).values():
-        if isinstance(row, list) and len(row) > i and isinstance(row[i], (int, float)):
-            best = max(best, float(row[i]))
-    return best
+def _load_result(path: Path) -> AsvResult:
+    return load_asv_result(path)
 
 
-def _load_result(path: Path) -> dict[str, Any]:
-    data = _check_api(load_json_file(path, "asv result file"), path, "asv result file", ASV_RESULTS_API_VERSION)
-    for key in ("commit_hash", "env_name", "params", "result_columns", "results"):
-        if key not in data:
-            raise MergeError(f"asv result file {path} lacks the key {key!r}: not an asv 0.6 result file")
-    return data
+def check_result_machine(m: MachineDir, res: AsvResult) -> None:
+    """Refuse a result file whose stored machine facts differ from its directory's ``machine.json``.
+
+    Raises:
+        MergeError: naming the file, the differing keys and both values.
+    """
+    keys = sorted(k for k in m.machine_json if k != "version" and k in res.params)
+    diff = [k for k in keys if str(res.params[k]) != str(m.machine_json[k])]
+    if diff:
+        shown = ", ".join(f"{k}={res.params[k]!r} vs {m.machine_json[k]!r}" for k in diff[:4])
+        raise MergeError(f"result file {res.path} was measured on another machine than {m.path / 'machine.json'} "
+                         f"describes ({shown}): refusing to merge it into {m.name!r}'s history; move it to its "
+                         "machine's directory, or pass --allow-machine-mismatch")
 
 
-def scan_source(src: str | os.PathLike, machines: list[str] | None = None) -> Source:
+def scan_source(src: str | os.PathLike, machines: list[str] | None = None,
+                allow_machine_mismatch: bool = False) -> Source:
     """Read an asv results directory (``<src>/<machine>/machine.json`` + result files, optional
     ``<src>/benchmarks.json``) or a single machine directory (``<src>/machine.json``).
 
     Args:
         src: the directory.
         machines: only these machine names (each must exist in ``src``).
+        allow_machine_mismatch: accept result files whose machine facts differ from ``machine.json``.
 
     Raises:
-        MergeError: missing directory, no machines, corrupt files, unknown machine names.
+        MergeError: missing directory, no machines, corrupt files (named), unknown machine names, a
+            result file of another machine.
     """
     path = Path(src)
-    if not path.is_dir():
-        raise MergeError(f"results directory {path} does not exist or is not a directory")
-    bpath: Path | None = None
-    if (path / "machine.json").is_file():
-        mdirs = [_machine_dir(path)]
-        cand = path.parent / "benchmarks.json"
+    try:
+        mdirs = [_machine_dir(p) for p in machine_dirs(path)]
+        single = bool(mdirs) and mdirs[0].path == path
+        cand = (path.parent if single else path) / "benchmarks.json"
         bpath = cand if cand.is_file() else None
-    else:
-        mdirs = [_machine_dir(p) for p in sorted(path.iterdir()) if p.is_dir() and (p / "machine.json").is_file()]
-        cand = path / "benchmarks.json"
-        bpath = cand if cand.is_file() else None
-    if not mdirs:
-        raise MergeError(f"{path} holds no asv results: expected <machine>/machine.json directories "
-                         "(an asv results_dir) or a machine.json (one machine's directory)")
-    if machines:
-        have = {m.name for m in mdirs}
-        unknown = [m for m in machines if m not in have]
-        if unknown:
-            raise MergeError(f"machine {', '.join(map(repr, unknown))} is not in {path}: it has "
-                             f"{', '.join(sorted(have))}")
-        mdirs = [m for m in mdirs if m.name in machines]
-    bench = None
-    if bpath is not None:
-        bench = _check_api(load_json_file(bpath, "benchmarks file"), bpath, "benchmarks file",
-                           ASV_BENCHMARKS_API_VERSION)
-    age = 0.0
-    for m in mdirs:
-        for f in m.result_files:
-            age = max(age, _result_started_at(_load_result(f)))
+        if not mdirs:
+            raise MergeError(f"{path} holds no asv results: expected <machine>/machine.json directories "
+                             "(an asv results_dir) or a machine.json (one machine's directory)")
+        if machines:
+            have = {m.name for m in mdirs}
+            unknown = [m for m in machines if m not in have]
+            if unknown:
+                raise MergeError(f"machine {', '.join(map(repr, unknown))} is not in {path}: it has "
+                                 f"{', '.join(sorted(have))}")
+            mdirs = [m for m in mdirs if m.name in machines]
+        bench = load_benchmarks(bpath) if bpath is not None else None
+        age = 0.0
+        for m in mdirs:
+            for f in m.result_files:
+                res = _load_result(f)
+                if not allow_machine_mismatch:
+                    check_result_machine(m, res)
+                age = max(age, res.started_at())
+    except ResultsError as exc:
+        raise MergeError(str(exc)) from None
     if age == 0.0 and bpath is not None:
         age = bpath.stat().st_mtime * 1000.0  # asv's started_at is in ms since the epoch
     return Source(path, mdirs, bench, bpath, age)
@@ -184,31 +184,103 @@ def _same_json(a: Any, b: Any) -> bool:
     return a == b
 
 
-def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str) -> dict[str, Any]:
-    """Merge two asv result files of one (machine, commit, env): per benchmark, the row with the newer
-    ``started_at`` wins; benchmarks present in one only are kept.
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _started(row: dict[str, Any]) -> float:
+    v = row.get("started_at")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def _combos(row: dict[str, Any]) -> dict[tuple, int] | None:
+    """params combination -> index in the row's per-combination lists; None if malformed."""
+    params = row.get("params")
+    if not isinstance(params, list) or not all(isinstance(p, list) for p in params):
+        return None
+    return {c: i for i, c in enumerate(itertools.product(*params))}
+
+
+def merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str = "") -> tuple[list[Any], list[str]]:
+    """Merge two rows of one benchmark (see the module docstring); returns (row, kept) where ``kept``
+    names the parameter combinations whose value came from the older row although the newer one
+    lacked it.
+    """
+    o, n = dict(zip(cols, old)), dict(zip(cols, new))
+    newer, older = (n, o) if _started(n) >= _started(o) else (o, n)
+    oc, nc = _combos(older), _combos(newer)
+    if newer.get("version") != older.get("version") or oc is None or nc is None:
+        return (new if newer is n else old), []
+    params = [list(p) for p in o["params"]]  # the destination's order first, then values only the other has
+    for dim, values in enumerate(n["params"]):
+        if dim >= len(params):
+            return (new if newer is n else old), []
+        params[dim] += [v for v in values if v not in params[dim]]
+    if len(params) != len(n["params"]) or len(params) != len(o["params"]):
+        return (new if newer is n else old), []
+
+    def at(row: dict[str, Any], col: str, i: int | None) -> Any:
+        c = row.get(col)
+        if i is None:
+            return float("nan") if col == "result" else None
+        if col == "result" and not isinstance(c, list):
+            return c
+        return c[i] if isinstance(c, list) and i < len(c) else (float("nan") if col == "result" else None)
+
+    out = dict(newer)
+    per = [c for c in cols if c in PER_COMBO_COLUMNS]
+    merged: dict[str, list[Any]] = {c: [] for c in per}
+    kept: list[str] = []
+    for combo in itertools.product(*params):
+        ni, oi = nc.get(combo), oc.get(combo)
+        take_old = _is_nan(at(newer, "result", ni)) and not _is_nan(at(older, "result", oi))
+        src, i = (older, oi) if take_old else (newer, ni)
+        if take_old:
+            kept.append(f"{where}({', '.join(map(str, combo))})")
+        for c in per:
+            merged[c].append(at(src, c, i))
+    out["params"] = params
+    for c in per:
+        out[c] = merged[c] if any(v is not None for v in merged[c]) or c == "result" else None
+    row = [out.get(c) for c in cols]
+    while row and row[-1] is None:  # asv drops trailing empty columns
+        row.pop()
+    return row, kept
+
+
+def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str,
+                      kept: list[str] | None = None) -> dict[str, Any]:
+    """Merge two asv result files of one (machine, commit, env) per benchmark and parameter combination
+    (see the module docstring); benchmarks present in one only are kept.
+
+    Args:
+        old, new: the parsed files (the destination's and the incoming one).
+        name: the file's name for messages.
+        kept: if given, receives ``"<name>: <benchmark>(<params>)"`` for each value kept from the older row.
 
     Raises:
         MergeError: the headers (commit, env, params, columns) differ.
     """
-    for key in ("commit_hash", "env_name", "params", "result_columns", "python"):
+    for key in _HEADER_KEYS:
         if not _same_json(old.get(key), new.get(key)):
             raise MergeError(f"result file {name}: {key} differs between the destination ({old.get(key)!r:.80}) and "
                              f"the source ({new.get(key)!r:.80}); refusing to mix them")
     cols = old["result_columns"]
-    i = cols.index("started_at") if "started_at" in cols else None
-
-    def started(row: Any) -> float:
-        if i is None or not isinstance(row, list) or len(row) <= i or not isinstance(row[i], (int, float)):
-            return 0.0
-        return float(row[i])
-
     out = dict(old)
     results = dict(old["results"])
     for bench, row in new["results"].items():
-        if bench not in results or started(row) >= started(results[bench]):
+        if bench not in results:
             results[bench] = row
+            continue
+        results[bench], k = merge_rows(results[bench], row, cols, f"{name}: {bench}")
+        if kept is not None:
+            kept.extend(k)
     out["results"] = results
+    i = cols.index("started_at") if "started_at" in cols else None
+
+    def started(row: Any) -> float:
+        return _started({"started_at": row[i]}) if i is not None and isinstance(row, list) and len(row) > i else 0.0
+
     new_is_newer = (max(map(started, new["results"].values()), default=0.0)
                     >= max(map(started, old["results"].values()), default=0.0))
     durations = dict(old.get("durations") or {})
@@ -219,31 +291,20 @@ def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str) -> di
     return out
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    write_json_atomic(data, path, indent=4, sort_keys=True)
+# ---------------------------------------------------------------------------------------- planning
+@dataclass
+class _Plan:
+    """Files to create in the destination: byte copies and JSON documents (paths inside ``dest``)."""
+
+    dest: Path
+    copies: dict[Path, Path] = field(default_factory=dict)
+    writes: dict[Path, Any] = field(default_factory=dict)
 
 
-def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, machines: list[str] | None = None,
-                  dry_run: bool = False) -> MergeReport:
-    """Merge asv results directories ``sources`` into ``into`` (created if missing).
-
-    Args:
-        sources: asv results directories (or single machine directories).
-        into: the destination results directory.
-        machines: copy only these machine names (each must exist in some source).
-        dry_run: check and report, write nothing.
-
-    Returns:
-        a :class:`MergeReport`.
-
-    Raises:
-        MergeError: conflicting ``machine.json`` for one machine name (between sources or against
-            the destination), incompatible result files, corrupt JSON, unknown machine names. Raised
-            before anything is written.
-    """
+def _read_sources(sources: list[str | os.PathLike], dest: Path, machines: list[str] | None,
+                  allow_machine_mismatch: bool) -> list[Source]:
     if not sources:
         raise MergeError("no source results directory given")
-    dest = Path(into)
     if dest.exists() and not dest.is_dir():
         raise MergeError(f"destination {dest} exists and is not a directory")
     srcs: list[Source] = []
@@ -251,7 +312,7 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
         sp = Path(s)
         if dest.exists() and sp.exists() and sp.resolve() == dest.resolve():
             raise MergeError(f"source {sp} is the destination itself")
-        srcs.append(scan_source(sp))
+        srcs.append(scan_source(sp, allow_machine_mismatch=allow_machine_mismatch))
     if machines:
         have = {m.name for s in srcs for m in s.machines}
         unknown = [m for m in machines if m not in have]
@@ -260,15 +321,15 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
                              f"{', '.join(sorted(have))}")
         for s in srcs:
             s.machines = [m for m in s.machines if m.name in machines]
+    return srcs
 
-    report = MergeReport()
-    # -- plan: machine.json conflicts (sources against each other and against the destination)
+
+def _plan_machines(srcs: list[Source], dest: Path, report: MergeReport) -> None:
+    """Refuse two different ``machine.json`` under one name (between sources, and against ``dest``)."""
     machine_json: dict[str, tuple[dict[str, Any], str]] = {}
     if dest.is_dir():
-        for p in sorted(dest.iterdir()):
-            if p.is_dir() and (p / "machine.json").is_file():
-                mj = load_json_file(p / "machine.json", "machine file")
-                machine_json[p.name] = (mj, str(p / "machine.json"))
+        for p in machine_dirs(dest):
+            machine_json[p.name] = (load_machine(p), str(p / "machine.json"))
     for s in srcs:
         for m in s.machines:
             if m.name in machine_json and not _same_json(machine_json[m.name][0], m.machine_json):
@@ -282,49 +343,47 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
             if m.name not in report.machines:
                 report.machines.append(m.name)
 
-    # -- plan: result files
-    writes: dict[Path, Any] = {}
-    copies: dict[Path, Path] = {}
+
+def _plan_results(srcs: list[Source], plan: _Plan, report: MergeReport) -> None:
+    """Result files: copy new ones byte for byte, merge ones the destination (or an earlier source) has."""
     for s in srcs:
         for m in s.machines:
-            ddir = dest / m.name
-            target_mj = ddir / "machine.json"
-            if not target_mj.exists() and target_mj not in copies:
-                copies[target_mj] = m.path / "machine.json"
+            ddir = plan.dest / m.name
+            if not (ddir / "machine.json").exists() and ddir / "machine.json" not in plan.copies:
+                plan.copies[ddir / "machine.json"] = m.path / "machine.json"
             for f in m.result_files:
-                new = _load_result(f)
-                target = ddir / f.name
-                rel = f"{m.name}/{f.name}"
-                if target in writes:
-                    old = writes[target]
-                elif target in copies:
-                    old = _load_result(copies[target])
+                new = _load_result(f).raw
+                target, rel = ddir / f.name, f"{m.name}/{f.name}"
+                if target in plan.writes:
+                    old = plan.writes[target]
+                elif target in plan.copies:
+                    old = _load_result(plan.copies[target]).raw
                 elif target.exists():
-                    old = _load_result(target)
+                    old = _load_result(target).raw
                 else:
-                    copies[target] = f
+                    plan.copies[target] = f
                     report.copied.append(rel)
                     continue
                 if _same_json(old, new):
                     if rel not in report.copied and rel not in report.merged:
                         report.unchanged.append(rel)
                     continue
-                writes[target] = merge_result_data(old, new, rel)
-                copies.pop(target, None)
+                plan.writes[target] = merge_result_data(old, new, rel, report.kept)
+                plan.copies.pop(target, None)
                 if rel in report.copied:
                     report.copied.remove(rel)
                 if rel not in report.merged:
                     report.merged.append(rel)
 
-    # -- plan: benchmarks.json union, newest definition wins
-    dest_bench = dest / "benchmarks.json"
+
+def _plan_benchmarks(srcs: list[Source], plan: _Plan, report: MergeReport) -> None:
+    """``benchmarks.json``: the union of all definitions, the newest definition of each name wins."""
+    dest_bench = plan.dest / "benchmarks.json"
     existing: dict[str, Any] | None = None
     bench_sources: list[tuple[float, int, dict[str, Any]]] = []
     if dest_bench.is_file():
-        existing = _check_api(load_json_file(dest_bench, "benchmarks file"), dest_bench, "benchmarks file",
-                              ASV_BENCHMARKS_API_VERSION)
-        has_machines = any(p.is_dir() and (p / "machine.json").is_file() for p in dest.iterdir())
-        dage = scan_source(dest).age if has_machines else 0.0
+        existing = load_benchmarks(dest_bench)
+        dage = scan_source(plan.dest, allow_machine_mismatch=True).age if machine_dirs(plan.dest) else 0.0
         bench_sources.append((dage or dest_bench.stat().st_mtime * 1000.0, -1, existing))
     for idx, s in enumerate(srcs):
         if s.benchmarks is not None:
@@ -332,41 +391,153 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
         else:
             report.notes.append(f"{s.path} has no benchmarks.json: its results render only if another source "
                                 "defines their benchmarks")
-    if bench_sources:
-        merged_bench: dict[str, Any] = {}
-        for _age, _idx, bench in sorted(bench_sources, key=lambda t: (t[0], t[1])):  # oldest first: newer overwrite
-            for name, definition in bench.items():
-                if name != "version":
-                    merged_bench[name] = definition
-        old_defs = {k: v for k, v in (existing or {}).items() if k != "version"}
-        for name, definition in merged_bench.items():
-            if name not in old_defs:
-                report.benchmarks_added.append(name)
-            elif not _same_json(old_defs[name], definition):
-                report.benchmarks_replaced.append(name)
-        merged_bench["version"] = ASV_BENCHMARKS_API_VERSION
-        if existing is None or not _same_json(existing, merged_bench):
-            writes[dest_bench] = merged_bench
+    if not bench_sources:
+        return
+    merged_bench: dict[str, Any] = {}
+    for _age, _idx, bench in sorted(bench_sources, key=lambda t: (t[0], t[1])):  # oldest first: newer overwrite
+        for name, definition in bench.items():
+            if name != "version":
+                merged_bench[name] = definition
+    old_defs = {k: v for k, v in (existing or {}).items() if k != "version"}
+    for name, definition in merged_bench.items():
+        if name not in old_defs:
+            report.benchmarks_added.append(name)
+        elif not _same_json(old_defs[name], definition):
+            report.benchmarks_replaced.append(name)
+    merged_bench["version"] = ASV_BENCHMARKS_API_VERSION
+    if existing is None or not _same_json(existing, merged_bench):
+        plan.writes[dest_bench] = merged_bench
 
+
+# ---------------------------------------------------------------------------------------- applying
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False  # ENOSYS / EINVAL / EOPNOTSUPP: the file system cannot exchange
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _rmtree(path: Path) -> None:
+    def onerror(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), stat.S_IRWXU)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=onerror)
+
+
+def _umask_dir_mode() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return 0o777 & ~old
+
+
+def _swap_into_place(stage: Path, dest: Path) -> Path | None:
+    """Put ``stage`` at ``dest``; returns the path now holding the previous tree (to delete), if any."""
+    if not dest.exists():
+        os.rename(stage, dest)
+        return None
+    if _exchange(stage, dest):
+        return stage
+    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+    os.rmdir(old)
+    os.rename(dest, old)
+    try:
+        os.rename(stage, dest)
+    except BaseException:
+        os.rename(old, dest)
+        raise
+    return old
+
+
+def _apply_staged(plan: _Plan) -> None:
+    """Write the plan into a copy of the destination, then swap the copy into place.
+
+    Raises:
+        MergeError: any write failure (the destination is unchanged).
+    """
+    dest = plan.dest.absolute()
+    stage: Path | None = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.merge-", dir=dest.parent))
+        if dest.is_dir():
+            shutil.copytree(dest, stage, symlinks=True, dirs_exist_ok=True)
+            shutil.copystat(dest, stage)
+        else:
+            os.chmod(stage, _umask_dir_mode())
+        for target, src_file in plan.copies.items():
+            data = src_file.read_bytes()
+            write_file_atomic(stage / target.relative_to(plan.dest), lambda f, d=data: f.write(d), binary=True)
+        for target, data in plan.writes.items():
+            write_json_atomic(data, stage / target.relative_to(plan.dest), indent=4, sort_keys=True)
+        previous = _swap_into_place(stage, dest)
+        stage = previous
+    except OSError as exc:
+        raise MergeError(f"cannot write the merged results into {plan.dest}: "
+                         f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
+                         "the destination is unchanged") from None
+    finally:
+        if stage is not None and stage.exists():
+            _rmtree(stage)
+
+
+def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, machines: list[str] | None = None,
+                  dry_run: bool = False, allow_machine_mismatch: bool = False) -> MergeReport:
+    """Merge asv results directories ``sources`` into ``into`` (created if missing).
+
+    Args:
+        sources: asv results directories (or single machine directories).
+        into: the destination results directory.
+        machines: copy only these machine names (each must exist in some source).
+        dry_run: check and report, write nothing.
+        allow_machine_mismatch: accept result files whose stored machine facts differ from their
+            directory's ``machine.json``.
+
+    Returns:
+        a :class:`MergeReport`.
+
+    Raises:
+        MergeError: conflicting ``machine.json`` for one machine name, a result file of another machine,
+            incompatible result files, corrupt JSON (named), unknown machine names - all raised before
+            anything is written; or a failed write, after which the destination is unchanged.
+    """
+    dest = Path(into)
+    try:
+        srcs = _read_sources(sources, dest, machines, allow_machine_mismatch)
+        report = MergeReport()
+        _plan_machines(srcs, dest, report)
+        plan = _Plan(dest)
+        _plan_results(srcs, plan, report)
+        _plan_benchmarks(srcs, plan, report)
+    except ResultsError as exc:
+        raise MergeError(str(exc)) from None
     if dry_run:
         report.notes.append("dry run: nothing written")
         return report
-    # -- apply: every write is a temp file + rename; result files are copied byte for byte
-    for target, src_file in copies.items():
-        _copy_atomic(src_file, target)
-    for target, data in writes.items():
-        _write_json_atomic(target, data)
+    if plan.copies or plan.writes:
+        _apply_staged(plan)
     return report
-
-
-def _copy_atomic(src: Path, target: Path) -> None:
-    data = src.read_bytes()
-    write_file_atomic(target, lambda f: f.write(data), binary=True)
 
 
 # ---------------------------------------------------------------------------------------- CLI
 def add_merge_parser(subparsers) -> None:
-    """Register ``merge-results`` (called from :func:`mla_fp8_bench.analysis.plot.add_parser`)."""
+    """Register ``merge-results`` on the CLI's sub-parsers."""
     p = subparsers.add_parser(
         "merge-results",
         help="merge asv results directories from several runners into one (union of benchmarks.json, "
@@ -376,20 +547,27 @@ def add_merge_parser(subparsers) -> None:
     p.add_argument("--into", required=True, help="destination results directory (e.g. results/)")
     p.add_argument("--machine", action="append", default=None,
                    help="copy only this machine (repeatable); an unknown name is an error")
+    p.add_argument("--allow-machine-mismatch", action="store_true",
+                   help="merge result files whose stored machine facts differ from their directory's machine.json "
+                        "(refused by default: it would mix two machines' histories)")
     p.add_argument("--dry-run", action="store_true", help="check and report, write nothing")
     p.set_defaults(handler=cmd_merge_results)
 
 
 def cmd_merge_results(args, console) -> int:
-    """Handler of ``merge-results``: 0 on success, 2 on a refused merge (nothing written)."""
+    """Handler of ``merge-results``: 0 on success, 2 on a refused or failed merge (destination unchanged)."""
     try:
-        rep = merge_results(args.sources, args.into, machines=args.machine, dry_run=args.dry_run)
+        rep = merge_results(args.sources, args.into, machines=args.machine, dry_run=args.dry_run,
+                            allow_machine_mismatch=args.allow_machine_mismatch)
     except MergeError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
     console.print(f"machines: {', '.join(rep.machines)}", highlight=False)
-    console.print(f"result files: {len(rep.copied)} copied, {len(rep.merged)} merged per benchmark "
+    console.print(f"result files: {len(rep.copied)} copied, {len(rep.merged)} merged per benchmark and params "
                   f"(newest started_at wins), {len(rep.unchanged)} unchanged", highlight=False)
+    if rep.kept:
+        console.print(f"kept {len(rep.kept)} values that the newer results did not measure (never overwritten "
+                      f"by a skip), e.g. {rep.kept[0]}", highlight=False)
     console.print(f"benchmarks.json: {len(rep.benchmarks_added)} definitions added, "
                   f"{len(rep.benchmarks_replaced)} replaced by a newer one", highlight=False)
     for n in rep.notes:
