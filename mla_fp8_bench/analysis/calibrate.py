@@ -15,44 +15,51 @@ distribution (min / median / max / mean / std over seeds) and a tolerance per me
   probability ``1/(n+1)`` (4.8 % at n = 20) *before* the margin.
 * Why x2.0: the margin covers the tail beyond the sample maximum, and max-abs errors are *quantised
   in powers of two*: the output is bf16, so a near-exact backend's max-abs error is half an ulp of its
-  largest output element, and it doubles whenever that element crosses a power of two. A first
-  calibration at x1.5 raised exactly such an alarm on a held-out seed (torch-fp8-ref, s128, seed
-  1007: 0.0134 against a tolerance of 0.0117, 1.71x the calibration maximum - one binade up); x2
-  covers one binade. Every injected fault the suite knows still moves some metric far beyond x2 on at
-  least one default case (tests/test_faults.py, the fault table in docs/regressions.md). The margin is
-  validated, not assumed: calibration also runs ``--validate-seeds`` *held-out* seeds (1000, 1001,
-  ...) and stores how many of those raise an alarm (``validation`` in the file; 0 expected).
-* Floors (:data:`FLOORS`): a metric whose calibration values are all ~0 (e.g. a mismatch fraction of
-  0 on every seed) would otherwise get a zero tolerance, and any single flipped element would alarm.
+  largest output element, and it doubles whenever that element crosses a power of two. At x1.5 a
+  held-out seed alarms (torch-fp8-ref, s128, seed 1007: 0.0134 against a tolerance of 0.0117, 1.71x
+  the calibration maximum - one binade up); x2 covers one binade. Every injected fault the suite knows
+  still moves some metric far beyond x2 on at least one default case (tests/test_faults.py, the fault
+  table in docs/regressions.md). The margin is validated, not assumed: calibration also runs
+  ``--validate-seeds`` *held-out* seeds (1000, 1001, ...) and stores how many of those raise an alarm
+  (``validation`` in the file; 0 expected).
+* Floors (``tolerances.FLOORS``, from the metric table): a metric whose calibration values are all ~0
+  (e.g. a mismatch fraction of 0 on every seed) would otherwise get a zero tolerance, and any single
+  flipped element would alarm.
 
-The accuracy check (:func:`check`) compares a runner record (``mla-fp8-bench run --json``) with the
-tolerances of its (backend, family); the family is the case id without its seed
-(``s257-cast-outlier-seed3`` -> ``s257-cast-outlier``). A case shape that was not calibrated falls
-back to the group of its (quantisation, distribution) - the max tolerance over the calibrated shapes
-of that group - and the check says it extrapolated. Non-finite outputs and ``status == "error"``
-records are always violations.
-
-Loading (:func:`load_tolerances`) validates the file and raises :class:`ToleranceFileError` (a
-``ValueError``: the CLI exits 2) naming the file and the problem.
+The file format, loading and the accuracy check of records live in
+:mod:`mla_fp8_bench.analysis.tolerances`; the calibrated metrics and their floors are those of the
+metric table (:mod:`mla_fp8_bench.measure.metric_table`, ``calibrated=True``, ``tolerance_floor``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
 import os
 import platform as _platform
-import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-SCHEMA = "mla_fp8_bench.tolerances"
-SCHEMA_VERSION = 1
+from mla_fp8_bench.analysis.stats import summary
+from mla_fp8_bench.analysis.tolerances import (  # noqa: F401 - re-exported: callers of the calibrate API
+    FLOORS,
+    METRICS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    ZERO_METRICS,
+    ToleranceFileError,
+    Tolerances,
+    Violation,
+    check,
+    family_of,
+    group_of,
+    load_tolerances,
+    ratios,
+    validate_tolerances,
+)
+
 METHOD = "max_over_seeds_times_margin"
 DEFAULT_MARGIN = 2.0
 MIN_SEEDS = 20
@@ -62,220 +69,6 @@ DEFAULT_CASES = ("s128", "s257", "s512", "ragged-255-257", "s512-h8")
 DEFAULT_BACKENDS = ("aiter-emulated", "torch-fp8-ref")
 QUANTS = ("per_tensor", "cast")
 DISTS = ("normal", "outlier", "mla")
-
-#: Calibrated metrics (runner record keys).
-METRICS = (
-    "max_abs_error_fp8_ref", "mean_abs_error_fp8_ref", "rel_l2_error_fp8_ref",
-    "max_abs_error_bf16_ref", "mean_abs_error_bf16_ref", "rel_l2_error_bf16_ref",
-    "mismatch_fraction",
-)
-#: Smallest tolerance per metric (see module docstring).
-FLOORS = {
-    "max_abs_error_fp8_ref": 1e-3, "mean_abs_error_fp8_ref": 1e-5, "rel_l2_error_fp8_ref": 1e-4,
-    "max_abs_error_bf16_ref": 1e-3, "mean_abs_error_bf16_ref": 1e-5, "rel_l2_error_bf16_ref": 1e-4,
-    "mismatch_fraction": 1e-4,
-}
-#: Metrics that must be exactly 0 (checked always, not calibrated).
-ZERO_METRICS = ("nonfinite_count_fp8_ref",)
-
-
-class ToleranceFileError(ValueError):
-    """A tolerance file is missing, unreadable or malformed; the message names the file and the problem."""
-
-
-# ------------------------------------------------------------------------------------------ families
-def family_of(record: dict[str, Any]) -> str | None:
-    """The case family of a record: its ``family`` key, else the case id without the seed suffix."""
-    if record.get("family"):
-        return str(record["family"])
-    from mla_fp8_bench.problem.cases import CaseError, parse_case_id
-
-    try:
-        return parse_case_id(str(record.get("case"))).with_(seed=0).id
-    except (CaseError, TypeError, ValueError):
-        return None
-
-
-def group_of(family: str) -> str | None:
-    """``"<quant>/<dist>"`` of a case family (None for probes and unparsable ids)."""
-    from mla_fp8_bench.problem.cases import CaseError, parse_case_id
-
-    try:
-        c = parse_case_id(family)
-    except (CaseError, TypeError, ValueError):
-        return None
-    return f"{c.quant}/{c.dist}"
-
-
-# ------------------------------------------------------------------------------------------ loading
-@dataclass
-class Tolerances:
-    """A loaded tolerance file.
-
-    Attributes:
-        path: where it came from.
-        data: the JSON document (validated).
-    """
-
-    path: str
-    data: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return str(self.data.get("name", Path(self.path).stem))
-
-    def lookup(self, backend: str, family: str | None) -> tuple[dict[str, float] | None, str]:
-        """(tolerances per metric, how they were found: ``"family"``, ``"group <q>/<d>"`` or ``"none"``)."""
-        fam_tol = self.data["tolerances"].get(backend)
-        if fam_tol is None or family is None:
-            return None, "none"
-        if family in fam_tol:
-            return fam_tol[family], "family"
-        grp = group_of(family)
-        g = self.data.get("groups", {}).get(backend, {}).get(grp) if grp else None
-        if g is not None:
-            return g, f"group {grp} (extrapolated: shape not calibrated)"
-        return None, "none"
-
-
-def _bad(path: str, msg: str) -> ToleranceFileError:
-    return ToleranceFileError(f"tolerance file {path}: {msg}")
-
-
-def _check_number(path: str, where: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise _bad(path, f"{where} is {v!r}: must be a finite number >= 0")
-
-
-def validate_tolerances(data: Any, path: str = "<memory>") -> dict[str, Any]:
-    """Check the structure of a tolerance document; returns it.
-
-    Raises:
-        ToleranceFileError: naming ``path`` and the first problem found.
-    """
-    if not isinstance(data, dict):
-        raise _bad(path, f"top level is a {type(data).__name__}: must be a JSON object")
-    if data.get("schema") != SCHEMA:
-        raise _bad(path, f"schema is {data.get('schema')!r}: must be {SCHEMA!r} (not a tolerance file?)")
-    if data.get("version") != SCHEMA_VERSION:
-        raise _bad(path, f"version is {data.get('version')!r}: this mla_fp8_bench reads version {SCHEMA_VERSION}")
-    for key in ("method", "margin", "tolerances", "distributions"):
-        if key not in data:
-            raise _bad(path, f"missing key {key!r}")
-    _check_number(path, "margin", data["margin"])
-    for section in ("tolerances", "groups"):
-        sec = data.get(section, {})
-        if not isinstance(sec, dict):
-            raise _bad(path, f"{section} must be an object of backend -> family -> metric -> number")
-        for b, fams in sec.items():
-            if not isinstance(fams, dict):
-                raise _bad(path, f"{section}.{b} must be an object of family -> metric -> number")
-            for f, mets in fams.items():
-                if not isinstance(mets, dict) or not mets:
-                    raise _bad(path, f"{section}.{b}.{f} must be a non-empty object of metric -> number")
-                for m, v in mets.items():
-                    _check_number(path, f"{section}.{b}.{f}.{m}", v)
-    if not data["tolerances"]:
-        raise _bad(path, "tolerances is empty: no backend was calibrated")
-    return data
-
-
-def load_tolerances(path: str | os.PathLike) -> Tolerances:
-    """Read and validate a tolerance file.
-
-    Raises:
-        ToleranceFileError: missing file, invalid JSON (with line/column), wrong schema/version, or a
-            bad value (with its JSON path).
-    """
-    p = str(path)
-    try:
-        text = Path(p).read_text()
-    except FileNotFoundError:
-        raise _bad(p, "not found") from None
-    except OSError as exc:
-        raise _bad(p, f"cannot be read ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _bad(p, f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    return Tolerances(p, validate_tolerances(data, p))
-
-
-# ------------------------------------------------------------------------------------------ checking
-@dataclass(frozen=True)
-class Violation:
-    """One failed accuracy check."""
-
-    backend: str
-    case: str
-    metric: str
-    value: float | None
-    tolerance: float | None
-    how: str  # "family" / "group ..." / "status" / "nonfinite"
-    reason: str = ""
-
-    @property
-    def ratio(self) -> float:
-        if self.value is None or self.tolerance is None:
-            return math.inf
-        if self.tolerance == 0:
-            return math.inf if self.value > 0 else 0.0
-        return self.value / self.tolerance
-
-    def __str__(self) -> str:
-        if self.metric in ("status", "nonfinite"):
-            return f"{self.backend} {self.case}: {self.metric}: {self.reason}"
-        return (f"{self.backend} {self.case}: {self.metric} = {self.value:.4g} > tolerance {self.tolerance:.4g} "
-                f"({self.ratio:.2f}x, {self.how})")
-
-
-def ratios(record: dict[str, Any], tol: Tolerances) -> tuple[dict[str, float], str]:
-    """value/tolerance per calibrated metric present in the record, and how the tolerances were found."""
-    t, how = tol.lookup(str(record.get("backend")), family_of(record))
-    if t is None:
-        return {}, how
-    out = {}
-    for m, lim in t.items():
-        v = record.get(m)
-        if v is None:
-            continue
-        v = float(v)
-        out[m] = math.inf if not math.isfinite(v) else (v / lim if lim > 0 else (math.inf if v > 0 else 0.0))
-    return out, how
-
-
-def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
-    """Violations of one runner record against calibrated tolerances (empty list: healthy).
-
-    Rules: ``status == "error"`` is a violation; ``skipped`` records are not checked; any non-finite
-    output (``nonfinite_count_fp8_ref > 0`` or a non-finite metric) is a violation; every calibrated
-    metric must be <= its tolerance. A record without a calibrated (backend, family or group) gets no
-    violations from the metric rule (see :func:`ratios` to tell).
-    """
-    b, c = str(record.get("backend")), str(record.get("case"))
-    status = record.get("status", "ok")
-    if status == "skipped":
-        return []
-    if status != "ok":
-        return [Violation(b, c, "status", None, None, "status", f"{status}: {record.get('reason', '')}")]
-    out: list[Violation] = []
-    for m in ZERO_METRICS:
-        v = record.get(m)
-        if v is not None and float(v) != 0:
-            out.append(Violation(b, c, "nonfinite", float(v), 0.0, "nonfinite",
-                                 f"{int(v)} non-finite output elements"))
-    t, how = tolerances.lookup(b, family_of(record))
-    if t is None:
-        return out
-    for m, lim in t.items():
-        v = record.get(m)
-        if v is None:
-            continue
-        v = float(v)
-        if not math.isfinite(v) or v > lim:
-            out.append(Violation(b, c, m, v, lim, how))
-    return out
-
 
 # ------------------------------------------------------------------------------------------ measuring
 def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -> dict[str, dict[str, Any]]:
@@ -309,11 +102,6 @@ def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
         return task, {"aiter-emulated": probe_record(name, seed)}
     _, case_id, backends, cu_num = task
     return task, _measure_case(case_id, backends, cu_num)
-
-
-def _stats(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs),
-            "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
 def _run_tasks(tasks: list[tuple], jobs: int, progress) -> list[tuple[tuple, dict]]:
@@ -357,16 +145,8 @@ def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], s
     return tasks
 
 
-def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str, ...] = DEFAULT_CASES,
-              quants: tuple[str, ...] = QUANTS, dists: tuple[str, ...] = DISTS, seeds: int = MIN_SEEDS,
-              validate_seeds: int = MIN_SEEDS, margin: float = DEFAULT_MARGIN, name: str = DEFAULT_NAME,
-              jobs: int = 1, cu_num: int | None = None, probes: bool = True,
-              progress=None) -> dict[str, Any]:
-    """Measure, derive and validate tolerances; returns the JSON document (see module docstring).
-
-    Raises:
-        ValueError: fewer than :data:`MIN_SEEDS` seeds, a margin < 1, or bad case/backend names.
-    """
+def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, margin: float) -> None:
+    """Refuse bad calibrate arguments before any measuring (ValueError naming the value)."""
     from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.problem.cases import parse_case_id
 
@@ -382,15 +162,17 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
         if (c.quant, c.dist, c.seed) != ("per_tensor", "normal", 0):
             raise ValueError(f"case {s!r}: give shapes only (no -cast/-outlier/-mla/-seed suffix); quantisation "
                              "modes, distributions and seeds are crossed by calibrate")
-    probes = probes and "aiter-emulated" in backends
-    progress = progress or (lambda t: None)
-    t0 = time.perf_counter()
-    cal = _run_tasks(_tasks(shapes, quants, dists, range(seeds), backends, cu_num, probes), jobs, progress)
-    cal_s = time.perf_counter() - t0
 
+
+def _collect(results: list[tuple[tuple, dict]]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """backend -> family -> metric -> values over seeds.
+
+    Raises:
+        RuntimeError: a healthy calibration run failed or produced non-finite outputs.
+    """
     values: dict[str, dict[str, dict[str, list[float]]]] = {}
     failures: list[str] = []
-    for _task, recs in cal:
+    for _task, recs in results:
         for b, rec in recs.items():
             if rec["status"] != "ok" or any(rec.get(m) for m in ZERO_METRICS):
                 failures.append(f"{b} {rec['case']}: {rec['status']} {rec.get('reason', '')} "
@@ -401,20 +183,65 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
                 values.setdefault(b, {}).setdefault(fam, {}).setdefault(m, []).append(float(rec[m]))
     if failures:
         raise RuntimeError("healthy calibration runs failed (fix before calibrating):\n  " + "\n  ".join(failures[:10]))
+    return values
 
+
+def _derive(values: dict[str, dict[str, dict[str, list[float]]]], margin: float) -> tuple[dict, dict, dict]:
+    """(distributions, tolerances, groups): tolerance = max(floor, max over seeds x margin); a group's
+    tolerance is the max over its shapes' tolerances."""
     dists_out: dict[str, Any] = {}
     tol_out: dict[str, Any] = {}
     groups: dict[str, Any] = {}
     for b, fams in values.items():
         for fam, mets in sorted(fams.items()):
-            dists_out.setdefault(b, {})[fam] = {m: _stats(v) for m, v in mets.items()}
+            dists_out.setdefault(b, {})[fam] = {m: summary(v) for m, v in mets.items()}
             tol_out.setdefault(b, {})[fam] = {m: max(FLOORS[m], max(v) * margin) for m, v in mets.items()}
             grp = group_of(fam)
             if grp:
                 g = groups.setdefault(b, {}).setdefault(grp, {})
                 for m, lim in tol_out[b][fam].items():
                     g[m] = max(g.get(m, 0.0), lim)
+    return dists_out, tol_out, groups
 
+
+def _validation_summary(results: list[tuple[tuple, dict]], tol: Tolerances) -> dict[str, Any]:
+    """Per backend: held-out records, false alarms (with up to 3 violations each), worst value/tolerance."""
+    out: dict[str, Any] = {}
+    for _task, recs in results:
+        for b, rec in recs.items():
+            s = out.setdefault(b, {"records": 0, "false_alarms": 0, "alarms": [], "worst_ratio": 0.0, "worst": None})
+            s["records"] += 1
+            viol = check(rec, tol)
+            if viol:
+                s["false_alarms"] += 1
+                s["alarms"].extend(str(v) for v in viol[:3])
+            r, _how = ratios(rec, tol)
+            for m, x in r.items():
+                if x > s["worst_ratio"]:
+                    s["worst_ratio"], s["worst"] = x, f"{rec['case']} {m} = {rec[m]:.4g}"
+    for s in out.values():
+        s["worst_ratio"] = round(s["worst_ratio"], 4)
+    return out
+
+
+def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str, ...] = DEFAULT_CASES,
+              quants: tuple[str, ...] = QUANTS, dists: tuple[str, ...] = DISTS, seeds: int = MIN_SEEDS,
+              validate_seeds: int = MIN_SEEDS, margin: float = DEFAULT_MARGIN, name: str = DEFAULT_NAME,
+              jobs: int = 1, cu_num: int | None = None, probes: bool = True,
+              progress=None) -> dict[str, Any]:
+    """Measure, derive and validate tolerances; returns the JSON document (see module docstring).
+
+    Raises:
+        ValueError: fewer than :data:`MIN_SEEDS` seeds, a margin < 1, or bad case/backend names.
+        RuntimeError: a healthy calibration run failed.
+    """
+    _check_args(backends, shapes, seeds, margin)
+    probes = probes and "aiter-emulated" in backends
+    progress = progress or (lambda t: None)
+    t0 = time.perf_counter()
+    cal = _run_tasks(_tasks(shapes, quants, dists, range(seeds), backends, cu_num, probes), jobs, progress)
+    cal_s = time.perf_counter() - t0
+    dists_out, tol_out, groups = _derive(_collect(cal), margin)
     doc: dict[str, Any] = {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "name": name, "method": METHOD, "margin": margin,
         "method_text": (f"tolerance = max(floor, max over {seeds} calibration seeds x {margin}) per (backend, case "
@@ -436,23 +263,7 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
         val = _run_tasks(_tasks(shapes, quants, dists, range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds),
                                 backends, cu_num, probes), jobs, progress)
         doc["timing_s"]["validation"] = round(time.perf_counter() - t1, 1)
-        summary: dict[str, Any] = {}
-        for _task, recs in val:
-            for b, rec in recs.items():
-                s = summary.setdefault(b, {"records": 0, "false_alarms": 0, "alarms": [], "worst_ratio": 0.0,
-                                           "worst": None})
-                s["records"] += 1
-                viol = check(rec, tol)
-                if viol:
-                    s["false_alarms"] += 1
-                    s["alarms"].extend(str(v) for v in viol[:3])
-                r, _how = ratios(rec, tol)
-                for m, x in r.items():
-                    if x > s["worst_ratio"]:
-                        s["worst_ratio"], s["worst"] = x, f"{rec['case']} {m} = {rec[m]:.4g}"
-        for s in summary.values():
-            s["worst_ratio"] = round(s["worst_ratio"], 4)
-        doc["validation"] = summary
+        doc["validation"] = _validation_summary(val, tol)
     return doc
 
 

@@ -337,7 +337,7 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
     ``worst_value``, ``worst_tolerance``, ``worst_ratio`` (value / tolerance; inf for non-finite or
     error records). ``stop_at_first`` stops a fault at its first flagged (case, seed).
     """
-    from mla_fp8_bench.analysis.calibrate import check, family_of
+    from mla_fp8_bench.analysis.tolerances import check, family_of
     from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
@@ -392,7 +392,7 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from mla_fp8_bench.analysis.calibrate import load_tolerances
+    from mla_fp8_bench.analysis.tolerances import load_tolerances
 
     ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.analysis.faults",
                                  description="run every injected fault on the report cases; print the fault table")

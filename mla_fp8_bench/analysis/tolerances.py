@@ -1,0 +1,232 @@
+"""Calibrated accuracy tolerances: the file format, loading and checking records against it.
+
+A tolerance file (``tolerances/<name>.json``, written by ``mla-fp8-bench calibrate``, see
+:mod:`mla_fp8_bench.analysis.calibrate` for the method) holds, per (backend, case family), a tolerance
+for each calibrated metric of the metric table (:mod:`mla_fp8_bench.measure.metric_table`), and per
+(backend, quantisation/distribution group) the maximum over the group's calibrated shapes.
+
+The accuracy check (:func:`check`) compares a runner record (``mla-fp8-bench run --json``) with the
+tolerances of its (backend, family); the family is the case id without its seed
+(``s257-cast-outlier-seed3`` -> ``s257-cast-outlier``). A case shape that was not calibrated falls
+back to the group of its (quantisation, distribution) - the max tolerance over the calibrated shapes
+of that group - and the check says it extrapolated. Non-finite outputs and ``status == "error"``
+records are always violations.
+
+Loading (:func:`load_tolerances`) validates the file and raises :class:`ToleranceFileError` (a
+``ValueError``: the CLI exits 2) naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mla_fp8_bench.measure.metric_table import calibrated_metrics, zero_metrics
+from mla_fp8_bench.problem.cases import CaseError, parse_case_id
+
+SCHEMA = "mla_fp8_bench.tolerances"
+SCHEMA_VERSION = 1
+
+#: Calibrated metrics (runner record keys), from the metric table.
+METRICS: tuple[str, ...] = tuple(m.record_key for m in calibrated_metrics())
+#: Smallest tolerance per calibrated metric: a metric whose calibration values are all ~0 (e.g. a
+#: mismatch fraction of 0 on every seed) would otherwise get a zero tolerance, and any single flipped
+#: element would alarm.
+FLOORS: dict[str, float] = {m.record_key: float(m.tolerance_floor) for m in calibrated_metrics()}
+#: Metrics that must be exactly 0 (checked always, not calibrated).
+ZERO_METRICS: tuple[str, ...] = tuple(m.record_key for m in zero_metrics())
+
+
+class ToleranceFileError(ValueError):
+    """A tolerance file is missing, unreadable or malformed; the message names the file and the problem."""
+
+
+def family_of(record: dict[str, Any]) -> str | None:
+    """The case family of a record: its ``family`` key, else the case id without the seed suffix."""
+    if record.get("family"):
+        return str(record["family"])
+    try:
+        return parse_case_id(str(record.get("case"))).with_(seed=0).id
+    except (CaseError, TypeError, ValueError):
+        return None
+
+
+def group_of(family: str) -> str | None:
+    """``"<quant>/<dist>"`` of a case family (None for probes and unparsable ids)."""
+    try:
+        c = parse_case_id(family)
+    except (CaseError, TypeError, ValueError):
+        return None
+    return f"{c.quant}/{c.dist}"
+
+
+@dataclass
+class Tolerances:
+    """A loaded tolerance file.
+
+    Attributes:
+        path: where it came from.
+        data: the JSON document (validated).
+    """
+
+    path: str
+    data: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("name", Path(self.path).stem))
+
+    def lookup(self, backend: str, family: str | None) -> tuple[dict[str, float] | None, str]:
+        """(tolerances per metric, how they were found: ``"family"``, ``"group <q>/<d>"`` or ``"none"``)."""
+        fam_tol = self.data["tolerances"].get(backend)
+        if fam_tol is None or family is None:
+            return None, "none"
+        if family in fam_tol:
+            return fam_tol[family], "family"
+        grp = group_of(family)
+        g = self.data.get("groups", {}).get(backend, {}).get(grp) if grp else None
+        if g is not None:
+            return g, f"group {grp} (extrapolated: shape not calibrated)"
+        return None, "none"
+
+
+def _bad(path: str, msg: str) -> ToleranceFileError:
+    return ToleranceFileError(f"tolerance file {path}: {msg}")
+
+
+def _check_number(path: str, where: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise _bad(path, f"{where} is {v!r}: must be a finite number >= 0")
+
+
+def validate_tolerances(data: Any, path: str = "<memory>") -> dict[str, Any]:
+    """Check the structure of a tolerance document; returns it.
+
+    Raises:
+        ToleranceFileError: naming ``path`` and the first problem found.
+    """
+    if not isinstance(data, dict):
+        raise _bad(path, f"top level is a {type(data).__name__}: must be a JSON object")
+    if data.get("schema") != SCHEMA:
+        raise _bad(path, f"schema is {data.get('schema')!r}: must be {SCHEMA!r} (not a tolerance file?)")
+    if data.get("version") != SCHEMA_VERSION:
+        raise _bad(path, f"version is {data.get('version')!r}: this mla_fp8_bench reads version {SCHEMA_VERSION}")
+    for key in ("method", "margin", "tolerances", "distributions"):
+        if key not in data:
+            raise _bad(path, f"missing key {key!r}")
+    _check_number(path, "margin", data["margin"])
+    for section in ("tolerances", "groups"):
+        sec = data.get(section, {})
+        if not isinstance(sec, dict):
+            raise _bad(path, f"{section} must be an object of backend -> family -> metric -> number")
+        for b, fams in sec.items():
+            if not isinstance(fams, dict):
+                raise _bad(path, f"{section}.{b} must be an object of family -> metric -> number")
+            for f, mets in fams.items():
+                if not isinstance(mets, dict) or not mets:
+                    raise _bad(path, f"{section}.{b}.{f} must be a non-empty object of metric -> number")
+                for m, v in mets.items():
+                    _check_number(path, f"{section}.{b}.{f}.{m}", v)
+    if not data["tolerances"]:
+        raise _bad(path, "tolerances is empty: no backend was calibrated")
+    return data
+
+
+def load_tolerances(path: str | os.PathLike) -> Tolerances:
+    """Read and validate a tolerance file.
+
+    Raises:
+        ToleranceFileError: missing file, invalid JSON (with line/column), wrong schema/version, or a
+            bad value (with its JSON path).
+    """
+    p = str(path)
+    try:
+        text = Path(p).read_text()
+    except FileNotFoundError:
+        raise _bad(p, "not found") from None
+    except OSError as exc:
+        raise _bad(p, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _bad(p, f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    return Tolerances(p, validate_tolerances(data, p))
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One failed accuracy check."""
+
+    backend: str
+    case: str
+    metric: str
+    value: float | None
+    tolerance: float | None
+    how: str  # "family" / "group ..." / "status" / "nonfinite"
+    reason: str = ""
+
+    @property
+    def ratio(self) -> float:
+        if self.value is None or self.tolerance is None:
+            return math.inf
+        if self.tolerance == 0:
+            return math.inf if self.value > 0 else 0.0
+        return self.value / self.tolerance
+
+    def __str__(self) -> str:
+        if self.metric in ("status", "nonfinite"):
+            return f"{self.backend} {self.case}: {self.metric}: {self.reason}"
+        return (f"{self.backend} {self.case}: {self.metric} = {self.value:.4g} > tolerance {self.tolerance:.4g} "
+                f"({self.ratio:.2f}x, {self.how})")
+
+
+def ratios(record: dict[str, Any], tol: Tolerances) -> tuple[dict[str, float], str]:
+    """value/tolerance per calibrated metric present in the record, and how the tolerances were found."""
+    t, how = tol.lookup(str(record.get("backend")), family_of(record))
+    if t is None:
+        return {}, how
+    out = {}
+    for m, lim in t.items():
+        v = record.get(m)
+        if v is None:
+            continue
+        v = float(v)
+        out[m] = math.inf if not math.isfinite(v) else (v / lim if lim > 0 else (math.inf if v > 0 else 0.0))
+    return out, how
+
+
+def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
+    """Violations of one runner record against calibrated tolerances (empty list: healthy).
+
+    Rules: ``status == "error"`` is a violation; ``skipped`` records are not checked; any non-finite
+    output (``nonfinite_count_fp8_ref > 0`` or a non-finite metric) is a violation; every calibrated
+    metric must be <= its tolerance. A record without a calibrated (backend, family or group) gets no
+    violations from the metric rule (see :func:`ratios` to tell).
+    """
+    b, c = str(record.get("backend")), str(record.get("case"))
+    status = record.get("status", "ok")
+    if status == "skipped":
+        return []
+    if status != "ok":
+        return [Violation(b, c, "status", None, None, "status", f"{status}: {record.get('reason', '')}")]
+    out: list[Violation] = []
+    for m in ZERO_METRICS:
+        v = record.get(m)
+        if v is not None and float(v) != 0:
+            out.append(Violation(b, c, "nonfinite", float(v), 0.0, "nonfinite",
+                                 f"{int(v)} non-finite output elements"))
+    t, how = tolerances.lookup(b, family_of(record))
+    if t is None:
+        return out
+    for m, lim in t.items():
+        v = record.get(m)
+        if v is None:
+            continue
+        v = float(v)
+        if not math.isfinite(v) or v > lim:
+            out.append(Violation(b, c, m, v, lim, how))
+    return out
