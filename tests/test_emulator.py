@@ -4,7 +4,8 @@ Everything runs on CPU at small sizes. The float64 reference below is written he
 (independent of the suite's reference module): exact softmax attention per sequence, bottom-right
 causal, on the dequantised fp8 inputs, with a natural-log LSE.
 
-Contract: ``shared/docs/aiter-ps-prefill-contract.md`` §3.3, §3.4, §4, §5, §7, §8, §10, §11.
+Contract: ``docs/aiter-contract.md`` (kernel arguments, reduce, limits, metadata buffers, kernel numerics,
+reduce maths, emulation notes, ROCm/aiter#3606).
 """
 
 from __future__ import annotations
@@ -25,13 +26,9 @@ from mla_fp8_bench.aiter_ps.emulator import (
     normalize_faults,
     run_emulated_prefill,
 )
+from mla_fp8_bench.aiter_ps.facts import reduce_arity_for_version, reduce_heads_for
 from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
-from mla_fp8_bench.aiter_ps.standin import (
-    StandinContractError,
-    accepted_reduce_heads,
-    make_standin_aiter,
-    reduce_variant_for_version,
-)
+from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
 
 SM_SCALE = 1.0 / math.sqrt(192)
 FP8 = torch.float8_e4m3fn
@@ -53,7 +50,7 @@ def _one_torch_thread():
 
 
 def _quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """AITER per_tensor_quant: scale = amax/448, clamp to +-448, cast to e4m3fn (doc §10.1)."""
+    """AITER per_tensor_quant: scale = amax/448, clamp to +-448, cast to e4m3fn."""
     scale = (x.float().abs().amax() / 448.0).reshape(1)
     x8 = (x.float() / scale).clamp(-448.0, 448.0).to(FP8).contiguous()
     return x8, scale.float()
@@ -107,18 +104,18 @@ def _run(d, cu_num, **kw):
     )
 
 
-def _plan(d, cu_num, causal=True):
+def _plan(d, cu_num, causal=True, post_3606=False):
     cu, cukv = d["cu"], d["cu_kv"]
     H = d["q8"].shape[1]
     return plan_ps_prefill(
         cu, cukv, (cukv[1:] - cukv[:-1]).to(torch.int32), num_heads_k=H, cu_num=cu_num,
-        qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=causal,
+        qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=causal, post_3606=post_3606,
     )  # fmt: skip
 
 
-def _run_direct(d, cu_num, causal=True, faults=None):
+def _run_direct(d, cu_num, causal=True, faults=None, post_3606=False):
     """Kernel + reduce on a plan with separate q / kv indptrs (chunked-context shapes)."""
-    plan = _plan(d, cu_num, causal)
+    plan = _plan(d, cu_num, causal, post_3606)
     T, H = d["q8"].shape[:2]
     P = d["k8"].shape[0]
     out = torch.full((T, H, 128), float("nan"), dtype=torch.bfloat16)
@@ -129,7 +126,8 @@ def _run_direct(d, cu_num, causal=True, faults=None):
         d["q8"], d["k8"], d["v8"], d["cu"], d["cu_kv"], torch.arange(P, dtype=torch.int32), plan.work_indptr,
         plan.work_info, 0, SM_SCALE, causal, sd, sl, out, d["qs"], d["ks"], d["vs"], faults=faults,
     )  # fmt: skip
-    emulate_mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse, faults=faults)
+    emulate_mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
+                          faults=faults, post_3606=post_3606)
     return out, lse, plan
 
 
@@ -155,7 +153,7 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_fp32_to_e4m3fn_cast_is_rne_with_subnormals():
-    """The emulator relies on torch's fp32 -> e4m3fn cast being OCP round-to-nearest-even (doc §7.5f)."""
+    """The emulator relies on torch's fp32 -> e4m3fn cast being OCP round-to-nearest-even."""
     x = torch.tensor([1 + 1 / 16, 1 + 3 / 16, 2.0**-10, 3 * 2.0**-10, 2.0**-9, 0.0, 1.0, 0.999])
     want = [1.0, 1.25, 0.0, 2.0**-8, 2.0**-9, 0.0, 1.0, 1.0]
     assert x.to(FP8).float().tolist() == want
@@ -169,20 +167,21 @@ def test_fp32_to_e4m3fn_cast_is_rne_with_subnormals():
 def s512():
     d = _inputs([512], H=4, seed=1)
     ref_o, ref_l = _ref64(d)
-    split_o, split_l = _run(d, cu_num=16, return_lse=True)  # 16 CUs / gcd(4,16)=4 -> 4 TGs per cluster: splits
-    unsplit_o, unsplit_l = _run(d, cu_num=4, return_lse=True)  # 1 TG per cluster: nothing is split
+    # pre-#3606 semantics (AITER <= v0.1.21): unsplit tiles write output directly, no LSE
+    split_o, split_l = _run(d, cu_num=16, return_lse=True, post_3606=False)  # 4 TGs per cluster: splits
+    unsplit_o, unsplit_l = _run(d, cu_num=4, return_lse=True, post_3606=False)  # 1 TG per cluster: no split
     return dict(d=d, ref_o=ref_o, ref_l=ref_l, split_o=split_o, split_l=split_l, unsplit_o=unsplit_o, unsplit_l=unsplit_l)
 
 
 def test_plans_used_by_the_accuracy_tests_do_and_do_not_split(s512):
     assert _plan(s512["d"], 16).num_partials > 0
     assert _plan(s512["d"], 4).num_partials == 0
-    assert bool(torch.isnan(s512["unsplit_l"]).all())  # no split rows: final_lse never written (doc §8 gap)
+    assert bool(torch.isnan(s512["unsplit_l"]).all())  # no split rows: final_lse never written (the LSE gap)
 
 
 @pytest.mark.parametrize("which", ["split_o", "unsplit_o"])
 def test_output_vs_float64_reference_on_dequantised_inputs(s512, which):
-    """Doc §10 'Expected agreement': max-abs ~0.05-0.065, mean ~1.5e-3 (fp8(P) + bf16 rounding).
+    """Expected agreement (emulation notes): max-abs ~0.05-0.065, mean ~1.5e-3 (fp8(P) + bf16 rounding).
     Measured (2-core CPU): this case (S=512, H=4, randn, seed 1) max 0.040, mean 2.15e-3 for both
     plans; seeds 0-5 at S=512 and S=1024 give max 0.035-0.065, mean 1.6e-3-2.2e-3; the largest errors
     sit in the first rows of a sequence (few keys, |O| up to ~3)."""
@@ -191,13 +190,13 @@ def test_output_vs_float64_reference_on_dequantised_inputs(s512, which):
     print(f"\n{which}: max-abs {mx:.4g}, mean-abs {mean:.4g}")
     assert 0.005 < mx < 0.1
     assert 2e-4 < mean < 5e-3
-    # AITER's criterion (doc §9): fraction failing isclose(rtol=5e-2, atol=5e-2)
+    # AITER's criterion: fraction failing isclose(rtol=5e-2, atol=5e-2)
     bad = ~torch.isclose(s512[which].double(), s512["ref_o"], rtol=5e-2, atol=5e-2)
     assert float(bad.double().mean()) < 1e-3
 
 
 def test_split_row_lse_matches_float64(s512):
-    """Partial LSEs m*c + ln(l) merged by the reduce equal the exact LSE to fp32 precision (doc §10: ~2e-6)."""
+    """Partial LSEs m*c + ln(l) merged by the reduce equal the exact LSE to fp32 precision (~2e-6 expected)."""
     lse = s512["split_l"].double()
     rows = ~torch.isnan(lse)
     assert int(rows.sum()) >= 256 * 4  # one 256-row split tile x 4 heads at least
@@ -250,9 +249,9 @@ def test_non_causal_and_chunked_context_vs_float64():
 def test_poisoned_output_fully_written_ragged(cu_num, causal):
     """Tile edges 255/256/257, q_len 1 and a 3-tile sequence: every row/head finite after the run."""
     d = _inputs([255, 1, 256, 257, 1, 513], H=2, seed=5)
-    out, lse = _run(d, cu_num=cu_num, causal=causal, return_lse=True)
+    out, lse = _run(d, cu_num=cu_num, causal=causal, return_lse=True, post_3606=False)
     assert bool(torch.isfinite(out).all())
-    # final_lse: exactly the rows of split tiles are written
+    # final_lse (pre-#3606): exactly the rows of split tiles are written
     plan = _plan(d, cu_num, causal)
     split_rows = torch.zeros(out.shape[0], dtype=torch.bool)
     for q0, q1 in plan.used_reduce_final_map.tolist():
@@ -262,7 +261,7 @@ def test_poisoned_output_fully_written_ragged(cu_num, causal):
 
 
 def test_healthy_runs_all_rows_finite_without_kv_len_zero():
-    """No kv_len == 0 sequence -> no untouched rows, no NaN/inf anywhere (doc §4, §7 'Why -FLT_MAX')."""
+    """No kv_len == 0 sequence -> no untouched rows, no NaN/inf anywhere (limits; why -FLT_MAX)."""
     for seqlens, H, cu_num in (([1], 1, 256), ([17, 700], 3, 12), ([600] * 2, 8, 80), ([1] * 5 + [300], 1, 304)):
         d = _inputs(seqlens, H=H, seed=sum(seqlens))
         out = _run(d, cu_num=cu_num)
@@ -270,7 +269,7 @@ def test_healthy_runs_all_rows_finite_without_kv_len_zero():
 
 
 def test_kv_len_zero_sequences_get_zero_rows_non_causal():
-    """A zero-length work with loc -1 writes rows of zeros and no LSE (doc §4, chunked-context shape
+    """A zero-length work with loc -1 writes rows of zeros and no LSE (limits; chunked-context shape
     q [1]*4+[1], kv [0]*4+[800]); the long sequence still matches the float64 reference."""
     d = _inputs([1] * 5, H=2, seed=29, kv_lens=[0] * 4 + [800])
     for cu_num in (2, 8, 256):
@@ -289,7 +288,7 @@ def test_paged_kv_through_page_indices_equals_identity_layout():
     T, H = d["q8"].shape[:2]
     plan = _plan(d, 16)
     # pool row of token t; token 0 stays in row 0 because tail keys read past len(kv_page_indices)
-    # use page 0 (doc §7.5a), which must hold the same data in both layouts
+    # use page 0 (kernel numerics, step 5a), which must hold the same data in both layouts
     perm = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(T + 4, generator=torch.Generator().manual_seed(0))])
     pages = perm[:T]
     nan8 = torch.full((1, H, 192), float("nan")).to(FP8)
@@ -464,7 +463,7 @@ def test_run_emulated_prefill_rejects_bad_inputs():
 
 
 def _standin_pipeline(aiter, d, variant, causal=True):
-    """The call sequence a backend makes (doc §3), through the stand-in primitives."""
+    """The call sequence a backend makes, through the stand-in primitives."""
     T, H = d["q8"].shape[:2]
     cu = d["cu"]
     seqlens = (cu[1:] - cu[:-1]).to(torch.int32)
@@ -513,7 +512,7 @@ def test_standin_module_identity_and_feature_markers():
         assert len(params) == variant
         assert (("max_seqlen_q" in params), ("num_kv_splits" in params)) == markers
         assert list(params)[-2:] == ["final_output", "final_lse"] and params["final_lse"].default is None
-    aiter = make_standin_aiter()
+    aiter = make_standin_aiter(aiter_version=(0, 1, 20))
     assert aiter.__name__ == "aiter" and aiter.__spec__.name == "aiter" and aiter.__path__ == []
     assert aiter.__spec__.submodule_search_locations == [] and aiter.reduce_variant == 9
     ps = inspect.signature(aiter.get_ps_metadata_v1).parameters
@@ -522,6 +521,14 @@ def test_standin_module_identity_and_feature_markers():
     assert "need_lse" not in ps  # pre-#3606
     info = inspect.signature(aiter.get_ps_metadata_info_v1).parameters
     assert list(info) == ["batch_size", "num_head_k", "max_qlen", "qlen_granularity"] and "max_kvlen" not in info
+    assert aiter.post_3606 is False
+    # 0.1.22 (the default): #3606 marker max_kvlen, still no need_lse
+    new = make_standin_aiter()
+    assert new.__version__ == "0.1.22" and new.post_3606 is True and new.reduce_variant == 9
+    info = inspect.signature(new.get_ps_metadata_info_v1).parameters
+    assert list(info) == ["batch_size", "num_head_k", "max_qlen", "qlen_granularity", "max_kvlen", "kvlen_granularity"]
+    assert info["max_kvlen"].default is None and info["kvlen_granularity"].default == 128
+    assert "need_lse" not in inspect.signature(new.get_ps_metadata_v1).parameters
     kp = inspect.signature(aiter.mla_prefill_ps_asm_fwd).parameters
     assert list(kp) == [
         "Q", "K", "V", "qo_indptr", "kv_indptr", "kv_page_indices", "work_indptr", "work_info_set",
@@ -530,12 +537,13 @@ def test_standin_module_identity_and_feature_markers():
     ]  # fmt: skip
     assert all(kp[s].default is None for s in ("q_scale", "k_scale", "v_scale"))
     # version-derived variant and symbols
-    assert reduce_variant_for_version((0, 1, 7)) == 7 and reduce_variant_for_version((0, 1, 15)) == 8
+    assert reduce_arity_for_version((0, 1, 7)) == 7 and reduce_arity_for_version((0, 1, 15)) == 8
     assert make_standin_aiter(aiter_version=(0, 1, 12)).reduce_variant == 8
     old = make_standin_aiter(aiter_version="0.1.7.post2.dev18")
     assert old.reduce_variant == 7 and not hasattr(old, "mla_prefill_ps_asm_fwd") and hasattr(old, "mla_reduce_v1")
-    assert accepted_reduce_heads((0, 1, 10)) == (1, 2, 4, 8, 10, 16, 128)
-    assert accepted_reduce_heads((0, 1, 20)) == (1, 2, 4, 8, 10, 16, 32, 40, 48, 64, 96, 128)
+    assert tuple(sorted(reduce_heads_for((0, 1, 10)))) == (1, 2, 4, 8, 10, 16, 128)
+    assert tuple(sorted(reduce_heads_for((0, 1, 20)))) == (1, 2, 4, 8, 10, 16, 32, 40, 48, 64, 96, 128)
+    assert make_standin_aiter(aiter_version=(0, 1, 12)).accepted_reduce_heads == (1, 2, 4, 8, 10, 16, 32, 40, 64, 128)
 
 
 def test_standin_installs_as_aiter_for_try_imports(monkeypatch):
@@ -629,13 +637,16 @@ def pargs():
     return aiter, a
 
 
-def test_standin_planner_fills_like_the_port(pargs):
-    aiter, a = pargs
+@pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
+def test_standin_planner_fills_like_the_port(pargs, version):
+    _, a = pargs
+    aiter = make_standin_aiter(cu_num=16, aiter_version=version)
     aiter.get_ps_metadata_v1(**a)
     plan = plan_ps_prefill(
         a["seqlens_qo_indptr"], a["pages_kv_indptr"], a["context_lens"], num_heads_k=2, cu_num=16,
-        kvlen_granularity=128, block_size=1,
+        kvlen_granularity=128, block_size=1, post_3606=version >= (0, 1, 22),
     )  # fmt: skip
+    assert (int(a["work_info"][:, 1].min()) == -1) == (version < (0, 1, 22))  # pre: unsplit tiles get -1
     assert torch.equal(a["work_indptr"], plan.work_indptr)
     assert torch.equal(a["work_info"][: plan.num_works], plan.used_work_info)
     assert bool((a["work_info"][plan.num_works :] == 0).all())

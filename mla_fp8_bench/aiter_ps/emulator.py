@@ -1,21 +1,22 @@
 """Faithful PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill (kernel + reduce).
 
-What is emulated (``docs/aiter-ps-prefill-contract.md`` §5, §7, §8, §10; AITER main ``e4048607a535``):
+What is emulated (docs/aiter-contract.md: metadata buffers, kernel numerics, reduce, emulation notes;
+AITER main ``e4048607a535`` and ROCm/aiter#3606):
 
 * :func:`emulate_mla_prefill_ps_asm_fwd` - the ASM kernel ``mla_prefill_ps_asm_fwd`` (objects
   ``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``): it walks the planner's
   ``work_indptr`` / ``work_info`` exactly like the hardware (workgroup by workgroup, works in order,
   128-key tiles), keeps a base-2 online softmax on the *raw* fp8 scores starting from ``-FLT_MAX``,
   rounds P to ``float8_e4m3fn`` before ``P @ V`` while ``l`` sums the fp32 P, and writes either bf16
-  rows (unsplit tiles, ``partial_o_loc == -1``) or fp32 partials plus a natural-log LSE (split tiles).
-* :func:`emulate_mla_reduce_v1` - ``mla_reduce_v1``: merges groups of >= 2 partials with natural
-  exp/log; groups with fewer partials are skipped (``final_lse`` is therefore defined only for rows of
-  split tiles - the pre-#3606 gap of §8).
+  rows (``partial_o_loc == -1``) or fp32 partials plus a natural-log LSE.
+* :func:`emulate_mla_reduce_v1` - ``mla_reduce_v1``: merges each reduce group with natural exp/log.
+  Before #3606 groups of fewer than 2 partials are skipped (``final_lse`` is defined only for rows of
+  split tiles: the LSE gap); from #3606 on (v0.1.22) the reduce runs for every group of >= 1 partial.
 * :func:`run_emulated_prefill` - plans with the pure-Python planner port
-  (:mod:`mla_fp8_bench.aiter_ps.planner`), sizes the partials from the live partial count and runs
-  kernel + reduce.
+  (:mod:`mla_fp8_bench.aiter_ps.planner`) for either revision, sizes the partials from the live
+  partial count and runs kernel + reduce; q_len < kv_len (context chunks) with both masks.
 
-Arithmetic model (choices where the hardware is not observable, §10 "What cannot be bit-exact"):
+Arithmetic model (choices where the hardware is not observable):
 
 * ``Q8 @ K8^T`` and ``P8 @ V8`` are evaluated *exactly* (in float64: every product of two e4m3
   values is a multiple of 2^-18 below 2^18, and sums of <= 192 of them fit in 53 bits) and rounded
@@ -25,6 +26,8 @@ Arithmetic model (choices where the hardware is not observable, §10 "What canno
 * ``p = exp2(s*c2 - m_new*c2)`` uses a fused multiply-add (``m_new*c2`` is rounded to fp32 first, as a
   separate multiply); ``l`` sums the fp32 ``p`` of a tile in float64 and rounds once.
 * ``exp2`` / ``log2`` are torch's fp32 functions, not the hardware ``v_exp_f32``/``v_log_f32``.
+* The wrong non-causal LSE of v0.1.19 that #3606 also fixed is not modelled (its form is not
+  documented); pre-#3606 emulation differs from post-#3606 only by the plan and the reduce.
 
 The same code runs on CPU and CUDA tensors (all work stays on the input device; the metadata is read
 to the host once). Results on different devices may differ in the last ulp of exp2/log2 only.
@@ -37,36 +40,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
+
+from mla_fp8_bench.aiter_ps.facts import KV_TILE, Q_TILE, unpack_q_head_range
 
 __all__ = [
     "KERNEL_FAULTS",
     "REDUCE_FAULTS",
     "ALL_FAULTS",
     "FAULT_DESCRIPTIONS",
-    "AITER_COMMIT",
     "KERNEL_OBJECTS",
-    "QO_TILE",
-    "KV_TILE",
     "normalize_faults",
     "emulate_mla_prefill_ps_asm_fwd",
     "emulate_mla_reduce_v1",
+    "plan_emulated",
     "run_emulated_prefill",
 ]
 
-#: AITER commit the emulated behaviour was reconstructed from (contract doc §1).
-AITER_COMMIT = "e4048607a535"
 #: Kernel code objects whose behaviour is emulated (unchanged since v0.1.10.post1).
 KERNEL_OBJECTS = (
     "hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal0.co",
     "hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal1.co",
 )
-#: Rows of one q-tile (the planner's ``qlen_granularity``; partial locations are multiples of it).
-QO_TILE = 256
-#: Keys per inner KV tile of the kernel.
-KV_TILE = 128
-
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
 
@@ -87,7 +84,7 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
         "reduce: exp() of the raw partial LSEs without subtracting their max "
         "(overflows to inf for LSE > ~88.7 in fp32)"
     ),
-    "skip_split_tile": "reduce: the first group with >= 2 partials is skipped (its rows are never written)",
+    "skip_split_tile": "reduce: the first group the reduce would run is skipped (its rows are never written)",
 }
 #: Faults injected into the kernel emulation.
 KERNEL_FAULTS = frozenset(
@@ -154,6 +151,83 @@ def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
+# ----------------------------------------------------------------------------------------------
+# kernel: argument decoding (one step each)
+
+
+@dataclass(frozen=True)
+class _SoftmaxConsts:
+    """Per-call constants of the kernel (docs/aiter-contract.md, kernel numerics, step 1)."""
+
+    c: torch.Tensor  # softmax_scale * q_scale * k_scale (natural-log units per raw score)
+    c2: torch.Tensor  # c * log2(e) (base-2 units)
+    lse_mul: torch.Tensor  # multiplier of m in the partial LSE (c; c2 under the lse_base2_mix fault)
+    v_scale: torch.Tensor  # epilogue multiplier (1 under the drop_v_descale fault)
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One decoded ``work_info`` row: sequence ``b``, partial slot ``loc`` (-1 = write ``output``),
+    global q rows ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``."""
+
+    b: int
+    loc: int
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    h_lo: int
+    h_hi: int
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return (self.b, self.loc, self.q0, self.q1, self.k0, self.k1)
+
+
+def _check_kernel_tensors(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, output: torch.Tensor) -> tuple[int, ...]:
+    """``(total_q, H, num_page, Dv)`` of consistent Q/K/V/output; ValueError otherwise."""
+    if Q.dim() != 3 or K.dim() != 3 or V.dim() != 3:
+        raise ValueError(
+            f"Q/K/V must be 3-D [tokens, H, D], got {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}"
+        )
+    total_q, H, dqk = (int(v) for v in Q.shape)
+    num_page, dv = int(K.shape[0]), int(V.shape[-1])
+    if K.shape[1] != H or V.shape[1] != H or K.shape[2] != dqk or V.shape[0] != num_page:
+        raise ValueError(
+            f"inconsistent shapes: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} "
+            "(need K [P, H, Dqk] and V [P, H, Dv] with Q's H and Dqk)"
+        )
+    if tuple(output.shape[1:]) != (H, dv):
+        raise ValueError(f"output must be [total_q, {H}, {dv}], got {tuple(output.shape)}")
+    return total_q, H, num_page, dv
+
+
+def _softmax_consts(softmax_scale: float, q_scale, k_scale, v_scale, fs: frozenset[str],
+                    dev: torch.device) -> _SoftmaxConsts:
+    """``c = softmax_scale*q_scale*k_scale`` and ``c2 = c*log2(e)`` in fp32, with the scale faults."""
+    qs = _scalar_f32(q_scale, "q_scale", dev)
+    ks = _scalar_f32(k_scale, "k_scale", dev)
+    vs = _scalar_f32(v_scale, "v_scale", dev)
+    c = torch.tensor(float(softmax_scale), dtype=torch.float32, device=dev) * qs * ks
+    if "double_qk_descale" in fs:
+        c = c * qs * ks
+    c2 = c * torch.tensor(_LOG2E, dtype=torch.float32, device=dev)
+    return _SoftmaxConsts(
+        c=c,
+        c2=c2,
+        lse_mul=c2 if "lse_base2_mix" in fs else c,
+        v_scale=torch.ones_like(vs) if "drop_v_descale" in fs else vs,
+    )
+
+
+def _indptr_lists(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> tuple[list[int], list[int]]:
+    qo = [int(v) for v in qo_indptr.reshape(-1).tolist()]
+    kvp = [int(v) for v in kv_indptr.reshape(-1).tolist()]
+    if len(qo) != len(kvp):
+        raise ValueError(f"qo_indptr has {len(qo)} entries but kv_indptr has {len(kvp)}")
+    return qo, kvp
+
+
 def _work_list(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> list[tuple[int, ...]]:
     """The works in execution order: workgroup 0's works, then workgroup 1's, ..."""
     wi = [int(v) for v in work_indptr.reshape(-1).tolist()]
@@ -171,8 +245,157 @@ def _work_list(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> list[t
     return works
 
 
+def _decode_works(works: list[tuple[int, ...]], batch: int, H: int, total_q: int, out_rows: int,
+                  n_split_rows: int) -> list[_Work]:
+    """Decode ``WorkInfo`` rows (head range = ``first | end << 16``) and check that every destination
+    lies inside the buffers (the hardware would corrupt memory). Empty head ranges are dropped."""
+    decoded = []
+    for w in works:
+        b, loc, q0, q1, k0, k1, _kv_off, hr = w
+        h_lo, h_hi = unpack_q_head_range(hr & 0xFFFFFFFF)
+        if not 0 <= b < batch:
+            raise ValueError(f"work {w}: batch index {b} outside [0, {batch})")
+        if h_hi <= h_lo:
+            continue  # empty head range: nothing to compute
+        if not h_hi <= H:
+            raise ValueError(f"work {w}: head range [{h_lo}, {h_hi}) outside [0, {H})")
+        if not (0 <= q0 <= q1 <= total_q):
+            raise ValueError(f"work {w}: q rows [{q0}, {q1}) outside [0, {total_q})")
+        if loc == -1:
+            if q1 > out_rows:
+                raise ValueError(f"work {w}: output has {out_rows} rows, needs {q1}")
+        elif loc < 0 or loc + (q1 - q0) > n_split_rows:
+            raise ValueError(
+                f"work {w}: partial rows [{loc}, {loc + q1 - q0}) outside splitData/splitLse "
+                f"({n_split_rows} rows; size them as 256 * number of partial slots)"
+            )
+        decoded.append(_Work(b, loc, q0, q1, k0, k1, h_lo, h_hi))
+    return decoded
+
+
+def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows: int) -> list[tuple[_Work, list[int]]]:
+    """Group works that differ only in their head (all heads get identical splits) into one batched
+    computation, in first-seen order; if any (row, head) destination is written twice, keep every work
+    on its own, in execution order, so later writes win as on hardware."""
+    out_cnt = torch.zeros((max(total_q, 1), H), dtype=torch.int32)
+    split_cnt = torch.zeros((max(n_split_rows, 1), H), dtype=torch.int32)
+    for w in decoded:
+        if w.loc == -1:
+            out_cnt[w.q0 : w.q1, w.h_lo : w.h_hi] += 1
+        else:
+            split_cnt[w.loc : w.loc + Q_TILE, w.h_lo : w.h_hi] += 1
+    sequential = bool((out_cnt > 1).any()) or bool((split_cnt > 1).any())
+    groups: dict[tuple, list[int]] = {}
+    order: list[tuple[_Work, list[int]]] = []
+    for w in decoded:
+        heads = list(range(w.h_lo, w.h_hi))
+        if sequential:
+            order.append((w, heads))
+        elif w.key in groups:
+            groups[w.key].extend(heads)
+        else:
+            groups[w.key] = heads
+            order.append((w, heads))
+    return order
+
+
 # ----------------------------------------------------------------------------------------------
-# kernel
+# kernel: one work (row limits, online softmax over 128-key tiles, epilogue)
+
+
+def _row_limits(rows: torch.Tensor, q_start: int, q_len: int, kv_len: int, k_lim: int, causal: bool,
+                top_left: bool) -> torch.Tensor:
+    """Exclusive local key limit per row: bottom-right causal ``kv_len - q_len + i + 1`` capped at the
+    work's end ``k_lim``, or ``k_lim`` when not causal (top-left ``i + 1`` under the fault)."""
+    if not causal:
+        return torch.full_like(rows, k_lim)
+    diag = 0 if top_left else kv_len - q_len
+    return torch.clamp(rows - q_start + diag + 1, max=k_lim)
+
+
+def _kv_tile(K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
+             pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V rows ``[128, nh, D]`` (float64) of global KV positions ``pos``, read through the page
+    table: positions past ``len(kv_page_indices)`` read page 0; pages outside the pool read zeros."""
+    n_used, num_page = int(pages.numel()), int(K.shape[0])
+    pos_ok = (pos >= 0) & (pos < n_used)
+    page = torch.where(pos_ok, pages[pos.clamp(0, n_used - 1)], 0) if n_used else torch.zeros_like(pos)
+    page_ok = (page >= 0) & (page < num_page)
+    pidx = page.clamp(0, max(num_page - 1, 0))
+    kt = torch.where(page_ok[:, None, None], K[pidx[:, None], hs[None, :]].double(), 0.0)
+    vt = torch.where(page_ok[:, None, None], V[pidx[:, None], hs[None, :]].double(), 0.0)
+    return kt, vt
+
+
+def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
+                    kv_base: int, k0l: int, k1l: int, lim: torch.Tensor,
+                    cs: _SoftmaxConsts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)``.
+
+    ``qt`` is ``[nh, nr, Dqk]`` float64 (raw fp8 values). Returns ``(m, l, acc)``: running max of the raw
+    scores ``[nh, nr]`` (from ``-FLT_MAX``), fp32 sum of p ``[nh, nr]``, and ``sum e4m3fn(p) @ V8``
+    ``[nh, nr, Dv]`` fp32 (docs/aiter-contract.md, kernel numerics steps 4-5).
+    """
+    dev = qt.device
+    nh, nrows = int(qt.shape[0]), int(qt.shape[1])
+    ninf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
+    m = torch.full((nh, nrows), -_FLT_MAX, dtype=torch.float32, device=dev)
+    l_sum = torch.zeros((nh, nrows), dtype=torch.float32, device=dev)
+    acc = torch.zeros((nh, nrows, int(V.shape[-1])), dtype=torch.float32, device=dev)
+    key_ar = torch.arange(KV_TILE, device=dev)
+    for j0 in range(k0l, k1l, KV_TILE):
+        j = j0 + key_ar  # local key positions
+        kt, vt = _kv_tile(K, V, pages, hs, kv_base + j)
+        s = torch.matmul(qt, kt.permute(1, 2, 0)).float()  # [nh, nr, 128], exact then fp32
+        s = torch.where((j[None, :] >= lim[:, None])[None], ninf, s)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.exp2((m - m_new) * cs.c2)
+        mc2 = m_new * cs.c2
+        p = torch.exp2(_fma_f32(s, cs.c2, -mc2[..., None]))
+        l_sum = alpha * l_sum + p.double().sum(dim=-1).float()
+        pv = torch.matmul(p.to(torch.float8_e4m3fn).double(), vt.permute(1, 0, 2))  # [nh, nr, Dv], exact
+        acc = ((alpha[..., None] * acc).double() + pv).float()
+        m = m_new
+    return m, l_sum, acc
+
+
+def _epilogue(m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, cs: _SoftmaxConsts,
+              base2_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O = acc * v_scale/l`` (0 where ``l == 0``) and the partial LSE ``m*c + ln(l)``, with ``ln`` as
+    ``log2(l)/log2(e)`` (-inf where ``l == 0``); base 2 (``m*c2 + log2 l``) under the lse_base2_mix fault."""
+    inv = torch.where(l_sum == 0, torch.zeros((), dtype=torch.float32, device=l_sum.device), cs.v_scale / l_sum)
+    o = acc * inv[..., None]
+    log2_l = torch.log2(l_sum)
+    lse = m * cs.lse_mul + (log2_l if base2_lse else log2_l / _LOG2E)
+    return o, lse
+
+
+def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+              pages: torch.Tensor, qo: list[int], kvp: list[int], causal: bool, cs: _SoftmaxConsts,
+              fs: frozenset[str], bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+    """Compute one (batched-over-heads) work and store it: ``loc == -1`` -> bf16 rows ``[q0, q1)`` of
+    ``output`` (no LSE); otherwise all 256 rows of slot ``loc`` in ``splitData``/``splitLse`` (rows past
+    ``q1`` are computed from whatever Q rows follow, zeros past the end of Q, as on hardware)."""
+    split_data, split_lse, output = bufs
+    dev, total_q = Q.device, int(Q.shape[0])
+    hs = torch.tensor(heads, dtype=torch.long, device=dev)
+    dst = torch.tensor(dest, dtype=torch.long, device=dev)
+    k0l, k1l = w.k0 - kvp[w.b], w.k1 - kvp[w.b]
+    k_lim = k1l - 1 if "kv_tile_off_by_one" in fs else k1l
+    nrows = (w.q1 - w.q0) if w.loc == -1 else Q_TILE
+    rows = torch.arange(w.q0, w.q0 + nrows, device=dev)
+    qt = Q[rows.clamp(max=max(total_q - 1, 0))[:, None], hs[None, :]]  # [nr, nh, Dqk] fp8
+    qt = torch.where((rows < total_q)[:, None, None], qt.double(), 0.0).permute(1, 0, 2)  # [nh, nr, Dqk]
+    lim = _row_limits(rows, qo[w.b], qo[w.b + 1] - qo[w.b], kvp[w.b + 1] - kvp[w.b], k_lim,
+                      causal and "no_causal_mask" not in fs, "top_left_causal" in fs)
+    m, l_sum, acc = _online_softmax(qt, K, V, pages, hs, kvp[w.b], k0l, k1l, lim, cs)
+    o, lse = _epilogue(m, l_sum, acc, cs, "lse_base2_mix" in fs)
+    if w.loc == -1:
+        output[w.q0 : w.q1, dst] = o.permute(1, 0, 2).to(output.dtype)
+        return
+    nfit = min(Q_TILE, int(split_data.shape[0]) - w.loc)
+    split_data[w.loc : w.loc + nfit, dst] = o[:, :nfit].permute(1, 0, 2).to(split_data.dtype)
+    split_lse[w.loc : w.loc + nfit, dst] = lse[:, :nfit].T.to(split_lse.dtype)
 
 
 def emulate_mla_prefill_ps_asm_fwd(
@@ -198,8 +421,11 @@ def emulate_mla_prefill_ps_asm_fwd(
 ) -> None:
     """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes).
 
-    Source: contract doc §3.3 (arguments), §5 (metadata), §7 (numerics); AITER ``e4048607a535``,
-    kernel objects ``mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``.
+    Source: docs/aiter-contract.md (kernel arguments, metadata buffers, kernel numerics); AITER
+    ``e4048607a535``, kernel objects ``mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``. The kernel is
+    the same before and after ROCm/aiter#3606: the plan decides which works write ``output`` directly
+    (``partial_o_loc == -1``, pre-#3606 unsplit tiles) and which write a partial slot (every work
+    post-#3606).
 
     For each workgroup ``g`` and each work ``(b, loc, q0, q1, k0, k1, kv_off, heads)`` of
     ``work_info_set[work_indptr[g]:work_indptr[g+1]]`` in order, and for each 128-key tile of
@@ -209,13 +435,13 @@ def emulate_mla_prefill_ps_asm_fwd(
     the raw scores from ``-FLT_MAX``, ``p = exp2(s*c2 - m_new*c2)``, ``l += sum(p)`` (fp32 p),
     ``O = alpha*O + e4m3fn(p) @ V8`` (RNE, unscaled). Epilogue: ``O *= v_scale/l`` (0 if ``l == 0``);
     ``loc == -1`` writes ``bf16(O)`` to ``output[q0:q1, h]`` (no LSE); otherwise ``splitData[loc+t, h]``
-    (fp32) and ``splitLse[loc+t, h] = m*c + ln(l)`` for all 256 tile rows ``t`` (rows past ``q1`` are
-    junk computed from whatever Q rows follow, zeros past the end of Q, as on hardware).
+    (fp32) and ``splitLse[loc+t, h] = m*c + ln(l)`` for all 256 tile rows ``t``. ``kv_off`` is ignored,
+    as by the kernel; q_len < kv_len (context chunks) works for both masks.
 
     K/V rows are read through ``kv_page_indices``; tile keys past ``len(kv_page_indices)`` read page 0,
     page indices outside ``[0, num_page)`` read zeros (buffer-descriptor semantics). Works that share
-    ``(b, loc, q0, q1, k0, k1)`` are batched across heads (all heads get identical splits, §5); if any
-    (row, head) destination is written twice the works run strictly one by one in order instead.
+    ``(b, loc, q0, q1, k0, k1)`` are batched across heads; if any (row, head) destination is written
+    twice the works run strictly one by one in order instead.
 
     Args:
         Q: ``[total_q, H, Dqk]`` float8_e4m3fn (Dqk = 192 on hardware), contiguous or not.
@@ -229,9 +455,9 @@ def emulate_mla_prefill_ps_asm_fwd(
         max_seqlen_q: ignored (as by the host and kernel).
         softmax_scale: softmax scale in natural-log units (``1/sqrt(192)`` for MLA), Python float.
         is_causal: bottom-right causal masking.
-        splitData: ``[R, H, Dv]`` fp32, written for split works (rows ``[loc, loc+256)`` that fit).
+        splitData: ``[R, H, Dv]`` fp32, written for works with a partial slot.
         splitLse: ``[R, H]`` fp32, natural-log LSE of the partials.
-        output: ``[total_q, H, Dv]`` (bf16 on hardware), written for unsplit works.
+        output: ``[total_q, H, Dv]`` (bf16 on hardware), written for works with ``loc == -1``.
         q_scale, k_scale, v_scale: one-element fp32 dequant multipliers (real = fp8 * scale).
         faults: optional fault names (:data:`KERNEL_FAULTS` act here; :data:`REDUCE_FAULTS` are
             accepted and ignored).
@@ -241,167 +467,78 @@ def emulate_mla_prefill_ps_asm_fwd(
 
     Raises:
         ValueError: a scale is None or not one element; head/row/dim mismatch between tensors; a work
-            references a sequence, head or rows outside the buffers (the hardware would corrupt
-            memory); an unknown fault name.
+            references a sequence, head or rows outside the buffers; an unknown fault name.
     """
     fs = normalize_faults(faults)
-    dev = Q.device
-    if Q.dim() != 3 or K.dim() != 3 or V.dim() != 3:
-        raise ValueError(
-            f"Q/K/V must be 3-D [tokens, H, D], got {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}"
-        )
-    total_q, H, dqk = (int(v) for v in Q.shape)
-    num_page = int(K.shape[0])
-    dv = int(V.shape[-1])
-    if K.shape[1] != H or V.shape[1] != H or K.shape[2] != dqk or V.shape[0] != num_page:
-        raise ValueError(
-            f"inconsistent shapes: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} "
-            "(need K [P, H, Dqk] and V [P, H, Dv] with Q's H and Dqk)"
-        )
-    if tuple(output.shape[1:]) != (H, dv):
-        raise ValueError(f"output must be [total_q, {H}, {dv}], got {tuple(output.shape)}")
-    c_sm = torch.tensor(float(softmax_scale), dtype=torch.float32, device=dev)
-    qs = _scalar_f32(q_scale, "q_scale", dev)
-    ks = _scalar_f32(k_scale, "k_scale", dev)
-    vs = _scalar_f32(v_scale, "v_scale", dev)
-    c = c_sm * qs * ks
-    if "double_qk_descale" in fs:
-        c = c * qs * ks
-    c2 = c * torch.tensor(_LOG2E, dtype=torch.float32, device=dev)
-    lse_mul = c2 if "lse_base2_mix" in fs else c
-
-    qo = [int(v) for v in qo_indptr.reshape(-1).tolist()]
-    kvp = [int(v) for v in kv_indptr.reshape(-1).tolist()]
-    if len(qo) != len(kvp):
-        raise ValueError(f"qo_indptr has {len(qo)} entries but kv_indptr has {len(kvp)}")
-    n_used = int(kv_page_indices.numel())
-    pages = kv_page_indices.reshape(-1).to(device=dev, dtype=torch.long)
+    total_q, H, _num_page, _dv = _check_kernel_tensors(Q, K, V, output)
+    cs = _softmax_consts(softmax_scale, q_scale, k_scale, v_scale, fs, Q.device)
+    qo, kvp = _indptr_lists(qo_indptr, kv_indptr)
     works = _work_list(work_indptr, work_info_set)
     if not works:
         return
     n_split_rows = int(splitData.shape[0]) if splitData is not None else 0
-
-    # decode and validate all works; destination head map (head_swap fault)
+    decoded = _decode_works(works, len(qo) - 1, H, total_q, int(output.shape[0]), n_split_rows)
     dest_head = list(range(H))
     if "head_swap" in fs and H >= 2:
         dest_head[0], dest_head[1] = 1, 0
-    decoded = []
-    for w in works:
-        b, loc, q0, q1, k0, k1, _kv_off, hr = w
-        hr &= 0xFFFFFFFF
-        h_lo, h_hi = hr & 0xFFFF, (hr >> 16) & 0xFFFF
-        if not 0 <= b < len(qo) - 1:
-            raise ValueError(f"work {w}: batch index {b} outside [0, {len(qo) - 1})")
-        if not (0 <= h_lo < h_hi <= H):
-            if h_hi <= h_lo:
-                continue  # empty head range: nothing to compute
-            raise ValueError(f"work {w}: head range [{h_lo}, {h_hi}) outside [0, {H})")
-        if not (0 <= q0 <= q1 <= total_q):
-            raise ValueError(f"work {w}: q rows [{q0}, {q1}) outside [0, {total_q})")
-        if loc == -1:
-            if q1 > output.shape[0]:
-                raise ValueError(f"work {w}: output has {output.shape[0]} rows, needs {q1}")
-        elif loc < 0 or loc + (q1 - q0) > n_split_rows:
-            raise ValueError(
-                f"work {w}: partial rows [{loc}, {loc + q1 - q0}) outside splitData/splitLse "
-                f"({n_split_rows} rows; size them as 256 * number of partial slots)"
-            )
-        decoded.append((b, loc, q0, q1, k0, k1, h_lo, h_hi))
-
-    # Batch identical (b, loc, q0, q1, k0, k1) across heads unless a destination is written twice.
-    out_cnt = torch.zeros((max(total_q, 1), H), dtype=torch.int32)
-    split_cnt = torch.zeros((max(n_split_rows, 1), H), dtype=torch.int32)
-    for b, loc, q0, q1, k0, k1, h_lo, h_hi in decoded:
-        if loc == -1:
-            out_cnt[q0:q1, h_lo:h_hi] += 1
-        else:
-            split_cnt[loc : loc + QO_TILE, h_lo:h_hi] += 1
-    sequential = bool((out_cnt > 1).any()) or bool((split_cnt > 1).any())
-    groups: dict[tuple, list[int]] = {}
-    order: list[tuple[tuple, list[int]]] = []
-    for b, loc, q0, q1, k0, k1, h_lo, h_hi in decoded:
-        key = (b, loc, q0, q1, k0, k1)
-        heads = list(range(h_lo, h_hi))
-        if sequential:
-            order.append((key, heads))
-        elif key in groups:
-            groups[key].extend(heads)
-        else:
-            groups[key] = heads
-            order.append((key, heads))
-
-    causal = bool(is_causal) and "no_causal_mask" not in fs
-    top_left = "top_left_causal" in fs
-    off_by_one = "kv_tile_off_by_one" in fs
-    neg_flt_max = torch.tensor(-_FLT_MAX, dtype=torch.float32, device=dev)
-    ninf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
-    zero_f = torch.zeros((), dtype=torch.float32, device=dev)
-    key_ar = torch.arange(KV_TILE, device=dev)
-
-    for (b, loc, q0, q1, k0, k1), heads in order:
-        hs = torch.tensor(heads, dtype=torch.long, device=dev)
-        dst = torch.tensor([dest_head[h] for h in heads], dtype=torch.long, device=dev)
-        nh = len(heads)
-        q_len = qo[b + 1] - qo[b]
-        kv_len = kvp[b + 1] - kvp[b]
-        k0l, k1l = k0 - kvp[b], k1 - kvp[b]
-        k_lim = k1l - 1 if off_by_one else k1l
-        nrows = (q1 - q0) if loc == -1 else QO_TILE
-        rows = torch.arange(q0, q0 + nrows, device=dev)
-        row_ok = rows < total_q
-        qt = Q[rows.clamp(max=max(total_q - 1, 0))[:, None], hs[None, :]]  # [nr, nh, Dqk] fp8
-        qt = torch.where(row_ok[:, None, None], qt.double(), 0.0).permute(1, 0, 2)  # [nh, nr, Dqk]
-        i_loc = rows - qo[b]
-        if causal:
-            diag = (kv_len - q_len) if not top_left else 0
-            lim = torch.clamp(i_loc + diag + 1, max=k_lim)
-        else:
-            lim = torch.full_like(rows, k_lim)
-
-        m = neg_flt_max.expand(nh, nrows).clone()
-        l = torch.zeros((nh, nrows), dtype=torch.float32, device=dev)
-        acc = torch.zeros((nh, nrows, dv), dtype=torch.float32, device=dev)
-        for j0 in range(k0l, k1l, KV_TILE):
-            j = j0 + key_ar  # local key positions
-            pos = kvp[b] + j
-            pos_ok = (pos >= 0) & (pos < n_used)
-            if n_used:
-                page = torch.where(pos_ok, pages[pos.clamp(0, n_used - 1)], 0)
-            else:
-                page = torch.zeros_like(pos)
-            page_ok = (page >= 0) & (page < num_page)
-            pidx = page.clamp(0, max(num_page - 1, 0))
-            kt = torch.where(page_ok[:, None, None], K[pidx[:, None], hs[None, :]].double(), 0.0)
-            vt = torch.where(page_ok[:, None, None], V[pidx[:, None], hs[None, :]].double(), 0.0)
-            s = torch.matmul(qt, kt.permute(1, 2, 0)).float()  # [nh, nr, 128], exact then fp32
-            s = torch.where((j[None, :] >= lim[:, None])[None], ninf, s)
-            m_new = torch.maximum(m, s.amax(dim=-1))
-            alpha = torch.exp2((m - m_new) * c2)
-            mc2 = m_new * c2
-            p = torch.exp2(_fma_f32(s, c2, -mc2[..., None]))
-            l = alpha * l + p.double().sum(dim=-1).float()
-            p8 = p.to(torch.float8_e4m3fn)
-            pv = torch.matmul(p8.double(), vt.permute(1, 0, 2))  # [nh, nr, Dv], exact
-            acc = ((alpha[..., None] * acc).double() + pv).float()
-            m = m_new
-
-        scale = vs if "drop_v_descale" not in fs else torch.ones_like(vs)
-        inv = torch.where(l == 0, zero_f, scale / l)
-        o = acc * inv[..., None]  # [nh, nr, Dv] fp32
-        if loc == -1:
-            output[q0:q1, dst] = o.permute(1, 0, 2).to(output.dtype)
-        else:
-            if "lse_base2_mix" in fs:
-                lse = m * lse_mul + torch.log2(l)  # base 2: the fault
-            else:
-                lse = m * lse_mul + torch.log2(l) / _LOG2E  # ln(l) computed as log2(l)/log2(e)
-            nfit = min(QO_TILE, n_split_rows - loc)
-            splitData[loc : loc + nfit, dst] = o[:, :nfit].permute(1, 0, 2).to(splitData.dtype)
-            splitLse[loc : loc + nfit, dst] = lse[:, :nfit].T.to(splitLse.dtype)
+    pages = kv_page_indices.reshape(-1).to(device=Q.device, dtype=torch.long)
+    for w, heads in _batch_across_heads(decoded, total_q, H, n_split_rows):
+        _run_work(w, heads, [dest_head[h] for h in heads], Q, K, V, pages, qo, kvp, bool(is_causal), cs, fs,
+                  (splitData, splitLse, output))
 
 
 # ----------------------------------------------------------------------------------------------
 # reduce
+
+
+def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor,
+                   min_partials: int, skip_first: bool) -> list[tuple[int, int, int, list[int]]]:
+    """The groups the reduce runs: ``(g, qo_start, qo_end, partial locations)`` for every group with at
+    least ``min_partials`` partials and a non-empty row range (``skip_first``: drop the first one, the
+    skip_split_tile fault)."""
+    ri = [int(v) for v in reduce_indptr.reshape(-1).tolist()]
+    fmap = reduce_final_map.reshape(-1, 2).tolist() if reduce_final_map.numel() else []
+    pmap = [int(v) for v in reduce_partial_map.reshape(-1).tolist()]
+    out = []
+    for g in range(len(ri) - 1):
+        lo, hi = ri[g], ri[g + 1]
+        if hi - lo < min_partials:
+            continue
+        if skip_first:
+            skip_first = False
+            continue
+        if g >= len(fmap) or hi > len(pmap):
+            raise ValueError(
+                f"reduce group {g}: maps too short (final_map {len(fmap)} rows, partial_map {len(pmap)})"
+            )
+        q0, q1 = (int(v) for v in fmap[g])
+        if q1 > q0:
+            out.append((g, q0, q1, pmap[lo:hi]))
+    return out
+
+
+def _merge_partials(lses: list[torch.Tensor], partials: list[torch.Tensor],
+                    no_max: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 LSE merge: ``M = max lse_i``, ``S = sum exp(lse_i - M)``, ``lse* = M + ln S`` (+inf where S is
+    0 or NaN), ``O = sum exp(lse_i - lse*) * O_i``. ``no_max``: the lse_no_max_subtraction fault."""
+    if no_max:
+        ssum = torch.zeros_like(lses[0])
+        for x in lses:
+            ssum = ssum + torch.exp(x)
+        lse_star = torch.log(ssum)
+    else:
+        mx = lses[0]
+        for x in lses[1:]:
+            mx = torch.maximum(mx, x)
+        ssum = torch.zeros_like(mx)
+        for x in lses:
+            ssum = ssum + torch.exp(x - mx)
+        lse_star = mx + torch.log(ssum)
+    lse_star = torch.where((ssum == 0) | torch.isnan(ssum), float("inf"), lse_star)
+    acc = torch.zeros_like(partials[0])
+    for x, o in zip(lses, partials):
+        acc = acc + torch.exp(x - lse_star)[..., None] * o
+    return lse_star, acc
 
 
 def emulate_mla_reduce_v1(
@@ -414,18 +551,22 @@ def emulate_mla_reduce_v1(
     final_lse: torch.Tensor | None = None,
     *,
     faults: Iterable[str] | str | None = None,
+    post_3606: bool = False,
 ) -> None:
     """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
 
-    Source: contract doc §5 (maps), §8 (maths); AITER ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
+    Source: docs/aiter-contract.md (metadata buffers, reduce maths, ROCm/aiter#3606); AITER
+    ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
 
-    For each group ``g`` with ``n = reduce_indptr[g+1] - reduce_indptr[g] >= 2`` partials at
-    locations ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g+1]]`` and rows
+    For each group ``g`` with ``n = reduce_indptr[g+1] - reduce_indptr[g]`` partials at locations
+    ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g+1]]`` and rows
     ``[qo_start, qo_end) = reduce_final_map[g]``, for every head and row ``s`` (``t = s - qo_start``):
     ``M = max_i lse_i``, ``S = sum_i exp(lse_i - M)``, ``lse* = M + ln S`` (``+inf`` if S is 0 or NaN),
     ``final_output[s, h] = cast(sum_i exp(lse_i - lse*) * O_i)``, ``final_lse[s, h] = lse*``. All in
-    fp32, natural exp/log, partials accumulated in map order. Groups with 0 or 1 partials are skipped:
-    neither output nor LSE is written.
+    fp32, natural exp/log, partials accumulated in map order. The reduce runs for ``n >= 2`` before
+    #3606 (groups with 0 or 1 partials are skipped: neither output nor LSE is written) and for
+    ``n >= 1`` from #3606 on (AITER v0.1.22; the planner then gives every tile a group, so
+    ``final_lse`` is written for every row).
 
     Args:
         partial_output: ``[R, H, Dv]`` fp32 partials (``splitData``).
@@ -433,9 +574,10 @@ def emulate_mla_reduce_v1(
         reduce_indptr: ``[tiles+1]`` integer group pointers into ``reduce_partial_map``.
         reduce_final_map: ``[tiles, 2]`` integer ``[qo_start, qo_end)`` per group.
         reduce_partial_map: ``[slots]`` integer partial row offsets.
-        final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for split rows only.
-        final_lse: optional ``[total_q, H]`` fp32, written for split rows only.
+        final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for the reduced rows.
+        final_lse: optional ``[total_q, H]`` fp32, written for the reduced rows.
         faults: optional fault names (:data:`REDUCE_FAULTS` act here; kernel faults are ignored).
+        post_3606: reduce groups of a single partial too (ROCm/aiter#3606 semantics).
 
     Returns:
         None (in-place).
@@ -445,61 +587,89 @@ def emulate_mla_reduce_v1(
             fault name.
     """
     fs = normalize_faults(faults)
-    ri = [int(v) for v in reduce_indptr.reshape(-1).tolist()]
-    if len(ri) < 2:
-        return
-    fmap = reduce_final_map.reshape(-1, 2).tolist() if reduce_final_map.numel() else []
-    pmap = [int(v) for v in reduce_partial_map.reshape(-1).tolist()]
+    groups = _reduce_groups(reduce_indptr, reduce_final_map, reduce_partial_map, 1 if post_3606 else 2,
+                            "skip_split_tile" in fs)
     n_rows = int(partial_output.shape[0])
-    no_max = "lse_no_max_subtraction" in fs
-    skip_first = "skip_split_tile" in fs
-    inf = float("inf")
-    for g in range(len(ri) - 1):
-        lo, hi = ri[g], ri[g + 1]
-        if hi - lo < 2:
-            continue
-        if skip_first:
-            skip_first = False
-            continue
-        if g >= len(fmap) or hi > len(pmap):
-            raise ValueError(f"reduce group {g}: maps too short (final_map {len(fmap)} rows, partial_map {len(pmap)})")
-        q0, q1 = (int(v) for v in fmap[g])
+    for g, q0, q1, locs in groups:
         nr = q1 - q0
-        if nr <= 0:
-            continue
         if q1 > final_output.shape[0]:
-            raise ValueError(f"reduce group {g}: rows [{q0}, {q1}) outside final_output ({final_output.shape[0]} rows)")
-        locs = pmap[lo:hi]
+            raise ValueError(
+                f"reduce group {g}: rows [{q0}, {q1}) outside final_output ({final_output.shape[0]} rows)"
+            )
         for p in locs:
             if p < 0 or p + nr > n_rows:
                 raise ValueError(
                     f"reduce group {g}: partial rows [{p}, {p + nr}) outside partial buffers ({n_rows} rows)"
                 )
-        lses = [partial_lse[p : p + nr].float() for p in locs]  # each [nr, H]
-        if no_max:
-            ssum = torch.zeros_like(lses[0])
-            for x in lses:
-                ssum = ssum + torch.exp(x)
-            lse_star = torch.log(ssum)
-        else:
-            mx = lses[0]
-            for x in lses[1:]:
-                mx = torch.maximum(mx, x)
-            ssum = torch.zeros_like(mx)
-            for x in lses:
-                ssum = ssum + torch.exp(x - mx)
-            lse_star = mx + torch.log(ssum)
-        lse_star = torch.where((ssum == 0) | torch.isnan(ssum), inf, lse_star)
-        acc = torch.zeros((nr,) + tuple(partial_output.shape[1:]), dtype=torch.float32, device=partial_output.device)
-        for p, x in zip(locs, lses):
-            acc = acc + torch.exp(x - lse_star)[..., None] * partial_output[p : p + nr].float()
+        lse_star, acc = _merge_partials([partial_lse[p : p + nr].float() for p in locs],
+                                        [partial_output[p : p + nr].float() for p in locs],
+                                        "lse_no_max_subtraction" in fs)
         final_output[q0:q1] = acc.to(final_output.dtype)
         if final_lse is not None:
             final_lse[q0:q1] = lse_star.to(final_lse.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
-# driver
+# whole path: plan, kernel, reduce
+
+
+def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: tuple) -> None:
+    """q8 ``[T, H, Dqk]``, k8 ``[P, H, Dqk]``, v8 ``[P, H, Dv]`` float8_e4m3fn on one device; one-element
+    fp32 scales. ValueError naming the bad argument otherwise."""
+    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
+            raise ValueError(
+                f"{name} must be a 3-D float8_e4m3fn tensor, got "
+                f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
+            )
+    T, H, dqk = (int(v) for v in q8.shape)
+    P = int(k8.shape[0])
+    if tuple(k8.shape[1:]) != (H, dqk) or v8.shape[0] != P or v8.shape[1] != H:
+        raise ValueError(
+            f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: got k8 {tuple(k8.shape)}, "
+            f"v8 {tuple(v8.shape)}"
+        )
+    if k8.device != q8.device or v8.device != q8.device:
+        raise ValueError(f"q8/k8/v8 must share a device: {q8.device}, {k8.device}, {v8.device}")
+    for name, sc in zip(("q_scale", "k_scale", "v_scale"), scales):
+        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or sc.numel() != 1:
+            raise ValueError(f"{name} must be a one-element fp32 tensor, got {sc!r:.80}")
+
+
+def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tensor:
+    """``cu`` as a contiguous CPU int32 tensor rising from 0 to ``total``; ValueError otherwise."""
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(cu, 'dtype', type(cu))}")
+    cu_cpu = cu.detach().cpu().contiguous()
+    vals = cu_cpu.tolist()
+    if len(vals) < 1 or vals[0] != 0 or vals[-1] != total or any(a > b for a, b in zip(vals, vals[1:])):
+        raise ValueError(f"{name} must rise from 0 to {label}={total}, got {vals[:8]}{'...' if len(vals) > 8 else ''}")
+    return cu_cpu
+
+
+def _check_lengths(cu_q: torch.Tensor, cu_kv: torch.Tensor, causal: bool) -> None:
+    """Same batch size; with ``causal`` every q_len <= kv_len (bottom-right alignment needs it)."""
+    if cu_q.numel() != cu_kv.numel():
+        raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
+    q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_kv[1:] - cu_kv[:-1]).tolist()
+    bad = [b for b, (a, k) in enumerate(zip(q_lens, kv_lens)) if causal and a > k]
+    if bad:
+        b = bad[0]
+        raise ValueError(f"sequence {b}: q_len {q_lens[b]} > kv_len {kv_lens[b]} with causal=True (undefined)")
+
+
+def plan_emulated(cu_q: torch.Tensor, cu_kv: torch.Tensor, *, num_heads: int, cu_num: int, causal: bool,
+                  post_3606: bool):
+    """The planner port's plan for a prefill or context chunk, with the kernel's fixed keywords
+    (``qlen_granularity=256``, ``kvlen_granularity=128``, ``block_size=1``, ``qhead_granularity=1``,
+    ``gqa_ratio=1``, ``context_lens`` = kv lengths) and the partial-slot semantics of
+    ``post_3606``."""
+    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
+
+    kv_lens = (cu_kv[1:] - cu_kv[:-1]).to(torch.int32).contiguous()
+    return plan_ps_prefill(cu_q, cu_kv, kv_lens, num_heads_k=num_heads, cu_num=int(cu_num), gqa_ratio=1,
+                           qhead_granularity=1, qlen_granularity=Q_TILE, kvlen_granularity=KV_TILE, block_size=1,
+                           is_causal=bool(causal), post_3606=bool(post_3606))
 
 
 def run_emulated_prefill(
@@ -517,129 +687,65 @@ def run_emulated_prefill(
     faults: Iterable[str] | str | None = None,
     return_lse: bool = False,
     poison: bool = True,
+    cu_seqlens_kv: torch.Tensor | None = None,
+    post_3606: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plan, run the emulated kernel and reduce: an emulated AITER PS FP8 MLA prefill.
 
-    Source: contract doc §3 (call sequence), §5, §7, §8, §10, §11; AITER ``e4048607a535``.
+    Source: docs/aiter-contract.md (call sequence, metadata, kernel numerics, reduce, ROCm/aiter#3606).
 
-    Plans with :func:`mla_fp8_bench.aiter_ps.planner.plan_ps_prefill` (``qlen_granularity=256``,
-    ``kvlen_granularity=128``, ``block_size=1``, ``qhead_granularity=1``, ``gqa_ratio=1``,
-    ``kv_indptr = cu_seqlens``, ``context_lens`` = sequence lengths, identity ``kv_page_indices``),
+    Plans with :func:`plan_emulated` (``kv_indptr = cu_seqlens_kv``, identity ``kv_page_indices``),
     allocates ``splitData``/``splitLse`` from the *live* partial count (``num_partials * 256`` rows),
     runs :func:`emulate_mla_prefill_ps_asm_fwd` then :func:`emulate_mla_reduce_v1`.
 
     Args:
         q8: ``[T, H, 192]`` float8_e4m3fn queries (real = q8 * q_scale).
-        k8: ``[T, H, 192]`` float8_e4m3fn keys (q_len == kv_len per sequence).
-        v8: ``[T, H, 128]`` float8_e4m3fn values.
+        k8: ``[P, H, 192]`` float8_e4m3fn keys (P = T unless ``cu_seqlens_kv`` is given).
+        v8: ``[P, H, 128]`` float8_e4m3fn values.
         q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
-        cu_seqlens: int32 ``[B+1]`` cumulative sequence lengths (``cu_seqlens[-1] == T``).
+        cu_seqlens: int32 ``[B+1]`` cumulative q lengths (``cu_seqlens[-1] == T``).
         softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
-        causal: bottom-right causal masking (== top-left here, since q_len == kv_len).
-        cu_num: CU count the plan is made for (256 on MI355X). Small values with many heads give
-            few splits; large values relative to the work force splits.
+        causal: bottom-right causal masking (query i of a sequence sees key j iff
+            ``j <= kv_len - q_len + i``); False for a context chunk.
+        cu_num: CU count the plan is made for (256 on MI355X).
         faults: optional fault names from :data:`ALL_FAULTS`.
-        return_lse: also return the ``[T, H]`` fp32 final LSE (natural log). Only rows of split tiles
-            are defined (pre-#3606 gap, §8); other rows are NaN when ``poison`` (else undefined).
+        return_lse: also return the ``[T, H]`` fp32 final LSE (natural log). Post-#3606 every row is
+            written; pre-#3606 only rows of split tiles (others NaN when ``poison``, else undefined).
         poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
+        cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``
+            (q_len == kv_len). A context chunk has q_len < kv_len.
+        post_3606: ROCm/aiter#3606 semantics (AITER v0.1.22+): every work gets a partial slot and the
+            reduce runs for every tile; False for AITER <= v0.1.21.
 
     Returns:
         ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
 
     Raises:
-        ValueError: wrong dtypes/shapes/devices, ``cu_seqlens`` inconsistent with ``T``, a scale that
-            is None or not one element, or an unknown fault name.
-        ImportError: the planner port :mod:`mla_fp8_bench.aiter_ps.planner` is unavailable.
+        ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with
+            ``causal``, a scale that is None or not one element, or an unknown fault name.
     """
     fs = normalize_faults(faults)
-    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
-            raise ValueError(
-                f"{name} must be a 3-D float8_e4m3fn tensor, got "
-                f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
-            )
-    T, H, dqk = (int(v) for v in q8.shape)
-    if tuple(k8.shape) != (T, H, dqk) or v8.shape[0] != T or v8.shape[1] != H:
-        raise ValueError(
-            f"k8 must match q8 {tuple(q8.shape)} and v8 must be [T, H, Dv]: got k8 {tuple(k8.shape)}, "
-            f"v8 {tuple(v8.shape)}"
-        )
-    dev = q8.device
-    if k8.device != dev or v8.device != dev:
-        raise ValueError(f"q8/k8/v8 must share a device: {q8.device}, {k8.device}, {v8.device}")
-    for name, sc in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
-        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or sc.numel() != 1:
-            raise ValueError(f"{name} must be a one-element fp32 tensor, got {sc!r:.80}")
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        raise ValueError(f"cu_seqlens must be a 1-D int32 tensor, got {getattr(cu_seqlens, 'dtype', type(cu_seqlens))}")
-    cu_cpu = cu_seqlens.detach().cpu().contiguous()
-    cu_list = cu_cpu.tolist()
-    if len(cu_list) < 1 or cu_list[0] != 0 or cu_list[-1] != T or any(
-        a > b for a, b in zip(cu_list, cu_list[1:])
-    ):
-        raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu_list[:8]}{'...' if len(cu_list) > 8 else ''}")
-
-    dv = int(v8.shape[-1])
-    output = torch.full((T, H, dv), float("nan"), dtype=torch.bfloat16, device=dev) if poison else torch.empty(
-        (T, H, dv), dtype=torch.bfloat16, device=dev
-    )
-    final_lse = torch.full((T, H), float("nan"), dtype=torch.float32, device=dev) if poison else torch.empty(
-        (T, H), dtype=torch.float32, device=dev
-    )
-    B = len(cu_list) - 1
-    if B == 0 or T == 0:
-        return (output, final_lse) if return_lse else output
-
-    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # lazy: the emulator itself does not need the planner
-
-    seqlens = (cu_cpu[1:] - cu_cpu[:-1]).to(torch.int32).contiguous()
-    plan = plan_ps_prefill(
-        cu_cpu,
-        cu_cpu,
-        seqlens,
-        num_heads_k=H,
-        cu_num=int(cu_num),
-        gqa_ratio=1,
-        qhead_granularity=1,
-        qlen_granularity=QO_TILE,
-        kvlen_granularity=KV_TILE,
-        block_size=1,
-        is_causal=bool(causal),
-    )
-    n_rows = int(plan.num_partials) * QO_TILE
+    _check_fp8_qkv(q8, k8, v8, (q_scale, k_scale, v_scale))
+    T, H = int(q8.shape[0]), int(q8.shape[1])
+    cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
+    cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
+    _check_lengths(cu_q, cu_kv, bool(causal))
+    dev, dv = q8.device, int(v8.shape[-1])
     fill = float("nan") if poison else 0.0
+    output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)
+    final_lse = torch.full((T, H), fill, dtype=torch.float32, device=dev)
+    if cu_q.numel() < 2 or T == 0:
+        return (output, final_lse) if return_lse else output
+    plan = plan_emulated(cu_q, cu_kv, num_heads=H, cu_num=cu_num, causal=causal, post_3606=post_3606)
+    n_rows = int(plan.num_partials) * Q_TILE
     split_data = torch.full((n_rows, H, dv), fill, dtype=torch.float32, device=dev)
     split_lse = torch.full((n_rows, H), fill, dtype=torch.float32, device=dev)
-    cu_dev = cu_cpu.to(dev)
-    kv_page_indices = torch.arange(T, dtype=torch.int32, device=dev)
-    emulate_mla_prefill_ps_asm_fwd(
-        q8,
-        k8,
-        v8,
-        cu_dev,
-        cu_dev,
-        kv_page_indices,
-        plan.work_indptr,
-        plan.work_info,
-        int(max(b - a for a, b in zip(cu_list, cu_list[1:]))),
-        float(softmax_scale),
-        bool(causal),
-        split_data,
-        split_lse,
-        output,
-        q_scale,
-        k_scale,
-        v_scale,
-        faults=fs,
-    )
-    emulate_mla_reduce_v1(
-        split_data,
-        split_lse,
-        plan.reduce_indptr,
-        plan.reduce_final_map,
-        plan.reduce_partial_map,
-        output,
-        final_lse,
-        faults=fs,
-    )
+    pages = torch.arange(int(k8.shape[0]), dtype=torch.int32, device=dev)
+    max_q = int((cu_q[1:] - cu_q[:-1]).max())
+    emulate_mla_prefill_ps_asm_fwd(q8, k8, v8, cu_q.to(dev), cu_kv.to(dev), pages, plan.work_indptr, plan.work_info,
+                                   max_q, float(softmax_scale), bool(causal), split_data, split_lse, output, q_scale,
+                                   k_scale, v_scale, faults=fs)
+    emulate_mla_reduce_v1(split_data, split_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                          output, final_lse, faults=fs, post_3606=post_3606)
     return (output, final_lse) if return_lse else output
+

@@ -2,23 +2,28 @@
 
 :func:`make_standin_aiter` builds a module object named ``"aiter"`` (a package: ``__path__ = []``,
 ``__spec__`` set) that exposes the four primitives a backend calls, with the real Python parameter
-names and defaults (contract doc §3; AITER main ``e4048607a535``), so ``inspect.signature`` feature
-detection (§2) sees what it would see on a real install of the emulated version:
+names and defaults of the emulated AITER version (docs/aiter-contract.md: API reference, versions
+and feature detection), so ``inspect.signature`` feature detection sees what it would see on a real
+install of that version:
 
-* ``get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256)``
+* ``get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256)``; from v0.1.22
+  (ROCm/aiter#3606) ``..., max_kvlen=None, kvlen_granularity=128)`` with the #3606 bounds;
 * ``get_ps_metadata_v1(seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k,
   work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map,
   qhead_granularity=1, qlen_granularity=256, kvlen_granularity=1, block_size=1, is_causal=True)``
-  (the binding's real defaults ``1, 1``, not the stub's ``16, 16``; §3.2)
+  (the binding's real defaults ``1, 1``, not the stub's ``16, 16``); from v0.1.22 every work gets a
+  partial slot and every tile a reduce group;
 * ``mla_prefill_ps_asm_fwd(Q, K, V, qo_indptr, kv_indptr, kv_page_indices, work_indptr,
   work_info_set, max_seqlen_q, softmax_scale, is_causal, splitData, splitLse, output,
-  q_scale=None, k_scale=None, v_scale=None)`` (§3.3)
-* ``mla_reduce_v1`` in its 7-, 8- or 9-argument form (§3.4).
+  q_scale=None, k_scale=None, v_scale=None)``;
+* ``mla_reduce_v1`` in its 7-, 8- or 9-argument form; from v0.1.22 it reduces groups of one partial
+  too and so writes ``final_lse`` for every row.
 
 Unlike the real primitives (which check almost nothing and fail with garbage, faults or memory
 corruption), every stand-in validates like a strict launcher and raises :class:`StandinContractError`
 (a ``ValueError``) naming what the real one would mishandle. Valid calls delegate to the pure-Python
-planner port (:mod:`.planner`) and to the emulator (:mod:`.emulator`), so results are those of
+planner port (:mod:`mla_fp8_bench.aiter_ps.planner`) and to the emulator
+(:mod:`mla_fp8_bench.aiter_ps.emulator`), so results are those of
 :func:`mla_fp8_bench.aiter_ps.emulator.run_emulated_prefill`. Every call is recorded in
 ``module.calls``.
 
@@ -29,89 +34,43 @@ from __future__ import annotations
 
 import importlib.machinery
 import math
-import re
 import types
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from mla_fp8_bench.aiter_ps.emulator import (
-    KV_TILE,
-    QO_TILE,
     emulate_mla_prefill_ps_asm_fwd,
     emulate_mla_reduce_v1,
     normalize_faults,
 )
+from mla_fp8_bench.aiter_ps.facts import (
+    BUFFER_NAMES,
+    NEWEST_MODELLED_VERSION,
+    PS_PREFILL_FIRST_VERSION,
+    Q_TILE,
+    WORK_INFO_COLS,
+    format_version,
+    is_post_3606,
+    kvlen_granularity_for,
+    parse_aiter_version,
+    reduce_arity_for_version,
+    reduce_heads_for,
+    unpack_q_head_range,
+)
 
-__all__ = [
-    "StandinContractError",
-    "make_standin_aiter",
-    "accepted_reduce_heads",
-    "reduce_variant_for_version",
-    "DEFAULT_AITER_VERSION",
-    "PS_PREFILL_FIRST_VERSION",
-]
-
-#: AITER version emulated by default (the newest tag at the reference commit is v0.1.20.post1).
-DEFAULT_AITER_VERSION = (0, 1, 20)
-#: First version with the PS prefill primitives (tag v0.1.10.post1; ``(0, 1, 10)`` is taken to mean it).
-PS_PREFILL_FIRST_VERSION = (0, 1, 10)
+__all__ = ["StandinContractError", "make_standin_aiter"]
 
 _QK_DIM = 192
 _V_DIM = 128
 _FP8 = torch.float8_e4m3fn
 
-# Head counts accepted by mla_reduce_v1 for dv=128, by version (contract §3.4).
-_REDUCE_HEADS_STEPS = (
-    ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)),  # v0.1.10.post1 (assumed for older versions too)
-    ((0, 1, 11), (32, 64)),
-    ((0, 1, 12), (40,)),
-    ((0, 1, 20), (48, 96)),
-)
-
 
 class StandinContractError(ValueError):
     """A call the real AITER primitive would mishandle (garbage, GPU fault, memory corruption or a
-    dispatch error). The message names the argument and the contract (doc section)."""
-
-
-def _parse_version(v: Any) -> tuple[int, ...]:
-    if isinstance(v, str):
-        nums = re.findall(r"\d+", v.split("+")[0])
-        v = tuple(int(x) for x in nums[:3])
-    try:
-        out = tuple(int(x) for x in v)
-    except TypeError as exc:
-        raise ValueError(f"aiter_version must be a tuple of ints like (0, 1, 20), got {v!r}") from exc
-    if len(out) < 3:
-        raise ValueError(f"aiter_version must have at least 3 components (major, minor, patch), got {v!r}")
-    return out[:3]
-
-
-def accepted_reduce_heads(aiter_version: tuple = DEFAULT_AITER_VERSION) -> tuple[int, ...]:
-    """Head counts ``mla_reduce_v1`` dispatches for dv=128 at ``aiter_version`` (contract §3.4).
-
-    v0.1.10.post1: 1, 2, 4, 8, 10, 16, 128; v0.1.11 adds 32, 64; v0.1.12 adds 40; v0.1.20 adds 48,
-    96. Older versions are given the v0.1.10.post1 list (not documented further back).
-    """
-    ver = _parse_version(aiter_version)
-    heads: set[int] = set()
-    for since, hs in _REDUCE_HEADS_STEPS:
-        if ver >= since:
-            heads.update(hs)
-    return tuple(sorted(heads))
-
-
-def reduce_variant_for_version(aiter_version: tuple = DEFAULT_AITER_VERSION) -> int:
-    """Argument count of ``mla_reduce_v1`` at ``aiter_version``: 7 (<= 0.1.7), 8 (0.1.8 .. 0.1.15.x)
-    or 9 (>= 0.1.16, ROCm/aiter#3391). Contract §3.4."""
-    ver = _parse_version(aiter_version)
-    if ver >= (0, 1, 16):
-        return 9
-    if ver >= (0, 1, 8):
-        return 8
-    return 7
+    dispatch error). The message names the function, the argument and the contract."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,7 +159,7 @@ class _Checker:
         if t is None:
             self.fail(
                 f"{name} is None: the kernel always reads the scale, a null dereference on hardware "
-                "(pass a one-element fp32 device tensor, 1.0 for unit scale; contract §3.3)"
+                "(pass a one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md, kernel arguments)"
             )
         t = self.tensor(name, t)
         self.dtype(name, t, torch.float32, why=" (one-element fp32 dequant multiplier)")
@@ -208,6 +167,502 @@ class _Checker:
             self.fail(f"{name} has shape {tuple(t.shape)}: must be [1] or [] (one fp32 element)")
         if t.device != device:
             self.fail(f"{name} is on {t.device}: must be a device tensor on {device} like Q")
+
+
+
+# ----------------------------------------------------------------------------------------------
+# module state and call recording
+
+
+@dataclass
+class _State:
+    """What one stand-in module emulates, and its call log."""
+
+    cu_num: int
+    version: tuple[int, int, int]
+    variant: int
+    heads_ok: tuple[int, ...]
+    faults: frozenset[str]
+    post_3606: bool
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, name: str, args: dict[str, Any], body: Callable[[], Any]) -> Any:
+        """Run ``body`` and log ``{"name", "args", "ok", "error"}`` (args summarised)."""
+        entry = {"name": name, "args": {k: _summary(v) for k, v in args.items()}, "ok": None, "error": None}
+        self.calls.append(entry)
+        try:
+            out = body()
+        except Exception as exc:
+            entry["ok"], entry["error"] = False, f"{type(exc).__name__}: {exc}"
+            raise
+        entry["ok"] = True
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# get_ps_metadata_info_v1
+
+
+def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
+    """Six ``(shape, dtype)`` pairs at ``st.cu_num``: 1-D sizes as bare ints, 2-D shapes as tuples, like
+    the real function (``aiter/ops/attention.py``)."""
+    from mla_fp8_bench.aiter_ps.planner import ps_metadata_info
+
+    ck = _Checker("get_ps_metadata_info_v1")
+    for k in ("batch_size", "num_head_k", "max_qlen", "qlen_granularity", "kvlen_granularity"):
+        if k in a and ck.py_int(k, a[k]) < (1 if k in ("num_head_k", "qlen_granularity", "kvlen_granularity") else 0):
+            ck.fail(f"{k}={a[k]} is out of range")
+    extra: dict[str, Any] = {}
+    if st.post_3606:
+        if a["max_kvlen"] is not None and ck.py_int("max_kvlen", a["max_kvlen"]) < 0:
+            ck.fail(f"max_kvlen={a['max_kvlen']} is out of range: None or an int >= 0")
+        extra = dict(post_3606=True, max_kvlen=a["max_kvlen"], kvlen_granularity=a["kvlen_granularity"])
+    info = ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], a["qlen_granularity"],
+                            cu_num=st.cu_num, **extra)
+    return [(int(shape[0]) if len(shape) == 1 else tuple(shape), getattr(torch, dt)) for shape, dt in info.values()]
+
+
+def _make_info_fn(st: _State) -> Callable[..., Any]:
+    """``get_ps_metadata_info_v1`` with the signature of ``st.version``."""
+    if st.post_3606:
+
+        def get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256, max_kvlen=None,
+                                    kvlen_granularity=128):
+            """Stand-in of ``aiter.get_ps_metadata_info_v1`` from v0.1.22 (ROCm/aiter#3606): six
+            ``(shape, dtype)`` pairs; ``max_kvlen`` (default ``max_qlen``) sizes the KV splits per tile.
+            Raises StandinContractError on bad ints."""
+            a = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen,
+                     qlen_granularity=qlen_granularity, max_kvlen=max_kvlen, kvlen_granularity=kvlen_granularity)
+            return st.record("get_ps_metadata_info_v1", a, lambda: _info_body(st, a))
+
+        return get_ps_metadata_info_v1
+
+    def get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256):
+        """Stand-in of ``aiter.get_ps_metadata_info_v1`` before v0.1.22: six ``(shape, dtype)`` pairs
+        (work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map)
+        at this module's ``cu_num``. Raises StandinContractError on bad ints."""
+        a = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen, qlen_granularity=qlen_granularity)
+        return st.record("get_ps_metadata_info_v1", a, lambda: _info_body(st, a))
+
+    return get_ps_metadata_info_v1
+
+
+# ----------------------------------------------------------------------------------------------
+# get_ps_metadata_v1
+
+
+def _check_planner_scalars(ck: _Checker, a: dict[str, Any]) -> tuple[int, bool]:
+    """The fixed keywords of the PS prefill; returns ``(kvlen_granularity, is_causal)``."""
+    if ck.py_int("gqa_ratio", a["gqa_ratio"]) != 1:
+        ck.fail(f"gqa_ratio={a['gqa_ratio']}: the PS prefill kernel exists only for gqa_ratio=1 (MHA)")
+    if ck.py_int("num_heads_k", a["num_heads_k"]) < 1:
+        ck.fail(f"num_heads_k={a['num_heads_k']} must be >= 1")
+    if ck.py_int("qhead_granularity", a["qhead_granularity"]) != 1:
+        ck.fail(f"qhead_granularity={a['qhead_granularity']}: must be 1 (one head per work)")
+    if ck.py_int("qlen_granularity", a["qlen_granularity"]) != Q_TILE:
+        ck.fail(f"qlen_granularity={a['qlen_granularity']}: must be {Q_TILE} (the kernel's q-tile)")
+    bs = ck.py_int("block_size", a["block_size"])
+    if bs != 1:
+        ck.fail(f"block_size={bs}: the PS prefill runs at page size 1")
+    kg = ck.py_int("kvlen_granularity", a["kvlen_granularity"])
+    if kg != kvlen_granularity_for(bs):
+        ck.fail(
+            f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
+            "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
+            "kernel's 128-key tiles"
+        )
+    return kg, ck.py_bool("is_causal", a["is_causal"])
+
+
+def _check_planner_buffers(ck: _Checker, a: dict[str, Any], cu_num: int) -> None:
+    """Buffer dtypes/ranks, and ``work_indptr`` sized for this device's CU count."""
+    ck.tensor("work_metadata_ptrs", a["work_metadata_ptrs"])
+    if a["work_metadata_ptrs"].numel() < 2:
+        ck.fail(f"work_metadata_ptrs has {a['work_metadata_ptrs'].numel()} elements: must be uint64 [2]")
+    wi = ck.int_vec("work_indptr", a["work_indptr"])
+    if wi.numel() != cu_num + 1:
+        ck.fail(
+            f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
+            f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
+            "(no CU masking)"
+        )
+    ck.int_mat("work_info", a["work_info"], WORK_INFO_COLS)
+    ck.int_vec("reduce_indptr", a["reduce_indptr"])
+    ck.int_mat("reduce_final_map", a["reduce_final_map"], 2)
+    ck.int_vec("reduce_partial_map", a["reduce_partial_map"])
+
+
+def _check_plan_fits(ck: _Checker, a: dict[str, Any], plan: Any) -> None:
+    """Every buffer holds what the plan writes (the real planner writes without bounds checks)."""
+    sizes = {
+        "work_info": (a["work_info"].shape[0], plan.num_works),
+        "reduce_indptr": (a["reduce_indptr"].numel(), plan.num_reduce_groups + 1),
+        "reduce_final_map": (a["reduce_final_map"].shape[0], plan.num_reduce_groups),
+        "reduce_partial_map": (a["reduce_partial_map"].numel(), plan.num_partials),
+    }
+    for name, (have, need) in sizes.items():
+        if have < need:
+            unit = "rows" if name in ("work_info", "reduce_final_map") else "entries"
+            ck.fail(
+                f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
+                "planner writes past it without bounds checks and corrupts host memory "
+                "(size with get_ps_metadata_info_v1)"
+            )
+
+
+def _planner_body(st: _State, a: dict[str, Any]) -> None:
+    """Validate, plan with the port (this version's semantics) and fill the six buffers in place."""
+    from mla_fp8_bench.aiter_ps.planner import PsPlanError, fill_aiter_buffers, plan_ps_prefill
+
+    ck = _Checker("get_ps_metadata_v1")
+    qo = ck.indptr("seqlens_qo_indptr", ck.int_vec("seqlens_qo_indptr", a["seqlens_qo_indptr"]))
+    kv = ck.indptr("pages_kv_indptr", ck.int_vec("pages_kv_indptr", a["pages_kv_indptr"]))
+    ctx = ck.int_vec("context_lens", a["context_lens"]).tolist()
+    if len(kv) != len(qo) or len(ctx) != len(qo) - 1:
+        ck.fail(
+            f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
+            f"context_lens {len(ctx)} (need B)"
+        )
+    kg, causal = _check_planner_scalars(ck, a)
+    _check_planner_buffers(ck, a, st.cu_num)
+    try:
+        plan = plan_ps_prefill(
+            qo, kv, ctx, num_heads_k=a["num_heads_k"], cu_num=st.cu_num, gqa_ratio=1, qhead_granularity=1,
+            qlen_granularity=Q_TILE, kvlen_granularity=kg, block_size=1, is_causal=causal,
+            post_3606=st.post_3606,
+        )  # fmt: skip
+    except PsPlanError as exc:
+        ck.fail(f"invalid planner input: {exc}")
+    _check_plan_fits(ck, a, plan)
+    fill_aiter_buffers(plan, *(a[n] for n in BUFFER_NAMES))
+
+
+def _make_planner_fn(st: _State) -> Callable[..., Any]:
+    def get_ps_metadata_v1(
+        seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k, work_metadata_ptrs, work_indptr,
+        work_info, reduce_indptr, reduce_final_map, reduce_partial_map, qhead_granularity=1, qlen_granularity=256,
+        kvlen_granularity=1, block_size=1, is_causal=True,
+    ):  # fmt: skip
+        """Stand-in of ``aiter.get_ps_metadata_v1``: validates, plans with the port and fills the six
+        buffers in place (whole buffers, zero tails). Returns None.
+        Raises StandinContractError for non-int32/non-contiguous inputs, unsupported granularities
+        (including the binding defaults kvlen_granularity=1/block_size=1 left implicit), a
+        work_indptr not sized cu_num+1, or buffers too small for the plan."""
+        a = dict(
+            seqlens_qo_indptr=seqlens_qo_indptr, pages_kv_indptr=pages_kv_indptr, context_lens=context_lens,
+            gqa_ratio=gqa_ratio, num_heads_k=num_heads_k, work_metadata_ptrs=work_metadata_ptrs,
+            work_indptr=work_indptr, work_info=work_info, reduce_indptr=reduce_indptr,
+            reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
+            qhead_granularity=qhead_granularity, qlen_granularity=qlen_granularity,
+            kvlen_granularity=kvlen_granularity, block_size=block_size, is_causal=is_causal,
+        )  # fmt: skip
+        return st.record("get_ps_metadata_v1", a, lambda: _planner_body(st, a))
+
+    return get_ps_metadata_v1
+
+
+# ----------------------------------------------------------------------------------------------
+# mla_prefill_ps_asm_fwd
+
+
+def _check_kernel_qkv(ck: _Checker, Q: Any, K: Any, V: Any) -> tuple[int, int]:
+    """Q/K/V contiguous float8_e4m3fn ``[T, H, 192]`` / ``[P, H, 192]`` / ``[P, H, 128]`` on one device."""
+    for name, t, d in (("Q", Q, _QK_DIM), ("K", K, _QK_DIM), ("V", V, _V_DIM)):
+        ck.tensor(name, t)
+        if t.dtype == torch.float8_e4m3fnuz:
+            ck.fail(f"{name} is float8_e4m3fnuz (the gfx942 format, max 240): gfx950 needs float8_e4m3fn")
+        ck.dtype(name, t, _FP8)
+        ck.ndim(name, t, 3, f"[tokens, H, {d}]")
+        if t.shape[-1] != d:
+            ck.fail(f"{name} head dim is {t.shape[-1]}: must be {d} (hard-wired H*{d} byte strides)")
+        why = "no strides reach the kernel"
+        ck.contiguous(name, t, why + (" (V must be its own tensor, not a slice of K)" if name == "V" else ""))
+    T, H = int(Q.shape[0]), int(Q.shape[1])
+    if K.shape[1] != H or V.shape[1] != H:
+        ck.fail(f"head counts differ: Q {H}, K {K.shape[1]}, V {V.shape[1]} (H_q must equal H_kv)")
+    if K.shape[0] != V.shape[0]:
+        ck.fail(f"K has {K.shape[0]} pages but V has {V.shape[0]}")
+    for name, t in (("K", K), ("V", V)):
+        if t.device != Q.device:
+            ck.fail(f"{name} is on {t.device}, Q on {Q.device}")
+    return T, H
+
+
+def _check_kernel_metadata(ck: _Checker, a: dict[str, Any], T: int, num_page: int) -> tuple[list[int], ...]:
+    """Index pointers, page indices and the work buffers; returns ``(qo, kvp, work_indptr)`` as lists."""
+    qo = ck.indptr("qo_indptr", ck.int_vec("qo_indptr", a["qo_indptr"]))
+    kvp = ck.indptr("kv_indptr", ck.int_vec("kv_indptr", a["kv_indptr"]))
+    if len(qo) != len(kvp):
+        ck.fail(f"qo_indptr has {len(qo)} entries, kv_indptr {len(kvp)}: both must be B+1")
+    if qo[-1] > T:
+        ck.fail(f"qo_indptr[-1]={qo[-1]} exceeds Q's {T} rows")
+    pages = ck.int_vec("kv_page_indices", a["kv_page_indices"])
+    if kvp[-1] > pages.numel():
+        ck.fail(f"kv_indptr[-1]={kvp[-1]} exceeds kv_page_indices' {pages.numel()} entries")
+    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_page):
+        ck.fail(f"kv_page_indices has values outside [0, {num_page}) (K/V pages)")
+    if a["work_indptr"] is None:
+        ck.fail("work_indptr is None: the grid is work_indptr.size(0)-1 with no null check")
+    wi = ck.indptr("work_indptr", ck.int_vec("work_indptr", a["work_indptr"]))
+    winfo = ck.int_mat("work_info_set", a["work_info_set"], WORK_INFO_COLS)
+    if wi[-1] > winfo.shape[0]:
+        ck.fail(f"work_indptr reaches work {wi[-1]} but work_info_set has {winfo.shape[0]} rows")
+    return qo, kvp, wi
+
+
+def _check_kernel_scalars(ck: _Checker, a: dict[str, Any]) -> bool:
+    """``max_seqlen_q`` int, ``softmax_scale`` a finite positive float, ``is_causal`` bool (returned)."""
+    ck.py_int("max_seqlen_q", a["max_seqlen_q"])
+    sm = a["softmax_scale"]
+    if isinstance(sm, bool) or not isinstance(sm, (int, float)):
+        ck.fail(f"softmax_scale must be a Python float, got {type(sm).__name__}")
+    if not math.isfinite(sm) or sm <= 0:
+        ck.fail(f"softmax_scale={sm} must be finite and > 0")
+    return ck.py_bool("is_causal", a["is_causal"])
+
+
+def _check_kernel_outputs(ck: _Checker, a: dict[str, Any], T: int, H: int, dev: torch.device) -> None:
+    """splitData/splitLse fp32 ``[R, H, 128]``/``[R, H]``, output bf16 ``[T, H, 128]``, scales, devices."""
+    sd, sl, out = a["splitData"], a["splitLse"], a["output"]
+    for name, t in (("splitData", sd), ("splitLse", sl), ("output", out)):
+        ck.tensor(name, t)
+    ck.dtype("splitData", sd, torch.float32, why=" (fp32 partials)")
+    ck.dtype("splitLse", sl, torch.float32, why=" (fp32 partial LSE)")
+    ck.dtype("output", out, torch.bfloat16, why=" (the kernel packs bf16 itself)")
+    ck.ndim("splitData", sd, 3, f"[R, {H}, {_V_DIM}]")
+    ck.ndim("splitLse", sl, 2, f"[R, {H}]")
+    ck.ndim("output", out, 3, f"[{T}, {H}, {_V_DIM}]")
+    if tuple(sd.shape[1:]) != (H, _V_DIM) or tuple(sl.shape[1:]) != (H,):
+        ck.fail(f"splitData {tuple(sd.shape)} / splitLse {tuple(sl.shape)}: must be [R, {H}, {_V_DIM}] / [R, {H}]")
+    if sd.shape[0] != sl.shape[0]:
+        ck.fail(f"splitData has {sd.shape[0]} rows but splitLse {sl.shape[0]}")
+    if tuple(out.shape) != (T, H, _V_DIM):
+        ck.fail(f"output has shape {tuple(out.shape)}: must be [{T}, {H}, {_V_DIM}]")
+    for name, t in (("splitData", sd), ("splitLse", sl), ("output", out)):
+        ck.contiguous(name, t)
+    for name in ("q_scale", "k_scale", "v_scale"):
+        ck.scale(name, a[name], dev)
+    for name in ("qo_indptr", "kv_indptr", "kv_page_indices", "work_indptr", "work_info_set", "splitData",
+                 "splitLse", "output"):
+        if a[name].device != dev:
+            ck.fail(f"{name} is on {a[name].device}: every tensor must be on Q's device {dev}")
+
+
+def _check_kernel_ranges(ck: _Checker, T: int, num_page: int, H: int, split_rows: int) -> None:
+    """32-bit buffer-descriptor limits (from the kernel's disassembly)."""
+    for name, n_tok, width in (("Q", T, 192), ("K", num_page, 192), ("output", T, 256)):
+        if n_tok * H * width >= 2**32:
+            ck.fail(f"{name} spans {n_tok * H * width} bytes: the kernel's 32-bit buffer range needs < 2**32")
+    if split_rows * H * 512 >= 2**31:
+        ck.fail(f"splitData spans {split_rows * H * 512} bytes: must be < 2**31 (32-bit signed range)")
+
+
+def _check_kernel_works(ck: _Checker, rows: list[list[int]], qo: list[int], kvp: list[int], H: int, causal: bool,
+                        split_rows: int) -> None:
+    """Every work inside its sequence and the head range; partial slots multiples of 256 that fit;
+    causal needs q_len <= kv_len."""
+    need_rows, B = 0, len(qo) - 1
+    for n, (b, loc, q0, q1, k0, k1, _off, hr) in enumerate(rows):
+        if not 0 <= b < B:
+            ck.fail(f"work {n}: batch_idx {b} outside [0, {B})")
+        if not (qo[b] <= q0 <= q1 <= qo[b + 1]) or not (kvp[b] <= k0 <= k1 <= kvp[b + 1]):
+            ck.fail(f"work {n}: rows [{q0},{q1}) / kv [{k0},{k1}) outside sequence {b}")
+        h_lo, h_hi = unpack_q_head_range(hr & 0xFFFFFFFF)
+        if not 0 <= h_lo < h_hi <= H:
+            ck.fail(f"work {n}: head range [{h_lo}, {h_hi}) outside [0, {H})")
+        if loc != -1:
+            if loc < 0 or loc % Q_TILE:
+                ck.fail(f"work {n}: partial_o_loc {loc} is not -1 or a multiple of {Q_TILE}")
+            need_rows = max(need_rows, loc + Q_TILE)
+    if causal:
+        for b in range(B):
+            if qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]:
+                ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]} with "
+                        "is_causal (undefined: bottom-right alignment needs q_len <= kv_len)")
+    if split_rows < need_rows:
+        ck.fail(
+            f"splitData/splitLse have {split_rows} rows but the plan's partial slots need "
+            f"{need_rows} (256 per slot; the kernel writes all 256 rows of a slot without bounds checks)"
+        )
+
+
+def _kernel_body(st: _State, a: dict[str, Any]) -> None:
+    """Validate like a strict launcher, then run the emulated kernel in place."""
+    ck = _Checker("mla_prefill_ps_asm_fwd")
+    T, H = _check_kernel_qkv(ck, a["Q"], a["K"], a["V"])
+    num_page = int(a["K"].shape[0])
+    qo, kvp, wi = _check_kernel_metadata(ck, a, T, num_page)
+    causal = _check_kernel_scalars(ck, a)
+    _check_kernel_outputs(ck, a, T, H, a["Q"].device)
+    split_rows = int(a["splitData"].shape[0])
+    _check_kernel_ranges(ck, T, num_page, H, split_rows)
+    rows = a["work_info_set"][: wi[-1]].tolist() if wi[-1] else []
+    _check_kernel_works(ck, rows, qo, kvp, H, causal, split_rows)
+    emulate_mla_prefill_ps_asm_fwd(
+        a["Q"], a["K"], a["V"], a["qo_indptr"], a["kv_indptr"], a["kv_page_indices"], a["work_indptr"],
+        a["work_info_set"], a["max_seqlen_q"], float(a["softmax_scale"]), causal, a["splitData"], a["splitLse"],
+        a["output"], a["q_scale"], a["k_scale"], a["v_scale"], faults=st.faults,
+    )  # fmt: skip
+
+
+def _make_kernel_fn(st: _State) -> Callable[..., Any]:
+    def mla_prefill_ps_asm_fwd(
+        Q, K, V, qo_indptr, kv_indptr, kv_page_indices, work_indptr, work_info_set, max_seqlen_q, softmax_scale,
+        is_causal, splitData, splitLse, output, q_scale=None, k_scale=None, v_scale=None,
+    ):  # fmt: skip
+        """Stand-in of ``aiter.mla_prefill_ps_asm_fwd``: validates like a strict launcher, then runs the
+        emulated kernel in place. Returns None.
+        Raises StandinContractError for: Q/K/V not contiguous float8_e4m3fn ``[T, H, 192/192/128]``
+        with equal H; non-int32 or non-contiguous indptrs / page indices / work buffers;
+        ``work_indptr`` None; page indices out of range; splitData/splitLse not fp32 ``[R, H, 128]``
+        / ``[R, H]`` with R covering every partial slot of the plan; output not bf16
+        ``[T, H, 128]``; scales None or not one-element fp32 tensors; 32-bit buffer limits exceeded;
+        works outside their sequence; causal with q_len > kv_len."""
+        a = dict(
+            Q=Q, K=K, V=V, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
+            work_indptr=work_indptr, work_info_set=work_info_set, max_seqlen_q=max_seqlen_q,
+            softmax_scale=softmax_scale, is_causal=is_causal, splitData=splitData, splitLse=splitLse,
+            output=output, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        return st.record("mla_prefill_ps_asm_fwd", a, lambda: _kernel_body(st, a))
+
+    return mla_prefill_ps_asm_fwd
+
+
+# ----------------------------------------------------------------------------------------------
+# mla_reduce_v1
+
+
+def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple[Any, ...]:
+    """Partials fp32 contiguous, int32 maps, the int slots of this ``variant`` really ints (a tensor there
+    is the vLLM #46760 positional shift). Returns ``(po, pl, ri, fmap, pmap)``."""
+    po = ck.tensor("partial_output", a["partial_output"])
+    pl = ck.tensor("partial_lse", a["partial_lse"])
+    ck.dtype("partial_output", po, torch.float32, why=" (fp32 partials)")
+    ck.dtype("partial_lse", pl, torch.float32, why=" (fp32 partial LSE)")
+    ck.ndim("partial_output", po, 3, "[R, H, dv]")
+    ck.ndim("partial_lse", pl, 2, "[R, H]")
+    ck.contiguous("partial_output", po, "partials are addressed as raw contiguous rows")
+    ck.contiguous("partial_lse", pl, "partials are addressed as raw contiguous rows")
+    ri = ck.indptr("reduce_indptr", ck.int_vec("reduce_indptr", a["reduce_indptr"]))
+    fmap = ck.int_mat("reduce_final_map", a["reduce_final_map"], 2)
+    pmap = ck.int_vec("reduce_partial_map", a["reduce_partial_map"])
+    for k in ("max_seqlen_q", "num_kv_splits"):
+        if k in a:
+            v = a[k]
+            if isinstance(v, torch.Tensor):
+                ck.fail(
+                    f"{k} got a Tensor {tuple(v.shape)}: an int is expected there - a call written for "
+                    f"the {variant - 1}-argument form puts final_output into the int slot of this "
+                    f"{variant}-argument binding (vLLM #46760)"
+                )
+            ck.py_int(k, v)
+    return po, pl, ri, fmap, pmap
+
+
+def _check_reduce_outputs(ck: _Checker, a: dict[str, Any], po: torch.Tensor, pl: torch.Tensor) -> torch.Tensor:
+    """final_output bf16/fp16 ``[total_q, H, dv]`` (last dim contiguous), final_lse fp32 ``[total_q, H]``
+    contiguous or None, everything on partial_output's device. Returns final_output."""
+    fo = ck.tensor("final_output", a["final_output"])
+    ck.dtype("final_output", fo, torch.bfloat16, torch.float16)
+    ck.ndim("final_output", fo, 3, "[total_q, H, dv]")
+    if fo.stride(-1) != 1:
+        ck.fail(f"final_output's last dim is not contiguous (strides {tuple(fo.stride())})")
+    H, dv = int(po.shape[-2]), int(fo.shape[-1])
+    if tuple(pl.shape) != (po.shape[0], H):
+        ck.fail(f"partial_lse {tuple(pl.shape)} does not match partial_output {tuple(po.shape)}: must be [R, H]")
+    if fo.shape[-2] != H or po.shape[-1] != dv:
+        ck.fail(f"final_output {tuple(fo.shape)} does not match partial_output {tuple(po.shape)} (H, dv)")
+    fl = a["final_lse"]
+    others = [("partial_lse", pl), ("reduce_indptr", a["reduce_indptr"]), ("reduce_final_map", a["reduce_final_map"]),
+              ("reduce_partial_map", a["reduce_partial_map"]), ("final_output", fo)]  # fmt: skip
+    if fl is not None:
+        ck.tensor("final_lse", fl)
+        ck.dtype("final_lse", fl, torch.float32)
+        if tuple(fl.shape) != (fo.shape[0], H):
+            ck.fail(f"final_lse has shape {tuple(fl.shape)}: must be [total_q, H] = [{fo.shape[0]}, {H}]")
+        ck.contiguous("final_lse", fl, "addressed as seq*H + head")
+        others.append(("final_lse", fl))
+    for nm, t in others:
+        if t.device != po.device:
+            ck.fail(f"{nm} is on {t.device}: every tensor must be on partial_output's device {po.device}")
+    return fo
+
+
+def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.Tensor, ri: list[int],
+                         fmap: torch.Tensor, pmap: torch.Tensor) -> None:
+    """Head-count dispatch of this version; every live group's partial rows and output rows in range."""
+    H, dv = int(po.shape[-2]), int(fo.shape[-1])
+    if len(ri) > 1 and (dv != _V_DIM or H not in st.heads_ok):
+        ck.fail(
+            f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)} "
+            f"dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, "
+            "since dispatch happens whenever reduce_indptr has more than one element"
+        )
+    n_slots = ri[-1]
+    if n_slots > pmap.numel():
+        ck.fail(f"reduce_indptr[-1]={n_slots} exceeds reduce_partial_map's {pmap.numel()} entries")
+    locs = pmap[:n_slots].tolist()
+    if any(p < 0 for p in locs):
+        ck.fail("reduce_partial_map has negative partial locations")
+    need = max([0] + [p + Q_TILE for p in locs])
+    if po.shape[0] < need:
+        ck.fail(f"partial_output/partial_lse have {po.shape[0]} rows but reduce_partial_map needs {need} "
+                "(256 rows per partial slot)")
+    min_parts = 1 if st.post_3606 else 2
+    live = [g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_parts]
+    if live and max(live) >= fmap.shape[0]:
+        ck.fail(f"reduce_final_map has {fmap.shape[0]} rows but group {max(live)} is live")
+    if live:
+        q1max = max(int(fmap[g, 1]) for g in live)
+        if q1max > fo.shape[0]:
+            ck.fail(f"final_output has {fo.shape[0]} rows but the reduce writes up to row {q1max}")
+
+
+def _reduce_body(st: _State, a: dict[str, Any]) -> None:
+    ck = _Checker("mla_reduce_v1")
+    po, pl, ri, fmap, pmap = _check_reduce_inputs(ck, a, st.variant)
+    fo = _check_reduce_outputs(ck, a, po, pl)
+    _check_reduce_groups(ck, st, po, fo, ri, fmap, pmap)
+    emulate_mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, a["final_lse"], faults=st.faults,
+                          post_3606=st.post_3606)
+
+
+def _make_reduce_fn(st: _State) -> Callable[..., Any]:
+    """``mla_reduce_v1`` in the 7-, 8- or 9-argument form of ``st.variant``."""
+    if st.variant == 7:
+
+        def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                          final_output, final_lse=None):
+            """Stand-in of the <= v0.1.7 7-argument ``aiter.mla_reduce_v1``."""
+            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
+                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
+                     final_output=final_output, final_lse=final_lse)  # fmt: skip
+            return st.record("mla_reduce_v1", a, lambda: _reduce_body(st, a))
+
+    elif st.variant == 8:
+
+        def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                          max_seqlen_q, final_output, final_lse=None):
+            """Stand-in of the v0.1.8 .. v0.1.15.x 8-argument ``aiter.mla_reduce_v1``."""
+            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
+                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
+                     max_seqlen_q=max_seqlen_q, final_output=final_output, final_lse=final_lse)  # fmt: skip
+            return st.record("mla_reduce_v1", a, lambda: _reduce_body(st, a))
+
+    else:
+
+        def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                          max_seqlen_q, num_kv_splits, final_output, final_lse=None):
+            """Stand-in of the >= v0.1.16 9-argument ``aiter.mla_reduce_v1`` (ROCm/aiter#3391).
+            Prefill call: ``(..., 256, 0, output, final_lse)``."""
+            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
+                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
+                     max_seqlen_q=max_seqlen_q, num_kv_splits=num_kv_splits, final_output=final_output,
+                     final_lse=final_lse)  # fmt: skip
+            return st.record("mla_reduce_v1", a, lambda: _reduce_body(st, a))
+
+    return mla_reduce_v1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,464 +674,57 @@ def make_standin_aiter(
     reduce_variant: int | None = None,
     cu_num: int = 256,
     faults: Iterable[str] | str | None = None,
-    aiter_version: tuple = DEFAULT_AITER_VERSION,
+    aiter_version: Any = NEWEST_MODELLED_VERSION,
 ) -> types.ModuleType:
     """Build a stand-in ``aiter`` module (CPU; backed by the planner port and the emulator).
 
-    Source: contract doc §2 (feature markers), §3.1-§3.4 (signatures, contracts), §4 (limits);
-    AITER ``e4048607a535`` (``aiter/ops/attention.py``, ``csrc/py_itfs_cu/asm_mla.cu``,
-    ``csrc/kernels/mla/reduce.cu``).
+    Source: docs/aiter-contract.md (versions and feature detection, API reference, limits, #3606).
 
     Args:
         reduce_variant: 7, 8 or 9 - the ``mla_reduce_v1`` form to expose. ``None`` (default) derives
-            it from ``aiter_version`` (9 for the default 0.1.20); an explicit value overrides the
-            version (to model a mixed install).
+            it from ``aiter_version`` (9 from 0.1.16); an explicit value overrides the version (to model
+            a mixed install).
         cu_num: the device CU count the planner and the info call read (256 on MI355X).
         faults: fault names from :data:`mla_fp8_bench.aiter_ps.emulator.ALL_FAULTS`, injected into
             the emulated kernel/reduce.
-        aiter_version: emulated AITER version ``(major, minor, patch)`` (or ``"0.1.20"``): sets the
-            accepted reduce head counts (:func:`accepted_reduce_heads`), the default reduce variant
-            and, below ``(0, 1, 10)``, leaves out the PS prefill symbols (only ``mla_reduce_v1``).
+        aiter_version: emulated AITER version (``(0, 1, 20)``, ``"0.1.20.post1"``; default the newest
+            modelled, 0.1.22): the accepted reduce head counts, the default reduce variant, the #3606
+            semantics and info signature from 0.1.22, and, below 0.1.10, no PS prefill symbols (only
+            ``mla_reduce_v1``).
 
     Returns:
         A ``types.ModuleType`` named ``"aiter"`` (``__spec__`` a package spec, ``__path__ == []``,
         ``__version__``) with the primitives, ``StandinContractError``, ``calls`` (list of
         ``{"name", "args", "ok", "error"}`` dicts, one per call, args summarised as shapes, dtypes,
         devices, contiguity and scalar values), and the attributes ``cu_num``, ``aiter_version``,
-        ``reduce_variant``, ``accepted_reduce_heads``, ``faults``, ``is_standin = True``.
+        ``reduce_variant``, ``accepted_reduce_heads``, ``faults``, ``post_3606``, ``is_standin = True``.
         It is not inserted into ``sys.modules``: tests do that (e.g. ``monkeypatch.setitem``).
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an
             unknown fault name.
     """
-    ver = _parse_version(aiter_version)
-    variant = reduce_variant_for_version(ver) if reduce_variant is None else reduce_variant
+    ver = parse_aiter_version(aiter_version)
+    variant = reduce_arity_for_version(ver) if reduce_variant is None else reduce_variant
     if variant not in (7, 8, 9) or isinstance(variant, bool):
         raise ValueError(f"reduce_variant={reduce_variant!r} is invalid: must be 7, 8, 9 or None")
     if isinstance(cu_num, bool) or not isinstance(cu_num, int) or cu_num < 1:
         raise ValueError(f"cu_num={cu_num!r} is invalid: must be an int >= 1")
-    fs = normalize_faults(faults)
-    heads_ok = accepted_reduce_heads(ver)
-    has_ps = ver >= PS_PREFILL_FIRST_VERSION
-
+    st = _State(cu_num=cu_num, version=ver, variant=variant, heads_ok=tuple(sorted(reduce_heads_for(ver))),
+                faults=normalize_faults(faults), post_3606=is_post_3606(ver))
     mod = types.ModuleType("aiter", "Stand-in aiter (mla_fp8_bench.aiter_ps.standin): emulated, CPU-only.")
     mod.__spec__ = importlib.machinery.ModuleSpec("aiter", None, is_package=True)
     mod.__path__ = []
-    mod.__version__ = ".".join(str(x) for x in ver)
+    mod.__version__ = format_version(ver)
     mod.is_standin = True
     mod.StandinContractError = StandinContractError
-    mod.calls = []
-    mod.cu_num = cu_num
-    mod.aiter_version = ver
-    mod.reduce_variant = variant
-    mod.accepted_reduce_heads = heads_ok
-    mod.faults = fs
-
-    def _record(name: str, args: dict[str, Any], body: Callable[[], Any]) -> Any:
-        entry = {"name": name, "args": {k: _summary(v) for k, v in args.items()}, "ok": None, "error": None}
-        mod.calls.append(entry)
-        try:
-            out = body()
-        except Exception as exc:
-            entry["ok"], entry["error"] = False, f"{type(exc).__name__}: {exc}"
-            raise
-        entry["ok"] = True
-        return out
-
-    # ---- get_ps_metadata_info_v1 -------------------------------------------------------------
-    def get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256):
-        """Stand-in of ``aiter.get_ps_metadata_info_v1`` (contract §3.1): six ``(shape, dtype)``
-        pairs (work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map,
-        reduce_partial_map) at this module's ``cu_num``. Raises StandinContractError on bad ints."""
-        args = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen, qlen_granularity=qlen_granularity)
-
-        def body():
-            from mla_fp8_bench.aiter_ps.planner import ps_metadata_info
-
-            ck = _Checker("get_ps_metadata_info_v1")
-            for k, v in args.items():
-                if ck.py_int(k, v) < (1 if k in ("num_head_k", "qlen_granularity") else 0):
-                    ck.fail(f"{k}={v} is out of range")
-            info = ps_metadata_info(batch_size, num_head_k, max_qlen, qlen_granularity, cu_num=cu_num)
-            # like the real function: 1-D sizes are bare ints, 2-D shapes are tuples (aiter/ops/attention.py)
-            return [(int(shape[0]) if len(shape) == 1 else tuple(shape), getattr(torch, dt))
-                    for shape, dt in info.values()]
-
-        return _record("get_ps_metadata_info_v1", args, body)
-
-    # ---- get_ps_metadata_v1 --------------------------------------------------------------------
-    def get_ps_metadata_v1(
-        seqlens_qo_indptr,
-        pages_kv_indptr,
-        context_lens,
-        gqa_ratio,
-        num_heads_k,
-        work_metadata_ptrs,
-        work_indptr,
-        work_info,
-        reduce_indptr,
-        reduce_final_map,
-        reduce_partial_map,
-        qhead_granularity=1,
-        qlen_granularity=256,
-        kvlen_granularity=1,
-        block_size=1,
-        is_causal=True,
-    ):
-        """Stand-in of ``aiter.get_ps_metadata_v1`` (contract §3.2, §6): validates, plans with the
-        port and fills the six buffers in place (whole buffers, zero tails). Returns None.
-        Raises StandinContractError for non-int32/non-contiguous inputs, unsupported granularities
-        (including the binding defaults kvlen_granularity=1/block_size=1 left implicit), a
-        work_indptr not sized cu_num+1, or buffers too small for the plan."""
-        args = dict(
-            seqlens_qo_indptr=seqlens_qo_indptr, pages_kv_indptr=pages_kv_indptr, context_lens=context_lens,
-            gqa_ratio=gqa_ratio, num_heads_k=num_heads_k, work_metadata_ptrs=work_metadata_ptrs,
-            work_indptr=work_indptr, work_info=work_info, reduce_indptr=reduce_indptr,
-            reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-            qhead_granularity=qhead_granularity, qlen_granularity=qlen_granularity,
-            kvlen_granularity=kvlen_granularity, block_size=block_size, is_causal=is_causal,
-        )  # fmt: skip
-
-        def body():
-            from mla_fp8_bench.aiter_ps.planner import PsPlanError, fill_aiter_buffers, plan_ps_prefill
-
-            ck = _Checker("get_ps_metadata_v1")
-            qo = ck.indptr("seqlens_qo_indptr", ck.int_vec("seqlens_qo_indptr", seqlens_qo_indptr))
-            kv = ck.indptr("pages_kv_indptr", ck.int_vec("pages_kv_indptr", pages_kv_indptr))
-            ctx = ck.int_vec("context_lens", context_lens).tolist()
-            if len(kv) != len(qo) or len(ctx) != len(qo) - 1:
-                ck.fail(
-                    f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
-                    f"context_lens {len(ctx)} (need B)"
-                )
-            if ck.py_int("gqa_ratio", gqa_ratio) != 1:
-                ck.fail(f"gqa_ratio={gqa_ratio}: the PS prefill kernel exists only for gqa_ratio=1 (MHA)")
-            if ck.py_int("num_heads_k", num_heads_k) < 1:
-                ck.fail(f"num_heads_k={num_heads_k} must be >= 1")
-            if ck.py_int("qhead_granularity", qhead_granularity) != 1:
-                ck.fail(f"qhead_granularity={qhead_granularity}: must be 1 (one head per work)")
-            if ck.py_int("qlen_granularity", qlen_granularity) != QO_TILE:
-                ck.fail(f"qlen_granularity={qlen_granularity}: must be {QO_TILE} (the kernel's q-tile)")
-            bs = ck.py_int("block_size", block_size)
-            if bs != 1:
-                ck.fail(f"block_size={bs}: the PS prefill runs at page size 1 (contract §4)")
-            kg = ck.py_int("kvlen_granularity", kvlen_granularity)
-            if kg != max(KV_TILE, bs):
-                ck.fail(
-                    f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
-                    "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
-                    "kernel's 128-key tiles (contract §3.2)"
-                )
-            causal = ck.py_bool("is_causal", is_causal)
-            ck.tensor("work_metadata_ptrs", work_metadata_ptrs)
-            if work_metadata_ptrs.numel() < 2:
-                ck.fail(f"work_metadata_ptrs has {work_metadata_ptrs.numel()} elements: must be uint64 [2]")
-            wi = ck.int_vec("work_indptr", work_indptr)
-            if wi.numel() != cu_num + 1:
-                ck.fail(
-                    f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
-                    f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
-                    "(no CU masking, contract §4)"
-                )
-            ck.int_mat("work_info", work_info, 8)
-            ck.int_vec("reduce_indptr", reduce_indptr)
-            ck.int_mat("reduce_final_map", reduce_final_map, 2)
-            ck.int_vec("reduce_partial_map", reduce_partial_map)
-            try:
-                plan = plan_ps_prefill(
-                    qo, kv, ctx, num_heads_k=num_heads_k, cu_num=cu_num, gqa_ratio=1, qhead_granularity=1,
-                    qlen_granularity=QO_TILE, kvlen_granularity=kg, block_size=bs, is_causal=causal,
-                )  # fmt: skip
-            except PsPlanError as exc:
-                ck.fail(f"invalid planner input: {exc}")
-            sizes = {
-                "work_info": (work_info.shape[0], plan.num_works),
-                "reduce_indptr": (reduce_indptr.numel(), plan.num_reduce_groups + 1),
-                "reduce_final_map": (reduce_final_map.shape[0], plan.num_reduce_groups),
-                "reduce_partial_map": (reduce_partial_map.numel(), plan.num_partials),
-            }
-            for name, (have, need) in sizes.items():
-                if have < need:
-                    unit = "rows" if name in ("work_info", "reduce_final_map") else "entries"
-                    ck.fail(
-                        f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
-                        "planner writes past it without bounds "
-                        "checks and corrupts host memory (size with get_ps_metadata_info_v1, contract §3.2)"
-                    )
-            fill_aiter_buffers(
-                plan, work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map
-            )
-            return None
-
-        return _record("get_ps_metadata_v1", args, body)
-
-    # ---- mla_prefill_ps_asm_fwd ----------------------------------------------------------------
-    def mla_prefill_ps_asm_fwd(
-        Q,
-        K,
-        V,
-        qo_indptr,
-        kv_indptr,
-        kv_page_indices,
-        work_indptr,
-        work_info_set,
-        max_seqlen_q,
-        softmax_scale,
-        is_causal,
-        splitData,
-        splitLse,
-        output,
-        q_scale=None,
-        k_scale=None,
-        v_scale=None,
-    ):
-        """Stand-in of ``aiter.mla_prefill_ps_asm_fwd`` (contract §3.3, §4, §7): validates like a
-        strict launcher, then runs the emulated kernel in place. Returns None.
-        Raises StandinContractError for: Q/K/V not contiguous float8_e4m3fn ``[T, H, 192/192/128]``
-        with equal H; non-int32 or non-contiguous indptrs / page indices / work buffers;
-        ``work_indptr`` None; page indices out of range; splitData/splitLse not fp32 ``[R, H, 128]``
-        / ``[R, H]`` with R covering every partial slot of the plan; output not bf16
-        ``[T, H, 128]``; scales None or not one-element fp32 tensors; 32-bit buffer limits exceeded;
-        works outside their sequence; causal with q_len > kv_len."""
-        args = dict(
-            Q=Q, K=K, V=V, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-            work_indptr=work_indptr, work_info_set=work_info_set, max_seqlen_q=max_seqlen_q,
-            softmax_scale=softmax_scale, is_causal=is_causal, splitData=splitData, splitLse=splitLse,
-            output=output, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
-
-        def body():
-            ck = _Checker("mla_prefill_ps_asm_fwd")
-            for name, t, d in (("Q", Q, _QK_DIM), ("K", K, _QK_DIM), ("V", V, _V_DIM)):
-                ck.tensor(name, t)
-                if t.dtype == torch.float8_e4m3fnuz:
-                    ck.fail(f"{name} is float8_e4m3fnuz (the gfx942 format, max 240): gfx950 needs float8_e4m3fn")
-                ck.dtype(name, t, _FP8)
-                ck.ndim(name, t, 3, f"[tokens, H, {d}]")
-                if t.shape[-1] != d:
-                    ck.fail(f"{name} head dim is {t.shape[-1]}: must be {d} (hard-wired H*{d} byte strides)")
-                why = "no strides reach the kernel"
-                ck.contiguous(name, t, why + (" (V must be its own tensor, not a slice of K)" if name == "V" else ""))
-            T, H = int(Q.shape[0]), int(Q.shape[1])
-            if K.shape[1] != H or V.shape[1] != H:
-                ck.fail(f"head counts differ: Q {H}, K {K.shape[1]}, V {V.shape[1]} (H_q must equal H_kv)")
-            if K.shape[0] != V.shape[0]:
-                ck.fail(f"K has {K.shape[0]} pages but V has {V.shape[0]}")
-            dev = Q.device
-            for name, t in (("K", K), ("V", V)):
-                if t.device != dev:
-                    ck.fail(f"{name} is on {t.device}, Q on {dev}")
-            qo = ck.indptr("qo_indptr", ck.int_vec("qo_indptr", qo_indptr))
-            kvp = ck.indptr("kv_indptr", ck.int_vec("kv_indptr", kv_indptr))
-            if len(qo) != len(kvp):
-                ck.fail(f"qo_indptr has {len(qo)} entries, kv_indptr {len(kvp)}: both must be B+1")
-            if qo[-1] > T:
-                ck.fail(f"qo_indptr[-1]={qo[-1]} exceeds Q's {T} rows")
-            pages = ck.int_vec("kv_page_indices", kv_page_indices)
-            if kvp[-1] > pages.numel():
-                ck.fail(f"kv_indptr[-1]={kvp[-1]} exceeds kv_page_indices' {pages.numel()} entries")
-            if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= K.shape[0]):
-                ck.fail(f"kv_page_indices has values outside [0, {K.shape[0]}) (K/V pages)")
-            if work_indptr is None:
-                ck.fail("work_indptr is None: the grid is work_indptr.size(0)-1 with no null check")
-            wi = ck.indptr("work_indptr", ck.int_vec("work_indptr", work_indptr))
-            winfo = ck.int_mat("work_info_set", work_info_set, 8)
-            if wi[-1] > winfo.shape[0]:
-                ck.fail(f"work_indptr reaches work {wi[-1]} but work_info_set has {winfo.shape[0]} rows")
-            ck.py_int("max_seqlen_q", max_seqlen_q)
-            if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-                ck.fail(f"softmax_scale must be a Python float, got {type(softmax_scale).__name__}")
-            if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-                ck.fail(f"softmax_scale={softmax_scale} must be finite and > 0")
-            causal = ck.py_bool("is_causal", is_causal)
-            for name, t in (("splitData", splitData), ("splitLse", splitLse), ("output", output)):
-                ck.tensor(name, t)
-            ck.dtype("splitData", splitData, torch.float32, why=" (fp32 partials)")
-            ck.dtype("splitLse", splitLse, torch.float32, why=" (fp32 partial LSE)")
-            ck.dtype("output", output, torch.bfloat16, why=" (the kernel packs bf16 itself)")
-            ck.ndim("splitData", splitData, 3, f"[R, {H}, {_V_DIM}]")
-            ck.ndim("splitLse", splitLse, 2, f"[R, {H}]")
-            ck.ndim("output", output, 3, f"[{T}, {H}, {_V_DIM}]")
-            if tuple(splitData.shape[1:]) != (H, _V_DIM) or tuple(splitLse.shape[1:]) != (H,):
-                ck.fail(
-                    f"splitData {tuple(splitData.shape)} / splitLse {tuple(splitLse.shape)}: "
-                    f"must be [R, {H}, {_V_DIM}] / [R, {H}]"
-                )
-            if splitData.shape[0] != splitLse.shape[0]:
-                ck.fail(f"splitData has {splitData.shape[0]} rows but splitLse {splitLse.shape[0]}")
-            if tuple(output.shape) != (T, H, _V_DIM):
-                ck.fail(f"output has shape {tuple(output.shape)}: must be [{T}, {H}, {_V_DIM}]")
-            for name, t in (("splitData", splitData), ("splitLse", splitLse), ("output", output)):
-                ck.contiguous(name, t)
-            for name, sc in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
-                ck.scale(name, sc, dev)
-            for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_page_indices", pages),
-                            ("work_indptr", work_indptr), ("work_info_set", winfo), ("splitData", splitData),
-                            ("splitLse", splitLse), ("output", output)):  # fmt: skip
-                if t.device != dev:
-                    ck.fail(f"{name} is on {t.device}: every tensor must be on Q's device {dev}")
-            # 32-bit buffer descriptor limits (contract §4)
-            for name, n_tok, width in (("Q", T, 192), ("K", int(K.shape[0]), 192), ("output", T, 256)):
-                if n_tok * H * width >= 2**32:
-                    ck.fail(f"{name} spans {n_tok * H * width} bytes: the kernel's 32-bit buffer range needs < 2**32")
-            if splitData.shape[0] * H * 512 >= 2**31:
-                ck.fail(f"splitData spans {splitData.shape[0] * H * 512} bytes: must be < 2**31 (32-bit signed range)")
-            # the works themselves
-            rows = winfo[: wi[-1]].tolist() if wi[-1] else []
-            need_rows = 0
-            B = len(qo) - 1
-            for n, (b, loc, q0, q1, k0, k1, _off, hr) in enumerate(rows):
-                if not 0 <= b < B:
-                    ck.fail(f"work {n}: batch_idx {b} outside [0, {B})")
-                if not (qo[b] <= q0 <= q1 <= qo[b + 1]) or not (kvp[b] <= k0 <= k1 <= kvp[b + 1]):
-                    ck.fail(f"work {n}: rows [{q0},{q1}) / kv [{k0},{k1}) outside sequence {b}")
-                hr &= 0xFFFFFFFF
-                if not 0 <= (hr & 0xFFFF) < (hr >> 16) <= H:
-                    ck.fail(f"work {n}: head range [{hr & 0xFFFF}, {hr >> 16}) outside [0, {H})")
-                if loc != -1:
-                    if loc < 0 or loc % QO_TILE:
-                        ck.fail(f"work {n}: partial_o_loc {loc} is not -1 or a multiple of {QO_TILE}")
-                    need_rows = max(need_rows, loc + QO_TILE)
-            if causal:
-                for b in range(B):
-                    if qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]:
-                        ck.fail(
-                            f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]} with "
-                            "is_causal (undefined, contract §4)"
-                        )
-            if splitData.shape[0] < need_rows:
-                ck.fail(
-                    f"splitData/splitLse have {splitData.shape[0]} rows but the plan's partial slots need "
-                    f"{need_rows} (256 per slot; the kernel writes all 256 rows of a slot without bounds checks)"
-                )
-            emulate_mla_prefill_ps_asm_fwd(
-                Q, K, V, qo_indptr, kv_indptr, kv_page_indices, work_indptr, work_info_set, max_seqlen_q,
-                float(softmax_scale), causal, splitData, splitLse, output, q_scale, k_scale, v_scale, faults=fs,
-            )  # fmt: skip
-            return None
-
-        return _record("mla_prefill_ps_asm_fwd", args, body)
-
-    # ---- mla_reduce_v1 -------------------------------------------------------------------------
-    def _reduce_body(name_args: dict[str, Any]) -> None:
-        ck = _Checker("mla_reduce_v1")
-        po = ck.tensor("partial_output", name_args["partial_output"])
-        pl = ck.tensor("partial_lse", name_args["partial_lse"])
-        ck.dtype("partial_output", po, torch.float32, why=" (fp32 partials)")
-        ck.dtype("partial_lse", pl, torch.float32, why=" (fp32 partial LSE)")
-        ck.ndim("partial_output", po, 3, "[R, H, dv]")
-        ck.ndim("partial_lse", pl, 2, "[R, H]")
-        ck.contiguous("partial_output", po, "partials are addressed as raw contiguous rows")
-        ck.contiguous("partial_lse", pl, "partials are addressed as raw contiguous rows")
-        ri = ck.indptr("reduce_indptr", ck.int_vec("reduce_indptr", name_args["reduce_indptr"]))
-        fmap = ck.int_mat("reduce_final_map", name_args["reduce_final_map"], 2)
-        pmap = ck.int_vec("reduce_partial_map", name_args["reduce_partial_map"])
-        for k in ("max_seqlen_q", "num_kv_splits"):
-            if k in name_args:
-                v = name_args[k]
-                if isinstance(v, torch.Tensor):
-                    ck.fail(
-                        f"{k} got a Tensor {tuple(v.shape)}: an int is expected there - a call written for "
-                        f"the {variant - 1}-argument form puts final_output into the int slot of this "
-                        f"{variant}-argument binding (vLLM #46760; contract §3.4)"
-                    )
-                ck.py_int(k, v)
-        fo = ck.tensor("final_output", name_args["final_output"])
-        ck.dtype("final_output", fo, torch.bfloat16, torch.float16)
-        ck.ndim("final_output", fo, 3, "[total_q, H, dv]")
-        if fo.stride(-1) != 1:
-            ck.fail(f"final_output's last dim is not contiguous (strides {tuple(fo.stride())})")
-        H, dv = int(po.shape[-2]), int(fo.shape[-1])
-        if tuple(pl.shape) != (po.shape[0], H):
-            ck.fail(f"partial_lse {tuple(pl.shape)} does not match partial_output {tuple(po.shape)}: must be [R, H]")
-        if fo.shape[-2] != H or po.shape[-1] != dv:
-            ck.fail(f"final_output {tuple(fo.shape)} does not match partial_output {tuple(po.shape)} (H, dv)")
-        fl = name_args["final_lse"]
-        if fl is not None:
-            ck.tensor("final_lse", fl)
-            ck.dtype("final_lse", fl, torch.float32)
-            if tuple(fl.shape) != (fo.shape[0], H):
-                ck.fail(f"final_lse has shape {tuple(fl.shape)}: must be [total_q, H] = [{fo.shape[0]}, {H}]")
-            ck.contiguous("final_lse", fl, "addressed as seq*H + head")
-        others = [("partial_lse", pl), ("reduce_indptr", name_args["reduce_indptr"]), ("reduce_final_map", fmap),
-                  ("reduce_partial_map", pmap), ("final_output", fo)]  # fmt: skip
-        if fl is not None:
-            others.append(("final_lse", fl))
-        for nm, t in others:
-            if t.device != po.device:
-                ck.fail(f"{nm} is on {t.device}: every tensor must be on partial_output's device {po.device}")
-        if len(ri) > 1 and (dv != _V_DIM or H not in heads_ok):
-            ck.fail(
-                f"doesn't support the specified settings: H={H}, dv={dv} (AITER {mod.__version__} dispatches "
-                f"dv=128 with H in {list(heads_ok)}); this fails even when nothing was split, since dispatch "
-                "happens whenever reduce_indptr has more than one element (contract §3.4)"
-            )
-        n_slots = ri[-1]
-        if n_slots > pmap.numel():
-            ck.fail(f"reduce_indptr[-1]={n_slots} exceeds reduce_partial_map's {pmap.numel()} entries")
-        locs = pmap[:n_slots].tolist()
-        need = max([0] + [p + QO_TILE for p in locs])
-        if any(p < 0 for p in locs):
-            ck.fail("reduce_partial_map has negative partial locations")
-        if po.shape[0] < need:
-            ck.fail(
-                f"partial_output/partial_lse have {po.shape[0]} rows but reduce_partial_map needs {need} "
-                "(256 rows per partial slot)"
-            )
-        live = [g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= 2]
-        if live and max(live) >= fmap.shape[0]:
-            ck.fail(f"reduce_final_map has {fmap.shape[0]} rows but group {max(live)} is live")
-        if live:
-            q1max = max(int(fmap[g, 1]) for g in live)
-            if q1max > fo.shape[0]:
-                ck.fail(f"final_output has {fo.shape[0]} rows but the reduce writes up to row {q1max}")
-        emulate_mla_reduce_v1(po, pl, name_args["reduce_indptr"], fmap, pmap, fo, fl, faults=fs)
-
-    if variant == 7:
-
-        def mla_reduce_v1(
-            partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, final_output,
-            final_lse=None,
-        ):  # fmt: skip
-            """Stand-in of the <= v0.1.7 7-argument ``aiter.mla_reduce_v1`` (contract §3.4, §8)."""
-            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
-                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-                     final_output=final_output, final_lse=final_lse)  # fmt: skip
-            return _record("mla_reduce_v1", a, lambda: _reduce_body(a))
-
-    elif variant == 8:
-
-        def mla_reduce_v1(
-            partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, max_seqlen_q,
-            final_output, final_lse=None,
-        ):  # fmt: skip
-            """Stand-in of the v0.1.8 .. v0.1.15.x 8-argument ``aiter.mla_reduce_v1`` (contract §3.4, §8)."""
-            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
-                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-                     max_seqlen_q=max_seqlen_q, final_output=final_output, final_lse=final_lse)  # fmt: skip
-            return _record("mla_reduce_v1", a, lambda: _reduce_body(a))
-
-    else:
-
-        def mla_reduce_v1(
-            partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, max_seqlen_q,
-            num_kv_splits, final_output, final_lse=None,
-        ):  # fmt: skip
-            """Stand-in of the >= v0.1.16 9-argument ``aiter.mla_reduce_v1`` (ROCm/aiter#3391;
-            contract §3.4, §8). Prefill call: ``(..., 256, 0, output, final_lse)``."""
-            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
-                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-                     max_seqlen_q=max_seqlen_q, num_kv_splits=num_kv_splits, final_output=final_output,
-                     final_lse=final_lse)  # fmt: skip
-            return _record("mla_reduce_v1", a, lambda: _reduce_body(a))
-
-    mod.mla_reduce_v1 = mla_reduce_v1
-    if has_ps:
-        mod.get_ps_metadata_info_v1 = get_ps_metadata_info_v1
-        mod.get_ps_metadata_v1 = get_ps_metadata_v1
-        mod.mla_prefill_ps_asm_fwd = mla_prefill_ps_asm_fwd
-    for fn in (get_ps_metadata_info_v1, get_ps_metadata_v1, mla_prefill_ps_asm_fwd, mla_reduce_v1):
+    mod.calls = st.calls
+    mod.cu_num, mod.aiter_version, mod.reduce_variant = cu_num, ver, variant
+    mod.accepted_reduce_heads, mod.faults, mod.post_3606 = st.heads_ok, st.faults, st.post_3606
+    fns = [_make_info_fn(st), _make_planner_fn(st), _make_kernel_fn(st), _make_reduce_fn(st)]
+    for fn in fns:
         fn.__module__ = "aiter"
+    mod.mla_reduce_v1 = fns[3]
+    if ver >= PS_PREFILL_FIRST_VERSION:
+        mod.get_ps_metadata_info_v1, mod.get_ps_metadata_v1, mod.mla_prefill_ps_asm_fwd = fns[:3]
     return mod
-
