@@ -1,0 +1,368 @@
+"""``mla-fp8-bench plan``: inspect AITER's PS prefill plan for a batch, without a GPU.
+
+Runs the planner port (:mod:`mla_fp8_bench.aiter_ps.planner`) for the AITER revision of ``--aiter``
+(below 0.1.22: pre-#3606; from 0.1.22: post-#3606, ``docs/aiter-contract.md#pr-3606``) and prints the
+works, the reduce groups, the partial slots used against those reserved by the info bounds, and the
+workspace bytes used against those reserved (by the info bound, and as vLLM's metadata builder reserves
+them, ``docs/aiter-contract.md#workspace``). ``--json`` writes the plan in the layout of the planner
+golden files (``tests/data/README.md``): ``{"config", "info_args", "info_shapes", "outputs"}`` (plus
+``info_shapes_max_kvlen_none`` post-#3606).
+
+Example::
+
+    mla-fp8-bench plan --qo-lens 256,300 --kv-lens 4352,1300 --heads 16 --cu-num 256 --aiter 0.1.22
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mla_fp8_bench.aiter_ps.facts import (
+    KVLEN_GRANULARITY,
+    PS_PREFILL_FIRST_VERSION,
+    Q_TILE,
+    WORK_INFO_FIELDS,
+    format_version,
+    is_post_3606,
+    parse_aiter_version,
+    reduce_heads_for,
+    unpack_q_head_range,
+)
+from mla_fp8_bench.aiter_ps.planner import PsPlan, buffer_lengths_from_info, plan_ps_prefill, ps_metadata_info
+from mla_fp8_bench.aiter_ps.workspace import (
+    VLLM_WORKSPACE_ALIGN,
+    WorkspaceBytes,
+    vllm_padded_heads,
+    vllm_partial_tiles,
+    workspace_bytes,
+)
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM
+
+__all__ = ["PlanRequest", "add_parser", "cmd_plan", "plan_record", "plan_request", "run_plan"]
+
+EXIT_USAGE = 2
+INT32_MAX = 2**31 - 1
+MAX_SEQUENCES = 65536
+MAX_HEADS = 0xFFFF  # q_head_range packs head indices into 16 bits
+MAX_CU_NUM = 65536
+MAX_TILES = 1_000_000  # 256-row q-tiles: 256M query tokens
+MAX_WORKS = 10_000_000  # work_info rows held in memory (320 MB of int32)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Validated inputs of ``plan`` (see :func:`plan_request`)."""
+
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    num_heads: int
+    cu_num: int
+    aiter_version: tuple[int, int, int]
+    is_causal: bool
+    json_path: str | None = None
+    limit: int = 16
+    vllm_max_num_seqs: int = 0
+    vllm_max_num_batched_tokens: int = 0
+    vllm_max_model_len: int = 0
+
+    @property
+    def post_3606(self) -> bool:
+        return is_post_3606(self.aiter_version)
+
+    @property
+    def qo_indptr(self) -> list[int]:
+        return _cumsum(self.q_lens)
+
+    @property
+    def kv_indptr(self) -> list[int]:
+        return _cumsum(self.kv_lens)
+
+
+def _cumsum(xs) -> list[int]:
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def _int(name: str, text: Any, lo: int, hi: int) -> int:
+    s = str(text).strip()
+    if not s.lstrip("+").isdigit() and not (s.startswith("-") and s[1:].isdigit()):
+        raise ValueError(f"{name}={text!r} is not an integer: allowed {lo}..{hi}")
+    v = int(s)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}={v} is out of range: allowed {lo}..{hi}")
+    return v
+
+
+def _lens(name: str, text: str) -> tuple[int, ...]:
+    parts = [p for p in str(text).split(",")]
+    if not parts or any(p.strip() == "" for p in parts):
+        raise ValueError(f"{name}={text!r} is not a comma-separated list of integers (e.g. 256,300)")
+    if len(parts) > MAX_SEQUENCES:
+        raise ValueError(f"{name} has {len(parts)} sequences: allowed 1..{MAX_SEQUENCES}")
+    return tuple(_int(f"{name}[{i}]", p, 0, INT32_MAX) for i, p in enumerate(parts))
+
+
+def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: int) -> None:
+    if len(q) != len(kv):
+        raise ValueError(f"--qo-lens has {len(q)} sequences but --kv-lens has {len(kv)}: they must match")
+    for b, (ql, kl) in enumerate(zip(q, kv)):
+        if ql > kl:
+            raise ValueError(f"sequence {b}: q_len={ql} > kv_len={kl}: allowed q_len <= kv_len (new queries"
+                             " attend to themselves and any cached context)")
+    if sum(kv) > INT32_MAX:
+        raise ValueError(f"total kv tokens {sum(kv)} do not fit int32 indptrs: allowed <= {INT32_MAX}")
+    tiles = sum(math.ceil(x / Q_TILE) for x in q)
+    if tiles > MAX_TILES:
+        raise ValueError(f"{tiles} q-tiles of {Q_TILE} rows: too large to plan here (allowed <= {MAX_TILES})")
+    tgs = cu_num // math.gcd(heads, cu_num)
+    if heads * (tiles + tgs) > MAX_WORKS:
+        raise ValueError(f"up to {heads * (tiles + tgs)} works (heads x (tiles + workgroups per cluster)):"
+                         f" too large to plan here (allowed <= {MAX_WORKS})")
+
+
+def plan_request(args: argparse.Namespace) -> PlanRequest:
+    """Validate ``plan``'s arguments, before any work.
+
+    Raises:
+        ValueError: one line naming the bad value and the allowed ones (mismatched lengths, q_len > kv_len,
+            negative or non-integer values, heads/cu_num out of range, absurd sizes, a bad or too old
+            ``--aiter`` version, an unwritable ``--json`` path).
+    """
+    q = _lens("--qo-lens", args.qo_lens)
+    kv = _lens("--kv-lens", args.kv_lens)
+    heads = _int("--heads", args.heads, 1, MAX_HEADS)
+    cu_num = _int("--cu-num", args.cu_num, 1, MAX_CU_NUM)
+    version = parse_aiter_version(str(args.aiter))
+    if version < PS_PREFILL_FIRST_VERSION:
+        raise ValueError(f"--aiter {args.aiter}: AITER {format_version(version)} has no PS prefill planner"
+                         f" (first: {format_version(PS_PREFILL_FIRST_VERSION)}.post1)")
+    _check_batch(q, kv, heads, cu_num)
+    limit = _int("--limit", args.limit, 0, MAX_WORKS)
+    seqs = _int("--vllm-max-num-seqs", args.vllm_max_num_seqs, 1, MAX_SEQUENCES) if args.vllm_max_num_seqs else len(q)
+    tokens = (_int("--vllm-max-num-batched-tokens", args.vllm_max_num_batched_tokens, 1, INT32_MAX)
+              if args.vllm_max_num_batched_tokens else max(1, sum(q)))
+    model_len = (_int("--vllm-max-model-len", args.vllm_max_model_len, 1, INT32_MAX)
+                 if args.vllm_max_model_len else max(1, max(kv)))
+    json_path = None
+    if args.json is not None:
+        from mla_fp8_bench.jsonio import check_output_path
+
+        json_path = str(check_output_path(args.json, "--json"))
+    return PlanRequest(q, kv, heads, cu_num, version, not args.non_causal, json_path, limit, seqs, tokens, model_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# planning and the golden-file record
+# ----------------------------------------------------------------------------------------------
+
+
+def _info_args(req: PlanRequest, max_kvlen: int | None) -> dict[str, Any]:
+    args: dict[str, Any] = {"batch_size": len(req.q_lens), "num_head_k": req.num_heads,
+                            "max_qlen": max(req.q_lens), "qlen_granularity": Q_TILE}
+    if req.post_3606:
+        args.update(max_kvlen=max_kvlen, kvlen_granularity=KVLEN_GRANULARITY)
+    return args
+
+
+def _info(req: PlanRequest, max_kvlen: int | None) -> dict[str, tuple[tuple[int, ...], str]]:
+    a = _info_args(req, max_kvlen)
+    extra = {"post_3606": True, "max_kvlen": a["max_kvlen"], "kvlen_granularity": a["kvlen_granularity"]} \
+        if req.post_3606 else {}
+    return ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], Q_TILE, cu_num=req.cu_num, **extra)
+
+
+def _shapes(info) -> dict[str, dict[str, Any]]:
+    return {k: {"shape": list(shape), "dtype": dt} for k, (shape, dt) in info.items()}
+
+
+def run_plan(req: PlanRequest) -> tuple[PsPlan, dict, dict | None]:
+    """Plan ``req``: ``(plan, info, info_max_kvlen_none)``; the last is None pre-#3606.
+
+    The info call passes ``max_kvlen`` = the batch's largest kv_len post-#3606 (as the golden files
+    do). The plan is computed with room for every work (the info bound may be smaller than the use
+    for inputs AITER never sees); :func:`plan_record` reports the info sizes as the buffer lengths.
+    """
+    info = _info(req, max(req.kv_lens))
+    info_none = _info(req, None) if req.post_3606 else None
+    lengths = buffer_lengths_from_info(info)
+    tiles = sum(math.ceil(x / Q_TILE) for x in req.q_lens)
+    tgs = req.cu_num // math.gcd(req.num_heads, req.cu_num)
+    roomy = dict(lengths, work_info_rows=max(lengths["work_info_rows"], req.num_heads * (tiles + tgs)),
+                 reduce_partial_map=max(lengths["reduce_partial_map"], tiles + tgs))
+    plan = plan_ps_prefill(req.qo_indptr, req.kv_indptr, list(req.kv_lens), num_heads_k=req.num_heads,
+                           cu_num=req.cu_num, qlen_granularity=Q_TILE, kvlen_granularity=KVLEN_GRANULARITY,
+                           block_size=1, is_causal=req.is_causal, buffer_lengths=roomy, post_3606=req.post_3606)
+    return plan, info, info_none
+
+
+def plan_record(req: PlanRequest, plan: PsPlan, info: dict, info_none: dict | None) -> dict[str, Any]:
+    """The plan as one record of the planner golden files: ``config``, ``info_args``, ``info_shapes``,
+    (post-#3606) ``info_shapes_max_kvlen_none`` and ``outputs`` with the golden files' keys."""
+    ng, npart = plan.num_reduce_groups, plan.num_partials
+    config = {"cu_num": req.cu_num, "num_heads_k": req.num_heads, "gqa_ratio": 1, "qhead_granularity": 1,
+              "qlen_granularity": Q_TILE, "kvlen_granularity": KVLEN_GRANULARITY, "block_size": 1,
+              "is_causal": req.is_causal, "batch_size": len(req.q_lens), "seq_lens_q": list(req.q_lens),
+              "seq_lens_kv": list(req.kv_lens), "max_qlen": max(req.q_lens), "max_kvlen": max(req.kv_lens),
+              "seqlens_qo_indptr": req.qo_indptr, "pages_kv_indptr": req.kv_indptr,
+              "context_lens": list(req.kv_lens), "aiter_version": format_version(req.aiter_version),
+              "post_3606": req.post_3606}
+    lengths = buffer_lengths_from_info(info)
+    outputs = {
+        "work_indptr": plan.work_indptr[: lengths["work_indptr"]].tolist(),
+        "num_works": plan.num_works,
+        "work_info": plan.used_work_info.tolist(),
+        "reduce_indptr": plan.reduce_indptr[: lengths["reduce_indptr"]].tolist(),
+        "num_reduce_groups": ng,
+        "reduce_final_map": plan.used_reduce_final_map.tolist(),
+        "num_partials": npart,
+        "reduce_partial_map": plan.used_reduce_partial_map.tolist(),
+        "buffer_lengths": lengths,
+    }
+    rec: dict[str, Any] = {"config": config, "info_args": _info_args(req, max(req.kv_lens)),
+                           "info_shapes": _shapes(info)}
+    if info_none is not None:
+        rec["info_shapes_max_kvlen_none"] = _shapes(info_none)
+    rec["outputs"] = outputs
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------
+# sizes: used vs reserved
+# ----------------------------------------------------------------------------------------------
+
+
+def _vllm_info_slots(req: PlanRequest) -> int:
+    """``reduce_partial_map`` size of vLLM's info call: ``(max_num_reqs, H_padded, max_prefill_qlen, 256)``,
+    no ``max_kvlen`` (``max_prefill_qlen = min(max_model_len, max_num_batched_tokens)``)."""
+    max_qlen = min(req.vllm_max_model_len, req.vllm_max_num_batched_tokens)
+    extra = {"post_3606": True} if req.post_3606 else {}
+    info = ps_metadata_info(req.vllm_max_num_seqs, vllm_padded_heads(req.num_heads), max_qlen, Q_TILE,
+                            cu_num=req.cu_num, **extra)
+    return info["reduce_partial_map"][0][0]
+
+
+def size_rows(req: PlanRequest, plan: PsPlan, info: dict,
+              info_none: dict | None) -> list[tuple[str, int, WorkspaceBytes]]:
+    """``(what, partial slots, bytes)`` rows: used, reserved by the info bound(s), reserved by vLLM's builder."""
+    h, tokens = req.num_heads, sum(req.q_lens)
+    rows = [("used (live reduce_indptr[-1])", plan.num_partials, workspace_bytes(plan.num_partials, tokens, h))]
+    bound = info["reduce_partial_map"][0][0]
+    label = "info bound (max_kvlen = largest kv_len)" if req.post_3606 else "info bound"
+    rows.append((f"reserved: {label}", bound, workspace_bytes(bound, tokens, h)))
+    if info_none is not None:
+        b2 = info_none["reduce_partial_map"][0][0]
+        rows.append(("reserved: info bound (max_kvlen=None)", b2, workspace_bytes(b2, tokens, h)))
+    hp = vllm_padded_heads(h)
+    vt = req.vllm_max_num_batched_tokens
+    pad = vt * hp * V_HEAD_DIM * 2 if hp != h else 0  # bf16 output scratch for padded heads
+    for label, budget in (("vLLM <= 0.30 builder (info bound)", False), ("vLLM >= 0.31 builder (budget)", True)):
+        p = vllm_partial_tiles(budget_sizing=budget, info_partial_slots=_vllm_info_slots(req),
+                               max_num_batched_tokens=vt, max_num_reqs=req.vllm_max_num_seqs,
+                               num_compute_units=req.cu_num)
+        extra = -(-pad // VLLM_WORKSPACE_ALIGN) * VLLM_WORKSPACE_ALIGN
+        rows.append((f"reserved: {label}, H={hp}", p,
+                     workspace_bytes(p, vt, hp, align=VLLM_WORKSPACE_ALIGN, extra=extra)))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# printing
+# ----------------------------------------------------------------------------------------------
+
+
+def _gib(n: int) -> str:
+    return f"{n:>18,} B ({n / 2**30:>10,.3f} GiB)"
+
+
+def _line(console, text: str) -> None:
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_works(console, req: PlanRequest, plan: PsPlan) -> None:
+    n = min(req.limit, plan.num_works)
+    _line(console, f"works: {plan.num_works} ({plan.num_works // plan.num_heads_k} per head);"
+                   f" first {n} (--limit), with their workgroup:")
+    names = ("work", "wg", *WORK_INFO_FIELDS[:-1], "head")
+    _line(console, "  " + " ".join(f"{c:>13}" for c in names))
+    wind = plan.work_indptr[: plan.cu_num + 1].tolist()
+    g = 0
+    for i, row in enumerate(plan.used_work_info[:n].tolist()):
+        while wind[g + 1] <= i:
+            g += 1
+        first, end = unpack_q_head_range(row[7] & 0xFFFFFFFF)
+        head = str(first) if end == first + 1 else f"{first}..{end - 1}"
+        _line(console, "  " + " ".join(f"{v:>13}" for v in (i, g, *row[:7], head)))
+
+
+def _print_groups(console, req: PlanRequest, plan: PsPlan) -> None:
+    ng = plan.num_reduce_groups
+    n = min(req.limit, ng)
+    _line(console, f"reduce groups: {ng} of {sum(math.ceil(x / Q_TILE) for x in req.q_lens)} q-tiles;"
+                   f" first {n}: [qo_start, qo_end) <- partial slot row offsets")
+    ind, fm, pm = plan.reduce_indptr.tolist(), plan.used_reduce_final_map.tolist(), plan.reduce_partial_map.tolist()
+    for g in range(n):
+        _line(console, f"  {g:>6} [{fm[g][0]}, {fm[g][1]}) <- {' '.join(map(str, pm[ind[g]:ind[g + 1]]))}")
+
+
+def print_report(console, req: PlanRequest, plan: PsPlan, info: dict, info_none: dict | None) -> None:
+    """Print the plan: header, works, reduce groups, partial slots and workspace bytes used vs reserved."""
+    sem = "post-#3606" if req.post_3606 else "pre-#3606"
+    _line(console, f"AITER {format_version(req.aiter_version)} ({sem}), cu_num={req.cu_num}, num_heads={req.num_heads},"
+                   f" {'causal (bottom-right)' if req.is_causal else 'non-causal'}, B={len(req.q_lens)},"
+                   f" q tokens={sum(req.q_lens)}, kv tokens={sum(req.kv_lens)}")
+    if req.num_heads not in reduce_heads_for(req.aiter_version):
+        _line(console, f"note: mla_reduce_v1 of AITER {format_version(req.aiter_version)} does not dispatch"
+                       f" num_heads={req.num_heads} (allowed {sorted(reduce_heads_for(req.aiter_version))})")
+    _print_works(console, req, plan)
+    _print_groups(console, req, plan)
+    _line(console, f"work_info rows: used {plan.num_works:,}, info bound {info['work_info'][0][0]:,}")
+    _line(console, f"partial slots ({Q_TILE} rows each) and fp32 workspace bytes"
+                   " (partial output + partial LSE + final LSE [+ padded-head output scratch]):")
+    for label, slots, wb in size_rows(req, plan, info, info_none):
+        _line(console, f"  {label:<52} {slots:>12,} slots {_gib(wb.total)}")
+    _line(console, f"  (vLLM builder inputs: max_num_seqs={req.vllm_max_num_seqs},"
+                   f" max_num_batched_tokens={req.vllm_max_num_batched_tokens},"
+                   f" max_model_len={req.vllm_max_model_len}; set with --vllm-*)")
+
+
+def cmd_plan(args: argparse.Namespace, console) -> int:
+    """Handler of ``plan``: validate, plan, print, optionally write ``--json``; exit status."""
+    try:
+        req = plan_request(args)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return EXIT_USAGE
+    plan, info, info_none = run_plan(req)
+    print_report(console, req, plan, info, info_none)
+    if req.json_path is not None:
+        from mla_fp8_bench.jsonio import write_json_atomic
+
+        write_json_atomic(plan_record(req, plan, info, info_none), req.json_path, indent=None)
+        console.print(f"wrote {req.json_path}", highlight=False)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    """Register ``plan`` on the CLI's sub-parsers."""
+    p = subparsers.add_parser("plan", help="inspect AITER's PS prefill plan for a batch (works, reduce groups, "
+                                           "partial slots and workspace used vs reserved), no GPU needed")
+    p.add_argument("--qo-lens", required=True, help="new-query lengths per sequence, comma-separated (e.g. 256,300)")
+    p.add_argument("--kv-lens", required=True,
+                   help="kv lengths per sequence (>= q length: context + new tokens), comma-separated")
+    p.add_argument("--heads", required=True, help="num_heads (= KV heads, MHA)")
+    p.add_argument("--cu-num", default="256", help="device CU count (256 on MI355X)")
+    p.add_argument("--aiter", default=format_version((0, 1, 22)),
+                   help="AITER version whose planner semantics to use; below 0.1.22 = pre-#3606 (default 0.1.22)")
+    p.add_argument("--non-causal", action="store_true", help="non-causal (a context chunk); default causal")
+    p.add_argument("--json", metavar="PATH", help="write the plan in the planner golden files' layout")
+    p.add_argument("--limit", default="16", help="works and reduce groups to print (default 16)")
+    p.add_argument("--vllm-max-num-seqs", default=None, help="vLLM max_num_seqs for its reservation (default B)")
+    p.add_argument("--vllm-max-num-batched-tokens", default=None,
+                   help="vLLM max_num_batched_tokens (default: the batch's q tokens)")
+    p.add_argument("--vllm-max-model-len", default=None, help="vLLM max_model_len (default: the largest kv_len)")
+    p.set_defaults(handler=cmd_plan)

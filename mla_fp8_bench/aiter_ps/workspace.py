@@ -1,0 +1,100 @@
+"""Workspace bytes of the PS FP8 prefill: what a plan uses and what callers reserve.
+
+One call of ``mla_prefill_ps_asm_fwd`` + ``mla_reduce_v1`` needs three fp32 scratch buffers
+(``docs/aiter-contract.md#workspace``):
+
+* ``splitData`` (vLLM: ``logits``) ``[slots * 256, H, v_head_dim]`` fp32: the partial outputs;
+* ``splitLse`` (vLLM: ``attn_lse``) ``[slots * 256, H]`` fp32: the partial LSE;
+* ``final_lse`` ``[rows, H]`` fp32: the merged LSE of every q row.
+
+``slots`` is the live partial count ``reduce_indptr[-1]`` of a plan (what is *used*), or a bound
+(what is *reserved*): the ``reduce_partial_map`` size from ``get_ps_metadata_info_v1``, or vLLM's
+budget formula (``docs/aiter-contract.md#vllm-entry``). :func:`workspace_bytes` computes every one of
+these from the slot count; :func:`vllm_partial_tiles` gives vLLM's slot count by version.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mla_fp8_bench.aiter_ps.facts import Q_TILE
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM
+
+__all__ = ["FP32_BYTES", "VLLM_WORKSPACE_ALIGN", "WorkspaceBytes", "vllm_partial_tiles", "vllm_padded_heads",
+           "workspace_bytes"]
+
+FP32_BYTES = 4
+VLLM_WORKSPACE_ALIGN = 256
+"""vLLM's ``WorkspaceManager.get_simultaneous`` rounds every slice up to 256 bytes."""
+
+
+@dataclass(frozen=True)
+class WorkspaceBytes:
+    """Bytes of each scratch buffer (see the module docstring); ``extra``: vLLM's padded-head output scratch."""
+
+    partial_output: int
+    partial_lse: int
+    final_lse: int
+    extra: int = 0
+
+    @property
+    def total(self) -> int:
+        """Sum of all parts, in bytes."""
+        return self.partial_output + self.partial_lse + self.final_lse + self.extra
+
+
+def _round_up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_head_dim: int = V_HEAD_DIM, *,
+                    align: int = 1, extra: int = 0) -> WorkspaceBytes:
+    """fp32 scratch for ``partial_slots`` 256-row partial slots and ``final_lse_rows`` q rows.
+
+    Args:
+        partial_slots: slots (live ``num_partials``, or a reserved bound), >= 0.
+        final_lse_rows: rows of ``final_lse`` (total q tokens, or vLLM's ``max_num_batched_tokens``), >= 0.
+        num_heads: heads H (vLLM: the padded count), >= 1.
+        v_head_dim: ``v_head_dim`` (128).
+        align: each buffer rounded up to a multiple of this many bytes (vLLM: 256).
+        extra: bytes of any further buffer reserved with them (not rounded).
+
+    Returns:
+        :class:`WorkspaceBytes`: ``partial_output = slots*256*H*dv*4``, ``partial_lse = slots*256*H*4``,
+        ``final_lse = rows*H*4`` (each rounded up to ``align``).
+
+    Raises:
+        ValueError: a negative count, ``num_heads < 1``, ``v_head_dim < 1`` or ``align < 1``.
+    """
+    for name, v, lo in (("partial_slots", partial_slots, 0), ("final_lse_rows", final_lse_rows, 0),
+                        ("num_heads", num_heads, 1), ("v_head_dim", v_head_dim, 1), ("align", align, 1),
+                        ("extra", extra, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name}={v!r} is invalid: must be an integer >= {lo}")
+    rows = partial_slots * Q_TILE
+    return WorkspaceBytes(
+        partial_output=_round_up(rows * num_heads * v_head_dim * FP32_BYTES, align),
+        partial_lse=_round_up(rows * num_heads * FP32_BYTES, align),
+        final_lse=_round_up(final_lse_rows * num_heads * FP32_BYTES, align),
+        extra=extra,
+    )
+
+
+def vllm_padded_heads(num_heads: int) -> int:
+    """Heads vLLM (>= 0.29) runs the FP8 prefill with: ``ceil(num_heads / 16) * 16``."""
+    return math.ceil(num_heads / 16) * 16
+
+
+def vllm_partial_tiles(*, budget_sizing: bool, info_partial_slots: int, max_num_batched_tokens: int,
+                       max_num_reqs: int, num_compute_units: int) -> int:
+    """Partial slots P that vLLM's ``_init_fp8_prefill_ps_buffers`` reserves.
+
+    Up to vLLM 0.30 (``budget_sizing=False``): AITER's ``reduce_partial_map`` size
+    (``info_partial_slots``, from ``get_ps_metadata_info_v1(max_num_reqs, H, max_prefill_qlen, 256)``,
+    called without ``max_kvlen``). From 0.31: ``ceil(max_num_batched_tokens / 256) + max_num_reqs - 1
+    + num_compute_units``.
+    """
+    if budget_sizing:
+        return math.ceil(max_num_batched_tokens / Q_TILE) + max_num_reqs - 1 + num_compute_units
+    return info_partial_slots
