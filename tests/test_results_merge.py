@@ -172,3 +172,129 @@ def test_merged_files_are_readable_per_umask(tmp_path):
         os.umask(old)
     for p in (tmp_path / "results").rglob("*.json"):
         assert stat.S_IMODE(p.stat().st_mode) == 0o644, p  # not mkstemp's 0600
+
+
+# ------------------------------------------------------------------ nothing stored is overwritten by less
+def _row(vals, params, started, version="v1"):
+    return [vals, params, version, started, 1.0]
+
+
+def _one_file(root: Path, machine: str, rows: dict, sha="aaaaaaaa11", gpu="none") -> Path:
+    _write(root / machine / "machine.json", _machine(machine, gpu))
+    res = _result(sha, machine, {})
+    res["results"] = rows
+    _write(root / machine / f"{sha[:8]}-existing-py.json", res)
+    _write(root / "benchmarks.json", {"version": 2, **{n: _bench(n) for n in rows}})
+    return root
+
+
+FULL = [["'a'", "'b'"], ["'s128'", "'s256'"]]
+SUBSET = [["'a'"], ["'s128'"]]
+
+
+@pytest.mark.parametrize("order", ["old_then_new", "new_then_old"])
+def test_older_full_file_and_newer_subset_keep_every_measured_value(tmp_path, order):
+    nan = float("nan")
+    full = _one_file(tmp_path / "full", "cpu-2core", {"b.M.x": _row([1.0, 2.0, 3.0, 4.0], FULL, 1000.0)})
+    sub = _one_file(tmp_path / "sub", "cpu-2core", {"b.M.x": _row([1.5], SUBSET, 2000.0)})
+    # a narrower run of the same grid stores NaN for what it did not measure
+    nan_run = _one_file(tmp_path / "nanrun", "cpu-2core", {"b.M.x": _row([nan, nan, 3.5, nan], FULL, 3000.0)})
+    into = tmp_path / "results"
+    first, second = (full, sub) if order == "old_then_new" else (sub, full)
+    merge_results([first], into)
+    rep = merge_results([second], into)
+    got = json.loads((into / "cpu-2core" / "aaaaaaaa-existing-py.json").read_text())["results"]["b.M.x"]
+    params = got[1]
+    vals = dict(zip([(b, c) for b in params[0] for c in params[1]], got[0]))
+    assert vals == {("'a'", "'s128'"): 1.5, ("'a'", "'s256'"): 2.0, ("'b'", "'s128'"): 3.0, ("'b'", "'s256'"): 4.0}
+    assert len(rep.kept) == 3
+    merge_results([nan_run], into)
+    got = json.loads((into / "cpu-2core" / "aaaaaaaa-existing-py.json").read_text())["results"]["b.M.x"]
+    vals = dict(zip([(b, c) for b in got[1][0] for c in got[1][1]], got[0]))
+    assert vals == {("'a'", "'s128'"): 1.5, ("'a'", "'s256'"): 2.0, ("'b'", "'s128'"): 3.5, ("'b'", "'s256'"): 4.0}
+    from asv.results import Results  # asv itself reads the merged row, values in its params' order
+
+    r = Results.load(str(into / "cpu-2core" / "aaaaaaaa-existing-py.json"))
+    assert r.get_result_value("b.M.x", r.get_result_params("b.M.x")) == [1.5, 2.0, 3.5, 4.0]
+
+
+def test_newer_failure_and_newer_version_replace_older_values(tmp_path):
+    into = tmp_path / "results"
+    merge_results([_one_file(tmp_path / "a", "m1", {"b.M.x": _row([1.0, 2.0, 3.0, 4.0], FULL, 1000.0),
+                                                    "b.M.y": _row([1.0, 2.0, 3.0, 4.0], FULL, 1000.0)})], into)
+    merge_results([_one_file(tmp_path / "b", "m1", {"b.M.x": _row([None, 2.5, 3.5, 4.5], FULL, 2000.0),
+                                                    "b.M.y": _row([9.0], SUBSET, 2000.0, version="v2")})], into)
+    got = json.loads((into / "m1" / "aaaaaaaa-existing-py.json").read_text())["results"]
+    assert got["b.M.x"][0] == [None, 2.5, 3.5, 4.5]  # a failure is a measurement: it replaces the value
+    assert got["b.M.y"][0] == [9.0] and got["b.M.y"][1] == SUBSET  # other benchmark code: old values dropped
+
+
+def test_result_file_of_another_machine_is_refused_unless_allowed(tmp_path, capsys):
+    src = _one_file(tmp_path / "src", "cpu-2core", {"b.M.x": _row([1.0], SUBSET, 1000.0)})
+    f = src / "cpu-2core" / "aaaaaaaa-existing-py.json"
+    doc = json.loads(f.read_text())
+    doc["params"] = {"machine": "h200", "gpu": "NVIDIA H200", "python": "3.11"}  # an H200 file under cpu-2core/
+    f.write_text(json.dumps(doc))
+    into = tmp_path / "results"
+    assert main(["merge-results", str(src), "--into", str(into)]) == 2
+    out = "".join(capsys.readouterr().out.split())  # the console wraps long paths
+    assert f"resultfile{f}wasmeasuredonanothermachine" in out
+    assert "gpu='NVIDIAH200'vs'none'" in out and "machine='h200'vs'cpu-2core'" in out
+    assert "--allow-machine-mismatch" in out and not into.exists()
+    assert main(["merge-results", str(src), "--into", str(into), "--allow-machine-mismatch"]) == 0
+    assert (into / "cpu-2core" / "aaaaaaaa-existing-py.json").is_file()
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError(28, "No space left on device")])
+def test_failed_merge_leaves_destination_byte_identical(tmp_path, monkeypatch, exc):
+    import mla_fp8_bench.analysis.results_merge as rm
+
+    into = tmp_path / "results"
+    merge_results([_one_file(tmp_path / "a", "m1", {"b.M.x": _row([1.0, 2.0, 3.0, 4.0], FULL, 1000.0)})], into)
+    before = _snapshot(into)
+    src = _one_file(tmp_path / "b", "m1", {"b.M.x": _row([5.0, 6.0, 7.0, 8.0], FULL, 2000.0),
+                                           "b.M.new": _row([1.0], SUBSET, 2000.0)})
+    _write(src / "m2" / "machine.json", _machine("m2"))
+    real = rm.write_json_atomic
+
+    def dies_at_benchmarks(data, path, **kw):
+        if Path(path).name == "benchmarks.json":  # killed after the result files were written
+            raise exc
+        return real(data, path, **kw)
+
+    monkeypatch.setattr(rm, "write_json_atomic", dies_at_benchmarks)
+    if isinstance(exc, OSError):
+        with pytest.raises(MergeError, match="No space left on device.*the destination is unchanged"):
+            merge_results([src], into)
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            merge_results([src], into)
+    assert _snapshot(into) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "results"]  # no staging folder left
+    monkeypatch.setattr(rm, "write_json_atomic", real)
+    merge_results([src], into)  # the same merge succeeds once writes work
+    assert json.loads((into / "m1" / "aaaaaaaa-existing-py.json").read_text())["results"]["b.M.x"][0] == \
+        [5.0, 6.0, 7.0, 8.0]
+    assert (into / "m2" / "machine.json").is_file()
+
+
+def test_read_only_destination_part_is_refused_and_unchanged(tmp_path, capsys):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("running as root: file modes do not stop writes")
+    into = tmp_path / "results"
+    merge_results([_one_file(tmp_path / "a", "m1", {"b.M.x": _row([1.0], SUBSET, 1000.0)})], into)
+    before = _snapshot(into)
+    (into / "m1").chmod(0o555)
+    try:
+        src = _one_file(tmp_path / "b", "m1", {"b.M.x": _row([2.0], SUBSET, 2000.0)})
+        assert main(["merge-results", str(src), "--into", str(into)]) == 2
+        assert "the destination is unchanged" in " ".join(capsys.readouterr().out.split())
+        assert _snapshot(into) == before
+    finally:
+        (into / "m1").chmod(0o755)
