@@ -18,18 +18,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
-#: Backends in the asv grid (static on every machine; unavailable ones are skips).
-ASV_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated", "fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref")
+#: Backends in the asv grid (static on every machine; unavailable ones are skips): every registered
+#: backend, the registry's defaults first (their order is the published param order), others appended.
+ASV_BACKENDS = tuple(DEFAULT_BACKENDS) + tuple(b for b in backend_names() if b not in DEFAULT_BACKENDS)
 #: Case ids in the asv grid: never change or reuse an id that has results.
 ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     "s255", "s257", "ragged-6992-6896-2495", "ragged-4096x4", "s8175",
     # vLLM's unit-scale cast (the only mode vllm-aiter runs): appended, never reorder or reuse ids
     "s1024-cast", "s4096-cast", "ragged-6992-6896-2495-cast",
 )
-#: Backends of the AITER PS path (planner time and workspace tracks).
-PLAN_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated")
+#: Backends of the AITER PS path (planner time and workspace tracks): those that provide ``plan_stats``.
+PLAN_BACKENDS = tuple(b for b in ASV_BACKENDS if callable(getattr(type(get_backend(b)), "plan_stats", None)))
 
 _DROP = ("traceback",)
 
