@@ -28,7 +28,7 @@ it exits 0 when a first bad commit was named, 1 when bisection ended without one
 from __future__ import annotations
 
 import argparse
-import glob
+import itertools
 import json
 import math
 import os
@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,43 +79,57 @@ def results_dir_of(config: str) -> str:
 def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[str, float | None, str]:
     """(selected name, value, status) of the one benchmark combination matching ``regex``.
 
-    The value is what asv stored: a ``track_`` float, or for samples the median. status is ``ok``,
-    ``failed`` (asv stored null), ``skipped`` (NaN) or ``missing`` (no result file).
+    Read with :mod:`mla_fp8_bench.analysis.results` (the suite's one reader of asv results). The value is
+    what asv stored: a ``track_`` float, or for samples the median. status is ``ok``, ``failed`` (asv
+    stored null), ``skipped`` (NaN) or ``missing`` (no result file). Names are asv's, as ``asv run -b``
+    and ``asv find`` match them: ``bench_mla_prefill.MLAPrefill.track_latency('aiter', 's512')``.
 
     Raises:
         BisectUsageError: the regex selects zero or several combinations in the result file.
     """
-    import itertools
+    from mla_fp8_bench.analysis.results import ResultsError, find_result, load_asv_result
 
-    from asv.results import Results
-
-    files = sorted(glob.glob(os.path.join(results_dir, machine, f"{sha[:8]}-existing*.json")))
-    if not files:
+    try:
+        path = find_result(results_dir, machine, sha[:8], env="existing")
+    except ResultsError:
         return "", None, "missing"
-    res = Results.load(files[-1])
-    hits: list[tuple[str, float | None]] = []
+    res = load_asv_result(path)
+    hits: list[tuple[str, float | None, str]] = []
     rx = re.compile(regex)
-    for key in res.get_all_result_keys():
-        params = res.get_result_params(key) or []
-        vals = res.get_result_value(key, params)
-        if not params:
-            if rx.search(key):
-                hits.append((key, vals if not isinstance(vals, list) else vals[0]))
-            continue
-        for combo, v in zip(itertools.product(*params), vals):
-            name = f"{key}({', '.join(combo)})"
+    for key in res.benchmarks():
+        params = res.row(key).get("params") or []
+        labels = [", ".join(str(x) for x in c) for c in itertools.product(*params)] if params else [None]
+        for label, m in zip(labels, res.measurements(key).values()):
+            name = key if label is None else f"{key}({label})"
             if rx.search(name):
-                hits.append((name, v))
+                hits.append((name, m.value, m.status))
     if len(hits) != 1:
-        raise BisectUsageError(f"--benchmark {regex!r} selects {len(hits)} benchmark combinations in {files[-1]} "
+        raise BisectUsageError(f"--benchmark {regex!r} selects {len(hits)} benchmark combinations in {path} "
                                f"({', '.join(h[0] for h in hits[:6])}): it must select exactly one")
-    name, v = hits[0]
-    if v is None:
-        return name, None, "failed"
-    v = float(v)
-    if math.isnan(v):
-        return name, None, "skipped"
-    return name, v, "ok"
+    return hits[0]
+
+
+def probe_selection(regex: str) -> dict[str, str]:
+    """Environment that makes a probe measure only the (backend, case) params ``regex`` selects.
+
+    ``regex`` is matched against every ``MLAPrefill``/``AiterPlan`` name of the asv grid, as asv names
+    them; when it selects a strict subset, the result is ``{"MLA_FP8_BENCH_BACKENDS": ...,
+    "MLA_FP8_BENCH_CASES": ...}`` (read by :mod:`mla_fp8_bench.harness.asv_support`), else ``{}``.
+    """
+    from mla_fp8_bench.harness.asv_support import ASV_BACKENDS, ASV_CASES
+
+    rx = re.compile(regex)
+    hit_b: set[str] = set()
+    hit_c: set[str] = set()
+    for cls, metric in itertools.product(("MLAPrefill", "AiterPlan"), (*METRICS, "track_planner_time")):
+        for b, c in itertools.product(ASV_BACKENDS, ASV_CASES):
+            if rx.search(f"bench_mla_prefill.{cls}.{metric}({b!r}, {c!r})"):
+                hit_b.add(b)
+                hit_c.add(c)
+    if not hit_b or (len(hit_b) == len(ASV_BACKENDS) and len(hit_c) == len(ASV_CASES)):
+        return {}
+    return {"MLA_FP8_BENCH_BACKENDS": ",".join(b for b in ASV_BACKENDS if b in hit_b),
+            "MLA_FP8_BENCH_CASES": ",".join(c for c in ASV_CASES if c in hit_c)}
 
 
 # ------------------------------------------------------------------------------------------ the step
@@ -137,7 +152,9 @@ def step(args: argparse.Namespace) -> int:
         return EXIT_SKIP
     cmd = [py, "-m", "asv", "run", "-E", f"existing:{py}", "--set-commit-hash", sha, "-b", args.benchmark,
            "--config", args.config, "--machine", args.machine, "--show-stderr"]
+    t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(args.config).resolve().parent))
+    probe_s = time.perf_counter() - t0  # the measurement only: the install above is the build
     out = p.stdout + p.stderr
     if p.returncode != 0:
         print(f"[bisect step] {sha[:10]}: asv run exited {p.returncode} (skip):\n{out[-1500:]}", flush=True)
@@ -156,7 +173,7 @@ def step(args: argparse.Namespace) -> int:
     bad = value > args.threshold
     print(f"[bisect step] {sha[:10]}: {name} = {value:.6g} {'>' if bad else '<='} {args.threshold} -> "
           f"{'bad' if bad else 'good'}", flush=True)
-    note(sha=sha, verdict="bad" if bad else "good", value=value, name=name)
+    note(sha=sha, verdict="bad" if bad else "good", value=value, name=name, probe_s=round(probe_s, 2))
     return EXIT_BAD if bad else EXIT_GOOD
 
 
@@ -202,8 +219,11 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
         step_cmd = [python, "-m", "mla_fp8_bench.analysis.bisect", "step", "--benchmark", benchmark, "--threshold",
                     repr(threshold), "--config", config, "--python", python, "--install-cmd", install_cmd,
                     "--machine", machine, "--log", log]
-        # git bisect run needs the mla_fp8_bench of *this* interpreter for the step
+        # git bisect run needs the mla_fp8_bench of *this* interpreter for the step; each probe measures
+        # only the params the regex selects (unless the caller chose them)
         env = dict(os.environ)
+        for k, v in probe_selection(benchmark).items():
+            env.setdefault(k, v)
         p = subprocess.run(["git", "-C", wt, "bisect", "run", sys.executable, "-m", "mla_fp8_bench.analysis.bisect",
                             *step_cmd[3:]], capture_output=True, text=True, env=env)
         output = p.stdout + p.stderr
@@ -234,8 +254,8 @@ def cmd_bisect(args: argparse.Namespace, console) -> int:
         return 2
     for pr in res["probes"]:
         v = pr.get("value")
-        console.print(f"  {pr['sha'][:12]}  {pr['verdict']:5s}  " + (f"{v:.6g}" if v is not None else pr.get("why", "")),
-                      highlight=False)
+        shown = f"{v:.6g} (probe {pr.get('probe_s', 0):.1f} s)" if v is not None else pr.get("why", "")
+        console.print(f"  {pr['sha'][:12]}  {pr['verdict']:5s}  {shown}", highlight=False)
     if res["first_bad"]:
         subj = _git(args.repo, "log", "-1", "--format=%s", res["first_bad"], check=False)
         console.print(f"first bad commit: {res['first_bad']} {subj}", highlight=False)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -38,7 +39,9 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "vllm": (("vllm",), "vllm", "asv.vllm.conf.json"),
 }
 #: Benchmarks that depend on each library (the default ``--bench``; the rest of the grid is unaffected by it).
-DEFAULT_BENCH = {"aiter": r"(MLAPrefill|AiterPlan)\.", "vllm": r"(MLAPrefill|AiterPlan)\."}
+DEFAULT_BENCH = {"aiter": r"\('aiter', ", "vllm": r"\('vllm-aiter', "}
+#: The suite's backend that runs each library (``MLA_FP8_BENCH_BACKENDS`` of the run, unless set).
+BACKEND_OF = {"aiter": "aiter", "vllm": "vllm-aiter"}
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NO_RESULT = 0, 1, 2, 3
 _SCM_SHA = re.compile(r"\+g([0-9a-f]{7,40})(?:\b|\.|$)")
 _HEX = re.compile(r"[0-9a-f]{7,40}")
@@ -264,6 +267,7 @@ class Plan:
     machine: str
     setup: list[list[str]]
     run: list[str]
+    run_env: dict[str, str]
     publish: list[str] | None
     gate_fmt: list[str]
 
@@ -295,16 +299,21 @@ def make_plan(args: argparse.Namespace) -> Plan:
     else:
         publish = [sys.executable, "-m", "asv", "publish", "--config", config]
     fmt = ["--format", args.format] if args.format != "text" and _gate_supports("--format") else []
-    return Plan(lib, config, results_dir, args.machine, setup, run, publish, fmt)
+    run_env = {} if "MLA_FP8_BENCH_BACKENDS" in os.environ else {"MLA_FP8_BENCH_BACKENDS": BACKEND_OF[lib.name]}
+    return Plan(lib, config, results_dir, args.machine, setup, run, run_env, publish, fmt)
+
+
+def _env_prefix(env: dict[str, str] | None) -> str:
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
 
 
 def _sh(cmd: list[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
-def _run(cmd: list[str], echo) -> subprocess.CompletedProcess:
-    echo(f"$ {_sh(cmd)}")
-    p = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    echo(f"$ {_env_prefix(env)}{_sh(cmd)}")
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     out = (p.stdout + p.stderr).rstrip()
     if out:
         echo(out[-6000:])
@@ -340,8 +349,9 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
     md = args.format == "markdown"
     echo(_header(plan, False))
     if args.dry_run:
-        for cmd in [*plan.setup, plan.run]:
+        for cmd in plan.setup:
             echo(_sh(cmd))
+        echo(_env_prefix(plan.run_env) + _sh(plan.run))
         prev = previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
         echo(_sh(gate_command(plan, prev or "<previous stored commit>", args.tolerances)))
         if plan.publish:
@@ -350,7 +360,7 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
     for cmd in plan.setup:
         if _run(cmd, echo).returncode != 0:
             raise NightlyError(f"could not register asv machine {plan.machine}")
-    p = _run(plan.run, echo)
+    p = _run(plan.run, echo, plan.run_env)
     if not _stored(plan):
         echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
         return EXIT_NO_RESULT
