@@ -5,11 +5,13 @@ For one backend and case, each *trial* measures a BASE and a HEAD sample set (``
 the suite's own timing: CUDA-graph replay between events on GPUs, ``perf_counter`` on CPU) and applies
 the gate's latency rule (:func:`mla_fp8_bench.analysis.gate.latency_verdict`: ratio of medians > ``--factor`` AND
 one-sided Mann-Whitney U p < ``--alpha``). HEAD is either the same call (A/A, ``--aa`` trials) or the
-call followed by an injected slowdown of 3 / 5 / 10 % (``--slowdowns``, ``--reps`` trials each):
+call followed by an injected slowdown of 1 / 2 / 3 / 5 % (``--slowdowns``, ``--reps`` trials each):
 
-* GPU: ``torch.cuda._sleep(cycles)`` launched right after the call, inside the captured graph, with
-  ``cycles`` calibrated from a measured cycles-per-second (events around a long ``_sleep``) and the
-  call's measured median latency, so the extra device time is ``slowdown x latency``;
+* GPU: an extra device kernel inside the timed region and the captured graph, right after the call:
+  an in-place ``mul_(1.0)`` over ``n`` fp32 elements, ``n`` calibrated by bisection on the kernel's own
+  graph-replay time so that it lasts ``slowdown x`` the call's measured median latency
+  (:func:`extra_kernel`; a kernel inside a graph cannot be shorter than about 2 us, so +1 % needs a
+  call of >= 200 us: use s8192 or larger);
 * CPU (``--device cpu``, for a smoke test only): a ``perf_counter`` busy-wait of the same length.
 
 BASE and HEAD of a trial are measured back to back, alternating which goes first. The report gives,
@@ -20,7 +22,7 @@ reliably caught slowdown* is the smallest one detected in >= 90 % of trials whil
 
 Run on the H200 (one call, from the repository root; wheels as in scripts/h200_session.py)::
 
-    python3 scripts/latency_ab.py --backend fa3-fp8 --case s2048 --aa 10 --reps 10 --samples 30 \
+    python3 scripts/latency_ab.py --backend fa3-fp8 --case s8192 --aa 10 --reps 10 --samples 30 \
         --out $OUT/latency_ab.json
 
 Caveat: trials run in one process; the cross-process, cross-boot variance of a real PR gate (two asv
@@ -94,7 +96,8 @@ def format_table(summary: dict[str, Any]) -> str:
              "|---|---|---|---|---|"]
     for r in summary["levels"]:
         name = "A/A" if r["slowdown"] == 0 else f"+{r['slowdown'] * 100:g} %"
-        lines.append(f"| {name} | {r['trials']} | {r['median_ratio']:.4f} ({r['min_ratio']:.4f}-{r['max_ratio']:.4f}) | "
+        lines.append(f"| {name} | {r['trials']} | {r['median_ratio']:.4f} "
+                     f"({r['min_ratio']:.4f}-{r['max_ratio']:.4f}) | "
                      f"{r['detected_gate']}/{r['trials']} | {r['detected_sig']}/{r['trials']} |")
     sg, ss = summary["smallest_caught_gate"], summary["smallest_caught_sig"]
     lines.append(f"smallest reliably caught (>= {RELIABLE:.0%} of trials, A/A alarms within limit): gate rule "
@@ -104,35 +107,71 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def _cycles_per_second(device) -> float:
+def _graph_kernel_s(fn: Callable[[], Any], device, copies: int = 50, replays: int = 20) -> float:
+    """Device time of one ``fn()`` launch: ``copies`` launches captured in a CUDA graph, the median of
+    ``replays`` replays between events, divided by ``copies``."""
     import torch
 
-    torch.cuda._sleep(1000)
-    torch.cuda.synchronize(device)
-    best = []
-    for n in (2_000_000, 8_000_000):
+    from mla_fp8_bench.measure.timing import _capture
+
+    stream = torch.cuda.current_stream(device)
+    g = _capture(fn, copies, stream, lambda: torch.cuda.synchronize(device))
+    for _ in range(5):
+        g.replay()
+    times = []
+    for _ in range(replays):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        torch.cuda._sleep(n)
-        e1.record()
-        torch.cuda.synchronize(device)
-        best.append((n, e0.elapsed_time(e1) / 1e3))
-    (n1, t1), (n2, t2) = best
-    return (n2 - n1) / max(t2 - t1, 1e-9)
+        e0.record(stream)
+        g.replay()
+        e1.record(stream)
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3 / copies)
+    return statistics.median(times)
 
 
-def make_slow(run: Callable[[], Any], device, extra_s: float, cps: float | None) -> Callable[[], Any]:
-    """``run`` followed by ``extra_s`` of device busy-wait (GPU) or host busy-wait (CPU)."""
+def extra_kernel(device, extra_s: float) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """A device kernel lasting about ``extra_s``: an in-place ``mul_(1.0)`` over ``n`` fp32 elements, with
+    ``n`` found by bisection on the kernel's measured graph-replay time (its floor, a launch inside a
+    graph, is about 2 us on an H200). Returns ``(launch, {"n", "kernel_s", "target_s", "floor_s"})``."""
+    import torch
+
+    buf = torch.ones(1 << 27, dtype=torch.float32, device=device)
+
+    def k(n: int) -> Callable[[], Any]:
+        view = buf[:n]
+        return lambda: view.mul_(1.0)
+
+    lo, hi = 1 << 10, 1 << 27
+    floor_s = _graph_kernel_s(k(lo), device)
+    info: dict[str, Any] = {"target_s": extra_s, "floor_s": floor_s}
+    if extra_s <= floor_s:
+        info.update(n=lo, kernel_s=floor_s)
+        return k(lo), info
+    for _ in range(22):
+        mid = (lo + hi) // 2
+        if _graph_kernel_s(k(mid), device, copies=20, replays=10) < extra_s:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= max(256, lo // 500):
+            break
+    info.update(n=lo, kernel_s=_graph_kernel_s(k(lo), device))
+    return k(lo), info
+
+
+def make_slow(run: Callable[[], Any], device, extra_s: float, kernel: Callable[[], Any] | None = None
+              ) -> Callable[[], Any]:
+    """``run`` followed by ``extra_s`` of extra work: on a GPU the calibrated device kernel ``kernel``
+    (:func:`extra_kernel`), inside the timed region and the captured graph; on the CPU (smoke tests
+    only) a ``perf_counter`` busy-wait."""
     if extra_s <= 0:
         return run
     if device.type == "cuda":
-        import torch
-
-        cycles = max(1, int(round(extra_s * cps)))
+        assert kernel is not None, "a GPU slowdown needs its calibrated kernel"
 
         def slow():
             out = run()
-            torch.cuda._sleep(cycles)
+            kernel()
             return out
         return slow
 
@@ -145,13 +184,15 @@ def make_slow(run: Callable[[], Any], device, extra_s: float, cps: float | None)
     return slow_cpu
 
 
-def measure(run, device, samples: int, graph_capturable: bool) -> list[float]:
+def measure(run, device, samples: int, graph_capturable: bool) -> tuple[list[float], list]:
+    """Latency samples (seconds) and per-sample SM clocks (MHz, empty without a clock reader)."""
     from mla_fp8_bench.measure.timing import measure_latency
 
     kw = {"samples": samples, "time_budget_s": 60.0}
     if device.type != "cuda":
         kw["min_samples"] = samples
-    return measure_latency(run, device, graph_capturable=graph_capturable, **kw).samples_s
+    tr = measure_latency(run, device, graph_capturable=graph_capturable, **kw)
+    return tr.samples_s, (tr.extra.get("clocks") or {}).get("sm_mhz", [])
 
 
 def run_trials(backend: str, case: str, device: str, aa: int, reps: int, slowdowns: list[float], samples: int,
@@ -168,27 +209,31 @@ def run_trials(backend: str, case: str, device: str, aa: int, reps: int, slowdow
         raise SystemExit(f"backend {backend} is unavailable here: {v.reason}")
     inputs = make_inputs(parse_case_id(case), pinfo.device, pinfo.fp8_dtype)
     prep = b.prepare(inputs)
-    gc = prep.graph_capturable
-    cps = _cycles_per_second(pinfo.device) if pinfo.device.type == "cuda" else None
-    base_lat = statistics.median(measure(prep.run, pinfo.device, samples, gc))
-    info = {"backend": backend, "case": case, "device": pinfo.name, "arch": pinfo.arch,
-            "base_median_s": base_lat, "cycles_per_s": cps, "samples": samples, "graph_capturable": gc}
-    log(f"{backend} {case} on {pinfo.name}: median {base_lat * 1e6:.2f} us, cycles/s {cps}")
+    gc, dev = prep.graph_capturable, pinfo.device
+    base_lat = statistics.median(measure(prep.run, dev, samples, gc)[0])
+    kernels: dict[float, tuple] = {}
+    if dev.type == "cuda":
+        for s in slowdowns:
+            kernels[s] = extra_kernel(dev, s * base_lat)
+    info = {"backend": backend, "case": case, "device": pinfo.name, "arch": pinfo.arch, "base_median_s": base_lat,
+            "samples": samples, "graph_capturable": gc, "injection": "device kernel" if kernels else "host busy-wait",
+            "kernels": {str(s): kv[1] for s, kv in kernels.items()}}
+    log(f"{backend} {case} on {pinfo.name}: median {base_lat * 1e6:.2f} us; kernels {info['kernels']}")
     plan = [0.0] * aa + [s for s in slowdowns for _ in range(reps)]
     trials = []
     for i, s in enumerate(plan):
         if time.monotonic() > deadline:
             log(f"deadline reached after {len(trials)} trials")
             break
-        head_run = make_slow(prep.run, pinfo.device, s * base_lat, cps)
-        if i % 2 == 0:
-            base = measure(prep.run, pinfo.device, samples, gc)
-            head = measure(head_run, pinfo.device, samples, gc)
-        else:
-            head = measure(head_run, pinfo.device, samples, gc)
-            base = measure(prep.run, pinfo.device, samples, gc)
-        trials.append(Trial(s, base, head))
-        log(f"trial {i:3d} slowdown {s:5.3f}: ratio {statistics.median(head) / statistics.median(base):.4f}")
+        head_run = make_slow(prep.run, dev, s * base_lat, kernels[s][0] if s in kernels else None)
+        sides = [("base", prep.run), ("head", head_run)]
+        got = {}
+        for name, fn in (sides if i % 2 == 0 else sides[::-1]):
+            got[name] = measure(fn, dev, samples, gc)
+        trials.append(Trial(s, got["base"][0], got["head"][0],
+                            {"base_sm_mhz": got["base"][1], "head_sm_mhz": got["head"][1]}))
+        ratio = statistics.median(got["head"][0]) / statistics.median(got["base"][0])
+        log(f"trial {i:3d} slowdown {s:5.3f}: ratio {ratio:.4f}")
     if prep.cleanup:
         prep.cleanup()
     return trials, info
@@ -201,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--aa", type=int, default=10, help="A/A trials (>= 10)")
     ap.add_argument("--reps", type=int, default=10, help="trials per injected slowdown")
-    ap.add_argument("--slowdowns", default="0.03,0.05,0.10")
+    ap.add_argument("--slowdowns", default="0.01,0.02,0.03,0.05")
     ap.add_argument("--samples", type=int, default=30, help="latency samples per side per trial")
     ap.add_argument("--factor", type=float, default=DEFAULT_FACTOR)
     ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
@@ -214,12 +259,14 @@ def main(argv: list[str] | None = None) -> int:
                               a.samples, t0 + a.deadline)
     summary = summarize(trials, a.factor, a.alpha, a.max_aa_alarms)
     sig_only = summarize(trials, 1.0, a.alpha, a.max_aa_alarms)
-    text = format_table(summary)
+    tight = summarize(trials, 1.01, a.alpha, a.max_aa_alarms)
+    text = format_table(summary) + "\n" + format_table(tight)
     print(text)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         with open(a.out, "w") as f:
-            json.dump({"info": info, "summary": summary, "summary_factor_1": sig_only, "table": text,
+            json.dump({"info": info, "summary": summary, "summary_factor_1": sig_only, "summary_factor_1.01": tight,
+                       "table": text,
                        "trials": [asdict(t) for t in trials], "wall_s": time.monotonic() - t0}, f, indent=1)
         print(f"wrote {a.out}")
     return 0

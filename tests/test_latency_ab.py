@@ -51,10 +51,36 @@ def test_noisy_samples_need_bigger_slowdowns():
 
 
 def test_script_smoke_on_cpu(tmp_path):
+    """The script's plumbing on the CPU: trial plan, alternating sides, sample counts, JSON layout. No
+    wall-clock ratio is asserted (CPU timings move with machine load); the injection itself is checked
+    deterministically in test_cpu_injection_waits_its_length."""
     out = tmp_path / "ab.json"
     assert lab.main(["--backend", "torch-sdpa-bf16", "--case", "s128-h8", "--device", "cpu", "--aa", "2", "--reps", "2",
                      "--slowdowns", "0.5", "--samples", "8", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     lv = {r["slowdown"]: r for r in d["summary"]["levels"]}
     assert set(lv) == {0.0, 0.5}
-    assert lv[0.5]["median_ratio"] > 1.2  # the busy-wait injection lands
+    assert lv[0.0]["trials"] == 2 and lv[0.5]["trials"] == 2
+    assert [t["slowdown"] for t in d["trials"]] == [0.0, 0.0, 0.5, 0.5]
+    assert all(len(t["base"]) == 8 and len(t["head"]) == 8 for t in d["trials"])
+    assert d["info"]["injection"] == "host busy-wait"
+    assert set(d) >= {"summary", "summary_factor_1", "summary_factor_1.01", "table", "trials"}
+
+
+def test_cpu_injection_waits_its_length(monkeypatch):
+    """make_slow on the CPU runs the call once, then busy-waits until perf_counter passed start + extra_s
+    (a fake clock advancing 1 ms per read makes this exact)."""
+    import torch
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 1e-3
+        return now[0]
+
+    monkeypatch.setattr(lab.time, "perf_counter", clock)
+    calls = []
+    slow = lab.make_slow(lambda: calls.append(1) or 7, torch.device("cpu"), 0.010)
+    assert slow() == 7 and calls == [1]
+    assert 0.010 <= now[0] <= 0.013  # start read at 1 ms, loop exits on the first read past 11 ms
+    assert lab.make_slow(len, torch.device("cpu"), 0.0) is len  # no slowdown: the call itself

@@ -16,6 +16,8 @@ _REGISTRY: dict[str, str | type[Backend]] = {
     "fa3-bf16": "fa3:Fa3Bf16",
     "torch-sdpa-bf16": "torch_ref:TorchSdpaBf16",
     "torch-fp8-ref": "torch_ref:TorchFp8Ref",
+    "cudnn-fp8": "cudnn:CudnnFp8",
+    "cudnn-bf16": "cudnn:CudnnBf16",
 }
 
 #: What ``run`` uses when no backend is named: the AITER path, emulated where no gfx950 exists.

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mla_fp8_bench.measure.clocks import mark_samples, open_reader, plateau_reached
+
 
 @dataclass
 class TimingResult:
@@ -131,16 +133,22 @@ def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[]
 
 
 def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Callable[[], None], min_s: float,
-            max_s: float, tol: float, chunk_s: float = 0.025) -> dict:
+            max_s: float, tol: float, chunk_s: float = 0.025, reader=None) -> dict:
     """Run ``sample`` in chunks of about ``chunk_s`` device time until settled (see :func:`time_device`).
 
+    Settled: at least ``min_s`` of device time has run, the per-launch time of the last three chunks
+    agrees within ``tol``, and (when ``reader`` gives clock readings) the SM clock read after each of
+    the last three chunks lies within one 15 MHz step (:func:`clocks.plateau_reached`).
+
     Returns:
-        ``{"replays": calls of sample, "device_s": device time spent, "settled": bool}``.
+        ``{"replays": calls of sample, "device_s": device time spent, "settled": bool,
+        "sm_mhz": [clock after each chunk]}``.
     """
     if per_sample_s >= 4 * chunk_s:  # long samples (emulations, huge cases) are their own warm-up
-        return {"replays": 0, "device_s": 0.0, "settled": False}
+        return {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
     n = int(min(10_000, max(1, round(chunk_s / max(per_sample_s, 1e-9)))))
     per: list[float] = []
+    sm: list[float | None] = []
     total, calls = 0.0, 0
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     settled = False
@@ -149,6 +157,8 @@ def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Calla
         for _ in range(n):
             sample()
         e1.record(stream)
+        if reader is not None:  # read while the chunk runs: the clock under this load
+            sm.append(reader.read(full=False).sm_mhz)
         sync()
         dt = e0.elapsed_time(e1) / 1e3
         total += dt
@@ -156,10 +166,61 @@ def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Calla
         per.append(dt / n)
         if total >= min_s and len(per) >= 3:
             last = per[-3:]
-            if (max(last) - min(last)) / max(min(last), 1e-12) <= tol:
+            if (max(last) - min(last)) / max(min(last), 1e-12) <= tol and plateau_reached(sm):
                 settled = True
                 break
-    return {"replays": calls, "device_s": total, "settled": settled}
+    return {"replays": calls, "device_s": total, "settled": settled, "sm_mhz": sm}
+
+
+def heat_up(device: torch.device, reader=None, min_s: float = 0.5, max_s: float = 3.0) -> dict:
+    """Bring an idle GPU to its sustained-load state: bf16 GEMMs (4096^3) back to back, in chunks of
+    about 50 ms, for at least ``min_s`` and until the SM clock read after each chunk is on a plateau
+    (three readings within 15 MHz), at most ``max_s``. Runs once per process (:func:`time_device`
+    calls it before the first case), so the first case of a fresh machine does not start from the
+    idle clock; each case then settles on its own load (:func:`_settle`).
+
+    Returns:
+        ``{"device_s", "sm_mhz": [readings], "plateau": bool}``.
+    """
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    stream = torch.cuda.current_stream(device)
+    sm: list[float | None] = []
+    total, plateau = 0.0, False
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    while total < max_s:
+        e0.record(stream)
+        for _ in range(300):  # about 55 ms at 750 TFLOP/s
+            torch.matmul(a, b)
+        e1.record(stream)
+        if reader is not None:
+            sm.append(reader.read(full=False).sm_mhz)
+        torch.cuda.synchronize(device)
+        total += e0.elapsed_time(e1) / 1e3
+        if total >= min_s and plateau_reached(sm, window=4):
+            plateau = True
+            break
+    del a, b
+    return {"device_s": total, "sm_mhz": sm, "plateau": plateau}
+
+
+_PROCESS_STATE: dict = {}
+
+
+def process_clock_state(device: torch.device) -> dict:
+    """Once per process: the clock reader, the clock policy and the heat-up (``MLA_FP8_BENCH_HEATUP=0``
+    turns the heat-up off). Returns ``{"reader", "policy", "heat_up"}``."""
+    import os
+
+    key = str(device)
+    if key not in _PROCESS_STATE:
+        vendor = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+        reader = open_reader(device.index or 0, vendor)
+        st = {"reader": reader, "policy": reader.policy(), "heat_up": None}
+        _PROCESS_STATE[key] = st
+        if os.environ.get("MLA_FP8_BENCH_HEATUP", "1") != "0":
+            st["heat_up"] = heat_up(device, reader if reader.available else None)
+    return _PROCESS_STATE[key]
 
 
 def _capture_failed(exc: BaseException, device: torch.device) -> str:
@@ -171,50 +232,15 @@ def _capture_failed(exc: BaseException, device: torch.device) -> str:
     return f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
 
 
-def time_device(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = True,
-                samples: int = 30, target_sample_s: float = 2e-3, max_launches: int = 200,
-                flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
-                warmup_max_s: float = 0.6, warmup_tol: float = 0.005) -> TimingResult:
-    """Kernel-only latency of ``run`` on a CUDA/ROCm device.
-
-    Procedure (docs/methodology.md): host-timed warm-up calls until two agree within 5% (module load,
-    JIT, handles); an estimate of one launch's *device* time (from a 4-launch probe graph when
-    capturable, so host overhead cannot inflate it, else from 3 eager launches between events); capture
-    of ``launches`` back-to-back calls in one graph (``launches`` chosen so a sample lasts about
-    ``target_sample_s``); an adaptive device-side warm-up (:func:`_settle`: chunks of about 25 ms of
-    replays until at least ``warmup_s`` of device time has run and the last three chunks agree within
-    ``warmup_tol``, at most ``warmup_max_s``), so the samples see the clocks of sustained load (on an
-    H200 the SM clock falls from 1980 MHz to about 1710-1785 MHz within ~100 ms of heavy attention
-    work); then ``samples`` samples, each ``elapsed(replay) / launches``.
-
-    Args:
-        run: the prepared call (launches device work, no host sync).
-        device: a ``cuda:N`` device.
-        graph_capturable: try CUDA-graph capture first (falls back to events on failure).
-        samples: samples to take (fewer if ``time_budget_s`` runs out, never fewer than 5).
-        target_sample_s: launches per sample are chosen so one sample lasts about this long.
-        max_launches: cap on launches per sample.
-        flush_l2: flush L2 before each sample and time one launch per sample.
-        time_budget_s: wall-clock budget for sampling.
-        warmup_s: least device time of untimed replays (or launches) right before sampling.
-        warmup_max_s: most device time spent settling.
-        warmup_tol: relative spread of the last three warm-up chunks that counts as settled.
+def _probe_launch_s(run: Callable[[], object], device: torch.device, stream, sync: Callable[[], None],
+                    graph_capturable: bool) -> tuple[float, bool, str]:
+    """Device time of one launch: from a 4-launch probe graph replayed 3 times when capturable (host
+    overhead cannot inflate it), else from 3 eager launches between events.
 
     Returns:
-        :class:`TimingResult` with per-launch samples in seconds; ``extra`` holds ``est_launch_s``
-        (the probe estimate), ``warmup_replays``, ``warmup_device_s`` and ``warmup_settled``.
-
-    Raises:
-        ValueError: if ``device`` is not a GPU device.
+        ``(seconds, still_capturable, note)``.
     """
-    if device.type != "cuda":
-        raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
-    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
-    stream = torch.cuda.current_stream(device)
-    warm = _warmup(run, sync)
-
-    method, note, graph = "events", "", None
-    one = None
+    note = ""
     if graph_capturable:
         probe_n = 4
         try:
@@ -225,16 +251,93 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
                 probe.replay()
             e1.record(stream)
             sync()
-            one = max(e0.elapsed_time(e1) / 1e3 / (3 * probe_n), 1e-7)
             del probe
+            return max(e0.elapsed_time(e1) / 1e3 / (3 * probe_n), 1e-7), True, note
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
             graph_capturable = False
             note = _capture_failed(exc, device)
-    if one is None:
-        one = max(_events_elapsed_s(run, 3, stream, sync) / 3, 1e-7)
+    return max(_events_elapsed_s(run, 3, stream, sync) / 3, 1e-7), graph_capturable, note
+
+
+def _sample_loop(one_sample: Callable[[], None], samples: int, stream, flush_buf, time_budget_s: float,
+                 reader) -> tuple[list[tuple], list]:
+    """Take up to ``samples`` event-bracketed samples with one sample in flight while the host waits for
+    the previous one and reads the clock (so the GPU never idles between samples and each reading is
+    taken while its sample runs). Returns ``(event pairs, clock readings)``."""
+    pairs: list[tuple] = []
+    readings: list = []
+    t_budget = time.perf_counter() + time_budget_s
+    mid = samples // 2
+    for i in range(samples):
+        if flush_buf is not None:
+            flush_buf.zero_()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record(stream)
+        one_sample()
+        e1.record(stream)
+        pairs.append((e0, e1))
+        if reader is not None:
+            if i > 0:
+                pairs[i - 1][1].synchronize()
+            readings.append(reader.read(full=i in (0, mid, samples - 1)))
+        if i >= 4 and time.perf_counter() > t_budget:
+            break
+    return pairs, readings
+
+
+def time_device(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = True,
+                samples: int = 30, target_sample_s: float = 2e-3, max_launches: int = 200,
+                flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
+                warmup_max_s: float = 1.0, warmup_tol: float = 0.005, min_window_s: float = 0.1,
+                clocks: bool = True) -> TimingResult:
+    """Kernel-only latency of ``run`` on a CUDA/ROCm device.
+
+    Procedure (docs/methodology.md): once per process, :func:`process_clock_state` opens the clock
+    reader (NVML / amdsmi, optional) and heats an idle GPU to its sustained-load clock; host-timed
+    warm-up calls until two agree within 5% (module load, JIT, handles); an estimate of one launch's
+    *device* time (:func:`_probe_launch_s`); capture of ``launches`` back-to-back calls in one graph
+    (``launches`` chosen so a sample lasts about ``target_sample_s``); an adaptive device-side warm-up
+    (:func:`_settle`: chunks of about 25 ms of replays until at least ``warmup_s`` of device time has
+    run, the last three chunks agree within ``warmup_tol`` and the SM clock is on its plateau, at most
+    ``warmup_max_s``), so the samples see the sustained-load clock of this case's own load; then
+    ``samples`` samples (more if needed so they span at least ``min_window_s`` of device time, which
+    averages the power controller's clock steps), each ``elapsed(replay) / launches``, each with the SM
+    clock read while it runs.
+
+    Args:
+        run: the prepared call (launches device work, no host sync).
+        device: a ``cuda:N`` device.
+        graph_capturable: try CUDA-graph capture first (falls back to events on failure).
+        samples: least samples to take (fewer if ``time_budget_s`` runs out, never fewer than 5).
+        target_sample_s: launches per sample are chosen so one sample lasts about this long.
+        max_launches: cap on launches per sample.
+        flush_l2: flush L2 before each sample and time one launch per sample.
+        time_budget_s: wall-clock budget for sampling.
+        warmup_s: least device time of untimed replays (or launches) right before sampling.
+        warmup_max_s: most device time spent settling.
+        warmup_tol: relative spread of the last three warm-up chunks that counts as settled.
+        min_window_s: least device time the samples together should span (at most 4x ``samples``).
+        clocks: read clocks per sample (when a management library is present).
+
+    Returns:
+        :class:`TimingResult` with per-launch samples in seconds; ``extra`` holds ``est_launch_s``,
+        ``warmup_replays``, ``warmup_device_s``, ``warmup_settled``, ``warmup_sm_mhz`` and ``clocks``
+        (:func:`clocks.mark_samples`: per-sample SM clock, throttled and off-plateau indices).
+
+    Raises:
+        ValueError: if ``device`` is not a GPU device.
+    """
+    if device.type != "cuda":
+        raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
+    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    stream = torch.cuda.current_stream(device)
+    state = process_clock_state(device) if clocks else {"reader": None}
+    reader = state["reader"] if state["reader"] is not None and state["reader"].available else None
+    warm = _warmup(run, sync)
+    one, graph_capturable, note = _probe_launch_s(run, device, stream, sync, graph_capturable)
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
     flush_buf = torch.empty(2 * _l2_bytes(device) // 4, dtype=torch.float32, device=device) if flush_l2 else None
-
+    method, graph = "events", None
     if graph_capturable:
         try:
             graph = _capture(run, launches, stream, sync)
@@ -243,7 +346,6 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             graph = None
             note = _capture_failed(exc, device)
 
-    # device-side warm-up: sustained load right before the samples (clock state, caches, TLBs)
     def one_sample() -> None:
         if graph is not None:
             graph.replay()
@@ -251,31 +353,18 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             for _ in range(launches):
                 run()
 
-    settle = _settle(one_sample, one * launches, stream, sync, warmup_s, warmup_max_s, warmup_tol) \
-        if warmup_s > 0 else {"replays": 0, "device_s": 0.0, "settled": False}
-
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-    t_budget = time.perf_counter() + time_budget_s
-    for i in range(samples):
-        if flush_buf is not None:
-            flush_buf.zero_()
-        starts[i].record(stream)
-        if graph is not None:
-            graph.replay()
-        else:
-            for _ in range(launches):
-                run()
-        ends[i].record(stream)
-        if i >= 4 and time.perf_counter() > t_budget:
-            starts, ends = starts[: i + 1], ends[: i + 1]
-            break
+    settle = _settle(one_sample, one * launches, stream, sync, warmup_s, warmup_max_s, warmup_tol, reader=reader) \
+        if warmup_s > 0 else {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
+    n = min(4 * samples, max(samples, int(min_window_s / max(one * launches, 1e-9)) + 1))
+    pairs, readings = _sample_loop(one_sample, n, stream, flush_buf, time_budget_s, reader)
     sync()
-    out = [s.elapsed_time(e) / 1e3 / launches for s, e in zip(starts, ends)]
-    del graph
-    return TimingResult(out, method, launches, warm, flush_l2, note,
-                        extra={"est_launch_s": one, "warmup_replays": settle["replays"],
-                               "warmup_device_s": settle["device_s"], "warmup_settled": settle["settled"]})
+    out = [e0.elapsed_time(e1) / 1e3 / launches for e0, e1 in pairs]
+    graph = None  # free the graph pool before the next case
+    extra = {"est_launch_s": one, "warmup_replays": settle["replays"], "warmup_device_s": settle["device_s"],
+             "warmup_settled": settle["settled"], "warmup_sm_mhz": settle["sm_mhz"]}
+    if reader is not None:
+        extra["clocks"] = mark_samples(readings)
+    return TimingResult(out, method, launches, warm, flush_l2, note, extra=extra)
 
 
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
@@ -320,3 +409,22 @@ def measure_latency(run: Callable[[], object], device: torch.device, *, graph_ca
     if device.type == "cuda":
         return time_device(run, device, graph_capturable=graph_capturable, **kw)
     return time_host(run, **{k: v for k, v in kw.items() if k in ("samples", "time_budget_s", "min_samples", "warmup")})
+
+
+def clock_fields(tr: TimingResult) -> dict:
+    """Record fields of the clock state of a :class:`TimingResult` (empty without clock readings).
+
+    Keys: ``sm_clock_mhz``, ``gpu_temp_c``, ``gpu_power_w`` (medians over the samples),
+    ``sm_clock_samples_mhz`` (one per latency sample), ``clock_throttled_samples`` and
+    ``clock_off_plateau_samples`` (indices of flagged samples, :func:`clocks.mark_samples`),
+    ``clock_reasons`` (NVML event reasons seen), ``clock_locked`` (the process's clock policy),
+    ``warmup_settled``.
+    """
+    c = tr.extra.get("clocks")
+    if not c:
+        return {}
+    st = next(iter(_PROCESS_STATE.values()), {})
+    return {"sm_clock_mhz": c["sm_mhz_median"], "gpu_temp_c": c["temp_c_median"], "gpu_power_w": c["power_w_median"],
+            "sm_clock_samples_mhz": c["sm_mhz"], "clock_throttled_samples": c["throttled"],
+            "clock_off_plateau_samples": c["off_plateau"], "clock_reasons": c["reasons"],
+            "clock_locked": (st.get("policy") or {}).get("locked"), "warmup_settled": tr.extra.get("warmup_settled")}

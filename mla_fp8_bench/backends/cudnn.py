@@ -1,0 +1,285 @@
+"""cuDNN fused SDPA on Hopper: the second FP8 peer (``cudnn-fp8``) and its bf16 twin (``cudnn-bf16``).
+
+Source: the ``nvidia-cudnn-frontend`` wheel (Python module ``cudnn``; the graph API, ``sdpa_fp8`` since
+frontend 1.3.0) over the cuDNN backend library that torch loads (``cudnn.backend_version()``). Install
+with ``pip install nvidia-cudnn-frontend`` (``--no-deps``: the CuTe-DSL stack it names is imported
+lazily and the graph API does not need it). The module is imported lazily, never at import of this file.
+
+The graph (one per prepared case):
+
+* q ``[B, H, S_q, 192]``, k ``[B, H, S_kv, 192]``, v ``[B, H, S_kv, 128]`` over the suite's packed
+  ``[T, H, D]`` tensors with BSHD strides ``(S*H*D, D, H*D, 1)``; for a batch of more than one
+  sequence each tensor gets an int64 ragged offset ``[B+1, 1, 1, 1]`` (element offsets
+  ``cu_seqlens * H * D``) and the padding mask takes the int32 lengths ``[B, 1, 1, 1]``.
+* masks: causal top-left for ``prefill`` cases (q_len == kv_len), none for ``ctx`` cases, causal
+  bottom-right for ``prefix`` cases (cuDNN documents bottom-right as Blackwell-only; the build error
+  is reported as the skip reason where the installed cuDNN refuses it).
+* ``cudnn-fp8``: ``pygraph(io_data_type=FP8_E4M3, intermediate/compute FLOAT)``;
+  ``sdpa_fp8(q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, attn_scale=...)``
+  with the suite's per-tensor descales, ``scale_s = 448`` / ``descale_s = 1/448`` (P in [0, 1] scaled
+  to e4m3's range) and ``scale_o = 1/descale_v`` (O is a convex combination of V rows, so ``|O / descale_v|
+  <= 448``). cuDNN gives FP8 forward a bf16 output only on Blackwell (cuDNN >= 9.13), so on Hopper
+  (compute capability 9.x) the output is e4m3 and ``run()`` dequantises it (``o8 * descale_v``
+  to bf16, one extra elementwise kernel inside the timed region); ``extras["cudnn_output"]`` says
+  which, and why.
+* ``cudnn-bf16``: ``pygraph(io_data_type=BFLOAT16)``; ``sdpa(q, k, v, attn_scale=...)`` on the bf16 inputs.
+
+``run()`` binds the cuDNN handle to the current stream and executes the graph (host-sync free, so CUDA
+graph capture works; if capture fails the timing falls back to events and records why).
+
+Errors: every cuDNN refusal (no engine for d_qk 192 / d_v 128, ragged FP8, bottom-right causal on
+Hopper) becomes :class:`CaseUnsupported` whose message quotes cuDNN's error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, ClassVar
+
+import torch
+
+from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.problem.inputs import CaseInputs
+
+CUDNN_DIST = "nvidia-cudnn-frontend"
+INSTALL_HINT = f"pip install --no-deps {CUDNN_DIST}"
+#: Smallest cuDNN backend with FP8 SDPA forward on Hopper (9.10.0 excluded: the cuDNN support matrix).
+MIN_BACKEND = 90100
+BAD_BACKENDS = (91000,)
+#: e4m3fn's largest finite value: P (in [0, 1]) is scaled by this before the cast.
+E4M3_MAX = 448.0
+
+_cache: dict[str, Any] = {}
+
+
+def load_cudnn() -> Any:
+    """Import and return the frontend module ``cudnn`` (cached).
+
+    Raises:
+        BackendUnavailable: not installed, failing import (quoted), or a backend older than 9.1.0.
+    """
+    if "mod" in _cache:
+        if isinstance(_cache["mod"], BackendUnavailable):
+            raise _cache["mod"]
+        return _cache["mod"]
+    try:
+        mod = importlib.import_module("cudnn")
+        ver = int(mod.backend_version())
+    except ModuleNotFoundError:
+        err = BackendUnavailable(f"{CUDNN_DIST} is not installed: {INSTALL_HINT}")
+    except Exception as exc:  # noqa: BLE001 - any failing import is "unavailable", with the reason
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        err = BackendUnavailable(f"{CUDNN_DIST} is installed but importing it failed ({type(exc).__name__}: {first})")
+    else:
+        if ver < MIN_BACKEND or ver in BAD_BACKENDS:
+            err = BackendUnavailable(f"cuDNN backend {ver} has no FP8 SDPA forward on Hopper: needs >= 9.1.0, "
+                                     f"not 9.10.0")
+        else:
+            _cache["mod"] = mod
+            return mod
+    _cache["mod"] = err
+    raise err
+
+
+def _backend_version() -> int | None:
+    mod = _cache.get("mod")
+    return None if mod is None or isinstance(mod, BackendUnavailable) else int(mod.backend_version())
+
+
+def _bshd(x: torch.Tensor, batch: int, max_s: int) -> tuple[list[int], list[int]]:
+    """cuDNN dims ``[B, H, S, D]`` and BSHD strides of a packed ``[T, H, D]`` tensor (last two dims contiguous)."""
+    _, h, d = x.shape
+    return [batch, h, max_s, d], [max_s * h * d, d, h * d, 1]
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+class _CudnnBase(Backend):
+    """Shared cuDNN plumbing; subclasses build the attention node."""
+
+    use_fp8: ClassVar[bool] = True
+
+    def availability(self, platform: PlatformInfo) -> Verdict:
+        arch = str(platform.arch)
+        major = int("".join(c for c in arch[3:] if c.isdigit()) or 0) if arch.startswith("sm_") else 0
+        if platform.vendor != "cuda" or major < 90:
+            return Verdict.no(f"needs an NVIDIA Hopper (sm_90) or newer GPU; found {platform.vendor} {platform.arch}")
+        try:
+            load_cudnn()
+        except BackendUnavailable as exc:
+            return Verdict.no(str(exc))
+        return Verdict.yes()
+
+    def _tensors(self, inputs: CaseInputs):
+        raise NotImplementedError
+
+    def _node(self, cudnn, graph, tq, tk, tv, mask_kw: dict, inputs: CaseInputs, state: dict):
+        raise NotImplementedError
+
+    def prepare(self, inputs: CaseInputs) -> Prepared:
+        """Build and plan the cuDNN graph (outside the timed region).
+
+        Raises:
+            BackendUnavailable: not a CUDA device or the frontend missing.
+            CaseUnsupported: cuDNN has no engine for this case (its error quoted).
+        """
+        if inputs.device.type != "cuda":
+            raise BackendUnavailable(f"needs an NVIDIA GPU; found {inputs.device.type}")
+        cudnn = load_cudnn()
+        family = getattr(inputs.case, "family", "prefill")
+        cu_q = getattr(inputs, "cu_seqlens_q_cpu", None)
+        cu_kv = getattr(inputs, "cu_seqlens_kv_cpu", None)
+        if cu_q is None:
+            cu_q = cu_kv = inputs.cu_seqlens_cpu
+        cu_q, cu_kv = cu_q.to(torch.int64), cu_kv.to(torch.int64)
+        batch = int(cu_q.numel()) - 1
+        max_q = int(getattr(inputs, "max_seqlen_q", 0) or inputs.max_seqlen)
+        max_kv = int(getattr(inputs, "max_seqlen_kv", 0) or inputs.max_seqlen)
+        q, k, v = self._tensors(inputs)
+        dev = inputs.device
+        handle = cudnn.create_handle()
+        state: dict[str, Any] = {"pack": {}, "fp8_out": False}
+        try:
+            graph, out = self._build(cudnn, handle, q, k, v, inputs, family, batch, max_q, max_kv, cu_q, cu_kv, state)
+        except CaseUnsupported:
+            raise
+        except Exception as exc:  # noqa: BLE001 - cuDNN's refusal is the reason, quoted
+            raise CaseUnsupported(f"cuDNN {_backend_version()} cannot build {self.name} for {inputs.case.id} "
+                                  f"(d_qk {q.shape[-1]} / d_v {v.shape[-1]}, batch {batch}, {family}): "
+                                  f"{_short(exc)}") from None
+        ws = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=dev)
+        pack = state["pack"]
+        dequant = state.get("dequant")
+
+        def run() -> torch.Tensor:
+            cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(dev).cuda_stream)
+            graph.execute(pack, ws, handle=handle)
+            return dequant(out) if dequant is not None else out
+
+        extras = {"cudnn_backend_version": _backend_version(),
+                  "cudnn_frontend_version": getattr(cudnn, "__version__", None),
+                  "cudnn_output": state.get("output_note", "bf16")}
+        return Prepared(run=run, graph_capturable=True, timing_scope="kernel", extras=extras)
+
+    def _build(self, cudnn, handle, q, k, v, inputs, family, batch, max_q, max_kv, cu_q, cu_kv, state):
+        """The cuDNN graph and the output tensor (``[T_q, H, 128]``, bf16 or e4m3)."""
+        dev = inputs.device
+        io = cudnn.data_type.FP8_E4M3 if self.use_fp8 else cudnn.data_type.BFLOAT16
+        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        pack = state["pack"]
+        ragged = batch > 1
+        tensors = []
+        for name, x, cu, s in (("q", q, cu_q, max_q), ("k", k, cu_kv, max_kv), ("v", v, cu_kv, max_kv)):
+            dims, strides = _bshd(x, batch, s)
+            t = graph.tensor(name=name, dim=dims, stride=strides, data_type=io)
+            if ragged:
+                off = (cu * x.shape[1] * x.shape[2]).to(device=dev).reshape(-1, 1, 1, 1).contiguous()
+                ot = graph.tensor(name=f"off_{name}", dim=list(off.shape), stride=[1, 1, 1, 1],
+                                  data_type=cudnn.data_type.INT64)
+                t.set_ragged_offset(ot)
+                pack[ot] = off
+            pack[t] = x
+            tensors.append(t)
+        mask_kw: dict[str, Any] = {}
+        if family == "prefill":
+            mask_kw["use_causal_mask"] = True
+        elif family == "prefix":
+            mask_kw["use_causal_mask_bottom_right"] = True
+        if ragged:
+            for name, cu in (("seq_q", cu_q), ("seq_kv", cu_kv)):
+                lens = (cu[1:] - cu[:-1]).to(device=dev, dtype=torch.int32).reshape(-1, 1, 1, 1).contiguous()
+                lt = graph.tensor(name=name, dim=list(lens.shape), stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
+                pack[lt] = lens
+                mask_kw[f"seq_len_{name[4:]}"] = lt
+            mask_kw["use_padding_mask"] = True
+        o_t = self._node(cudnn, graph, *tensors, mask_kw, inputs, state)
+        t_q = q.shape[0]
+        out_dtype = torch.float8_e4m3fn if state["fp8_out"] else torch.bfloat16
+        out = torch.empty(t_q, q.shape[1], v.shape[2], dtype=out_dtype, device=dev)
+        dims, strides = _bshd(out, batch, max_q)
+        o_t.set_output(True).set_dim(dims).set_stride(strides)
+        o_t.set_data_type(cudnn.data_type.FP8_E4M3 if state["fp8_out"] else cudnn.data_type.BFLOAT16)
+        if ragged:
+            off = (cu_q * out.shape[1] * out.shape[2]).to(device=dev).reshape(-1, 1, 1, 1).contiguous()
+            ot = graph.tensor(name="off_o", dim=list(off.shape), stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
+            o_t.set_ragged_offset(ot)
+            pack[ot] = off
+        pack[o_t] = out
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+        return graph, out
+
+
+def _scalar(graph, cudnn, pack: dict, name: str, value: torch.Tensor):
+    t = graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT)
+    pack[t] = value.to(torch.float32).reshape(1, 1, 1, 1).contiguous()
+    return t
+
+
+class CudnnFp8(_CudnnBase):
+    """cuDNN FP8 SDPA forward: e4m3 q/k/v with per-tensor descales in (Hopper: e4m3 out, dequantised)."""
+
+    name = "cudnn-fp8"
+    description = "cuDNN fused FP8 SDPA (nvidia-cudnn-frontend sdpa_fp8): e4m3 in, per-tensor descales (Hopper peer)"
+    fp8 = True
+    use_fp8 = True
+
+    def supports(self, case, platform: PlatformInfo) -> Verdict:
+        if platform.fp8_dtype != torch.float8_e4m3fn:
+            return Verdict.no(f"cuDNN FP8 SDPA takes float8_e4m3fn only, not {platform.fp8_dtype}")
+        return Verdict.yes()
+
+    def _tensors(self, inputs: CaseInputs):
+        return (inputs.q8.data.contiguous(), inputs.k8.data.contiguous(), inputs.v8.data.contiguous())
+
+    def _node(self, cudnn, graph, tq, tk, tv, mask_kw, inputs, state):
+        dev, pack = inputs.device, state["pack"]
+        dv = inputs.v8.descale.to(device=dev, dtype=torch.float32)
+        one = torch.ones(1, device=dev)
+        sc = [_scalar(graph, cudnn, pack, n, x) for n, x in (
+            ("descale_q", inputs.q8.descale.to(dev)), ("descale_k", inputs.k8.descale.to(dev)), ("descale_v", dv),
+            ("descale_s", one / E4M3_MAX), ("scale_s", one * E4M3_MAX), ("scale_o", 1.0 / dv))]
+        try:
+            o, _stats, amax_s, amax_o = graph.sdpa_fp8(tq, tk, tv, *sc, name="sdpa_fp8", generate_stats=False,
+                                                        attn_scale=float(inputs.softmax_scale), **mask_kw)
+        except TypeError:  # frontends before generate_stats
+            o, _stats, amax_s, amax_o = graph.sdpa_fp8(tq, tk, tv, *sc, name="sdpa_fp8", is_inference=True,
+                                                        attn_scale=float(inputs.softmax_scale), **mask_kw)
+        for a in (amax_s, amax_o):
+            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+            pack[a] = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
+        major = torch.cuda.get_device_capability(dev)[0]
+        state["fp8_out"] = major < 10
+        state["output_note"] = ("e4m3 (Hopper restriction: FP8 forward with bf16 output needs Blackwell and cuDNN >= "
+                                "9.13), dequantised to bf16 inside run()" if state["fp8_out"] else "bf16")
+        if state["fp8_out"]:
+            state["dequant"] = lambda out: (out.to(torch.float32) * dv).to(torch.bfloat16)
+        return o
+
+
+class CudnnBf16(_CudnnBase):
+    """cuDNN bf16 SDPA forward on the original bf16 inputs (the non-FP8 twin)."""
+
+    name = "cudnn-bf16"
+    description = "cuDNN fused SDPA bf16 (nvidia-cudnn-frontend sdpa) on the bf16 inputs"
+    fp8 = False
+    use_fp8 = False
+
+    def _tensors(self, inputs: CaseInputs):
+        return tuple(x.to(torch.bfloat16).contiguous() for x in (inputs.q, inputs.k, inputs.v))
+
+    def _node(self, cudnn, graph, tq, tk, tv, mask_kw, inputs, state):
+        try:
+            o, _stats = graph.sdpa(tq, tk, tv, name="sdpa", generate_stats=False,
+                                   attn_scale=float(inputs.softmax_scale), **mask_kw)
+        except TypeError:
+            o, _stats = graph.sdpa(tq, tk, tv, name="sdpa", is_inference=True,
+                                   attn_scale=float(inputs.softmax_scale), **mask_kw)
+        return o

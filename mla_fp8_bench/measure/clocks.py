@@ -1,0 +1,274 @@
+"""GPU clock, temperature and power readings, and the clock policy of a device.
+
+Latency on a GPU is kernel time at *some* SM clock. This module reads that clock (with the die
+temperature and board power) through the vendor management library, so that every latency sample
+carries the clock it ran at, and says whether the clocks are locked.
+
+* NVIDIA: ``pynvml`` from the ``nvidia-ml-py`` package (NVML). Readings: ``nvmlDeviceGetClockInfo``
+  (SM and memory clock, MHz), ``nvmlDeviceGetTemperature`` (GPU die, deg C), ``nvmlDeviceGetPowerUsage``
+  (mW), ``nvmlDeviceGetCurrentClocksEventReasons`` (older name ``...ThrottleReasons``: a bit mask of why
+  the clock is below its maximum).
+* AMD: ``amdsmi`` (ROCm SMI library). Readings: ``amdsmi_get_clock_info`` (GFX clock),
+  ``amdsmi_get_temp_metric`` (hotspot), ``amdsmi_get_power_info``; policy: ``amdsmi_get_gpu_perf_level``
+  (``AMDSMI_DEV_PERF_LEVEL_DETERMINISM`` is the locked, deterministic clock mode of MI300/MI350
+  parts, set by an administrator with ``amd-smi set --perf-determinism <MHz>``).
+
+Both imports are optional: without the library (or on the CPU) :class:`ClockReader` is *unavailable*
+and every reading is ``None`` with the reason recorded; that is never an error. Nothing here changes
+clocks, power limits or any other device setting: the suite measures the card as it finds it.
+
+Clock event reason bits (NVML ``nvmlClocksEventReason*``, values from ``nvml.h``):
+``0x1`` GPU idle, ``0x2`` applications clocks setting (also set while clocks are locked with
+``nvidia-smi -lgc``), ``0x4`` SW power cap, ``0x8`` HW slowdown, ``0x10`` sync boost,
+``0x20`` SW thermal slowdown, ``0x40`` HW thermal slowdown, ``0x80`` HW power brake,
+``0x100`` display clock setting. The SW power cap is the normal state of a busy H200 (it is what
+holds the sustained-load clock below the boost clock); thermal and hardware slowdowns are not, and
+mark a sample as *throttled*.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+#: NVML clock event reasons (nvml.h), bit -> short name.
+NVML_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake",
+    0x100: "display_clock_setting",
+}
+#: Reasons that mean the sample ran throttled (not the sustained-load state of a busy GPU).
+THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
+#: A sample whose SM clock differs from the median clock of its set by more than this is off-plateau.
+#: Hopper clocks move in steps of 15 MHz; 1.5 % (about 26 MHz at 1755 MHz) is more than one step.
+OFF_PLATEAU_REL = 0.015
+
+
+def reason_names(mask: int | None) -> list[str]:
+    """Names of the NVML clock event reason bits set in ``mask`` (unknown bits as hex)."""
+    if not mask:
+        return []
+    names = [n for bit, n in NVML_REASONS.items() if mask & bit]
+    rest = mask & ~sum(NVML_REASONS)
+    return names + ([hex(rest)] if rest else [])
+
+
+@dataclass
+class ClockReading:
+    """One reading of the device state. ``None`` where the library gives no value.
+
+    Attributes:
+        sm_mhz: SM (NVIDIA) / GFX (AMD) clock, MHz.
+        mem_mhz: memory clock, MHz.
+        temp_c: die temperature, deg C.
+        power_w: board power, W.
+        reasons: NVML clock event reason mask (NVIDIA only).
+    """
+
+    sm_mhz: float | None = None
+    mem_mhz: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    reasons: int | None = None
+
+    @property
+    def throttled(self) -> bool:
+        return bool(self.reasons and self.reasons & THROTTLE_MASK)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sm_mhz": self.sm_mhz, "mem_mhz": self.mem_mhz, "temp_c": self.temp_c, "power_w": self.power_w,
+                "reasons": self.reasons}
+
+
+@dataclass
+class ClockReader:
+    """Reads one GPU's clocks through NVML or amdsmi; ``available`` False (with ``reason``) otherwise.
+
+    Use :func:`open_reader` to build one. ``read()`` never raises: a failed query gives ``None`` fields.
+    """
+
+    backend: str = "none"
+    available: bool = False
+    reason: str = ""
+    _lib: Any = None
+    _handle: Any = None
+    _errors: dict = field(default_factory=dict)
+
+    def read(self, full: bool = True) -> ClockReading:
+        """The current SM clock and event reasons; with ``full`` also memory clock, temperature, power."""
+        if not self.available:
+            return ClockReading()
+        if self.backend == "nvml":
+            return self._read_nvml(full)
+        return self._read_amdsmi(full)
+
+    def _try(self, key: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a query the driver refuses is recorded, not raised
+            self._errors.setdefault(key, f"{type(exc).__name__}: {exc}"[:160])
+            return None
+
+    def _read_nvml(self, full: bool) -> ClockReading:
+        n, h = self._lib, self._handle
+        reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(n, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        r = ClockReading(sm_mhz=self._try("sm", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
+                         reasons=self._try("reasons", reasons_fn, h) if reasons_fn else None)
+        if full:
+            power = self._try("power", n.nvmlDeviceGetPowerUsage, h)
+            r.mem_mhz = self._try("mem", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
+            r.temp_c = self._try("temp", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+            r.power_w = None if power is None else power / 1000.0
+        return r
+
+    def _read_amdsmi(self, full: bool) -> ClockReading:
+        a, h = self._lib, self._handle
+        gfx = self._try("sm", a.amdsmi_get_clock_info, h, a.AmdSmiClkType.GFX) or {}
+        if not full:
+            return ClockReading(sm_mhz=_num(gfx.get("clk")))
+        mem = self._try("mem", a.amdsmi_get_clock_info, h, a.AmdSmiClkType.MEM) or {}
+        temp = self._try("temp", a.amdsmi_get_temp_metric, h, a.AmdSmiTemperatureType.HOTSPOT,
+                         a.AmdSmiTemperatureMetric.CURRENT)
+        pw = self._try("power", a.amdsmi_get_power_info, h) or {}
+        power = pw.get("current_socket_power", pw.get("average_socket_power"))
+        return ClockReading(sm_mhz=_num(gfx.get("clk")), mem_mhz=_num(mem.get("clk")), temp_c=_num(temp),
+                            power_w=_num(power))
+
+    def policy(self) -> dict[str, Any]:
+        """Whether clocks are locked, and the evidence (see :func:`clock_policy`)."""
+        return clock_policy(self)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return None if v is None or v == "N/A" else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
+    """A :class:`ClockReader` for GPU ``index`` (``vendor`` ``"cuda"``/``"rocm"``; None tries both).
+
+    ``index`` is the management library's index, which equals the CUDA/HIP index unless
+    ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES`` reorders devices (the reader then maps the first
+    visible id when it is a plain integer).
+    """
+    import os
+
+    reasons = []
+    if vendor in (None, "cuda"):
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        idx = int(vis[index]) if index < len(vis) and vis[index].strip().isdigit() else index
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            return ClockReader("nvml", True, "", pynvml, h)
+        except Exception as exc:  # noqa: BLE001 - absent or failing library = unavailable
+            reasons.append(f"nvml: {type(exc).__name__}: {str(exc)[:120]}")
+    if vendor in (None, "rocm"):
+        try:
+            import amdsmi
+
+            amdsmi.amdsmi_init()
+            handles = amdsmi.amdsmi_get_processor_handles()
+            return ClockReader("amdsmi", True, "", amdsmi, handles[index])
+        except Exception as exc:  # noqa: BLE001
+            reasons.append(f"amdsmi: {type(exc).__name__}: {str(exc)[:120]}")
+    return ClockReader("none", False, "; ".join(reasons) or f"no management library for vendor {vendor}")
+
+
+def clock_policy(reader: ClockReader) -> dict[str, Any]:
+    """Clock lock state of the device, read only (never set).
+
+    NVIDIA: ``locked`` is True when the applications-clock target differs from its default (set with
+    ``nvidia-smi -ac``) or when the applications-clocks-setting event reason is active (it is also
+    raised by ``nvidia-smi -lgc`` locked clocks); the max and default clocks are recorded.
+    AMD: ``locked`` is True when the performance level is ``DETERMINISM``, ``MANUAL`` or a
+    ``STABLE_*`` profile; ``recommendation`` says to use determinism mode on dedicated gfx950 runners.
+
+    Returns:
+        ``{"backend", "available", "locked" (bool or None), "evidence": {...}, "recommendation"}``.
+    """
+    out: dict[str, Any] = {"backend": reader.backend, "available": reader.available, "locked": None,
+                           "evidence": {}, "recommendation": ""}
+    if not reader.available:
+        out["evidence"]["reason"] = reader.reason
+        return out
+    if reader.backend == "nvml":
+        n, h = reader._lib, reader._handle
+        ev = out["evidence"]
+        ev["app_sm_mhz"] = reader._try("app", n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_SM)
+        ev["default_app_sm_mhz"] = reader._try("dapp", n.nvmlDeviceGetDefaultApplicationsClock, h, n.NVML_CLOCK_SM)
+        ev["max_sm_mhz"] = reader._try("max", n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM)
+        ev["power_limit_w"] = _num(reader._try("plim", n.nvmlDeviceGetEnforcedPowerLimit, h))
+        if ev["power_limit_w"] is not None:
+            ev["power_limit_w"] /= 1000.0
+        r = reader.read()
+        ev["reasons_now"] = reason_names(r.reasons)
+        app_set = ev["app_sm_mhz"] is not None and ev["default_app_sm_mhz"] is not None and \
+            ev["app_sm_mhz"] != ev["default_app_sm_mhz"]
+        out["locked"] = bool(app_set or (r.reasons or 0) & 0x2)
+        out["recommendation"] = ("clocks float (boost and power cap); the suite measures at the sustained-load "
+                                 "plateau and records the SM clock of every sample" if not out["locked"] else
+                                 "clocks are locked: samples are clock-deterministic")
+        return out
+    a, h = reader._lib, reader._handle
+    level = reader._try("perf_level", a.amdsmi_get_gpu_perf_level, h)
+    out["evidence"]["perf_level"] = str(level) if level is not None else None
+    lv = str(level or "").upper()
+    out["locked"] = any(k in lv for k in ("DETERMINISM", "MANUAL", "STABLE")) if level is not None else None
+    out["recommendation"] = ("" if "DETERMINISM" in lv else
+                             "dedicated gfx950 runner: have an administrator set the deterministic clock mode "
+                             "(amd-smi set --perf-determinism <MHz>, e.g. 1900) so samples are clock-deterministic; "
+                             "the suite never changes clocks itself")
+    return out
+
+
+def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_REL) -> dict[str, Any]:
+    """Per-sample clock summary and flags.
+
+    Args:
+        readings: one reading per latency sample (None where none was taken).
+        rel: relative distance from the median SM clock beyond which a sample is off-plateau.
+
+    Returns:
+        ``{"sm_mhz": [...], "temp_c": [...], "power_w": [...], "sm_mhz_median", "temp_c_median",
+        "power_w_median", "throttled": [indices], "off_plateau": [indices], "reasons": [names seen]}``;
+        lists hold ``None`` where a value is missing.
+    """
+    rs = [r or ClockReading() for r in readings]
+    sm = [r.sm_mhz for r in rs]
+    known = [x for x in sm if x is not None]
+    med = statistics.median(known) if known else None
+    seen = 0
+    for r in rs:
+        seen |= r.reasons or 0
+
+    def med_of(vals):
+        v = [x for x in vals if x is not None]
+        return statistics.median(v) if v else None
+
+    return {"sm_mhz": sm, "temp_c": [r.temp_c for r in rs], "power_w": [r.power_w for r in rs],
+            "sm_mhz_median": med, "temp_c_median": med_of([r.temp_c for r in rs]),
+            "power_w_median": med_of([r.power_w for r in rs]),
+            "throttled": [i for i, r in enumerate(rs) if r.throttled],
+            "off_plateau": [i for i, x in enumerate(sm) if x is not None and med and abs(x - med) > rel * med],
+            "reasons": reason_names(seen)}
+
+
+def plateau_reached(history: list[float | None], window: int = 3, tol_mhz: float = 15.0) -> bool:
+    """True when the last ``window`` SM clock readings lie within ``tol_mhz`` (one 15 MHz Hopper step).
+
+    With no readings (library unavailable) it returns True, so callers fall back to time-based rules.
+    """
+    vals = [x for x in history if x is not None]
+    if not vals:
+        return True
+    if len(vals) < window:
+        return False
+    last = vals[-window:]
+    return max(last) - min(last) <= tol_mhz
