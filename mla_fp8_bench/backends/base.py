@@ -5,6 +5,13 @@ whether it supports a case (:meth:`Backend.supports`), and turns a case's inputs
 :class:`Prepared` call whose ``run()`` launches the attention and returns the bf16 output
 ``[T, H, 128]``. Everything that must not be timed (planning, workspace reservation, casts the
 production path does ahead of time) happens in :meth:`Backend.prepare`.
+
+Case families (:data:`mla_fp8_bench.problem.cases.FAMILIES`): :meth:`Backend.prepare` runs ``prefill``
+cases and, when the backend sets :attr:`Backend.context_chunk_skip` to ``""``, ``ctx`` cases (q_len <
+kv_len, ``inputs.causal`` False, separate ``cu_seqlens_q``/``cu_seqlens_kv``), returning LSE on every
+row. Callers use :meth:`Backend.prepare_case`, which also runs ``prefix`` cases the way vLLM does:
+:func:`compose_prefix` prepares the two pieces through the backend's own :meth:`Backend.prepare` and
+merges them by LSE (:func:`mla_fp8_bench.problem.prefix.merge_attn_states`).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
+from mla_fp8_bench.problem.prefix import merge_attn_states, split_prefix_inputs
 
 
 class BackendUnavailable(RuntimeError):
@@ -81,12 +89,15 @@ class Backend(ABC):
         description: one line for ``mla-fp8-bench env``.
         fp8: True if the computation runs in fp8 (False for bf16 baselines).
         emulation: True if this is a PyTorch model of a kernel (latency is labelled, never compared).
+        context_chunk_skip: ``""`` when :meth:`prepare` runs context chunks (``ctx`` cases) and returns
+            LSE on every row; otherwise the reason ``ctx`` and ``prefix`` cases are skipped.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     fp8: ClassVar[bool] = True
     emulation: ClassVar[bool] = False
+    context_chunk_skip: ClassVar[str] = "does not run context-chunk attention (q_len < kv_len, non-causal)"
 
     @abstractmethod
     def availability(self, platform: PlatformInfo) -> Verdict:
@@ -103,3 +114,92 @@ class Backend(ABC):
         Raises:
             BackendUnavailable / CaseUnsupported: recorded as skips by the runner.
         """
+
+    def prepare_case(self, inputs: CaseInputs) -> Prepared:
+        """Build the call for any case family: :meth:`prepare` for ``prefill`` and ``ctx``,
+        :func:`compose_prefix` for ``prefix``.
+
+        Raises:
+            CaseUnsupported: ``ctx``/``prefix`` on a backend without context chunks (the reason says why),
+                or a prefix piece without LSE.
+            BackendUnavailable: as :meth:`prepare`.
+        """
+        family = inputs.case.family
+        if family == "prefill":
+            return self.prepare(inputs)
+        if self.context_chunk_skip:
+            raise CaseUnsupported(f"{self.name} cannot run {family} case {inputs.case.id}: {self.context_chunk_skip}")
+        if family == "ctx":
+            return self.prepare(inputs)
+        return compose_prefix(self, inputs)
+
+    def prepare_prefix_pieces(self, inputs: CaseInputs) -> tuple[Prepared, Prepared]:
+        """The two calls of a ``prefix`` case: ``(context piece, new piece)``, each returning out and LSE.
+
+        Default: :func:`mla_fp8_bench.problem.prefix.split_prefix_inputs` (k/v rows gathered per piece)
+        and :meth:`prepare` of each. A backend that reaches the rows in place (e.g. through page indices)
+        overrides this; the merge stays :func:`compose_prefix`'s.
+        """
+        new_in, ctx_in = split_prefix_inputs(inputs)
+        p_ctx = self.prepare(ctx_in)
+        try:
+            p_new = self.prepare(new_in)
+        except BaseException:
+            if p_ctx.cleanup is not None:
+                p_ctx.cleanup()
+            raise
+        return p_ctx, p_new
+
+
+#: Extras of the two prefix pieces that add up (both pieces' plans, workspaces and partial slots exist).
+ADDITIVE_EXTRAS = ("planner_s", "num_partials", "workspace_bytes", "reserved_workspace_bytes")
+
+MergeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_attn_states) -> Prepared:
+    """A prefix-cached prefill as vLLM computes it, through ``backend``'s own calls.
+
+    Prepares the new-vs-new piece (causal prefill) and the new-vs-context piece (non-causal context
+    chunk) with :meth:`Backend.prepare_prefix_pieces`; ``run()`` runs the context piece, then the new
+    piece, and merges their outputs by their LSE on every row (``merge(ctx_out, ctx_lse, new_out,
+    new_lse)``, vLLM's argument order: prefix = context). The merged LSE ``[T, H]`` is the result's LSE
+    (all rows). Extras: the new piece's, with :data:`ADDITIVE_EXTRAS` summed over both pieces.
+
+    Raises:
+        CaseUnsupported: a piece returns no LSE.
+    """
+    p_ctx, p_new = backend.prepare_prefix_pieces(inputs)
+
+    def cleanup() -> None:
+        for p in (p_new, p_ctx):
+            if p.cleanup is not None:
+                p.cleanup()
+
+    if p_new.lse is None or p_ctx.lse is None:
+        cleanup()
+        raise CaseUnsupported(f"{backend.name} returns no LSE, so prefix case {inputs.case.id} cannot be merged")
+    state: dict[str, torch.Tensor] = {}
+    t = int(inputs.q.shape[0])
+
+    def run() -> torch.Tensor:
+        ctx_out = p_ctx.run()
+        ctx_lse = p_ctx.lse()[0]
+        new_out = p_new.run()
+        new_lse = p_new.lse()[0]
+        out, lse = merge(ctx_out, ctx_lse, new_out, new_lse)
+        state["lse"] = lse
+        return out
+
+    def lse() -> tuple[torch.Tensor, torch.Tensor]:
+        if "lse" not in state:
+            raise RuntimeError("call run() before lse()")
+        return state["lse"], torch.ones(t, dtype=torch.bool)
+
+    extras = dict(p_new.extras)
+    for k in ADDITIVE_EXTRAS:
+        if isinstance(p_new.extras.get(k), (int, float)) and isinstance(p_ctx.extras.get(k), (int, float)):
+            extras[k] = p_new.extras[k] + p_ctx.extras[k]
+    extras["prefix_pieces"] = "ctx(non-causal)+new(causal), merge_attn_states"
+    return Prepared(run=run, graph_capturable=p_new.graph_capturable and p_ctx.graph_capturable,
+                    timing_scope=p_new.timing_scope, lse=lse, extras=extras, cleanup=cleanup)

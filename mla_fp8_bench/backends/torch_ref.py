@@ -6,7 +6,10 @@
   fp32 on CPU): input rounding of FP8 without an FP8 kernel.
 
 Both loop over sequences in Python (a ragged batch is a list of dense ``[1, H, S, D]`` problems), so
-their timings include per-sequence launch overhead; they are baselines, not peers.
+their timings include per-sequence launch overhead; they are baselines, not peers. Context chunks
+(``ctx`` cases) run non-causally with kv_len != q_len. SDPA returns no LSE: ``lse()`` computes it outside
+the timed call (exact attention in float32 on the same inputs), so both backends also
+run ``prefix`` cases through :func:`mla_fp8_bench.backends.base.compose_prefix`.
 """
 
 from __future__ import annotations
@@ -16,51 +19,70 @@ import torch.nn.functional as F
 
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.measure.reference import case_attention
 from mla_fp8_bench.problem.inputs import CaseInputs
 
 
-def _sdpa_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], scale: float,
-                 out: torch.Tensor) -> torch.Tensor:
-    for b in range(len(cu) - 1):
-        s0, s1 = cu[b], cu[b + 1]
+def _sdpa_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[int], cu_kv: list[int], scale: float,
+                 causal: bool, out: torch.Tensor) -> torch.Tensor:
+    """SDPA per sequence into ``out`` ``[T_q, H, Dv]``; causal only where q_len == kv_len (prefill)."""
+    for b in range(len(cu_q) - 1):
+        s0, s1 = cu_q[b], cu_q[b + 1]
+        k0, k1 = cu_kv[b], cu_kv[b + 1]
+        if k1 == k0:  # a sequence without context keys: out 0 (its LSE is -inf)
+            out[s0:s1] = 0
+            continue
         qb = q[s0:s1].transpose(0, 1).unsqueeze(0)
-        kb = k[s0:s1].transpose(0, 1).unsqueeze(0)
-        vb = v[s0:s1].transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+        kb = k[k0:k1].transpose(0, 1).unsqueeze(0)
+        vb = v[k0:k1].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal, scale=scale)
         out[s0:s1] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def _prepare_sdpa(inputs: CaseInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Prepared:
+    """The SDPA call on q/k/v (the backend's view of the inputs), with an untimed LSE of the same inputs."""
+    if inputs.causal and inputs.case.family != "prefill":
+        raise ValueError(f"torch SDPA backends run causal attention with q_len == kv_len only; {inputs.case.id} "
+                         "is composed from its pieces (prepare_case)")
+    cu_q = inputs.cu_seqlens_q_cpu.tolist()
+    cu_kv = inputs.cu_seqlens_kv_cpu.tolist()
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.bfloat16, device=q.device)
+    state: dict[str, torch.Tensor] = {}
+
+    def lse() -> tuple[torch.Tensor, torch.Tensor]:
+        if "lse" not in state:
+            state["lse"] = case_attention(inputs, q, k, v, torch.float32)[1]
+        return state["lse"], torch.ones(q.shape[0], dtype=torch.bool)
+
+    return Prepared(run=lambda: _sdpa_ragged(q, k, v, cu_q, cu_kv, inputs.softmax_scale, inputs.causal, out),
+                    graph_capturable=inputs.device.type == "cuda",
+                    timing_scope="kernel" if inputs.device.type == "cuda" else "call", lse=lse)
 
 
 class TorchSdpaBf16(Backend):
     name = "torch-sdpa-bf16"
     description = "torch SDPA on the bf16 inputs (non-FP8 baseline)"
     fp8 = False
+    context_chunk_skip = ""
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return Verdict.yes()
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        cu = inputs.cu_seqlens_cpu.tolist()
-        q, k, v = inputs.q, inputs.k, inputs.v.contiguous()
-        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.bfloat16, device=q.device)
-        return Prepared(run=lambda: _sdpa_ragged(q, k, v, cu, inputs.softmax_scale, out),
-                        graph_capturable=inputs.device.type == "cuda",
-                        timing_scope="kernel" if inputs.device.type == "cuda" else "call")
+        return _prepare_sdpa(inputs, inputs.q, inputs.k, inputs.v.contiguous())
 
 
 class TorchFp8Ref(Backend):
     name = "torch-fp8-ref"
     description = "torch SDPA on the dequantised fp8 inputs (input rounding only, no fp8 kernel)"
     fp8 = True
+    context_chunk_skip = ""
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return Verdict.yes()
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        cu = inputs.cu_seqlens_cpu.tolist()
         dt = torch.float32 if inputs.device.type == "cpu" else torch.bfloat16
         q, k, v = inputs.dequantized(dt)
-        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.bfloat16, device=q.device)
-        return Prepared(run=lambda: _sdpa_ragged(q, k, v, cu, inputs.softmax_scale, out),
-                        graph_capturable=inputs.device.type == "cuda",
-                        timing_scope="kernel" if inputs.device.type == "cuda" else "call")
+        return _prepare_sdpa(inputs, q, k, v)

@@ -73,17 +73,63 @@ def error_metrics(out: torch.Tensor, ref: torch.Tensor, *, atol: float = MISMATC
     return ErrorMetrics(max_abs, mean_abs, rel_l2, max_rel, mismatch, nonfinite, o.numel())
 
 
+def _lse_pair(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    a = lse.detach().to(torch.float64)
+    b = ref_lse.detach().to(device=a.device, dtype=torch.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"LSE shape {tuple(a.shape)} differs from reference LSE shape {tuple(b.shape)}")
+    if rows is not None:
+        a, b = a[rows.to(a.device)], b[rows.to(a.device)]
+    return a, b
+
+
+def _lse_rel_errors(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise ``|a - b| / max(|b|, 1)``; where the reference is -inf (a row that sees no key) an
+    infinite ``a`` of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a
+    non-finite ``a`` against a finite reference is inf."""
+    empty = torch.isneginf(b)
+    finite_b = torch.where(empty, torch.zeros_like(b), b)
+    err = (a - finite_b).abs() / finite_b.abs().clamp_min(1.0)
+    err = torch.where(torch.isfinite(a), err, torch.full_like(err, float("inf")))
+    return torch.where(empty, torch.where(torch.isinf(a), torch.zeros_like(err), torch.full_like(err, float("inf"))),
+                       err)
+
+
 def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None = None) -> float:
     """Max relative LSE error ``|lse - ref| / max(|ref|, 1)`` over ``rows`` (bool ``[T]`` mask) or all rows.
 
-    Non-finite LSE values in the compared rows give ``inf``.
+    Args:
+        lse: ``[T, H]`` natural-log LSE, any float dtype.
+        ref_lse: ``[T, H]`` reference LSE (-inf on rows that see no key).
+        rows: optional bool ``[T]`` mask of the rows to compare.
+
+    Non-finite LSE values in the compared rows give ``inf``, except +-inf where the reference is -inf.
+
+    Raises:
+        ValueError: if the shapes differ.
     """
-    a = lse.detach().to(torch.float64)
-    b = ref_lse.detach().to(device=a.device, dtype=torch.float64)
-    if rows is not None:
-        a, b = a[rows.to(a.device)], b[rows.to(a.device)]
+    a, b = _lse_pair(lse, ref_lse, rows)
     if a.numel() == 0:
         return 0.0
-    if not torch.isfinite(a).all():
-        return float("inf")
-    return float(((a - b).abs() / b.abs().clamp_min(1.0)).max().item())
+    return float(_lse_rel_errors(a, b).max().item())
+
+
+def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor, family: str) -> dict[str, float | int]:
+    """The LSE figures of a record.
+
+    ``prefill`` cases compare the rows the backend says it wrote (``rows``: before AITER #3606 only
+    rows of split tiles have a final LSE). ``ctx`` and ``prefix`` cases compare **every** row whatever
+    ``rows`` says: vLLM merges context chunks by LSE on every row, so an unwritten or stale LSE there is
+    an error (this is what #3606 fixed).
+
+    Returns:
+        ``lse_rel_error_fp8_ref`` (max relative error, see :func:`lse_error`), ``lse_rows_checked`` (rows
+        compared) and ``lse_nonfinite_count`` (compared LSE elements that are NaN/+-inf where the
+        reference is finite).
+    """
+    mask = rows if family == "prefill" else None
+    a, b = _lse_pair(lse, ref_lse, mask)
+    bad = int((~torch.isfinite(a) & torch.isfinite(b)).sum().item())
+    err = float(_lse_rel_errors(a, b).max().item()) if a.numel() else 0.0
+    checked = int(rows.sum().item()) if mask is not None else int(lse.shape[0])
+    return {"lse_rel_error_fp8_ref": err, "lse_rows_checked": checked, "lse_nonfinite_count": bad}

@@ -8,12 +8,17 @@ for the causal triangle. For q_len == kv_len:
 
 :func:`causal_flops` with ``exact=True`` counts the ``S(S+1)/2`` valid pairs instead (larger by the
 factor 1 + 1/S). Softmax work is not counted.
+
+With cached context (kv_len > q_len; :func:`case_flops`): a non-causal context chunk does ``q*kv`` pairs,
+a bottom-right causal prefix ``q*(kv - q) + q^2/2``, so each GEMM costs ``(2*kv - q)*q*H*D`` (FlashInfer's
+convention); for q == kv this is the causal count above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 
 
@@ -53,6 +58,24 @@ def min_bytes(seq_lens: Sequence[int], num_heads: int, qk_head_dim: int = QK_HEA
     _check(seq_lens, num_heads)
     t = sum(seq_lens)
     return t * num_heads * ((2 * qk_head_dim + v_head_dim) * in_bytes + v_head_dim * out_bytes)
+
+
+def case_flops(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM) -> float:
+    """FLOPs of a case of any family: ``2 * H * (D_qk + D_v) * sum(pairs_i)`` with pairs per sequence
+    ``q*kv`` (``ctx``, non-causal) or ``q*(kv - q) + q^2/2`` (``prefill``/``prefix``, bottom-right causal)."""
+    pairs = 0.0
+    for q, kv in zip(case.seq_lens, case.kv_lens):
+        pairs += q * kv if not case.causal else q * (kv - q) + causal_pairs(q)
+    return 2.0 * case.num_heads * (qk_head_dim + v_head_dim) * pairs
+
+
+def case_min_bytes(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM, in_bytes: int = 1,
+                   out_bytes: int = 2) -> int:
+    """Fewest bytes for a case of any family: fp8 q read once, fp8 k and v (T_kv rows) read once, bf16
+    output written once: ``H * (T_q * (D_qk*in + D_v*out) + T_kv * (D_qk + D_v) * in)``."""
+    h = case.num_heads
+    return h * (case.total_tokens * (qk_head_dim * in_bytes + v_head_dim * out_bytes)
+                + case.total_kv_tokens * (qk_head_dim + v_head_dim) * in_bytes)
 
 
 def tflops(flops: float, seconds: float) -> float:

@@ -1,0 +1,124 @@
+"""Prefix-cached prefill the way vLLM computes it: two attentions merged by their LSE.
+
+A ``prefix<C>-q<Q>`` case is Q new tokens over C cached ones: bottom-right causal attention of Q queries
+over C + Q keys. vLLM's MLA prefill with cached context (``MLACommonImpl``) computes it as
+
+1. the new tokens against themselves, causal (q_len == kv_len == Q: the plain prefill path);
+2. the new tokens against the cached context chunk, non-causal (q_len = Q < kv_len = C: the
+   context-chunk attention of a ``ctx<C>-q<Q>`` case);
+3. ``merge_attn_states(out, ctx_out, ctx_lse, new_out, new_lse)``, which needs a correct natural-log LSE
+   on every row of both pieces.
+
+Key layout of a prefix case (see :class:`mla_fp8_bench.problem.inputs.CaseInputs`): each sequence's C
+context keys, then its Q new keys. :func:`split_prefix_inputs` cuts a prefix case's inputs into the two
+pieces without re-quantising (the pieces share the fp8 data and descales, so the exact answer of the
+composition is the exact bottom-right causal attention on the same dequantised inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.fp8 import Quantized
+from mla_fp8_bench.problem.inputs import CaseInputs
+
+
+def merge_attn_states(prefix_out: torch.Tensor, prefix_lse: torch.Tensor, suffix_out: torch.Tensor,
+                      suffix_lse: torch.Tensor,
+                      out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attentions over disjoint key sets by their LSE (vLLM's ``merge_attn_states``).
+
+    ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)``,
+    computed in float32 (float64 when an LSE is float64) with the maximum subtracted. Edge cases as vLLM's
+    kernel: an LSE of +inf or -inf (a piece that saw no key; FA2 reports +inf, FA3 -inf) counts as -inf;
+    where both are -inf the row is the prefix piece's output and LSE unchanged. A NaN LSE gives a NaN
+    row (nothing hides an unwritten LSE).
+
+    Args:
+        prefix_out: ``[T, H, Dv]`` output of the first piece (vLLM: the context chunk).
+        prefix_lse: ``[T, H]`` its natural-log LSE.
+        suffix_out: ``[T, H, Dv]`` output of the second piece (vLLM: new tokens, causal).
+        suffix_lse: ``[T, H]`` its natural-log LSE.
+        out_dtype: dtype of the merged output (default: ``prefix_out.dtype``).
+
+    Returns:
+        ``(out [T, H, Dv] in out_dtype, lse [T, H] in the compute dtype)``.
+
+    Raises:
+        ValueError: if the shapes disagree.
+    """
+    if prefix_out.shape != suffix_out.shape or prefix_lse.shape != suffix_lse.shape \
+            or prefix_out.shape[:-1] != prefix_lse.shape:
+        raise ValueError(f"merge_attn_states shapes disagree: out {tuple(prefix_out.shape)} / "
+                         f"{tuple(suffix_out.shape)}, lse {tuple(prefix_lse.shape)} / {tuple(suffix_lse.shape)}")
+    dt = torch.promote_types(torch.promote_types(prefix_lse.dtype, suffix_lse.dtype), torch.float32)
+    p = prefix_lse.to(dt)
+    s = suffix_lse.to(device=p.device, dtype=dt)
+    p = torch.where(torch.isinf(p), torch.full_like(p, -math.inf), p)
+    s = torch.where(torch.isinf(s), torch.full_like(s, -math.inf), s)
+    m = torch.maximum(p, s)
+    both_empty = torch.isneginf(m)
+    m = torch.where(both_empty, torch.zeros_like(m), m)
+    pe, se = torch.exp(p - m), torch.exp(s - m)
+    total = pe + se
+    lse = torch.where(both_empty, p, torch.log(total) + m)
+    total = torch.where(both_empty, torch.ones_like(total), total)
+    po, so = prefix_out.to(dt), suffix_out.to(device=p.device, dtype=dt)
+    out = po * (pe / total).unsqueeze(-1) + so * (se / total).unsqueeze(-1)
+    out = torch.where(both_empty.unsqueeze(-1), po, out)
+    return out.to(out_dtype or prefix_out.dtype), lse
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor | slice) -> torch.Tensor:
+    """Rows ``idx`` of ``x`` (a slice keeps strided views; fp8 is gathered as bytes)."""
+    if isinstance(idx, slice):
+        return x[idx]
+    if x.dtype.is_floating_point and x.dtype.itemsize == 1:  # float8: index_select may lack a kernel
+        return x.contiguous().view(torch.uint8).index_select(0, idx).view(x.dtype)
+    return x.index_select(0, idx)
+
+
+def _take_q(x: Quantized, idx: torch.Tensor | slice) -> Quantized:
+    return Quantized(_take(x.data, idx).contiguous(), x.descale, x.mode)
+
+
+def _rows(starts: list[int], offsets: list[int], lens: list[int], device: torch.device) -> torch.Tensor | slice:
+    """Key rows ``[starts[b] + offsets[b], + lens[b])`` of every sequence, as one slice when B == 1."""
+    if len(starts) == 1:
+        return slice(starts[0] + offsets[0], starts[0] + offsets[0] + lens[0])
+    parts = [torch.arange(s + o, s + o + n, dtype=torch.long) for s, o, n in zip(starts, offsets, lens)]
+    return torch.cat(parts).to(device)
+
+
+def _piece(inputs: CaseInputs, case: Case, rows: torch.Tensor | slice) -> CaseInputs:
+    cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
+    return replace(inputs, case=case, k=_take(inputs.k, rows), v=_take(inputs.v, rows), k8=_take_q(inputs.k8, rows),
+                   v8=_take_q(inputs.v8, rows), cu_seqlens_kv=cu_kv.to(inputs.device), cu_seqlens_kv_cpu=cu_kv,
+                   max_seqlen_kv=case.max_kv_len, causal=case.causal)
+
+
+def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
+    """Cut a ``prefix`` case's inputs into ``(new, ctx)`` pieces.
+
+    ``new``: a ``prefill`` case (seq_lens = Q, causal) on the new tokens' keys; ``ctx``: a ``ctx`` case
+    (Q queries, context_lens = C, non-causal) on the context keys. Both keep the prefix case's q, q8 and
+    the descales; k/v and their fp8 data are the matching rows (views for one sequence).
+
+    Raises:
+        ValueError: if ``inputs`` is not a prefix case.
+    """
+    case = inputs.case
+    if case.family != "prefix":
+        raise ValueError(f"split_prefix_inputs needs a prefix case, got {case.family} case {case.id}")
+    q_lens, c_lens = list(case.seq_lens), list(case.context_lens)
+    starts = case.cu_seqlens_kv()[:-1]
+    common = dict(num_heads=case.num_heads, quant=case.quant, dist=case.dist, seed=case.seed)
+    new_case = Case(tuple(q_lens), **common)
+    ctx_case = Case(tuple(q_lens), context_lens=tuple(c_lens), family="ctx", **common)
+    new = _piece(inputs, new_case, _rows(starts, c_lens, q_lens, inputs.k.device))
+    ctx = _piece(inputs, ctx_case, _rows(starts, [0] * len(c_lens), c_lens, inputs.k.device))
+    return new, ctx
