@@ -30,11 +30,11 @@ from mla_fp8_bench.backends import (
 from mla_fp8_bench.jsonio import write_json_atomic  # noqa: F401 - re-exported (CLI, tests)
 from mla_fp8_bench.measure import metric_table
 from mla_fp8_bench.measure.devices import PlatformInfo, platform_info, synchronize
-from mla_fp8_bench.measure.metrics import error_metrics, lse_error
+from mla_fp8_bench.measure.metrics import error_metrics, lse_metrics
 from mla_fp8_bench.measure.reference import reference_bf16, reference_fp8_dequant
-from mla_fp8_bench.measure.timing import measure_latency, time_call
+from mla_fp8_bench.measure.timing import clock_fields, measure_latency, time_call
 from mla_fp8_bench.problem.cases import Case
-from mla_fp8_bench.problem.flops import causal_flops, min_bytes, tflops
+from mla_fp8_bench.problem.flops import case_flops, case_min_bytes, tflops
 from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 
 #: Record keys that every JSON record carries (issue #2's contract with users).
@@ -199,6 +199,7 @@ def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunO
     v["launches_per_sample"] = tr.launches_per_sample
     if tr.note:
         v["latency_note"] = tr.note
+    v.update(clock_fields(tr))
     v["tflops"] = tflops(v["flops"], tr.median_s)
     v["gb_s"] = v["bytes"] / tr.median_s / 1e9
     if opts.call_latency and pinfo.device.type == "cuda":
@@ -240,7 +241,7 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
         if not sup:
             rec.status, rec.reason = "skipped", sup.reason
             return rec
-        prepared = backend.prepare(ctx.inputs)
+        prepared = backend.prepare_case(ctx.inputs)
         out = prepared.run()
         synchronize(pinfo.device)
         out_snapshot = out.detach().clone()
@@ -254,17 +255,15 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
         v["mismatch_fraction"] = bfm.mismatch_fraction  # AITER's criterion is against the unquantised ref
         if prepared.lse is not None:
             lse, rows = prepared.lse()
-            v["lse_rel_error_fp8_ref"] = lse_error(lse, ctx.fp8_ref[1], rows)
-            v["lse_rows_checked"] = int(rows.sum().item())
+            v.update(lse_metrics(lse, rows, ctx.fp8_ref[1], case.family))
         if opts.determinism:
             out2 = prepared.run()
             synchronize(pinfo.device)
             v["nondeterminism_max_abs"] = float((out2.detach().double() - out_snapshot.double()).abs().nan_to_num(
                 nan=float("inf")).max().item())
         del out_snapshot
-        flops = causal_flops(case.seq_lens, case.num_heads)
-        v["flops"] = flops
-        v["bytes"] = min_bytes(case.seq_lens, case.num_heads)
+        v["flops"] = case_flops(case)
+        v["bytes"] = case_min_bytes(case)
         _check_finite(rec)
         if opts.timing and rec.status == "ok":
             _measure_timing(v, prepared, pinfo, opts)
