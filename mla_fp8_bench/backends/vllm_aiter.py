@@ -2,7 +2,7 @@
 
 The timed call is the REAL ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)`` from
 ``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``, set up the way vLLM's seed test (PR #51457)
-does it (docs: vllm-fp8-prefill-entry.md §3-§5):
+does it (docs/aiter-contract.md, the vLLM entry section):
 
 * ``object.__new__(AiterMLAImpl)`` with only ``num_heads``, ``v_head_dim``, ``scale``,
   ``_mla_prefill_ps_asm_fwd``, ``_mla_reduce_v1`` (and ``_fp8_prefill_one_scale = None`` where the
@@ -32,8 +32,11 @@ pinned plan staging        ``_init_fp8_prefill_ps_buffers`` sets ``_fp8_ps_stagi
 cached unit scale          ``_mla_fp8_prefill_attn`` reads ``_fp8_prefill_one_scale``      0.33
 ========================  =============================================================  =========
 
-Only ``quant="cast"`` cases are supported: vLLM always casts at unit scale, so a ``per_tensor``
-(amax/448) case is not something vLLM can run. 0.28 enables the path only for ``num_heads % 16 == 0``.
+Only ``quant="cast"`` prefill cases are supported: vLLM always casts at unit scale, so a ``per_tensor``
+(amax/448) case is not something vLLM can run; and vLLM skips the FP8 PS path for batches with cached
+context (vLLM #52356, up to 0.33.0), so ``ctx``/``prefix`` cases are skips naming that reason. 0.28
+enables the path only for ``num_heads % 16 == 0``. vLLM 0.33.0 calls ``get_ps_metadata_info_v1``
+without ``max_kvlen`` on either AITER revision.
 
 Tests run the same adapter on CPU against a stand-in ``aiter`` (:func:`for_testing`), bypassing the
 platform gate; the real-vLLM tier (``tests/vllm_tier``) does so against vLLM's real classes.
@@ -56,13 +59,16 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.backends.aiter_real import (
+from mla_fp8_bench.aiter_ps.facts import (
     PRIMITIVES,
-    _aiter_gate,
+    Q_TILE,
+    aiter_version_of,
     detect_reduce_arity,
-    parse_aiter_version,
+    import_aiter,
     reduce_heads_for,
 )
+from mla_fp8_bench.aiter_ps.workspace import VLLM_WORKSPACE_ALIGN, vllm_partial_tiles, workspace_bytes
+from mla_fp8_bench.backends.aiter_real import _aiter_gate
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
@@ -70,10 +76,13 @@ from mla_fp8_bench.problem.inputs import CaseInputs
 
 DEFAULT_VLLM_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
 DEFAULT_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
-TILE_Q = 256  # vLLM's _FP8_PREFILL_TILE_Q
 V_HEAD_DIM = 128
-#: Workspace slices are 256-byte aligned by WorkspaceManager.get_simultaneous.
-WORKSPACE_ALIGN = 256
+#: Why ``ctx``/``prefix`` cases are skipped (vLLM 0.28 ... 0.33.0).
+CHUNKED_CONTEXT_SKIP = (
+    "vLLM skips the FP8 PS prefill for batches with cached context (vLLM #52356; up to 0.33.0 "
+    "_build_fp8_prefill_ps_metadata plans only when prefill.chunked_context is None and forward_mha falls "
+    "back to the bf16 path); its AITER_ASM prefill backend for context chunks (vLLM #44544) is in no release"
+)
 
 #: Deliberately wrong adapter variants (tests prove the tier catches each with a clear message):
 #: ``reduce-8-arg`` hands vLLM an ``mla_reduce_v1`` that forwards the pre-v0.1.16 8-argument form
@@ -117,8 +126,9 @@ class VllmEntry:
             valid = (helper.is_valid_num_heads(num_heads) if hasattr(helper, "is_valid_num_heads")
                      else num_heads > 0 and (num_heads <= 128 or num_heads % 16 == 0))
             if not valid:
-                return Verdict.no(f"vLLM {f.version or ''} gates the FP8 prefill on AiterMLAHelper.is_valid_num_heads "
-                                  f"(0 < n <= 128 or a multiple of 16): {num_heads} heads take the bf16 path"), num_heads
+                return Verdict.no(f"vLLM {f.version or ''} gates the FP8 prefill on "
+                                  "AiterMLAHelper.is_valid_num_heads (0 < n <= 128 or a multiple of 16): "
+                                  f"{num_heads} heads take the bf16 path"), num_heads
             return Verdict.yes(), int(helper.get_fp8_prefill_num_heads(num_heads))
         if num_heads <= 0 or num_heads % 16:
             return Verdict.no(f"vLLM {f.version or ''} (no head padding; padding arrived in 0.29, #51040) enables the "
@@ -145,7 +155,8 @@ def detect_features(module: types.ModuleType) -> VllmFeatures:
             ("AiterMLAMetadataBuilder", builder, "_build_fp8_prefill_ps_metadata")]
     missing = [f"{c}.{m}" for c, cls, m in need if cls is None or not hasattr(cls, m)]
     if missing:
-        raise VllmAdapterError(f"{module.__name__} lacks {', '.join(missing)}: the FP8 MLA prefill entry needs vllm >= 0.28")
+        raise VllmAdapterError(f"{module.__name__} lacks {', '.join(missing)}: the FP8 MLA prefill entry needs "
+                               "vllm >= 0.28")
     init = builder._init_fp8_prefill_ps_buffers
     init_names = _code_names(init)
     helper = getattr(module, "AiterMLAHelper", None)
@@ -178,34 +189,33 @@ def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
     if missing:
         raise VllmAdapterError(f"{workspace_module} lacks {', '.join(missing)} (vLLM's workspace manager, #42978)")
     feats = detect_features(mod)
-    return VllmEntry(mod, ws, mod.AiterMLAImpl, mod.AiterMLAMetadataBuilder, getattr(mod, "AiterMLAHelper", None), feats)
-
-
-def _round_up(n: int, m: int = WORKSPACE_ALIGN) -> int:
-    return (n + m - 1) // m * m
+    return VllmEntry(mod, ws, mod.AiterMLAImpl, mod.AiterMLAMetadataBuilder, getattr(mod, "AiterMLAHelper", None),
+                     feats)
 
 
 def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, max_num_batched_tokens: int,
                                   num_heads: int, num_head_k: int, num_compute_units: int,
                                   info_partial_slots: int, v_head_dim: int = V_HEAD_DIM,
                                   out_itemsize: int = 2) -> int:
-    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace (doc §3.1 step 4).
+    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace (docs/aiter-contract.md,
+    vLLM entry: scratch reservation).
 
-    P partial tiles: AITER's ``reduce_partial_map`` size (``info_partial_slots``) up to 0.30; from
-    0.31 ``ceil(max_num_batched_tokens/256) + max_num_reqs - 1 + num_compute_units``. Reserved:
-    logits ``[P*256, H, dv]`` fp32 + attn_lse ``[P*256, H]`` fp32 + final_lse ``[tokens, H]`` fp32,
-    plus (>= 0.29, padded heads only) a ``[tokens, H, dv]`` output scratch in the model dtype; each
-    slice rounded up to 256 bytes as ``get_simultaneous`` does. H is the padded count.
+    P partial tiles (:func:`~mla_fp8_bench.aiter_ps.workspace.vllm_partial_tiles`): AITER's
+    ``reduce_partial_map`` size (``info_partial_slots``) up to 0.30; from 0.31
+    ``ceil(max_num_batched_tokens/256) + max_num_reqs - 1 + num_compute_units``. Reserved: logits
+    ``[P*256, H, dv]`` fp32 + attn_lse ``[P*256, H]`` fp32 + final_lse ``[tokens, H]`` fp32, plus (>= 0.29,
+    padded heads only) a ``[tokens, H, dv]`` output scratch in the model dtype; each slice rounded up to
+    256 bytes as ``get_simultaneous`` does. H is the padded count.
     """
-    if features.budget_sizing:
-        p = math.ceil(max_num_batched_tokens / TILE_Q) + max_num_reqs - 1 + num_compute_units
-    else:
-        p = info_partial_slots
-    h = num_head_k
-    parts = [p * TILE_Q * h * v_head_dim * 4, p * TILE_Q * h * 4, max_num_batched_tokens * h * 4]
+    p = vllm_partial_tiles(budget_sizing=features.budget_sizing, info_partial_slots=info_partial_slots,
+                           max_num_batched_tokens=max_num_batched_tokens, max_num_reqs=max_num_reqs,
+                           num_compute_units=num_compute_units)
+    extra = 0
     if features.pads_heads and num_heads < num_head_k:
-        parts.append(max_num_batched_tokens * h * v_head_dim * out_itemsize)
-    return sum(_round_up(x) for x in parts)
+        extra = -(-max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize // VLLM_WORKSPACE_ALIGN)
+        extra *= VLLM_WORKSPACE_ALIGN
+    return workspace_bytes(p, max_num_batched_tokens, num_head_k, v_head_dim, align=VLLM_WORKSPACE_ALIGN,
+                           extra=extra).total
 
 
 def _numel(shape: Any) -> int:
@@ -296,6 +306,9 @@ class VllmAiter(Backend):
     name = "vllm-aiter"
     description = "vLLM AiterMLAImpl._mla_fp8_prefill_attn (real vLLM code; bf16 in, casts/padding timed)"
     fp8 = True
+    context_chunk_skip = ("vLLM (up to 0.33) runs batches with cached context on the bf16 path, not the FP8 PS "
+                          "prefill (vLLM #52356); its AITER_ASM prefill backend for context chunks (vLLM #44544) "
+                          "is unreleased")
 
     def __init__(self, *, aiter_module: types.ModuleType | None = None, vllm_module: str = DEFAULT_VLLM_MODULE,
                  workspace_module: str = DEFAULT_WORKSPACE_MODULE, bypass_gate: bool = False,
@@ -326,17 +339,11 @@ class VllmAiter(Backend):
     def aiter(self) -> types.ModuleType:
         """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one)."""
         if self._aiter is None:
-            from importlib.metadata import PackageNotFoundError, version
-
             try:
-                import aiter  # noqa: PLC0415 - only reached on ROCm (availability gates it)
+                self._aiter = import_aiter()  # only reached on ROCm (availability gates it)
             except Exception as exc:  # noqa: BLE001
                 raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
-            self._aiter = aiter
-            try:
-                self._aiter_version = parse_aiter_version(version("amd-aiter"))
-            except PackageNotFoundError:
-                self._aiter_version = parse_aiter_version(getattr(aiter, "__version__", None))
+            self._aiter_version = aiter_version_of(self._aiter)
         missing = [p for p in PRIMITIVES if not hasattr(self._aiter, p)]
         if missing:
             raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
@@ -363,7 +370,8 @@ class VllmAiter(Backend):
             gate = _aiter_gate(platform)  # gfx950 (gfx942 named as unsupported)
             if not gate:
                 return gate
-            for pkg, hint in (("vllm", "a ROCm build of vllm >= 0.28"), ("aiter", "amd-aiter >= v0.1.16 built for gfx950")):
+            for pkg, hint in (("vllm", "a ROCm build of vllm >= 0.28"),
+                              ("aiter", "amd-aiter >= v0.1.16 built for gfx950")):
                 if importlib.util.find_spec(pkg) is None:
                     return Verdict.no(f"{pkg} is not importable: install {hint}")
         try:
@@ -374,12 +382,15 @@ class VllmAiter(Backend):
         if not self.bypass_gate:
             gate_fn = getattr(entry.module, "_fp8_mla_prefill_supported", None)
             if gate_fn is not None and not gate_fn():
-                return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False (vllm.platforms.rocm.on_gfx950() "
-                                  "or `from aiter import mla_prefill_ps_asm_fwd, mla_reduce_v1` failed): vLLM would not "
+                return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False "
+                                  "(vllm.platforms.rocm.on_gfx950() or `from aiter import mla_prefill_ps_asm_fwd, "
+                                  "mla_reduce_v1` failed): vLLM would not "
                                   "take the FP8 prefill here")
         return Verdict.yes()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
+        if case.family != "prefill":
+            return Verdict.no(f"{case.family} case: {CHUNKED_CONTEXT_SKIP}")
         if case.quant != "cast":
             return Verdict.no(f"vLLM's _mla_fp8_prefill_attn always casts bf16 to fp8 at unit scale (quant 'cast'); "
                               f"this case quantises {case.quant} (amax/448), which vLLM cannot run: use "
@@ -393,9 +404,9 @@ class VllmAiter(Backend):
         if not verdict:
             return verdict
         if padded not in heads_ok:
-            return Verdict.no(f"vLLM runs {case.num_heads} heads at {padded} but mla_reduce_v1 of this aiter dispatches "
-                              f"only {sorted(heads_ok)} at dv=128: vLLM would fail with \"doesn't support the specified "
-                              "settings\"")
+            return Verdict.no(f"vLLM runs {case.num_heads} heads at {padded} but mla_reduce_v1 of this aiter "
+                              f"dispatches only {sorted(heads_ok)} at dv=128: vLLM would fail with \"doesn't support "
+                              "the specified settings\"")
         return Verdict.yes()
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
@@ -433,7 +444,8 @@ class VllmAiter(Backend):
         feats = entry.features
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
                         extras={"planner_s": st.build_s, "num_partials": st.num_partials,
-                                "workspace_bytes": st.reserved_bytes, "num_head_k": st.num_head_k,
+                                "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
+                                "num_head_k": st.num_head_k,
                                 "workspace_locked": _workspace_locked(ws), "vllm_version": feats.version,
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
@@ -521,7 +533,7 @@ class VllmAiter(Backend):
                         torch.cuda.synchronize(device)
                     samples.append(time.perf_counter() - t0)
                 info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
-                                                     max_qlen=case.max_seq_len, qlen_granularity=TILE_Q)
+                                                     max_qlen=case.max_seq_len, qlen_granularity=Q_TILE)
         finally:
             ws.reset_workspace_manager()
         cus = getattr(aiter, "cu_num", None) or platform.multi_processor_count
@@ -530,7 +542,8 @@ class VllmAiter(Backend):
             num_heads=case.num_heads, num_head_k=st.num_head_k, num_compute_units=int(cus),
             info_partial_slots=_numel(info[5][0]))
         return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": formula,
-                "workspace_bytes_reserved": st.reserved_bytes, "num_head_k": st.num_head_k}
+                "reserved_workspace_bytes": formula, "workspace_bytes_reserved": st.reserved_bytes,
+                "num_head_k": st.num_head_k}
 
 
 def for_testing(aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_MODULE,
@@ -541,6 +554,7 @@ def for_testing(aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_
                      bypass_gate=True, adapter_fault=adapter_fault)
 
 
-__all__ = ["ADAPTER_FAULTS", "DEFAULT_VLLM_MODULE", "DEFAULT_WORKSPACE_MODULE", "VllmAdapterError", "VllmAiter",
+__all__ = ["ADAPTER_FAULTS", "CHUNKED_CONTEXT_SKIP",
+           "DEFAULT_VLLM_MODULE", "DEFAULT_WORKSPACE_MODULE", "VllmAdapterError", "VllmAiter",
            "VllmEntry", "VllmFeatures", "detect_features", "for_testing", "load_vllm_entry",
            "vllm_reserved_workspace_bytes"]
