@@ -1,146 +1,289 @@
 """PR gate: compare HEAD with BASE on accuracy (against calibrated tolerances) and latency (with statistics).
 
-``mla-fp8-bench gate BASE HEAD [--results-dir results] [--machine NAME] [--factor 1.05] [--tolerances FILE]``
+``mla-fp8-bench gate BASE HEAD [--results-dir results] [--machine NAME] [--factor 1.05] [--tolerances FILE]
+[--format text|markdown] [--plots PATH] [--gate-call-latency] [--allow-missing] [--allow-cross-machine]``
 
 BASE and HEAD are each either a run JSON (``mla-fp8-bench run --json``), an asv result file, or a
-commit hash (prefix) whose asv results are read from ``<results-dir>/<machine>/``. Exit status:
+commit hash (prefix) whose asv results are read from ``<results-dir>/<machine>/`` (all reading goes
+through :mod:`mla_fp8_bench.analysis.results`). What each metric is and how it gates comes from the
+metric table (:mod:`mla_fp8_bench.measure.metric_table`). Exit status:
 
 * **0** - nothing regressed;
 * **1** - a regression: an accuracy metric exceeds its calibrated tolerance, or grew by more than
-  ``--acc-factor`` (default 2.0, the calibration margin) over BASE, or became non-finite; a latency
-  grew by more than ``--factor`` *and* the growth is statistically significant; a resource count
-  (workspace bytes, partial slots) grew by more than ``--factor``; a parameter that was OK on BASE
-  failed on HEAD;
-* **2** - usage errors (missing file, unknown or ambiguous commit, bad factor, corrupt tolerance file).
+  ``--acc-factor`` (default 2.0, the calibration margin) over BASE, or became non-finite; a kernel
+  latency grew by more than ``--factor`` *and* the growth is statistically significant; a resource
+  count (workspace bytes, partial slots) grew by more than ``--factor``; a value is impossible (a
+  negative error, a fraction above 1, a non-number: INVALID); a parameter that was OK on BASE failed
+  on HEAD (FAILED); a (backend, case) or accuracy value that BASE had is absent, skipped or null on
+  HEAD, or HEAD holds no results at all (LOST; ``--allow-missing`` lists these without failing);
+* **2** - usage errors (missing file, unknown or ambiguous commit, bad factor, corrupt tolerance file,
+  BASE and HEAD from different machines without ``--allow-cross-machine``).
 
-**Latency statistics: one-sided Mann-Whitney U test** on the raw samples (H1: HEAD's samples are
-stochastically larger than BASE's), significant at ``p < --alpha`` (default 0.01), combined with the
-ratio of medians ``> --factor``. The test is rank-based (no normality assumption; robust to the
-occasional slow outlier sample of GPU timing). The p-value is exact (enumerated permutation
-distribution) when there are no ties and both sides have at most 12 samples, else the normal
-approximation with tie and continuity corrections. Too few samples to ever reach ``alpha`` (e.g.
-3 vs 3: the smallest exact p is 0.05) cannot be significant, and the row says so. When a side has
-no samples - asv stores samples only with ``asv run --record-samples`` - the gate falls back to
-asv's own criterion: non-overlapping 99 % confidence intervals (``stats_ci_99_a/b``); with neither,
-the ratio alone decides (marked "no stats").
+**What never gates.** A figure that is not a kernel's is informational (verdict ``info``): the latency
+of an emulation (records with ``timing_scope == "emulation"``; in asv results, backends whose
+registry entry is an emulation), every latency of a CPU run (host time of PyTorch code: a run JSON
+whose ``env.vendor`` is ``cpu``, an asv machine whose ``gpu`` is ``none``), and host-side latencies
+(host-inclusive call latency, planner time) unless ``--gate-call-latency`` asks for them.
 
-Skips are listed; failures on HEAD that were OK on BASE fail the gate; benchmark version changes
-(asv ``version``) are listed as not comparable.
+**Floors.** asv stores accuracy values and slot counts floored (``max(value, 1e-12)``); the gate
+applies each metric's floor to both sides, so a run JSON's 0 equals asv's 1e-12.
+
+**Latency statistics: one-sided Mann-Whitney U test** (:mod:`mla_fp8_bench.analysis.stats`) on the raw
+samples (H1: HEAD's samples are stochastically larger than BASE's), significant at ``p < --alpha``
+(default 0.01), combined with the ratio of medians ``> --factor``. The test is rank-based (no
+normality assumption; robust to the occasional slow outlier sample of GPU timing). Too few samples to
+ever reach ``alpha`` (e.g. 3 vs 3: the smallest exact p is 0.05) cannot be significant, and the row
+says so. When a side has no samples - asv stores samples only with ``asv run --record-samples`` - the
+gate falls back to asv's own criterion: non-overlapping 99 % confidence intervals
+(``stats_ci_99_a/b``); with neither, the ratio alone decides (marked "no stats").
+
+Skips are listed; benchmark version changes (asv ``version``) are listed as not comparable.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mla_fp8_bench.jsonio import load_json
+from mla_fp8_bench.analysis.results import (
+    AsvResult,
+    ResultsError,
+    RunDoc,
+    find_result,
+    load_any,
+)
+from mla_fp8_bench.analysis.stats import mann_whitney_greater, min_attainable_p  # noqa: F401 - re-exported
+from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, family_of, load_tolerances
+from mla_fp8_bench.measure.metric_table import METRICS, Metric, find
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 DEFAULT_FACTOR = 1.05
 DEFAULT_ACC_FACTOR = 2.0
 DEFAULT_ALPHA = 0.01
-
-#: asv benchmark method -> (record metric, kind). kind: accuracy | latency | resource | info
-ASV_METRICS = {
-    "track_latency": ("latency_s", "latency"),
-    "track_call_latency": ("call_latency_s", "latency"),
-    "track_max_abs_error": ("max_abs_error_fp8_ref", "accuracy"),
-    "track_max_abs_error_bf16_ref": ("max_abs_error_bf16_ref", "accuracy"),
-    "track_rel_l2_error": ("rel_l2_error_fp8_ref", "accuracy"),
-    "track_mismatch_fraction": ("mismatch_fraction", "accuracy"),
-    "track_nondeterminism": ("nondeterminism_max_abs", "accuracy"),
-    "track_seconds_per_pflop": ("seconds_per_pflop", "info"),
-    "track_planner_time": ("planner_s", "latency"),
-    "track_workspace_bytes": ("workspace_bytes", "resource"),
-    "track_num_partials": ("num_partials", "resource"),
-}
-#: run-JSON record metric -> kind (latency metrics carry samples under ``latency_samples_s``).
-RUN_METRICS = {
-    "latency_s": "latency",
-    "max_abs_error_fp8_ref": "accuracy", "mean_abs_error_fp8_ref": "accuracy", "rel_l2_error_fp8_ref": "accuracy",
-    "max_abs_error_bf16_ref": "accuracy", "mean_abs_error_bf16_ref": "accuracy", "rel_l2_error_bf16_ref": "accuracy",
-    "mismatch_fraction": "accuracy", "nondeterminism_max_abs": "accuracy", "lse_rel_error_fp8_ref": "accuracy",
-    "workspace_bytes": "resource", "num_partials": "resource",
-}
 #: Growth below this absolute change is never an accuracy regression (deterministic values that move
 #: within rounding noise of 0).
 ACC_ABS_FLOOR = 1e-6
+#: Verdicts that fail the gate (LOST only without ``--allow-missing``).
+GATING = ("REGRESSION", "FAILED", "INVALID", "LOST")
 
 
 class GateUsageError(ValueError):
     """Bad gate input; the CLI prints the message and exits 2."""
 
 
-# ------------------------------------------------------------------------------------------ statistics
-def _exact_mwu_upper(u: float, n1: int, n2: int) -> float:
-    """P(U >= u) under H0 for sample sizes n1 (HEAD) and n2 (BASE), no ties (exact enumeration)."""
-    # counts[k] = number of rank arrangements with U == k (Gaussian binomial coefficient, DP)
-    maxu = n1 * n2
-    # dp over (i heads placed, j bases placed): polynomial in U
-    dp = [[None] * (n2 + 1) for _ in range(n1 + 1)]
-    dp[0][0] = np.zeros(maxu + 1, dtype=np.float64)
-    dp[0][0][0] = 1.0
-    for i in range(n1 + 1):
-        for j in range(n2 + 1):
-            if i == 0 and j == 0:
+# ------------------------------------------------------------------------------------------ data model
+@dataclass
+class Measure:
+    """One metric of one (backend, case) on one side.
+
+    ``status``: ``ok``, ``skipped``, ``failed``, ``invalid`` (a stored value that is not a number) or
+    ``missing`` (an ok record without this value). ``scope``: ``kernel`` (gates), ``emulation`` or
+    ``cpu`` (latency that is not a kernel's: informational).
+    """
+
+    status: str
+    value: float | None = None
+    samples: list[float] | None = None
+    ci: tuple[float, float] | None = None
+    version: str | None = None
+    reason: str = ""
+    scope: str = "kernel"
+
+    def center(self) -> float | None:
+        if self.samples:
+            return float(np.median(self.samples))
+        return self.value
+
+
+@dataclass
+class Side:
+    """All measures of one side (BASE or HEAD): ``{(backend, case, metric): Measure}``.
+
+    ``machine``: what the results were measured on (``{"machine": asv name, "gpu": device}``, values
+    None when unknown); ``params``: (backend, case) -> status of the parameter (``ok``/``skipped``/
+    ``failed``) with its reason.
+    """
+
+    label: str
+    kinds: dict[str, str] = field(default_factory=dict)  # metric -> kind (table kinds, "info" if unknown)
+    data: dict[tuple[str, str, str], Measure] = field(default_factory=dict)
+    machine: dict[str, str | None] = field(default_factory=dict)
+    params: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+
+
+def _metric_kind(m: Metric | None, name: str) -> str:
+    if m is not None:
+        return m.kind
+    return "accuracy" if any(w in name for w in ("error", "mismatch", "nondeterminism", "nonfinite")) else "info"
+
+
+def _number(x: Any) -> float | None | str:
+    """A stored value as float; None when absent; the string ``"invalid"`` when not a number."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "invalid"
+    return float(x)
+
+
+def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None, scope="kernel") -> Measure:
+    """An ok Measure with the metric's floor applied (asv stores floored values)."""
+    fv = m.floored(v) if m is not None else v
+    smp = [float(x) for x in samples] if isinstance(samples, list) and samples else None
+    return Measure("ok", fv, smp, ci, version, scope=scope)
+
+
+def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
+    if rec.get("timing_scope") == "emulation" or rec.get("emulation"):
+        return "emulation"
+    if str(env.get("vendor", "")).lower() == "cpu" or str(env.get("device", "")).startswith("cpu"):
+        return "cpu"
+    return "kernel"
+
+
+def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
+    """A side from ``mla-fp8-bench run --json`` output (a :class:`RunDoc` or the parsed document)."""
+    if isinstance(doc, dict):
+        from mla_fp8_bench.analysis.results import run_doc_from_data
+
+        try:
+            doc = run_doc_from_data(doc, label)
+        except ResultsError as exc:
+            raise GateUsageError(f"{label}: {exc}") from None
+    env = doc.env
+    vendor = str(env.get("vendor") or "").lower()
+    side = Side(label, machine={"machine": None,
+                                "gpu": ("none" if vendor == "cpu" else env.get("device_name")) if vendor else None})
+    for r in doc.records:
+        b, c, st = r["backend"], r["case"], r.get("status")
+        status = "ok" if st == "ok" else "skipped" if st == "skipped" else "failed"
+        side.params[(b, c)] = (status, str(r.get("reason") or ""))
+        scope = _run_scope(r, env)
+        for m in METRICS:
+            key = (b, c, m.record_key)
+            side.kinds[m.record_key] = m.kind
+            if status != "ok":
+                side.data[key] = Measure(status, reason=str(r.get("reason") or ""))
                 continue
-            acc = np.zeros(maxu + 1, dtype=np.float64)
-            if i > 0 and dp[i - 1][j] is not None:
-                # the largest element is a HEAD sample: it beats all j BASE samples
-                acc[j:] += dp[i - 1][j][: maxu + 1 - j]
-            if j > 0 and dp[i][j - 1] is not None:
-                acc += dp[i][j - 1]
-            dp[i][j] = acc
-    counts = dp[n1][n2]
-    k = int(math.ceil(u - 1e-9))
-    return float(counts[k:].sum() / counts.sum())
+            v = _number(m.value(r))
+            if v is None:
+                if m.kind == "accuracy" and m.record_key in r:
+                    side.data[key] = Measure("missing", reason=f"{m.record_key} is null")
+                continue  # not measured for this backend (e.g. no timing, no LSE)
+            if v == "invalid":
+                side.data[key] = Measure("invalid", reason=f"{m.record_key} = {r.get(m.record_key)!r} is not a number")
+                continue
+            side.data[key] = _ok_measure(m, v, r.get(m.samples_key) if m.samples_key else None, scope=scope)
+    return side
 
 
-def mann_whitney_greater(head: list[float] | np.ndarray, base: list[float] | np.ndarray) -> tuple[float, float]:
-    """One-sided Mann-Whitney U test that ``head`` is stochastically larger than ``base``.
+def _emulation_backends() -> set[str]:
+    from mla_fp8_bench.backends import backend_names, get_backend
 
-    Returns:
-        ``(U, p)``: U counts pairs (h, b) with h > b (ties count 1/2); p is exact when there are no
-        ties and both sizes are <= 12, else the normal approximation with tie and continuity
-        corrections.
+    out = set()
+    for b in backend_names():
+        try:
+            if get_backend(b).emulation:
+                out.add(b)
+        except Exception:  # noqa: BLE001 - a backend that cannot even be constructed is not an emulation
+            continue
+    return out
+
+
+def side_from_asv_result(res: AsvResult, label: str) -> Side:
+    """A side from an asv result file (parsed by :mod:`mla_fp8_bench.analysis.results`)."""
+    gpu = res.params.get("gpu")
+    cpu = isinstance(gpu, str) and gpu.strip().lower() in ("none", "", "cpu")
+    side = Side(label, machine={"machine": res.machine, "gpu": gpu if isinstance(gpu, str) else None})
+    emu = _emulation_backends()
+    for name in res.benchmarks():
+        method = name.rsplit(".", 1)[-1]
+        m = find(method)
+        metric = m.record_key if m is not None else method
+        kind = _metric_kind(m, method)
+        side.kinds[metric] = kind
+        try:
+            meas = res.measurements(name)
+        except ResultsError as exc:
+            raise GateUsageError(f"{label}: {exc}") from None
+        for combo, x in meas.items():
+            backend = combo[0] if combo else ""
+            case = ", ".join(combo[1:]) if len(combo) >= 2 else ("" if combo else name)
+            key = (backend, case, metric if combo else name)
+            if x.status != "ok":
+                side.data[key] = Measure(x.status, version=x.version)
+                continue
+            scope = "emulation" if backend in emu else "cpu" if cpu else "kernel"
+            ci = (x.ci_99_a, x.ci_99_b) if x.ci_99_a is not None and x.ci_99_b is not None else None
+            side.data[key] = _ok_measure(m, x.value, x.samples, ci, x.version, scope)
+    for (b, c, _metric), x in side.data.items():
+        prev = side.params.get((b, c))
+        if prev is None or (prev[0] != "ok" and x.status == "ok"):
+            side.params[(b, c)] = (x.status, x.reason)
+    return side
+
+
+# ------------------------------------------------------------------------------------------ loading
+def resolve_machine(results_dir: str, machine: str | None) -> str:
+    """The machine directory to read: ``--machine`` or the only one present."""
+    if not os.path.isdir(results_dir):
+        raise GateUsageError(f"results directory {results_dir} does not exist")
+    machines = sorted(p for p in os.listdir(results_dir) if os.path.isdir(os.path.join(results_dir, p)))
+    if machine:
+        if machine not in machines:
+            raise GateUsageError(f"machine {machine!r} has no results in {results_dir}: found "
+                                 f"{', '.join(machines) or 'none'}")
+        return machine
+    if len(machines) == 1:
+        return machines[0]
+    raise GateUsageError(f"{results_dir} holds results of {len(machines)} machines ({', '.join(machines) or 'none'}): "
+                         "pass --machine")
+
+
+def _check_prefix(prefix: str) -> None:
+    if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
+        raise GateUsageError(f"{prefix!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
+
+
+def load_side(spec: str, label: str, results_dir: str, machine: str | None, env: str | None) -> tuple[Side, str]:
+    """(Side, where it came from) for a file path or a commit prefix.
 
     Raises:
-        ValueError: an empty sample.
+        GateUsageError: a missing/corrupt file, an unknown/ambiguous commit, or a file of neither kind.
     """
-    h = np.asarray(head, dtype=np.float64)
-    b = np.asarray(base, dtype=np.float64)
-    n1, n2 = h.size, b.size
-    if n1 == 0 or n2 == 0:
-        raise ValueError("Mann-Whitney U needs at least one sample on each side")
-    u = float((h[:, None] > b[None, :]).sum() + 0.5 * (h[:, None] == b[None, :]).sum())
-    allv = np.concatenate([h, b])
-    _, counts = np.unique(allv, return_counts=True)
-    ties = bool((counts > 1).any())
-    if not ties and n1 <= 12 and n2 <= 12:
-        return u, _exact_mwu_upper(u, n1, n2)
-    n = n1 + n2
-    mu = n1 * n2 / 2.0
-    tie_term = float((counts ** 3 - counts).sum()) / (n * (n - 1)) if n > 1 else 0.0
-    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
-    if var <= 0:
-        return u, 1.0 if u <= mu else 0.0
-    z = (u - mu - 0.5) / math.sqrt(var)
-    return u, 0.5 * math.erfc(z / math.sqrt(2.0))
+    try:
+        if os.path.isfile(spec):
+            path = spec
+        else:
+            _check_prefix(spec)
+            path = str(find_result(results_dir, resolve_machine(results_dir, machine), spec, env))
+        doc = load_any(path)
+    except ResultsError as exc:
+        raise GateUsageError(f"{label}: {exc}") from None
+    if isinstance(doc, AsvResult):
+        return side_from_asv_result(doc, f"{label} {spec}"), path
+    return side_from_run_json(doc, f"{label} {spec}"), path
 
 
-def min_attainable_p(n1: int, n2: int) -> float:
-    """Smallest one-sided p the exact test can give: 1 / C(n1+n2, n1)."""
-    return 1.0 / math.comb(n1 + n2, n1)
+def check_same_machine(base: Side, head: Side) -> None:
+    """Refuse to compare results of two machines (asv machine names or devices that differ).
+
+    Raises:
+        GateUsageError: naming both machines.
+    """
+    for facet in ("machine", "gpu"):
+        b, h = base.machine.get(facet), head.machine.get(facet)
+        if b is not None and h is not None and b != h:
+            raise GateUsageError(f"BASE and HEAD come from different machines ({facet} {b!r} vs {h!r}): their "
+                                 "latencies are not comparable; pass --allow-cross-machine to compare anyway")
 
 
+# ------------------------------------------------------------------------------------------ latency rule
 @dataclass
 class LatencyVerdict:
     ratio: float
@@ -168,210 +311,12 @@ def latency_verdict(base: Measure, head: Measure, factor: float = DEFAULT_FACTOR
     return LatencyVerdict(ratio, True, ratio > factor, "no stats")
 
 
-# ------------------------------------------------------------------------------------------ data model
-@dataclass
-class Measure:
-    """One metric of one (backend, case) on one side."""
-
-    status: str  # ok | skipped | failed
-    value: float | None = None
-    samples: list[float] | None = None
-    ci: tuple[float, float] | None = None
-    version: str | None = None
-    reason: str = ""
-
-    def center(self) -> float | None:
-        if self.samples:
-            return float(np.median(self.samples))
-        return self.value
-
-
-@dataclass
-class Side:
-    """All measures of one side (BASE or HEAD): ``{(backend, case, metric): Measure}``."""
-
-    label: str
-    kinds: dict[str, str] = field(default_factory=dict)  # metric -> kind
-    data: dict[tuple[str, str, str], Measure] = field(default_factory=dict)
-
-
-def _num(x: Any) -> float | None:
-    if x is None:
-        return None
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
-
-
-def side_from_run_json(doc: dict[str, Any], label: str) -> Side:
-    """A side from ``mla-fp8-bench run --json`` output."""
-    side = Side(label)
-    recs = doc.get("records")
-    if not isinstance(recs, list):
-        raise GateUsageError(f"{label}: not a run JSON (no 'records' list)")
-    for r in recs:
-        b, c, st = str(r.get("backend")), str(r.get("case")), r.get("status")
-        for m, kind in RUN_METRICS.items():
-            side.kinds[m] = kind
-            key = (b, c, m)
-            if st == "skipped":
-                side.data[key] = Measure("skipped", reason=str(r.get("reason", "")))
-            elif st != "ok":
-                side.data[key] = Measure("failed", reason=str(r.get("reason", "")))
-            else:
-                v = _num(r.get(m))
-                if v is None:
-                    continue  # metric not measured for this backend (e.g. no timing)
-                samples = r.get("latency_samples_s") if m == "latency_s" else None
-                side.data[key] = Measure("ok", v, [float(x) for x in samples] if samples else None)
-    return side
-
-
-def _param_values(params: list[list[str]]) -> list[tuple[str, ...]]:
-    import itertools
-
-    def lit(s: str) -> str:
-        try:
-            return str(ast.literal_eval(s))
-        except (ValueError, SyntaxError):
-            return s
-
-    return [tuple(lit(x) for x in combo) for combo in itertools.product(*params)] if params else [()]
-
-
-def side_from_asv_result(doc: dict[str, Any], label: str) -> Side:
-    """A side from an asv (0.6.x, api version 2) result file.
-
-    Format: ``results[benchmark] = [result, params, version, started_at, duration, stats_ci_99_a,
-    stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat, samples, profile]`` (columns
-    named in ``result_columns``, trailing Nones dropped); ``result``/``stats_*``/``samples`` are lists
-    over ``itertools.product(*params)``; a failed combination is ``null``, a skipped one ``NaN``.
-    """
-    side = Side(label)
-    cols = doc.get("result_columns")
-    res = doc.get("results")
-    if not isinstance(cols, list) or not isinstance(res, dict):
-        raise GateUsageError(f"{label}: not an asv result file (no result_columns/results)")
-    for name, row in res.items():
-        d = dict(zip(cols, row))
-        method = name.rsplit(".", 1)[-1]
-        metric, kind = ASV_METRICS.get(method, (method, _guess_kind(method)))
-        side.kinds[metric] = kind
-        params = d.get("params") or []
-        combos = _param_values(params)
-        results = d.get("result")
-        if not isinstance(results, list):
-            results = [results] * len(combos)
-        ci_a, ci_b, samples = d.get("stats_ci_99_a"), d.get("stats_ci_99_b"), d.get("samples")
-        for i, combo in enumerate(combos):
-            backend = combo[0] if len(combo) >= 1 else ""
-            case = ", ".join(combo[1:]) if len(combo) >= 2 else (name.rsplit(".", 2)[-2] if not combo else "")
-            key = (backend, case, metric if not (len(combos) == 1 and not combo) else name)
-            v = results[i] if i < len(results) else None
-            if v is None:
-                side.data[key] = Measure("failed", version=d.get("version"))
-                continue
-            v = float(v)
-            if math.isnan(v):
-                side.data[key] = Measure("skipped", version=d.get("version"))
-                continue
-            ci = None
-            if isinstance(ci_a, list) and isinstance(ci_b, list) and i < len(ci_a) and i < len(ci_b) \
-                    and ci_a[i] is not None and ci_b[i] is not None:
-                ci = (float(ci_a[i]), float(ci_b[i]))
-            smp = samples[i] if isinstance(samples, list) and i < len(samples) else None
-            side.data[key] = Measure("ok", v, [float(x) for x in smp] if smp else None, ci, d.get("version"))
-    return side
-
-
-def _guess_kind(method: str) -> str:
-    if any(w in method for w in ("error", "mismatch", "nondeterminism", "nonfinite")):
-        return "accuracy"
-    if "latency" in method or method.startswith("time_"):
-        return "latency"
-    return "info"
-
-
-# ------------------------------------------------------------------------------------------ loading
-def _load_json(path: str, label: str) -> dict[str, Any]:
-    return load_json(path, label, GateUsageError)
-
-
-def _side_from_doc(doc: dict[str, Any], label: str) -> Side:
-    if "result_columns" in doc:
-        return side_from_asv_result(doc, label)
-    if "records" in doc:
-        return side_from_run_json(doc, label)
-    raise GateUsageError(f"{label}: neither a run JSON ('records') nor an asv result file ('result_columns')")
-
-
-def resolve_machine(results_dir: str, machine: str | None) -> str:
-    """The machine directory to read: ``--machine`` or the only one present."""
-    root = Path(results_dir)
-    if not root.is_dir():
-        raise GateUsageError(f"results directory {results_dir} does not exist")
-    machines = sorted(p.name for p in root.iterdir() if p.is_dir())
-    if machine:
-        if machine not in machines:
-            raise GateUsageError(f"machine {machine!r} has no results in {results_dir}: found "
-                                 f"{', '.join(machines) or 'none'}")
-        return machine
-    if len(machines) == 1:
-        return machines[0]
-    raise GateUsageError(f"{results_dir} holds results of {len(machines)} machines ({', '.join(machines) or 'none'}): "
-                         "pass --machine")
-
-
-def _check_prefix(prefix: str) -> None:
-    if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
-        raise GateUsageError(f"{prefix!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
-
-
-def find_asv_result(results_dir: str, machine: str, prefix: str, env: str | None = None) -> str:
-    """The result file of commit ``prefix`` on ``machine`` (optionally filtered by env name substring).
-
-    Raises:
-        GateUsageError: no such commit, an ambiguous prefix, or several environments without ``--env``.
-    """
-    _check_prefix(prefix)
-    mdir = Path(results_dir) / machine
-    hits: dict[str, list[tuple[str, str]]] = {}
-    for p in sorted(mdir.glob("*.json")):
-        if p.name == "machine.json":
-            continue
-        if not p.name[:min(8, len(prefix))].lower() == prefix[:8].lower():
-            continue
-        try:
-            with open(p) as f:
-                d = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            continue
-        ch = str(d.get("commit_hash", ""))
-        if ch.lower().startswith(prefix.lower()):
-            hits.setdefault(ch, []).append((str(p), str(d.get("env_name", ""))))
-    if not hits:
-        raise GateUsageError(f"commit {prefix} has no asv results in {mdir}")
-    if len(hits) > 1:
-        raise GateUsageError(f"commit prefix {prefix} is ambiguous in {mdir}: {', '.join(sorted(h[:12] for h in hits))}")
-    files = next(iter(hits.values()))
-    if env:
-        files = [f for f in files if env in f[1]]
-        if not files:
-            raise GateUsageError(f"commit {prefix}: no result file whose environment contains {env!r}")
-    if len(files) > 1:
-        raise GateUsageError(f"commit {prefix} has results of {len(files)} environments "
-                             f"({', '.join(e for _, e in files)}): pass --env")
-    return files[0][0]
-
-
-def load_side(spec: str, label: str, results_dir: str, machine: str | None, env: str | None) -> tuple[Side, str]:
-    """(Side, where it came from) for a file path or a commit prefix."""
-    if os.path.isfile(spec):
-        return _side_from_doc(_load_json(spec, label), f"{label} {spec}"), spec
-    _check_prefix(spec)
-    path = find_asv_result(results_dir, resolve_machine(results_dir, machine), spec, env)
-    return _side_from_doc(_load_json(path, label), f"{label} {spec}"), path
+def _sig_faster(bm: Measure, hm: Measure, alpha: float) -> bool:
+    if bm.samples and hm.samples and len(bm.samples) >= 2 and len(hm.samples) >= 2:
+        return mann_whitney_greater(bm.samples, hm.samples)[1] < alpha
+    if bm.ci and hm.ci:
+        return bm.ci[0] > hm.ci[1]
+    return True
 
 
 # ------------------------------------------------------------------------------------------ comparing
@@ -384,12 +329,28 @@ class Row:
     base: str
     head: str
     ratio: float | None
-    verdict: str  # REGRESSION | FAILED | ok | improved | skipped | not comparable | new | removed | info
+    verdict: str  # GATING verdicts, or ok | improved | skipped | not comparable | new | removed | info | ...
     detail: str = ""
 
     @property
     def gating(self) -> bool:
-        return self.verdict in ("REGRESSION", "FAILED")
+        return self.verdict in GATING
+
+
+@dataclass
+class GateOptions:
+    """How :func:`compare` judges (see the module docstring and the CLI flags)."""
+
+    factor: float = DEFAULT_FACTOR
+    acc_factor: float = DEFAULT_ACC_FACTOR
+    alpha: float = DEFAULT_ALPHA
+    tolerances: Tolerances | None = None
+    gate_host_latency: bool = False
+
+
+_LATENCY_KINDS = ("kernel_latency", "host_latency", "latency")
+_SCOPE_TEXT = {"emulation": "an emulation's latency, not a kernel's: informational",
+               "cpu": "CPU host time, not a kernel's: informational"}
 
 
 def _fmt(m: Measure | None, kind: str) -> str:
@@ -400,7 +361,7 @@ def _fmt(m: Measure | None, kind: str) -> str:
     v = m.center()
     if v is None:
         return "-"
-    if kind == "latency":
+    if kind in _LATENCY_KINDS:
         return _fmt_s(v) + (f" (n={len(m.samples)})" if m.samples else "")
     return f"{v:.4g}"
 
@@ -413,172 +374,302 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e6:.2f} us"
 
 
-def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_factor: float = DEFAULT_ACC_FACTOR,
-            alpha: float = DEFAULT_ALPHA, tolerances=None) -> list[Row]:
-    """Every (backend, case, metric) of either side with its verdict (see module docstring)."""
-    from mla_fp8_bench.analysis.calibrate import family_of
-
-    rows: list[Row] = []
-    keys = sorted(set(base.data) | set(head.data))
-    for key in keys:
-        b, c, m = key
-        kind = head.kinds.get(m) or base.kinds.get(m) or "info"
-        bm, hm = base.data.get(key), head.data.get(key)
-        row = Row(b, c, m, kind, _fmt(bm, kind), _fmt(hm, kind), None, "ok")
-        rows.append(row)
-        if hm is None:
-            row.verdict = "removed"
-            continue
-        if hm.status == "failed":
-            if bm is not None and bm.status == "ok":
-                row.verdict, row.detail = "FAILED", f"failed on HEAD, OK on BASE {hm.reason}".strip()
-            else:
-                row.verdict, row.detail = "failed", ("still failing" if bm is not None else "new, failed")
-            continue
-        if hm.status == "skipped":
-            row.verdict, row.detail = "skipped", hm.reason
-            continue
-        # HEAD ok
-        tol_detail = ""
-        if kind == "accuracy" and tolerances is not None:
-            lim, how = tolerances.lookup(b, family_of({"backend": b, "case": c}))
-            if lim is not None and m in lim:
-                v = hm.center()
-                tol_detail = f"tol {lim[m]:.4g} ({how.split(' (')[0]})"
-                if v is None or not math.isfinite(v) or v > lim[m]:
-                    row.verdict = "REGRESSION"
-                    row.ratio = (v / bm.center()) if (bm and bm.status == "ok" and bm.center()) else None
-                    row.detail = f"exceeds tolerance: {v:.4g} > {lim[m]:.4g} ({how})" + (
-                        "; already over at BASE" if bm and bm.status == "ok" and (bm.center() or 0) > lim[m] else "")
-                    continue
-        if kind == "accuracy" and (hm.center() is None or not math.isfinite(hm.center())):
-            row.verdict, row.detail = "REGRESSION", "non-finite on HEAD"
-            continue
-        if bm is None or bm.status != "ok":
-            row.verdict = "new" if bm is None else "fixed" if bm.status == "failed" else "was skipped"
-            row.detail = tol_detail
-            continue
-        if bm.version is not None and hm.version is not None and bm.version != hm.version:
-            row.verdict, row.detail = "not comparable", "benchmark version changed"
-            continue
-        bv, hv = bm.center(), hm.center()
-        if kind == "latency":
-            lv = latency_verdict(bm, hm, factor, alpha)
-            row.ratio = lv.ratio
-            row.detail = lv.method
-            if lv.regressed:
-                row.verdict = "REGRESSION"
-                row.detail = f"{lv.ratio:.3f}x > {factor} and significant ({lv.method})"
-            elif lv.ratio < 1 / factor and _sig_faster(bm, hm, alpha):
-                row.verdict, row.detail = "improved", f"{lv.ratio:.3f}x, significantly faster"
-            continue
-        row.ratio = (hv / bv) if bv else (math.inf if hv else 1.0)
-        if kind == "accuracy":
-            if hv > bv * acc_factor and hv - bv > ACC_ABS_FLOOR:
-                row.verdict, row.detail = "REGRESSION", f"grew {row.ratio:.2f}x > {acc_factor}x over BASE" + (
-                    f"; {tol_detail}" if tol_detail else "")
-            else:
-                row.detail = tol_detail
-                if hv < bv / acc_factor:
-                    row.verdict = "improved"
-        elif kind == "resource":
-            if hv > bv * factor:
-                row.verdict, row.detail = "REGRESSION", f"grew {row.ratio:.3f}x > {factor}x"
-            elif hv < bv / factor:
-                row.verdict = "improved"
+def _head_not_ok(row: Row, bm: Measure | None, hm: Measure) -> None:
+    """Verdict of a HEAD measure that is not ok (failed, skipped, invalid, missing)."""
+    if hm.status == "failed":
+        if bm is not None and bm.status == "ok":
+            row.verdict, row.detail = "FAILED", f"failed on HEAD, OK on BASE {hm.reason}".strip()
         else:
-            row.verdict = "info"
+            row.verdict, row.detail = "failed", ("still failing" if bm is not None else "new, failed")
+    elif hm.status == "skipped":
+        row.verdict, row.detail = "skipped", hm.reason
+    elif hm.status == "invalid":
+        row.verdict, row.detail = "INVALID", hm.reason
+    else:  # missing: an ok record whose accuracy value is null
+        row.verdict, row.detail = "LOST", hm.reason + (" (measured on BASE)" if bm is not None and bm.status == "ok"
+                                                      else "")
+
+
+def _impossible(row: Row, m: Metric | None, bm: Measure | None, hm: Measure) -> bool:
+    """Set the verdict for a non-finite or impossible HEAD value, or an impossible BASE value; True if set."""
+    hv = hm.center()
+    if row.kind == "accuracy" and (hv is None or not math.isfinite(hv)):
+        row.verdict, row.detail = "REGRESSION", "non-finite on HEAD"
+        return True
+    if m is not None and hv is not None and not m.possible(hv):
+        row.verdict, row.detail = "INVALID", f"impossible value {hv:.4g} on HEAD (possible: {list(m.bounds)})"
+        return True
+    bv = bm.center() if bm is not None and bm.status == "ok" else None
+    if m is not None and bv is not None and not m.possible(bv):
+        row.verdict, row.detail = "not comparable", f"impossible value {bv:.4g} on BASE (possible: {list(m.bounds)})"
+        return True
+    return False
+
+
+def _tolerance(row: Row, m: Metric | None, bm: Measure | None, hm: Measure, opts: GateOptions) -> str:
+    """Check a calibrated accuracy value against its tolerance; sets REGRESSION; returns a detail note."""
+    if row.kind != "accuracy" or opts.tolerances is None:
+        return ""
+    lim, how = opts.tolerances.lookup(row.backend, family_of({"backend": row.backend, "case": row.case}))
+    if lim is None or row.metric not in lim:
+        return ""
+    v, t = hm.center(), lim[row.metric]
+    if v > t:
+        b_ok = bm is not None and bm.status == "ok"
+        row.verdict = "REGRESSION"
+        row.ratio = (v / bm.center()) if b_ok and bm.center() else None
+        row.detail = f"exceeds tolerance: {v:.4g} > {t:.4g} ({how})" + (
+            "; already over at BASE" if b_ok and (bm.center() or 0) > t else "")
+    return f"tol {t:.4g} ({how.split(' (')[0]})"
+
+
+def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions) -> None:
+    scope = next((s for s in (hm.scope, bm.scope) if s != "kernel"), "kernel")
+    lv = latency_verdict(bm, hm, opts.factor, opts.alpha)
+    row.ratio = lv.ratio
+    if scope != "kernel":
+        row.verdict, row.detail = "info", _SCOPE_TEXT[scope]
+        return
+    if row.kind == "host_latency" and not opts.gate_host_latency:
+        row.verdict, row.detail = "info", "host-side latency: informational (--gate-call-latency gates it)"
+        return
+    row.detail = lv.method
+    if lv.regressed:
+        row.verdict = "REGRESSION"
+        row.detail = f"{lv.ratio:.3f}x > {opts.factor} and significant ({lv.method})"
+    elif lv.ratio < 1 / opts.factor and _sig_faster(bm, hm, opts.alpha):
+        row.verdict, row.detail = "improved", f"{lv.ratio:.3f}x, significantly faster"
+
+
+def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions, tol_detail: str) -> None:
+    """Verdict of two ok, comparable values by the metric's gate rule (latency excluded)."""
+    rule = m.gate if m is not None else ("grow" if row.kind == "accuracy" else "none")
+    row.ratio = (hv / bv) if bv else (math.inf if hv else 1.0)
+    if rule == "zero":
+        if hv != 0:
+            row.verdict, row.detail = "REGRESSION", f"{hv:.4g} on HEAD, must be 0"
+    elif rule == "exact":
+        if hv != bv:
+            row.verdict, row.detail = "REGRESSION", f"changed {bv:.6g} -> {hv:.6g} (must not change)"
+    elif rule in ("grow", "tolerance") and row.kind == "accuracy":
+        if hv > bv * opts.acc_factor and hv - bv > ACC_ABS_FLOOR:
+            row.verdict, row.detail = "REGRESSION", f"grew {row.ratio:.2f}x > {opts.acc_factor}x over BASE" + (
+                f"; {tol_detail}" if tol_detail else "")
+        else:
+            row.detail = tol_detail
+            if hv < bv / opts.acc_factor:
+                row.verdict = "improved"
+    elif rule == "grow":
+        if hv > bv * opts.factor:
+            row.verdict, row.detail = "REGRESSION", f"grew {row.ratio:.3f}x > {opts.factor}x"
+        elif hv < bv / opts.factor:
+            row.verdict = "improved"
+    else:
+        row.verdict = "info"
+
+
+def compare_one(key: tuple[str, str, str], base: Side, head: Side, opts: GateOptions) -> Row:
+    """The verdict of one (backend, case, metric) (see the module docstring)."""
+    b, c, metric = key
+    m = find(metric)
+    kind = head.kinds.get(metric) or base.kinds.get(metric) or _metric_kind(m, metric)
+    bm, hm = base.data.get(key), head.data.get(key)
+    row = Row(b, c, metric, kind, _fmt(bm, kind), _fmt(hm, kind), None, "ok")
+    if hm is None:
+        head_ok = head.params.get((b, c), ("",))[0] == "ok"
+        lost = kind == "accuracy" and bm is not None and bm.status == "ok" and head_ok and metric in head.kinds
+        row.verdict, row.detail = ("LOST", "absent on HEAD, measured on BASE") if lost else ("removed", "")
+        return row
+    if hm.status != "ok":
+        _head_not_ok(row, bm, hm)
+        return row
+    if _impossible(row, m, bm, hm):
+        return row
+    tol_detail = _tolerance(row, m, bm, hm, opts)
+    if row.verdict == "REGRESSION":
+        return row
+    if bm is None or bm.status != "ok":
+        row.verdict = "new" if bm is None else "fixed" if bm.status == "failed" else (
+            "not comparable" if bm.status == "invalid" else "was " + bm.status)
+        row.detail = tol_detail if bm is None or bm.status != "invalid" else bm.reason
+        return row
+    if bm.version is not None and hm.version is not None and bm.version != hm.version:
+        row.verdict, row.detail = "not comparable", "benchmark version changed"
+        return row
+    if kind in _LATENCY_KINDS:
+        _latency(row, bm, hm, opts)
+    else:
+        _by_rule(row, m, bm.center(), hm.center(), opts, tol_detail)
+    return row
+
+
+def lost_params(base: Side, head: Side) -> list[Row]:
+    """One LOST row per (backend, case) that was ok on BASE and is absent or skipped on HEAD, and one
+    when HEAD holds no results at all."""
+    rows: list[Row] = []
+    if not head.params:
+        rows.append(Row("*", "*", "-", "-", f"{len(base.params)} param(s)", "none", None, "LOST",
+                        "HEAD holds no results"))
+    for (b, c), (st, _reason) in sorted(base.params.items()):
+        h = head.params.get((b, c))
+        if st != "ok" or (h is not None and h[0] != "skipped"):
+            continue
+        where = "absent on HEAD" if h is None else "skipped on HEAD" + (f": {h[1]}" if h[1] else "")
+        rows.append(Row(b, c, "-", "-", "ok", "absent" if h is None else "skipped", None, "LOST",
+                        f"ok on BASE, {where}"))
     return rows
 
 
-def _sig_faster(bm: Measure, hm: Measure, alpha: float) -> bool:
-    if bm.samples and hm.samples and len(bm.samples) >= 2 and len(hm.samples) >= 2:
-        return mann_whitney_greater(bm.samples, hm.samples)[1] < alpha
-    if bm.ci and hm.ci:
-        return bm.ci[0] > hm.ci[1]
-    return True
+def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_factor: float = DEFAULT_ACC_FACTOR,
+            alpha: float = DEFAULT_ALPHA, tolerances: Tolerances | None = None,
+            gate_host_latency: bool = False) -> list[Row]:
+    """Every (backend, case, metric) of either side with its verdict, then the LOST parameters."""
+    opts = GateOptions(factor, acc_factor, alpha, tolerances, gate_host_latency)
+    rows = [compare_one(key, base, head, opts) for key in sorted(set(base.data) | set(head.data))]
+    return rows + lost_params(base, head)
 
 
-# ------------------------------------------------------------------------------------------ CLI
-_STYLE = {"REGRESSION": "bold red", "FAILED": "bold red", "improved": "green", "skipped": "dim",
-          "not comparable": "yellow", "failed": "yellow", "new": "cyan"}
+# ------------------------------------------------------------------------------------------ reports
+_STYLE = {"REGRESSION": "bold red", "FAILED": "bold red", "INVALID": "bold red", "LOST": "bold red",
+          "improved": "green", "skipped": "dim", "not comparable": "yellow", "failed": "yellow", "new": "cyan"}
+_QUIET = ("ok", "info", "skipped", "removed")
 
 
-def cmd_gate(args: argparse.Namespace, console) -> int:
+def _gating(rows: list[Row], allow_missing: bool) -> list[Row]:
+    return [r for r in rows if r.gating and not (allow_missing and r.verdict == "LOST")]
+
+
+def _ratio_text(r: Row) -> str:
+    return "-" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.3f}"
+
+
+def _skipped_summary(rows: list[Row]) -> dict[str, dict[str, str]]:
+    """backend -> case -> reason, for params all of whose metrics were skipped on HEAD (a CPU run skips
+    call latency alone, which is not a skipped case)."""
+    by_param: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        if r.metric != "-":
+            by_param.setdefault((r.backend, r.case), []).append(r)
+    skipped: dict[str, dict[str, str]] = {}
+    for (b, c), rs in by_param.items():
+        if all(r.verdict == "skipped" for r in rs):
+            skipped.setdefault(b, {}).setdefault(c, next((r.detail for r in rs if r.detail), ""))
+    return skipped
+
+
+def render_text(rows: list[Row], title: str, console, *, show_all: bool = False) -> None:
+    """The rich table of notable rows, one grep-able line per notable row, skips and counts."""
     from rich.table import Table
 
-    if not (math.isfinite(args.factor) and args.factor >= 1.0):
-        raise GateUsageError(f"--factor {args.factor} is invalid: a ratio >= 1.0 (e.g. 1.05)")
-    if not (math.isfinite(args.acc_factor) and args.acc_factor >= 1.0):
-        raise GateUsageError(f"--acc-factor {args.acc_factor} is invalid: a ratio >= 1.0")
-    if not 0 < args.alpha < 1:
-        raise GateUsageError(f"--alpha {args.alpha} is invalid: in (0, 1)")
-    tol = None
-    if args.tolerances:
-        from mla_fp8_bench.analysis.calibrate import load_tolerances
-
-        tol = load_tolerances(args.tolerances)
-    base, bsrc = load_side(args.base, "BASE", args.results_dir, args.machine, args.env)
-    head, hsrc = load_side(args.head, "HEAD", args.results_dir, args.machine, args.env)
-    rows = compare(base, head, factor=args.factor, acc_factor=args.acc_factor, alpha=args.alpha, tolerances=tol)
-    quiet = ("ok", "info", "skipped")
-    shown = rows if args.all else [r for r in rows if r.verdict not in quiet
-                                   and r.verdict != "removed"]
-    t = Table(title=f"gate: BASE {bsrc}  vs  HEAD {hsrc}  (latency factor {args.factor}, "
-                    f"Mann-Whitney alpha {args.alpha}; accuracy: "
-                    f"{'tolerances ' + tol.name + ' and ' if tol else ''}growth > {args.acc_factor}x)")
+    shown = rows if show_all else [r for r in rows if r.verdict not in _QUIET]
+    t = Table(title=title)
     for col in ("verdict", "backend", "case", "metric", "BASE", "HEAD", "ratio", "detail"):
         t.add_column(col, overflow="fold")
     for r in shown:
         st = _STYLE.get(r.verdict, "")
         t.add_row(f"[{st}]{r.verdict}[/{st}]" if st else r.verdict, r.backend, r.case, r.metric, r.base, r.head,
-                  "-" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.3f}", r.detail)
+                  _ratio_text(r), r.detail)
     if shown:
         console.print(t)
     # one unfolded line per notable row, so CI logs and greps see every name whatever the terminal width
     for r in shown:
         if r.verdict not in ("ok", "info", "new"):
             console.print(f"{r.verdict}: {r.backend} {r.case} {r.metric}: BASE {r.base} -> HEAD {r.head}"
-                          + (f" ({r.detail})" if r.detail else ""), highlight=False, soft_wrap=True)
-    # skips, grouped: backend -> cases (metrics of a skipped param are all skipped)
-    # a param counts as skipped only when every one of its metrics was skipped (a CPU run skips call
-    # latency alone, which is not a skipped case)
-    by_param: dict[tuple[str, str], list] = {}
-    for r in rows:
-        by_param.setdefault((r.backend, r.case), []).append(r)
-    skipped: dict[str, dict[str, str]] = {}
-    for (b, c), rs in by_param.items():
-        if all(r.verdict == "skipped" for r in rs):
-            skipped.setdefault(b, {}).setdefault(c, next((r.detail for r in rs if r.detail), ""))
-    for b, cases in sorted(skipped.items()):
+                          + (f" ({r.detail})" if r.detail else ""), highlight=False, soft_wrap=True, markup=False)
+    for b, cases in sorted(_skipped_summary(rows).items()):
         reasons = sorted({x for x in cases.values() if x})
         console.print(f"skipped on HEAD: {b}: {len(cases)} case(s) ({', '.join(sorted(cases))})"
-                      + (f": {reasons[0][:160]}" if reasons else ""), highlight=False, soft_wrap=True)
+                      + (f": {reasons[0][:160]}" if reasons else ""), highlight=False, soft_wrap=True, markup=False)
     removed = [r for r in rows if r.verdict == "removed" and r.base not in ("skipped", "failed")]
-    if removed and not args.all:
+    if removed and not show_all:
         console.print(f"absent on HEAD (measured on BASE): {len(removed)} row(s), metrics "
                       f"{', '.join(sorted({r.metric for r in removed}))} (--all lists them)", highlight=False,
+                      soft_wrap=True)
+    info = [r for r in rows if r.verdict == "info" and r.detail]
+    if info and not show_all:
+        kinds = sorted({r.detail.split(":")[0] for r in info})
+        console.print(f"informational, never gating: {len(info)} row(s) ({'; '.join(kinds)})", highlight=False,
                       soft_wrap=True)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.verdict] = counts.get(r.verdict, 0) + 1
     console.print("compared (backend, case, metric) rows: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())),
                   highlight=False)
-    bad = [r for r in rows if r.gating]
+
+
+def _md_table(rows: list[Row]) -> list[str]:
+    out = ["| verdict | backend | case | metric | BASE | HEAD | ratio | detail |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = (r.verdict, r.backend, r.case, r.metric, r.base, r.head, _ratio_text(r), r.detail)
+        out.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
+    return out
+
+
+def render_markdown(rows: list[Row], *, base_src: str, head_src: str, settings: str, allow_missing: bool,
+                    plots: str | None) -> str:
+    """A PR-comment / Buildkite-annotation summary: verdict, regressions, lost results, improvements, plots."""
+    bad = _gating(rows, allow_missing)
+    lost = [r for r in rows if r.verdict == "LOST"]
+    regress = [r for r in rows if r.gating and r.verdict != "LOST"]
+    improved = [r for r in rows if r.verdict == "improved"]
+    info = [r for r in rows if r.verdict == "info"]
+    head = (f"**GATE FAILED**: {len(bad)} regression(s), new failure(s) or lost result(s)" if bad
+            else "**GATE PASSED**")
+    out = ["## mla-fp8-bench gate", "", head, "", f"BASE `{base_src}` vs HEAD `{head_src}`; {settings}", ""]
+    for title, sel in (("Regressions", regress), ("Lost results" + (" (allowed)" if allow_missing else ""), lost),
+                       ("Improvements", improved)):
+        out.append(f"### {title} ({len(sel)})")
+        out.extend(_md_table(sel) if sel else ["none"])
+        out.append("")
+    out.append(f"Informational, never gating: {len(info)} row(s) (emulation latency, CPU host time, "
+               "host-side latency unless --gate-call-latency).")
+    if plots:
+        out.append(f"Plots: {plots if '://' in plots else '`' + plots + '`'}")
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def _check_args(args: argparse.Namespace) -> None:
+    if not (math.isfinite(args.factor) and args.factor >= 1.0):
+        raise GateUsageError(f"--factor {args.factor} is invalid: a ratio >= 1.0 (e.g. 1.05)")
+    if not (math.isfinite(args.acc_factor) and args.acc_factor >= 1.0):
+        raise GateUsageError(f"--acc-factor {args.acc_factor} is invalid: a ratio >= 1.0")
+    if not 0 < args.alpha < 1:
+        raise GateUsageError(f"--alpha {args.alpha} is invalid: in (0, 1)")
+
+
+def cmd_gate(args: argparse.Namespace, console) -> int:
+    _check_args(args)
+    tol = load_tolerances(args.tolerances) if args.tolerances else None
+    base, bsrc = load_side(args.base, "BASE", args.results_dir, args.machine, args.env)
+    head, hsrc = load_side(args.head, "HEAD", args.results_dir, args.machine, args.env)
+    if not args.allow_cross_machine:
+        check_same_machine(base, head)
+    rows = compare(base, head, factor=args.factor, acc_factor=args.acc_factor, alpha=args.alpha, tolerances=tol,
+                   gate_host_latency=args.gate_call_latency)
+    settings = (f"latency factor {args.factor}, Mann-Whitney alpha {args.alpha}; accuracy: "
+                f"{'tolerances ' + tol.name + ' and ' if tol else ''}growth > {args.acc_factor}x")
+    bad = _gating(rows, args.allow_missing)
+    if args.format == "markdown":
+        console.print(render_markdown(rows, base_src=bsrc, head_src=hsrc, settings=settings,
+                                      allow_missing=args.allow_missing, plots=args.plots),
+                      markup=False, highlight=False, soft_wrap=True)
+        return EXIT_REGRESSION if bad else EXIT_OK
+    render_text(rows, f"gate: BASE {bsrc}  vs  HEAD {hsrc}  ({settings})", console, show_all=args.all)
+    if args.plots:
+        console.print(f"plots: {args.plots}", highlight=False, markup=False)
     if bad:
-        console.print(f"[bold red]GATE FAILED[/bold red]: {len(bad)} regression(s)/new failure(s)")
+        console.print(f"[bold red]GATE FAILED[/bold red]: {len(bad)} regression(s)/new failure(s)/lost result(s)")
         return EXIT_REGRESSION
     console.print("[green]GATE PASSED[/green]")
     return EXIT_OK
 
 
 def _handler(args: argparse.Namespace, console) -> int:
-    from mla_fp8_bench.analysis.calibrate import ToleranceFileError
-
     try:
         return cmd_gate(args, console)
-    except (GateUsageError, ToleranceFileError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+    except (GateUsageError, ToleranceFileError, ResultsError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
 
 
@@ -595,4 +686,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Mann-Whitney significance level (0.01)")
     p.add_argument("--tolerances", help="calibrated tolerance JSON (e.g. tolerances/cpu-emulated-v1.json)")
     p.add_argument("--all", action="store_true", help="show every compared row, not only notable ones")
+    p.add_argument("--format", choices=("text", "markdown"), default="text",
+                   help="text (terminal) or markdown (a PR comment / Buildkite annotation)")
+    p.add_argument("--plots", metavar="PATH_OR_URL", help="where the plots of this run are (printed in the summary)")
+    p.add_argument("--gate-call-latency", "--gate-host-latency", dest="gate_call_latency", action="store_true",
+                   help="also gate host-side latencies (host-inclusive call latency, planner time); "
+                        "informational by default")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="list (backend, case) results that BASE had and HEAD lost without failing the gate")
+    p.add_argument("--allow-cross-machine", action="store_true",
+                   help="compare BASE and HEAD from different machines (refused by default: exit 2)")
     p.set_defaults(handler=_handler)

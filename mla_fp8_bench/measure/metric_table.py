@@ -84,6 +84,8 @@ class Metric:
         tolerance_floor: smallest calibrated tolerance (calibrated metrics only).
         derive: computes the value from a record when the record does not store ``record_key``.
         doc: one-line description (the asv method's docstring).
+        bounds: the closed range of possible values; a value outside it is impossible (the gate
+            reports it as INVALID, never as an improvement).
     """
 
     name: str
@@ -101,6 +103,7 @@ class Metric:
     tolerance_floor: float | None = None
     derive: Callable[[dict[str, Any]], float | None] | None = None
     doc: str = ""
+    bounds: tuple[float, float] = (0.0, math.inf)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -114,6 +117,8 @@ class Metric:
         if self.asv_class is not None and self.asv_class not in ASV_CLASSES:
             raise ValueError(f"metric {self.name}: asv_class {self.asv_class!r} is unknown: "
                              f"allowed {', '.join(ASV_CLASSES)}")
+        if not self.bounds[0] <= self.bounds[1]:
+            raise ValueError(f"metric {self.name}: bounds {self.bounds} are empty")
         if self.calibrated and self.tolerance_floor is None:
             raise ValueError(f"metric {self.name}: a calibrated metric needs a tolerance_floor")
 
@@ -128,6 +133,11 @@ class Metric:
         if v is None and self.derive is not None:
             v = self.derive(record)
         return v
+
+    def possible(self, v: float) -> bool:
+        """Whether ``v`` lies in :attr:`bounds` (NaN: False; +inf counts as within an open upper end)."""
+        lo, hi = self.bounds
+        return not math.isnan(v) and lo <= v <= hi
 
     def floored(self, v: float) -> float:
         """``max(v, floor)`` (NaN stays NaN); the value asv stores for ``v``."""
@@ -147,10 +157,11 @@ def _seconds_per_pflop(rec: dict[str, Any]) -> float | None:
 
 
 def _accuracy(name: str, key: str, track: str | None, unit: str, pretty: str, *, calibrated: bool = False,
-              tolerance_floor: float | None = None, doc: str = "") -> Metric:
+              tolerance_floor: float | None = None, doc: str = "", bounds: tuple[float, float] = (0.0, math.inf),
+              ) -> Metric:
     return Metric(name, key, track, "MLAPrefill" if track else None, unit, pretty, "accuracy",
                   floor=ASV_ACCURACY_FLOOR if track else None, calibrated=calibrated,
-                  gate="tolerance" if calibrated else "grow", tolerance_floor=tolerance_floor, doc=doc)
+                  gate="tolerance" if calibrated else "grow", tolerance_floor=tolerance_floor, doc=doc, bounds=bounds)
 
 
 #: Every metric of the suite. Order: asv tracks first (in their classes), then record-only figures.
@@ -173,7 +184,8 @@ METRICS: tuple[Metric, ...] = (
               doc="||out - ref||_2 / ||ref||_2 against the dequantised-fp8 reference."),
     _accuracy("mismatch_fraction", "mismatch_fraction", "track_mismatch_fraction", "fraction",
               "mismatch fraction (AITER checkAllclose 5e-2)", calibrated=True, tolerance_floor=1e-4,
-              doc="AITER checkAllclose fraction failing atol=rtol=5e-2 against the bf16 reference."),
+              doc="AITER checkAllclose fraction failing atol=rtol=5e-2 against the bf16 reference.",
+              bounds=(0.0, 1.0)),
     _accuracy("nondeterminism", "nondeterminism_max_abs", "track_nondeterminism", "max_abs_diff",
               "run-to-run max difference",
               doc="Largest |difference| between two runs on the same inputs (0 for deterministic kernels)."),
