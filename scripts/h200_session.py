@@ -67,10 +67,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "aiter-emulated", "aiter", "vllm-aiter")
+GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "cudnn-fp8", "cudnn-bf16", "aiter-emulated",
+                "aiter", "vllm-aiter")
 CV_CASES = "s128,s2048,s8192,s32768"
 SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
-ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv")
+ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv", "order", "sbs",
+             "ab", "cudnn")
+#: Orders of the order-independence processes (scripts/order_check.py), the first one on a fresh machine.
+ORDERS = ("sorted", "reversed", "shuffled")
+#: The GPU grid of the order check: the asv grid's backends and its per-tensor cases.
+ORDER_BACKENDS = "fa3-fp8,fa3-bf16,torch-sdpa-bf16,torch-fp8-ref"
+ORDER_CASES = SWEEP + ",s255,s257,ragged-6992-6896-2495,ragged-4096x4,s8175"
+#: Cases of the cuDNN peer sweep: the sweep, ragged and edge cases, context-chunk and prefix cases.
+CUDNN_CASES = SWEEP + (",ragged-6992-6896-2495,ragged-4096x4,s255,ctx1024-q256,ctx-ragged-4096q512-2048q256,"
+                       "prefix1024-q300")
 #: Default order: cheap checks, then the asv run, then the studies (about 5-6 minutes on an H200).
 DEFAULT_STEPS = ("env", "smoke", "asv", "ceilings", "cv", "sweep", "pytest")
 
@@ -276,6 +286,9 @@ def main() -> int:
                     help="asv launch method of the full run (default forkserver: measured 55 s on an H200 "
                          "against an estimated 325 s with spawn; the suite initialises no GPU at import)")
     ap.add_argument("--machine", default="h200")
+    ap.add_argument("--order-rounds", type=int, default=1, help="rounds of the sorted/reversed/shuffled processes")
+    ap.add_argument("--sbs-procs", type=int, default=5, help="side-by-side processes (alternating order)")
+    ap.add_argument("--ab-case", default="s8192", help="case of the sensitivity trials")
     args = ap.parse_args()
 
     out, work = Path(args.out), Path(args.work)
@@ -305,7 +318,8 @@ def main() -> int:
     asv_env_base = {"HOME": str(asv_home), "ASV_PYTHONPATH": os.environ.get("PYTHONPATH", ""),
                     "MLA_FP8_BENCH_EXPECT_COMMIT": sha or ""}
     grid = [b for b in ok_backends if b != "aiter-emulated" or emu_cap_supported()]
-    sel_run = [b for b in grid if b in ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "aiter-emulated")]
+    sel_run = [b for b in grid if b in ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "cudnn-fp8",
+                                        "cudnn-bf16", "aiter-emulated")]
     s.summary["asv_grid_backends"] = grid
     s.summary["asv_selected_backends"] = sel_run
     s.summary["emu_cap_supported"] = emu_cap_supported()
@@ -319,15 +333,19 @@ def main() -> int:
     def do_env() -> None:
         rc1, w1 = s.sh("env", "nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE | head -80; "
                        "uname -a; nproc; free -g; ls -a; git rev-parse HEAD; git status --short | head -30; "
-                       f"{py()} -m pip list 2>/dev/null | grep -i -E 'torch|triton|fa3|asv|numpy|rich|json5'", 60)
+                       f"{py()} -m pip list 2>/dev/null | grep -i -E "
+                       "'torch|triton|fa3|asv|numpy|rich|json5|cudnn|cuda-bench|nvidia-ml'", 60)
         rc2, w2 = s.sh("env", [py(), "-m", "mla_fp8_bench.cli", "env"], 120)
+        s.sh("env", [py(), "-c", "from mla_fp8_bench.measure.clocks import open_reader; r = open_reader(); "
+                     "print('clock policy', r.policy()); print('reading', r.read())"], 30)
         s.step("env", max(rc1, rc2), w1 + w2)
 
     def do_smoke() -> None:
         rc, w = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "fa3-fp8,fa3-bf16", "-c", "s2048",
                                "--json", str(jd / "smoke_s2048.json")], 180)
         rc2, w2 = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "aiter-emulated", "-c", "s512",
-                                 "--samples", "5", "--time-budget", "3", "--json", str(jd / "smoke_emu_s512.json")], 120)
+                                 "--samples", "5", "--time-budget", "3", "--json",
+                                 str(jd / "smoke_emu_s512.json")], 120)
         s.step("smoke", rc, w, emu_rc=rc2, emu_wall_s=round(w2, 1))
 
     def do_pytest() -> None:
@@ -348,8 +366,8 @@ def main() -> int:
                 s.log("cv: stopping early, deadline")
                 break
             f = jd / f"cv_fa3-fp8_p{i}.json"
-            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", "fa3-fp8", "--cases", CV_CASES,
-                                "--json", str(f)], 150)
+            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", "fa3-fp8", "--cases",
+                                CV_CASES, "--json", str(f)], 150)
             rcs.append(rc)
             t_cv += w
             if rc == 0:
@@ -367,7 +385,8 @@ def main() -> int:
 
     def do_sweep() -> None:
         code = (
-            "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.measure.ceilings as C, mla_fp8_bench.cli as cli\n"
+            "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.measure.ceilings as C\n"
+            "import mla_fp8_bench.cli as cli\n"
             "orig = R.evaluate\n"
             "def ev(*a, **k):\n"
             "    d = orig(*a, **k)\n"
@@ -410,7 +429,63 @@ def main() -> int:
             shutil.copy(ROOT / "results" / "benchmarks.json", dst / "benchmarks.json")
         s.step("asv", rc, w, regex=[regex, plan_regex], launch_method=args.launch_method)
 
-    table = {"env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),
+    def do_order() -> None:
+        files, t, rcs = [], 0.0, []
+        for i, order in enumerate(ORDERS * args.order_rounds):
+            f = jd / f"order_p{i}_{order}.json"
+            rc, w = s.sh("order", [py(), "scripts/order_check.py", "--order", order, "--seed", str(i + 1),
+                                   "--backends", ORDER_BACKENDS, "--cases", ORDER_CASES, "--json", str(f)], 150)
+            t += w
+            rcs.append(rc)
+            if rc == 0:
+                files.append(str(f))
+            if s.left() < 60:
+                break
+        if files:
+            s.sh("order", [py(), "scripts/order_check.py", "--summarize", *files, "--json",
+                           str(jd / "order_summary.json")], 30)
+        s.step("order", max(rcs) if rcs else -1, t, processes=len(files))
+
+    def do_sbs() -> None:
+        files, t, rcs = [], 0.0, []
+        for i in range(args.sbs_procs):
+            order = "sorted" if i % 2 == 0 else "reversed"
+            f = jd / f"sbs_p{i}_{order}.json"
+            rc, w = s.sh("sbs", [py(), "scripts/side_by_side.py", "--order", order, "--json", str(f),
+                                 "--nvbench-json", str(jd / f"nvbench_p{i}.json")], 120)
+            t += w
+            rcs.append(rc)
+            if rc == 0:
+                files.append(str(f))
+            if s.left() < 60:
+                break
+        if files:
+            s.sh("sbs", [py(), "scripts/side_by_side.py", "--summarize", *files, "--json",
+                         str(jd / "sbs_summary.json")], 30)
+        s.step("sbs", max(rcs) if rcs else -1, t, processes=len(files))
+
+    def do_ab() -> None:
+        rc, w = s.sh("ab", [py(), "scripts/latency_ab.py", "--backend", "fa3-fp8", "--case", args.ab_case,
+                            "--aa", "10", "--reps", "10", "--slowdowns", "0.01,0.02,0.03,0.05",
+                            "--deadline", str(max(30.0, min(200.0, s.left() - 40))),
+                            "--out", str(jd / "latency_ab.json")], 260)
+        s.step("ab", rc, w)
+
+    def do_cudnn() -> None:
+        code = ("import json, sys\n"
+                "from mla_fp8_bench.harness.runner import evaluate\n"
+                "from mla_fp8_bench.problem.cases import resolve_cases\n"
+                "d = evaluate(sys.argv[1].split(','), resolve_cases(sys.argv[2].split(',')))\n"
+                "json.dump(d, open(sys.argv[3], 'w'), indent=1, default=str)\n"
+                "for r in d['records']:\n"
+                "    print(r['backend'], r['case'], r['status'], r.get('latency_s'), r.get('tflops'),\n"
+                "          r.get('max_abs_error_fp8_ref'), r.get('rel_l2_error_fp8_ref'), r.get('reason', '')[:400])\n")
+        rc, w = s.sh("cudnn", [py(), "-c", code, "cudnn-fp8,cudnn-bf16,fa3-fp8", CUDNN_CASES,
+                               str(jd / "cudnn_sweep.json")], 200)
+        s.step("cudnn", rc, w)
+
+    table = {"order": (do_order, 60), "sbs": (do_sbs, 60), "ab": (do_ab, 60), "cudnn": (do_cudnn, 40),
+             "env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),
              "cv": (do_cv, 90), "sweep": (do_sweep, 90), "asv-tiny": (lambda: do_asv_tiny("spawn"), 40),
              "asv-tiny-fork": (lambda: do_asv_tiny("forkserver"), 40), "asv": (do_asv, 60)}
     for name in steps:

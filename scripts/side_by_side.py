@@ -97,10 +97,29 @@ def measure_case(run, device) -> dict:
     return out
 
 
+def _import_cuda_bench():
+    """``cuda.bench``; when an installed regular ``cuda`` package hides the wheel's namespace portion
+    (a ``--target`` install next to the image's cuda-bindings), the portion is added to ``cuda.__path__``."""
+    import importlib
+    import os
+
+    try:
+        return importlib.import_module("cuda.bench")
+    except ImportError:
+        import cuda
+
+        for p in sys.path:
+            d = os.path.join(p, "cuda")
+            if os.path.isdir(os.path.join(d, "bench")) and d not in list(cuda.__path__):
+                cuda.__path__.append(d)
+        return importlib.import_module("cuda.bench")
+
+
 def run_nvbench(preps: dict, order: list[str], json_path: str, timeout_s: float) -> dict:
     """nvbench cold + batch GPU time of each prepared call (one ``cuda.bench`` run, cases in ``order``)."""
-    import cuda.bench as bench
     import torch
+
+    bench = _import_cuda_bench()
 
     def bench_fn(state):
         case = state.get_string("case")
