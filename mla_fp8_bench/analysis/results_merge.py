@@ -441,7 +441,8 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
-def _umask_dir_mode() -> int:
+def umask_dir_mode() -> int:
+    """The mode a new folder gets under the current umask (``mkdtemp`` alone gives 0700)."""
     old = os.umask(0)
     os.umask(old)
     return 0o777 & ~old
@@ -465,6 +466,20 @@ def _swap_into_place(stage: Path, dest: Path) -> Path | None:
     return old
 
 
+def remove_tree(path: Path) -> None:
+    """Delete a folder tree (also read-only parts of it); no error if it is absent."""
+    if path.exists():
+        _rmtree(path)
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Put the folder ``new`` at ``dest`` in one step where the OS allows (see :func:`_swap_into_place`)
+    and delete the previous ``dest``."""
+    old = _swap_into_place(new, dest)
+    if old is not None:
+        remove_tree(old)
+
+
 def _apply_staged(plan: _Plan) -> None:
     """Write the plan into a copy of the destination, then swap the copy into place.
 
@@ -480,7 +495,7 @@ def _apply_staged(plan: _Plan) -> None:
             shutil.copytree(dest, stage, symlinks=True, dirs_exist_ok=True)
             shutil.copystat(dest, stage)
         else:
-            os.chmod(stage, _umask_dir_mode())
+            os.chmod(stage, umask_dir_mode())
         for target, src_file in plan.copies.items():
             data = src_file.read_bytes()
             write_file_atomic(stage / target.relative_to(plan.dest), lambda f, d=data: f.write(d), binary=True)

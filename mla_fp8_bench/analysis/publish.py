@@ -1,0 +1,417 @@
+"""``mla-fp8-bench publish``: the asv site, self-contained (it renders with no network).
+
+asv 0.6.6's ``index.html`` loads its JavaScript and stylesheet from public CDNs: jQuery 3.3.1, flot
+0.8.3 (core, time, selection, categories), flot-orderbars 1.0.0, stupidtable 1.0.1, blueimp-md5 2.19.0
+and bootstrap 3.1.1 (script and stylesheet). On a machine without internet (GPU lab machines are often
+firewalled) every page then shows asv's "Can not determine continental origin of swallow".
+
+``publish`` runs ``asv publish`` into a staging folder, replaces every remote ``<script src>`` /
+``<link href>`` with a local copy under ``_assets/`` (the bootstrap fonts its stylesheet refers to come
+along), checks that no page or stylesheet refers to a remote script or stylesheet any more, and swaps
+the staged site into place (a failed publish leaves the previous site as it was).
+
+The local copies come from the npm packages of the same versions (:data:`ASSET_PACKAGES`), installed
+once into a cache folder (:func:`assets_dir`: ``$MLA_FP8_BENCH_SITE_ASSETS``, default
+``~/.cache/mla-fp8-bench/site-assets``) by ``mla-fp8-bench publish --install-assets``; every file is
+checked against its pinned SHA-256 (:data:`ASSETS`) before it is used. Where the copy is byte-identical
+to the CDN's file (the page's ``integrity`` hash matches) the attribute is kept, so the browser verifies
+it; otherwise it is dropped: npm's flot 0.8.3 has the same code unminified, and stupidtable 1.0.1 was
+never published to npm (1.1.3, the same plugin API, is used).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mla_fp8_bench.analysis.results import ResultsError, list_result_files, machine_dirs
+
+#: npm packages (pinned) that hold the files asv's pages load from CDNs.
+ASSET_PACKAGES = ("jquery@3.3.1", "flot@0.8.3", "flot-orderbars@1.0.0", "stupid-table-plugin@1.1.3",
+                  "blueimp-md5@2.19.0", "bootstrap@3.1.1")
+#: Where the local copies go inside the published site.
+SITE_ASSET_DIR = "_assets"
+
+
+@dataclass(frozen=True)
+class Asset:
+    """One file a published page loads from a CDN, and its local copy.
+
+    Attributes:
+        url_tail: regex matched against the end of the CDN URL.
+        file: path of the copy under ``node_modules/``.
+        sha256: hex SHA-256 of that file in the pinned package version.
+    """
+
+    url_tail: str
+    file: str
+    sha256: str
+
+
+ASSETS = (
+    Asset(r"/jquery-3\.3\.1\.min\.js$", "jquery/dist/jquery.min.js",
+          "160a426ff2894252cd7cebbdd6d6b7da8fcd319c65b70468f10b6690c45d02ef"),
+    Asset(r"/flot/0\.8\.3/jquery\.flot\.min\.js$", "flot/jquery.flot.js",
+          "b7b931f273c38b1277b9c6c1f4e05c4ec09885a487bddaf3279e2d7e49a38e12"),
+    Asset(r"/flot/0\.8\.3/jquery\.flot\.time\.min\.js$", "flot/jquery.flot.time.js",
+          "a582c832adc7138a6b05aaf61f16ebac274701f1be4afea77e739a1c34b9c41a"),
+    Asset(r"/flot/0\.8\.3/jquery\.flot\.selection\.min\.js$", "flot/jquery.flot.selection.js",
+          "e6c85f6c1ebe4b4da29d8ae238c7c5060283f05f7ef054f6b91817d02c092918"),
+    Asset(r"/flot/0\.8\.3/jquery\.flot\.categories\.min\.js$", "flot/jquery.flot.categories.js",
+          "6e81664b28ea795c734906f4aa15614640a75ac7fbd399a7fb9084040698351a"),
+    Asset(r"/flot-orderbars@1\.0\.0/js/jquery\.flot\.orderBars\.js$", "flot-orderbars/js/jquery.flot.orderBars.js",
+          "39735b4f46f96ff4e082572401f47c55a2767b366fd1d1e821e44a8d830a12bf"),
+    Asset(r"/stupidtable/1\.0\.1/stupidtable\.min\.js$", "stupid-table-plugin/stupidtable.min.js",
+          "4642380f28ebe9ed7cac251793b281ef8620c4386205d92788f9b12f5cceb4e0"),
+    Asset(r"/blueimp-md5/2\.19\.0/js/md5\.min\.js$", "blueimp-md5/js/md5.min.js",
+          "64d7ded388c562e4bde9e58ce205e5fa01b9734fcd434d496eb7b4fbfe9b927d"),
+    Asset(r"/bootstrap@3\.1\.1/dist/js/bootstrap\.min\.js$", "bootstrap/dist/js/bootstrap.min.js",
+          "898d05a17f2cfc5120ddcdba47a885c378c0b466f30f0700e502757e24b403a1"),
+    Asset(r"/bootstrap@3\.1\.1/dist/css/bootstrap\.min\.css$", "bootstrap/dist/css/bootstrap.min.css",
+          "e9503448692b738dd260fbd7f7cabf2e11f09b600fa97e6eb3a56eba5b1a7e9b"),
+)
+#: Files a copied stylesheet refers to (relative ``url(../fonts/...)``): copied along, same checks.
+ASSET_EXTRAS = {
+    "bootstrap/dist/css/bootstrap.min.css": (
+        ("bootstrap/dist/fonts/glyphicons-halflings-regular.eot",
+         "f495f34e4f177cf0115af995bbbfeb3fcabc88502876e76fc51a4ab439bc8431"),
+        ("bootstrap/dist/fonts/glyphicons-halflings-regular.svg",
+         "d168d50a88c730b4e6830dc0da2a2b51dae4658a77d9619943c27b8ecfc19d1a"),
+        ("bootstrap/dist/fonts/glyphicons-halflings-regular.ttf",
+         "bd18efd3efd70fec8ad09611a20cdbf99440b2c1d40085c29be036f891d65358"),
+        ("bootstrap/dist/fonts/glyphicons-halflings-regular.woff",
+         "fc969dc1c6ff531abcf368089dcbaf5775133b0626ff56b52301a059fc0f9e1e"),
+    ),
+}
+INSTALL_COMMAND = "mla-fp8-bench publish --install-assets"
+
+_TAG_RE = re.compile(r"<(script|link)\b[^>]*?\b(src|href)=[\"']((?:https?:)?//[^\"']+)[\"'][^>]*>", re.S | re.I)
+_CSS_REMOTE_RE = re.compile(r"(?:@import\s+(?:url\()?|url\()\s*[\"']?((?:https?:)?//[^\"')\s]+)", re.I)
+
+
+class PublishError(ValueError):
+    """Publishing is refused or failed; the message names the problem (and the fix)."""
+
+
+# ------------------------------------------------------------------------------------------ assets
+def assets_dir() -> Path:
+    """The asset cache: ``$MLA_FP8_BENCH_SITE_ASSETS`` or ``~/.cache/mla-fp8-bench/site-assets``
+    (``node_modules/`` inside)."""
+    env = os.environ.get("MLA_FP8_BENCH_SITE_ASSETS")
+    return Path(env) if env else Path.home() / ".cache" / "mla-fp8-bench" / "site-assets"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pinned_files() -> list[tuple[str, str]]:
+    files = [(a.file, a.sha256) for a in ASSETS]
+    for extras in ASSET_EXTRAS.values():
+        files += list(extras)
+    return files
+
+
+def asset_problems(cache: Path | None = None) -> list[str]:
+    """Files missing from the cache or differing from their pinned SHA-256 (``[]``: all present)."""
+    nm = (cache or assets_dir()) / "node_modules"
+    out = []
+    for rel, digest in _pinned_files():
+        f = nm / rel
+        if not f.is_file():
+            out.append(f"{rel} missing")
+        elif _sha256(f) != digest:
+            out.append(f"{rel} is not the pinned version (sha256 differs)")
+    return out
+
+
+def missing_assets_message(cache: Path, problems: list[str]) -> str:
+    """One line: what is wrong with the cache and the one command that fixes it."""
+    cmd = INSTALL_COMMAND if cache == assets_dir() else f"{INSTALL_COMMAND} --assets {cache}"
+    return (f"site assets not usable in {cache} ({'; '.join(problems[:3])}"
+            f"{f'; {len(problems) - 3} more' if len(problems) > 3 else ''}): install them once with "
+            f"`{cmd}` (npm install of {' '.join(ASSET_PACKAGES)} into that folder)")
+
+
+def install_assets(cache: Path | None = None, timeout: float = 300) -> Path:
+    """``npm install`` the pinned packages into ``cache`` and check every file's SHA-256.
+
+    Raises:
+        PublishError: npm missing or failing, or a file that differs from its pinned hash.
+    """
+    cache = cache or assets_dir()
+    npm = shutil.which("npm")
+    if npm is None:
+        raise PublishError("npm is not installed: install Node.js's npm (Debian: apt-get install -y npm), then run "
+                           f"`{INSTALL_COMMAND}` again")
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = [npm, "install", "--no-audit", "--no-fund", "--no-save", "--package-lock=false", "--prefix", str(cache),
+           *ASSET_PACKAGES]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PublishError(f"npm install of {' '.join(ASSET_PACKAGES)} did not finish in {timeout:.0f} s") from None
+    if p.returncode != 0:
+        tail = " ".join((p.stderr or p.stdout).split())[-400:]
+        raise PublishError(f"npm install of {' '.join(ASSET_PACKAGES)} failed (exit {p.returncode}): {tail}")
+    problems = asset_problems(cache)
+    if problems:
+        raise PublishError(f"after npm install, {cache}: {'; '.join(problems)}")
+    return cache
+
+
+def _sri_matches(data: bytes, integrity: str) -> bool:
+    for tok in integrity.split():
+        algo, _, want = tok.partition("-")
+        if algo in ("sha256", "sha384", "sha512"):
+            if base64.b64encode(hashlib.new(algo, data).digest()).decode() == want:
+                return True
+    return False
+
+
+def _asset_for(url: str) -> Asset | None:
+    return next((a for a in ASSETS if re.search(a.url_tail, url)), None)
+
+
+def _copy_asset(nm: Path, site: Path, rel: str, digest: str) -> Path:
+    src, dst = nm / rel, site / SITE_ASSET_DIR / rel
+    data = src.read_bytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise PublishError(f"site asset {src} is not the pinned version (sha256 differs): reinstall with "
+                           f"`{INSTALL_COMMAND}`")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(data)
+    return dst
+
+
+def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
+    """Point every remote ``<script src>`` / ``<link href>`` of the site's pages at a local copy under
+    ``_assets/``; keep ``integrity`` where the copy matches it. Returns one entry per replaced tag.
+
+    Raises:
+        PublishError: a remote URL with no pinned local copy (asv changed what it loads: extend
+            :data:`ASSETS`), or a cached file that is not the pinned version.
+    """
+    nm = (cache or assets_dir()) / "node_modules"
+    out: list[dict[str, Any]] = []
+    for page in sorted(site.rglob("*.html")):
+        text = page.read_text()
+        prefix = os.path.relpath(site, page.parent).replace(os.sep, "/")
+        prefix = "" if prefix == "." else prefix + "/"
+
+        def repl(m: re.Match, page: Path = page, prefix: str = prefix) -> str:
+            tag, url = m.group(0), m.group(3)
+            asset = _asset_for(url)
+            if asset is None:
+                if m.group(1).lower() == "link" and not re.search(r"\brel=[\"']?stylesheet", tag, re.I):
+                    return tag  # a plain link (e.g. rel=canonical) loads nothing
+                raise PublishError(f"{page.name} loads {url} and no local copy is pinned for it: "
+                                   "asv changed what its pages load (extend ASSETS in analysis/publish.py)")
+            dst = _copy_asset(nm, site, asset.file, asset.sha256)
+            for rel, digest in ASSET_EXTRAS.get(asset.file, ()):
+                _copy_asset(nm, site, rel, digest)
+            local = f"{prefix}{SITE_ASSET_DIR}/{asset.file}"
+            new = tag.replace(url, local)
+            integ = re.search(r"\bintegrity=[\"']([^\"']+)[\"']", tag)
+            entry = {"page": page.name, "url": url, "local": local, "integrity": "none on the page"}
+            if integ:
+                if _sri_matches(dst.read_bytes(), integ.group(1)):
+                    entry["integrity"] = "verified: the local copy is the CDN's file"
+                else:
+                    entry["integrity"] = "differs from the CDN's file (attribute dropped)"
+                    new = new.replace(integ.group(0), "")
+            out.append(entry)
+            return new
+
+        new_text = _TAG_RE.sub(repl, text)
+        if new_text != text:
+            page.write_text(new_text)
+    return out
+
+
+def remote_references(site: Path) -> list[str]:
+    """``"<file>: <url>"`` for every remote script or stylesheet a page or stylesheet of ``site`` loads."""
+    out = []
+    for f in sorted(site.rglob("*")):
+        if f.suffix == ".html":
+            for m in _TAG_RE.finditer(f.read_text(errors="replace")):
+                tag = m.group(0)
+                if m.group(1).lower() == "script" or re.search(r"\brel=[\"']?stylesheet", tag, re.I):
+                    out.append(f"{f.relative_to(site)}: {m.group(3)}")
+        elif f.suffix == ".css":
+            out += [f"{f.relative_to(site)}: {u}" for u in _CSS_REMOTE_RE.findall(f.read_text(errors="replace"))]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ publishing
+@dataclass
+class PublishReport:
+    """What :func:`publish_site` did."""
+
+    html_dir: Path
+    results_dir: Path
+    wall_s: float
+    asv_wall_s: float
+    vendored: list[dict[str, Any]] = field(default_factory=list)
+    asv_log_tail: str = ""
+
+
+def load_asv_config(path: Path) -> dict[str, Any]:
+    """An ``asv.conf.json`` (JSON with comments) as a dict, via asv's own loader.
+
+    Raises:
+        PublishError: missing or unparsable file.
+    """
+    from asv import util
+
+    if not path.is_file():
+        raise PublishError(f"asv config {path} does not exist")
+    try:
+        conf = util.load_json(str(path), js_comments=True)
+    except Exception as exc:  # noqa: BLE001 - asv raises its own UserError / ValueError variants
+        raise PublishError(f"asv config {path} cannot be read: {' '.join(str(exc).split())[:300]}") from None
+    if not isinstance(conf, dict):
+        raise PublishError(f"asv config {path} is not a JSON object")
+    return conf
+
+
+def _check_html_dir(html: Path) -> None:
+    if html.exists() and not html.is_dir():
+        raise PublishError(f"--html-dir {html} is a file, not a directory")
+    if html.is_dir() and any(html.iterdir()) and not (html / "index.html").is_file():
+        raise PublishError(f"--html-dir {html} is a non-empty folder that is not an asv site (no index.html): "
+                           "publishing would replace its contents; give an empty or new folder")
+    anc = next((a for a in (html, *html.parents) if a.exists()), None)
+    if anc is not None and not anc.is_dir():
+        raise PublishError(f"--html-dir {html} lies under {anc}, which is a file")
+
+
+def _check_results(results: Path) -> None:
+    try:
+        mdirs = machine_dirs(results)
+    except ResultsError as exc:
+        raise PublishError(str(exc)) from None
+    if not any(list_result_files(m) for m in mdirs):
+        raise PublishError(f"results directory {results} holds no asv result files: nothing to publish "
+                           "(run `asv run` first)")
+
+
+def _run_asv_publish(conf: dict[str, Any], config_dir: Path, results: Path, site: Path, work: Path,
+                     timeout: float) -> tuple[float, str]:
+    conf = dict(conf)
+    repo = conf.get("repo", ".")
+    if "://" not in str(repo) and not str(repo).startswith("git@"):
+        repo = str((config_dir / repo).resolve())
+    conf.update(repo=repo, results_dir=str(results), html_dir=str(site), env_dir=str(work / "env"),
+                benchmark_dir=str((config_dir / conf.get("benchmark_dir", "benchmarks")).resolve()))
+    cfg = work / "asv.conf.json"
+    cfg.write_text(json.dumps(conf, indent=2))
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "asv", "publish", "--no-pull", "--config", str(cfg)], cwd=work,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PublishError(f"asv publish did not finish in {timeout:.0f} s") from None
+    wall = time.perf_counter() - t0
+    log = (proc.stdout or "") + (proc.stderr or "")
+    if proc.returncode != 0 or not (site / "index.html").is_file():
+        raise PublishError(f"asv publish failed (exit {proc.returncode}): {' '.join(log.split())[-600:]}")
+    return wall, log[-800:]
+
+
+def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str | os.PathLike | None = None,
+                 results_dir: str | os.PathLike | None = None, assets: str | os.PathLike | None = None,
+                 timeout: float = 900) -> PublishReport:
+    """``asv publish`` of ``results_dir`` into ``html_dir``, made self-contained (see the module docstring).
+
+    Args:
+        config: the asv config (its ``results_dir``/``html_dir`` are the defaults, relative to its folder).
+        html_dir / results_dir: overrides.
+        assets: the asset cache (default :func:`assets_dir`).
+        timeout: seconds allowed for ``asv publish``.
+
+    Raises:
+        PublishError: missing/corrupt assets (with the one command that installs them), a bad config,
+            html or results directory, a failing ``asv publish``, or a remote reference left. All checks
+            on the inputs run before ``asv publish``; the previous site stays as it was on any failure.
+    """
+    from mla_fp8_bench.analysis.results_merge import remove_tree, replace_dir, umask_dir_mode
+
+    t0 = time.perf_counter()
+    cache = Path(assets) if assets else assets_dir()
+    problems = asset_problems(cache)
+    if problems:
+        raise PublishError(missing_assets_message(cache, problems))
+    cfg_path = Path(config)
+    conf = load_asv_config(cfg_path)
+    base = cfg_path.resolve().parent
+    results = Path(results_dir) if results_dir else base / conf.get("results_dir", "results")
+    html = (Path(html_dir) if html_dir else base / conf.get("html_dir", "html")).absolute()
+    _check_html_dir(html)
+    _check_results(results)
+    try:
+        html.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{html.name}.publish-", dir=html.parent))
+    except OSError as exc:
+        raise PublishError(f"cannot write beside --html-dir {html}: {exc.strerror or exc}") from None
+    try:
+        site = work / "site"
+        asv_wall, log = _run_asv_publish(conf, base, results.resolve(), site, work, timeout)
+        vendored = vendorize(site, cache)
+        left = remote_references(site)
+        if left:
+            raise PublishError(f"the published site still loads remote files: {'; '.join(left[:3])}")
+        shutil.rmtree(work / "env", ignore_errors=True)
+        try:
+            os.chmod(site, umask_dir_mode())
+            replace_dir(site, html)
+        except OSError as exc:
+            raise PublishError(f"cannot put the site into {html}: {exc.strerror or exc}") from None
+    finally:
+        remove_tree(work)
+    return PublishReport(html, results, round(time.perf_counter() - t0, 2), round(asv_wall, 2), vendored, log)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def add_parser(subparsers) -> None:
+    """Register ``publish`` on the CLI's sub-parsers."""
+    p = subparsers.add_parser(
+        "publish", help="asv publish, self-contained: every script and stylesheet local (renders offline)")
+    p.add_argument("--config", default="asv.conf.json", help="asv config (default asv.conf.json)")
+    p.add_argument("--html-dir", default=None, help="output folder (default: the config's html_dir)")
+    p.add_argument("--results-dir", default=None, help="asv results directory (default: the config's results_dir)")
+    p.add_argument("--assets", default=None,
+                   help="asset cache with node_modules/ (default $MLA_FP8_BENCH_SITE_ASSETS or "
+                        "~/.cache/mla-fp8-bench/site-assets)")
+    p.add_argument("--install-assets", action="store_true",
+                   help=f"npm install the pinned asset packages ({' '.join(ASSET_PACKAGES)}) into the cache and exit")
+    p.set_defaults(handler=cmd_publish)
+
+
+def cmd_publish(args, console) -> int:
+    """Handler of ``publish``: 0 on success, 2 on refused input, missing assets or a failed publish."""
+    try:
+        if args.install_assets:
+            cache = install_assets(Path(args.assets) if args.assets else None)
+            console.print(f"site assets installed and checked in {cache}", highlight=False)
+            return 0
+        rep = publish_site(args.config, html_dir=args.html_dir, results_dir=args.results_dir, assets=args.assets)
+    except PublishError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    exact = sum(v["integrity"].startswith("verified") for v in rep.vendored)
+    console.print(f"published {rep.results_dir} to {rep.html_dir} in {rep.wall_s:.1f} s (asv publish "
+                  f"{rep.asv_wall_s:.1f} s); {len(rep.vendored)} CDN references made local "
+                  f"({exact} byte-identical to the CDN's file, integrity kept)", highlight=False)
+    return 0
