@@ -12,7 +12,7 @@ On a runner whose Python has AITER (or vLLM) installed, the command
    ``asv run -E existing:<python> --set-commit-hash <sha> --machine <name>``. With ``--checkout`` the
    config's ``repo`` is pointed at that checkout (a derived config under ``.asv/``; asv needs the SHA in
    ``repo`` and the checkout has it without network access);
-3. gates the new result against the previous stored result on that machine with
+3. gates the new result against the previous stored result on that machine (or ``--base SHA``) with
    ``mla-fp8-bench gate`` (which never fails on an emulation's or a CPU host's latency);
 4. publishes the site (``mla-fp8-bench publish`` where available, else ``asv publish``);
 5. exits 1 when the gate found a regression, 0 otherwise (3 when asv stored no result, 2 on bad usage).
@@ -281,6 +281,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     python = args.python or sys.executable
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.machine or ""):
         raise NightlyError(f"--machine {args.machine!r} is invalid: letters, digits, '.', '_', '-' (e.g. mi355)")
+    if args.base is not None and not _HEX.fullmatch(args.base):
+        raise NightlyError(f"--base {args.base!r} is not a commit hash (7 to 40 lowercase hex digits)")
     lib = identify(args.library, python, args.checkout, args.commit)
     config = args.config or LIBRARIES[lib.name][2]
     conf = load_conf(config)
@@ -352,7 +354,7 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
         for cmd in plan.setup:
             echo(_sh(cmd))
         echo(_env_prefix(plan.run_env) + _sh(plan.run))
-        prev = previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
+        prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
         echo(_sh(gate_command(plan, prev or "<previous stored commit>", args.tolerances)))
         if plan.publish:
             echo(_sh(plan.publish))
@@ -364,7 +366,7 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
     if not _stored(plan):
         echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
         return EXIT_NO_RESULT
-    prev = previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
+    prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
     if prev is None:
         summary, rc = _header(plan, md) + "\nfirst result on this machine: nothing to gate against\n", EXIT_OK
     else:
@@ -405,6 +407,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--commit", help="the library's commit, when it cannot be read from the installed package")
     p.add_argument("--config", help="asv config (default asv.aiter.conf.json / asv.vllm.conf.json)")
     p.add_argument("--bench", help="asv -b regex (default: the benchmarks that depend on the library)")
+    p.add_argument("--base", help="gate against this commit's stored result (a PR's base) instead of the "
+                   "previous stored result on the machine")
     p.add_argument("--tolerances", help="calibrated tolerance JSON for the gate")
     p.add_argument("--format", default="text", choices=("text", "markdown"), help="gate summary format")
     p.add_argument("--summary", help="also write the gate summary to this file (for a PR comment / annotation)")

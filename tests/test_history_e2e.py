@@ -1,0 +1,314 @@
+"""History keyed by the library under test, end to end on a CPU: a fake AITER git history, the SHIPPED
+``asv.aiter.conf.json`` and the SHIPPED benchmark classes (``benchmarks/bench_mla_prefill.py``).
+
+The fake library is a package named ``aiter`` (distribution ``amd-aiter``) exposing AITER's four PS
+prefill primitives over the suite's stand-in (:func:`mla_fp8_bench.aiter_ps.standin.make_standin_aiter`,
+planner port + emulator). Six commits; commit 2 injects ``drop_v_descale`` (an accuracy fault: the
+output loses the v descale, a >10x larger max-abs error), commit 4 a ``time.sleep(SLEEP_S)`` in the
+kernel call (a latency fault far above any load noise of an emulated s128 call: ~8 ms idle, 0.2 s loaded).
+
+The shipped ``aiter`` backend drives it because ``MLA_FP8_BENCH_AITER_ANY_DEVICE=1`` (records labelled
+emulation). The config copy differs from the shipped one only in its paths (repo, results, html, env,
+benchmark dir). asv-managed environments see torch and this suite through ``ASV_PYTHONPATH`` (asv passes
+it as PYTHONPATH to every command in the environment); they install ``asv_runner``/``build``/``pympler``
+from the package index, so that part skips, saying so, when the index is unreachable.
+
+Assertions are on commits named and on values with margins that load cannot flip, never on wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ACC_FAULT, LAT_FAULT, N_COMMITS = 2, 4, 6
+# an emulated s128 call takes ~8 ms on an idle 2-core CPU and was seen at 0.2 s under load (25x);
+# a 2 s delay with the line at 1 s needs a >100x slowdown to flip a verdict
+SLEEP_S = 2.0
+CASE = "s128"
+ACC_BENCH = rf"MLAPrefill\.track_max_abs_error\('aiter', '{CASE}'\)"
+LAT_BENCH = rf"MLAPrefill\.track_latency\('aiter', '{CASE}'\)"
+# healthy FP8 max-abs error vs the fp8-dequant reference is ~0.05; without the v descale it is > 1
+ACC_THRESHOLD = 0.5
+
+INIT = '''"""A fake AITER (test library): the four PS prefill primitives over mla_fp8_bench's stand-in."""
+import time as _time
+
+from mla_fp8_bench.aiter_ps.standin import make_standin_aiter as _make
+
+from aiter._settings import FAULTS, SLEEP_S
+
+__version__ = "0.1.20"
+_m = _make(faults=FAULTS or None, cu_num=256, aiter_version=(0, 1, 20))
+get_ps_metadata_info_v1 = _m.get_ps_metadata_info_v1
+get_ps_metadata_v1 = _m.get_ps_metadata_v1
+mla_reduce_v1 = _m.mla_reduce_v1
+
+
+def mla_prefill_ps_asm_fwd(*args, **kwargs):
+    if SLEEP_S:
+        _time.sleep(SLEEP_S)
+    return _m.mla_prefill_ps_asm_fwd(*args, **kwargs)
+'''
+
+
+def _git(cwd, *args):
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def make_fake_aiter(root: Path) -> tuple[Path, list[str]]:
+    """The fake AITER repository (branch main); returns (path, SHAs oldest first)."""
+    lib = root / "aiter-repo"
+    (lib / "aiter").mkdir(parents=True)
+    _git(root, "init", "-q", "-b", "main", str(lib))
+    (lib / "pyproject.toml").write_text(textwrap.dedent('''\
+        [build-system]
+        requires = ["setuptools>=61"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "amd-aiter"
+        version = "0.1.20"
+        [tool.setuptools]
+        packages = ["aiter"]
+        '''))
+    (lib / "aiter" / "__init__.py").write_text(INIT)
+    faults, sleep, shas = (), 0.0, []
+    for i in range(N_COMMITS):
+        msg = f"docs: note {i}"
+        if i == ACC_FAULT:
+            faults, msg = ("drop_v_descale",), "epilogue: simplify the output scaling"
+        elif i == LAT_FAULT:
+            sleep, msg = SLEEP_S, "kernel: add a launch-time debug check"
+        (lib / "aiter" / "_settings.py").write_text(f"FAULTS = {faults!r}\nSLEEP_S = {sleep!r}\n")
+        (lib / "NOTES.md").write_text("".join(f"note {j}\n" for j in range(i + 1)))
+        _git(lib, "add", "-A")
+        # distinct, increasing commit dates: asv orders history and picks "previous" by date
+        date = f"2026-01-0{i + 1}T00:00:00"
+        subprocess.run(["git", "-C", str(lib), "commit", "-q", "-m", msg], check=True, capture_output=True,
+                       env=dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                                GIT_COMMITTER_EMAIL="t@t", GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date))
+        shas.append(_git(lib, "rev-parse", "HEAD"))
+    return lib, shas
+
+
+def shipped_config_copy(root: Path, lib: Path) -> Path:
+    """``asv.aiter.conf.json`` with only its paths changed (repo -> the fake, outputs -> tmp)."""
+    import json5
+
+    conf = json5.loads((ROOT / "asv.aiter.conf.json").read_text())
+    conf.update(repo=str(lib), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(root / "results"),
+                html_dir=str(root / "html"), env_dir=str(root / "env"))
+    path = root / "asv.aiter.conf.json"
+    path.write_text(json.dumps(conf, indent=1))
+    return path
+
+
+def _site_line() -> str:
+    return f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+
+
+def make_existing_env(root: Path) -> str:
+    """A virtualenv that sees this interpreter's packages (torch, mla_fp8_bench, asv) through a .pth."""
+    env = root / "venv"
+    subprocess.run([sys.executable, "-m", "virtualenv", "-q", str(env)], check=True, capture_output=True)
+    py = str(env / "bin" / "python")
+    site = subprocess.run([py, "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    Path(site, "_inherit_parent_site.pth").write_text(_site_line())
+    return py
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("history")
+    home = root / "home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))  # asv's ~/.asv-machine.json
+        mp.setenv("MLA_FP8_BENCH_AITER_ANY_DEVICE", "1")
+        mp.setenv("MLA_FP8_BENCH_DEVICE", "cpu")
+        mp.setenv("MLA_FP8_BENCH_SAMPLES", "5")
+        mp.setenv("MLA_FP8_BENCH_TIME_BUDGET", "2")
+        for k in ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "PYTHONPATH"):
+            mp.delenv(k, raising=False)
+        lib, shas = make_fake_aiter(root)
+        conf = shipped_config_copy(root, lib)
+        yield {"root": root, "lib": lib, "shas": shas, "conf": conf, "py": make_existing_env(root)}
+
+
+def _asv(world, *args, timeout=900, env=None):
+    cmd = [sys.executable, "-m", "asv", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=world["root"], timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    return p, p.stdout + p.stderr
+
+
+def _index_reachable(tmp: Path) -> bool:
+    try:
+        p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp),
+                            "asv_runner==0.3.2"], capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return p.returncode == 0
+
+
+@pytest.mark.slow
+def test_asv_run_publish_find_on_the_library_history(world):
+    """``asv run`` over the fake AITER's commits, ``asv publish`` shows both steps, ``asv find`` names both."""
+    if shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}") is None:
+        pytest.skip(f"asv-managed virtualenvs need python{sys.version_info[0]}.{sys.version_info[1]} on PATH")
+    if not _index_reachable(world["root"] / "pypi-probe"):
+        pytest.skip("asv-managed environments install asv_runner/build/pympler from the package index: unreachable")
+    shas, conf = world["shas"], str(world["conf"])
+    env = {"ASV_PYTHONPATH": os.pathsep.join([str(ROOT), sysconfig.get_paths()["purelib"]]),
+           "MLA_FP8_BENCH_BACKENDS": "aiter", "MLA_FP8_BENCH_CASES": CASE}
+    pyver = f"virtualenv:{sys.version_info[0]}.{sys.version_info[1]}"
+    p, out = _asv(world, "machine", "--yes", "--machine", "e2e", "--config", conf)
+    assert p.returncode == 0, out
+    p, out = _asv(world, "run", "--config", conf, "-E", pyver, "--machine", "e2e", "--show-stderr",
+                  "-b", f"{ACC_BENCH}|{LAT_BENCH}", "ALL", env=env)
+    assert p.returncode == 0, out[-4000:]
+    p, out = _asv(world, "publish", "--config", conf)
+    assert p.returncode == 0, out[-3000:]
+    html = world["root"] / "html"
+    # the graph series: every commit has a value, and the steps sit exactly at the faulty commits
+    acc = _series(html, "track_max_abs_error", shas)
+    lat = _series(html, "track_latency", shas)
+    assert all(v is not None for v in acc + lat), (acc, lat)
+    assert max(acc[:ACC_FAULT]) < ACC_THRESHOLD < min(acc[ACC_FAULT:]), acc
+    assert max(lat[:LAT_FAULT]) < SLEEP_S / 2 < min(lat[LAT_FAULT:]), lat
+    # and the Regressions page lists the accuracy step at its commit
+    regs = json.loads((html / "regressions.json").read_text())
+    hits = [r for r in regs["regressions"] if "track_max_abs_error" in r[0]]
+    assert hits and shas[ACC_FAULT] in json.dumps(hits), json.dumps(regs)[:2000]
+    for bench, expect in ((ACC_BENCH, ACC_FAULT), (LAT_BENCH, LAT_FAULT)):
+        p, out = _asv(world, "find", "--config", conf, "-E", pyver, "--machine", "e2e", "--skip-save",
+                      f"{shas[0]}..{shas[-1]}", bench, env=env)
+        m = re.search(r"Greatest regression found: ([0-9a-f]+)", out)
+        assert p.returncode == 0 and m, out[-3000:]
+        assert shas[expect].startswith(m.group(1)), (bench, m.group(1), shas)
+
+
+def _series(html: Path, metric: str, shas: list[str]) -> list[float | None]:
+    """Values of ``MLAPrefill.<metric>`` for ('aiter', CASE) per commit, in history order, from the site."""
+    files = [f for f in html.glob(f"graphs/**/bench_mla_prefill.MLAPrefill.{metric}.json") if "machine-e2e" in str(f)]
+    assert len(files) == 1, files
+    index = json.loads((html / "index.json").read_text())
+    revs = {h: int(r) for r, h in index["revision_to_hash"].items()}
+    params = index["benchmarks"][f"bench_mla_prefill.MLAPrefill.{metric}"]["params"]
+    col = params[0].index("'aiter'") * len(params[1]) + params[1].index(f"'{CASE}'")
+    by_rev = {int(row[0]): row[1] for row in json.loads(files[0].read_text())}
+    return [by_rev.get(revs[s])[col] if by_rev.get(revs[s]) else None for s in shas]
+
+
+def _bisect(world, bench: str, metric: str, threshold: float):
+    from mla_fp8_bench.analysis.bisect import run_bisect
+
+    shas = world["shas"]
+    return run_bisect(repo=str(world["lib"]), good=shas[0], bad=shas[-1], benchmark=bench, metric=metric,
+                      threshold=threshold, config=str(world["conf"]), python=world["py"], machine="bisect")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bench,metric,threshold,expect", [
+    (ACC_BENCH, "track_max_abs_error", ACC_THRESHOLD, ACC_FAULT),
+    (LAT_BENCH, "track_latency", SLEEP_S / 2, LAT_FAULT),
+])
+def test_bisect_command_names_each_faulty_commit(world, bench, metric, threshold, expect):
+    res = _bisect(world, bench, metric, threshold)
+    print(res["output"][-2000:])
+    for pr in res["probes"]:
+        print(pr)
+    assert res["first_bad"] == world["shas"][expect], (res["first_bad"], world["shas"])
+    assert res["probes"] and all(pr["verdict"] in ("good", "bad") for pr in res["probes"])
+    # each probe measured only the selected (backend, case): its result holds no other measured param
+    from mla_fp8_bench.analysis.results import find_result, load_asv_result
+
+    r = load_asv_result(find_result(str(world["root"] / "results"), "bisect", res["probes"][0]["sha"][:8],
+                                    env="existing"))
+    measured = {(m.benchmark.split(".")[-1], m.params) for m in r.all_measurements() if m.status == "ok"}
+    assert measured == {(metric, ("aiter", CASE))}, measured
+    assert _git(world["lib"], "rev-parse", "HEAD") == world["shas"][-1]
+
+
+@pytest.mark.slow
+def test_nightly_keys_history_by_the_installed_commit_and_gates(world, capsys):
+    """``mla-fp8-bench nightly`` reads the installed fake AITER's commit (pip's direct_url.json), stores the
+    result under that commit, and exits 1 when the next night's accuracy regressed."""
+    from mla_fp8_bench.cli import main
+
+    py, lib, shas = world["py"], world["lib"], world["shas"]
+    args = ["nightly", "--machine", "nightly", "--python", py, "--config", str(world["conf"]), "--no-publish",
+            "--bench", f"{ACC_BENCH}|{LAT_BENCH}", "--format", "markdown"]
+    rcs = {}
+    for i in (ACC_FAULT - 1, ACC_FAULT):
+        subprocess.run([py, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+                        f"git+file://{lib}@{shas[i]}"], check=True, capture_output=True)
+        t0 = time.perf_counter()
+        rcs[i] = main(args)
+        print(f"nightly at commit {i}: {time.perf_counter() - t0:.1f} s")
+    out = capsys.readouterr().out
+    assert rcs == {ACC_FAULT - 1: 0, ACC_FAULT: 1}, out[-4000:]
+    assert f"at {shas[ACC_FAULT][:12]}" in out and "direct_url" in out
+    stored = sorted(f.name[:8] for f in (world["root"] / "results" / "nightly").glob("*-existing*.json"))
+    assert stored == sorted(s[:8] for s in (shas[ACC_FAULT - 1], shas[ACC_FAULT])), stored
+
+
+def test_nightly_dry_run_and_clear_errors(world, capsys, tmp_path):
+    from mla_fp8_bench.cli import main
+
+    assert main(["nightly", "--machine", "n", "--python", sys.executable, "--dry-run"]) == 2
+    assert "neither AITER (amd-aiter) nor vLLM is installed" in capsys.readouterr().out
+    assert main(["nightly", "--machine", "n", "--library", "aiter", "--checkout", str(tmp_path),
+                 "--python", sys.executable, "--dry-run"]) == 2
+    assert "is not a git checkout" in capsys.readouterr().out
+    assert main(["nightly", "--machine", "n", "--library", "rocm", "--dry-run"]) == 2
+    assert "--library 'rocm' is unknown" in capsys.readouterr().out
+    lib, shas = world["lib"], world["shas"]
+    assert main(["nightly", "--machine", "n", "--library", "aiter", "--checkout", str(lib), "--python",
+                 sys.executable, "--config", str(world["conf"]), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"--set-commit-hash {shas[-1]}" in out and "-E existing:" in out and "MLA_FP8_BENCH_BACKENDS=aiter" in out
+
+
+def test_ci_templates_are_valid_and_call_nightly():
+    """The GitHub Actions workflow and the Buildkite step parse as YAML and run ``mla-fp8-bench nightly``."""
+    import yaml
+
+    gh = yaml.safe_load((ROOT / ".github" / "workflows" / "mla-fp8-bench-gfx950.yml").read_text())
+    on = gh.get("on", gh.get(True))  # YAML 1.1 reads a bare `on` key as True
+    assert {"schedule", "pull_request"} <= set(on), on
+    job = gh["jobs"]["measure"]
+    assert job["runs-on"] == ["self-hosted", "linux", "gfx950"]
+    runs = " ".join(st.get("run", "") for st in job["steps"])
+    assert "mla-fp8-bench nightly --library aiter" in runs and "--format markdown" in runs
+    assert "gh pr comment" in runs
+    bk = yaml.safe_load((ROOT / ".buildkite" / "mla-fp8-bench.yml").read_text())
+    cmds = " ".join(bk["steps"][0]["commands"])
+    assert "mla-fp8-bench nightly --library vllm" in cmds and "buildkite-agent annotate" in cmds
+    # the nightly options the templates use exist
+    from mla_fp8_bench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    opts = {o for a in sub.choices["nightly"]._actions for o in a.option_strings}
+    checked = 0
+    for text in (runs, cmds):  # every option of every nightly call, continuation lines included
+        for m in re.finditer(r"mla-fp8-bench nightly((?:[^\n]*\\\n)*[^\n]*)", text):
+            for flag in re.findall(r"--[a-z][a-z-]*", m.group(1)):
+                assert flag in opts, flag
+                checked += 1
+    assert checked >= 8, checked
