@@ -132,8 +132,9 @@ def _number(x: Any) -> float | None | str:
 
 
 def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None, scope="kernel") -> Measure:
-    """An ok Measure with the metric's floor applied (asv stores floored values)."""
-    fv = m.floored(v) if m is not None else v
+    """An ok Measure with the metric's floor applied (asv stores floored values); an impossible value
+    (e.g. a negative error) is kept as it is, so the comparison can report it."""
+    fv = m.floored(v) if m is not None and m.possible(v) else v
     smp = [float(x) for x in samples] if isinstance(samples, list) and samples else None
     return Measure("ok", fv, smp, ci, version, scope=scope)
 
