@@ -218,7 +218,7 @@ def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
         v = record.get(m)
         if v is not None and float(v) != 0:
             out.append(Violation(b, c, "nonfinite", float(v), 0.0, "nonfinite",
-                                 f"{int(v)} non-finite output elements"))
+                                 f"{m} = {int(v)}: non-finite elements (must be 0)"))
     t, how = tolerances.lookup(b, family_of(record))
     if t is None:
         return out

@@ -208,12 +208,24 @@ METRICS: tuple[Metric, ...] = (
               calibrated=True, tolerance_floor=1e-4),
     _accuracy("mean_abs_error_bf16_ref", "mean_abs_error_bf16_ref", None, "abs_err",
               "mean-abs error vs bf16 reference", calibrated=True, tolerance_floor=1e-5),
-    _accuracy("lse_rel_error", "lse_rel_error_fp8_ref", None, "rel_err", "LSE relative error vs fp8-dequant reference"),
+    _accuracy("lse_rel_error", "lse_rel_error_fp8_ref", None, "rel_err", "LSE relative error vs fp8-dequant reference",
+              calibrated=True, tolerance_floor=1e-5,
+              doc="max |lse - ref| / max(|ref|, 1) of the natural-log LSE: rows the backend wrote for prefill "
+                  "cases, every row for ctx/prefix cases (vLLM merges context chunks by LSE on every row)."),
+    Metric("lse_nonfinite_count", "lse_nonfinite_count", None, None, "elements", "non-finite LSE elements",
+           "accuracy", gate="zero",
+           doc="LSE elements compared that are NaN/+-inf where the reference is finite (unwritten final_lse)."),
     Metric("nonfinite_count", "nonfinite_count_fp8_ref", None, None, "elements", "non-finite output elements",
            "accuracy", gate="zero"),
     Metric("tflops", "tflops", None, None, "TFLOP/s", "throughput (causal FLOPs / latency)", "informational",
            better="higher"),
     Metric("gb_s", "gb_s", None, None, "GB/s", "minimum bytes / latency", "informational", better="higher"),
+    # clock state of the latency samples (measure/clocks.py; NVML / amdsmi, absent = not recorded)
+    Metric("sm_clock", "sm_clock_mhz", "track_sm_clock", "MLAPrefill", "MHz", "SM clock during latency samples",
+           "informational", better="higher",
+           doc="Median SM (GFX) clock read while the latency samples ran, MHz (informational; never gates)."),
+    Metric("gpu_temp", "gpu_temp_c", None, None, "degC", "GPU temperature during latency samples", "informational"),
+    Metric("gpu_power", "gpu_power_w", None, None, "W", "board power during latency samples", "informational"),
 )
 
 
