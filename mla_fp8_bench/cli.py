@@ -141,9 +141,14 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from mla_fp8_bench.backends.aiter_emulated import emulated_aiter_version, emulated_aiter_version_set
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate, write_json_atomic
     from mla_fp8_bench.jsonio import check_output_path
 
+    if getattr(args, "emu_aiter_version", None) is not None:
+        with emulated_aiter_version_set(args.emu_aiter_version):
+            return cmd_run(argparse.Namespace(**{**vars(args), "emu_aiter_version": None}), console)
+    emulated_aiter_version()  # a bad MLA_FP8_BENCH_EMU_AITER_VERSION fails before measuring
     if args.json is not None:
         check_output_path(args.json, "--json")
     pinfo, names, cases, note = _resolve_run_args(args)
@@ -252,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-timing", action="store_true", help="accuracy only")
     r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
+    r.add_argument("--emu-aiter-version", default=None, metavar="VERSION",
+                   help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; sets "
+                        "MLA_FP8_BENCH_EMU_AITER_VERSION for this run)")
     _add_extra_commands(sub)
     return p
 

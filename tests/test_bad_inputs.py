@@ -20,10 +20,11 @@ import pytest
 import torch
 
 import mla_fp8_bench.problem.inputs as inputs_mod
+from mla_fp8_bench.aiter_ps.facts import Q_TILE as TILE_Q
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
 from mla_fp8_bench.backends import BackendUnavailable, CaseUnsupported, UnknownBackendError, aiter_real, get_backend
 from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
-from mla_fp8_bench.backends.aiter_real import TILE_Q, AiterPsDriver, AiterReal
+from mla_fp8_bench.backends.aiter_real import AiterPsDriver, AiterReal
 from mla_fp8_bench.cli import main
 from mla_fp8_bench.harness import asv_support
 from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
@@ -172,7 +173,7 @@ def test_old_aiter_with_7_argument_reduce_is_unavailable(monkeypatch):
     with pytest.raises(BackendUnavailable, match="7-argument .* too old for the PS prefill"):
         AiterPsDriver(old, (0, 1, 10))
     # through the real backend on a (faked) gfx950: a skip with the reason, no crash
-    monkeypatch.setattr(aiter_real, "import_real_aiter", lambda: old)
+    monkeypatch.setattr(aiter_real, "import_aiter", lambda: old)
     v = AiterReal().availability(GFX950)
     assert not v and "7-argument" in v.reason
 

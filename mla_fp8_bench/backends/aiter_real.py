@@ -1,20 +1,31 @@
 """The AITER persistent-scheduled FP8 MLA prefill, called through its three primitives.
 
 ``get_ps_metadata_v1`` (host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1``
-(merge of split tiles), exactly as docs/aiter-ps-prefill-contract.md §3 specifies:
+(merge of partials), as docs/aiter-contract.md specifies (API reference, versions and feature
+detection, ROCm/aiter#3606, context chunks):
 
 * every planner keyword passed explicitly (the stub's defaults ``kvlen_granularity=16, block_size=16``
   are wrong; the binding's are 1, 1): ``qhead_granularity=1, qlen_granularity=256,
-  kvlen_granularity=128, block_size=1, is_causal=True``;
-* q/k/v contiguous ``float8_e4m3fn``, v its own contiguous tensor; identity ``kv_page_indices``;
+  kvlen_granularity=128, block_size=1, is_causal``;
+* q/k/v contiguous ``float8_e4m3fn``, v its own contiguous tensor; K/V rows reached through
+  ``kv_page_indices``;
 * scales always one-element fp32 *device* tensors (``None`` is a null dereference in the kernel);
 * partial buffers sized from the live partial count ``reduce_indptr[-1]`` (one sync, outside the
-  timed region), not from the loose ``get_ps_metadata_info_v1`` bound;
-* ``mla_reduce_v1``'s form is feature-detected with :func:`inspect.signature`: ``num_kv_splits``
-  present -> 9 arguments (>= v0.1.16), ``max_seqlen_q`` only -> 8 (v0.1.8 ... v0.1.15), neither -> 7
-  (<= v0.1.7, too old for the PS prefill: reported unavailable);
+  timed region), not from the loose ``get_ps_metadata_info_v1`` bound; what a caller reserving from the
+  bound would hold is recorded next to it (``reserved_workspace_bytes``);
+* ``mla_reduce_v1``'s form is feature-detected with :func:`inspect.signature` (7/8/9 arguments; the
+  7-argument form is too old for the PS prefill: reported unavailable);
+* ROCm/aiter#3606 semantics are detected by the ``max_kvlen`` parameter of
+  ``get_ps_metadata_info_v1`` (the marker vLLM uses; ``need_lse`` is not one). Post-#3606 the driver
+  passes ``max_kvlen`` when it plans a context chunk and checks ``final_lse`` on every row; pre-#3606
+  only rows of split tiles have a ``final_lse`` (the rest is whatever the buffer held: NaN here);
 * head counts outside the reduce's dispatch set for the installed version are reported unsupported
-  instead of crashing (§3.4).
+  instead of crashing.
+
+Case families: ``prefill`` is one causal call (q_len == kv_len). ``ctx`` is one non-causal call with
+q_len < kv_len. ``prefix`` runs the way vLLM's pending AITER_ASM prefill backend (vLLM #44544) does: a
+causal call of the new tokens over themselves and a non-causal call over the cached context, merged
+by LSE; before #3606 the unsplit rows of either call have no LSE, so the merge is wrong there.
 
 The same driver (:class:`AiterPsDriver`) runs over the real ``aiter`` module on gfx950 and over the
 emulator-backed stand-in (:mod:`mla_fp8_bench.aiter_ps.standin`) everywhere else (backend
@@ -23,73 +34,32 @@ emulator-backed stand-in (:mod:`mla_fp8_bench.aiter_ps.standin`) everywhere else
 
 from __future__ import annotations
 
-import inspect
+import os
 import time
-import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from mla_fp8_bench.aiter_ps.facts import (
+    BUFFER_NAMES,
+    KVLEN_GRANULARITY,
+    PRIMITIVES,
+    Q_TILE,
+    QHEAD_GRANULARITY,
+    aiter_version_of,
+    detect_reduce_arity,
+    format_version,
+    import_aiter,
+    is_post_3606,
+    planner_markers,
+    reduce_heads_for,
+)
+from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
-
-TILE_Q = 256  # qlen_granularity: rows of one q-tile (AITER kernel m32x8 -> 256 rows)
-KVLEN_GRANULARITY = 128  # max(128, block_size), power of two (checked by the planner)
-PRIMITIVES = ("get_ps_metadata_info_v1", "get_ps_metadata_v1", "mla_prefill_ps_asm_fwd", "mla_reduce_v1")
-
-#: Head counts ``mla_reduce_v1`` dispatches for dv=128, by the AITER version that added them (§3.4).
-_REDUCE_HEADS_BY_VERSION = (
-    ((0, 1, 10), (1, 2, 4, 8, 10, 16, 128)),
-    ((0, 1, 11), (32, 64)),
-    ((0, 1, 12), (40,)),
-    ((0, 1, 20), (48, 96)),
-)
-
-
-def reduce_heads_for(version: tuple[int, int, int] | None) -> frozenset[int]:
-    """Head counts ``mla_reduce_v1`` accepts at dv=128 for an AITER version (None: newest known)."""
-    heads: set[int] = set()
-    for v, hs in _REDUCE_HEADS_BY_VERSION:
-        if version is None or version >= v:
-            heads.update(hs)
-    return frozenset(heads)
-
-
-def parse_aiter_version(text: str | None) -> tuple[int, int, int] | None:
-    """``"0.1.20.post1"`` -> ``(0, 1, 20)``; None when unparsable."""
-    if not text:
-        return None
-    import re
-
-    m = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
-    return tuple(int(x) for x in m.groups()) if m else None  # type: ignore[return-value]
-
-
-def detect_reduce_arity(fn: Any) -> int:
-    """7, 8 or 9: the ``mla_reduce_v1`` form, from its signature (contract §2 markers)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return 9  # opaque builtin: assume the current form
-    if "num_kv_splits" in params:
-        return 9
-    if "max_seqlen_q" in params:
-        return 8
-    return 7
-
-
-def planner_markers(module: Any) -> dict[str, bool]:
-    """Newer planner keywords present in this AITER (``need_lse``: #3606-style LSE for every row)."""
-    out = {}
-    for fn_name, key in (("get_ps_metadata_v1", "need_lse"), ("get_ps_metadata_info_v1", "max_kvlen"),
-                         ("get_ps_metadata_info_v1", "total_qlen")):
-        try:
-            out[key] = key in inspect.signature(getattr(module, fn_name)).parameters
-        except (TypeError, ValueError, AttributeError):
-            out[key] = False
-    return out
 
 
 def _as_dtype(d: Any) -> torch.dtype:
@@ -102,12 +72,100 @@ def _as_dtype(d: Any) -> torch.dtype:
     return dt
 
 
+def _numel(shape: Any) -> int:
+    """Elements of an info shape: real AITER gives 1-D sizes as bare ints, 2-D shapes as tuples."""
+    if isinstance(shape, int):
+        return shape
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# one attention call (a prefill, a context chunk, or one piece of a prefix-cached prefill)
+
+
+@dataclass
+class _Piece:
+    """One kernel + reduce call: its index pointers (device), K/V page indices, plan and buffers.
+
+    ``valid`` marks the q rows whose ``final_lse`` the call writes: every row post-#3606, the rows of
+    split tiles (reduce groups of >= 2 partials) before.
+    """
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_page_indices: torch.Tensor
+    causal: bool
+    max_seqlen_q: int
+    plan: dict[str, Any]
+    split_data: torch.Tensor
+    split_lse: torch.Tensor
+    output: torch.Tensor
+    final_lse: torch.Tensor
+    valid: torch.Tensor
+
+
+def _lse_rows(plan: dict[str, Any], total_q: int, post_3606: bool) -> torch.Tensor:
+    """bool ``[total_q]``: rows whose ``final_lse`` the reduce writes for this plan."""
+    valid = torch.zeros(total_q, dtype=torch.bool)
+    groups, final_map = plan["reduce_indptr"].cpu().tolist(), plan["reduce_final_map"].cpu().tolist()
+    need = 1 if post_3606 else 2
+    for g in range(min(len(groups) - 1, len(final_map))):
+        if groups[g + 1] - groups[g] >= need:
+            valid[final_map[g][0] : final_map[g][1]] = True
+    return valid
+
+
+def _prefix_pages(cu_kv: list[int], context_lens: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """K/V pool rows of a prefix case (per sequence: context keys, then new keys) as two paged views:
+    ``(ctx_indptr, ctx_pages, new_indptr, new_pages)`` int32 (indptrs on the CPU, pages on ``device``),
+    so neither call copies K/V."""
+    ctx_pages, new_pages, ctx_ptr, new_ptr = [], [], [0], [0]
+    for b, c in enumerate(context_lens):
+        start, end = cu_kv[b], cu_kv[b + 1]
+        ctx_pages += range(start, start + c)
+        new_pages += range(start + c, end)
+        ctx_ptr.append(ctx_ptr[-1] + c)
+        new_ptr.append(new_ptr[-1] + end - start - c)
+
+    def i32(xs: list[int], dev: torch.device | None = None) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.int32, device=dev)
+
+    return i32(ctx_ptr), i32(ctx_pages, device), i32(new_ptr), i32(new_pages, device)
+
+
+def merge_by_lse(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
+                 lse2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's ``merge_attn_states`` maths: ``lse = logaddexp(lse1, lse2)``, ``o = o1*exp(lse1-lse) +
+    o2*exp(lse2-lse)`` in fp32, an ``+inf`` LSE (an empty piece) taken as ``-inf``.
+
+    Args: ``o1``/``o2`` ``[T, H, Dv]``, ``lse1``/``lse2`` ``[T, H]`` fp32 natural-log LSE.
+    Returns: ``(o [T, H, Dv] in o1's dtype, lse [T, H] fp32)``. NaN in an input LSE propagates.
+    """
+    lse1 = torch.where(lse1 == float("inf"), float("-inf"), lse1.float())
+    lse2 = torch.where(lse2 == float("inf"), float("-inf"), lse2.float())
+    lse = torch.logaddexp(lse1, lse2)
+    o = o1.float() * torch.exp(lse1 - lse)[..., None] + o2.float() * torch.exp(lse2 - lse)[..., None]
+    return o.to(o1.dtype), lse
+
+
+# ----------------------------------------------------------------------------------------------
+# the driver
+
+
 class AiterPsDriver:
     """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in).
 
     Args:
-        module: an object exposing :data:`PRIMITIVES`.
+        module: an object exposing :data:`~mla_fp8_bench.aiter_ps.facts.PRIMITIVES`.
         version: the AITER version (for the reduce's head-count dispatch), None if unknown.
+
+    Attributes:
+        reduce_arity: 8 or 9 (the detected ``mla_reduce_v1`` form).
+        post_3606: ROCm/aiter#3606 semantics (``max_kvlen`` in ``get_ps_metadata_info_v1``).
+        markers: the optional planner keywords found (:func:`~mla_fp8_bench.aiter_ps.facts.planner_markers`).
 
     Raises:
         BackendUnavailable: a primitive is missing or ``mla_reduce_v1`` has the 7-argument form.
@@ -121,117 +179,172 @@ class AiterPsDriver:
         self.version = version
         self.reduce_arity = detect_reduce_arity(module.mla_reduce_v1)
         if self.reduce_arity == 7:
-            raise BackendUnavailable("aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form: too old for the PS prefill")
+            raise BackendUnavailable("aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form: too old for the "
+                                     "PS prefill")
         self.markers = planner_markers(module)
+        try:
+            self.post_3606 = is_post_3606(module)
+        except ValueError:  # unreadable signature (an opaque binding): fall back to the version
+            self.post_3606 = version is not None and is_post_3606(version)
 
     # ------------------------------------------------------------------ support
     def supports_heads(self, num_heads: int) -> Verdict:
         allowed = reduce_heads_for(self.version)
         if num_heads not in allowed:
-            v = ".".join(map(str, self.version)) if self.version else "the newest known version"
+            v = format_version(self.version) if self.version else "the newest known version"
             return Verdict.no(f"mla_reduce_v1 of aiter {v} dispatches num_heads in {sorted(allowed)} "
                               f"for v_head_dim 128; got {num_heads}")
         return Verdict.yes()
 
     # ------------------------------------------------------------------ planning
-    def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device) -> dict[str, Any]:
-        """Allocate the six planner buffers on ``device`` and run the host planner (timed).
+    def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None) -> list:
+        """``get_ps_metadata_info_v1`` for this module; ``max_kvlen`` is passed only post-#3606 and only
+        when given (a context chunk), as vLLM #44544 does."""
+        kw: dict[str, Any] = dict(batch_size=batch, num_head_k=num_heads, max_qlen=max_qlen, qlen_granularity=Q_TILE)
+        if self.post_3606 and max_kvlen is not None:
+            kw.update(max_kvlen=max_kvlen, kvlen_granularity=KVLEN_GRANULARITY)
+        return list(self.m.get_ps_metadata_info_v1(**kw))
+
+    def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device, *,
+             cu_seqlens_kv_cpu: torch.Tensor | None = None, causal: bool = True) -> dict[str, Any]:
+        """Allocate the six planner buffers on ``device`` (sized by the info call) and run the host
+        planner (timed).
+
+        Args:
+            cu_seqlens_cpu: ``[B+1]`` int32 query starts (``seqlens_qo_indptr``).
+            num_heads: heads H.
+            device: where the buffers live.
+            cu_seqlens_kv_cpu: ``[B+1]`` int32 key starts (``pages_kv_indptr``); default the query starts.
+            causal: bottom-right causal (False for a context chunk).
 
         Returns:
-            dict with the buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``).
+            dict with the six buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``),
+            ``info_partial_slots`` (the ``reduce_partial_map`` bound of the info call) and ``post_3606``.
         """
-        cu = cu_seqlens_cpu.to(torch.int32).contiguous()
-        seq_lens = (cu[1:] - cu[:-1]).contiguous()
-        batch = int(seq_lens.numel())
-        max_qlen = int(seq_lens.max().item())
-        info = self.m.get_ps_metadata_info_v1(batch_size=batch, num_head_k=num_heads, max_qlen=max_qlen,
-                                              qlen_granularity=TILE_Q)
-        names = ("work_metadata_ptrs", "work_indptr", "work_info", "reduce_indptr", "reduce_final_map",
-                 "reduce_partial_map")
-        # real AITER gives 1-D sizes as bare ints and 2-D shapes as tuples
-        bufs = {n: torch.zeros((int(shape),) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
-                               device=device) for n, (shape, dt) in zip(names, info)}
-        kw: dict[str, Any] = dict(qhead_granularity=1, qlen_granularity=TILE_Q, kvlen_granularity=KVLEN_GRANULARITY,
-                                  block_size=1, is_causal=True)
+        cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
+        cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
+        q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).contiguous(), (cu_kv[1:] - cu_kv[:-1]).contiguous()
+        chunk = not torch.equal(q_lens, kv_lens)
+        info = self.info_shapes(int(q_lens.numel()), num_heads, int(q_lens.max()),
+                                int(kv_lens.max()) if chunk else None)
+        bufs = {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
+                               device=device) for n, (shape, dt) in zip(BUFFER_NAMES, info)}
         t0 = time.perf_counter()
-        self.m.get_ps_metadata_v1(cu, cu.clone(), seq_lens, 1, num_heads, bufs["work_metadata_ptrs"],
-                                  bufs["work_indptr"], bufs["work_info"], bufs["reduce_indptr"],
-                                  bufs["reduce_final_map"], bufs["reduce_partial_map"], **kw)
+        self.m.get_ps_metadata_v1(cu_q, cu_kv, kv_lens, 1, num_heads, *(bufs[n] for n in BUFFER_NAMES),
+                                  qhead_granularity=QHEAD_GRANULARITY, qlen_granularity=Q_TILE,
+                                  kvlen_granularity=KVLEN_GRANULARITY, block_size=1, is_causal=bool(causal))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         planner_s = time.perf_counter() - t0
-        num_partials = int(bufs["reduce_indptr"][-1].item())
-        return {**bufs, "planner_s": planner_s, "num_partials": num_partials}
+        return {**bufs, "planner_s": planner_s, "num_partials": int(bufs["reduce_indptr"][-1].item()),
+                "info_partial_slots": _numel(info[BUFFER_NAMES.index("reduce_partial_map")][0]),
+                "post_3606": self.post_3606}
+
+    def _piece(self, qo_cpu: torch.Tensor, kv_cpu: torch.Tensor, pages: torch.Tensor, causal: bool, h: int,
+               dv: int, device: torch.device) -> _Piece:
+        """Plan one call and allocate its buffers (output and final_lse NaN-poisoned, so unwritten rows show)."""
+        plan = self.plan(qo_cpu, h, device, cu_seqlens_kv_cpu=kv_cpu, causal=causal)
+        t = int(qo_cpu[-1])
+        rows = max(1, plan["num_partials"]) * Q_TILE
+        return _Piece(
+            qo_indptr=qo_cpu.to(device), kv_indptr=kv_cpu.to(device), kv_page_indices=pages, causal=causal,
+            max_seqlen_q=int((qo_cpu[1:] - qo_cpu[:-1]).max()), plan=plan,
+            split_data=torch.empty(rows, h, dv, dtype=torch.float32, device=device),
+            split_lse=torch.empty(rows, h, dtype=torch.float32, device=device),
+            output=torch.full((t, h, dv), float("nan"), dtype=torch.bfloat16, device=device),
+            final_lse=torch.full((t, h), float("nan"), dtype=torch.float32, device=device),
+            valid=_lse_rows(plan, t, self.post_3606),
+        )
+
+    def launch(self, p: _Piece, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: list[torch.Tensor],
+               softmax_scale: float) -> None:
+        """One ``mla_prefill_ps_asm_fwd`` + ``mla_reduce_v1`` (graph-capturable: no host work)."""
+        pl = p.plan
+        self.m.mla_prefill_ps_asm_fwd(q8, k8, v8, p.qo_indptr, p.kv_indptr, p.kv_page_indices, pl["work_indptr"],
+                                      pl["work_info"], p.max_seqlen_q, softmax_scale, p.causal, p.split_data,
+                                      p.split_lse, p.output, scales[0], scales[1], scales[2])
+        ints = (Q_TILE, 0) if self.reduce_arity == 9 else (Q_TILE,)
+        self.m.mla_reduce_v1(p.split_data, p.split_lse, pl["reduce_indptr"], pl["reduce_final_map"],
+                             pl["reduce_partial_map"], *ints, p.output, p.final_lse)
 
     # ------------------------------------------------------------------ the call
+    def pieces(self, inputs: CaseInputs) -> list[_Piece]:
+        """The calls of a case: one for ``prefill``/``ctx``; for ``prefix`` the causal new-vs-new call
+        and the non-causal new-vs-context call (K/V reached through page indices, nothing copied)."""
+        case, dev = inputs.case, inputs.device
+        h, dv = case.num_heads, int(inputs.v8.data.shape[-1])
+        cu_q, cu_kv = inputs.cu_seqlens_q_cpu.to(torch.int32), inputs.cu_seqlens_kv_cpu.to(torch.int32)
+        if case.family != "prefix":
+            pages = torch.arange(int(cu_kv[-1]), dtype=torch.int32, device=dev)
+            return [self._piece(cu_q, cu_kv, pages, bool(inputs.causal), h, dv, dev)]
+        ctx_ptr, ctx_pages, new_ptr, new_pages = _prefix_pages(cu_kv.tolist(), case.context_lens, dev)
+        return [self._piece(cu_q, new_ptr, new_pages, True, h, dv, dev),
+                self._piece(cu_q, ctx_ptr, ctx_pages, False, h, dv, dev)]
+
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Plan, allocate and return the kernel + reduce call (both graph-capturable)."""
-        h = inputs.case.num_heads
+        """Plan, allocate and return the call (kernel + reduce per piece, the LSE merge for ``prefix``).
+
+        Raises:
+            CaseUnsupported: inputs not float8_e4m3fn.
+        """
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"the PS prefill kernel takes float8_e4m3fn only, not {inputs.fp8_dtype}")
         dev = inputs.device
         q8, k8, v8 = (x.data.contiguous() for x in (inputs.q8, inputs.k8, inputs.v8))
         scales = [x.descale.reshape(1).to(device=dev, dtype=torch.float32).contiguous()
                   for x in (inputs.q8, inputs.k8, inputs.v8)]
-        t = q8.shape[0]
-        dv = v8.shape[-1]
-        cu_dev = inputs.cu_seqlens.to(device=dev, dtype=torch.int32).contiguous()
-        kv_page_indices = torch.arange(t, dtype=torch.int32, device=dev)
-        plan = self.plan(inputs.cu_seqlens_cpu, h, dev)
-        rows = max(1, plan["num_partials"]) * TILE_Q
-        split_data = torch.empty(rows, h, dv, dtype=torch.float32, device=dev)
-        split_lse = torch.empty(rows, h, dtype=torch.float32, device=dev)
-        output = torch.full((t, h, dv), float("nan"), dtype=torch.bfloat16, device=dev)
-        final_lse = torch.full((t, h), float("nan"), dtype=torch.float32, device=dev)
-        m = self.m
+        pieces = self.pieces(inputs)
+        merged: dict[str, torch.Tensor] = {}
 
         def run() -> torch.Tensor:
-            m.mla_prefill_ps_asm_fwd(q8, k8, v8, cu_dev, cu_dev, kv_page_indices, plan["work_indptr"],
-                                     plan["work_info"], inputs.max_seqlen, inputs.softmax_scale, True,
-                                     split_data, split_lse, output, scales[0], scales[1], scales[2])
-            if self.reduce_arity == 9:
-                m.mla_reduce_v1(split_data, split_lse, plan["reduce_indptr"], plan["reduce_final_map"],
-                                plan["reduce_partial_map"], TILE_Q, 0, output, final_lse)
-            else:
-                m.mla_reduce_v1(split_data, split_lse, plan["reduce_indptr"], plan["reduce_final_map"],
-                                plan["reduce_partial_map"], TILE_Q, output, final_lse)
-            return output
-
-        groups = plan["reduce_indptr"].cpu()
-        final_map = plan["reduce_final_map"].cpu()
+            for p in pieces:
+                self.launch(p, q8, k8, v8, scales, inputs.softmax_scale)
+            if len(pieces) == 1:
+                return pieces[0].output
+            merged["o"], merged["lse"] = merge_by_lse(pieces[0].output, pieces[0].final_lse,
+                                                      pieces[1].output, pieces[1].final_lse)
+            return merged["o"]
 
         def lse() -> tuple[torch.Tensor, torch.Tensor]:
-            valid = torch.zeros(t, dtype=torch.bool)
-            if self.markers.get("need_lse"):
-                valid[:] = True
-            else:  # pre-#3606: final_lse is written only for rows of split tiles
-                for g in range(final_map.shape[0]):
-                    if int(groups[g + 1]) - int(groups[g]) >= 2:
-                        valid[int(final_map[g, 0]):int(final_map[g, 1])] = True
-            return final_lse, valid
+            if len(pieces) == 1:
+                return pieces[0].final_lse, pieces[0].valid
+            return merged["lse"], pieces[0].valid & pieces[1].valid
 
-        ws = (split_data.numel() + split_lse.numel() + final_lse.numel()) * 4
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="kernel", lse=lse,
-                        extras={"planner_s": plan["planner_s"], "num_partials": plan["num_partials"],
-                                "workspace_bytes": ws, "reduce_arity": self.reduce_arity})
+                        extras=self.plan_extras([p.plan for p in pieces], inputs.case))
+
+    def plan_extras(self, plans: list[dict[str, Any]], case: Case) -> dict[str, Any]:
+        """Record extras of a case's plans: planner time, live partial slots, live and reserved workspace
+        bytes (reserved = sized from the info bound's ``reduce_partial_map``, as a caller reserving from
+        the bounds holds it), the reduce form and the detected #3606 semantics."""
+        t, h = case.total_tokens, case.num_heads
+        live = sum(workspace_bytes(max(1, p["num_partials"]), t, h).total for p in plans)
+        reserved = sum(workspace_bytes(p["info_partial_slots"], t, h).total for p in plans)
+        return {"planner_s": sum(p["planner_s"] for p in plans), "num_partials": sum(p["num_partials"] for p in plans),
+                "workspace_bytes": live, "reserved_workspace_bytes": reserved, "reduce_arity": self.reduce_arity,
+                "aiter_post_3606": self.post_3606}
+
+    def plan_stats(self, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
+        """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
+        reserved workspace bytes for ``case``."""
+        cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
+        cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
+        if case.family == "prefix":
+            ctx = torch.tensor([0, *case.context_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            calls = [(cu_q, cu_q, True), (cu_q, ctx, False)]
+        else:
+            calls = [(cu_q, cu_kv, case.causal)]
+        samples, plans = [], []
+        for _ in range(repeats):
+            plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c) for q, kv, c in calls]
+            samples.append(sum(p["planner_s"] for p in plans))
+        ex = self.plan_extras(plans, case)
+        return {"planner_samples_s": samples, "num_partials": ex["num_partials"],
+                "workspace_bytes": ex["workspace_bytes"], "reserved_workspace_bytes": ex["reserved_workspace_bytes"]}
 
 
-def workspace_bytes(num_partials: int, total_tokens: int, num_heads: int, v_head_dim: int = 128) -> int:
-    """Scratch bytes of one call: fp32 partial output ``[P*256, H, dv]`` + partial LSE ``[P*256, H]``
-    + final LSE ``[T, H]`` (P = live partial slots, at least 1)."""
-    rows = max(1, num_partials) * TILE_Q
-    return 4 * (rows * num_heads * v_head_dim + rows * num_heads + total_tokens * num_heads)
-
-
-def plan_stats_with(driver_plan, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
-    """Planner time samples (seconds), live partials and workspace bytes for ``case``."""
-    cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32)
-    samples, last = [], None
-    for _ in range(repeats):
-        last = driver_plan(cu, case.num_heads, device)
-        samples.append(last["planner_s"])
-    return {"planner_samples_s": samples, "num_partials": last["num_partials"],
-            "workspace_bytes": workspace_bytes(last["num_partials"], case.total_tokens, case.num_heads)}
+# ----------------------------------------------------------------------------------------------
+# the backend
 
 
 #: Opt-in (``=1``) to drive whatever ``aiter`` is installed on a non-gfx950 machine (a CPU, a test
@@ -241,8 +354,6 @@ ANY_DEVICE_ENV = "MLA_FP8_BENCH_AITER_ANY_DEVICE"
 
 def aiter_any_device() -> bool:
     """True when :data:`ANY_DEVICE_ENV` is ``1`` (any other value but empty/``0`` raises ValueError)."""
-    import os
-
     raw = os.environ.get(ANY_DEVICE_ENV, "")
     if raw not in ("", "0", "1"):
         raise ValueError(f"{ANY_DEVICE_ENV}={raw!r} is invalid: 1 (drive a non-gfx950 aiter) or 0/unset")
@@ -254,40 +365,27 @@ def _aiter_gate(platform: PlatformInfo) -> Verdict:
         found = platform.arch if platform.vendor == "cuda" else "a CPU-only torch"
         return Verdict.no(f"needs an AMD gfx950 GPU with a ROCm build of torch; found {found}")
     if platform.arch != "gfx950":
-        return Verdict.no(f"needs gfx950 (MI350/MI355); found {platform.arch}"
-                          + (": fp8 mla persistent prefill is not supported on gfx942" if platform.arch == "gfx942" else ""))
+        gfx942 = ": fp8 mla persistent prefill is not supported on gfx942" if platform.arch == "gfx942" else ""
+        return Verdict.no(f"needs gfx950 (MI350/MI355); found {platform.arch}{gfx942}")
     return Verdict.yes()
-
-
-def import_real_aiter() -> types.ModuleType:
-    """Import the real ``aiter`` (only on ROCm: its import runs rocminfo)."""
-    import aiter  # noqa: PLC0415
-
-    return aiter
 
 
 class AiterReal(Backend):
     name = "aiter"
     description = "AITER mla_prefill_ps_asm_fwd + mla_reduce_v1 (gfx950), planner outside the timed region"
     fp8 = True
+    context_chunk_skip = ""  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
 
     def __init__(self) -> None:
         self._driver: AiterPsDriver | None = None
-        self._why = ""
 
     def _get_driver(self) -> AiterPsDriver:
         if self._driver is None:
-            from importlib.metadata import PackageNotFoundError, version
-
             try:
-                module = import_real_aiter()
+                module = import_aiter()
             except Exception as exc:  # noqa: BLE001
                 raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
-            try:
-                ver = parse_aiter_version(version("amd-aiter"))
-            except PackageNotFoundError:
-                ver = parse_aiter_version(getattr(module, "__version__", None))
-            self._driver = AiterPsDriver(module, ver)
+            self._driver = AiterPsDriver(module, aiter_version_of(module))
         return self._driver
 
     def availability(self, platform: PlatformInfo) -> Verdict:
@@ -313,4 +411,4 @@ class AiterReal(Backend):
         return p
 
     def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
-        return plan_stats_with(self._get_driver().plan, case, platform.device)
+        return self._get_driver().plan_stats(case, platform.device)
