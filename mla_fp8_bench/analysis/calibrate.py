@@ -180,7 +180,8 @@ def _collect(results: list[tuple[tuple, dict]]) -> dict[str, dict[str, dict[str,
                 continue
             fam = family_of(rec)
             for m in METRICS:
-                values.setdefault(b, {}).setdefault(fam, {}).setdefault(m, []).append(float(rec[m]))
+                if rec.get(m) is not None:  # e.g. no LSE from a backend that does not return one
+                    values.setdefault(b, {}).setdefault(fam, {}).setdefault(m, []).append(float(rec[m]))
     if failures:
         raise RuntimeError("healthy calibration runs failed (fix before calibrating):\n  " + "\n  ".join(failures[:10]))
     return values
