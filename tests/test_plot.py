@@ -108,3 +108,66 @@ def test_variant_selection(tmp_path):
     assert ds.variant == "-h128" and len(ds.points) == 2  # no plain ids: the variant present is used
     with pytest.raises(ValueError, match="case variant '-cast' has no single-sequence results"):
         load_inputs([str(p)], variant="-cast")
+
+
+# ------------------------------------------------------------------ axes: kernel vs emulation latency
+def test_kernel_and_emulation_latency_never_share_an_axis(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mla_fp8_bench.analysis.plot import backend_styles, draw_latency, latency_scopes
+
+    (ds,) = load_inputs([str(_run_json(tmp_path))])
+    assert latency_scopes(ds) == ["kernel", "emulation"]
+    st = backend_styles([p.backend for p in ds.points])
+    want = {"kernel": ("fa3-fp8", 1e-5), "emulation": ("aiter-emulated", 1e-1)}  # latency = scale * s / 128
+    for scope, (backend, scale) in want.items():
+        fig, ax = plt.subplots()
+        assert draw_latency(ax, ds, st, scope) == [backend]
+        ys = [float(y) for line in ax.get_lines() for y in line.get_ydata()]  # medians and IQR caps
+        medians = [scale * s / 128 for s in (128, 256, 257, 512)]
+        assert all(any(math.isclose(m, y, rel_tol=1e-9) for y in ys) for m in medians)
+        assert scale * 0.9 * 0.999 <= min(ys) and max(ys) <= scale * 4 * 1.2 * 1.001  # nothing of the other scope
+        plt.close(fig)
+    written, _ = plot([str(_run_json(tmp_path))], tmp_path / "img", formats=("svg",))
+    lat = next(p for p in written if p.name.endswith("-latency.svg")).read_text()
+    assert "EMULATION latency vs seq_len" in lat and "Latency vs seq_len" in lat
+
+
+def test_only_kernel_backends_give_one_latency_panel(tmp_path):
+    from mla_fp8_bench.analysis.plot import latency_scopes
+
+    recs = [_rec("fa3-fp8", f"s{s}", 1e-5, 0.05, 0.2, 1.0) for s in (128, 256)]
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps({"env": {"device_name": "NVIDIA H200", "arch": "sm_90"}, "records": recs}))
+    (ds,) = load_inputs([str(p)])
+    assert latency_scopes(ds) == ["kernel"]
+    written, _ = plot([str(p)], tmp_path / "img", formats=("svg",))
+    assert "EMULATION latency" not in next(w for w in written if w.name.endswith("-latency.svg")).read_text()
+
+
+def test_variant_title_from_the_case_grammar(tmp_path):
+    from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS
+
+    recs = [_rec("fa3-fp8", f"s{s}-h128-cast", 1e-5, 0.05, 0.2, 1.0) for s in (128, 256)]
+    p = tmp_path / "v.json"
+    p.write_text(json.dumps({"env": {"device_name": "NVIDIA H200", "arch": "sm_90"}, "records": recs}))
+    written, (ds,) = plot([str(p)], tmp_path / "img", formats=("svg",))
+    assert ds.variant == "-h128-cast"
+    svg = next(w for w in written if w.name.endswith("-error.svg")).read_text()
+    assert "128 heads" in svg and "cast quant" in svg
+    written, _ = plot([str(_run_json(tmp_path))], tmp_path / "img2", formats=("svg",))
+    svg = next(w for w in written if w.name.endswith("-error.svg")).read_text()
+    assert f"{DEFAULT_NUM_HEADS} heads" in svg and "per-tensor fp8" in svg
+
+
+def test_unrecognised_case_id_is_named(tmp_path, capsys):
+    recs = [_rec("fa3-fp8", f"s{s}", 1e-5, 0.05, 0.2, 1.0) for s in (128, 256)]
+    recs.append(_rec("fa3-fp8", "s0128", 1e-5, 0.05, 0.2, 1.0))  # not canonical
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"env": {"device_name": "NVIDIA H200", "arch": "sm_90"}, "records": recs}))
+    (ds,) = load_inputs([str(p)])
+    assert len(ds.points) == 2
+    assert any("s0128: case id not recognised" in n for n in ds.notes)

@@ -133,6 +133,15 @@ def _split_case(cid: str) -> tuple[int, str] | None:
     return (case.seq_lens[0], cid[len(base):]) if cid.startswith(base) else None
 
 
+def _off_axis_reason(cid: str) -> str:
+    """Why a case is not drawn against seq_len: several sequences, or an id the grammar rejects."""
+    try:
+        parse_case_id(cid)
+    except CaseError as exc:
+        return f"case id not recognised by this suite version ({str(exc).split(':')[0]})"
+    return "not a single-sequence case (not on the seq_len axis)"
+
+
 def _finite(x: Any) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
@@ -221,7 +230,7 @@ def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None
             continue
         sc = _split_case(cid)
         if sc is None:
-            ds.notes.append(f"{b} {cid}: not a single-sequence case (not on the seq_len axis)")
+            ds.notes.append(f"{b} {cid}: {_off_axis_reason(cid)}")
             continue
         emu = bool(r.get("emulation")) or r.get("timing_scope") == "emulation"
         ds.notes.extend(_record_value_notes(b, cid, r))
@@ -286,7 +295,7 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
             continue  # not available on this machine / beyond its cap
         sc = _split_case(c)
         if sc is None:
-            ds.notes.append(f"{b} {c}: not a single-sequence case (not on the seq_len axis)")
+            ds.notes.append(f"{b} {c}: {_off_axis_reason(c)}")
             continue
         emu = _is_emulation(b)
         s = val(spp, (b, c))
