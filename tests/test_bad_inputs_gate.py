@@ -267,3 +267,21 @@ def test_nonfinite_head_accuracy_is_a_regression_not_invalid(tmp_path, capsys):
     h = _write(tmp_path, "h.json", [_rec(seed=1, rel_l2_error_fp8_ref=math.inf)])
     assert _gate(b, h) == 1
     assert "non-finite on HEAD" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- row 19: all-zero reference
+def test_rel_l2_against_an_all_zero_reference_is_defined():
+    """||ref|| = 0: rel-L2 is the RMS error over the 1e-2 floor that max_rel_error uses (not 1e272)."""
+    import torch
+
+    from mla_fp8_bench.measure.metrics import error_metrics
+
+    ref = torch.zeros(4, 8, dtype=torch.float64)
+    out = torch.full((4, 8), 1e-28, dtype=torch.float64)
+    m = error_metrics(out, ref)
+    # ||out - ref||_2 = 1e-28 * sqrt(32); denominator 1e-2 * sqrt(32)
+    assert m.rel_l2_error == pytest.approx(1e-26, rel=1e-12)
+    assert error_metrics(ref.clone(), ref).rel_l2_error == 0.0
+    # a tiny but non-zero reference stays a true relative error
+    tiny = torch.full((4, 8), 1e-30, dtype=torch.float64)
+    assert error_metrics(2 * tiny, tiny).rel_l2_error == pytest.approx(1.0, rel=1e-12)

@@ -8,6 +8,8 @@ mismatches.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -26,7 +28,9 @@ class ErrorMetrics:
     Attributes:
         max_abs_error: ``max |out - ref|`` over finite elements (inf if any output is non-finite).
         mean_abs_error: mean of ``|out - ref|`` over finite elements.
-        rel_l2_error: ``||out - ref||_2 / ||ref||_2``.
+        rel_l2_error: ``||out - ref||_2 / ||ref||_2``; for an all-zero reference (``||ref||_2`` below
+            ``sqrt(numel)`` times the smallest normal float64) the denominator is
+            ``REL_ERROR_FLOOR * sqrt(numel)``, the floor ``max_rel_error`` uses per element (0 when out == ref).
         max_rel_error: ``max |out - ref| / max(|ref|, REL_ERROR_FLOOR)``.
         mismatch_fraction: AITER ``checkAllclose`` failing fraction at (atol, rtol).
         nonfinite_count: NaN/Inf elements in ``out``.
@@ -66,7 +70,9 @@ def error_metrics(out: torch.Tensor, ref: torch.Tensor, *, atol: float = MISMATC
     max_abs = float("inf") if nonfinite else float(dfin.max().item())
     mean_abs = float(dfin.sum().item() / max(1, o.numel() - nonfinite))
     ref_norm = float(torch.linalg.vector_norm(r).item())
-    rel_l2 = float("inf") if nonfinite else float(torch.linalg.vector_norm(dfin).item() / max(ref_norm, 1e-300))
+    zero_ref_norm = sys.float_info.min * math.sqrt(o.numel())
+    den = ref_norm if ref_norm > zero_ref_norm else rel_floor * math.sqrt(o.numel())
+    rel_l2 = float("inf") if nonfinite else float(torch.linalg.vector_norm(dfin).item() / den)
     max_rel = float("inf") if nonfinite else float((dfin / r.abs().clamp_min(rel_floor)).max().item())
     ok = finite & (diff <= atol + rtol * r.abs())
     mismatch = 1.0 - float(ok.sum().item()) / o.numel()
