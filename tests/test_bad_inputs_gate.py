@@ -285,3 +285,14 @@ def test_rel_l2_against_an_all_zero_reference_is_defined():
     # a tiny but non-zero reference stays a true relative error
     tiny = torch.full((4, 8), 1e-30, dtype=torch.float64)
     assert error_metrics(2 * tiny, tiny).rel_l2_error == pytest.approx(1.0, rel=1e-12)
+
+
+def test_run_json_and_asv_file_of_one_device_are_compared(tmp_path):
+    """A run JSON's full device name and the asv machine file's short one name the same device."""
+    amd = {"vendor": "amd", "device": "cuda:0", "device_name": "AMD Instinct MI355X", "arch": "gfx950"}
+    b = _write(tmp_path, "b.json", [_rec(max_abs_error_fp8_ref=0.04)], env=amd)
+    h = _asv_file(tmp_path / "h.json", "mi355", "MI355X", {("MLAPrefill", "track_max_abs_error"): 0.04}, "b" * 40)
+    assert _gate(b, h, "--allow-missing") == 0
+    h2 = _asv_file(tmp_path / "h2.json", "h200", "NVIDIA H200", {("MLAPrefill", "track_max_abs_error"): 0.04},
+                   "c" * 40)
+    assert _gate(b, h2, "--allow-missing") == 2

@@ -272,14 +272,19 @@ def load_side(spec: str, label: str, results_dir: str, machine: str | None, env:
 
 
 def check_same_machine(base: Side, head: Side) -> None:
-    """Refuse to compare results of two machines (asv machine names or devices that differ).
+    """Refuse to compare results of two machines: asv machine names that differ, or devices of which
+    neither name contains the other (a run JSON's ``"AMD Instinct MI355X"`` matches asv's ``"MI355X"``).
 
     Raises:
         GateUsageError: naming both machines.
     """
     for facet in ("machine", "gpu"):
         b, h = base.machine.get(facet), head.machine.get(facet)
-        if b is not None and h is not None and b != h:
+        if b is None or h is None:
+            continue
+        bl, hl = str(b).strip().lower(), str(h).strip().lower()
+        same = bl == hl if facet == "machine" or "none" in (bl, hl) else (bl in hl or hl in bl)
+        if not same:
             raise GateUsageError(f"BASE and HEAD come from different machines ({facet} {b!r} vs {h!r}): their "
                                  "latencies are not comparable; pass --allow-cross-machine to compare anyway")
 
