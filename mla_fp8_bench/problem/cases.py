@@ -377,6 +377,14 @@ SUITES: dict[str, tuple[str, ...]] = {
         "s512-const",
     ),
     "short-prompt": ("ragged-603-640-655-698",),
+    # prefix-cached prefill: context chunks (non-causal) and whole prefix prefills (LSE merge)
+    "prefix": ("ctx1024-q256", "prefix1024-q300", "ctx-ragged-1024q256-100q64", "prefix-ragged-1024q256-100q50",
+               "prefix-ragged-2048q128-0q300"),
+    # cases with unsplit tiles under pre-#3606 AITER (no final_lse there) at 16 heads on 256 CUs: their
+    # merge is wrong before v0.1.22 (a context of one 128-key block is never split; short new-token
+    # pieces are not split either)
+    "lse-gap": ("ctx100-q64", "ctx-ragged-1024q256-100q64", "prefix256-q100", "prefix1024-q100",
+                "prefix-ragged-1024q256-100q50"),
 }
 
 
