@@ -196,8 +196,15 @@ def _emulation_backends() -> set[str]:
     return out
 
 
-def side_from_asv_result(res: AsvResult, label: str) -> Side:
-    """A side from an asv result file (parsed by :mod:`mla_fp8_bench.analysis.results`)."""
+def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
+    """A side from an asv result file (an :class:`AsvResult` or the parsed document)."""
+    if isinstance(res, dict):
+        from mla_fp8_bench.analysis.results import asv_result_from_data
+
+        try:
+            res = asv_result_from_data(res, label)
+        except ResultsError as exc:
+            raise GateUsageError(f"{label}: {exc}") from None
     gpu = res.params.get("gpu")
     cpu = isinstance(gpu, str) and gpu.strip().lower() in ("none", "", "cpu")
     side = Side(label, machine={"machine": res.machine, "gpu": gpu if isinstance(gpu, str) else None})
