@@ -20,7 +20,12 @@ Shapes and dtypes as passed here:
   timed call, ``v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1``). The fp8 tensors from
   :func:`mla_fp8_bench.problem.fp8.quantize` are fully contiguous; the bf16 ``mla`` inputs keep v as the
   strided ``kv_b_proj`` view, as vLLM passes it (FA3 honours strides).
-* cu_seqlens ``[B+1]`` int32 on the device, the same for q and k (q_len == kv_len per sequence).
+* cu_seqlens_q / cu_seqlens_k ``[B+1]`` int32 on the device: the same tensor for prefill cases
+  (q_len == kv_len), the case's query and key starts for context chunks (``ctx`` cases: kv_len may
+  differ from q_len, ``causal=False``). ``prefix`` cases are composed by
+  :func:`mla_fp8_bench.backends.base.compose_prefix` (a causal q_len == kv_len call, a non-causal
+  context-chunk call, merged by LSE), as vLLM does on Hopper, so FA3 is never called causally with
+  q_len != kv_len here and its mask alignment for that shape does not matter.
 * descales: fp32 of shape ``(B, H_kv)`` (``batch = len(cu_seqlens) - 1``); the suite's per-tensor
   descale ``[1]`` is passed as a ``(1, 1)`` view expanded to ``(B, H)`` (FA3 checks only the shape and
   honours strides). Real value = fp8 * descale.
@@ -139,6 +144,7 @@ class _Fa3Base(Backend):
     """Shared FA3 plumbing; subclasses choose the input precision."""
 
     use_fp8: ClassVar[bool] = True
+    context_chunk_skip: ClassVar[str] = ""
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return fa3_availability(platform)
@@ -171,15 +177,21 @@ class _Fa3Base(Backend):
         fa3 = load_fa3()
         self._check_dims(inputs)
         q, k, v, kw = self._tensors(inputs)
-        cu = inputs.cu_seqlens.to(device=inputs.device, dtype=torch.int32).contiguous()
-        max_s = int(inputs.max_seqlen)
+        cu_q = inputs.cu_seqlens_q.to(device=inputs.device, dtype=torch.int32).contiguous()
+        cu_k = cu_q if inputs.case.family == "prefill" else \
+            inputs.cu_seqlens_kv.to(device=inputs.device, dtype=torch.int32).contiguous()
+        max_q, max_k = int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
+        causal = bool(inputs.causal)
+        if causal and inputs.case.family != "prefill":
+            raise CaseUnsupported(f"{inputs.case.id}: FA3 here runs causal calls with q_len == kv_len only; "
+                                  "prefix cases are composed (prepare_case)")
         scale = float(inputs.softmax_scale)
         fn = fa3.flash_attn_varlen_func
         state: dict[str, torch.Tensor | None] = {"lse": None}
 
         def run() -> torch.Tensor:
             with torch.no_grad():
-                res = fn(q, k, v, cu, cu, max_s, max_s, softmax_scale=scale, causal=True,
+                res = fn(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal,
                          return_attn_probs=True, **kw)
             out, lse = split_out_lse(res)
             state["lse"] = lse
@@ -190,9 +202,10 @@ class _Fa3Base(Backend):
         def lse() -> tuple[torch.Tensor, torch.Tensor]:
             if state["lse"] is None:
                 raise RuntimeError("FA3 returned no LSE (call run() first; this build returns out only)")
-            l = state["lse"]
-            l = l.transpose(0, 1) if l.shape[0] == q.shape[1] and l.shape[-1] == t else l  # [H, T] -> [T, H]
-            return l.float(), torch.ones(t, dtype=torch.bool)
+            lse_t = state["lse"]
+            if lse_t.shape[0] == q.shape[1] and lse_t.shape[-1] == t:
+                lse_t = lse_t.transpose(0, 1)  # [H, T] -> [T, H]
+            return lse_t.float(), torch.ones(t, dtype=torch.bool)
 
         return Prepared(run=run, graph_capturable=True, timing_scope="kernel", lse=lse,
                         extras={"fa3_version": _dist_version()})
@@ -226,7 +239,7 @@ class Fa3Fp8(_Fa3Base):
         q = _last_dim_contiguous(inputs.q8.data)
         k = _last_dim_contiguous(inputs.k8.data)
         v = _last_dim_contiguous(inputs.v8.data)
-        b = int(inputs.cu_seqlens_cpu.numel()) - 1
+        b = int(inputs.cu_seqlens_q_cpu.numel()) - 1
         hk = int(k.shape[1])
         kw = {"q_descale": expand_descale(inputs.q8.descale.to(inputs.device), b, hk),
               "k_descale": expand_descale(inputs.k8.descale.to(inputs.device), b, hk),
