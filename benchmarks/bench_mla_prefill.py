@@ -17,6 +17,7 @@ metric there, not here. Accuracy values are floored at 1e-12 (asv's summary uses
 params, and one exact 0 would make it 0): a plotted 1e-12 means exactly 0.
 """
 
+from mla_fp8_bench.harness.asv_guard import check_asv_run
 from mla_fp8_bench.harness.asv_support import (
     ASV_BACKENDS,
     ASV_CASES,
@@ -26,6 +27,8 @@ from mla_fp8_bench.harness.asv_support import (
     measure_plans,
 )
 from mla_fp8_bench.harness.asv_tracks import with_tracks
+
+check_asv_run()  # at discovery: a refused run stops before asv writes anything
 
 _VERSION = "mla-prefill-v1"
 
@@ -40,7 +43,7 @@ class MLAPrefill:
     version = _VERSION
 
     def setup_cache(self):
-        return measure_grid()
+        return measure_grid(self.version)
 
     def setup(self, cache, backend, case):
         self.rec = lookup(cache, backend, case)
@@ -56,7 +59,7 @@ class AiterPlan:
     version = "aiter-plan-v1"
 
     def setup_cache(self):
-        return measure_plans()
+        return measure_plans(self.version)
 
     def setup(self, cache, backend, case):
         self.rec = lookup(cache, backend, case)

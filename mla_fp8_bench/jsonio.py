@@ -31,6 +31,8 @@ def load_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
         text = path.read_text()
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path} is not text (byte {exc.start} is not UTF-8): not a JSON file") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mla_fp8_bench.argtypes import env_float, env_int
 from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
+from mla_fp8_bench.harness.asv_guard import check_commit, stored_records
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
 #: Backends in the asv grid (static on every machine; unavailable ones are skips): every registered
@@ -54,43 +56,16 @@ def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
 
 
 def _env_int(name: str) -> int | None:
-    val = os.environ.get(name)
-    if val in (None, ""):
-        return None
-    try:
-        return int(val)
-    except ValueError:
-        raise ValueError(f"{name}={val!r} is not an integer") from None
-
-
-def _check_commit() -> None:
-    expect = os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT")
-    if not expect:
-        return
-    import subprocess
-    from pathlib import Path
-
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return  # installed from a wheel: nothing to compare
-    if not head.startswith(expect) and not expect.startswith(head):
-        raise RuntimeError(f"MLA_FP8_BENCH_EXPECT_COMMIT={expect} but the library at {here} is at {head}")
+    return env_int(name, None, minimum=1)
 
 
 def _grid_setup():
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
-    _check_commit()
+    check_commit()
     pinfo = platform_info(os.environ.get("MLA_FP8_BENCH_DEVICE", "auto"))
-    cap = _env_int("MLA_FP8_BENCH_MAX_TOKENS")
-    if cap is None:
-        cap = SWEEP_CAPS[pinfo.device_type]
-    elif cap < 1:
-        raise ValueError(f"MLA_FP8_BENCH_MAX_TOKENS={cap} is invalid: a token count >= 1")
+    cap = _env_int("MLA_FP8_BENCH_MAX_TOKENS") or SWEEP_CAPS[pinfo.device_type]
     wanted = [b for b in os.environ.get("MLA_FP8_BENCH_BACKENDS", "").split(",") if b]
     unknown = [b for b in wanted if b not in ASV_BACKENDS]
     if unknown:
@@ -113,8 +88,12 @@ def _grid_setup():
     return pinfo, cap, backends, cases, skipped
 
 
-def measure_grid() -> dict[str, Any]:
+def measure_grid(version: str | None = None) -> dict[str, Any]:
     """Measure every (backend, case) of the asv grid once; return plain-Python (picklable) records.
+
+    With ``version`` (the asv benchmark version), params this run does not measure (narrowed by
+    ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` / ``_MAX_TOKENS``) get the values stored for this commit
+    (:func:`mla_fp8_bench.harness.asv_guard.stored_records`) instead of becoming n/a.
 
     Returns:
         ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
@@ -123,9 +102,10 @@ def measure_grid() -> dict[str, Any]:
 
     pinfo, cap, backends, cases, skipped = _grid_setup()
     opts = RunOptions(samples=_env_int("MLA_FP8_BENCH_SAMPLES") or 30,
-                      time_budget_s=float(os.environ.get("MLA_FP8_BENCH_TIME_BUDGET", "10")))
+                      time_budget_s=env_float("MLA_FP8_BENCH_TIME_BUDGET", 10.0))
     data = evaluate(backends, cases, device=pinfo.device, options=opts,
-                    progress=lambda r: print(f"[mla_fp8_bench] {r.backend} {r.case}: {r.status} {r.reason}", flush=True))
+                    progress=lambda r: print(f"[mla_fp8_bench] {r.backend} {r.case}: {r.status} {r.reason}",
+                                             flush=True))
     from mla_fp8_bench.measure.ceilings import attach
 
     attach(data)
@@ -135,11 +115,17 @@ def measure_grid() -> dict[str, Any]:
     for cid, why in skipped.items():
         for b in ASV_BACKENDS:
             records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}
+    if version is not None:  # params this run did not measure keep their stored values
+        unmeasured = [(b, c) for b in ASV_BACKENDS for c in ASV_CASES
+                      if records.get(f"{b}|{c}") is None or c in skipped]
+        records.update(stored_records("MLAPrefill", version, unmeasured))
     return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records}
 
 
-def measure_plans() -> dict[str, Any]:
+def measure_plans(version: str | None = None) -> dict[str, Any]:
     """Planner time, live partial slots and workspace bytes of the AITER PS path for the asv grid.
+
+    ``version``: as for :func:`measure_grid` (params not measured keep their stored values).
 
     Each backend of :data:`PLAN_BACKENDS` that is available provides ``plan_stats(case, platform)``.
 
@@ -168,4 +154,8 @@ def measure_plans() -> dict[str, Any]:
                 records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
         for cid, why in skipped.items():
             records[f"{name}|{cid}"] = {"status": "skipped", "reason": why}
+    if version is not None:
+        unmeasured = [(b, c) for b in PLAN_BACKENDS for c in ASV_CASES
+                      if records.get(f"{b}|{c}") is None or c in skipped]
+        records.update(stored_records("AiterPlan", version, unmeasured))
     return {"records": records}

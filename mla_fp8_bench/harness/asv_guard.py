@@ -1,0 +1,226 @@
+"""Guards of an asv run: the code measured is the commit named, and values already stored for params
+this run does not measure are kept.
+
+asv replaces a benchmark's whole result row when it saves: a param that a run leaves unmeasured (a
+backend outside ``MLA_FP8_BENCH_BACKENDS``, a case outside ``MLA_FP8_BENCH_CASES`` or above
+``MLA_FP8_BENCH_MAX_TOKENS``) would turn a stored value into n/a. So :func:`stored_records` reads the
+result file the run will overwrite and gives those params their stored values back.
+
+Finding that file needs the config directory, the commit, the machine and the environment. asv
+exports ``ASV_CONF_DIR``, ``ASV_ENV_NAME`` and ``ASV_COMMIT`` to benchmark processes of the
+environments it builds, but nothing at all in ``-E existing`` runs; there they are read from the
+``asv run`` process that started this one (its working directory, which asv sets to the config's
+directory, and its ``--set-commit-hash`` / ``--machine`` options; Linux ``/proc``).
+``MLA_FP8_BENCH_EXPECT_COMMIT`` and ``MLA_FP8_BENCH_MACHINE`` override the commit and the machine.
+
+:func:`check_asv_run` runs when asv imports the benchmarks (discovery): a refusal there stops asv
+before it writes anything, which a failure inside ``setup_cache`` would not (asv would store the
+failure over the old values).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Environment variables that make a run measure part of the asv grid.
+NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
+
+class AsvRunRefused(RuntimeError):
+    """The asv run would measure other code than the commit named, or lose stored values."""
+
+
+def _git(here: Path, *args: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def check_commit(library_dir: str | os.PathLike | None = None) -> None:
+    """With ``MLA_FP8_BENCH_EXPECT_COMMIT`` set, refuse unless the library is that commit's tracked code.
+
+    Raises:
+        AsvRunRefused: the library is not in a git work tree (a wheel install: nothing proves which
+            commit it is), is not tracked there (an install copied into an ignored folder of the tree,
+            e.g. ``.asv/env``, may be stale) or its HEAD differs from the commit named. Uncommitted edits
+            of tracked files are not detected.
+    """
+    expect = os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT", "").strip()
+    if not expect:
+        return
+    here = Path(library_dir or Path(__file__).resolve().parent.parent)
+    var = f"MLA_FP8_BENCH_EXPECT_COMMIT={expect}"
+    if not re.fullmatch(r"[0-9a-fA-F]{7,40}", expect):
+        raise AsvRunRefused(f"{var} is not a commit SHA (7-40 hex digits)")
+    head = _git(here, "rev-parse", "HEAD")
+    if head is None:
+        raise AsvRunRefused(f"{var} but the library at {here} is not in a git work tree (an installed copy): "
+                            "its commit cannot be verified; install it editable from the checkout")
+    if _git(here, "ls-files", "--error-unmatch", "__init__.py") is None:
+        raise AsvRunRefused(f"{var} but the library at {here} is not tracked by the git tree around it (a copy "
+                            "installed inside the checkout, possibly stale): install it editable")
+    if not head.lower().startswith(expect.lower()):
+        raise AsvRunRefused(f"{var} but the library at {here} is at {head}")
+
+
+def _results_dirs(conf_dir: Path) -> list[Path]:
+    """Results directories named by the asv config files in ``conf_dir`` (JSON with // comments)."""
+    dirs = []
+    for cfg in sorted(conf_dir.glob("asv*.json")):
+        text = "\n".join(line for line in cfg.read_text().splitlines() if not line.lstrip().startswith("//"))
+        try:
+            dirs.append(conf_dir / json.loads(text).get("results_dir", "results"))
+        except (ValueError, AttributeError):
+            continue
+    return list(dict.fromkeys(dirs)) or [conf_dir / "results"]
+
+
+def _asv_parent() -> tuple[Path, list[str]] | None:
+    """(working directory, argv) of the ``asv run`` process that started this one, or None."""
+    try:
+        pid = os.getppid()
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    head = argv[:4]
+    is_asv = any(Path(a).name == "asv" for a in head) or ("-m" in head and "asv" in head)
+    return (cwd, argv) if is_asv and "run" in argv else None
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def asv_context() -> dict[str, Any] | None:
+    """Where this asv benchmark process's results go: ``conf_dir``, ``commit``, ``machine``, ``env``
+    (each may be None), or None outside an ``asv run``."""
+    parent = _asv_parent()
+    conf = os.environ.get("ASV_CONF_DIR") or (str(parent[0]) if parent else None)
+    if not conf:
+        return None
+    argv = parent[1] if parent else []
+    commit = (os.environ.get("ASV_COMMIT") or os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT", "").strip()
+              or _option(argv, "--set-commit-hash"))
+    if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
+        commit = _git(Path(conf), "rev-parse", "--verify", "--quiet", commit + "^{commit}")
+    machine = os.environ.get("MLA_FP8_BENCH_MACHINE", "").strip() or _option(argv, "--machine")
+    return {"conf_dir": Path(conf), "commit": commit or None, "machine": machine or None,
+            "env": os.environ.get("ASV_ENV_NAME")}
+
+
+def result_file() -> Path | None:
+    """The asv result file this benchmark process's run will overwrite, if it exists.
+
+    Raises:
+        AsvRunRefused: several files could be it (machines or environments) and
+            ``MLA_FP8_BENCH_MACHINE`` does not say which.
+    """
+    ctx = asv_context()
+    if ctx is None or ctx["commit"] is None:
+        return None
+    env = ctx["env"] or "*"
+    found = sorted(p for d in _results_dirs(ctx["conf_dir"])
+                   for p in d.glob(f"{ctx['machine'] or '*'}/{ctx['commit'][:8]}-{env}.json") if p.is_file())
+    if len(found) > 1 and ctx["env"] is None:  # -E existing: asv names the environment after the python path
+        mine = f"{ctx['commit'][:8]}-existing-py{sys.executable.replace(os.sep, '_')}.json"
+        found = [p for p in found if p.name == mine] or found
+    if len(found) > 1:
+        raise AsvRunRefused(f"several stored asv result files could be this run's ({', '.join(map(str, found))}): "
+                            "export MLA_FP8_BENCH_MACHINE=<this run's --machine> so the right file's values are kept")
+    return found[0] if found else None
+
+
+def check_asv_run() -> None:
+    """Refuse, while asv discovers the benchmarks, a run that would measure the wrong code or lose data.
+
+    Does nothing outside ``asv run``.
+
+    Raises:
+        AsvRunRefused: see :func:`check_commit` and :func:`result_file`; or the run measures part of the
+            grid (:data:`NARROWING_VARS`) and its commit cannot be found (so its stored values could not
+            be kept); or the stored result file it would overwrite is not readable asv JSON.
+    """
+    ctx = asv_context()
+    if ctx is None:
+        return
+    check_commit()
+    narrowed = [v for v in NARROWING_VARS if os.environ.get(v, "").strip()]
+    if ctx["commit"] is None and narrowed:
+        raise AsvRunRefused(f"{', '.join(narrowed)} narrow this run but its commit is unknown, so the stored "
+                            "values of the other params could not be kept: export "
+                            "MLA_FP8_BENCH_EXPECT_COMMIT=<the --set-commit-hash SHA>")
+    path = result_file()
+    if path is not None:
+        _read_results(path)
+
+
+def _read_results(path: Path) -> tuple[list[str], dict[str, list]]:
+    """(result_columns, results) of an asv result file.
+
+    Raises:
+        AsvRunRefused: naming the file, when it is not readable asv result JSON.
+    """
+    try:
+        doc = json.loads(path.read_text())
+        return list(doc["result_columns"]), dict(doc["results"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AsvRunRefused(f"stored asv result file {path} cannot be read ({type(exc).__name__}: {exc}): this run "
+                            "would overwrite it; fix or move it first") from None
+
+
+def _param_index(params: list[list[str]]) -> dict[tuple[str, ...], int]:
+    return {tuple(json.loads(x.replace("'", '"')) for x in combo): i
+            for i, combo in enumerate(itertools.product(*params))}
+
+
+def stored_records(class_name: str, version: str, keys: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """Records rebuilt from the stored asv results of ``class_name`` for the (backend, case) ``keys``.
+
+    Only values stored under the same benchmark ``version`` are used; a param whose stored values are
+    all missing or n/a gets no record (it stays n/a).
+
+    Returns:
+        ``{"backend|case": record}`` with ``status="ok"`` and ``stored_from`` naming the file.
+    """
+    path = result_file()
+    if path is None or not keys:
+        return {}
+    cols, results = _read_results(path)
+    rows = {k.rsplit(".", 1)[-1]: dict(zip(cols, v)) for k, v in results.items()
+            if k.split(".")[-2:-1] == [class_name]}
+
+    from mla_fp8_bench.measure.metric_table import asv_metrics
+
+    out: dict[str, dict[str, Any]] = {}
+    for m in asv_metrics(class_name):
+        row = rows.get(m.track)
+        if row is None or row.get("version") != version:
+            continue
+        index = _param_index(row["params"])
+        for key in keys:
+            i = index.get(key)
+            val = None if i is None else row["result"][i]
+            if val is None or val != val:  # failed or n/a: nothing to keep
+                continue
+            rec = out.setdefault("|".join(key), {"backend": key[0], "case": key[1], "status": "ok",
+                                                 "reason": f"not measured in this run: stored value kept ({path})",
+                                                 "stored_from": str(path)})
+            rec[m.record_key] = val
+            samples = (row.get("samples") or [None] * (i + 1))[i]
+            if m.samples_key and samples:
+                rec[m.samples_key] = samples
+    return out

@@ -1,0 +1,535 @@
+"""Bad-input catalogue, sections K to P (docs/robustness.md): the ``run``, ``asv-machine`` and
+``calibrate`` command lines, run options and environment variables, case-id sizes, interrupts,
+non-finite results and the asv commit guard. Each test names the hostile input it feeds; each checks
+that the input is refused before any work with a message naming it, or that no result is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+
+from mla_fp8_bench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_VARS = ("MLA_FP8_BENCH_SAMPLES", "MLA_FP8_BENCH_TIME_BUDGET", "MLA_FP8_BENCH_MAX_TOKENS",
+            "MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_EXPECT_COMMIT", "MLA_FP8_BENCH_MACHINE")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """A tmp HOME (asv machine file) and none of the suite's variables leaking in from outside."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("COLUMNS", "500")  # rich wraps long paths at 80 columns otherwise
+    for v in ENV_VARS:
+        monkeypatch.delenv(v, raising=False)
+    return home
+
+
+def _out(capsys) -> str:
+    c = capsys.readouterr()
+    return " ".join((c.out + c.err).split())
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """Fail the test if anything is measured (the refusals must come first)."""
+    import mla_fp8_bench.harness.runner as runner
+
+    def boom(*a, **k):
+        raise AssertionError("measuring started before the bad input was refused")
+
+    monkeypatch.setattr(runner, "evaluate", boom)
+    monkeypatch.setattr(runner, "make_inputs", boom)
+
+
+def _run(*args: str) -> int:
+    return main(["--device", "cpu", "run", "--no-timing", *args])
+
+
+# ============================================================================ K. run: output path (row 3)
+@pytest.mark.parametrize("target,needle", [
+    ("{tmp}", "is a directory: give a file path inside it"),
+    ("{tmp}/afile/x.json", "lies under {tmp}/afile, which is a file, not a directory"),
+    ("{tmp}/afile/deeper/x.json", "lies under {tmp}/afile, which is a file, not a directory"),
+    ("/proc/mla-fp8-bench-test/x.json", "cannot be written"),  # not writable even as root
+    ("", "--json path '' is empty"),
+    ("   ", "is empty"),
+])
+def test_run_json_path_is_checked_before_measuring(tmp_path, capsys, no_measuring, target, needle):
+    (tmp_path / "afile").write_text("keep me\n")
+    target, needle = target.format(tmp=tmp_path), needle.format(tmp=tmp_path)
+    assert _run("-b", "torch-fp8-ref", "-c", "s16-h2", "--json", target) == 2
+    out = _out(capsys)
+    assert needle in out and "Traceback" not in out
+    assert (tmp_path / "afile").read_text() == "keep me\n"
+
+
+def test_run_json_to_a_device_file_is_refused(capsys, no_measuring):
+    assert _run("-b", "torch-fp8-ref", "-c", "s16-h2", "--json", "/dev/null") == 2
+    assert "exists and is not a regular file" in _out(capsys)
+
+
+def test_run_json_creates_missing_directories_and_writes_after_measuring(tmp_path):
+    out = tmp_path / "new" / "dir" / "r.json"
+    assert _run("-b", "torch-fp8-ref", "-c", "s16-h2", "--json", str(out)) == 0
+    recs = json.loads(out.read_text())["records"]
+    assert [(r["backend"], r["case"], r["status"]) for r in recs] == [("torch-fp8-ref", "s16-h2", "ok")]
+    assert not list(out.parent.glob("*.probe")) and not list(out.parent.glob("*.tmp"))
+
+
+# ============================================================================ L. numbers and lists (rows 9, 17)
+@pytest.mark.parametrize("option,value,needle", [
+    ("--samples", "0", "argument --samples: '0' is invalid: must be >= 1"),
+    ("--samples", "-3", "argument --samples: '-3' is invalid: must be >= 1"),
+    ("--samples", "many", "argument --samples: 'many' is not an integer"),
+    ("--samples", "2.5", "argument --samples: '2.5' is not an integer"),
+    ("--time-budget", "0", "argument --time-budget: '0' is invalid: must be > 0"),
+    ("--time-budget", "-1", "argument --time-budget: '-1' is invalid: must be > 0"),
+    ("--time-budget", "nan", "argument --time-budget: 'nan' is invalid: a finite number is needed"),
+    ("--time-budget", "inf", "argument --time-budget: 'inf' is invalid: a finite number is needed"),
+    ("--time-budget", "abc", "argument --time-budget: 'abc' is not a number"),
+    ("--max-seq-len", "0", "argument --max-seq-len: '0' is invalid: must be >= 1"),
+    ("--max-seq-len", "-128", "argument --max-seq-len: '-128' is invalid: must be >= 1"),
+])
+def test_run_refuses_bad_numbers_up_front(capsys, no_measuring, option, value, needle):
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cpu", "run", "-b", "torch-fp8-ref", "-c", "s16-h2", f"{option}={value}"])
+    assert exc.value.code == 2
+    assert needle in _out(capsys)
+
+
+def test_max_seq_len_below_the_sweep_runs_nothing_is_refused(capsys, no_measuring):
+    assert _run("-b", "torch-fp8-ref", "--max-seq-len", "64") == 2
+    assert "--max-seq-len 64 leaves no case of the default sweep: allowed >= 128" in _out(capsys)
+
+
+@pytest.mark.parametrize("option,value", [("-b", ",,,"), ("-b", " , "), ("-c", ",,,"), ("-c", "")])
+def test_empty_name_lists_are_refused_not_defaulted(capsys, no_measuring, option, value):
+    other = ["-c", "s16-h2"] if option == "-b" else ["-b", "torch-fp8-ref"]
+    assert _run(option, value, *other) == 2
+    long = {"-b": "--backends", "-c": "--cases"}[option]
+    assert f"{long} {value!r} names nothing" in _out(capsys)
+
+
+@pytest.mark.parametrize("args", [
+    ("-b", "torch-fp8-ref,torch-fp8-ref", "-c", "s16-h2"),
+    ("-b", "torch-fp8-ref", "-b", "torch-fp8-ref", "-c", "s16-h2,s16-h2"),
+    ("-b", "torch-fp8-ref", "-c", "s16-h2", "-c", "s16-h2"),
+])
+def test_duplicated_backends_and_cases_give_one_record_each(tmp_path, args):
+    out = tmp_path / "r.json"
+    assert _run(*args, "--json", str(out)) == 0
+    recs = json.loads(out.read_text())["records"]
+    assert [(r["backend"], r["case"]) for r in recs] == [("torch-fp8-ref", "s16-h2")]
+
+
+def test_library_evaluate_measures_duplicates_once():
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate
+    from mla_fp8_bench.problem.cases import resolve_cases
+
+    cases = resolve_cases(["s16-h2"]) * 2
+    data = evaluate(["torch-fp8-ref", "torch-fp8-ref"], cases, device="cpu",
+                    options=RunOptions(timing=False, determinism=False))
+    assert len(data["records"]) == 1
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"samples": 0}, "samples=0 is invalid: an integer >= 1"),
+    ({"samples": -1}, "samples=-1 is invalid"),
+    ({"samples": True}, "samples=True is invalid"),
+    ({"samples": 2.5}, "samples=2.5 is invalid"),
+    ({"time_budget_s": 0.0}, "time_budget_s=0.0 is invalid: a finite number of seconds > 0"),
+    ({"time_budget_s": float("nan")}, "time_budget_s=nan is invalid"),
+    ({"time_budget_s": float("inf")}, "time_budget_s=inf is invalid"),
+    ({"time_budget_s": "10"}, "time_budget_s='10' is invalid"),
+])
+def test_run_options_refuse_values_that_would_fail_every_record(kw, needle):
+    from mla_fp8_bench.harness.runner import RunOptions
+
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        RunOptions(**kw)
+
+
+@pytest.mark.parametrize("var,value,needle", [
+    ("MLA_FP8_BENCH_SAMPLES", "-1", "MLA_FP8_BENCH_SAMPLES='-1' is invalid: must be >= 1"),
+    ("MLA_FP8_BENCH_SAMPLES", "0", "MLA_FP8_BENCH_SAMPLES='0' is invalid: must be >= 1"),
+    ("MLA_FP8_BENCH_SAMPLES", "1e3", "MLA_FP8_BENCH_SAMPLES='1e3' is not an integer"),
+    ("MLA_FP8_BENCH_TIME_BUDGET", "abc", "MLA_FP8_BENCH_TIME_BUDGET='abc' is not a number"),
+    ("MLA_FP8_BENCH_TIME_BUDGET", "0", "MLA_FP8_BENCH_TIME_BUDGET='0' is invalid: must be > 0"),
+    ("MLA_FP8_BENCH_TIME_BUDGET", "-5", "MLA_FP8_BENCH_TIME_BUDGET='-5' is invalid"),
+    ("MLA_FP8_BENCH_TIME_BUDGET", "nan", "MLA_FP8_BENCH_TIME_BUDGET='nan' is invalid: a finite number"),
+    ("MLA_FP8_BENCH_MAX_TOKENS", "0", "MLA_FP8_BENCH_MAX_TOKENS='0' is invalid: must be >= 1"),
+    ("MLA_FP8_BENCH_MAX_TOKENS", "-5", "MLA_FP8_BENCH_MAX_TOKENS='-5' is invalid"),
+    ("MLA_FP8_BENCH_MAX_TOKENS", "lots", "MLA_FP8_BENCH_MAX_TOKENS='lots' is not an integer"),
+])
+def test_asv_env_vars_are_refused_naming_the_variable_before_measuring(monkeypatch, no_measuring, var, value,
+                                                                        needle):
+    from mla_fp8_bench.harness import asv_support
+
+    monkeypatch.setenv("MLA_FP8_BENCH_DEVICE", "cpu")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError) as exc:
+        asv_support.measure_grid()
+    assert needle in str(exc.value)
+
+
+# ============================================================================ M. case sizes (row 8)
+@pytest.mark.parametrize("spec,needle", [
+    ("ragged-1x200000000", "1048576"),
+    ("ragged-1x100000000000", "too large"),
+    ("ragged-1x" + "1" + "0" * 22, "too large"),
+    ("s" + "9" * 5000, "too large"),
+    ("ragged-" + "9" * 5000, "too large"),
+    ("ragged-4096x300", "1048576"),
+    ("s2000000", "1048576"),
+])
+def test_absurd_sizes_are_refused_at_parse_time(capsys, no_measuring, spec, needle):
+    from mla_fp8_bench.problem.cases import CaseError, parse_case_id
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(CaseError) as exc:
+            parse_case_id(spec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+    assert peak < 1 << 20  # refused before any list of lengths was built (was 3.3 GB for 2e8 lengths)
+    assert _run("-b", "torch-fp8-ref", "-c", spec) == 2
+    assert "Traceback" not in _out(capsys)
+
+
+# ============================================================================ N. interrupts (row 16)
+def _interrupt_on(monkeypatch, victim: str):
+    import mla_fp8_bench.harness.runner as runner
+
+    orig = runner.evaluate_one
+
+    def one(backend, ctx, pinfo, opts):
+        if ctx.case.id == victim:
+            raise KeyboardInterrupt
+        return orig(backend, ctx, pinfo, opts)
+
+    monkeypatch.setattr(runner, "evaluate_one", one)
+
+
+def test_ctrl_c_in_a_multi_case_run_writes_the_completed_records_and_exits_130(tmp_path, monkeypatch, capsys):
+    _interrupt_on(monkeypatch, "s48-h2")
+    out = tmp_path / "r.json"
+    out.write_text('{"old": true}\n')
+    assert _run("-b", "torch-fp8-ref", "-c", "s16-h2,s32-h2,s48-h2,s64-h2", "--json", str(out)) == 130
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True and data["planned"] == 4
+    assert data["interrupted_before"] == {"backend": "torch-fp8-ref", "case": "s48-h2"}
+    assert [(r["case"], r["status"]) for r in data["records"]] == [("s16-h2", "ok"), ("s32-h2", "ok")]
+    assert all(0 < r["max_abs_error_fp8_ref"] < 0.05 for r in data["records"])
+    assert "interrupted: 2 of 4" in _out(capsys)
+
+
+def test_ctrl_c_in_the_library_raises_a_keyboard_interrupt_carrying_the_records(monkeypatch):
+    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
+    from mla_fp8_bench.problem.cases import resolve_cases
+
+    _interrupt_on(monkeypatch, "s32-h2")
+    with pytest.raises(KeyboardInterrupt) as exc:
+        evaluate(["torch-fp8-ref"], resolve_cases(["s16-h2", "s32-h2"]), device="cpu",
+                 options=RunOptions(timing=False, determinism=False))
+    assert isinstance(exc.value, RunInterrupted)
+    assert [r["case"] for r in exc.value.data["records"]] == ["s16-h2"]
+
+
+# ============================================================================ O. non-finite results (row 11)
+def _poison(monkeypatch, victim: str, value: float):
+    import mla_fp8_bench.problem.inputs as inputs_mod
+
+    orig = inputs_mod.make_bf16_qkv
+
+    def make(case, *a, **k):
+        q, k_, v = orig(case, *a, **k)
+        if case.id == victim:
+            q = q.clone()
+            q[0, 0, 0] = value
+        return q, k_, v
+
+    monkeypatch.setattr(inputs_mod, "make_bf16_qkv", make)
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("backend,value", [
+    ("torch-sdpa-bf16", INF), ("torch-sdpa-bf16", -INF), ("torch-sdpa-bf16", NAN),
+    ("torch-fp8-ref", -INF), ("torch-fp8-ref", NAN), ("aiter-emulated", -INF), ("aiter-emulated", NAN),
+])
+def test_a_non_finite_result_is_an_error_record_never_a_skip(monkeypatch, value, backend):
+    from mla_fp8_bench.harness import asv_support
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate
+    from mla_fp8_bench.problem.cases import resolve_cases
+
+    _poison(monkeypatch, "s32-h2-cast", value)
+    data = evaluate([backend], resolve_cases(["s16-h2-cast", "s32-h2-cast"]), device="cpu",
+                    options=RunOptions(timing=False, determinism=False))
+    good, bad = data["records"]
+    if good["status"] == "skipped":
+        pytest.skip(f"{backend} cannot run here: {good['reason']}")
+    assert good["status"] == "ok" and 0 < good["max_abs_error_bf16_ref"] < 0.5
+    assert bad["status"] == "error" and bad["reason"].startswith("non-finite result")
+    # the values stay in the record: the damage is counted, not hidden
+    undefined = [k for k in ("max_abs_error_bf16_ref", "rel_l2_error_fp8_ref") if bad[k] != bad[k]]
+    assert bad["nonfinite_count_fp8_ref"] > 0 or undefined
+    cache = {"records": {f"{backend}|s32-h2-cast": bad}}
+    with pytest.raises(RuntimeError, match="failed: non-finite result"):  # an asv failure, not a skip (n/a)
+        asv_support.lookup(cache, backend, "s32-h2-cast")
+
+
+def test_plus_inf_in_cast_mode_saturates_and_is_measured_not_hidden(monkeypatch):
+    """vLLM's cast saturates +Inf at 448 (torch >= 2.12): the output is finite; the error vs the bf16
+    reference shows the damage as a large finite number."""
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate
+    from mla_fp8_bench.problem.cases import resolve_cases
+    from mla_fp8_bench.problem.fp8 import cast_saturates
+
+    if not cast_saturates(torch.float8_e4m3fn):
+        pytest.skip("this torch's fp8 cast returns NaN for out-of-range values")
+    _poison(monkeypatch, "s32-h2-cast", INF)
+    (rec,) = evaluate(["torch-fp8-ref"], resolve_cases(["s32-h2-cast"]), device="cpu",
+                      options=RunOptions(timing=False, determinism=False))["records"]
+    assert rec["status"] == "ok" and rec["nonfinite_count_fp8_ref"] == 0
+    assert 0 < rec["max_abs_error_fp8_ref"] < 0.05 and rec["max_abs_error_bf16_ref"] > 1.0
+
+
+def test_non_finite_results_make_strict_runs_fail(monkeypatch, tmp_path, capsys):
+    _poison(monkeypatch, "s16-h2-cast", float("inf"))
+    assert _run("-b", "torch-fp8-ref", "-c", "s16-h2-cast", "--strict") == 1
+    assert "1 of 1 records are errors" in _out(capsys)
+
+
+# ============================================================================ P. names and files
+@pytest.mark.parametrize("name,needle", [
+    ("../escape", "is invalid"), ("a/b", "is invalid"), ("..", "is invalid"), (".hidden", "is invalid"),
+    ("", "is invalid"), ("x" * 65, "is invalid"), ("version", "reserved by asv"), ("machine.json", "reserved"),
+    ("benchmarks.json", "reserved"), ("VERSION", "reserved"), ("bad name", "is invalid"), ("/abs", "is invalid"),
+])
+def test_asv_machine_refuses_names_that_escape_or_asv_reserves(_isolated, tmp_path, capsys, name, needle):
+    mf = _isolated / ".asv-machine.json"
+    mf.write_text('{"version": 1, "keep": {"machine": "keep"}}\n')
+    before = mf.read_bytes()
+    assert main(["--device", "cpu", "asv-machine", name, "--results-dir", str(tmp_path / "results")]) == 2
+    assert needle in _out(capsys)
+    assert mf.read_bytes() == before
+    assert not (tmp_path / "escape").exists()
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("[]", "holds a JSON list, not an object of machines"),
+    ("null", "holds a JSON NoneType"),
+    ('"cpu"', "holds a JSON str"),
+    ('{"version": 1, "cpu-2c', "is not valid JSON (line 1"),
+    ("", "is not valid JSON"),
+])
+def test_corrupt_asv_machine_file_is_named_and_left_alone(_isolated, tmp_path, capsys, content, needle):
+    mf = _isolated / ".asv-machine.json"
+    mf.write_text(content)
+    assert main(["--device", "cpu", "asv-machine", "pytest-cpu", "--results-dir", str(tmp_path)]) == 2
+    out = _out(capsys)
+    assert needle in out and str(mf) in out
+    assert mf.read_text() == content
+
+
+def test_asv_machine_keeps_other_machines_and_honours_the_umask(_isolated, tmp_path):
+    mf = _isolated / ".asv-machine.json"
+    mf.write_text('{"version": 1, "other": {"machine": "other", "gpu": "H200"}}\n')
+    old = os.umask(0o022)
+    try:
+        assert main(["--device", "cpu", "asv-machine", "pytest-cpu", "--results-dir", str(tmp_path)]) == 0
+    finally:
+        os.umask(old)
+    data = json.loads(mf.read_text())
+    assert data["other"] == {"machine": "other", "gpu": "H200"} and data["pytest-cpu"]["machine"] == "pytest-cpu"
+    assert data["version"] == 1 and (mf.stat().st_mode & 0o777) == 0o644
+
+
+def test_asv_machine_refuses_a_corrupt_committed_machine_file(_isolated, tmp_path, capsys):
+    (tmp_path / "pytest-cpu").mkdir()
+    (tmp_path / "pytest-cpu" / "machine.json").write_text("[1, 2]")
+    assert main(["--device", "cpu", "asv-machine", "pytest-cpu", "--results-dir", str(tmp_path)]) == 2
+    assert "committed machine file" in _out(capsys) and not (_isolated / ".asv-machine.json").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--cu-num", "-5"], "argument --cu-num: '-5' is invalid: must be >= 1"),
+    (["--cu-num", "0"], "argument --cu-num: '0' is invalid: must be >= 1"),
+    (["--cu-num", "many"], "argument --cu-num: 'many' is not an integer"),
+    (["--name", "../../x"], "tolerance set name '../../x' is invalid"),
+    (["--name", "/tmp/x"], "tolerance set name '/tmp/x' is invalid"),
+    (["--name", ".x"], "tolerance set name '.x' is invalid"),
+])
+def test_calibrate_refuses_bad_cu_num_and_escaping_names_up_front(capsys, monkeypatch, args, needle):
+    from mla_fp8_bench.analysis import calibrate
+
+    monkeypatch.setattr(calibrate, "calibrate", lambda **k: pytest.fail("calibration started"))
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", *args])
+    assert exc.value.code == 2 and needle in _out(capsys)
+
+
+def test_calibrate_checks_its_output_path_before_measuring(tmp_path, capsys, monkeypatch):
+    from mla_fp8_bench.analysis import calibrate
+
+    monkeypatch.setattr(calibrate, "calibrate", lambda **k: pytest.fail("calibration started"))
+    assert main(["calibrate", "--out", str(tmp_path)]) == 2
+    assert "--out" in _out(capsys)
+
+
+# ============================================================================ Q. the asv commit guard (row 12)
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repo with the package tracked at pkg/ and a stale copy in an ignored .asv/env folder."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    r = tmp_path / "repo"
+    (r / "pkg").mkdir(parents=True)
+    (r / "pkg" / "__init__.py").write_text("x = 1\n")
+    (r / ".gitignore").write_text(".asv/\n")
+    _git(r, "init", "-q")
+    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x")
+    stale = r / ".asv" / "env" / "site-packages" / "pkg"
+    stale.mkdir(parents=True)
+    (stale / "__init__.py").write_text("x = 0\n")
+    return r
+
+
+@pytest.mark.parametrize("where,expect,needle", [
+    ("outside", "HEAD", "is not in a git work tree"),
+    ("stale", "HEAD", "is not tracked by the git tree around it"),
+    ("tracked", "0123456789abcdef0123456789abcdef01234567", "is at"),
+    ("tracked", "deadbeefXYZ", "is not a commit SHA"),
+])
+def test_expect_commit_guard_refuses_unverifiable_or_other_code(tmp_path, monkeypatch, repo, where, expect, needle):
+    from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_commit
+
+    head = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setenv("MLA_FP8_BENCH_EXPECT_COMMIT", head if expect == "HEAD" else expect)
+    outside = tmp_path / "wheel" / "pkg"
+    outside.mkdir(parents=True)
+    lib = {"outside": outside, "stale": repo / ".asv" / "env" / "site-packages" / "pkg",
+           "tracked": repo / "pkg"}[where]
+    with pytest.raises(AsvRunRefused, match=needle):
+        check_commit(lib)
+
+
+def test_expect_commit_guard_passes_the_tracked_code_of_that_commit(monkeypatch, repo):
+    from mla_fp8_bench.harness.asv_guard import check_commit
+
+    monkeypatch.setenv("MLA_FP8_BENCH_EXPECT_COMMIT", _git(repo, "rev-parse", "HEAD")[:10])
+    check_commit(repo / "pkg")  # no exception
+
+
+# ============================================================================ R. stored asv values (row 2, unit level)
+def _result_file(path: Path, version: str = "mla-prefill-v1", value: float | None = 0.25) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    row = [[value, float("nan")], [["'torch-fp8-ref'"], ["'s128'", "'s256'"]], version]
+    path.write_text(json.dumps({"result_columns": ["result", "params", "version"],
+                                "results": {"bench_mla_prefill.MLAPrefill.track_max_abs_error": row}}))
+
+
+def _asv_env(monkeypatch, conf: Path, commit: str = "ab" * 20):
+    monkeypatch.setenv("ASV_CONF_DIR", str(conf))
+    monkeypatch.setenv("ASV_ENV_NAME", "virtualenv-py3.11")
+    monkeypatch.setenv("ASV_COMMIT", commit)
+    (conf / "asv.conf.json").write_text('// comment\n{"results_dir": "res"}\n')
+
+
+def test_stored_values_are_given_back_only_for_the_same_benchmark_version(tmp_path, monkeypatch):
+    from mla_fp8_bench.harness.asv_guard import stored_records
+
+    _asv_env(monkeypatch, tmp_path)
+    _result_file(tmp_path / "res" / "m1" / f"{'ab' * 4}-virtualenv-py3.11.json")
+    keys = [("torch-fp8-ref", "s128"), ("torch-fp8-ref", "s256")]
+    got = stored_records("MLAPrefill", "mla-prefill-v1", keys)
+    assert list(got) == ["torch-fp8-ref|s128"]  # s256 was n/a: it stays n/a
+    assert got["torch-fp8-ref|s128"]["max_abs_error_fp8_ref"] == 0.25
+    assert stored_records("MLAPrefill", "mla-prefill-v2", keys) == {}  # another method: not reused
+
+
+def test_stored_values_of_several_machines_are_ambiguous_and_refused(tmp_path, monkeypatch):
+    from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
+
+    _asv_env(monkeypatch, tmp_path)
+    for m in ("m1", "m2"):
+        _result_file(tmp_path / "res" / m / f"{'ab' * 4}-virtualenv-py3.11.json")
+    with pytest.raises(AsvRunRefused, match="several stored asv result files could be.*MLA_FP8_BENCH_MACHINE"):
+        check_asv_run()
+    monkeypatch.setenv("MLA_FP8_BENCH_MACHINE", "m2")
+    check_asv_run()
+
+
+def test_a_truncated_stored_result_file_is_refused_at_discovery(tmp_path, monkeypatch):
+    from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
+
+    _asv_env(monkeypatch, tmp_path)
+    f = tmp_path / "res" / "m1" / f"{'ab' * 4}-virtualenv-py3.11.json"
+    _result_file(f)
+    f.write_text(f.read_text()[:40])
+    with pytest.raises(AsvRunRefused, match=f"stored asv result file {f} cannot be read"):
+        check_asv_run()
+
+
+def test_narrowed_run_with_an_unknown_commit_is_refused(tmp_path, monkeypatch):
+    from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
+
+    _asv_env(monkeypatch, tmp_path)
+    monkeypatch.delenv("ASV_COMMIT")
+    monkeypatch.setenv("MLA_FP8_BENCH_BACKENDS", "torch-fp8-ref")
+    with pytest.raises(AsvRunRefused, match="MLA_FP8_BENCH_BACKENDS narrow this run but its commit is unknown"):
+        check_asv_run()
+
+
+# ============================================================================ S. files and JSON (jsonio)
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: None, "cannot read run JSON"),
+    (lambda p: p.mkdir(), "cannot read run JSON"),
+    (lambda p: p.write_bytes(b"\x00\xff\xfe garbage"), "is not text (byte 1 is not UTF-8)"),
+    (lambda p: p.write_text('{"records": [1, 2'), "is not valid JSON (line 1"),
+])
+def test_load_json_names_the_file_for_every_failure(tmp_path, make, needle):
+    from mla_fp8_bench.jsonio import load_json
+
+    p = tmp_path / "r.json"
+    make(p)
+    with pytest.raises(ValueError) as exc:
+        load_json(p, "run JSON")
+    assert needle in str(exc.value) and str(p) in str(exc.value)
+
+
+def test_unserialisable_record_keeps_the_previous_file(tmp_path):
+    from mla_fp8_bench.jsonio import write_json_atomic
+
+    p = tmp_path / "r.json"
+    p.write_text('{"old": 1}\n')
+    with pytest.raises(TypeError, match="not JSON-serialisable: object"):
+        write_json_atomic({"records": [object()]}, p)
+    assert p.read_text() == '{"old": 1}\n' and sorted(os.listdir(tmp_path)) == ["home", "r.json"]
+
+
+def test_tensors_and_dtypes_in_records_are_written_as_plain_json(tmp_path):
+    from mla_fp8_bench.jsonio import write_json_atomic
+
+    p = tmp_path / "r.json"
+    write_json_atomic({"t": torch.tensor([1.5, 2.0]), "d": torch.float8_e4m3fn, "dev": torch.device("cpu")}, p)
+    assert json.loads(p.read_text()) == {"t": [1.5, 2.0], "d": "torch.float8_e4m3fn", "dev": "cpu"}
