@@ -1,6 +1,4 @@
-"""Plots of a run JSON or an asv results directory (``mla-fp8-bench plot``), and the
-``merge-results`` sub-command (:mod:`mla_fp8_bench.analysis.results_merge`; registered here because the CLI
-auto-loads only the modules calibrate/gate/plot/bisect).
+"""Plots of a run JSON or an asv results directory (``mla-fp8-bench plot``).
 
 ``mla-fp8-bench plot INPUT... --out DIR [--format png,svg]`` where each INPUT is
 
@@ -8,20 +6,25 @@ auto-loads only the modules calibrate/gate/plot/bisect).
   ``ceilings`` key from :func:`mla_fp8_bench.measure.ceilings.attach`), or
 * an asv results directory (``results/`` with ``<machine>/`` inside; one figure set per machine) or one
   machine's directory (``results/<machine>/``). The newest commit's result file is used
-  (``--commit`` picks another), read directly in asv 0.6's result format (api version 2:
-  ``result_columns`` + one row per benchmark, values in ``itertools.product`` order of the params;
-  NaN = skipped, null = failed).
+  (``--commit`` picks another). Files are read by :mod:`mla_fp8_bench.analysis.results`.
+
+``--out`` is checked (a writable directory, created if missing) before any input is read.
 
 Per device it writes four figures: ``<slug>-latency``, ``<slug>-error``, ``<slug>-tflops`` and
-``<slug>-summary`` (the three side by side), each as PNG and/or SVG:
+``<slug>-summary`` (all panels), each as PNG and/or SVG:
 
-* latency vs seq_len per backend, log-log, median with the interquartile range as error bars;
-  emulations (``aiter-emulated``: a PyTorch model of the kernel) are drawn dashed with hollow markers
-  and labelled EMULATION in the legend;
-* max |out - ref| vs seq_len per backend against both references (solid: the dequantised-fp8
-  reference, the kernel's own error; dashed: the bf16 reference, the end-to-end FP8 error);
+* latency vs seq_len per backend, log-log, median with the interquartile range as error bars. Kernel
+  latency and emulation latency (``aiter-emulated``: a PyTorch model of the kernel, its time is not a
+  kernel's) never share an axis: each gets its own panel; one device per figure set, so GPU and CPU
+  series never share one either;
+* max |out - ref| vs seq_len per backend against both references (the dequantised-fp8 reference, the
+  kernel's own error; the bf16 reference, the end-to-end FP8 error);
 * TFLOP/s vs seq_len (emulations left out: not a kernel's throughput) with horizontal lines for the
   measured FP8/bf16 GEMM ceilings and the datasheet peaks when the input has them.
+
+Labels, record keys and asv track names come from :mod:`mla_fp8_bench.measure.metric_table`; case ids
+are read with :func:`mla_fp8_bench.problem.cases.parse_case_id`. A stored value that is not a number
+(e.g. a string accuracy) is listed as "not plotted" with its value; the rest of the record is drawn.
 
 Only single-sequence cases (``s<N>``) are plotted against seq_len; among them one *variant* (the
 suffixes after the length, e.g. ``-h128``; default: the plain ids). Everything else is listed as
