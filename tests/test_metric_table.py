@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mla_fp8_bench.harness import asv_tracks as at
 from mla_fp8_bench.harness.asv_tracks import MissingMetricError, track_value, with_tracks
 from mla_fp8_bench.measure import metric_table as mt
 
@@ -231,7 +232,7 @@ def test_asv_conf_regression_keys_equal_the_table(conf_name):
     if not (ROOT / conf_name).exists():
         pytest.skip(f"{conf_name} is not in this checkout")
     conf = _load_conf(ROOT / conf_name)
-    gen = mt.asv_regression_config()
+    gen = at.asv_regression_config()
     assert conf["regressions_thresholds"] == gen["regressions_thresholds"]
     assert conf["regressions_first_commits"] == gen["regressions_first_commits"]
 
@@ -241,7 +242,7 @@ def _entry(m: mt.Metric, backend: str = "fa3-fp8", case: str = "s1024") -> str:
 
 
 def test_threshold_regexes_are_disjoint_and_cover_every_gated_track():
-    gen = mt.asv_regression_config()
+    gen = at.asv_regression_config()
     thr, off = gen["regressions_thresholds"], gen["regressions_first_commits"]
     for m in mt.asv_metrics():
         for name in (m.asv_name, _entry(m)):
@@ -259,7 +260,7 @@ def test_threshold_regexes_are_disjoint_and_cover_every_gated_track():
     assert any(re.match(rx, _entry(mt.metric("planner_time"), "aiter")) for rx in off)
     # track_max_abs_error's pattern does not also catch track_max_abs_error_bf16_ref
     bf16 = _entry(mt.metric("max_abs_error_bf16_ref"))
-    assert [rx for rx in thr if re.match(rx, bf16)] == [mt._asv_regex(mt.metric("max_abs_error_bf16_ref"))]
+    assert [rx for rx in thr if re.match(rx, bf16)] == [at._asv_regex(mt.metric("max_abs_error_bf16_ref"))]
 
 
 def test_write_asv_config_updates_in_place_and_asv_reads_it(tmp_path):
@@ -267,19 +268,19 @@ def test_write_asv_config_updates_in_place_and_asv_reads_it(tmp_path):
     old = ('{\n    // a comment\n    "version": 1,\n    "project": "x",\n    // thresholds: old\n'
            '    "regressions_thresholds": {\n        ".*": 0.05\n    }\n}\n')
     conf.write_text(old)
-    assert mt.write_asv_config(str(conf)) is True
-    assert mt.write_asv_config(str(conf)) is False  # already current
+    assert at.write_asv_config(str(conf)) is True
+    assert at.write_asv_config(str(conf)) is False  # already current
     text = conf.read_text()
     assert "// a comment" in text and "thresholds: old" not in text
     data = _load_conf(conf)
-    assert data["project"] == "x" and data["regressions_thresholds"] == mt.asv_regression_config()[
+    assert data["project"] == "x" and data["regressions_thresholds"] == at.asv_regression_config()[
         "regressions_thresholds"]
     if shutil.which("asv") or (Path(sys.executable).parent / "asv").exists():
         from asv.util import load_json
 
-        assert load_json(str(conf), js_comments=True)["regressions_first_commits"] == mt.asv_regression_config()[
+        assert load_json(str(conf), js_comments=True)["regressions_first_commits"] == at.asv_regression_config()[
             "regressions_first_commits"]
     bad = tmp_path / "none.json"
     bad.write_text('{"version": 1}\n')
     with pytest.raises(ValueError, match="no \"regressions_thresholds\""):
-        mt.write_asv_config(str(bad))
+        at.write_asv_config(str(bad))

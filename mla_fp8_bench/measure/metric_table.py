@@ -11,8 +11,9 @@ Everything else is derived from :data:`METRICS`:
 * the gate's metric kinds and rules (:mod:`mla_fp8_bench.analysis.gate`);
 * calibrate's metric list, tolerance floors and always-zero metrics (:mod:`mla_fp8_bench.analysis.tolerances`);
 * plot labels (:func:`label`);
-* asv's ``regressions_thresholds`` / ``regressions_first_commits`` in ``asv.conf.json``
-  (:func:`asv_regression_config`; ``tests/test_metric_table.py`` checks the file equals it).
+* asv's ``regressions_thresholds`` / ``regressions_first_commits`` in the asv config files
+  (:func:`mla_fp8_bench.harness.asv_tracks.asv_regression_config`; ``tests/test_metric_table.py``
+  checks the files equal it).
 
 **Adding a metric** (three places):
 
@@ -20,7 +21,7 @@ Everything else is derived from :data:`METRICS`:
    backend's ``Prepared.extras``), or give the entry a ``derive`` function of the record;
 2. add a :class:`Metric` entry to :data:`METRICS` (with ``track``/``asv_class`` if asv should track it;
    the method is generated, no edit to ``benchmarks/`` is needed); if it has an asv track, regenerate the
-   thresholds with ``python -m mla_fp8_bench.measure.metric_table`` and paste them into ``asv.conf.json``;
+   asv configs' regression keys with ``python -m mla_fp8_bench.harness.asv_tracks --write asv*.conf.json``;
 3. a test that asserts the computed value against an independent reference.
 
 Kinds (:data:`KINDS`): ``accuracy`` (deterministic error figures), ``kernel_latency`` (device time of
@@ -45,7 +46,6 @@ Gate rules (:data:`GATES`):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -304,97 +304,3 @@ def record_keys() -> tuple[str, ...]:
             if m.samples_key:
                 keys.append(m.samples_key)
     return tuple(keys)
-
-
-def _asv_regex(m: Metric) -> str:
-    return "^" + re.escape(m.asv_name) + r"(\(|$)"
-
-
-def emulation_backends() -> tuple[str, ...]:
-    """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``), from the registry."""
-    from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.harness.asv_support import ASV_BACKENDS
-
-    return tuple(b for b in ASV_BACKENDS if get_backend(b).emulation)
-
-
-def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
-    """asv.conf.json's ``regressions_thresholds`` and ``regressions_first_commits``, from the table.
-
-    One anchored regex per tracked metric (disjoint: asv applies the maximum over matching entries).
-    Metrics that never gate in asv (host latency, informational) and the kernel-latency params of
-    emulation backends get ``null`` in ``regressions_first_commits`` (asv reports no regression for them).
-    asv matches ``<module>.<class>.<track>(<param reprs>)`` with ``re.match``.
-
-    Returns:
-        ``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}``.
-    """
-    thresholds: dict[str, float] = {}
-    off: dict[str, None] = {}
-    for m in asv_metrics():
-        rx = _asv_regex(m)
-        if m.kind in ASV_THRESHOLDS and m.gate != "none":
-            thresholds[rx] = 0.0 if m.gate in ("exact", "zero") else ASV_THRESHOLDS[m.kind]
-        else:
-            off[rx] = None
-        if m.kind == "kernel_latency":
-            for b in emulation_backends() if emulation is None else emulation:
-                off["^" + re.escape(m.asv_name) + re.escape(f"('{b}'")] = None
-    return {"regressions_thresholds": thresholds, "regressions_first_commits": off}
-
-
-_BLOCK_COMMENT = """\
-    // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.measure.metric_table
-    // --write <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
-    // the MAX over matching entries, so they are disjoint): accuracy 0 (deterministic values: any increase),
-    // kernel latency and resources 5 %. regressions_first_commits null: no regression is reported for
-    // figures that are not a kernel's (host latency, informational, an emulation's latency).
-"""
-
-
-def asv_config_block() -> str:
-    """The tail of an asv config file: the generated regression keys, then the closing brace."""
-    import json
-
-    body = json.dumps(asv_regression_config(), indent=4)
-    inner = body.strip()[1:-1].strip("\n")
-    return _BLOCK_COMMENT + inner + "\n}\n"
-
-
-def write_asv_config(path: str) -> bool:
-    """Replace the regression keys at the end of an asv config file (``//`` comments kept) with
-    :func:`asv_config_block`; returns whether the file changed. The keys must be the file's last entries.
-
-    Raises:
-        ValueError: the file has no ``"regressions_thresholds"`` key.
-    """
-    from mla_fp8_bench.jsonio import write_file_atomic
-
-    with open(path) as f:
-        lines = f.read().splitlines(keepends=True)
-    at = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith('"regressions_')), None)
-    if at is None:
-        raise ValueError(f"{path}: no \"regressions_thresholds\" key to replace")
-    while at > 0 and lines[at - 1].lstrip().startswith("//"):
-        at -= 1
-    head = "".join(lines[:at])
-    if not head.rstrip().endswith((",", "{")):
-        head = head.rstrip() + ",\n"
-    new = head + asv_config_block()
-    if new == "".join(lines):
-        return False
-    write_file_atomic(path, lambda f: f.write(new))
-    return True
-
-
-if __name__ == "__main__":
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(description="print (or --write into asv config files) the asv regression keys")
-    ap.add_argument("--write", nargs="+", metavar="ASV_CONF", help="asv config files to update in place")
-    a = ap.parse_args()
-    if not a.write:
-        sys.stdout.write(asv_config_block())
-    for conf in a.write or ():
-        print(f"{conf}: {'updated' if write_asv_config(conf) else 'already current'}")
