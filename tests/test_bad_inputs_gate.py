@@ -296,3 +296,29 @@ def test_run_json_and_asv_file_of_one_device_are_compared(tmp_path):
     h2 = _asv_file(tmp_path / "h2.json", "h200", "NVIDIA H200", {("MLAPrefill", "track_max_abs_error"): 0.04},
                    "c" * 40)
     assert _gate(b, h2, "--allow-missing") == 2
+
+
+# ------------------------------------------------------------------------------- gate rules "zero" and "exact"
+def test_nonfinite_count_must_be_zero(tmp_path, capsys):
+    b = _write(tmp_path, "b.json", [_rec()])
+    h = _write(tmp_path, "h.json", [_rec(seed=1, nonfinite_count_fp8_ref=3)])
+    assert _gate(b, h) == 1
+    assert "REGRESSION: fa3-fp8 s1024 nonfinite_count_fp8_ref" in capsys.readouterr().out
+
+
+def test_exact_rule_flags_any_change(monkeypatch):
+    from mla_fp8_bench.analysis import gate
+    from mla_fp8_bench.measure.metric_table import Metric
+
+    exact = Metric("slots", "slots", None, None, "slots", "slots", "resource", gate="exact")
+    monkeypatch.setattr(gate, "find", lambda name: exact if name == "slots" else None)
+
+    def side(v):
+        s = gate.Side("x", params={("b", "c"): ("ok", "")}, kinds={"slots": "resource"})
+        s.data[("b", "c", "slots")] = gate.Measure("ok", v)
+        return s
+
+    opts = gate.GateOptions()
+    assert gate.compare_one(("b", "c", "slots"), side(64.0), side(64.0), opts).verdict == "ok"
+    assert gate.compare_one(("b", "c", "slots"), side(64.0), side(60.0), opts).verdict == "REGRESSION"
+    assert gate.compare_one(("b", "c", "slots"), side(64.0), side(65.0), opts).verdict == "REGRESSION"
