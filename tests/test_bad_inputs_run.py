@@ -7,6 +7,7 @@ that the input is refused before any work with a message naming it, or that no r
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -533,3 +534,33 @@ def test_tensors_and_dtypes_in_records_are_written_as_plain_json(tmp_path):
     p = tmp_path / "r.json"
     write_json_atomic({"t": torch.tensor([1.5, 2.0]), "d": torch.float8_e4m3fn, "dev": torch.device("cpu")}, p)
     assert json.loads(p.read_text()) == {"t": [1.5, 2.0], "d": "torch.float8_e4m3fn", "dev": "cpu"}
+
+
+# ============================================================================ T. tiny inputs (row 18)
+def test_tiny_q_and_k_underflow_the_kernels_score_scale_and_the_run_reports_it(monkeypatch):
+    """q, k x 1e-25 with per-tensor scales: descale = amax/448 ~ 1e-27 is representable, but the kernel's
+    c = softmax_scale*q_scale*k_scale (fp32, docs/aiter-contract.md step 1) is ~1e-55 and underflows to 0;
+    a causally masked score (-inf) times c2 = 0 is NaN. The emulated kernel therefore gives NaN as the
+    kernel would, and the run records it as an error (counted), while the references stay finite."""
+    import mla_fp8_bench.problem.inputs as inputs_mod
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate
+    from mla_fp8_bench.problem.cases import resolve_cases
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    orig = inputs_mod.make_bf16_qkv
+    monkeypatch.setattr(inputs_mod, "make_bf16_qkv",
+                        lambda case, *a, **k: (lambda q, k_, v: (q * 1e-25, k_ * 1e-25, v))(*orig(case, *a, **k)))
+    (case,) = resolve_cases(["s64-h2"])
+    inp = make_inputs(case, "cpu")
+    qs, ks = float(inp.q8.descale), float(inp.k8.descale)
+    assert 1e-29 < qs < 1e-26 and 1e-29 < ks < 1e-26  # each scale is a normal fp32 number
+    c = torch.tensor(inp.softmax_scale, dtype=torch.float32) * torch.tensor(qs) * torch.tensor(ks)
+    assert float(c) == 0.0 and math.isnan(float(torch.tensor(-math.inf) * c))
+    data = evaluate(["aiter-emulated", "torch-fp8-ref"], [case], device="cpu",
+                    options=RunOptions(timing=False, determinism=False))
+    emu, ref = data["records"]
+    if emu["status"] == "skipped":
+        pytest.skip(f"aiter-emulated cannot run here: {emu['reason']}")
+    assert emu["status"] == "error" and emu["reason"].startswith("non-finite result")
+    assert emu["nonfinite_count_fp8_ref"] > 0
+    assert ref["status"] == "ok" and ref["max_abs_error_fp8_ref"] < 0.05  # the references are finite
