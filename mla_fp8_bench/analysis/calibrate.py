@@ -65,7 +65,9 @@ DEFAULT_MARGIN = 2.0
 MIN_SEEDS = 20
 VALIDATION_SEED0 = 1000
 DEFAULT_NAME = "cpu-emulated-v1"
-DEFAULT_CASES = ("s128", "s257", "s512", "ragged-255-257", "s512-h8")
+DEFAULT_CASES = ("s128", "s257", "s512", "ragged-255-257", "s512-h8",
+                 # context chunk and prefix-cached prefill: unsplit tiles (lse-gap) and split ones
+                 "ctx100-q64", "prefix256-q100", "ctx1024-q256", "prefix1024-q300")
 DEFAULT_BACKENDS = ("aiter-emulated", "torch-fp8-ref")
 QUANTS = ("per_tensor", "cast")
 DISTS = ("normal", "outlier", "mla")

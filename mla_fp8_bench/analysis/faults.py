@@ -19,6 +19,20 @@ Two kinds of fault:
     ``aiter`` would reject such a call as a contract violation; the hardware would not, so this path
     calls the emulator's kernel and reduce directly (hardware semantics: it reads what it is told).
 
+  Faults of the prefix-cached prefill (``ctx`` / ``prefix`` cases, see :mod:`mla_fp8_bench.problem.prefix`):
+
+  - ``stale_unsplit_lse`` - the pre-#3606 reduce in a build whose callers merge by LSE: ``final_lse``
+    of rows in unsplit tiles (reduce groups of fewer than 2 partials) is never written and holds zeroed
+    memory (0.0, finite: nothing non-finite betrays it). Visible where a tile is unsplit (the
+    ``lse-gap`` suite); the ``ctx`` LSE and the ``prefix`` merge are then wrong.
+  - ``drop_context_merge`` - the merge keeps only the new-token piece (``out = new_out``): the
+    context chunk's term is dropped.
+  - ``causal_context_chunk`` - the context chunk runs causally (bottom-right) instead of non-causally,
+    so queries lose the context keys past ``kv_len - q_len + i``.
+  - ``prefix_top_left`` - the prefix runs as one causal call over context + new keys (q_len < kv_len)
+    with the mask aligned top-left instead of bottom-right (the emulator's ``top_left_causal`` on that
+    call): query ``i`` sees keys ``0..i`` instead of ``0..C+i``.
+
 :class:`FaultyEmulated` is the ``aiter-emulated`` backend with faults. It keeps the name
 ``aiter-emulated`` on purpose: a regressed AITER build still reports as ``aiter``, and its records are
 checked against the healthy backend's calibrated tolerances.
@@ -48,7 +62,7 @@ from mla_fp8_bench.aiter_ps.emulator import (
     emulate_mla_reduce_v1,
 )
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated, emulated_cu_num
-from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
+from mla_fp8_bench.backends.base import Backend, Prepared, Verdict, compose_prefix
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.measure.metrics import error_metrics
 from mla_fp8_bench.problem.cases import Case
@@ -56,12 +70,23 @@ from mla_fp8_bench.problem.fp8 import Quantized, fp8_max, quantize
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.shapes import DEFAULT_SOFTMAX_SCALE
 
-#: Faults of the quantisation / planning steps around the kernel (implemented here).
+#: Faults of the steps around the kernel (quantisation, planning, the prefix composition; implemented here).
 INPUT_FAULTS: dict[str, str] = {
     "unsaturated_cast": "quantisation: fp8 cast without saturation; |x| beyond the rounding boundary -> NaN "
                         "(PyTorch <= 2.11 eager casts; cast mode only)",
     "stale_plan": "planning: kernel + reduce run with the plan of the previous step's batch "
                   "(stream-ordering race, vLLM #58886)",
+    "stale_unsplit_lse": "reduce: final_lse of unsplit tiles never written (pre-#3606), zeroed memory (0.0) merged",
+    "drop_context_merge": "prefix merge: the context chunk's term is dropped (out = new-token piece)",
+    "causal_context_chunk": "context chunk run causally (bottom-right) instead of non-causally",
+    "prefix_top_left": "prefix as one causal call over context + new keys with a top-left aligned mask",
+}
+#: Faults that show only on context-chunk / prefix cases, and the cases they are tried on (cheapest first).
+PREFIX_FAULT_CASES: dict[str, tuple[str, ...]] = {
+    "stale_unsplit_lse": ("ctx100-q64", "prefix256-q100"),
+    "drop_context_merge": ("prefix256-q100", "prefix1024-q300"),
+    "causal_context_chunk": ("ctx100-q64", "ctx1024-q256", "prefix1024-q300"),
+    "prefix_top_left": ("prefix256-q100", "prefix1024-q300"),
 }
 #: Every fault the suite can inject: the emulator's plus the input-side ones.
 SUITE_FAULTS: dict[str, str] = {**FAULT_DESCRIPTIONS, **INPUT_FAULTS}
@@ -69,7 +94,8 @@ SUITE_FAULTS: dict[str, str] = {**FAULT_DESCRIPTIONS, **INPUT_FAULTS}
 PROBE_ONLY_FAULTS = {"top_left_causal": "probe-chunked", "lse_no_max_subtraction": "probe-hot-lse"}
 #: The case (family) a fault needs to show at all (None: any case).
 FAULT_NEEDS = {"unsaturated_cast": "cast quantisation with |x| > 464 (-cast-outlier)", **{
-    k: f"the {v} probe" for k, v in PROBE_ONLY_FAULTS.items()}}
+    k: f"the {v} probe" for k, v in PROBE_ONLY_FAULTS.items()}, **{
+    k: f"a context-chunk or prefix case ({', '.join(v)})" for k, v in PREFIX_FAULT_CASES.items()}}
 
 
 def normalize_suite_faults(faults: Iterable[str] | str | None) -> frozenset[str]:
@@ -171,6 +197,45 @@ def _cumsum(xs: Iterable[int]):
         yield s
 
 
+def unsplit_rows(inputs: CaseInputs, cu_num: int) -> torch.Tensor:
+    """bool ``[T_q]``: rows of the one call of a ``prefill``/``ctx`` input whose tiles are not split, so the
+    pre-#3606 reduce writes no ``final_lse`` for them (reduce groups of < 2 partials; the planner port)."""
+    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
+
+    case = inputs.case
+    plan = plan_ps_prefill(inputs.cu_seqlens_q_cpu, inputs.cu_seqlens_kv_cpu, torch.tensor(case.kv_lens),
+                           num_heads_k=case.num_heads, cu_num=cu_num, qlen_granularity=256, kvlen_granularity=128,
+                           block_size=1, is_causal=bool(inputs.causal))
+    written = torch.zeros(case.total_tokens, dtype=torch.bool)
+    groups, final_map = plan.used_reduce_indptr.tolist(), plan.used_reduce_final_map.tolist()
+    for g in range(len(groups) - 1):
+        if groups[g + 1] - groups[g] >= 2:
+            written[final_map[g][0]:final_map[g][1]] = True
+    return ~written
+
+
+def _with_stale_lse(p: Prepared, rows: torch.Tensor) -> Prepared:
+    """``p`` whose LSE holds 0.0 (zeroed, never written) on ``rows``."""
+    orig = p.lse
+    if orig is None or not bool(rows.any()):
+        return p
+
+    def lse() -> tuple[torch.Tensor, torch.Tensor]:
+        values, valid = orig()
+        values = values.clone()
+        values[rows.to(values.device)] = 0.0
+        return values, valid & ~rows
+
+    p.lse = lse
+    return p
+
+
+def _drop_context(ctx_out: torch.Tensor, ctx_lse: torch.Tensor, new_out: torch.Tensor,
+                  new_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``drop_context_merge`` merge: the new-token piece alone."""
+    return new_out, new_lse.float()
+
+
 class FaultyEmulated(Backend):
     """``aiter-emulated`` with injected faults (emulator faults and :data:`INPUT_FAULTS`).
 
@@ -186,6 +251,7 @@ class FaultyEmulated(Backend):
     description = "aiter-emulated with injected faults (regression-detection experiments)"
     fp8 = True
     emulation = True
+    context_chunk_skip = ""
 
     def __init__(self, faults: Iterable[str] | str | None = None, cu_num: int | None = None):
         self.faults = normalize_suite_faults(faults)
@@ -199,12 +265,30 @@ class FaultyEmulated(Backend):
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
         return self._inner.supports(case, platform)
 
+    def prepare_case(self, inputs: CaseInputs) -> Prepared:
+        """As the healthy backend, with the prefix faults: ``prefix_top_left`` runs a prefix case as one
+        causal call (q_len < kv_len) with a top-left mask, ``drop_context_merge`` drops the context term."""
+        if inputs.case.family == "prefix" and "prefix_top_left" in self.faults:
+            case = inputs.case
+            one_call = Case(case.seq_lens, case.num_heads, case.quant, case.dist, case.seed,
+                            context_lens=case.kv_lens, family="ctx")  # kv_lens = C + Q, one call
+            inner = AiterEmulated(faults=self.emu_faults | {"top_left_causal"}, cu_num=self.cu_num)
+            return inner.prepare(replace(inputs, case=one_call, causal=True))
+        if inputs.case.family == "prefix" and "drop_context_merge" in self.faults:
+            return compose_prefix(self, inputs, merge=_drop_context)
+        return super().prepare_case(inputs)
+
     def prepare(self, inputs: CaseInputs) -> Prepared:
         if "unsaturated_cast" in self.faults:
             inputs = _requantize_unsaturated(inputs)
         if "stale_plan" in self.faults:
             return _prepare_stale(inputs, self.emu_faults, self.cu_num)
-        return self._inner.prepare(inputs)
+        if "causal_context_chunk" in self.faults and inputs.case.family == "ctx":
+            inputs = replace(inputs, causal=True)
+        p = self._inner.prepare(inputs)
+        if "stale_unsplit_lse" in self.faults:
+            p = _with_stale_lse(p, unsplit_rows(inputs, self.cu_num))
+        return p
 
 
 # ------------------------------------------------------------------------------------------ probes
@@ -349,7 +433,7 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
     probe_refs: dict[tuple[str, int], Any] = {}
     rows: list[dict[str, Any]] = []
     for f in names:
-        targets = [PROBE_ONLY_FAULTS[f]] if f in PROBE_ONLY_FAULTS else list(cases)
+        targets = [PROBE_ONLY_FAULTS[f]] if f in PROBE_ONLY_FAULTS else list(PREFIX_FAULT_CASES.get(f, cases))
         done = False
         for s in seeds:
             for cid in targets:
