@@ -170,7 +170,8 @@ def s512():
     # pre-#3606 semantics (AITER <= v0.1.21): unsplit tiles write output directly, no LSE
     split_o, split_l = _run(d, cu_num=16, return_lse=True, post_3606=False)  # 4 TGs per cluster: splits
     unsplit_o, unsplit_l = _run(d, cu_num=4, return_lse=True, post_3606=False)  # 1 TG per cluster: no split
-    return dict(d=d, ref_o=ref_o, ref_l=ref_l, split_o=split_o, split_l=split_l, unsplit_o=unsplit_o, unsplit_l=unsplit_l)
+    return dict(d=d, ref_o=ref_o, ref_l=ref_l, split_o=split_o, split_l=split_l, unsplit_o=unsplit_o,
+                unsplit_l=unsplit_l)
 
 
 def test_plans_used_by_the_accuracy_tests_do_and_do_not_split(s512):
@@ -241,6 +242,106 @@ def test_non_causal_and_chunked_context_vs_float64():
 
 
 # ----------------------------------------------------------------------------------------------
+# both AITER revisions (ROCm/aiter#3606) and context chunks
+
+
+@pytest.mark.parametrize("cu_num", [4, 16])
+def test_post_3606_same_output_and_lse_on_every_row(cu_num):
+    """Post-#3606 every work writes a partial slot and the reduce runs for single-partial groups too:
+    the output is bit-identical to pre-#3606 (one partial merges with weight exp(0) = 1), the LSE is
+    written for every row and equals the float64 LSE; pre-#3606 leaves exactly the unsplit rows NaN."""
+    d = _inputs([255, 1, 300, 513], H=2, seed=41)
+    ref_o, ref_l = _ref64(d)
+    pre_o, pre_l = _run(d, cu_num=cu_num, return_lse=True, post_3606=False)
+    post_o, post_l = _run(d, cu_num=cu_num, return_lse=True, post_3606=True)
+    assert torch.equal(pre_o, post_o)
+    assert bool(torch.isfinite(post_l).all())
+    assert float(((post_l.double() - ref_l).abs() / ref_l.abs()).max()) < 1e-5
+    split = torch.zeros(pre_o.shape[0], dtype=torch.bool)
+    for q0, q1 in _plan(d, cu_num).used_reduce_final_map.tolist():
+        split[q0:q1] = True
+    assert not bool(split.all())  # the plan leaves some tiles unsplit
+    assert torch.equal(torch.isnan(pre_l).all(dim=1), ~split)
+    assert torch.equal(pre_l[split], post_l[split])
+    post_plan = _plan(d, cu_num, post_3606=True)
+    assert int(post_plan.used_work_info[:, 1].min()) >= 0  # no -1 after #3606
+    assert post_plan.num_reduce_groups >= _plan(d, cu_num).num_reduce_groups
+
+
+@pytest.mark.parametrize("post_3606", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_context_chunks_vs_float64_both_revisions(post_3606, causal):
+    """q_len < kv_len through run_emulated_prefill (cu_seqlens_kv): non-causal (a context chunk) and
+    bottom-right causal, ragged, with split and unsplit tiles; LSE on every row post-#3606."""
+    d = _inputs([130, 300, 64], H=2, seed=43, kv_lens=[700, 300, 1000])
+    ref_o, ref_l = _ref64(d, causal=causal)
+    out, lse = _run(d, cu_num=8, causal=causal, return_lse=True, post_3606=post_3606, cu_seqlens_kv=d["cu_kv"])
+    err = float((out.double() - ref_o).abs().max())
+    assert 0.001 < err < 0.1, err
+    rows = ~torch.isnan(lse).any(dim=1)
+    assert bool(rows.all()) == post_3606
+    assert bool(rows.any())
+    assert float(((lse.double() - ref_l).abs() / ref_l.abs())[rows].max()) < 1e-5
+    # the same thing through the kernel/reduce directly on the planner's plan
+    o2, l2, plan = _run_direct(d, cu_num=8, causal=causal, post_3606=post_3606)
+    assert torch.equal(o2, out) and _diff(l2, lse) == 0.0
+    assert any(int(w[6]) > 0 for w in plan.used_work_info.tolist())  # kv_offset set on split pieces
+
+
+def test_run_emulated_prefill_rejects_q_longer_than_kv_when_causal():
+    d = _inputs([300], H=1, kv_lens=[200])
+    with pytest.raises(ValueError, match=r"sequence 0: q_len 300 > kv_len 200 with causal=True"):
+        _run(d, cu_num=4, cu_seqlens_kv=d["cu_kv"])
+    with pytest.raises(ValueError, match=r"cu_seqlens_kv must rise from 0 to P=200"):
+        _run(d, cu_num=4, causal=False, cu_seqlens_kv=torch.tensor([0, 100], dtype=torch.int32))
+    out = _run(d, cu_num=4, causal=False, cu_seqlens_kv=d["cu_kv"])  # non-causal q_len > kv_len is defined
+    assert bool(torch.isfinite(out).all())
+
+
+def test_reduce_post_3606_merges_single_partial_groups():
+    """A group of one partial: skipped before #3606, copied with its LSE from #3606 on."""
+    H = 2
+    po, pl = torch.randn(512, H, 128), torch.randn(512, H)
+    ri = torch.tensor([0, 1, 3], dtype=torch.int32)
+    fm = torch.tensor([[0, 40], [40, 90]], dtype=torch.int32)
+    pm = torch.tensor([256, 0, 256], dtype=torch.int32)
+    outs = {}
+    for post in (False, True):
+        out = torch.full((90, H, 128), float("nan"), dtype=torch.bfloat16)
+        lse = torch.full((90, H), float("nan"))
+        emulate_mla_reduce_v1(po, pl, ri, fm, pm, out, lse, post_3606=post)
+        outs[post] = (out, lse)
+    assert bool(torch.isnan(outs[False][0][:40]).all()) and bool(torch.isnan(outs[False][1][:40]).all())
+    assert torch.equal(outs[True][0][:40], po[256:296].bfloat16())
+    torch.testing.assert_close(outs[True][1][:40], pl[256:296], rtol=0, atol=0)
+    assert torch.equal(outs[True][0][40:], outs[False][0][40:])  # two-partial groups: the same maths
+    want = torch.logaddexp(pl[0:50].double(), pl[256:306].double())
+    torch.testing.assert_close(outs[True][1][40:].double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,cu_num", [(16, 256), (1, 80), (12, 304)])
+def test_standin_info_sizes_by_revision(heads, cu_num):
+    """get_ps_metadata_info_v1 of both revisions, against the formulas written out here: pre-#3606
+    work_info (B+cpc-1)*mqs*H rows and min(B+cpc-1, 2(cpc-1))*mqs partial slots; from 0.1.22
+    kv_splits = max(1, ceil((max_kvlen or max_qlen)/128)), work_entries = tiles*(kv_splits + cpc)."""
+    B, max_q, max_kv = 3, 600, 5000
+    cpc = cu_num // math.gcd(heads, cu_num)
+    mqs = -(-max_q // 256)
+    tiles = B * mqs
+    old = make_standin_aiter(aiter_version=(0, 1, 20), cu_num=cu_num).get_ps_metadata_info_v1(B, heads, max_q, 256)
+    assert [s for s, _ in old] == [2, cu_num + 1, ((B + cpc - 1) * mqs * heads, 8), tiles + 1, (tiles, 2),
+                                   min(B + cpc - 1, 2 * (cpc - 1)) * mqs]
+    assert [dt for _, dt in old] == [torch.uint64] + [torch.int32] * 5
+    new = make_standin_aiter(cu_num=cu_num).get_ps_metadata_info_v1
+    for kv in (None, max_kv):
+        entries = tiles * (max(1, -(-(kv or max_q) // 128)) + cpc)
+        got = new(B, heads, max_q, 256, max_kvlen=kv)
+        assert [s for s, _ in got] == [2, cu_num + 1, (entries * heads, 8), tiles + 1, (tiles, 2), entries]
+    with pytest.raises(StandinContractError, match=r"max_kvlen=-1 is out of range"):
+        new(B, heads, max_q, max_kvlen=-1)
+
+
+# ----------------------------------------------------------------------------------------------
 # coverage: every row written (NaN poison)
 
 
@@ -276,7 +377,8 @@ def test_kv_len_zero_sequences_get_zero_rows_non_causal():
         out, lse, plan = _run_direct(d, cu_num=cu_num, causal=False)
         assert bool((out[:4] == 0).all())
         assert bool(torch.isnan(lse[:4]).all())
-        last = dict(d, q8=d["q8"][4:], cu=torch.tensor([0, 1], dtype=torch.int32), cu_kv=torch.tensor([0, 800], dtype=torch.int32))
+        last = dict(d, q8=d["q8"][4:], cu=torch.tensor([0, 1], dtype=torch.int32),
+                    cu_kv=torch.tensor([0, 800], dtype=torch.int32))
         ref_o, _ = _ref64(last, causal=False)
         assert float((out[4:].double() - ref_o).abs().max()) < 0.05
 
@@ -289,7 +391,8 @@ def test_paged_kv_through_page_indices_equals_identity_layout():
     plan = _plan(d, 16)
     # pool row of token t; token 0 stays in row 0 because tail keys read past len(kv_page_indices)
     # use page 0 (kernel numerics, step 5a), which must hold the same data in both layouts
-    perm = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(T + 4, generator=torch.Generator().manual_seed(0))])
+    gen = torch.Generator().manual_seed(0)
+    perm = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(T + 4, generator=gen)])
     pages = perm[:T]
     nan8 = torch.full((1, H, 192), float("nan")).to(FP8)
     kpool = nan8.repeat(T + 5, 1, 1)
@@ -446,7 +549,8 @@ def test_fault_sets_and_unknown_fault():
 def test_run_emulated_prefill_rejects_bad_inputs():
     d = _inputs([16], H=1)
     with pytest.raises(ValueError, match="q8 must be a 3-D float8_e4m3fn"):
-        run_emulated_prefill(d["q8"].float(), d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"], softmax_scale=SM_SCALE)
+        run_emulated_prefill(d["q8"].float(), d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"],
+                             softmax_scale=SM_SCALE)
     with pytest.raises(ValueError, match="v_scale must be a one-element fp32"):
         run_emulated_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], None, d["cu"], softmax_scale=SM_SCALE)
     with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to T=16"):
@@ -455,7 +559,8 @@ def test_run_emulated_prefill_rejects_bad_inputs():
             softmax_scale=SM_SCALE,
         )  # fmt: skip
     with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32"):
-        run_emulated_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"].long(), softmax_scale=SM_SCALE)
+        run_emulated_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"].long(),
+                             softmax_scale=SM_SCALE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -488,13 +593,16 @@ def _standin_pipeline(aiter, d, variant, causal=True):
     return out, lse, bufs, (sd, sl)
 
 
+@pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
 @pytest.mark.parametrize("variant", [7, 8, 9])
 @pytest.mark.parametrize("faults", [None, frozenset({"drop_v_descale", "skip_split_tile"})])
-def test_standin_pipeline_equals_run_emulated_prefill_bit_exactly(variant, faults):
+def test_standin_pipeline_equals_run_emulated_prefill_bit_exactly(variant, faults, version):
+    """Every reduce signature variant, both AITER revisions (the variant overrides the version's form)."""
     d = _inputs([255, 1, 300], H=2, seed=19)
-    aiter = make_standin_aiter(reduce_variant=variant, cu_num=16, faults=faults)
+    aiter = make_standin_aiter(reduce_variant=variant, cu_num=16, faults=faults, aiter_version=version)
     out, lse, _, _ = _standin_pipeline(aiter, d, variant)
-    ref_o, ref_l = _run(d, cu_num=16, faults=faults, return_lse=True)
+    ref_o, ref_l = _run(d, cu_num=16, faults=faults, return_lse=True, post_3606=version >= (0, 1, 22))
+    assert bool(torch.isfinite(lse).all()) == (version >= (0, 1, 22) and not faults)  # #3606: LSE on every row
     assert _diff(out, ref_o) == 0.0 and _diff(lse, ref_l) == 0.0
     names = [c["name"] for c in aiter.calls]
     assert names == ["get_ps_metadata_info_v1", "get_ps_metadata_v1", "mla_prefill_ps_asm_fwd", "mla_reduce_v1"]
@@ -594,7 +702,10 @@ KERNEL_VIOLATIONS = {
         lambda a: {"splitData": a["splitData"][:-256].clone(), "splitLse": a["splitLse"][:-256].clone()},
         r"splitData/splitLse have \d+ rows but the plan's partial slots need",
     ),
-    "splitData_bf16": (lambda a: {"splitData": a["splitData"].bfloat16()}, r"splitData has dtype bfloat16: must be float32"),
+    "splitData_bf16": (
+        lambda a: {"splitData": a["splitData"].bfloat16()},
+        r"splitData has dtype bfloat16: must be float32",
+    ),
     "splitLse_rows": (lambda a: {"splitLse": a["splitLse"][:-1].clone()}, r"splitData has \d+ rows but splitLse"),
     "output_fp32": (lambda a: {"output": a["output"].float()}, r"output has dtype float32: must be bfloat16"),
     "output_shape": (lambda a: {"output": a["output"][:-1].clone()}, r"output has shape"),
@@ -605,9 +716,15 @@ KERNEL_VIOLATIONS = {
     "work_indptr_none": (lambda a: {"work_indptr": None}, r"work_indptr is None: the grid"),
     "qo_indptr_int64": (lambda a: {"qo_indptr": a["qo_indptr"].long()}, r"qo_indptr has dtype int64: must be int32"),
     "work_info_int64": (lambda a: {"work_info_set": a["work_info_set"].long()}, r"work_info_set has dtype int64"),
-    "pages_out_of_range": (lambda a: {"kv_page_indices": a["kv_page_indices"] + 1}, r"kv_page_indices has values outside"),
+    "pages_out_of_range": (
+        lambda a: {"kv_page_indices": a["kv_page_indices"] + 1},
+        r"kv_page_indices has values outside",
+    ),
     "is_causal_int": (lambda a: {"is_causal": 1}, r"is_causal must be a bool"),
-    "softmax_scale_tensor": (lambda a: {"softmax_scale": torch.tensor(SM_SCALE)}, r"softmax_scale must be a Python float"),
+    "softmax_scale_tensor": (
+        lambda a: {"softmax_scale": torch.tensor(SM_SCALE)},
+        r"softmax_scale must be a Python float",
+    ),
     "work_info_short": (lambda a: {"work_info_set": a["work_info_set"][:3].clone()}, r"work_indptr reaches work"),
 }
 
@@ -630,10 +747,12 @@ def pargs():
     cu = torch.tensor([0, 300, 900], dtype=torch.int32)
     seqlens = (cu[1:] - cu[:-1]).to(torch.int32)
     info = aiter.get_ps_metadata_info_v1(2, 2, 600, 256)
-    names = ["work_metadata_ptrs", "work_indptr", "work_info", "reduce_indptr", "reduce_final_map", "reduce_partial_map"]
+    names = ["work_metadata_ptrs", "work_indptr", "work_info", "reduce_indptr", "reduce_final_map",
+             "reduce_partial_map"]
     bufs = {n: torch.zeros(shape, dtype=dt) for n, (shape, dt) in zip(names, info)}
     a = dict(seqlens_qo_indptr=cu, pages_kv_indptr=cu, context_lens=seqlens, gqa_ratio=1, num_heads_k=2, **bufs,
-             qhead_granularity=1, qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)  # fmt: skip
+             qhead_granularity=1, qlen_granularity=256, kvlen_granularity=128, block_size=1,
+             is_causal=True)  # fmt: skip
     return aiter, a
 
 
@@ -654,14 +773,35 @@ def test_standin_planner_fills_like_the_port(pargs, version):
 
 
 PLANNER_VIOLATIONS = {
-    "kvlen_default": (lambda a: {k: v for k, v in a.items() if k not in ("kvlen_granularity", "block_size")}, r"kvlen_granularity=1: .*real default is 1"),
+    "kvlen_default": (
+        lambda a: {k: v for k, v in a.items() if k not in ("kvlen_granularity", "block_size")},
+        r"kvlen_granularity=1: .*real default is 1",
+    ),
     "block_size_16": (lambda a: {"block_size": 16}, r"block_size=16"),
-    "work_indptr_cu_mismatch": (lambda a: {"work_indptr": torch.zeros(257, dtype=torch.int32)}, r"work_indptr has 257 entries: must be cu_num\+1 = 17"),
-    "work_info_undersized": (lambda a: {"work_info": torch.zeros(3, 8, dtype=torch.int32)}, r"work_info is undersized: 3 rows"),
-    "partial_map_undersized": (lambda a: {"reduce_partial_map": torch.zeros(1, dtype=torch.int32)}, r"reduce_partial_map is undersized: 1 entries"),
-    "final_map_undersized": (lambda a: {"reduce_final_map": torch.zeros(0, 2, dtype=torch.int32)}, r"reduce_final_map is undersized"),
-    "reduce_indptr_undersized": (lambda a: {"reduce_indptr": torch.zeros(1, dtype=torch.int32)}, r"reduce_indptr is undersized"),
-    "indptr_int64": (lambda a: {"seqlens_qo_indptr": a["seqlens_qo_indptr"].long()}, r"seqlens_qo_indptr has dtype int64"),
+    "work_indptr_cu_mismatch": (
+        lambda a: {"work_indptr": torch.zeros(257, dtype=torch.int32)},
+        r"work_indptr has 257 entries: must be cu_num\+1 = 17",
+    ),
+    "work_info_undersized": (
+        lambda a: {"work_info": torch.zeros(3, 8, dtype=torch.int32)},
+        r"work_info is undersized: 3 rows",
+    ),
+    "partial_map_undersized": (
+        lambda a: {"reduce_partial_map": torch.zeros(1, dtype=torch.int32)},
+        r"reduce_partial_map is undersized: 1 entries",
+    ),
+    "final_map_undersized": (
+        lambda a: {"reduce_final_map": torch.zeros(0, 2, dtype=torch.int32)},
+        r"reduce_final_map is undersized",
+    ),
+    "reduce_indptr_undersized": (
+        lambda a: {"reduce_indptr": torch.zeros(1, dtype=torch.int32)},
+        r"reduce_indptr is undersized",
+    ),
+    "indptr_int64": (
+        lambda a: {"seqlens_qo_indptr": a["seqlens_qo_indptr"].long()},
+        r"seqlens_qo_indptr has dtype int64",
+    ),
     "work_info_int64": (lambda a: {"work_info": a["work_info"].long()}, r"work_info has dtype int64"),
     "gqa_2": (lambda a: {"gqa_ratio": 2}, r"gqa_ratio=2"),
     "qlen_gran_128": (lambda a: {"qlen_granularity": 128}, r"qlen_granularity=128"),
@@ -694,14 +834,26 @@ def rargs():
 
 
 REDUCE_VIOLATIONS = {
-    "partials_bf16": (lambda a: {"partial_output": a["partial_output"].bfloat16()}, r"partial_output has dtype bfloat16: must be float32"),
+    "partials_bf16": (
+        lambda a: {"partial_output": a["partial_output"].bfloat16()},
+        r"partial_output has dtype bfloat16: must be float32",
+    ),
     "lse_fp16": (lambda a: {"partial_lse": a["partial_lse"].half()}, r"partial_lse has dtype float16"),
     "final_output_fp32": (lambda a: {"final_output": a["final_output"].float()}, r"final_output has dtype float32"),
-    "final_output_lastdim": (lambda a: {"final_output": torch.zeros(100, 2, 256, dtype=torch.bfloat16)[..., ::2]}, r"last dim is not contiguous"),
+    "final_output_lastdim": (
+        lambda a: {"final_output": torch.zeros(100, 2, 256, dtype=torch.bfloat16)[..., ::2]},
+        r"last dim is not contiguous",
+    ),
     "final_lse_shape": (lambda a: {"final_lse": torch.zeros(100, 3)}, r"final_lse has shape \(100, 3\)"),
-    "partials_undersized": (lambda a: {"partial_output": a["partial_output"][:300].clone(), "partial_lse": a["partial_lse"][:300].clone()}, r"have 300 rows but reduce_partial_map needs 512"),
+    "partials_undersized": (
+        lambda a: {"partial_output": a["partial_output"][:300].clone(), "partial_lse": a["partial_lse"][:300].clone()},
+        r"have 300 rows but reduce_partial_map needs 512",
+    ),
     "indptr_int64": (lambda a: {"reduce_indptr": a["reduce_indptr"].long()}, r"reduce_indptr has dtype int64"),
-    "eight_arg_call_on_nine": (lambda a: {"num_kv_splits": a["final_output"], "final_output": a["final_lse"], "final_lse": None}, r"num_kv_splits got a Tensor.*vLLM #46760"),
+    "eight_arg_call_on_nine": (
+        lambda a: {"num_kv_splits": a["final_output"], "final_output": a["final_lse"], "final_lse": None},
+        r"num_kv_splits got a Tensor.*vLLM #46760",
+    ),
 }
 
 

@@ -223,7 +223,8 @@ def _make_vllm_module(version: str, name: str, ws: types.ModuleType, cu_num: int
         q, k, v = (x.to(platform.fp8_dtype()) for x in (q, k, v))
         t, dv = q.shape[0], self.v_head_dim
         n = md.fp8_prefill_num_partial_tiles
-        specs = [((n * TILE, nhead, dv), torch.float32), ((n * TILE, nhead), torch.float32), ((t, nhead), torch.float32)]
+        specs = [((n * TILE, nhead, dv), torch.float32), ((n * TILE, nhead), torch.float32),
+                 ((t, nhead), torch.float32)]
         if nhead != real:
             specs.append(((t, nhead, dv), out.dtype))
         logits, lse, final_lse, *pad_out = ws.current_workspace_manager().get_simultaneous(*specs)
@@ -396,6 +397,47 @@ def test_supports_heads_and_quant(monkeypatch, version):
     if version != "0.28":
         v = b.supports(parse_case_id("s256-h136-cast"), CPU)
         assert not v and "is_valid_num_heads" in v.reason
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_context_chunk_and_prefix_cases_are_skips_naming_vllm_52356(monkeypatch, version):
+    """vLLM skips the FP8 PS path for batches with cached context (vLLM #52356, up to 0.33.0)."""
+    adapter, _, _ = _install(monkeypatch, version)
+    b = adapter()
+    for cid in ("ctx1024-q256-cast", "prefix1024-q300-cast", "prefix-ragged-1024q256-0q300-cast"):
+        case = parse_case_id(cid)
+        v = b.supports(case, CPU)
+        assert not v and "#52356" in v.reason and case.family in v.reason
+        with pytest.raises(NotImplementedError, match="#52356"):
+            b.plan_stats(case, CPU)
+    assert b.supports(parse_case_id("s256-cast"), CPU)
+
+
+@pytest.mark.parametrize("aiter_version", [(0, 1, 20), (0, 1, 22)])
+def test_vllm_0_33_runs_on_both_aiter_revisions_without_max_kvlen(monkeypatch, aiter_version):
+    """vLLM 0.33 calls get_ps_metadata_info_v1 without max_kvlen; on a #3606 aiter (0.1.22) the path still
+    equals aiter-emulated of that revision bit for bit, and the reservation grows with the looser bound."""
+    adapter, _, _ = _install(monkeypatch, "0.29")  # 0.29/0.30 reserve from AITER's info bound
+    aiter = _standin(aiter_version=aiter_version)
+    b = adapter(aiter)
+    inputs = make_inputs(parse_case_id("ragged-300-40-cast"))
+    p = b.prepare(inputs)
+    try:
+        out = p.run().clone()
+    finally:
+        p.cleanup()
+    ref = AiterEmulated(cu_num=CU, aiter_version=aiter_version).prepare(inputs).run()
+    assert torch.equal(out, ref)
+    infos = [c["args"] for c in aiter.calls if c["name"] == "get_ps_metadata_info_v1"]
+    assert infos and all(a.get("max_kvlen") is None for a in infos)
+    assert p.extras["reserved_workspace_bytes"] == p.extras["workspace_bytes"] > 0
+    stats = b.plan_stats(parse_case_id("ragged-300-40-cast"), CPU)
+    cpc = CU // math.gcd(16, CU)
+    slots = (min(2 + cpc - 1, 2 * (cpc - 1)) * 2 if aiter_version < (0, 1, 22)
+             else 2 * 2 * (max(1, -(-300 // 128)) + cpc))  # info bound of each revision (max_kvlen None)
+    rows = slots * TILE
+    want = sum((n + 255) // 256 * 256 for n in (rows * 16 * 128 * 4, rows * 16 * 4, 340 * 16 * 4))
+    assert stats["reserved_workspace_bytes"] == stats["workspace_bytes"] == want
 
 
 # ------------------------------------------------------------------------------------------------

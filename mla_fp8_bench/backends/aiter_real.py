@@ -91,7 +91,9 @@ class _Piece:
     """One kernel + reduce call: its index pointers (device), K/V page indices, plan and buffers.
 
     ``valid`` marks the q rows whose ``final_lse`` the call writes: every row post-#3606, the rows of
-    split tiles (reduce groups of >= 2 partials) before.
+    split tiles (reduce groups of >= 2 partials) before. ``empty`` (device bool ``[T]``, or None) marks
+    the rows of sequences with kv_len 0: the kernel leaves them untouched (a tile without keys may get no
+    work at all), so the caller defines them as attention over nothing: output 0, LSE -inf.
     """
 
     qo_indptr: torch.Tensor
@@ -105,6 +107,7 @@ class _Piece:
     output: torch.Tensor
     final_lse: torch.Tensor
     valid: torch.Tensor
+    empty: torch.Tensor | None
 
 
 def _lse_rows(plan: dict[str, Any], total_q: int, post_3606: bool) -> torch.Tensor:
@@ -246,6 +249,8 @@ class AiterPsDriver:
         plan = self.plan(qo_cpu, h, device, cu_seqlens_kv_cpu=kv_cpu, causal=causal)
         t = int(qo_cpu[-1])
         rows = max(1, plan["num_partials"]) * Q_TILE
+        q_lens, kv_lens = (qo_cpu[1:] - qo_cpu[:-1]).long(), (kv_cpu[1:] - kv_cpu[:-1]).long()
+        empty = torch.repeat_interleave(kv_lens == 0, q_lens, output_size=t)
         return _Piece(
             qo_indptr=qo_cpu.to(device), kv_indptr=kv_cpu.to(device), kv_page_indices=pages, causal=causal,
             max_seqlen_q=int((qo_cpu[1:] - qo_cpu[:-1]).max()), plan=plan,
@@ -253,7 +258,8 @@ class AiterPsDriver:
             split_lse=torch.empty(rows, h, dtype=torch.float32, device=device),
             output=torch.full((t, h, dv), float("nan"), dtype=torch.bfloat16, device=device),
             final_lse=torch.full((t, h), float("nan"), dtype=torch.float32, device=device),
-            valid=_lse_rows(plan, t, self.post_3606),
+            valid=_lse_rows(plan, t, self.post_3606) | empty,
+            empty=empty.to(device) if bool(empty.any()) else None,
         )
 
     def launch(self, p: _Piece, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: list[torch.Tensor],
@@ -266,6 +272,9 @@ class AiterPsDriver:
         ints = (Q_TILE, 0) if self.reduce_arity == 9 else (Q_TILE,)
         self.m.mla_reduce_v1(p.split_data, p.split_lse, pl["reduce_indptr"], pl["reduce_final_map"],
                              pl["reduce_partial_map"], *ints, p.output, p.final_lse)
+        if p.empty is not None:
+            p.output.masked_fill_(p.empty[:, None, None], 0.0)
+            p.final_lse.masked_fill_(p.empty[:, None], float("-inf"))
 
     # ------------------------------------------------------------------ the call
     def pieces(self, inputs: CaseInputs) -> list[_Piece]:

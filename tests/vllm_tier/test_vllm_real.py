@@ -156,7 +156,8 @@ def test_global_state_reset_when_prepare_or_call_raises(report):
 
 def test_locked_workspace_refuses_growth(report):
     if not report["features"]["budget_sizing"]:
-        pytest.skip(f"vLLM {report['vllm']} sizes the scratch from AITER's loose bound: no small reservation to provoke")
+        pytest.skip(f"vLLM {report['vllm']} sizes the scratch from AITER's loose bound: no small reservation to "
+                    "provoke")
     _no_error(report, "locked_growth")
     g = report["locked_growth"]
     assert g["raised"] and "Workspace is locked but allocation from" in g["message"], g
@@ -187,7 +188,8 @@ def test_wrong_adapter_fails_the_tier_clearly(ver, fault):
     feats = expected_features(ver)
     if not matters(feats):
         # e.g. 0.28 has no attn_out_dtype / no cached scale: the "fault" is the right call there
-        assert proc.returncode == 0, f"vLLM {ver}: fault {fault} is a no-op here, yet the tier failed:\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (f"vLLM {ver}: fault {fault} is a no-op here, yet the tier failed:\n"
+                                      f"{proc.stderr[-3000:]}")
         return
     assert proc.returncode == 1, (f"vLLM {ver}: the tier did not fail on adapter fault {fault} "
                                   f"(rc {proc.returncode}):\n{proc.stderr[-3000:]}")

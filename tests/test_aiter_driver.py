@@ -1,0 +1,277 @@
+"""Contract tests of the AITER driver (``backends/aiter_real.py``) over the stand-in ``aiter``, on CPU.
+
+Both AITER revisions (before / from ROCm/aiter#3606, v0.1.22), context chunks and prefix-cached
+prefill cases, the #3606 marker, the reserved-workspace figure, the emulated-version switch and the
+opt-in that lets the ``aiter`` backend drive a non-gfx950 ``aiter``. The float64 reference below is
+written here (independent of the suite's reference module): exact softmax attention per sequence on the
+dequantised fp8 inputs, bottom-right causal, natural-log LSE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
+from mla_fp8_bench.backends import aiter_real
+from mla_fp8_bench.backends.aiter_emulated import (
+    EMU_AITER_VERSION_ENV,
+    AiterEmulated,
+    emulated_aiter_version,
+    emulated_aiter_version_set,
+)
+from mla_fp8_bench.backends.aiter_real import ANY_DEVICE_ENV, AiterPsDriver, AiterReal
+from mla_fp8_bench.cli import main
+from mla_fp8_bench.measure.devices import platform_info
+from mla_fp8_bench.problem.cases import parse_case_id
+from mla_fp8_bench.problem.inputs import make_inputs
+
+CPU = platform_info("cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _ref64(inp) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 attention of a case's dequantised inputs: (out [T, H, 128], lse [T, H])."""
+    q, k, v = (x.dequantize(torch.float64) for x in (inp.q8, inp.k8, inp.v8))
+    cq, ck = inp.cu_seqlens_q_cpu.tolist(), inp.cu_seqlens_kv_cpu.tolist()
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qq, kk, vv = q[cq[b] : cq[b + 1]], k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
+        s = torch.einsum("qhd,khd->hqk", qq, kk) * inp.softmax_scale
+        if inp.causal:
+            sq, sk = qq.shape[0], kk.shape[0]
+            s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq), -math.inf)
+        lse = torch.logsumexp(s, dim=-1)
+        outs.append(torch.einsum("hqk,khd->qhd", torch.exp(s - lse[..., None]), vv))
+        lses.append(lse.T)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def _run(cid: str, version: str, cu_num: int):
+    inp = make_inputs(parse_case_id(cid), "cpu")
+    prep = AiterEmulated(cu_num=cu_num, aiter_version=version).prepare(inp)
+    out = prep.run().clone()
+    lse, rows = prep.lse()
+    return inp, out, lse.clone(), rows.clone(), prep
+
+
+# ----------------------------------------------------------------------------------------------
+# revisions, context chunks, prefix cases
+
+
+@pytest.mark.parametrize("cu_num", [2, 8])
+def test_prefix_merge_breaks_at_0_1_20_and_is_exact_at_0_1_22(cu_num):
+    """A prefix-cached prefill merges a causal and a non-causal call by LSE. Before #3606 the rows of
+    unsplit tiles have no final LSE (NaN-poisoned here), so the merge is non-finite there; from 0.1.22
+    every row is right. cu_num 2 (H=2: one TG per cluster) splits nothing; 8 splits some tiles."""
+    inp, out, lse, rows, _ = _run("prefix200-q300-h2", "0.1.22", cu_num)
+    ref_o, ref_l = _ref64(inp)
+    assert bool(torch.isfinite(out).all()) and bool(rows.all())
+    err = float((out.double() - ref_o).abs().max())
+    assert 0.001 < err < 0.1, err
+    assert float(((lse.double() - ref_l).abs() / ref_l.abs()).max()) < 1e-5
+    _, old, old_lse, old_rows, _ = _run("prefix200-q300-h2", "0.1.20", cu_num)
+    bad = ~torch.isfinite(old.float()).all(dim=-1).all(dim=-1)
+    assert bool(bad.any()), "the pre-#3606 merge must break on unsplit rows"
+    assert torch.equal(bad, ~old_rows)  # exactly the rows the driver reports without a final LSE
+    if cu_num == 2:
+        assert bool(bad.all())  # nothing split: no row has a final LSE
+    else:
+        assert not bool(bad.all())
+        assert torch.equal(old[~bad], out[~bad])  # split rows: the same arithmetic in both revisions
+
+
+@pytest.mark.parametrize("cid", ["ctx300-q200-h2", "ctx-ragged-0q40-700q260-h2"])
+def test_context_chunk_vs_float64_and_lse_rows_by_revision(cid):
+    """Non-causal q_len < kv_len (and a sequence with no context: output 0, LSE -inf): output matches the
+    float64 reference in both revisions; LSE on every row post-#3606, only on split rows before (cu_num 2,
+    H=2: nothing is split)."""
+    inp, out, lse, rows, prep = _run(cid, "0.1.22", 2)
+    ref_o, ref_l = _ref64(inp)
+    assert float((out.double() - ref_o).abs().max()) < 0.1
+    assert bool(rows.all())
+    fin = torch.isfinite(ref_l)
+    assert torch.equal(torch.isfinite(lse), fin) and bool((lse[~fin] == -math.inf).all())
+    assert float(((lse.double() - ref_l).abs() / ref_l.abs())[fin].max()) < 1e-5
+    assert prep.extras["aiter_post_3606"] is True
+    _, old, old_lse, old_rows, old_prep = _run(cid, "0.1.20", 2)
+    assert torch.equal(old, out)  # the schedule and the arithmetic are the same; only the LSE differs
+    assert not bool(old_rows.all()) and bool(torch.isnan(old_lse[~old_rows]).all())
+    assert torch.equal(old_lse[old_rows], lse[old_rows])
+    assert old_prep.extras["aiter_post_3606"] is False
+
+
+def test_prefix_with_a_zero_context_sequence_is_exact_post_3606():
+    """A sequence without cached context gets no work in the context call (its rows stay untouched on
+    hardware): the driver takes it as attention over nothing (output 0, LSE -inf), so the merge keeps
+    the causal part for those rows."""
+    inp, out, lse, rows, _ = _run("prefix-ragged-300q100-0q50-h2", "0.1.22", 16)
+    ref_o, ref_l = _ref64(inp)
+    assert bool(torch.isfinite(out).all()) and bool(rows.all())
+    assert float((out.double() - ref_o).abs().max()) < 0.1
+    assert float(((lse.double() - ref_l).abs() / ref_l.abs()).max()) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# the #3606 marker and the info call
+
+
+def _wrap_with(fn, extra: str):
+    """``fn`` with one more keyword parameter ``extra`` in its signature."""
+    params = list(inspect.signature(fn).parameters.values())
+    params.append(inspect.Parameter(extra, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))
+
+    def wrapper(*a, **kw):
+        kw.pop(extra, None)
+        return fn(*a, **kw)
+
+    wrapper.__signature__ = inspect.Signature(params)
+    return wrapper
+
+
+def _without(fn, drop: tuple[str, ...]):
+    """``fn`` with the parameters ``drop`` removed from its signature."""
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name not in drop]
+
+    def wrapper(*a, **kw):
+        return fn(*a, **kw)
+
+    wrapper.__signature__ = inspect.Signature(params)
+    return wrapper
+
+
+def test_3606_is_detected_by_max_kvlen_not_need_lse():
+    old = make_standin_aiter(aiter_version=(0, 1, 20))
+    old.get_ps_metadata_v1 = _wrap_with(old.get_ps_metadata_v1, "need_lse")
+    drv = AiterPsDriver(old, (0, 1, 20))
+    assert drv.markers["need_lse"] is True and drv.post_3606 is False
+    new = make_standin_aiter(aiter_version=(0, 1, 22))
+    assert AiterPsDriver(new, (0, 1, 22)).post_3606 is True
+    new.get_ps_metadata_info_v1 = _without(new.get_ps_metadata_info_v1, ("max_kvlen", "kvlen_granularity"))
+    assert AiterPsDriver(new, (0, 1, 22)).post_3606 is False  # the signature decides, not the version
+
+
+@pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
+def test_max_kvlen_is_passed_only_for_context_chunks_post_3606(version):
+    mod = make_standin_aiter(aiter_version=version, cu_num=8)
+    drv = AiterPsDriver(mod, version)
+    for cid, max_kv in (("s300-h2", None), ("ctx700-q100-h2", 700), ("prefix500-q100-h2", 500)):
+        mod.calls.clear()
+        drv.prepare(make_inputs(parse_case_id(cid), "cpu"))
+        infos = [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_info_v1"]
+        assert infos
+        kvs = [a.get("max_kvlen") for a in infos]
+        if version < (0, 1, 22):
+            assert all("max_kvlen" not in a for a in infos)
+        else:  # prefix: the causal call (no max_kvlen) and the context call (its largest context)
+            assert kvs == ([None, max_kv] if cid.startswith("prefix") else [max_kv])
+
+
+def _info_slots(version, batch, heads, max_q, max_kv, cu_num):
+    """reduce_partial_map bound of get_ps_metadata_info_v1, written from the formulas of both revisions."""
+    cpc = cu_num // math.gcd(heads, cu_num)
+    mqs = -(-max_q // 256)
+    if version < (0, 1, 22):
+        return min(batch + cpc - 1, 2 * (cpc - 1)) * mqs
+    kv_splits = max(1, -(-(max_kv or max_q) // 128))
+    return batch * mqs * (kv_splits + cpc)
+
+
+@pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
+def test_reserved_workspace_bytes_follow_the_info_bounds(version):
+    """Reserved = fp32 partials + partial LSE for every slot the info bound allows, + final LSE [T, H]."""
+    cu_num, h = 16, 2
+    for cid, max_q, max_kv in (("ragged-300-700-h2", 700, None), ("ctx1000-q300-h2", 300, 1000)):
+        case = parse_case_id(cid)
+        stats = AiterEmulated(cu_num=cu_num, aiter_version=version).plan_stats(case, CPU)
+        slots = _info_slots(version, case.batch_size, h, max_q, max_kv, cu_num)
+        t = case.total_tokens
+        assert stats["reserved_workspace_bytes"] == slots * 256 * h * 129 * 4 + t * h * 4
+        live = max(1, stats["num_partials"])
+        assert stats["workspace_bytes"] == live * 256 * h * 129 * 4 + t * h * 4
+        assert stats["reserved_workspace_bytes"] >= stats["workspace_bytes"]
+        assert len(stats["planner_samples_s"]) == 7
+
+
+def test_post_3606_uses_more_partial_slots_for_the_same_schedule():
+    """s300 at cu_num 4, H=2: the unsplit tile gets a slot only from #3606 on."""
+    case = parse_case_id("s300-h2")
+    old = AiterEmulated(cu_num=4, aiter_version="0.1.20").plan_stats(case, CPU)
+    new = AiterEmulated(cu_num=4, aiter_version="0.1.22").plan_stats(case, CPU)
+    assert new["num_partials"] > old["num_partials"]
+    assert new["reserved_workspace_bytes"] > old["reserved_workspace_bytes"]
+
+
+# ----------------------------------------------------------------------------------------------
+# the emulated version switch
+
+
+def test_emulated_aiter_version_env(monkeypatch):
+    monkeypatch.delenv(EMU_AITER_VERSION_ENV, raising=False)
+    assert emulated_aiter_version() == (0, 1, 22)
+    for raw, want in (("0.1.20", (0, 1, 20)), ("0.1.20.post1", (0, 1, 20)), ("v0.1.22", (0, 1, 22))):
+        monkeypatch.setenv(EMU_AITER_VERSION_ENV, raw)
+        assert emulated_aiter_version() == want
+    for raw in ("latest", "0.1.23", "0.1.9", "1"):
+        monkeypatch.setenv(EMU_AITER_VERSION_ENV, raw)
+        with pytest.raises(ValueError, match=rf"{EMU_AITER_VERSION_ENV}='{raw}' is invalid: .*0\.1\.10 to 0\.1\.22"):
+            emulated_aiter_version()
+    monkeypatch.setenv(EMU_AITER_VERSION_ENV, "0.1.20")
+    assert AiterEmulated().driver().post_3606 is False
+    with emulated_aiter_version_set("0.1.22") as v:
+        assert v == (0, 1, 22) and os.environ[EMU_AITER_VERSION_ENV] == "0.1.22"
+    assert os.environ[EMU_AITER_VERSION_ENV] == "0.1.20"  # restored
+    with pytest.raises(ValueError, match="is invalid"), emulated_aiter_version_set("0.2"):
+        pass
+    assert os.environ[EMU_AITER_VERSION_ENV] == "0.1.20"
+
+
+def test_run_flag_sets_the_emulated_version_for_one_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(EMU_AITER_VERSION_ENV, raising=False)
+    out = tmp_path / "r.json"
+    rc = main(["run", "-b", "aiter-emulated", "-c", "s40-h2", "--no-timing", "--emu-aiter-version", "0.1.20",
+               "--json", str(out)])
+    assert rc == 0 and EMU_AITER_VERSION_ENV not in os.environ
+    rec = json.loads(out.read_text())["records"][0]
+    assert rec["status"] == "ok" and rec["emulated_aiter_version"] == "0.1.20" and rec["aiter_post_3606"] is False
+    capsys.readouterr()
+    assert main(["run", "-b", "aiter-emulated", "-c", "s40-h2", "--emu-aiter-version", "newest"]) != 0
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "MLA_FP8_BENCH_EMU_AITER_VERSION='newest' is invalid" in msg and "0.1.20" in msg
+
+
+# ----------------------------------------------------------------------------------------------
+# the aiter backend on a non-gfx950 aiter (explicit opt-in)
+
+
+def test_any_device_opt_in_drives_a_non_gfx950_aiter_labelled_as_emulation(monkeypatch):
+    monkeypatch.setattr(aiter_real, "import_aiter", lambda: make_standin_aiter(cu_num=8))
+    monkeypatch.delenv(ANY_DEVICE_ENV, raising=False)
+    b = AiterReal()
+    v = b.availability(CPU)
+    assert not v and "gfx950" in v.reason
+    monkeypatch.setenv(ANY_DEVICE_ENV, "1")
+    b = AiterReal()
+    assert b.availability(CPU) and b.emulation is True
+    prep = b.prepare(make_inputs(parse_case_id("s40-h2"), "cpu"))
+    assert prep.timing_scope == "emulation" and prep.extras["aiter_off_device"] is True
+    assert not prep.graph_capturable and bool(torch.isfinite(prep.run()).all())
+    gfx950 = dataclasses.replace(CPU, vendor="rocm", arch="gfx950")
+    real = AiterReal()
+    assert real.availability(gfx950) and real.emulation is False  # on gfx950 it is the real path
+    monkeypatch.setenv(ANY_DEVICE_ENV, "yes")
+    with pytest.raises(ValueError, match=rf"{ANY_DEVICE_ENV}='yes' is invalid"):
+        AiterReal().availability(CPU)
