@@ -4,7 +4,7 @@ Environment variables read by :func:`measure_grid` (all optional):
 
 * ``MLA_FP8_BENCH_DEVICE`` - ``auto`` (default), ``cpu``, ``cuda``, ``cuda:N``.
 * ``MLA_FP8_BENCH_MAX_TOKENS`` - skip cases with more total tokens (default: the device's sweep cap,
-  2048 on CPU, 32768 on GPUs; ragged cases count their total).
+  2048 on CPU, 32768 on GPUs; ragged cases count their total, ctx/prefix cases their keys).
 * ``MLA_FP8_BENCH_BACKENDS`` - comma-separated subset of :data:`ASV_BACKENDS` to measure.
 * ``MLA_FP8_BENCH_CASES`` - comma-separated subset of :data:`ASV_CASES` to measure (the others are
   asv skips; ``mla-fp8-bench bisect`` sets it, with ``MLA_FP8_BENCH_BACKENDS``, to the probed params).
@@ -31,6 +31,8 @@ ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     "s255", "s257", "ragged-6992-6896-2495", "ragged-4096x4", "s8175",
     # vLLM's unit-scale cast (the only mode vllm-aiter runs): appended, never reorder or reuse ids
     "s1024-cast", "s4096-cast", "ragged-6992-6896-2495-cast",
+    # prefix-cached prefill: a context chunk, a whole prefix prefill, and one larger beyond the CPU cap
+    "ctx1024-q256", "prefix1024-q300", "prefix8192-q1024",
 )
 #: Backends of the AITER PS path (planner time and workspace tracks): those that provide ``plan_stats``.
 PLAN_BACKENDS = tuple(b for b in ASV_BACKENDS if callable(getattr(type(get_backend(b)), "plan_stats", None)))
@@ -81,8 +83,9 @@ def _grid_setup():
         if only and cid not in only:
             continue  # not measured: lookup() makes it an asv skip
         c = parse_case_id(cid)
-        if c.total_tokens > cap:
-            skipped[cid] = f"{c.total_tokens} tokens exceed this run's cap of {cap} on {pinfo.device_type}"
+        tokens = max(c.total_tokens, c.total_kv_tokens)
+        if tokens > cap:
+            skipped[cid] = f"{tokens} tokens exceed this run's cap of {cap} on {pinfo.device_type}"
         else:
             cases.append(c)
     return pinfo, cap, backends, cases, skipped
