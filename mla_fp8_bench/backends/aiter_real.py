@@ -60,6 +60,7 @@ from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsuppo
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
+from mla_fp8_bench.problem.prefix import merge_attn_states
 
 
 def _as_dtype(d: Any) -> torch.dtype:
@@ -137,21 +138,6 @@ def _prefix_pages(cu_kv: list[int], context_lens: tuple[int, ...], device: torch
         return torch.tensor(xs, dtype=torch.int32, device=dev)
 
     return i32(ctx_ptr), i32(ctx_pages, device), i32(new_ptr), i32(new_pages, device)
-
-
-def merge_by_lse(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
-                 lse2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's ``merge_attn_states`` maths: ``lse = logaddexp(lse1, lse2)``, ``o = o1*exp(lse1-lse) +
-    o2*exp(lse2-lse)`` in fp32, an ``+inf`` LSE (an empty piece) taken as ``-inf``.
-
-    Args: ``o1``/``o2`` ``[T, H, Dv]``, ``lse1``/``lse2`` ``[T, H]`` fp32 natural-log LSE.
-    Returns: ``(o [T, H, Dv] in o1's dtype, lse [T, H] fp32)``. NaN in an input LSE propagates.
-    """
-    lse1 = torch.where(lse1 == float("inf"), float("-inf"), lse1.float())
-    lse2 = torch.where(lse2 == float("inf"), float("-inf"), lse2.float())
-    lse = torch.logaddexp(lse1, lse2)
-    o = o1.float() * torch.exp(lse1 - lse)[..., None] + o2.float() * torch.exp(lse2 - lse)[..., None]
-    return o.to(o1.dtype), lse
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,8 +296,8 @@ class AiterPsDriver:
                 self.launch(p, q8, k8, v8, scales, inputs.softmax_scale)
             if len(pieces) == 1:
                 return pieces[0].output
-            merged["o"], merged["lse"] = merge_by_lse(pieces[0].output, pieces[0].final_lse,
-                                                      pieces[1].output, pieces[1].final_lse)
+            new, ctx = pieces
+            merged["o"], merged["lse"] = merge_attn_states(ctx.output, ctx.final_lse, new.output, new.final_lse)
             return merged["o"]
 
         def lse() -> tuple[torch.Tensor, torch.Tensor]:

@@ -201,6 +201,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("num_partials", "num_partials", "track_num_partials", "AiterPlan", "partial_slots", "live partial slots",
            "resource", floor=ASV_ACCURACY_FLOOR, gate="grow",
            doc="Live partial slots (reduce_indptr[-1]) the plan uses."),
+    Metric("reserved_workspace_bytes", "reserved_workspace_bytes", "track_reserved_workspace_bytes", "AiterPlan",
+           "bytes", "workspace reserved from the info bounds", "resource", gate="grow",
+           doc="Scratch bytes a caller reserving from get_ps_metadata_info_v1's bounds holds for this shape "
+               "(vLLM reserves so); grows with AITER #3606's looser bounds (the class of vLLM #57923)."),
     # record-only figures (no asv track)
     _accuracy("mean_abs_error", "mean_abs_error_fp8_ref", None, "abs_err", "mean-abs error vs fp8-dequant reference",
               calibrated=True, tolerance_floor=1e-5),
