@@ -15,17 +15,21 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from mla_fp8_bench.aiter_ps.emulator import ALL_FAULTS
 from mla_fp8_bench.analysis.calibrate import MIN_SEEDS, check, load_tolerances
 from mla_fp8_bench.analysis.faults import (
     INPUT_FAULTS,
+    PREFIX_FAULT_CASES,
     PROBE_ONLY_FAULTS,
     SUITE_FAULTS,
     FaultyEmulated,
     fault_report,
+    prepare_one_call_prefix,
     previous_step_lens,
     unsaturated_fp8_cast,
+    unsplit_rows,
 )
 
 TOL_PATH = Path(__file__).resolve().parents[1] / "tolerances" / "cpu-emulated-v1.json"
@@ -120,3 +124,42 @@ def test_previous_step_lens():
     assert previous_step_lens((4096, 4096)) == (4160, 4032)
     assert previous_step_lens((512,)) == (384,)
     assert previous_step_lens((5, 1)) == (4, 1)
+
+
+@pytest.mark.parametrize("fault", sorted(PREFIX_FAULT_CASES))
+def test_prefix_faults_are_caught_on_chunk_cases_and_invisible_on_prefill(tol, fault):
+    """Each prefix-cached-prefill fault is flagged on a ctx/prefix case; on a prefill case it changes nothing."""
+    rows = fault_report(tol, seeds=(0,), faults=[fault], stop_at_first=True)
+    assert rows[-1]["flagged"] and rows[-1]["case"] in PREFIX_FAULT_CASES[fault], rows
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    inp = make_inputs(parse_case_id("s257-h2"))
+    a = FaultyEmulated().prepare_case(inp).run()
+    b = FaultyEmulated(faults=fault).prepare_case(inp).run()
+    assert a.view(torch.int16).equal(b.view(torch.int16))
+
+
+def test_one_call_prefix_passes_so_prefix_top_left_is_the_alignment(tol):
+    """The healthy one-call prefix (bottom-right) passes the check: the fault's alarm is its top-left mask."""
+    from mla_fp8_bench.harness.runner import CaseContext
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.measure.metrics import error_metrics
+    from mla_fp8_bench.problem.cases import parse_case_id
+
+    ctx = CaseContext(parse_case_id("prefix256-q100"), platform_info("cpu"), None)
+    lim, _ = tol.lookup("aiter-emulated", "prefix256-q100")
+    good = prepare_one_call_prefix(ctx.inputs, (), 256).run()
+    bad = prepare_one_call_prefix(ctx.inputs, ("top_left_causal",), 256).run()
+    good_err = error_metrics(good, ctx.fp8_ref[0]).max_abs_error
+    bad_err = error_metrics(bad, ctx.fp8_ref[0]).max_abs_error
+    assert good_err <= lim["max_abs_error_fp8_ref"] < bad_err, (good_err, bad_err, lim["max_abs_error_fp8_ref"])
+
+
+def test_unsplit_rows_of_a_one_block_context_chunk():
+    """A context of fewer than 128 keys is one KV block: no tile can be split, so no row has a pre-#3606 LSE."""
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    rows = unsplit_rows(make_inputs(parse_case_id("ctx100-q64")), 256)
+    assert rows.shape == (64,) and bool(rows.all())

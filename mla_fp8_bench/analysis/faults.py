@@ -230,6 +230,16 @@ def _with_stale_lse(p: Prepared, rows: torch.Tensor) -> Prepared:
     return p
 
 
+def prepare_one_call_prefix(inputs: CaseInputs, emu_faults: Iterable[str], cu_num: int) -> Prepared:
+    """A ``prefix`` case as ONE causal call of the emulated AITER path over all C + Q keys of each
+    sequence (q_len < kv_len, bottom-right causal), instead of vLLM's two pieces and merge."""
+    case = inputs.case
+    one_call = Case(case.seq_lens, case.num_heads, case.quant, case.dist, case.seed,
+                    context_lens=case.kv_lens, family="ctx")  # kv_lens = C + Q in one call
+    inner = AiterEmulated(faults=frozenset(emu_faults) or None, cu_num=cu_num)
+    return inner.prepare(replace(inputs, case=one_call, causal=True))
+
+
 def _drop_context(ctx_out: torch.Tensor, ctx_lse: torch.Tensor, new_out: torch.Tensor,
                   new_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``drop_context_merge`` merge: the new-token piece alone."""
@@ -269,11 +279,7 @@ class FaultyEmulated(Backend):
         """As the healthy backend, with the prefix faults: ``prefix_top_left`` runs a prefix case as one
         causal call (q_len < kv_len) with a top-left mask, ``drop_context_merge`` drops the context term."""
         if inputs.case.family == "prefix" and "prefix_top_left" in self.faults:
-            case = inputs.case
-            one_call = Case(case.seq_lens, case.num_heads, case.quant, case.dist, case.seed,
-                            context_lens=case.kv_lens, family="ctx")  # kv_lens = C + Q, one call
-            inner = AiterEmulated(faults=self.emu_faults | {"top_left_causal"}, cu_num=self.cu_num)
-            return inner.prepare(replace(inputs, case=one_call, causal=True))
+            return prepare_one_call_prefix(inputs, self.emu_faults | {"top_left_causal"}, self.cu_num)
         if inputs.case.family == "prefix" and "drop_context_merge" in self.faults:
             return compose_prefix(self, inputs, merge=_drop_context)
         return super().prepare_case(inputs)
