@@ -122,12 +122,18 @@ def _lse_rows(plan: dict[str, Any], total_q: int, post_3606: bool) -> torch.Tens
     return valid
 
 
-def _prefix_pages(cu_kv: list[int], context_lens: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """K/V pool rows of a prefix case (per sequence: context keys, then new keys) as two paged views:
-    ``(ctx_indptr, ctx_pages, new_indptr, new_pages)`` int32 (indptrs on the CPU, pages on ``device``),
-    so neither call copies K/V."""
+def case_calls(case: Case, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
+    """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal)`` (indptrs int32 on the
+    CPU, page indices int32 on ``device``): one call for ``prefill``/``ctx``; for ``prefix`` (per sequence
+    the K/V pool holds the context keys, then the new keys) the causal new-vs-new call and the non-causal
+    new-vs-context call, both reading the pool through page indices (nothing is copied)."""
+    cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
+    cu_kv = case.cu_seqlens_kv()
+    if case.family != "prefix":
+        return [(cu_q, torch.tensor(cu_kv, dtype=torch.int32), torch.arange(cu_kv[-1], dtype=torch.int32,
+                                                                             device=device), case.causal)]
     ctx_pages, new_pages, ctx_ptr, new_ptr = [], [], [0], [0]
-    for b, c in enumerate(context_lens):
+    for b, c in enumerate(case.context_lens):
         start, end = cu_kv[b], cu_kv[b + 1]
         ctx_pages += range(start, start + c)
         new_pages += range(start + c, end)
@@ -137,7 +143,7 @@ def _prefix_pages(cu_kv: list[int], context_lens: tuple[int, ...], device: torch
     def i32(xs: list[int], dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
 
-    return i32(ctx_ptr), i32(ctx_pages, device), i32(new_ptr), i32(new_pages, device)
+    return [(cu_q, i32(new_ptr), i32(new_pages, device), True), (cu_q, i32(ctx_ptr), i32(ctx_pages, device), False)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,17 +270,10 @@ class AiterPsDriver:
 
     # ------------------------------------------------------------------ the call
     def pieces(self, inputs: CaseInputs) -> list[_Piece]:
-        """The calls of a case: one for ``prefill``/``ctx``; for ``prefix`` the causal new-vs-new call
-        and the non-causal new-vs-context call (K/V reached through page indices, nothing copied)."""
-        case, dev = inputs.case, inputs.device
-        h, dv = case.num_heads, int(inputs.v8.data.shape[-1])
-        cu_q, cu_kv = inputs.cu_seqlens_q_cpu.to(torch.int32), inputs.cu_seqlens_kv_cpu.to(torch.int32)
-        if case.family != "prefix":
-            pages = torch.arange(int(cu_kv[-1]), dtype=torch.int32, device=dev)
-            return [self._piece(cu_q, cu_kv, pages, bool(inputs.causal), h, dv, dev)]
-        ctx_ptr, ctx_pages, new_ptr, new_pages = _prefix_pages(cu_kv.tolist(), case.context_lens, dev)
-        return [self._piece(cu_q, new_ptr, new_pages, True, h, dv, dev),
-                self._piece(cu_q, ctx_ptr, ctx_pages, False, h, dv, dev)]
+        """Plan and allocate every call of the case (:func:`case_calls`)."""
+        h, dv = inputs.case.num_heads, int(inputs.v8.data.shape[-1])
+        return [self._piece(qo, kv, pages, causal, h, dv, inputs.device)
+                for qo, kv, pages, causal in case_calls(inputs.case, inputs.device)]
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Plan, allocate and return the call (kernel + reduce per piece, the LSE merge for ``prefix``).
@@ -322,16 +321,10 @@ class AiterPsDriver:
     def plan_stats(self, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
         """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
         reserved workspace bytes for ``case``."""
-        cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
-        cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
-        if case.family == "prefix":
-            ctx = torch.tensor([0, *case.context_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-            calls = [(cu_q, cu_q, True), (cu_q, ctx, False)]
-        else:
-            calls = [(cu_q, cu_kv, case.causal)]
+        calls = case_calls(case, torch.device("cpu"))
         samples, plans = [], []
         for _ in range(repeats):
-            plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c) for q, kv, c in calls]
+            plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c) for q, kv, _, c in calls]
             samples.append(sum(p["planner_s"] for p in plans))
         ex = self.plan_extras(plans, case)
         return {"planner_samples_s": samples, "num_partials": ex["num_partials"],
