@@ -60,11 +60,12 @@ from mla_fp8_bench.aiter_ps.facts import (
     reduce_heads_for,
     unpack_q_head_range,
 )
+from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 
 __all__ = ["StandinContractError", "make_standin_aiter"]
 
-_QK_DIM = 192
-_V_DIM = 128
+_QK_DIM = QK_HEAD_DIM  # the kernel's hard-wired H*192 / H*128 byte strides
+_V_DIM = V_HEAD_DIM
 _FP8 = torch.float8_e4m3fn
 
 

@@ -73,10 +73,10 @@ from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsuppo
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM
 
 DEFAULT_VLLM_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
 DEFAULT_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
-V_HEAD_DIM = 128
 #: Why ``ctx``/``prefix`` cases are skipped (vLLM 0.28 ... 0.33.0).
 CHUNKED_CONTEXT_SKIP = (
     "vLLM skips the FP8 PS prefill for batches with cached context (vLLM #52356; up to 0.33.0 "
