@@ -207,7 +207,7 @@ class _State:
 def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
     """Six ``(shape, dtype)`` pairs at ``st.cu_num``: 1-D sizes as bare ints, 2-D shapes as tuples, like
     the real function (``aiter/ops/attention.py``)."""
-    from mla_fp8_bench.aiter_ps.planner import ps_metadata_info
+    from mla_fp8_bench.aiter_ps.planner import PsPlanError, ps_metadata_info
 
     ck = _Checker("get_ps_metadata_info_v1")
     for k in ("batch_size", "num_head_k", "max_qlen", "qlen_granularity", "kvlen_granularity"):
@@ -218,8 +218,11 @@ def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
         if a["max_kvlen"] is not None and ck.py_int("max_kvlen", a["max_kvlen"]) < 0:
             ck.fail(f"max_kvlen={a['max_kvlen']} is out of range: None or an int >= 0")
         extra = dict(post_3606=True, max_kvlen=a["max_kvlen"], kvlen_granularity=a["kvlen_granularity"])
-    info = ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], a["qlen_granularity"],
-                            cu_num=st.cu_num, **extra)
+    try:
+        info = ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], a["qlen_granularity"],
+                                cu_num=st.cu_num, **extra)
+    except PsPlanError as exc:
+        ck.fail(str(exc))
     return [(int(shape[0]) if len(shape) == 1 else tuple(shape), getattr(torch, dt)) for shape, dt in info.values()]
 
 
