@@ -104,3 +104,17 @@ def test_plateau_rule():
     assert clocks.plateau_reached([1980, 1755]) is False
     assert clocks.plateau_reached([1980, 1770, 1755, 1755]) is True
     assert clocks.plateau_reached([1980, 1755, 1740, 1725]) is False  # 30 MHz > one 15 MHz step
+
+
+def test_clock_fields_cycles_per_launch():
+    """latency x SM clock per sample: 1 ms at 1500 MHz is 1.5e6 cycles; 2 ms at 1755 MHz 3.51e6; a sample
+    without a reading is left out of the cycles."""
+    from mla_fp8_bench.measure.timing import TimingResult, clock_fields
+
+    marks = clocks.mark_samples([clocks.ClockReading(sm_mhz=1500), clocks.ClockReading(sm_mhz=1755), None])
+    tr = TimingResult([1e-3, 2e-3, 5e-3], "graph", 1, 3, extra={"clocks": marks})
+    f = clock_fields(tr)
+    assert f["latency_sm_cycles_samples"] == pytest.approx([1.5e6, 3.51e6])
+    assert f["latency_sm_cycles"] == pytest.approx((1.5e6 + 3.51e6) / 2)
+    assert f["sm_clock_mhz"] == pytest.approx(1627.5)
+    assert clock_fields(TimingResult([1e-3], "host", 1, 1)) == {}

@@ -414,7 +414,10 @@ def measure_latency(run: Callable[[], object], device: torch.device, *, graph_ca
 def clock_fields(tr: TimingResult) -> dict:
     """Record fields of the clock state of a :class:`TimingResult` (empty without clock readings).
 
-    Keys: ``sm_clock_mhz``, ``gpu_temp_c``, ``gpu_power_w`` (medians over the samples),
+    Keys: ``latency_sm_cycles`` (median over the samples of latency x SM clock read during the sample: SM
+    cycles per launch, the clock-normalised figure nvbench-compare-robust also derives from its sample
+    times and frequencies) and its per-sample list ``latency_sm_cycles_samples``;
+    ``sm_clock_mhz``, ``gpu_temp_c``, ``gpu_power_w`` (medians over the samples),
     ``sm_clock_samples_mhz`` (one per latency sample), ``clock_throttled_samples`` and
     ``clock_off_plateau_samples`` (indices of flagged samples, :func:`clocks.mark_samples`),
     ``clock_reasons`` (NVML event reasons seen), ``clock_locked`` (the process's clock policy),
@@ -424,7 +427,9 @@ def clock_fields(tr: TimingResult) -> dict:
     if not c:
         return {}
     st = next(iter(_PROCESS_STATE.values()), {})
-    return {"sm_clock_mhz": c["sm_mhz_median"], "gpu_temp_c": c["temp_c_median"], "gpu_power_w": c["power_w_median"],
+    cycles = [t * f * 1e6 for t, f in zip(tr.samples_s, c["sm_mhz"]) if f is not None]
+    return {"latency_sm_cycles": statistics.median(cycles) if cycles else None, "latency_sm_cycles_samples": cycles,
+            "sm_clock_mhz": c["sm_mhz_median"], "gpu_temp_c": c["temp_c_median"], "gpu_power_w": c["power_w_median"],
             "sm_clock_samples_mhz": c["sm_mhz"], "clock_throttled_samples": c["throttled"],
             "clock_off_plateau_samples": c["off_plateau"], "clock_reasons": c["reasons"],
             "clock_locked": (st.get("policy") or {}).get("locked"), "warmup_settled": tr.extra.get("warmup_settled")}
