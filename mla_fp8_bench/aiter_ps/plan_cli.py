@@ -335,7 +335,7 @@ def cmd_plan(args: argparse.Namespace, console) -> int:
     try:
         req = plan_request(args)
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
     plan, info, info_none = run_plan(req)
     print_report(console, req, plan, info, info_none)
