@@ -304,7 +304,9 @@ def is_post_3606(x: Any) -> bool:
     if isinstance(x, (str, tuple, list)):
         return parse_aiter_version(x) >= POST_3606_FIRST_VERSION
     fn_name, param = POST_3606_MARKER
-    fn = getattr(x, fn_name, None) if isinstance(x, types.ModuleType) or not callable(x) else x
+    fn = getattr(x, fn_name, None)
+    if fn is None and callable(x) and not isinstance(x, (type, types.ModuleType)):
+        fn = x  # the info function itself
     if fn is None:
         raise ValueError(f"{x!r} has no {fn_name}: cannot tell whether it has #3606 semantics")
     found = has_param(fn, param)
