@@ -114,3 +114,20 @@ def test_vllm_reservation():
     assert [vllm_padded_heads(h) for h in (8, 12, 16, 24, 128)] == [16, 16, 16, 32, 128]
     gib = workspace_bytes(1311, 8192, 16).partial_output / 2**30
     assert 2.55 < gib < 2.57  # "about 2.56 GiB of logits"
+
+
+def test_contract_anchors_referenced_in_the_repo_exist():
+    """Every ``docs/aiter-contract.md#<anchor>`` named in the package, tests or docs exists in the doc."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "aiter-contract.md").read_text()
+    anchors = set(re.findall(r'<a id="([a-z0-9-]+)"></a>', doc))
+    assert {"planner-io", "work-info", "info-sizes", "pr-3606", "kernel", "reduce", "standin", "vllm-entry",
+            "workspace", "versions"} <= anchors
+    files = [*root.glob("mla_fp8_bench/**/*.py"), *root.glob("tests/*.py"), *root.glob("docs/*.md"),
+             root / "README.md"]
+    used = {(f.name, a) for f in files for a in re.findall(r"aiter-contract\.md#([a-z0-9-]+)", f.read_text())}
+    used |= {("aiter-contract.md", a) for a in re.findall(r"\]\(#([a-z0-9-]+)\)", doc)}
+    missing = sorted((f, a) for f, a in used if a not in anchors)
+    assert not missing, f"references to missing anchors: {missing}"
