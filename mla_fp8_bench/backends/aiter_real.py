@@ -122,18 +122,19 @@ def _lse_rows(plan: dict[str, Any], total_q: int, post_3606: bool) -> torch.Tens
     return valid
 
 
-def case_calls(case: Case, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
+def case_calls(family: str, context_lens: tuple[int, ...], cu_q: list[int], cu_kv: list[int], causal: bool,
+               device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
     """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal)`` (indptrs int32 on the
-    CPU, page indices int32 on ``device``): one call for ``prefill``/``ctx``; for ``prefix`` (per sequence
-    the K/V pool holds the context keys, then the new keys) the causal new-vs-new call and the non-causal
-    new-vs-context call, both reading the pool through page indices (nothing is copied)."""
-    cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
-    cu_kv = case.cu_seqlens_kv()
-    if case.family != "prefix":
-        return [(cu_q, torch.tensor(cu_kv, dtype=torch.int32), torch.arange(cu_kv[-1], dtype=torch.int32,
-                                                                             device=device), case.causal)]
+    CPU, page indices int32 on ``device``): one call (``causal`` as given) for ``prefill``/``ctx``; for
+    ``prefix`` (per sequence the K/V pool holds the context keys, then the new keys) the causal new-vs-new
+    call and the non-causal new-vs-context call, both reading the pool through page indices (nothing is
+    copied). ``cu_q``/``cu_kv``: query/key starts ``[B+1]``."""
+    if family != "prefix":
+        pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
+        return [(torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_kv, dtype=torch.int32), pages, causal)]
+    q_ptr = torch.tensor(cu_q, dtype=torch.int32)
     ctx_pages, new_pages, ctx_ptr, new_ptr = [], [], [0], [0]
-    for b, c in enumerate(case.context_lens):
+    for b, c in enumerate(context_lens):
         start, end = cu_kv[b], cu_kv[b + 1]
         ctx_pages += range(start, start + c)
         new_pages += range(start + c, end)
@@ -143,7 +144,7 @@ def case_calls(case: Case, device: torch.device) -> list[tuple[torch.Tensor, tor
     def i32(xs: list[int], dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
 
-    return [(cu_q, i32(new_ptr), i32(new_pages, device), True), (cu_q, i32(ctx_ptr), i32(ctx_pages, device), False)]
+    return [(q_ptr, i32(new_ptr), i32(new_pages, device), True), (q_ptr, i32(ctx_ptr), i32(ctx_pages, device), False)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,10 +271,11 @@ class AiterPsDriver:
 
     # ------------------------------------------------------------------ the call
     def pieces(self, inputs: CaseInputs) -> list[_Piece]:
-        """Plan and allocate every call of the case (:func:`case_calls`)."""
-        h, dv = inputs.case.num_heads, int(inputs.v8.data.shape[-1])
-        return [self._piece(qo, kv, pages, causal, h, dv, inputs.device)
-                for qo, kv, pages, causal in case_calls(inputs.case, inputs.device)]
+        """Plan and allocate every call of the case (:func:`case_calls`; starts and mask from ``inputs``)."""
+        case, h, dv = inputs.case, inputs.case.num_heads, int(inputs.v8.data.shape[-1])
+        calls = case_calls(case.family, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
+                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), inputs.device)
+        return [self._piece(qo, kv, pages, causal, h, dv, inputs.device) for qo, kv, pages, causal in calls]
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Plan, allocate and return the call (kernel + reduce per piece, the LSE merge for ``prefix``).
@@ -321,7 +323,8 @@ class AiterPsDriver:
     def plan_stats(self, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
         """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
         reserved workspace bytes for ``case``."""
-        calls = case_calls(case, torch.device("cpu"))
+        calls = case_calls(case.family, case.context_lens, case.cu_seqlens_q(), case.cu_seqlens_kv(), case.causal,
+                           torch.device("cpu"))
         samples, plans = [], []
         for _ in range(repeats):
             plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c) for q, kv, _, c in calls]
