@@ -53,6 +53,10 @@ E4M3_MAX = 448.0
 _cache: dict[str, Any] = {}
 
 
+def _import_module(name: str) -> Any:
+    return importlib.import_module(name)
+
+
 def load_cudnn() -> Any:
     """Import and return the frontend module ``cudnn`` (cached).
 
@@ -64,7 +68,7 @@ def load_cudnn() -> Any:
             raise _cache["mod"]
         return _cache["mod"]
     try:
-        mod = importlib.import_module("cudnn")
+        mod = _import_module("cudnn")
         ver = int(mod.backend_version())
     except ModuleNotFoundError:
         err = BackendUnavailable(f"{CUDNN_DIST} is not installed: {INSTALL_HINT}")
@@ -101,6 +105,10 @@ class _CudnnBase(Backend):
     """Shared cuDNN plumbing; subclasses build the attention node."""
 
     use_fp8: ClassVar[bool] = True
+    #: ctx/prefix cases need the LSE of every row (cuDNN's ``Stats`` output, ragged ``[B, H, S_q, 1]``)
+    #: for the vLLM-style merge; that output is not wired and not measured yet.
+    context_chunk_skip: ClassVar[str] = ("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats output is not "
+                                         "wired), which ctx and prefix cases need")
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         arch = str(platform.arch)
