@@ -4,8 +4,8 @@ Everything runs on CPU at small sizes. The float64 reference below is written he
 (independent of the suite's reference module): exact softmax attention per sequence, bottom-right
 causal, on the dequantised fp8 inputs, with a natural-log LSE.
 
-Contract: ``docs/aiter-contract.md`` (kernel arguments, reduce, limits, metadata buffers, kernel numerics,
-reduce maths, emulation notes, ROCm/aiter#3606).
+Contract: ``docs/aiter-contract.md`` #kernel-args, #work-info, #kernel, #reduce, #limits, #pr-3606,
+#context-chunks, #emulation.
 """
 
 from __future__ import annotations
@@ -182,7 +182,8 @@ def test_plans_used_by_the_accuracy_tests_do_and_do_not_split(s512):
 
 @pytest.mark.parametrize("which", ["split_o", "unsplit_o"])
 def test_output_vs_float64_reference_on_dequantised_inputs(s512, which):
-    """Expected agreement (emulation notes): max-abs ~0.05-0.065, mean ~1.5e-3 (fp8(P) + bf16 rounding).
+    """Expected agreement (docs/aiter-contract.md#emulation): max-abs ~0.05-0.065, mean ~1.5e-3 (fp8(P) +
+    bf16 rounding).
     Measured (2-core CPU): this case (S=512, H=4, randn, seed 1) max 0.040, mean 2.15e-3 for both
     plans; seeds 0-5 at S=512 and S=1024 give max 0.035-0.065, mean 1.6e-3-2.2e-3; the largest errors
     sit in the first rows of a sequence (few keys, |O| up to ~3)."""
@@ -362,7 +363,7 @@ def test_poisoned_output_fully_written_ragged(cu_num, causal):
 
 
 def test_healthy_runs_all_rows_finite_without_kv_len_zero():
-    """No kv_len == 0 sequence -> no untouched rows, no NaN/inf anywhere (limits; why -FLT_MAX)."""
+    """No kv_len == 0 sequence -> no untouched rows, no NaN/inf anywhere (#limits; -FLT_MAX in #kernel)."""
     for seqlens, H, cu_num in (([1], 1, 256), ([17, 700], 3, 12), ([600] * 2, 8, 80), ([1] * 5 + [300], 1, 304)):
         d = _inputs(seqlens, H=H, seed=sum(seqlens))
         out = _run(d, cu_num=cu_num)
@@ -370,7 +371,7 @@ def test_healthy_runs_all_rows_finite_without_kv_len_zero():
 
 
 def test_kv_len_zero_sequences_get_zero_rows_non_causal():
-    """A zero-length work with loc -1 writes rows of zeros and no LSE (limits; chunked-context shape
+    """A zero-length work with loc -1 writes rows of zeros and no LSE (#limits; chunked-context shape
     q [1]*4+[1], kv [0]*4+[800]); the long sequence still matches the float64 reference."""
     d = _inputs([1] * 5, H=2, seed=29, kv_lens=[0] * 4 + [800])
     for cu_num in (2, 8, 256):
@@ -390,7 +391,7 @@ def test_paged_kv_through_page_indices_equals_identity_layout():
     T, H = d["q8"].shape[:2]
     plan = _plan(d, 16)
     # pool row of token t; token 0 stays in row 0 because tail keys read past len(kv_page_indices)
-    # use page 0 (kernel numerics, step 5a), which must hold the same data in both layouts
+    # use page 0 (#kernel, step 4), which must hold the same data in both layouts
     gen = torch.Generator().manual_seed(0)
     perm = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(T + 4, generator=gen)])
     pages = perm[:T]

@@ -1,7 +1,7 @@
 """CPU contract tests of the ``vllm-aiter`` adapter (no vLLM install needed).
 
 Small stand-in vLLM modules (``rocm_aiter_mla`` + ``workspace``), one per documented release family,
-expose exactly the documented method signatures and behaviour (docs/aiter-contract.md, vLLM entry;
+expose exactly the documented method signatures and behaviour (docs/aiter-contract.md#vllm-entry;
 written from the doc, not from vLLM's source):
 
 * 0.28: ``_init_fp8_prefill_ps_buffers(max_num_reqs, max_prefill_qlen, max_num_batched_tokens,

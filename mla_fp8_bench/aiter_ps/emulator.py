@@ -1,6 +1,6 @@
 """Faithful PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill (kernel + reduce).
 
-What is emulated (docs/aiter-contract.md: metadata buffers, kernel numerics, reduce, emulation notes;
+What is emulated (docs/aiter-contract.md#work-info, #kernel, #reduce, #pr-3606, #emulation;
 AITER main ``e4048607a535`` and ROCm/aiter#3606):
 
 * :func:`emulate_mla_prefill_ps_asm_fwd` - the ASM kernel ``mla_prefill_ps_asm_fwd`` (objects
@@ -157,7 +157,7 @@ def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _SoftmaxConsts:
-    """Per-call constants of the kernel (docs/aiter-contract.md, kernel numerics, step 1)."""
+    """Per-call constants of the kernel (docs/aiter-contract.md#kernel, step 1)."""
 
     c: torch.Tensor  # softmax_scale * q_scale * k_scale (natural-log units per raw score)
     c2: torch.Tensor  # c * log2(e) (base-2 units)
@@ -334,7 +334,7 @@ def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: t
 
     ``qt`` is ``[nh, nr, Dqk]`` float64 (raw fp8 values). Returns ``(m, l, acc)``: running max of the raw
     scores ``[nh, nr]`` (from ``-FLT_MAX``), fp32 sum of p ``[nh, nr]``, and ``sum e4m3fn(p) @ V8``
-    ``[nh, nr, Dv]`` fp32 (docs/aiter-contract.md, kernel numerics steps 4-5).
+    ``[nh, nr, Dv]`` fp32 (docs/aiter-contract.md#kernel, steps 3-4).
     """
     dev = qt.device
     nh, nrows = int(qt.shape[0]), int(qt.shape[1])
@@ -421,7 +421,7 @@ def emulate_mla_prefill_ps_asm_fwd(
 ) -> None:
     """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes).
 
-    Source: docs/aiter-contract.md (kernel arguments, metadata buffers, kernel numerics); AITER
+    Source: docs/aiter-contract.md#kernel-args, #work-info, #kernel; AITER
     ``e4048607a535``, kernel objects ``mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``. The kernel is
     the same before and after ROCm/aiter#3606: the plan decides which works write ``output`` directly
     (``partial_o_loc == -1``, pre-#3606 unsplit tiles) and which write a partial slot (every work
@@ -555,7 +555,7 @@ def emulate_mla_reduce_v1(
 ) -> None:
     """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
 
-    Source: docs/aiter-contract.md (metadata buffers, reduce maths, ROCm/aiter#3606); AITER
+    Source: docs/aiter-contract.md#reduce, #pr-3606; AITER
     ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
 
     For each group ``g`` with ``n = reduce_indptr[g+1] - reduce_indptr[g]`` partials at locations
@@ -692,7 +692,7 @@ def run_emulated_prefill(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plan, run the emulated kernel and reduce: an emulated AITER PS FP8 MLA prefill.
 
-    Source: docs/aiter-contract.md (call sequence, metadata, kernel numerics, reduce, ROCm/aiter#3606).
+    Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
 
     Plans with :func:`plan_emulated` (``kv_indptr = cu_seqlens_kv``, identity ``kv_page_indices``),
     allocates ``splitData``/``splitLse`` from the *live* partial count (``num_partials * 256`` rows),

@@ -2,7 +2,7 @@
 
 :func:`make_standin_aiter` builds a module object named ``"aiter"`` (a package: ``__path__ = []``,
 ``__spec__`` set) that exposes the four primitives a backend calls, with the real Python parameter
-names and defaults of the emulated AITER version (docs/aiter-contract.md: API reference, versions
+names and defaults of the emulated AITER version (docs/aiter-contract.md#standin, #api, #versions
 and feature detection), so ``inspect.signature`` feature detection sees what it would see on a real
 install of that version:
 
@@ -160,7 +160,7 @@ class _Checker:
         if t is None:
             self.fail(
                 f"{name} is None: the kernel always reads the scale, a null dereference on hardware "
-                "(pass a one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md, kernel arguments)"
+                "(pass a one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md#kernel-args)"
             )
         t = self.tensor(name, t)
         self.dtype(name, t, torch.float32, why=" (one-element fp32 dequant multiplier)")
@@ -682,7 +682,7 @@ def make_standin_aiter(
 ) -> types.ModuleType:
     """Build a stand-in ``aiter`` module (CPU; backed by the planner port and the emulator).
 
-    Source: docs/aiter-contract.md (versions and feature detection, API reference, limits, #3606).
+    Source: docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin.
 
     Args:
         reduce_variant: 7, 8 or 9 - the ``mla_reduce_v1`` form to expose. ``None`` (default) derives

@@ -1,8 +1,8 @@
 """The AITER persistent-scheduled FP8 MLA prefill, called through its three primitives.
 
 ``get_ps_metadata_v1`` (host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1``
-(merge of partials), as docs/aiter-contract.md specifies (API reference, versions and feature
-detection, ROCm/aiter#3606, context chunks):
+(merge of partials), as docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks,
+#driver):
 
 * every planner keyword passed explicitly (the stub's defaults ``kvlen_granularity=16, block_size=16``
   are wrong; the binding's are 1, 1): ``qhead_granularity=1, qlen_granularity=256,

@@ -2,7 +2,7 @@
 
 The timed call is the REAL ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)`` from
 ``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``, set up the way vLLM's seed test (PR #51457)
-does it (docs/aiter-contract.md, the vLLM entry section):
+does it (docs/aiter-contract.md#vllm-entry):
 
 * ``object.__new__(AiterMLAImpl)`` with only ``num_heads``, ``v_head_dim``, ``scale``,
   ``_mla_prefill_ps_asm_fwd``, ``_mla_reduce_v1`` (and ``_fp8_prefill_one_scale = None`` where the
@@ -197,8 +197,8 @@ def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, 
                                   num_heads: int, num_head_k: int, num_compute_units: int,
                                   info_partial_slots: int, v_head_dim: int = V_HEAD_DIM,
                                   out_itemsize: int = 2) -> int:
-    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace (docs/aiter-contract.md,
-    vLLM entry: scratch reservation).
+    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace
+    (docs/aiter-contract.md#workspace, #vllm-entry).
 
     P partial tiles (:func:`~mla_fp8_bench.aiter_ps.workspace.vllm_partial_tiles`): AITER's
     ``reduce_partial_map`` size (``info_partial_slots``) up to 0.30; from 0.31

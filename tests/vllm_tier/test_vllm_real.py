@@ -50,7 +50,7 @@ def _v(ver: str) -> tuple[int, ...]:
 
 
 def expected_features(ver: str) -> dict[str, bool]:
-    """The vLLM release table of docs/aiter-contract.md (vLLM entry)."""
+    """Features by vLLM release (docs/aiter-contract.md#vllm-entry)."""
     v = _v(ver)
     return {"attn_out_dtype": v >= (0, 29), "pads_heads": v >= (0, 29), "budget_sizing": v >= (0, 31),
             "staging": v >= (0, 32), "one_scale_cache": v >= (0, 33)}
