@@ -192,7 +192,7 @@ def test_batch_past_65536_tokens_plan_covers_all_and_stays_in_bounds():
     assert live == ri[-1] and 0 < live <= plan["reduce_partial_map"].numel()
     locs = plan["reduce_partial_map"][:live].tolist()
     assert len(set(locs)) == live and all(x % TILE_Q == 0 and 0 <= x < live * TILE_Q for x in locs)
-    # 32-bit buffer-descriptor limits of the real kernel (contract §4)
+    # 32-bit buffer-descriptor limits of the real kernel (docs/aiter-contract.md#limits)
     t, h = case.total_tokens, case.num_heads
     assert t * h * 192 < 2 ** 32 and t * h * 256 < 2 ** 32
     assert live * TILE_Q * h * 512 < 2 ** 31
