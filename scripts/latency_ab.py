@@ -10,8 +10,8 @@ call followed by an injected slowdown of 1 / 2 / 3 / 5 % (``--slowdowns``, ``--r
 * GPU: an extra device kernel inside the timed region and the captured graph, right after the call:
   an in-place ``mul_(1.0)`` over ``n`` fp32 elements, ``n`` calibrated by bisection on the kernel's own
   graph-replay time so that it lasts ``slowdown x`` the call's measured median latency
-  (:func:`extra_kernel`; a kernel inside a graph cannot be shorter than about 2 us, so +1 % needs a
-  call of >= 200 us: use s8192 or larger);
+  (:func:`extra_kernel`; a kernel inside a graph cannot be shorter than about 1 us on an H200, so
+  +1 % needs a call of >= 100 us: use s8192 or larger);
 * CPU (``--device cpu``, for a smoke test only): a ``perf_counter`` busy-wait of the same length.
 
 BASE and HEAD of a trial are measured back to back, alternating which goes first. The report gives,
@@ -132,7 +132,7 @@ def _graph_kernel_s(fn: Callable[[], Any], device, copies: int = 50, replays: in
 def extra_kernel(device, extra_s: float) -> tuple[Callable[[], Any], dict[str, Any]]:
     """A device kernel lasting about ``extra_s``: an in-place ``mul_(1.0)`` over ``n`` fp32 elements, with
     ``n`` found by bisection on the kernel's measured graph-replay time (its floor, a launch inside a
-    graph, is about 2 us on an H200). Returns ``(launch, {"n", "kernel_s", "target_s", "floor_s"})``."""
+    graph, is about 1 us on an H200). Returns ``(launch, {"n", "kernel_s", "target_s", "floor_s"})``."""
     import torch
 
     buf = torch.ones(1 << 27, dtype=torch.float32, device=device)

@@ -6,9 +6,11 @@ Methods, in order of preference on a GPU (CUDA and ROCm share the ``torch.cuda``
   a sample is ``elapsed(replay) / launches`` between two device events. Python and launch overhead
   vanish; what remains is device time including the gaps between kernels of one call. ``launches``
   comes from a 4-launch probe graph (device time, not host time, so tiny kernels get enough launches
-  per sample), and an adaptive warm-up of untimed replays (at least 150 ms of device time, until the
-  per-launch time stops moving, at most 600 ms) precedes the samples, so samples see the clocks of
-  sustained load rather than the boost clock of an idle GPU.
+  per sample). Once per process an idle GPU is heated to its sustained-load clock (:func:`heat_up`);
+  before each case an adaptive, clock-aware warm-up of untimed replays (at least 150 ms of device
+  time, until the per-launch time and the SM clock stop moving, at most 1 s) precedes the samples, so
+  samples see the sustained-load clock of the case's own load rather than the boost clock of an idle
+  GPU. Every sample carries the SM clock read while it ran (:mod:`mla_fp8_bench.measure.clocks`).
 * ``events`` - when capture is impossible (host-side planning or a sync inside the call), the call
   runs ``launches`` times back to back between one event pair. Host overhead that exceeds device time
   shows up here; the method is recorded with every result.
@@ -21,8 +23,8 @@ each sample and times a single launch per sample (cold L2 for that launch).
 Call latency (:func:`time_call`) is the host-inclusive time of one call as a user sees it:
 ``perf_counter`` around ``run(); synchronize()``.
 
-Statistics: median and IQR of samples, in seconds. Sources: docs/asv-notes.md §1 (samples format),
-docs/h200-fp8-peers.md (graph replay <= 0.45% CV; do_bench host-bound below S~8k).
+Statistics: median and IQR of samples, in seconds. The measured behaviour on an H200 (clock plateaus,
+CV across processes, comparison with nvbench and Triton) is in docs/methodology.md §2 and §8.
 """
 
 from __future__ import annotations
