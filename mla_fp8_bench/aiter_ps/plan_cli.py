@@ -324,7 +324,8 @@ def print_report(console, req: PlanRequest, plan: PsPlan, info: dict, info_none:
     _line(console, f"partial slots ({Q_TILE} rows each) and fp32 workspace bytes"
                    " (partial output + partial LSE + final LSE [+ padded-head output scratch]):")
     for label, slots, wb in size_rows(req, plan, info, info_none):
-        _line(console, f"  {label:<52} {slots:>12,} slots {_gib(wb.total)}")
+        short = "  (fewer slots than used: too small for this batch)" if slots < plan.num_partials else ""
+        _line(console, f"  {label:<52} {slots:>12,} slots {_gib(wb.total)}{short}")
     _line(console, f"  (vLLM builder inputs: max_num_seqs={req.vllm_max_num_seqs},"
                    f" max_num_batched_tokens={req.vllm_max_num_batched_tokens},"
                    f" max_model_len={req.vllm_max_model_len}; set with --vllm-*)")
