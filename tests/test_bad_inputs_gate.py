@@ -322,3 +322,15 @@ def test_exact_rule_flags_any_change(monkeypatch):
     assert gate.compare_one(("b", "c", "slots"), side(64.0), side(64.0), opts).verdict == "ok"
     assert gate.compare_one(("b", "c", "slots"), side(64.0), side(60.0), opts).verdict == "REGRESSION"
     assert gate.compare_one(("b", "c", "slots"), side(64.0), side(65.0), opts).verdict == "REGRESSION"
+
+
+def test_markdown_tables_are_capped_for_a_pr_comment(tmp_path, capsys):
+    from mla_fp8_bench.analysis.gate import MD_MAX_ROWS
+
+    cases = [f"s{64 + i}" for i in range(MD_MAX_ROWS + 7)]
+    b = _write(tmp_path, "b.json", [_rec(case=c) for c in cases])
+    h = _write(tmp_path, "h.json", [])
+    assert _gate(b, h, "--format", "markdown") == 1
+    out = capsys.readouterr().out
+    assert f"### Lost results ({len(cases) + 1})" in out  # every case + "HEAD holds no results"
+    assert out.count("| LOST |") == MD_MAX_ROWS and "and 8 more" in out

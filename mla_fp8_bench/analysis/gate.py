@@ -587,7 +587,8 @@ def render_text(rows: list[Row], title: str, console, *, show_all: bool = False)
     # one unfolded line per notable row, so CI logs and greps see every name whatever the terminal width
     for r in shown:
         if r.verdict not in ("ok", "info", "new"):
-            console.print(f"{r.verdict}: {r.backend} {r.case} {r.metric}: BASE {r.base} -> HEAD {r.head}"
+            what = f"{r.backend} {r.case}" + (f" {r.metric}" if r.metric != "-" else "")
+            console.print(f"{r.verdict}: {what}: BASE {r.base} -> HEAD {r.head}"
                           + (f" ({r.detail})" if r.detail else ""), highlight=False, soft_wrap=True, markup=False)
     for b, cases in sorted(_skipped_summary(rows).items()):
         reasons = sorted({x for x in cases.values() if x})
@@ -610,11 +611,17 @@ def render_text(rows: list[Row], title: str, console, *, show_all: bool = False)
                   highlight=False)
 
 
+#: Rows per markdown table: a GitHub comment holds at most 65,536 characters.
+MD_MAX_ROWS = 50
+
+
 def _md_table(rows: list[Row]) -> list[str]:
     out = ["| verdict | backend | case | metric | BASE | HEAD | ratio | detail |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cells = (r.verdict, r.backend, r.case, r.metric, r.base, r.head, _ratio_text(r), r.detail)
+    for r in rows[:MD_MAX_ROWS]:
+        cells = (r.verdict, r.backend, r.case, r.metric, r.base, r.head, _ratio_text(r), r.detail[:200])
         out.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
+    if len(rows) > MD_MAX_ROWS:
+        out.append(f"\n... and {len(rows) - MD_MAX_ROWS} more (the text report lists every row)")
     return out
 
 
