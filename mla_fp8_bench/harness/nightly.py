@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.argtypes import check_name
+
 #: Library under test -> (distribution names to look for, import name, default asv config).
 LIBRARIES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "aiter": (("amd-aiter", "aiter"), "aiter", "asv.aiter.conf.json"),
@@ -279,8 +281,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         NightlyError: see :func:`identify` and :func:`load_conf`; a bad machine name.
     """
     python = args.python or sys.executable
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.machine or ""):
-        raise NightlyError(f"--machine {args.machine!r} is invalid: letters, digits, '.', '_', '-' (e.g. mi355)")
+    try:
+        check_name(args.machine or "", "--machine")  # the asv-machine step's rule, checked before anything runs
+    except ValueError as exc:
+        raise NightlyError(str(exc)) from None
     if args.base is not None and not _HEX.fullmatch(args.base):
         raise NightlyError(f"--base {args.base!r} is not a commit hash (7 to 40 lowercase hex digits)")
     lib = identify(args.library, python, args.checkout, args.commit)
