@@ -564,3 +564,70 @@ def test_tiny_q_and_k_underflow_the_kernels_score_scale_and_the_run_reports_it(m
     assert emu["status"] == "error" and emu["reason"].startswith("non-finite result")
     assert emu["nonfinite_count_fp8_ref"] > 0
     assert ref["status"] == "ok" and ref["max_abs_error_fp8_ref"] < 0.05  # the references are finite
+
+
+# ============================================================================ U. newer commands and case families
+@pytest.mark.parametrize("spec,needle", [
+    ("ctx0-q5", "a ctx case needs at least one context_len >= 1"),
+    ("prefix-ragged-0q5", "a prefix case needs at least one context_len >= 1"),
+    ("ctx-ragged-1024q0", "seq_len 0 is invalid"),
+    ("prefix1024-q0", "seq_len 0 is invalid"),
+    ("ctx99999999999-q1", "is too large"),
+    ("ctx1024-q2000000", "exceed the supported maximum 1048576"),
+    ("prefix-ragged-1024q256x999999999", "makes more than 1048576 tokens"),
+    ("ctx1024-q256-h0", "num_heads 0 is invalid: allowed 1..1024"),
+    ("ctx1024", "must be followed by '-q<Q>'"),
+    ("prefix-q5", "is invalid: expected"),
+    ("ctx1024-q256-cast-cast", "suffix 'cast' is not recognised"),
+    ("ctx-ragged-", "(empty batch)"),
+])
+def test_bad_ctx_and_prefix_case_ids_are_refused_before_any_case_runs(capsys, no_measuring, spec, needle):
+    assert _run("-b", "torch-fp8-ref", "-c", f"s16-h2,{spec}") == 2  # the good case is not run first
+    out = _out(capsys)
+    assert needle in out and "Traceback" not in out
+
+
+def _plan(*args: str) -> int:
+    return main(["plan", *args])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--qo-lens", "5", "--kv-lens", "3", "--heads", "16"], "q_len=5 > kv_len=3"),
+    (["--qo-lens", "128", "--kv-lens", "128", "--heads", "0"], "--heads=0 is out of range"),
+    (["--qo-lens", "128", "--kv-lens", "128", "--heads", "16", "--cu-num", "0"], "--cu-num=0 is out of range"),
+    (["--qo-lens", "128", "--kv-lens", "128", "--heads", "16", "--cu-num", "-5"], "--cu-num=-5 is out of range"),
+    (["--qo-lens", "99999999999", "--kv-lens", "99999999999", "--heads", "16"], "is out of range"),
+    (["--qo-lens", ",,,", "--kv-lens", "128", "--heads", "16"], "is not a comma-separated list of integers"),
+    (["--qo-lens", "128,128", "--kv-lens", "128", "--heads", "16"], "has 2 sequences but --kv-lens has 1"),
+    (["--qo-lens", "abc", "--kv-lens", "128", "--heads", "16"], "'abc' is not an integer"),
+    (["--qo-lens", "128", "--kv-lens", "128", "--heads", "16", "--limit", "-1"], "--limit=-1 is out of range"),
+    (["--qo-lens", "128", "--kv-lens", "128", "--heads", "16", "--json", "{tmp}"], "is a directory"),
+    (["--qo-lens", "128", "--kv-lens", "128", "--heads", "16", "--json", "{tmp}/afile/p.json"], "which is a file"),
+])
+def test_plan_refuses_bad_batches_and_outputs(tmp_path, capsys, args, needle):
+    (tmp_path / "afile").write_text("x")
+    assert _plan(*[a.format(tmp=tmp_path) for a in args]) == 2
+    out = _out(capsys)
+    assert needle in out and "Traceback" not in out
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--machine", "../x"], "--machine '../x' is invalid"),
+    (["--machine", "version"], "--machine 'version' is reserved by asv"),
+    (["--machine", "benchmarks.json"], "is reserved by asv"),
+    (["--machine", "h200", "--library", "nope"], "--library 'nope' is unknown: allowed auto, aiter, vllm"),
+    (["--machine", "h200", "--library", "aiter", "--commit", "zzz"], "--commit 'zzz' is not a commit hash"),
+    (["--machine", "h200", "--base", "xyz"], "--base 'xyz' is not a commit hash"),
+])
+def test_nightly_refuses_bad_names_and_commits_before_running_anything(capsys, monkeypatch, args, needle):
+    real = subprocess.run
+
+    def run(cmd, *a, **k):  # read-only probes of the installed library are fine; asv or pip are not
+        if any(str(x).endswith(("asv", "pip")) or x in ("asv", "pip", "install") for x in cmd):
+            pytest.fail(f"nightly ran {cmd!r} before refusing")
+        return real(cmd, *a, **k)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert main(["nightly", "--dry-run", *args]) == 2
+    assert needle in _out(capsys)
