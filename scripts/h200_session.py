@@ -23,6 +23,12 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``sweep``     ``cli run --json`` over the sweep s128..s32768 for fa3-fp8, fa3-bf16, torch-sdpa-bf16 with
               the device ceilings attached in the same process (``ceilings.attach``), plus
               aiter-emulated capped at ``--emu-max-seq`` (its latency is an emulation's)
+``order``     ``scripts/order_check.py`` in separate processes, sorted / reversed / shuffled
+              (``--order-rounds`` rounds), then their summary: run-order independence of the GPU grid
+``sbs``       ``scripts/side_by_side.py`` in ``--sbs-procs`` processes of alternating order (the suite vs
+              nvbench, Triton, torch.utils.benchmark and the profiler span), then the summary
+``ab``        ``scripts/latency_ab.py`` on fa3-fp8 ``--ab-case``: A/A and +1/2/3/5% device-kernel slowdowns
+``cudnn``     the runner on cudnn-fp8, cudnn-bf16 and fa3-fp8 over the sweep, ragged and ctx/prefix cases
 ``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
 ``asv-tiny-fork`` the same with ``--launch-method forkserver``
 ``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key and a
@@ -65,6 +71,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "cudnn-fp8", "cudnn-bf16", "aiter-emulated",
@@ -272,6 +279,192 @@ def write_machine_file(s: Session, home: Path, machine: str) -> dict:
     return entry
 
 
+# ------------------------------------------------------------------------------------------ steps
+def ensure_machine(c) -> None:
+    s, args, asv_home = c.s, c.args, c.asv_home
+    if not c.machine_done:
+        s.summary["machine"] = write_machine_file(s, asv_home, args.machine)
+        c.machine_done.append(True)
+
+
+def do_env(c) -> None:
+    s = c.s
+    rc1, w1 = s.sh("env", "nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE | head -80; "
+                   "uname -a; nproc; free -g; ls -a; git rev-parse HEAD; git status --short | head -30; "
+                   f"{py()} -m pip list 2>/dev/null | grep -i -E "
+                   "'torch|triton|fa3|asv|numpy|rich|json5|cudnn|cuda-bench|nvidia-ml'", 60)
+    rc2, w2 = s.sh("env", [py(), "-m", "mla_fp8_bench.cli", "env"], 120)
+    s.sh("env", [py(), "-c", "from mla_fp8_bench.measure.clocks import open_reader; r = open_reader(); "
+                 "print('clock policy', r.policy()); print('reading', r.read())"], 30)
+    s.step("env", max(rc1, rc2), w1 + w2)
+
+
+def do_smoke(c) -> None:
+    s, jd = c.s, c.jd
+    rc, w = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "fa3-fp8,fa3-bf16", "-c", "s2048",
+                           "--json", str(jd / "smoke_s2048.json")], 180)
+    rc2, w2 = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "aiter-emulated", "-c", "s512",
+                             "--samples", "5", "--time-budget", "3", "--json",
+                             str(jd / "smoke_emu_s512.json")], 120)
+    s.step("smoke", rc, w, emu_rc=rc2, emu_wall_s=round(w2, 1))
+
+
+def do_pytest(c) -> None:
+    s = c.s
+    rc, w = s.sh("pytest", [py(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-rs"], 240)
+    s.step("pytest", rc, w)
+
+
+def do_ceilings(c) -> None:
+    s, jd = c.s, c.jd
+    code = ("import json,sys; from mla_fp8_bench.measure.ceilings import measure_ceilings; r=measure_ceilings(); "
+            f"json.dump(r, open({str(jd / 'ceilings.json')!r},'w'), indent=1); "
+            "print({k: r.get(k) for k in ('fp8_gemm_tflops','bf16_gemm_tflops','copy_tb_s')})")
+    rc, w = s.sh("ceilings", [py(), "-c", code], 120)
+    s.step("ceilings", rc, w)
+
+
+def do_cv(c) -> None:
+    s, args, jd = c.s, c.args, c.jd
+    files, t_cv, rcs = [], 0.0, []
+    for i in range(args.cv_procs):
+        if s.left() < 60:
+            s.log("cv: stopping early, deadline")
+            break
+        f = jd / f"cv_fa3-fp8_p{i}.json"
+        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", "fa3-fp8", "--cases",
+                            CV_CASES, "--json", str(f)], 150)
+        rcs.append(rc)
+        t_cv += w
+        if rc == 0:
+            files.append(str(f))
+    for bk in ("fa3-bf16", "torch-sdpa-bf16"):
+        if s.left() < 60:
+            break
+        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", bk, "--cases", CV_CASES,
+                            "--json", str(jd / f"cv_{bk}_p0.json")], 150)
+        t_cv += w
+    if files:
+        s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--summarize", *files, "--json",
+                    str(jd / "cv_summary.json")], 60)
+    s.step("cv", max(rcs) if rcs else -1, t_cv, processes=len(files))
+
+
+def do_sweep(c) -> None:
+    s, args, jd = c.s, c.args, c.jd
+    code = (
+        "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.measure.ceilings as C\n"
+        "import mla_fp8_bench.cli as cli\n"
+        "orig = R.evaluate\n"
+        "def ev(*a, **k):\n"
+        "    d = orig(*a, **k)\n"
+        "    C.attach(d)\n"
+        "    return d\n"
+        "R.evaluate = ev\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    rc, w = s.sh("sweep", [py(), "-c", code, "run", "-b", "fa3-fp8,fa3-bf16,torch-sdpa-bf16", "-c", SWEEP,
+                           "--json", str(jd / "run_h200_sweep.json")], 300)
+    emu_cases = ",".join(c for c in SWEEP.split(",") if int(c[1:]) <= args.emu_max_seq)
+    rc2, w2 = (None, 0.0)
+    if s.left() > 90:
+        rc2, w2 = s.sh("sweep", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "aiter-emulated,torch-fp8-ref",
+                                 "-c", emu_cases, "--samples", "5", "--time-budget", "3", "--json",
+                                 str(jd / "run_h200_emulated.json")], 180)
+    s.step("sweep", rc, w, emu_rc=rc2, emu_wall_s=round(w2, 1))
+
+
+def do_asv_tiny(c, method: str) -> None:
+    s, args, sha, asv_env_base = c.s, c.args, c.sha, c.asv_env_base
+    ensure_machine(c)
+    env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS="fa3-fp8", MLA_FP8_BENCH_MAX_TOKENS="2048")
+    rc, w = s.sh(f"asv-tiny-{method}", [py(), "-m", "asv", "run", "-E", f"existing:{py()}", "--set-commit-hash",
+                                        sha, "--launch-method", method, "--machine", args.machine, "--dry-run",
+                                        "-b", r"MLAPrefill\.track_\w+\('fa3-fp8', 's2048'\)"], 120, env=env)
+    s.step(f"asv-tiny-{method}", rc, w)
+
+
+def do_asv(c) -> None:
+    s, args, sha, grid, sel_run, work, asv_env_base = c.s, c.args, c.sha, c.grid, c.sel_run, c.work, c.asv_env_base
+    ensure_machine(c)
+    env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS=",".join(grid),
+               MLA_FP8_BENCH_EMU_MAX_TOKENS=str(args.emu_max_seq))
+    regex = r"\('(" + "|".join(sel_run) + r")'"
+    plan_regex = r"AiterPlan\.\w+\('aiter-emulated'"
+    rc, w = s.sh("asv", [py(), "-m", "asv", "run", "-E", f"existing:{py()}", "--set-commit-hash", sha,
+                         "--launch-method", args.launch_method, "--machine", args.machine,
+                         "-b", regex, "-b", plan_regex], args.asv_timeout, env=env)
+    dst = work / "asv_results"
+    dst.mkdir(exist_ok=True)
+    if (ROOT / "results" / args.machine).exists():
+        shutil.copytree(ROOT / "results" / args.machine, dst / args.machine, dirs_exist_ok=True)
+    if (ROOT / "results" / "benchmarks.json").exists():
+        shutil.copy(ROOT / "results" / "benchmarks.json", dst / "benchmarks.json")
+    s.step("asv", rc, w, regex=[regex, plan_regex], launch_method=args.launch_method)
+
+
+def do_order(c) -> None:
+    s, args, jd = c.s, c.args, c.jd
+    files, t, rcs = [], 0.0, []
+    for i, order in enumerate(ORDERS * args.order_rounds):
+        f = jd / f"order_p{i}_{order}.json"
+        rc, w = s.sh("order", [py(), "scripts/order_check.py", "--order", order, "--seed", str(i + 1),
+                               "--backends", ORDER_BACKENDS, "--cases", ORDER_CASES, "--json", str(f)], 150)
+        t += w
+        rcs.append(rc)
+        if rc == 0:
+            files.append(str(f))
+        if s.left() < 60:
+            break
+    if files:
+        s.sh("order", [py(), "scripts/order_check.py", "--summarize", *files, "--json",
+                       str(jd / "order_summary.json")], 30)
+    s.step("order", max(rcs) if rcs else -1, t, processes=len(files))
+
+
+def do_sbs(c) -> None:
+    s, args, jd = c.s, c.args, c.jd
+    files, t, rcs = [], 0.0, []
+    for i in range(args.sbs_procs):
+        order = "sorted" if i % 2 == 0 else "reversed"
+        f = jd / f"sbs_p{i}_{order}.json"
+        rc, w = s.sh("sbs", [py(), "scripts/side_by_side.py", "--order", order, "--json", str(f),
+                             "--nvbench-json", str(jd / f"nvbench_p{i}.json")], 120)
+        t += w
+        rcs.append(rc)
+        if rc == 0:
+            files.append(str(f))
+        if s.left() < 60:
+            break
+    if files:
+        s.sh("sbs", [py(), "scripts/side_by_side.py", "--summarize", *files, "--json",
+                     str(jd / "sbs_summary.json")], 30)
+    s.step("sbs", max(rcs) if rcs else -1, t, processes=len(files))
+
+
+def do_ab(c) -> None:
+    s, args, jd = c.s, c.args, c.jd
+    rc, w = s.sh("ab", [py(), "scripts/latency_ab.py", "--backend", "fa3-fp8", "--case", args.ab_case,
+                        "--aa", "10", "--reps", "10", "--slowdowns", "0.01,0.02,0.03,0.05",
+                        "--deadline", str(max(30.0, min(200.0, s.left() - 40))),
+                        "--out", str(jd / "latency_ab.json")], 260)
+    s.step("ab", rc, w)
+
+
+def do_cudnn(c) -> None:
+    s, jd = c.s, c.jd
+    code = ("import json, sys\n"
+            "from mla_fp8_bench.harness.runner import evaluate\n"
+            "from mla_fp8_bench.problem.cases import resolve_cases\n"
+            "d = evaluate(sys.argv[1].split(','), resolve_cases(sys.argv[2].split(',')))\n"
+            "json.dump(d, open(sys.argv[3], 'w'), indent=1, default=str)\n"
+            "for r in d['records']:\n"
+            "    print(r['backend'], r['case'], r['status'], r.get('latency_s'), r.get('tflops'),\n"
+            "          r.get('max_abs_error_fp8_ref'), r.get('rel_l2_error_fp8_ref'), r.get('reason', '')[:400])\n")
+    rc, w = s.sh("cudnn", [py(), "-c", code, "cudnn-fp8,cudnn-bf16,fa3-fp8", CUDNN_CASES,
+                           str(jd / "cudnn_sweep.json")], 200)
+    s.step("cudnn", rc, w)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/h200_out"))
@@ -323,171 +516,12 @@ def main() -> int:
     s.summary["asv_grid_backends"] = grid
     s.summary["asv_selected_backends"] = sel_run
     s.summary["emu_cap_supported"] = emu_cap_supported()
-    machine_done: list = []
-
-    def ensure_machine() -> None:
-        if not machine_done:
-            s.summary["machine"] = write_machine_file(s, asv_home, args.machine)
-            machine_done.append(True)
-
-    def do_env() -> None:
-        rc1, w1 = s.sh("env", "nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE | head -80; "
-                       "uname -a; nproc; free -g; ls -a; git rev-parse HEAD; git status --short | head -30; "
-                       f"{py()} -m pip list 2>/dev/null | grep -i -E "
-                       "'torch|triton|fa3|asv|numpy|rich|json5|cudnn|cuda-bench|nvidia-ml'", 60)
-        rc2, w2 = s.sh("env", [py(), "-m", "mla_fp8_bench.cli", "env"], 120)
-        s.sh("env", [py(), "-c", "from mla_fp8_bench.measure.clocks import open_reader; r = open_reader(); "
-                     "print('clock policy', r.policy()); print('reading', r.read())"], 30)
-        s.step("env", max(rc1, rc2), w1 + w2)
-
-    def do_smoke() -> None:
-        rc, w = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "fa3-fp8,fa3-bf16", "-c", "s2048",
-                               "--json", str(jd / "smoke_s2048.json")], 180)
-        rc2, w2 = s.sh("smoke", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "aiter-emulated", "-c", "s512",
-                                 "--samples", "5", "--time-budget", "3", "--json",
-                                 str(jd / "smoke_emu_s512.json")], 120)
-        s.step("smoke", rc, w, emu_rc=rc2, emu_wall_s=round(w2, 1))
-
-    def do_pytest() -> None:
-        rc, w = s.sh("pytest", [py(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-rs"], 240)
-        s.step("pytest", rc, w)
-
-    def do_ceilings() -> None:
-        code = ("import json,sys; from mla_fp8_bench.measure.ceilings import measure_ceilings; r=measure_ceilings(); "
-                f"json.dump(r, open({str(jd / 'ceilings.json')!r},'w'), indent=1); "
-                "print({k: r.get(k) for k in ('fp8_gemm_tflops','bf16_gemm_tflops','copy_tb_s')})")
-        rc, w = s.sh("ceilings", [py(), "-c", code], 120)
-        s.step("ceilings", rc, w)
-
-    def do_cv() -> None:
-        files, t_cv, rcs = [], 0.0, []
-        for i in range(args.cv_procs):
-            if s.left() < 60:
-                s.log("cv: stopping early, deadline")
-                break
-            f = jd / f"cv_fa3-fp8_p{i}.json"
-            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", "fa3-fp8", "--cases",
-                                CV_CASES, "--json", str(f)], 150)
-            rcs.append(rc)
-            t_cv += w
-            if rc == 0:
-                files.append(str(f))
-        for bk in ("fa3-bf16", "torch-sdpa-bf16"):
-            if s.left() < 60:
-                break
-            rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", bk, "--cases", CV_CASES,
-                                "--json", str(jd / f"cv_{bk}_p0.json")], 150)
-            t_cv += w
-        if files:
-            s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--summarize", *files, "--json",
-                        str(jd / "cv_summary.json")], 60)
-        s.step("cv", max(rcs) if rcs else -1, t_cv, processes=len(files))
-
-    def do_sweep() -> None:
-        code = (
-            "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.measure.ceilings as C\n"
-            "import mla_fp8_bench.cli as cli\n"
-            "orig = R.evaluate\n"
-            "def ev(*a, **k):\n"
-            "    d = orig(*a, **k)\n"
-            "    C.attach(d)\n"
-            "    return d\n"
-            "R.evaluate = ev\n"
-            "sys.exit(cli.main(sys.argv[1:]))\n")
-        rc, w = s.sh("sweep", [py(), "-c", code, "run", "-b", "fa3-fp8,fa3-bf16,torch-sdpa-bf16", "-c", SWEEP,
-                               "--json", str(jd / "run_h200_sweep.json")], 300)
-        emu_cases = ",".join(c for c in SWEEP.split(",") if int(c[1:]) <= args.emu_max_seq)
-        rc2, w2 = (None, 0.0)
-        if s.left() > 90:
-            rc2, w2 = s.sh("sweep", [py(), "-m", "mla_fp8_bench.cli", "run", "-b", "aiter-emulated,torch-fp8-ref",
-                                     "-c", emu_cases, "--samples", "5", "--time-budget", "3", "--json",
-                                     str(jd / "run_h200_emulated.json")], 180)
-        s.step("sweep", rc, w, emu_rc=rc2, emu_wall_s=round(w2, 1))
-
-    def do_asv_tiny(method: str) -> None:
-        ensure_machine()
-        env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS="fa3-fp8", MLA_FP8_BENCH_MAX_TOKENS="2048")
-        rc, w = s.sh(f"asv-tiny-{method}", [py(), "-m", "asv", "run", "-E", f"existing:{py()}", "--set-commit-hash",
-                                            sha, "--launch-method", method, "--machine", args.machine, "--dry-run",
-                                            "-b", r"MLAPrefill\.track_\w+\('fa3-fp8', 's2048'\)"], 120, env=env)
-        s.step(f"asv-tiny-{method}", rc, w)
-
-    def do_asv() -> None:
-        ensure_machine()
-        env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS=",".join(grid),
-                   MLA_FP8_BENCH_EMU_MAX_TOKENS=str(args.emu_max_seq))
-        regex = r"\('(" + "|".join(sel_run) + r")'"
-        plan_regex = r"AiterPlan\.\w+\('aiter-emulated'"
-        rc, w = s.sh("asv", [py(), "-m", "asv", "run", "-E", f"existing:{py()}", "--set-commit-hash", sha,
-                             "--launch-method", args.launch_method, "--machine", args.machine,
-                             "-b", regex, "-b", plan_regex], args.asv_timeout, env=env)
-        dst = work / "asv_results"
-        dst.mkdir(exist_ok=True)
-        if (ROOT / "results" / args.machine).exists():
-            shutil.copytree(ROOT / "results" / args.machine, dst / args.machine, dirs_exist_ok=True)
-        if (ROOT / "results" / "benchmarks.json").exists():
-            shutil.copy(ROOT / "results" / "benchmarks.json", dst / "benchmarks.json")
-        s.step("asv", rc, w, regex=[regex, plan_regex], launch_method=args.launch_method)
-
-    def do_order() -> None:
-        files, t, rcs = [], 0.0, []
-        for i, order in enumerate(ORDERS * args.order_rounds):
-            f = jd / f"order_p{i}_{order}.json"
-            rc, w = s.sh("order", [py(), "scripts/order_check.py", "--order", order, "--seed", str(i + 1),
-                                   "--backends", ORDER_BACKENDS, "--cases", ORDER_CASES, "--json", str(f)], 150)
-            t += w
-            rcs.append(rc)
-            if rc == 0:
-                files.append(str(f))
-            if s.left() < 60:
-                break
-        if files:
-            s.sh("order", [py(), "scripts/order_check.py", "--summarize", *files, "--json",
-                           str(jd / "order_summary.json")], 30)
-        s.step("order", max(rcs) if rcs else -1, t, processes=len(files))
-
-    def do_sbs() -> None:
-        files, t, rcs = [], 0.0, []
-        for i in range(args.sbs_procs):
-            order = "sorted" if i % 2 == 0 else "reversed"
-            f = jd / f"sbs_p{i}_{order}.json"
-            rc, w = s.sh("sbs", [py(), "scripts/side_by_side.py", "--order", order, "--json", str(f),
-                                 "--nvbench-json", str(jd / f"nvbench_p{i}.json")], 120)
-            t += w
-            rcs.append(rc)
-            if rc == 0:
-                files.append(str(f))
-            if s.left() < 60:
-                break
-        if files:
-            s.sh("sbs", [py(), "scripts/side_by_side.py", "--summarize", *files, "--json",
-                         str(jd / "sbs_summary.json")], 30)
-        s.step("sbs", max(rcs) if rcs else -1, t, processes=len(files))
-
-    def do_ab() -> None:
-        rc, w = s.sh("ab", [py(), "scripts/latency_ab.py", "--backend", "fa3-fp8", "--case", args.ab_case,
-                            "--aa", "10", "--reps", "10", "--slowdowns", "0.01,0.02,0.03,0.05",
-                            "--deadline", str(max(30.0, min(200.0, s.left() - 40))),
-                            "--out", str(jd / "latency_ab.json")], 260)
-        s.step("ab", rc, w)
-
-    def do_cudnn() -> None:
-        code = ("import json, sys\n"
-                "from mla_fp8_bench.harness.runner import evaluate\n"
-                "from mla_fp8_bench.problem.cases import resolve_cases\n"
-                "d = evaluate(sys.argv[1].split(','), resolve_cases(sys.argv[2].split(',')))\n"
-                "json.dump(d, open(sys.argv[3], 'w'), indent=1, default=str)\n"
-                "for r in d['records']:\n"
-                "    print(r['backend'], r['case'], r['status'], r.get('latency_s'), r.get('tflops'),\n"
-                "          r.get('max_abs_error_fp8_ref'), r.get('rel_l2_error_fp8_ref'), r.get('reason', '')[:400])\n")
-        rc, w = s.sh("cudnn", [py(), "-c", code, "cudnn-fp8,cudnn-bf16,fa3-fp8", CUDNN_CASES,
-                               str(jd / "cudnn_sweep.json")], 200)
-        s.step("cudnn", rc, w)
-
+    c = SimpleNamespace(s=s, args=args, jd=jd, sha=sha, grid=grid, sel_run=sel_run, work=work, asv_home=asv_home,
+                        asv_env_base=asv_env_base, machine_done=[])
     table = {"order": (do_order, 60), "sbs": (do_sbs, 60), "ab": (do_ab, 60), "cudnn": (do_cudnn, 40),
              "env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),
-             "cv": (do_cv, 90), "sweep": (do_sweep, 90), "asv-tiny": (lambda: do_asv_tiny("spawn"), 40),
-             "asv-tiny-fork": (lambda: do_asv_tiny("forkserver"), 40), "asv": (do_asv, 60)}
+             "cv": (do_cv, 90), "sweep": (do_sweep, 90), "asv-tiny": (lambda c: do_asv_tiny(c, "spawn"), 40),
+             "asv-tiny-fork": (lambda c: do_asv_tiny(c, "forkserver"), 40), "asv": (do_asv, 60)}
     for name in steps:
         fn, need = table[name]
         if name.startswith("asv") and not sha:
@@ -498,7 +532,7 @@ def main() -> int:
             s.summary["steps"][name] = {"skipped": f"deadline ({s.left():.0f}s left)"}
             continue
         try:
-            fn()
+            fn(c)
         except Exception as exc:  # noqa: BLE001 - a broken step must not lose the others
             s.log(f"step {name} raised {type(exc).__name__}: {exc}")
             s.summary["steps"][name] = {"error": f"{type(exc).__name__}: {exc}"}
