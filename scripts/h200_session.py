@@ -186,6 +186,9 @@ def ensure_git(s: Session) -> str | None:
                     shutil.rmtree(ROOT / ".git.travelled", ignore_errors=True)
                     shutil.move(str(ROOT / ".git"), str(ROOT / ".git.travelled"))
                 shutil.move(str(tmp / ".git"), str(ROOT / ".git"))
+                # the clone has no index (--no-checkout): without one every file reads as untracked and
+                # the asv commit guard refuses the library; read HEAD's tree into the index only
+                info["read_tree_rc"] = git("read-tree", "HEAD").returncode
                 # the bundle's HEAD may be detached or on main: make sure a local 'main' exists for asv
                 br = git("branch", "--list", "main").stdout.strip()
                 if not br:
