@@ -113,8 +113,9 @@ def probe_selection(regex: str) -> dict[str, str]:
     """Environment that makes a probe measure only the (backend, case) params ``regex`` selects.
 
     ``regex`` is matched against every ``MLAPrefill``/``AiterPlan`` name of the asv grid, as asv names
-    them; when it selects a strict subset, the result is ``{"MLA_FP8_BENCH_BACKENDS": ...,
-    "MLA_FP8_BENCH_CASES": ...}`` (read by :mod:`mla_fp8_bench.harness.asv_support`), else ``{}``.
+    them. ``MLA_FP8_BENCH_BACKENDS`` / ``MLA_FP8_BENCH_CASES`` (read by
+    :mod:`mla_fp8_bench.harness.asv_support`) are set when the selected backends / cases are a strict
+    subset of the grid's; ``{}`` when the regex selects no grid name or all of them.
     """
     from mla_fp8_bench.harness.asv_support import ASV_BACKENDS, ASV_CASES
 
@@ -126,10 +127,12 @@ def probe_selection(regex: str) -> dict[str, str]:
             if rx.search(f"bench_mla_prefill.{cls}.{metric}({b!r}, {c!r})"):
                 hit_b.add(b)
                 hit_c.add(c)
-    if not hit_b or (len(hit_b) == len(ASV_BACKENDS) and len(hit_c) == len(ASV_CASES)):
-        return {}
-    return {"MLA_FP8_BENCH_BACKENDS": ",".join(b for b in ASV_BACKENDS if b in hit_b),
-            "MLA_FP8_BENCH_CASES": ",".join(c for c in ASV_CASES if c in hit_c)}
+    out: dict[str, str] = {}
+    if hit_b and len(hit_b) < len(ASV_BACKENDS):
+        out["MLA_FP8_BENCH_BACKENDS"] = ",".join(b for b in ASV_BACKENDS if b in hit_b)
+    if hit_c and len(hit_c) < len(ASV_CASES):
+        out["MLA_FP8_BENCH_CASES"] = ",".join(c for c in ASV_CASES if c in hit_c)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the step

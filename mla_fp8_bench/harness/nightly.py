@@ -305,7 +305,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
     else:
         publish = [sys.executable, "-m", "asv", "publish", "--config", config]
     fmt = ["--format", args.format] if args.format != "text" and _gate_supports("--format") else []
-    run_env = {} if "MLA_FP8_BENCH_BACKENDS" in os.environ else {"MLA_FP8_BENCH_BACKENDS": BACKEND_OF[lib.name]}
+    from mla_fp8_bench.analysis.bisect import probe_selection
+
+    # setup_cache measures only the (backend, case) params the -b regex selects (the library's backend at least)
+    wanted = probe_selection(bench) or {"MLA_FP8_BENCH_BACKENDS": BACKEND_OF[lib.name]}
+    run_env = {k: v for k, v in wanted.items() if k not in os.environ}
     return Plan(lib, config, results_dir, args.machine, setup, run, run_env, publish, fmt)
 
 
