@@ -228,6 +228,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("sm_clock", "sm_clock_mhz", "track_sm_clock", "MLAPrefill", "MHz", "SM clock during latency samples",
            "informational", better="higher",
            doc="Median SM (GFX) clock read while the latency samples ran, MHz (informational; never gates)."),
+    Metric("sm_cycles", "latency_sm_cycles", None, None, "cycles", "SM cycles per launch (latency x SM clock)",
+           "informational", samples_key="latency_sm_cycles_samples",
+           doc="Median over samples of latency x the SM clock read during the sample (clock-normalised latency)."),
     Metric("gpu_temp", "gpu_temp_c", None, None, "degC", "GPU temperature during latency samples", "informational"),
     Metric("gpu_power", "gpu_power_w", None, None, "W", "board power during latency samples", "informational"),
 )
