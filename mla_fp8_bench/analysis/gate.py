@@ -55,6 +55,7 @@ from mla_fp8_bench.analysis.results import (
     ResultsError,
     RunDoc,
     find_result,
+    is_cpu_machine,
     load_any,
 )
 from mla_fp8_bench.analysis.stats import mann_whitney_greater, min_attainable_p  # noqa: F401 - re-exported
@@ -206,7 +207,7 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
         except ResultsError as exc:
             raise GateUsageError(f"{label}: {exc}") from None
     gpu = res.params.get("gpu")
-    cpu = isinstance(gpu, str) and gpu.strip().lower() in ("none", "", "cpu")
+    cpu = is_cpu_machine(res.params)
     side = Side(label, machine={"machine": res.machine, "gpu": gpu if isinstance(gpu, str) else None})
     emu = _emulation_backends()
     for name in res.benchmarks():

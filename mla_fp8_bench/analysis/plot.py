@@ -46,6 +46,7 @@ from mla_fp8_bench.analysis.results import (
     Measurement,
     ResultsError,
     RunDoc,
+    is_cpu_machine,
     list_result_files,
     load_machine,
     machine_dirs,
@@ -275,7 +276,7 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
     except ResultsError as exc:
         raise PlotError(str(exc)) from None
     gpu = mj.get("gpu")
-    has_gpu = bool(gpu) and gpu != "none"
+    has_gpu = bool(gpu) and not is_cpu_machine(mj)
     hw = gpu if has_gpu else f"CPU: {mj.get('cpu') or mj.get('arch') or '?'}"
     ds = Dataset(device=f"machine {mj['machine']} ({hw}), commit {res.commit_hash[:8]}",
                  slug=_slug(f"asv-{mj['machine']}"), source=str(res.path),

@@ -10,6 +10,11 @@ firewalled) every page then shows asv's "Can not determine continental origin of
 along), checks that no page or stylesheet refers to a remote script or stylesheet any more, and swaps
 the staged site into place (a failed publish leaves the previous site as it was).
 
+asv's Regressions page (``regressions.json`` and the ``regressions.xml`` feed) is filtered too: a
+latency step on a CPU machine (host time of PyTorch code, moved by machine load) is never listed, for
+the same reason the gate never fails on one (:func:`drop_host_time_regressions`). The asv configs'
+``regressions_first_commits`` already keep emulation latency and informational tracks off that page.
+
 The local copies come from the npm packages of the same versions (:data:`ASSET_PACKAGES`), installed
 once into a cache folder (:func:`assets_dir`: ``$MLA_FP8_BENCH_SITE_ASSETS``, default
 ``~/.cache/mla-fp8-bench/site-assets``) by ``mla-fp8-bench publish --install-assets``; every file is
@@ -35,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.analysis.results import ResultsError, list_result_files, machine_dirs
+from mla_fp8_bench.analysis.results import ResultsError, is_cpu_machine, list_result_files, machine_dirs
 
 #: npm packages (pinned) that hold the files asv's pages load from CDNs.
 ASSET_PACKAGES = ("jquery@3.3.1", "flot@0.8.3", "flot-orderbars@1.0.0", "stupid-table-plugin@1.1.3",
@@ -193,6 +198,50 @@ def _copy_asset(nm: Path, site: Path, rel: str, digest: str) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(data)
     return dst
+
+
+def _is_host_time(entry: list[Any]) -> bool:
+    """A ``regressions.json`` row ``[name, graph, machine params, ...]`` that times the host of a CPU
+    machine: a latency-kind track (metric table) on a machine without a GPU."""
+    from mla_fp8_bench.measure.metric_table import find
+
+    name = str(entry[0]) if entry else ""
+    track = name.split("(", 1)[0].rsplit(".", 1)[-1]
+    m = find(track)
+    latency = m is not None and m.kind in ("kernel_latency", "host_latency")
+    facts = entry[2] if len(entry) > 2 and isinstance(entry[2], dict) else {}
+    return latency and is_cpu_machine(facts)
+
+
+def drop_host_time_regressions(site: Path) -> int:
+    """Remove CPU-machine latency steps from asv's Regressions page (JSON and Atom feed); returns how
+    many rows were removed. A site without the files is left as it is."""
+    import xml.etree.ElementTree as ET
+
+    path = site / "regressions.json"
+    if not path.is_file():
+        return 0
+    doc = json.loads(path.read_text())
+    rows = doc.get("regressions", []) if isinstance(doc, dict) else []
+    dropped = [r for r in rows if _is_host_time(r)]
+    if not dropped:
+        return 0
+    doc["regressions"] = [r for r in rows if not _is_host_time(r)]
+    path.write_text(json.dumps(doc))
+    feed = site / "regressions.xml"
+    if feed.is_file():
+        ns = "{http://www.w3.org/2005/Atom}"
+        ET.register_namespace("", ns[1:-1])
+        tree = ET.parse(feed)
+        names = [str(r[0]) for r in dropped]
+        for entry in list(tree.getroot().findall(f"{ns}entry")):
+            title = entry.findtext(f"{ns}title") or ""
+            hit = next((n for n in names if title.endswith(" " + n)), None)
+            if hit is not None:
+                names.remove(hit)
+                tree.getroot().remove(entry)
+        tree.write(feed, encoding="utf-8", xml_declaration=True)
+    return len(dropped)
 
 
 def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
@@ -369,6 +418,7 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
         site = work / "site"
         asv_wall, log = _run_asv_publish(conf, base, results.resolve(), site, work, timeout)
         vendored = vendorize(site, cache)
+        drop_host_time_regressions(site)
         left = remote_references(site)
         if left:
             raise PublishError(f"the published site still loads remote files: {'; '.join(left[:3])}")

@@ -24,7 +24,8 @@ optionally with ``ceilings`` (:func:`mla_fp8_bench.measure.ceilings.attach`).
 API (all errors are :class:`ResultsError`, a ``ValueError``)
 
 * :func:`load_run_json` -> :class:`RunDoc` (``env``, ``records``, ``ceilings``)
-* :func:`list_machines` / :func:`machine_dirs` / :func:`load_machine` - machines of a results directory
+* :func:`list_machines` / :func:`machine_dirs` / :func:`load_machine` - machines of a results directory;
+  :func:`is_cpu_machine` - whether machine facts name no GPU
 * :func:`list_result_files` -> :class:`ResultFileName` (commit prefix, env, path) per result file
 * :func:`find_result` - the result file of one commit prefix (and env) on one machine
 * :func:`load_asv_result` -> :class:`AsvResult`; ``.measurements(benchmark)`` gives one
@@ -153,6 +154,16 @@ def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     f = p / "benchmarks.json" if p.is_dir() else p
     return _check_version(_load(f, "asv benchmarks file"), f, "asv benchmarks file", ASV_BENCHMARKS_API_VERSION)
+
+
+def is_cpu_machine(facts: dict[str, Any]) -> bool:
+    """True when asv machine facts (``machine.json`` or a result file's ``params``) name no GPU.
+
+    The suite's machine files carry ``"gpu"``: a GPU's name, or ``"none"`` on a CPU machine; a machine
+    without the key counts as a GPU machine (latency there is gated; see docs/extending.md).
+    """
+    gpu = facts.get("gpu")
+    return isinstance(gpu, str) and gpu.strip().lower() in ("none", "", "cpu")
 
 
 def is_machine_dir(path: str | os.PathLike) -> bool:
