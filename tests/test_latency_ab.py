@@ -28,7 +28,7 @@ def _trials(cv: float, n: int = 30, aa: int = 20, reps: int = 20, slowdowns=(0.0
 
 
 def test_low_noise_gpu_like_samples():
-    """0.45 % CV (graph replay on H200, docs/h200-fp8-peers.md): the test alone catches +3 %; the gate rule
+    """0.45 % CV (graph replay on H200, docs/methodology.md §5.1): the test alone catches +3 %; the gate rule
     at factor 1.05 reliably catches +10 % only (a +5 % change sits on the factor), A/A raises nothing."""
     s = lab.summarize(_trials(0.0045), factor=1.05)
     rows = {r["slowdown"]: r for r in s["levels"]}
