@@ -224,7 +224,7 @@ def test_flops_match_brute_force_pair_count(lens, heads):
 
 
 def test_flops_bytes_and_tflops():
-    assert causal_flops([4096], 16) == pytest.approx(8.59e10, rel=1e-3)  # docs/h200-fp8-peers.md §5 table
+    assert causal_flops([4096], 16) == pytest.approx(8.59e10, rel=1e-3)  # docs/reference-facts.md#flops table
     assert min_bytes([100], 16) == 768 * 16 * 100
     assert tflops(1e12, 0.5) == 2.0
     assert math.isnan(tflops(1.0, 0.0))

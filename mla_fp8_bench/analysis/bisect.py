@@ -5,7 +5,7 @@
 
 Why not ``asv find``: it needs asv-managed environments that build every probed commit (an AITER
 build with prebuilt kernels takes about an hour; vLLM's needs its Docker toolchain), and its criterion
-is the largest absolute jump, not a threshold (docs/asv-notes.md §11). This command instead drives
+is the largest absolute jump, not a threshold (docs/reference-facts.md#asv-find). This command instead drives
 ``git bisect run`` in a temporary **git worktree** of ``--repo`` (your checkout is never touched). At
 each probed commit the step (``python -m mla_fp8_bench.analysis.bisect step ...``):
 

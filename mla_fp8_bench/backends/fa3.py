@@ -3,7 +3,7 @@
 Source: the PyPI wheel ``fa3-fwd`` 0.0.3 (``fa3_fwd-0.0.3-cp39-abi3-manylinux_2_24_x86_64.whl``, a
 forward-only third-party build of upstream ``hopper/``; FP8, varlen and head dims 192/128 built in).
 Its Python module is ``fa3_fwd_interface`` (ops in ``torch.ops.fa3_fwd``); see
-docs/h200-fp8-peers.md §2. Install with ``pip install fa3-fwd==0.0.3`` (``pip download`` needs
+docs/reference-facts.md#fa3. Install with ``pip install fa3-fwd==0.0.3`` (``pip download`` needs
 ``--platform manylinux_2_24_x86_64``). The module is imported lazily, never at import of this file.
 
 The call (upstream FA3 signature)::

@@ -1,6 +1,6 @@
 """The device's own ceilings, measured once per run: FP8 GEMM, bf16 GEMM and copy bandwidth.
 
-Attention throughput is reported against two references (docs/h200-fp8-peers.md §6): the datasheet
+Attention throughput is reported against two references (docs/reference-facts.md#peaks): the datasheet
 peak (:data:`mla_fp8_bench.problem.flops.DATASHEET_PEAKS_TFLOPS`) and a ceiling measured on the same machine
 in the same process, because ceilings vary between machines of one kind and between runs (bf16
 8192^3 GEMMs on H200s of this workplace gave 715 to 798 TFLOP/s).

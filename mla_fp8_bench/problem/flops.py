@@ -1,7 +1,7 @@
 """FLOPs and bytes of causal MLA prefill, and achieved throughput.
 
 Convention (FA3 ``hopper/benchmark_attn.py``, FlashInfer ``testing/utils.py``, AITER's op test, the
-Triton tutorial; see docs/h200-fp8-peers.md §5): two GEMMs of ``2 * rows * cols * D`` each, halved
+Triton tutorial; see docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D`` each, halved
 for the causal triangle. For q_len == kv_len:
 
     FLOPs = sum_i H * S_i^2 * (D_qk + D_v)      (= 320 * H * sum S_i^2 for 192/128)
@@ -83,7 +83,7 @@ def tflops(flops: float, seconds: float) -> float:
     return flops / seconds / 1e12 if seconds and seconds > 0 else float("nan")
 
 
-#: Dense datasheet peaks in TFLOP/s (docs/h200-fp8-peers.md §6).
+#: Dense datasheet peaks in TFLOP/s (docs/reference-facts.md#peaks).
 DATASHEET_PEAKS_TFLOPS = {
     "NVIDIA H200": {"fp8": 1979.0, "bf16": 989.5, "hbm_tb_s": 4.8},
     "NVIDIA H100 80GB HBM3": {"fp8": 1979.0, "bf16": 989.5, "hbm_tb_s": 3.35},
