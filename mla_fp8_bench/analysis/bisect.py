@@ -13,9 +13,10 @@ each probed commit the step (``python -m mla_fp8_bench.analysis.bisect step ...`
    (default ``{python} -m pip install --no-deps --no-build-isolation -q .``; a failed install exits
    125: git skips the commit);
 2. runs ``{python} -m asv run -E existing:{python} --set-commit-hash <sha> -b <REGEX> --config <CONFIG>
-   --machine <NAME>`` (``--config`` is a suite whose ``repo`` is ``--repo``, so the SHA exists there);
+   --machine <NAME>`` (``--config`` is a suite whose ``repo`` is ``--repo``, so the SHA exists there),
+   measuring only the (backend, case) params the regex selects (:func:`probe_selection`);
 3. reads the stored value from ``<results_dir>/<machine>/<sha8>-existing-*.json`` with
-   :mod:`asv.results` (for ``track_latency`` the median of the samples asv stored) and exits **0**
+   :mod:`mla_fp8_bench.analysis.results` (for ``track_latency`` the median asv stored) and exits **0**
    (good: value <= threshold), **1** (bad: value > threshold) or **125** (skip: install failed, the
    benchmark failed or was skipped). A mis-configuration - a regex that selects zero or several
    benchmark combinations, a missing config - exits **128**, which makes ``git bisect run`` abort
