@@ -237,18 +237,11 @@ def _cli(*args: str) -> list[str]:
             *args]
 
 
-def _has_command(name: str) -> bool:
-    from mla_fp8_bench.cli import build_parser
+def _has_publish() -> bool:
+    """True when the suite's self-contained ``mla-fp8-bench publish`` is installed."""
+    import importlib.util
 
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return name in sub.choices
-
-
-def _gate_supports(flag: str) -> bool:
-    from mla_fp8_bench.cli import build_parser
-
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return any(flag in a.option_strings for a in sub.choices["gate"]._actions)
+    return importlib.util.find_spec("mla_fp8_bench.analysis.publish") is not None
 
 
 def _machine_known(machine: str) -> bool:
@@ -300,11 +293,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
            lib.commit, "--machine", args.machine, "--show-stderr", "-b", bench]
     if args.no_publish:
         publish = None
-    elif _has_command("publish"):
+    elif _has_publish():
         publish = _cli("publish", "--config", config)
     else:
         publish = [sys.executable, "-m", "asv", "publish", "--config", config]
-    fmt = ["--format", args.format] if args.format != "text" and _gate_supports("--format") else []
+    fmt = ["--format", args.format] if args.format != "text" else []
     from mla_fp8_bench.analysis.bisect import probe_selection
 
     # setup_cache measures only the (backend, case) params the -b regex selects (the library's backend at least)
