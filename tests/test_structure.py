@@ -36,7 +36,7 @@ def test_no_library_function_over_the_limit():
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
-    assert not long, "functions over %d lines:\n%s" % (MAX_FUNCTION_LINES, "\n".join(long))
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:

@@ -75,13 +75,15 @@ def normalize_device(device: str | torch.device | None = "auto") -> torch.device
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise DeviceError(f"device {device!r} is invalid: allowed {', '.join(DEVICE_CHOICES)} or cuda:N ({exc})") from None
+        allowed = ", ".join(DEVICE_CHOICES)
+        raise DeviceError(f"device {device!r} is invalid: allowed {allowed} or cuda:N ({exc})") from None
     if dev.type == "cpu":
         return torch.device("cpu")
     if dev.type != "cuda":
         raise DeviceError(f"device {device!r} is not supported: allowed {', '.join(DEVICE_CHOICES)} or cuda:N")
     if not torch.cuda.is_available():
-        raise DeviceError(f"device {device!r} was asked for but no CUDA/ROCm GPU is available (torch {torch.__version__})")
+        raise DeviceError(
+            f"device {device!r} was asked for but no CUDA/ROCm GPU is available (torch {torch.__version__})")
     index = torch.cuda.current_device() if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
         raise DeviceError(f"device {device!r}: index {index} out of range, {torch.cuda.device_count()} GPU(s) visible")

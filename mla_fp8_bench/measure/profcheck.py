@@ -260,14 +260,15 @@ def format_cv_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of :func:`summarize_cv` rows."""
     lines = [f"{'backend':<16} {'case':<8} {'n':>2} {'mean us':>10} {'CV %':>6} {'TFLOP/s':>8} "
              f"{'ev/prof-1 %':>11} {'graph/prof-1 %':>14} {'graph/eager-1 %':>15}"]
+    def d(r: dict[str, Any], k: str) -> str:
+        v = r.get(k)
+        return f"{v['median']:+.1f}" if v else "-"
+
     for r in rows:
-        def d(k: str) -> str:
-            v = r.get(k)
-            return f"{v['median']:+.1f}" if v else "-"
         tf = r.get("tflops_mean")
         lines.append(f"{r['backend']:<16} {r['case']:<8} {r['n']:>2} {r['mean'] * 1e6:>10.2f} {r['cv'] * 100:>6.2f} "
-                     f"{(f'{tf:.0f}' if tf else '-'):>8} {d('diff_same_window_pct'):>11} "
-                     f"{d('diff_graph_vs_profiled_graph_pct'):>14} {d('diff_graph_vs_eager_pct'):>15}")
+                     f"{(f'{tf:.0f}' if tf else '-'):>8} {d(r, 'diff_same_window_pct'):>11} "
+                     f"{d(r, 'diff_graph_vs_profiled_graph_pct'):>14} {d(r, 'diff_graph_vs_eager_pct'):>15}")
     return "\n".join(lines)
 
 
