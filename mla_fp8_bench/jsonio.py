@@ -74,8 +74,10 @@ def check_output_path(path: str | os.PathLike | None, what: str = "output file")
 
 def _umask_mode() -> int:
     old = os.umask(0)
-    os.umask(old)
-    return 0o666 & ~old
+    try:
+        return 0o666 & ~old
+    finally:
+        os.umask(old)
 
 
 def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = False) -> None:
