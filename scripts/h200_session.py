@@ -170,29 +170,30 @@ def ensure_git(s: Session) -> str | None:
     info: dict = {"git_binary": shutil.which("git")}
     r = git("rev-parse", "HEAD") if info["git_binary"] else None
     info["git_traveled"] = bool(r is not None and r.returncode == 0)
-    if not info["git_traveled"] and info["git_binary"]:
-        bundle = ROOT / ".whl" / "repo.bundle"
-        info["bundle"] = bundle.exists()
-        if bundle.exists():
-            tmp = Path("/tmp/repo_clone")
-            shutil.rmtree(tmp, ignore_errors=True)
-            c = subprocess.run(["git", "clone", "-q", "--no-checkout", str(bundle), str(tmp)], capture_output=True,
-                               text=True)
-            info["clone_rc"] = c.returncode
-            info["clone_err"] = c.stderr[-500:]
-            if c.returncode == 0:
-                if (ROOT / ".git").exists():  # a .git travelled but has no usable HEAD (seen: no objects)
-                    info["travelled_git_moved_to"] = ".git.travelled"
-                    shutil.rmtree(ROOT / ".git.travelled", ignore_errors=True)
-                    shutil.move(str(ROOT / ".git"), str(ROOT / ".git.travelled"))
-                shutil.move(str(tmp / ".git"), str(ROOT / ".git"))
-                # the clone has no index (--no-checkout): without one every file reads as untracked and
-                # the asv commit guard refuses the library; read HEAD's tree into the index only
-                info["read_tree_rc"] = git("read-tree", "HEAD").returncode
-                # the bundle's HEAD may be detached or on main: make sure a local 'main' exists for asv
-                br = git("branch", "--list", "main").stdout.strip()
-                if not br:
-                    git("branch", "main", "HEAD")
+    bundle = ROOT / ".whl" / "repo.bundle"
+    info["bundle"] = bundle.exists()
+    # the bundle is made for this call; a .git that travelled may hold another commit's HEAD (seen: the
+    # HEAD of an earlier session), so the bundle always wins
+    if info["git_binary"] and bundle.exists():
+        tmp = Path("/tmp/repo_clone")
+        shutil.rmtree(tmp, ignore_errors=True)
+        c = subprocess.run(["git", "clone", "-q", "--no-checkout", str(bundle), str(tmp)], capture_output=True,
+                           text=True)
+        info["clone_rc"] = c.returncode
+        info["clone_err"] = c.stderr[-500:]
+        if c.returncode == 0:
+            if (ROOT / ".git").exists():  # a travelled .git: stale HEAD or no objects
+                info["travelled_git_moved_to"] = ".git.travelled"
+                shutil.rmtree(ROOT / ".git.travelled", ignore_errors=True)
+                shutil.move(str(ROOT / ".git"), str(ROOT / ".git.travelled"))
+            shutil.move(str(tmp / ".git"), str(ROOT / ".git"))
+            # the clone has no index (--no-checkout): without one every file reads as untracked and
+            # the asv commit guard refuses the library; read HEAD's tree into the index only
+            info["read_tree_rc"] = git("read-tree", "HEAD").returncode
+            # the bundle's HEAD may be detached or on main: make sure a local 'main' exists for asv
+            br = git("branch", "--list", "main").stdout.strip()
+            if not br:
+                git("branch", "main", "HEAD")
         r = git("rev-parse", "HEAD")
     sha = r.stdout.strip() if r is not None and r.returncode == 0 else None
     info["sha"] = sha

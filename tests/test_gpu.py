@@ -184,7 +184,8 @@ def test_graph_timing_sane_samples():
     a = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16)
     tr = time_device(lambda: a @ b, dev, graph_capturable=True, samples=20)
-    assert tr.method == "graph" and len(tr.samples_s) == 20
+    # samples is the least count: more are taken so the samples span min_window_s of device time
+    assert tr.method == "graph" and 20 <= len(tr.samples_s) <= 80
     assert all(math.isfinite(x) and 1e-7 < x < 1e-2 for x in tr.samples_s)
     assert tr.cv < 0.1
     # 2048^3 bf16 is 17.2 GFLOP: more than 1 TFLOP/s and less than 5000 on any current GPU
@@ -366,5 +367,5 @@ def test_cudnn_accuracy_bands(case_id):
     assert out8.dtype == torch.bfloat16 and out8.shape == (inp.q.shape[0], inp.q.shape[1], 128)
     e8 = error_metrics(out8, reference_fp8_dequant(inp)[0])
     e16 = error_metrics(out16, reference_bf16(inp)[0])
-    assert e8.rel_l2 < 0.045 and math.isfinite(e8.max_abs)
-    assert e16.rel_l2 < 0.005
+    assert e8.rel_l2_error < 0.045 and math.isfinite(e8.max_abs_error)
+    assert e16.rel_l2_error < 0.005
