@@ -250,9 +250,16 @@ def emu_cap_supported() -> bool:
 
 
 def write_machine_file(s: Session, home: Path, machine: str) -> dict:
-    """``asv machine --yes --machine <machine>`` then add the GPU model (asv keeps extra keys)."""
+    """The asv machine file for ``machine``: the committed ``results/<machine>/machine.json`` when there is
+    one (``mla-fp8-bench asv-machine``: facts such as RAM differ by a few MB between starts of the lent
+    machine and would split the history), else ``asv machine --yes`` plus the GPU model."""
     home.mkdir(parents=True, exist_ok=True)
     env = {"HOME": str(home)}
+    if (ROOT / "results" / machine / "machine.json").is_file():
+        s.sh("asv-machine", [py(), "-m", "mla_fp8_bench.cli", "asv-machine", machine], 60, env=env)
+        entry = json.loads((home / ".asv-machine.json").read_text()).get(machine, {})
+        s.log(f"machine file (committed facts): {entry}")
+        return entry
     s.sh("asv-machine", [py(), "-m", "asv", "machine", "--yes", "--machine", machine], 60, env=env)
     mf = home / ".asv-machine.json"
     data = json.loads(mf.read_text()) if mf.exists() else {"version": 1}
