@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from mla_fp8_bench.aiter_ps.facts import dist_version
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
@@ -208,16 +209,7 @@ class _Fa3Base(Backend):
             return lse_t.float(), torch.ones(t, dtype=torch.bool)
 
         return Prepared(run=run, graph_capturable=True, timing_scope="kernel", lse=lse,
-                        extras={"fa3_version": _dist_version()})
-
-
-def _dist_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(FA3_DIST)
-    except PackageNotFoundError:
-        return None
+                        extras={"fa3_version": dist_version(FA3_DIST)})
 
 
 def expand_descale(descale: torch.Tensor, batch: int, heads_k: int) -> torch.Tensor:

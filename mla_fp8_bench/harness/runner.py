@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mla_fp8_bench import __version__
+from mla_fp8_bench.aiter_ps.facts import dist_version
 from mla_fp8_bench.backends import (
     Backend,
     BackendUnavailable,
@@ -126,19 +127,10 @@ def environment(pinfo: PlatformInfo) -> dict[str, Any]:
     for mod in ("asv", "asv_runner", "numpy", "aiter", "vllm", "fa3_fwd_interface"):
         if mod in ("aiter", "vllm", "fa3_fwd_interface"):
             # never import aiter on a non-ROCm machine (its import runs rocminfo); report the dist version
-            env[mod] = _dist_version({"aiter": "amd-aiter", "vllm": "vllm", "fa3_fwd_interface": "fa3-fwd"}[mod])
+            env[mod] = dist_version({"aiter": "amd-aiter", "vllm": "vllm", "fa3_fwd_interface": "fa3-fwd"}[mod])
             continue
-        env[mod] = _dist_version(mod)
+        env[mod] = dist_version(mod)
     return env
-
-
-def _dist_version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 def _is_oom(exc: BaseException) -> bool:
