@@ -75,9 +75,12 @@ def test_run_json_path_is_checked_before_measuring(tmp_path, capsys, no_measurin
     assert (tmp_path / "afile").read_text() == "keep me\n"
 
 
-def test_run_json_to_a_device_file_is_refused(capsys, no_measuring):
-    assert _run("-b", "torch-fp8-ref", "-c", "s16-h2", "--json", "/dev/null") == 2
+def test_run_json_to_a_special_file_is_refused(tmp_path, capsys, no_measuring):
+    fifo = tmp_path / "fifo"  # like /dev/null: an atomic rename would replace it with a regular file
+    os.mkfifo(fifo)
+    assert _run("-b", "torch-fp8-ref", "-c", "s16-h2", "--json", str(fifo)) == 2
     assert "exists and is not a regular file" in _out(capsys)
+    assert not fifo.is_file() and fifo.exists()
 
 
 def test_run_json_creates_missing_directories_and_writes_after_measuring(tmp_path):
