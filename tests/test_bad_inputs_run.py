@@ -634,3 +634,15 @@ def test_nightly_refuses_bad_names_and_commits_before_running_anything(capsys, m
     monkeypatch.setattr(subprocess, "run", run)
     assert main(["nightly", "--dry-run", *args]) == 2
     assert needle in _out(capsys)
+
+
+def test_calibrate_measure_restores_the_emulated_cu_count(monkeypatch):
+    """calibrate's per-case measurement sets MLA_FP8_BENCH_EMU_CU_NUM for its run only."""
+    from mla_fp8_bench.analysis import calibrate
+
+    monkeypatch.setenv("MLA_FP8_BENCH_EMU_CU_NUM", "80")
+    calibrate._measure_case("s128-h1", ("torch-fp8-ref",), 304)
+    assert os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] == "80"
+    monkeypatch.delenv("MLA_FP8_BENCH_EMU_CU_NUM")
+    calibrate._measure_case("s128-h1", ("torch-fp8-ref",), 304)
+    assert "MLA_FP8_BENCH_EMU_CU_NUM" not in os.environ

@@ -80,17 +80,24 @@ def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
+    saved = os.environ.get("MLA_FP8_BENCH_EMU_CU_NUM")
     if cu_num:
         os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = str(cu_num)
-    pinfo = platform_info("cpu")
-    ctx = CaseContext(parse_case_id(case_id), pinfo, None)
-    opts = RunOptions(timing=False, determinism=False)
-    out = {}
-    for b in backends:
-        rec = evaluate_one(get_backend(b), ctx, pinfo, opts).as_dict()
-        rec.pop("traceback", None)
-        out[b] = rec
-    return out
+    try:
+        pinfo = platform_info("cpu")
+        ctx = CaseContext(parse_case_id(case_id), pinfo, None)
+        opts = RunOptions(timing=False, determinism=False)
+        out = {}
+        for b in backends:
+            rec = evaluate_one(get_backend(b), ctx, pinfo, opts).as_dict()
+            rec.pop("traceback", None)
+            out[b] = rec
+        return out
+    finally:
+        if saved is None:
+            os.environ.pop("MLA_FP8_BENCH_EMU_CU_NUM", None)
+        else:
+            os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = saved
 
 
 def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
