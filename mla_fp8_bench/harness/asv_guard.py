@@ -20,7 +20,6 @@ failure over the old values).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -28,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from mla_fp8_bench.analysis.results import AsvResult, ResultsError, load_asv_result
 
 #: Environment variables that make a run measure part of the asv grid.
 NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
@@ -118,8 +119,9 @@ def asv_context() -> dict[str, Any] | None:
     if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
         commit = _git(Path(conf), "rev-parse", "--verify", "--quiet", commit + "^{commit}")
     machine = os.environ.get("MLA_FP8_BENCH_MACHINE", "").strip() or _option(argv, "--machine")
+    dry_run = any(a in ("--dry-run", "-n") for a in argv)
     return {"conf_dir": Path(conf), "commit": commit or None, "machine": machine or None,
-            "env": os.environ.get("ASV_ENV_NAME")}
+            "env": os.environ.get("ASV_ENV_NAME"), "dry_run": dry_run}
 
 
 def result_file() -> Path | None:
@@ -158,6 +160,8 @@ def check_asv_run() -> None:
     if ctx is None:
         return
     check_commit()
+    if ctx.get("dry_run"):  # asv run --dry-run stores nothing: nothing to lose
+        return
     narrowed = [v for v in NARROWING_VARS if os.environ.get(v, "").strip()]
     if ctx["commit"] is None and narrowed:
         raise AsvRunRefused(f"{', '.join(narrowed)} narrow this run but its commit is unknown, so the stored "
@@ -168,23 +172,17 @@ def check_asv_run() -> None:
         _read_results(path)
 
 
-def _read_results(path: Path) -> tuple[list[str], dict[str, list]]:
-    """(result_columns, results) of an asv result file.
+def _read_results(path: Path) -> AsvResult:
+    """The stored asv result file a run would overwrite (:mod:`mla_fp8_bench.analysis.results`).
 
     Raises:
         AsvRunRefused: naming the file, when it is not readable asv result JSON.
     """
     try:
-        doc = json.loads(path.read_text())
-        return list(doc["result_columns"]), dict(doc["results"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise AsvRunRefused(f"stored asv result file {path} cannot be read ({type(exc).__name__}: {exc}): this run "
-                            "would overwrite it; fix or move it first") from None
-
-
-def _param_index(params: list[list[str]]) -> dict[tuple[str, ...], int]:
-    return {tuple(json.loads(x.replace("'", '"')) for x in combo): i
-            for i, combo in enumerate(itertools.product(*params))}
+        return load_asv_result(path)
+    except ResultsError as exc:
+        raise AsvRunRefused(f"stored asv result file {path} cannot be read ({exc}): this run would overwrite "
+                            "it; fix or move it first") from None
 
 
 def stored_records(class_name: str, version: str, keys: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
@@ -199,28 +197,26 @@ def stored_records(class_name: str, version: str, keys: list[tuple[str, str]]) -
     path = result_file()
     if path is None or not keys:
         return {}
-    cols, results = _read_results(path)
-    rows = {k.rsplit(".", 1)[-1]: dict(zip(cols, v)) for k, v in results.items()
-            if k.split(".")[-2:-1] == [class_name]}
+    res = _read_results(path)
+    by_track = {name.rsplit(".", 1)[-1]: name for name in res.benchmarks()
+                if name.split(".")[-2:-1] == [class_name]}
 
     from mla_fp8_bench.measure.metric_table import asv_metrics
 
     out: dict[str, dict[str, Any]] = {}
     for m in asv_metrics(class_name):
-        row = rows.get(m.track)
-        if row is None or row.get("version") != version:
+        name = by_track.get(m.track)
+        if name is None or res.row(name).get("version") != version:
             continue
-        index = _param_index(row["params"])
+        stored = res.measurements(name)
         for key in keys:
-            i = index.get(key)
-            val = None if i is None else row["result"][i]
-            if val is None or val != val:  # failed or n/a: nothing to keep
+            meas = stored.get(tuple(key))
+            if meas is None or meas.status != "ok":  # failed or n/a: nothing to keep
                 continue
             rec = out.setdefault("|".join(key), {"backend": key[0], "case": key[1], "status": "ok",
                                                  "reason": f"not measured in this run: stored value kept ({path})",
                                                  "stored_from": str(path)})
-            rec[m.record_key] = val
-            samples = (row.get("samples") or [None] * (i + 1))[i]
-            if m.samples_key and samples:
-                rec[m.samples_key] = samples
+            rec[m.record_key] = meas.value
+            if m.samples_key and meas.samples:
+                rec[m.samples_key] = meas.samples
     return out
