@@ -11,8 +11,8 @@ The shipped ``aiter`` backend drives it because ``MLA_FP8_BENCH_AITER_ANY_DEVICE
 emulation). The config copy differs from the shipped one only in its paths (repo, results, html, env,
 benchmark dir). asv-managed environments see torch and this suite through a ``sitecustomize`` on
 ``ASV_PYTHONPATH`` (asv passes it as PYTHONPATH to every command in the environment); they install
-``asv_runner``/``build``/``pympler`` from the package index, so that part skips, saying so, when the
-index is unreachable.
+``wheel`` and ``asv_runner`` from a local wheelhouse only (``PIP_NO_INDEX``; ``.ci/run`` fills it), so
+the test never reaches the network and skips, saying how to fill it, when the wheelhouse is missing.
 
 Assertions are on commits named and on values with margins that load cannot flip, never on wall time.
 """
@@ -161,13 +161,15 @@ def _asv(world, *args, timeout=900, env=None):
     return p, p.stdout + p.stderr
 
 
-def _index_reachable(tmp: Path) -> bool:
-    try:
-        p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp),
-                            "asv_runner==0.3.2"], capture_output=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return False
-    return p.returncode == 0
+#: Wheels asv installs into each managed environment (``wheel``, ``asv_runner`` and what they need), put
+#: there once by ``.ci/run``; the test installs from here only (PIP_NO_INDEX), never from the network.
+WHEELHOUSE = Path(os.environ.get("MLA_FP8_BENCH_WHEELHOUSE") or Path.home() / ".cache" / "mla-fp8-bench" / "wheelhouse")
+WHEELHOUSE_CMD = f"python -m pip download asv_runner==0.3.2 wheel pympler build -d {WHEELHOUSE}"
+
+
+def _wheelhouse_ready() -> bool:
+    names = [w.name.lower() for w in WHEELHOUSE.glob("*.whl")] if WHEELHOUSE.is_dir() else []
+    return any(n.startswith("asv_runner-0.3.2") for n in names) and any(n.startswith("wheel-") for n in names)
 
 
 @pytest.mark.slow
@@ -175,15 +177,16 @@ def test_asv_run_publish_find_on_the_library_history(world):
     """``asv run`` over the fake AITER's commits, ``asv publish`` shows both steps, ``asv find`` names both."""
     if shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}") is None:
         pytest.skip(f"asv-managed virtualenvs need python{sys.version_info[0]}.{sys.version_info[1]} on PATH")
-    if not _index_reachable(world["root"] / "pypi-probe"):
-        pytest.skip("asv-managed environments install asv_runner/build/pympler from the package index: unreachable")
+    if not _wheelhouse_ready():
+        pytest.skip(f"asv-managed environments need asv_runner and wheel from a local wheelhouse: {WHEELHOUSE_CMD}")
     shas, conf = world["shas"], str(world["conf"])
     # asv_runner drops PYTHONPATH entries from sys.path before discovery, but a sitecustomize on it has
     # already run: it appends this interpreter's site-packages (torch, the editable suite) after the env's own
     inherit = world["root"] / "inherit"
     inherit.mkdir(exist_ok=True)
     (inherit / "sitecustomize.py").write_text(_site_line())
-    env = {"ASV_PYTHONPATH": str(inherit), "MLA_FP8_BENCH_BACKENDS": "aiter", "MLA_FP8_BENCH_CASES": CASE}
+    env = {"ASV_PYTHONPATH": str(inherit), "MLA_FP8_BENCH_BACKENDS": "aiter", "MLA_FP8_BENCH_CASES": CASE,
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELHOUSE)}
     pyver = f"virtualenv:{sys.version_info[0]}.{sys.version_info[1]}"
     p, out = _asv(world, "machine", "--yes", "--machine", "e2e", "--config", conf)
     assert p.returncode == 0, out
