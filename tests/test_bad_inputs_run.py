@@ -448,7 +448,9 @@ def test_expect_commit_guard_passes_the_tracked_code_of_that_commit(monkeypatch,
 def _result_file(path: Path, version: str = "mla-prefill-v1", value: float | None = 0.25) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     row = [[value, float("nan")], [["'torch-fp8-ref'"], ["'s128'", "'s256'"]], version]
-    path.write_text(json.dumps({"result_columns": ["result", "params", "version"],
+    path.write_text(json.dumps({"version": 2, "commit_hash": "ab" * 20, "env_name": "virtualenv-py3.11",
+                                "date": 0, "params": {"machine": path.parent.name},
+                                "result_columns": ["result", "params", "version"],
                                 "results": {"bench_mla_prefill.MLAPrefill.track_max_abs_error": row}}))
 
 
