@@ -19,7 +19,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import mla_fp8_bench.problem.inputs as inputs_mod
 from mla_fp8_bench.aiter_ps.facts import Q_TILE as TILE_Q
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
 from mla_fp8_bench.backends import BackendUnavailable, CaseUnsupported, UnknownBackendError, aiter_real, get_backend
@@ -270,21 +269,8 @@ def test_per_tensor_quantisation_refuses_non_finite(bad):
         quantize(x, "per_tensor")
 
 
-def _poison(monkeypatch, victim: str, value: float = float("nan")):
-    orig = inputs_mod.make_bf16_qkv
-
-    def make(case, *a, **k):
-        q, k_, v = orig(case, *a, **k)
-        if case.id == victim:
-            q = q.clone()
-            q[0, 0, 0] = value
-        return q, k_, v
-
-    monkeypatch.setattr(inputs_mod, "make_bf16_qkv", make)
-
-
-def test_runner_records_an_error_for_nan_inputs_and_keeps_the_rest(monkeypatch):
-    _poison(monkeypatch, "s32-h2")
+def test_runner_records_an_error_for_nan_inputs_and_keeps_the_rest(monkeypatch, poison_inputs):
+    poison_inputs("s32-h2")
     data = evaluate(["torch-sdpa-bf16", "torch-fp8-ref"], resolve_cases(["s16-h2", "s32-h2", "s48-h2"]),
                     device="cpu", options=FAST)
     recs = {(r["backend"], r["case"]): r for r in data["records"]}
@@ -298,10 +284,10 @@ def test_runner_records_an_error_for_nan_inputs_and_keeps_the_rest(monkeypatch):
             assert recs[(b, cid)]["status"] == "ok" and 0 < recs[(b, cid)][own_ref] < 0.02
 
 
-def test_cast_mode_nan_is_measured_as_non_finite_output(monkeypatch):
+def test_cast_mode_nan_is_measured_as_non_finite_output(monkeypatch, poison_inputs):
     """cast mode does not refuse NaN (vLLM does not either); the record is an error that keeps the values:
     inf error, NaN count (a failure in asv, never a skip)."""
-    _poison(monkeypatch, "s16-h2-cast")
+    poison_inputs("s16-h2-cast")
     data = evaluate(["torch-fp8-ref"], resolve_cases(["s16-h2-cast"]), device="cpu", options=FAST)
     rec = data["records"][0]
     assert rec["status"] == "error" and rec["reason"].startswith("non-finite result")

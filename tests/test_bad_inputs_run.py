@@ -253,21 +253,6 @@ def test_ctrl_c_in_the_library_raises_a_keyboard_interrupt_carrying_the_records(
 
 
 # ============================================================================ O. non-finite results (row 11)
-def _poison(monkeypatch, victim: str, value: float):
-    import mla_fp8_bench.problem.inputs as inputs_mod
-
-    orig = inputs_mod.make_bf16_qkv
-
-    def make(case, *a, **k):
-        q, k_, v = orig(case, *a, **k)
-        if case.id == victim:
-            q = q.clone()
-            q[0, 0, 0] = value
-        return q, k_, v
-
-    monkeypatch.setattr(inputs_mod, "make_bf16_qkv", make)
-
-
 INF, NAN = float("inf"), float("nan")
 
 
@@ -275,12 +260,12 @@ INF, NAN = float("inf"), float("nan")
     ("torch-sdpa-bf16", INF), ("torch-sdpa-bf16", -INF), ("torch-sdpa-bf16", NAN),
     ("torch-fp8-ref", -INF), ("torch-fp8-ref", NAN), ("aiter-emulated", -INF), ("aiter-emulated", NAN),
 ])
-def test_a_non_finite_result_is_an_error_record_never_a_skip(monkeypatch, value, backend):
+def test_a_non_finite_result_is_an_error_record_never_a_skip(monkeypatch, value, backend, poison_inputs):
     from mla_fp8_bench.harness import asv_support
     from mla_fp8_bench.harness.runner import RunOptions, evaluate
     from mla_fp8_bench.problem.cases import resolve_cases
 
-    _poison(monkeypatch, "s32-h2-cast", value)
+    poison_inputs("s32-h2-cast", value)
     data = evaluate([backend], resolve_cases(["s16-h2-cast", "s32-h2-cast"]), device="cpu",
                     options=RunOptions(timing=False, determinism=False))
     good, bad = data["records"]
@@ -296,7 +281,7 @@ def test_a_non_finite_result_is_an_error_record_never_a_skip(monkeypatch, value,
         asv_support.lookup(cache, backend, "s32-h2-cast")
 
 
-def test_plus_inf_in_cast_mode_saturates_and_is_measured_not_hidden(monkeypatch):
+def test_plus_inf_in_cast_mode_saturates_and_is_measured_not_hidden(monkeypatch, poison_inputs):
     """vLLM's cast saturates +Inf at 448 (torch >= 2.12): the output is finite; the error vs the bf16
     reference shows the damage as a large finite number."""
     from mla_fp8_bench.harness.runner import RunOptions, evaluate
@@ -305,15 +290,15 @@ def test_plus_inf_in_cast_mode_saturates_and_is_measured_not_hidden(monkeypatch)
 
     if not cast_saturates(torch.float8_e4m3fn):
         pytest.skip("this torch's fp8 cast returns NaN for out-of-range values")
-    _poison(monkeypatch, "s32-h2-cast", INF)
+    poison_inputs("s32-h2-cast", INF)
     (rec,) = evaluate(["torch-fp8-ref"], resolve_cases(["s32-h2-cast"]), device="cpu",
                       options=RunOptions(timing=False, determinism=False))["records"]
     assert rec["status"] == "ok" and rec["nonfinite_count_fp8_ref"] == 0
     assert 0 < rec["max_abs_error_fp8_ref"] < 0.05 and rec["max_abs_error_bf16_ref"] > 1.0
 
 
-def test_non_finite_results_make_strict_runs_fail(monkeypatch, tmp_path, capsys):
-    _poison(monkeypatch, "s16-h2-cast", float("inf"))
+def test_non_finite_results_make_strict_runs_fail(monkeypatch, tmp_path, capsys, poison_inputs):
+    poison_inputs("s16-h2-cast", float("inf"))
     assert _run("-b", "torch-fp8-ref", "-c", "s16-h2-cast", "--strict") == 1
     assert "1 of 1 records are errors" in _out(capsys)
 
