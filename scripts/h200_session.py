@@ -413,13 +413,13 @@ def do_asv(c) -> None:
     s.step("asv", rc, w, regex=[regex, plan_regex], launch_method=args.launch_method)
 
 
-def do_order(c) -> None:
-    s, args, jd = c.s, c.args, c.jd
+def _process_rounds(s, name: str, script: str, runs: list[tuple[Path, list[str]]], timeout: float,
+                    summary: Path) -> None:
+    """Run ``script`` once per (json path, extra args) in separate processes while time is left, then
+    ``script --summarize`` over the JSONs that were written; one step record for all of them."""
     files, t, rcs = [], 0.0, []
-    for i, order in enumerate(ORDERS * args.order_rounds):
-        f = jd / f"order_p{i}_{order}.json"
-        rc, w = s.sh("order", [py(), "scripts/order_check.py", "--order", order, "--seed", str(i + 1),
-                               "--backends", ORDER_BACKENDS, "--cases", ORDER_CASES, "--json", str(f)], 150)
+    for f, extra in runs:
+        rc, w = s.sh(name, [py(), script, *extra, "--json", str(f)], timeout)
         t += w
         rcs.append(rc)
         if rc == 0:
@@ -427,29 +427,26 @@ def do_order(c) -> None:
         if s.left() < 60:
             break
     if files:
-        s.sh("order", [py(), "scripts/order_check.py", "--summarize", *files, "--json",
-                       str(jd / "order_summary.json")], 30)
-    s.step("order", max(rcs) if rcs else -1, t, processes=len(files))
+        s.sh(name, [py(), script, "--summarize", *files, "--json", str(summary)], 30)
+    s.step(name, max(rcs) if rcs else -1, t, processes=len(files))
+
+
+def do_order(c) -> None:
+    s, args, jd = c.s, c.args, c.jd
+    runs = [(jd / f"order_p{i}_{order}.json",
+             ["--order", order, "--seed", str(i + 1), "--backends", ORDER_BACKENDS, "--cases", ORDER_CASES])
+            for i, order in enumerate(ORDERS * args.order_rounds)]
+    _process_rounds(s, "order", "scripts/order_check.py", runs, 150, jd / "order_summary.json")
 
 
 def do_sbs(c) -> None:
     s, args, jd = c.s, c.args, c.jd
-    files, t, rcs = [], 0.0, []
+    runs = []
     for i in range(args.sbs_procs):
         order = "sorted" if i % 2 == 0 else "reversed"
-        f = jd / f"sbs_p{i}_{order}.json"
-        rc, w = s.sh("sbs", [py(), "scripts/side_by_side.py", "--order", order, "--json", str(f),
-                             "--nvbench-json", str(jd / f"nvbench_p{i}.json")], 120)
-        t += w
-        rcs.append(rc)
-        if rc == 0:
-            files.append(str(f))
-        if s.left() < 60:
-            break
-    if files:
-        s.sh("sbs", [py(), "scripts/side_by_side.py", "--summarize", *files, "--json",
-                     str(jd / "sbs_summary.json")], 30)
-    s.step("sbs", max(rcs) if rcs else -1, t, processes=len(files))
+        nvbench = str(jd / f"nvbench_p{i}.json")
+        runs.append((jd / f"sbs_p{i}_{order}.json", ["--order", order, "--nvbench-json", nvbench]))
+    _process_rounds(s, "sbs", "scripts/side_by_side.py", runs, 120, jd / "sbs_summary.json")
 
 
 def do_ab(c) -> None:
