@@ -7,7 +7,9 @@ within minutes even though asv spawns one process per (benchmark, parameter).
 
 Params are static on every machine (so the history of an id is one series everywhere): a backend
 unavailable here, or a case beyond this device's size cap, is an asv skip (``NotImplementedError``
-in ``setup``); a backend that failed on a case is an asv failure carrying the reason.
+in ``setup``); a backend that failed on a case is an asv failure carrying the reason, unless this
+commit has a stored value for it, which is kept. ``setup_cache`` never raises (asv would store its
+exception as a failure of every param, over the stored values).
 
 Bump ``version`` when the measurement method changes (asv hashes only the source of the methods).
 
@@ -22,13 +24,16 @@ from mla_fp8_bench.harness.asv_support import (
     ASV_BACKENDS,
     ASV_CASES,
     PLAN_BACKENDS,
+    check_knobs,
     lookup,
     measure_grid,
     measure_plans,
+    never_raising,
 )
 from mla_fp8_bench.harness.asv_tracks import with_tracks
 
 check_asv_run()  # at discovery: a refused run stops before asv writes anything
+check_knobs()  # a bad MLA_FP8_BENCH_* value, too
 
 _VERSION = "mla-prefill-v1"
 
@@ -43,7 +48,7 @@ class MLAPrefill:
     version = _VERSION
 
     def setup_cache(self):
-        return measure_grid(self.version)
+        return never_raising(measure_grid, "MLAPrefill", self.params, self.version)
 
     def setup(self, cache, backend, case):
         self.rec = lookup(cache, backend, case)
@@ -59,7 +64,7 @@ class AiterPlan:
     version = "aiter-plan-v1"
 
     def setup_cache(self):
-        return measure_plans(self.version)
+        return never_raising(measure_plans, "AiterPlan", self.params, self.version)
 
     def setup(self, cache, backend, case):
         self.rec = lookup(cache, backend, case)

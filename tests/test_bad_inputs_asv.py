@@ -94,3 +94,34 @@ def test_narrowed_run_over_a_truncated_stored_file_is_refused_before_asv_writes(
     assert refused.returncode != 0
     assert f"stored asv result file {path} cannot be read" in out, out[-3000:]
     assert path.read_bytes() == before
+
+
+def _checkout_head() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("knob,needle", [
+    ({"MLA_FP8_BENCH_CASES": "s128,nope"}, "MLA_FP8_BENCH_CASES names cases ['nope']"),
+    ({"MLA_FP8_BENCH_MAX_TOKENS": "abc"}, "MLA_FP8_BENCH_MAX_TOKENS='abc' is not an integer"),
+    ({"MLA_FP8_BENCH_BACKENDS": "torch-fp8-ref", "MLA_FP8_BENCH_MACHINE": "another-box"},
+     "MLA_FP8_BENCH_MACHINE=another-box but asv run --machine pytest-cpu"),
+    ({"MLA_FP8_BENCH_BACKENDS": "torch-fp8-ref", "MLA_FP8_BENCH_EXPECT_COMMIT": "CHECKOUT"},
+     "but asv run --set-commit-hash"),
+], ids=["unknown-case", "max-tokens-not-a-number", "machine-override-contradicts", "commit-override-contradicts"])
+def test_a_bad_knob_or_contradicting_override_never_replaces_stored_values(tmp_path, knob, needle):
+    """A narrowed `-E existing` run with a bad knob: refused while asv discovers the benchmarks, so the
+    stored result file of the commit is byte-identical (it used to become null everywhere)."""
+    cfg, env = _setup(tmp_path)
+    head = _head()
+    ok = _asv_run(cfg, env, head, MLA_FP8_BENCH_BACKENDS="torch-fp8-ref", MLA_FP8_BENCH_MAX_TOKENS="128")
+    assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]
+    path, first = _stored(cfg, head)
+    assert first[("torch-fp8-ref", "s128")] is not None
+    before = path.read_bytes()
+    knob = {k: (_checkout_head() if v == "CHECKOUT" else v) for k, v in knob.items()}
+    bad = _asv_run(cfg, env, head, **{"MLA_FP8_BENCH_MAX_TOKENS": "128", **knob})
+    out = " ".join((bad.stdout + bad.stderr).split())
+    assert bad.returncode != 0, out[-3000:]
+    assert path.read_bytes() == before
+    assert needle in out, out[-3000:]

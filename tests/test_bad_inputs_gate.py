@@ -172,12 +172,13 @@ def test_impossible_head_accuracy_is_invalid_not_improved(tmp_path, capsys, metr
     assert f"INVALID: fa3-fp8 s1024 {metric}" in out and "improved" not in out
 
 
-def test_impossible_base_value_is_not_comparable(tmp_path, capsys):
+def test_impossible_base_value_is_invalid_and_fails(tmp_path, capsys):
     b = _write(tmp_path, "b.json", [_rec(max_abs_error_fp8_ref=-1.0)])
     h = _write(tmp_path, "h.json", [_rec(seed=1)])
-    assert _gate(b, h) == 0
+    assert _gate(b, h) == 1
     out = capsys.readouterr().out
-    assert "not comparable" in out and "improved" not in out
+    assert "INVALID: fa3-fp8 s1024 max_abs_error_fp8_ref" in out and "impossible value -1 on BASE" in out
+    assert "improved" not in out
 
 
 def test_negative_latency_is_invalid(tmp_path, capsys):
@@ -250,7 +251,8 @@ def test_markdown_summary_lists_regressions_lost_improvements_and_plots(tmp_path
 
 def test_markdown_passes_with_exit_0(tmp_path, capsys):
     b = _write(tmp_path, "b.json", [_rec()])
-    assert _gate(b, b, "--format", "markdown") == 0
+    h = _write(tmp_path, "h.json", [_rec(seed=1)])
+    assert _gate(b, h, "--format", "markdown") == 0
     out = capsys.readouterr().out
     assert "**GATE PASSED**" in out and "### Regressions (0)" in out
 

@@ -252,12 +252,14 @@ def test_asv_failed_skipped_and_version(tmp_path, capsys):
     assert _gate("aaaa11", "bbbb22", "--results-dir", str(root)) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "skipped" in out
-    # a benchmark version bump makes the series not comparable: listed, not gating
+    # a benchmark version bump makes the series not comparable: listed; with nothing else, nothing was
+    # compared, which fails
     slow = {k: 2e-3 for k in ALL}
     root2 = _asv_dir(tmp_path / "v", {SHA_B: _asv_doc(SHA_B, lat, acc),
                                       SHA_H: _asv_doc(SHA_H, slow, acc, version="v2")})
-    assert _gate("aaaa11", "bbbb22", "--results-dir", str(root2)) == 0
-    assert "not comparable" in capsys.readouterr().out
+    assert _gate("aaaa11", "bbbb22", "--results-dir", str(root2)) == 1
+    out = capsys.readouterr().out
+    assert "not comparable" in out and "NOTHING COMPARED" in out
 
 
 def test_asv_usage_errors(tmp_path, capsys):

@@ -70,7 +70,7 @@ DEFAULT_ALPHA = 0.01
 #: within rounding noise of 0).
 ACC_ABS_FLOOR = 1e-6
 #: Verdicts that fail the gate (LOST only without ``--allow-missing``).
-GATING = ("REGRESSION", "FAILED", "INVALID", "LOST")
+GATING = ("REGRESSION", "FAILED", "INVALID", "AMBIGUOUS", "NOTHING COMPARED", "LOST")
 
 
 class GateUsageError(ValueError):
@@ -82,8 +82,9 @@ class GateUsageError(ValueError):
 class Measure:
     """One metric of one (backend, case) on one side.
 
-    ``status``: ``ok``, ``skipped``, ``failed``, ``invalid`` (a stored value that is not a number) or
-    ``missing`` (an ok record without this value). ``scope``: ``kernel`` (gates), ``emulation`` or
+    ``status``: ``ok``, ``skipped``, ``failed``, ``invalid`` (a stored value that is not a number),
+    ``ambiguous`` (the side holds several different records of this (backend, case)) or ``missing`` (an
+    ok record without this value). ``scope``: ``kernel`` (gates), ``emulation`` or
     ``cpu`` (latency that is not a kernel's: informational).
     """
 
@@ -115,6 +116,7 @@ class Side:
     data: dict[tuple[str, str, str], Measure] = field(default_factory=dict)
     machine: dict[str, str | None] = field(default_factory=dict)
     params: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    when: tuple[str, float] | None = None  # ("measured" | "commit date", seconds since the epoch)
 
 
 def _metric_kind(m: Metric | None, name: str) -> str:
@@ -160,9 +162,17 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
     env = doc.env
     vendor = str(env.get("vendor") or "").lower()
     side = Side(label, machine={"machine": None,
-                                "gpu": ("none" if vendor == "cpu" else env.get("device_name")) if vendor else None})
+                                "gpu": ("none" if vendor == "cpu" else env.get("device_name")) if vendor else None},
+                when=_iso_time(env.get("time_utc")))
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in doc.records:
-        b, c, st = r["backend"], r["case"], r.get("status")
+        groups.setdefault((r["backend"], r["case"]), []).append(r)
+    for (b, c), recs in groups.items():
+        if any(x != recs[0] for x in recs[1:]):
+            _ambiguous(side, b, c, recs)
+            continue
+        r = recs[0]
+        st = r.get("status")
         status = "ok" if st == "ok" else "skipped" if st == "skipped" else "failed"
         side.params[(b, c)] = (status, str(r.get("reason") or ""))
         scope = _run_scope(r, env)
@@ -182,6 +192,26 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
                 continue
             side.data[key] = _ok_measure(m, v, r.get(m.samples_key) if m.samples_key else None, scope=scope)
     return side
+
+
+def _iso_time(text: Any) -> tuple[str, float] | None:
+    import datetime as _dt
+
+    try:
+        return ("measured", _dt.datetime.fromisoformat(str(text)).timestamp()) if text else None
+    except ValueError:
+        return None
+
+
+def _ambiguous(side: Side, b: str, c: str, recs: list[dict[str, Any]]) -> None:
+    """Several different records of one (backend, case): no value of it is trusted (AMBIGUOUS)."""
+    why = (f"{len(recs)} different records of this (backend, case) on {side.label.split()[0]} (statuses "
+           f"{', '.join(str(r.get('status')) for r in recs)}): which one holds is unknown")
+    side.params[(b, c)] = ("ambiguous", why)
+    for m in METRICS:
+        if any(m.record_key in r for r in recs) or any(r.get("status") != "ok" for r in recs):
+            side.kinds[m.record_key] = m.kind
+            side.data[(b, c, m.record_key)] = Measure("ambiguous", reason=why)
 
 
 def _emulation_backends() -> set[str]:
@@ -208,7 +238,8 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
             raise GateUsageError(f"{label}: {exc}") from None
     gpu = res.params.get("gpu")
     cpu = is_cpu_machine(res.params)
-    side = Side(label, machine={"machine": res.machine, "gpu": gpu if isinstance(gpu, str) else None})
+    side = Side(label, machine={"machine": res.machine, "gpu": gpu if isinstance(gpu, str) else None},
+                when=("commit date", res.date / 1000.0) if isinstance(res.date, (int, float)) and res.date else None)
     emu = _emulation_backends()
     for name in res.benchmarks():
         method = name.rsplit(".", 1)[-1]
@@ -345,6 +376,7 @@ class Row:
     ratio: float | None
     verdict: str  # GATING verdicts, or ok | improved | skipped | not comparable | new | removed | info | ...
     detail: str = ""
+    compared: bool = False  # a HEAD value was judged against BASE's value or a calibrated tolerance
 
     @property
     def gating(self) -> bool:
@@ -414,8 +446,14 @@ def _impossible(row: Row, m: Metric | None, bm: Measure | None, hm: Measure) -> 
         row.verdict, row.detail = "INVALID", f"impossible value {hv:.4g} on HEAD (possible: {list(m.bounds)})"
         return True
     bv = bm.center() if bm is not None and bm.status == "ok" else None
-    if m is not None and bv is not None and not m.possible(bv):
-        row.verdict, row.detail = "not comparable", f"impossible value {bv:.4g} on BASE (possible: {list(m.bounds)})"
+    if bv is not None and (not math.isfinite(bv) if m is None else not m.possible(bv)):
+        what = "non-finite" if not math.isfinite(bv) else "impossible"
+        row.verdict = "INVALID"
+        row.detail = (f"{what} value {bv:.4g} on BASE" + (f" (possible: {list(m.bounds)})" if m is not None else "")
+                      + f": HEAD's {hv:.4g} cannot be judged against it")
+        return True
+    if bm is not None and bm.status == "invalid":
+        row.verdict, row.detail = "INVALID", f"BASE: {bm.reason}: HEAD's {hv:.4g} cannot be judged against it"
         return True
     return False
 
@@ -428,6 +466,7 @@ def _tolerance(row: Row, m: Metric | None, bm: Measure | None, hm: Measure, opts
     if lim is None or row.metric not in lim:
         return ""
     v, t = hm.center(), lim[row.metric]
+    row.compared = True
     if v > t:
         b_ok = bm is not None and bm.status == "ok"
         row.verdict = "REGRESSION"
@@ -489,6 +528,10 @@ def compare_one(key: tuple[str, str, str], base: Side, head: Side, opts: GateOpt
     kind = head.kinds.get(metric) or base.kinds.get(metric) or _metric_kind(m, metric)
     bm, hm = base.data.get(key), head.data.get(key)
     row = Row(b, c, metric, kind, _fmt(bm, kind), _fmt(hm, kind), None, "ok")
+    amb = next((x for x in (hm, bm) if x is not None and x.status == "ambiguous"), None)
+    if amb is not None:
+        row.verdict, row.detail = "AMBIGUOUS", amb.reason
+        return row
     if hm is None:
         head_ok = head.params.get((b, c), ("",))[0] == "ok"
         lost = kind == "accuracy" and bm is not None and bm.status == "ok" and head_ok and metric in head.kinds
@@ -503,13 +546,13 @@ def compare_one(key: tuple[str, str, str], base: Side, head: Side, opts: GateOpt
     if row.verdict == "REGRESSION":
         return row
     if bm is None or bm.status != "ok":
-        row.verdict = "new" if bm is None else "fixed" if bm.status == "failed" else (
-            "not comparable" if bm.status == "invalid" else "was " + bm.status)
-        row.detail = tol_detail if bm is None or bm.status != "invalid" else bm.reason
+        row.verdict = "new" if bm is None else "fixed" if bm.status == "failed" else "was " + bm.status
+        row.detail = tol_detail
         return row
     if bm.version is not None and hm.version is not None and bm.version != hm.version:
         row.verdict, row.detail = "not comparable", "benchmark version changed"
         return row
+    row.compared = True
     if kind in _LATENCY_KINDS:
         _latency(row, bm, hm, opts)
     else:
@@ -540,7 +583,39 @@ def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_facto
     """Every (backend, case, metric) of either side with its verdict, then the LOST parameters."""
     opts = GateOptions(factor, acc_factor, alpha, tolerances, gate_host_latency)
     rows = [compare_one(key, base, head, opts) for key in sorted(set(base.data) | set(head.data))]
-    return rows + lost_params(base, head)
+    rows += lost_params(base, head)
+    if not any(r.compared for r in rows):
+        why = ("BASE holds no results" if not base.params else "HEAD holds no results" if not head.params else
+               f"no (backend, case, metric) value is on both sides and comparable ({_why_nothing(rows)})")
+        rows.append(Row("*", "*", "-", "-", f"{len(base.data)} value(s)", f"{len(head.data)} value(s)", None,
+                        "NOTHING COMPARED", why))
+    return rows
+
+
+def compared_count(rows: list[Row]) -> int:
+    """How many (backend, case, metric) values of HEAD were judged (against BASE or a tolerance)."""
+    return sum(r.compared for r in rows)
+
+
+def _why_nothing(rows: list[Row]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    return ", ".join(f"{v} {n}" for v, n in sorted(counts.items())) or "no rows"
+
+
+def side_notes(base: Side, head: Side) -> list[str]:
+    """Facts about the two sides a reader must know: BASE measured after HEAD (swapped arguments?)."""
+    out = []
+    if base.when and head.when and base.when[1] > head.when[1]:
+        import datetime as _dt
+
+        def iso(t: float) -> str:
+            return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+        out.append(f"BASE is newer than HEAD ({base.when[0]} {iso(base.when[1])} vs {head.when[0]} "
+                   f"{iso(head.when[1])}): are BASE and HEAD swapped?")
+    return out
 
 
 # ------------------------------------------------------------------------------------------ reports
@@ -627,7 +702,7 @@ def _md_table(rows: list[Row]) -> list[str]:
 
 
 def render_markdown(rows: list[Row], *, base_src: str, head_src: str, settings: str, allow_missing: bool,
-                    plots: str | None) -> str:
+                    plots: str | None, notes: list[str] | None = None) -> str:
     """A PR-comment / Buildkite-annotation summary: verdict, regressions, lost results, improvements, plots."""
     bad = _gating(rows, allow_missing)
     lost = [r for r in rows if r.verdict == "LOST"]
@@ -635,8 +710,9 @@ def render_markdown(rows: list[Row], *, base_src: str, head_src: str, settings: 
     improved = [r for r in rows if r.verdict == "improved"]
     info = [r for r in rows if r.verdict == "info"]
     head = (f"**GATE FAILED**: {len(bad)} regression(s), new failure(s) or lost result(s)" if bad
-            else "**GATE PASSED**")
+            else "**GATE PASSED**") + f" ({compared_count(rows)} value(s) compared)"
     out = ["## mla-fp8-bench gate", "", head, "", f"BASE `{base_src}` vs HEAD `{head_src}`; {settings}", ""]
+    out += [f"Note: {n}" for n in notes or ()] + ([""] if notes else [])
     for title, sel in (("Regressions", regress), ("Lost results" + (" (allowed)" if allow_missing else ""), lost),
                        ("Improvements", improved)):
         out.append(f"### {title} ({len(sel)})")
@@ -668,21 +744,32 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
         check_same_machine(base, head)
     rows = compare(base, head, factor=args.factor, acc_factor=args.acc_factor, alpha=args.alpha, tolerances=tol,
                    gate_host_latency=args.gate_call_latency)
+    if os.path.realpath(bsrc) == os.path.realpath(hsrc):
+        rows = [r for r in rows if r.verdict != "NOTHING COMPARED"] + [Row(
+            "*", "*", "-", "-", bsrc, hsrc, None, "NOTHING COMPARED",
+            f"BASE {args.base} and HEAD {args.head} are the same file: give two different runs or commits")]
+        for r in rows:
+            r.compared = False
     settings = (f"latency factor {args.factor}, Mann-Whitney alpha {args.alpha}; accuracy: "
                 f"{'tolerances ' + tol.name + ' and ' if tol else ''}growth > {args.acc_factor}x")
     bad = _gating(rows, args.allow_missing)
+    notes = side_notes(base, head)
+    what = f"BASE {bsrc} vs HEAD {hsrc}: {compared_count(rows)} (backend, case, metric) value(s) compared"
     if args.format == "markdown":
         console.print(render_markdown(rows, base_src=bsrc, head_src=hsrc, settings=settings,
-                                      allow_missing=args.allow_missing, plots=args.plots),
+                                      allow_missing=args.allow_missing, plots=args.plots, notes=notes),
                       markup=False, highlight=False, soft_wrap=True)
         return EXIT_REGRESSION if bad else EXIT_OK
     render_text(rows, f"gate: BASE {bsrc}  vs  HEAD {hsrc}  ({settings})", console, show_all=args.all)
     if args.plots:
         console.print(f"plots: {args.plots}", highlight=False, markup=False)
+    for n in notes:
+        console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
     if bad:
-        console.print(f"[bold red]GATE FAILED[/bold red]: {len(bad)} regression(s)/new failure(s)/lost result(s)")
+        console.print(f"[bold red]GATE FAILED[/bold red]: {len(bad)} regression(s)/new failure(s)/lost result(s); "
+                      f"{what}", highlight=False, soft_wrap=True)
         return EXIT_REGRESSION
-    console.print("[green]GATE PASSED[/green]")
+    console.print(f"[green]GATE PASSED[/green]: {what}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

@@ -106,6 +106,34 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def check_overrides(argv: list[str] | None = None) -> None:
+    """Refuse ``MLA_FP8_BENCH_MACHINE`` / ``MLA_FP8_BENCH_EXPECT_COMMIT`` values that contradict asv's own
+    ``--machine`` / ``--set-commit-hash`` (or ``ASV_COMMIT``): the stored values kept would be another
+    machine's or commit's, and the file asv writes is the one its own arguments name.
+
+    Args:
+        argv: the ``asv run`` command line (default: the parent process's, when it is ``asv run``).
+
+    Raises:
+        AsvRunRefused: naming both values.
+    """
+    if argv is None:
+        parent = _asv_parent()
+        argv = parent[1] if parent else []
+    machine = os.environ.get("MLA_FP8_BENCH_MACHINE", "").strip()
+    asv_machine = _option(argv, "--machine")
+    if machine and asv_machine and machine != asv_machine:
+        raise AsvRunRefused(f"MLA_FP8_BENCH_MACHINE={machine} but asv run --machine {asv_machine}: they must name "
+                            "the same machine (unset MLA_FP8_BENCH_MACHINE, or make them agree)")
+    expect = os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT", "").strip().lower()
+    for what, sha in (("asv run --set-commit-hash", _option(argv, "--set-commit-hash")),
+                      ("ASV_COMMIT", os.environ.get("ASV_COMMIT"))):
+        sha = (sha or "").strip().lower()
+        if expect and sha and not (sha.startswith(expect) or expect.startswith(sha)):
+            raise AsvRunRefused(f"MLA_FP8_BENCH_EXPECT_COMMIT={expect} but {what} {sha}: they must name the same "
+                                "commit (unset MLA_FP8_BENCH_EXPECT_COMMIT, or make them agree)")
+
+
 def asv_context() -> dict[str, Any] | None:
     """Where this asv benchmark process's results go: ``conf_dir``, ``commit``, ``machine``, ``env``
     (each may be None), or None outside an ``asv run``."""
@@ -152,13 +180,14 @@ def check_asv_run() -> None:
     Does nothing outside ``asv run``.
 
     Raises:
-        AsvRunRefused: see :func:`check_commit` and :func:`result_file`; or the run measures part of the
-            grid (:data:`NARROWING_VARS`) and its commit cannot be found (so its stored values could not
-            be kept); or the stored result file it would overwrite is not readable asv JSON.
+        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit` and :func:`result_file`; or the
+            run measures part of the grid (:data:`NARROWING_VARS`) and its commit cannot be found (so
+            its stored values could not be kept); or the stored result file it would overwrite is not readable asv JSON.
     """
     ctx = asv_context()
     if ctx is None:
         return
+    check_overrides()
     check_commit()
     if ctx.get("dry_run"):  # asv run --dry-run stores nothing: nothing to lose
         return

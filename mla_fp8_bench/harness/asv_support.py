@@ -16,6 +16,7 @@ Environment variables read by :func:`measure_grid` (all optional):
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from mla_fp8_bench.argtypes import env_float, env_int
@@ -48,6 +49,8 @@ def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
         RuntimeError: the param failed (asv records a failure); the message carries the reason.
     """
     rec = cache.get("records", {}).get(f"{backend}|{case}")
+    if rec is None and cache.get("failure"):
+        raise RuntimeError(f"{backend} on {case}: the measurement failed: {cache['failure']}")
     if rec is None:
         raise NotImplementedError(f"{backend} on {case}: not measured in this run")
     if rec["status"] == "skipped":
@@ -61,23 +64,68 @@ def _env_int(name: str) -> int | None:
     return env_int(name, None, minimum=1)
 
 
+def _env_list(name: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    """The comma-separated names in ``name`` (each once, in order); ``[]`` when unset.
+
+    Raises:
+        ValueError: naming the variable, when it names nothing (``","``) or a name outside ``allowed``.
+    """
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return []
+    items = list(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
+    if not items:
+        raise ValueError(f"{name}={raw!r} names nothing: give comma-separated {what}, or unset it for all")
+    unknown = [x for x in items if x not in allowed]
+    if unknown:
+        label = "unknown backends" if what == "backends" else "cases"
+        tail = "" if what == "backends" else " outside the asv grid"
+        raise ValueError(f"{name} names {label} {unknown}{tail}: allowed {', '.join(allowed)}")
+    return items
+
+
+def check_knobs() -> dict[str, Any]:
+    """Read and check every environment variable an asv run of the grid uses, before any work.
+
+    Called while asv discovers the benchmarks (a refusal there stops asv before it writes anything)
+    and again by :func:`measure_grid` / :func:`measure_plans`.
+
+    Returns:
+        ``{"device", "max_tokens", "backends", "cases", "samples", "time_budget_s"}`` (``None`` / ``[]``
+        where unset).
+
+    Raises:
+        ValueError: naming the variable and what is allowed.
+    """
+    from mla_fp8_bench.backends.aiter_emulated import emulated_aiter_version, emulated_cu_num, emulated_max_tokens
+    from mla_fp8_bench.measure.devices import normalize_device
+
+    device = os.environ.get("MLA_FP8_BENCH_DEVICE", "").strip() or "auto"
+    if device != "auto":
+        try:
+            normalize_device(device)
+        except ValueError as exc:
+            raise ValueError(f"MLA_FP8_BENCH_DEVICE={device!r}: {exc}") from None
+    emulated_aiter_version()
+    emulated_cu_num()
+    emulated_max_tokens("cpu")
+    return {"device": device, "max_tokens": _env_int("MLA_FP8_BENCH_MAX_TOKENS"),
+            "backends": _env_list("MLA_FP8_BENCH_BACKENDS", ASV_BACKENDS, "backends"),
+            "cases": _env_list("MLA_FP8_BENCH_CASES", ASV_CASES, "case ids"),
+            "samples": _env_int("MLA_FP8_BENCH_SAMPLES"),
+            "time_budget_s": env_float("MLA_FP8_BENCH_TIME_BUDGET", None)}
+
+
 def _grid_setup():
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
     check_commit()
-    pinfo = platform_info(os.environ.get("MLA_FP8_BENCH_DEVICE", "auto"))
-    cap = _env_int("MLA_FP8_BENCH_MAX_TOKENS") or SWEEP_CAPS[pinfo.device_type]
-    wanted = [b for b in os.environ.get("MLA_FP8_BENCH_BACKENDS", "").split(",") if b]
-    unknown = [b for b in wanted if b not in ASV_BACKENDS]
-    if unknown:
-        raise ValueError(f"MLA_FP8_BENCH_BACKENDS names unknown backends {unknown}: allowed {', '.join(ASV_BACKENDS)}")
-    backends = wanted or list(ASV_BACKENDS)
-    only = [c for c in os.environ.get("MLA_FP8_BENCH_CASES", "").split(",") if c]
-    unknown = [c for c in only if c not in ASV_CASES]
-    if unknown:
-        raise ValueError(f"MLA_FP8_BENCH_CASES names cases {unknown} outside the asv grid: "
-                         f"allowed {', '.join(ASV_CASES)}")
+    knobs = check_knobs()
+    pinfo = platform_info(knobs["device"])
+    cap = knobs["max_tokens"] or SWEEP_CAPS[pinfo.device_type]
+    backends = knobs["backends"] or list(ASV_BACKENDS)
+    only = knobs["cases"]
     cases, skipped = [], {}
     for cid in ASV_CASES:
         if only and cid not in only:
@@ -89,6 +137,41 @@ def _grid_setup():
         else:
             cases.append(c)
     return pinfo, cap, backends, cases, skipped
+
+
+def never_raising(measure: Callable[[str | None], dict[str, Any]], class_name: str, params: tuple[list, list],
+                  version: str | None) -> dict[str, Any]:
+    """``measure(version)`` for an asv ``setup_cache`` that never raises.
+
+    asv stores a ``setup_cache`` exception as a failure (``null``) of every param of the class, over the
+    values stored for this commit. Here any exception becomes a cache whose params keep their stored
+    values (:func:`mla_fp8_bench.harness.asv_guard.stored_records`); the others are failures carrying
+    the reason (:func:`lookup`).
+    """
+    try:
+        return measure(version)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, stored values are not replaced by null
+        why = f"{type(exc).__name__}: {exc}"
+        print(f"[mla_fp8_bench] {class_name}: the measurement failed ({why}); stored values are kept", flush=True)
+        keys = [(str(b), str(c)) for b in params[0] for c in params[1]]
+        try:
+            kept = stored_records(class_name, version, keys) if version is not None else {}
+        except Exception as exc2:  # noqa: BLE001 - no stored file readable: every param fails with the reason
+            print(f"[mla_fp8_bench] {class_name}: stored values could not be read ({exc2})", flush=True)
+            kept = {}
+        return {"records": kept, "failure": why}
+
+
+def _keep_stored_over_errors(records: dict[str, Any], class_name: str, version: str) -> None:
+    """An ``error`` record of this run whose param has a value stored for this commit keeps that value
+    (the reason names the error): a failure never replaces a stored measurement of the same code."""
+    failed = [tuple(k.split("|", 1)) for k, r in records.items() if r.get("status") == "error"]
+    for key, rec in stored_records(class_name, version, failed).items():
+        why = records[key].get("reason", "")
+        print(f"[mla_fp8_bench] {key.replace('|', ' ')}: error in this run ({why}); the stored value is kept",
+              flush=True)
+        rec["reason"] = f"error in this run ({why}): stored value kept ({rec['stored_from']})"
+        records[key] = rec
 
 
 def measure_grid(version: str | None = None) -> dict[str, Any]:
@@ -104,8 +187,8 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
     from mla_fp8_bench.harness.runner import RunOptions, evaluate
 
     pinfo, cap, backends, cases, skipped = _grid_setup()
-    opts = RunOptions(samples=_env_int("MLA_FP8_BENCH_SAMPLES") or 30,
-                      time_budget_s=env_float("MLA_FP8_BENCH_TIME_BUDGET", 10.0))
+    knobs = check_knobs()
+    opts = RunOptions(samples=knobs["samples"] or 30, time_budget_s=knobs["time_budget_s"] or 10.0)
     data = evaluate(backends, cases, device=pinfo.device, options=opts,
                     progress=lambda r: print(f"[mla_fp8_bench] {r.backend} {r.case}: {r.status} {r.reason}",
                                              flush=True))
@@ -122,6 +205,7 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
         unmeasured = [(b, c) for b in ASV_BACKENDS for c in ASV_CASES
                       if records.get(f"{b}|{c}") is None or c in skipped]
         records.update(stored_records("MLAPrefill", version, unmeasured))
+        _keep_stored_over_errors(records, "MLAPrefill", version)
     return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records}
 
 
@@ -161,4 +245,5 @@ def measure_plans(version: str | None = None) -> dict[str, Any]:
         unmeasured = [(b, c) for b in PLAN_BACKENDS for c in ASV_CASES
                       if records.get(f"{b}|{c}") is None or c in skipped]
         records.update(stored_records("AiterPlan", version, unmeasured))
+        _keep_stored_over_errors(records, "AiterPlan", version)
     return {"records": records}
