@@ -7,7 +7,9 @@ the allowed ones - never a traceback from inside torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import signal
 import sys
 from typing import Any
 
@@ -134,31 +136,85 @@ def _records_table(data: dict) -> Table:
     return t
 
 
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGHUP interrupt like Ctrl-C (``KeyboardInterrupt``) inside the block; the handlers
+    are restored in ``finally``. Yields a list that receives the signal number."""
+    got: list[int] = []
+
+    def handler(signum, _frame):
+        got.append(signum)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            old[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):  # not the main thread
+            pass
+    try:
+        yield got
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _interrupted_path(path: str, data: dict) -> str:
+    """Where an interrupted run's records go: ``path``, unless a file there holds as many records or
+    more (a file that is not a run JSON counts as none): then ``<stem>.interrupted<suffix>`` beside it,
+    so an earlier file is never replaced by fewer records."""
+    from pathlib import Path
+
+    from mla_fp8_bench.jsonio import load_json, output_target
+
+    target = output_target(path)
+    if not target.exists():
+        return path
+    try:
+        old = load_json(target, "run JSON")
+        n_old = len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
+    except ValueError:
+        n_old = 0
+    if n_old < len(data["records"]):
+        return path
+    return str(Path(path).with_name(Path(path).stem + ".interrupted" + (Path(path).suffix or ".json")))
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """``run``: every argument (names, cases, numbers, the ``--json`` path) is checked before measuring.
 
-    Ctrl-C writes the records completed so far (marked ``"interrupted": true``) and exits 130.
+    Ctrl-C, SIGTERM and SIGHUP write the records completed so far (marked ``"interrupted": true``) and exit
+    130 (128 + the signal's number): to ``--json``, or beside it when the file there holds as many records
+    or more. A second run writing the same ``--json`` at the same time is refused before measuring.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from mla_fp8_bench.backends.aiter_emulated import emulated_aiter_version, emulated_aiter_version_set
-    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate, write_json_atomic
-    from mla_fp8_bench.jsonio import check_output_path
+    from mla_fp8_bench.jsonio import check_output_path, locked
 
     if getattr(args, "emu_aiter_version", None) is not None:
         with emulated_aiter_version_set(args.emu_aiter_version):
             return cmd_run(argparse.Namespace(**{**vars(args), "emu_aiter_version": None}), console)
     emulated_aiter_version()  # a bad MLA_FP8_BENCH_EMU_AITER_VERSION fails before measuring
-    if args.json is not None:
-        check_output_path(args.json, "--json")
+    if args.json is None:
+        return _run_measure(args, console)
+    target = check_output_path(args.json, "--json")
+    with locked(target, "--json", wait=False):
+        return _run_measure(args, console)
+
+
+def _run_measure(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate, write_json_atomic
+
     pinfo, names, cases, note = _resolve_run_args(args)
     if note:
         console.print(f"[dim]{note}[/dim]")
     opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
                       flush_l2=args.flush_l2)
     interrupted = False
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as prog:
+    with _signals_interrupt() as signals, Progress(TextColumn("{task.description}"), BarColumn(),
+                                                   MofNCompleteColumn(), TimeElapsedColumn(),
+                                                   console=console, transient=True) as prog:
         task = prog.add_task("measuring", total=len(names) * len(cases))
 
         def tick(rec):
@@ -172,15 +228,18 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         from mla_fp8_bench.measure.ceilings import attach
 
         attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
-    if args.json:
-        write_json_atomic(data, args.json)
+    out = _interrupted_path(args.json, data) if args.json and interrupted else args.json
+    if out:
+        write_json_atomic(data, out)
     console.print(_records_table(data))
-    if args.json:
-        console.print(f"wrote {args.json}" + (" (marked interrupted)" if interrupted else ""))
+    if out:
+        console.print(f"wrote {out}" + (" (marked interrupted)" if interrupted else "")
+                      + (f"; {args.json} holds as many records or more and is kept" if out != args.json else ""),
+                      highlight=False)
     if interrupted:
         console.print(f"[red]interrupted:[/red] {len(data['records'])} of {data['planned']} (backend, case) "
                       f"records completed; stopped at {data['interrupted_before']}", highlight=False)
-        return 130
+        return 128 + (signals[0] if signals else signal.SIGINT)
     errors = sum(r["status"] == "error" for r in data["records"])
     if errors:
         console.print(f"{errors} of {len(data['records'])} records are errors (see note)")
@@ -193,18 +252,54 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
     machine, with a ``gpu`` key (asv keeps extra keys; they become graph facets).
 
     The name must be a safe path component that asv does not reserve; the machine file is read first
-    (a corrupt or non-object file is refused, naming it) and written atomically, other machines kept.
+    (a corrupt or non-object file is refused, naming it) and written atomically under a lock, other
+    machines kept. Without ``--force`` it refuses to replace an entry of that name with other facts (a
+    hand-written entry), and to file this machine under a published name whose committed facts (arch,
+    GPU, CPU count of a machine without a GPU) are not this machine's.
     """
-    import os
-    import platform as _pf
     from pathlib import Path
 
     from mla_fp8_bench.argtypes import check_name
-    from mla_fp8_bench.jsonio import load_json, write_json_atomic
-    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.jsonio import locked
 
     check_name(args.name, "asv machine name")
     path = Path.home() / ".asv-machine.json"
+    with locked(path, "asv machine file"):
+        return _write_asv_machine(args, console, path)
+
+
+def _this_machine(name: str, device: str) -> dict[str, str]:
+    import os
+    import platform as _pf
+
+    from mla_fp8_bench.measure.devices import platform_info
+
+    pinfo = platform_info(device)
+    return {"machine": name, "arch": _pf.machine(), "os": _pf.system(), "cpu": _pf.processor() or _pf.machine(),
+            "num_cpu": str(os.cpu_count()),
+            "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
+
+
+def _differing_facts(committed: dict, here: dict) -> list[str]:
+    """Facts of a committed machine that this machine contradicts: arch, GPU model, and the CPU count
+    when there is no GPU (a CPU machine's latencies are its cores')."""
+    out = []
+    if str(committed.get("arch", here["arch"])) != here["arch"]:
+        out.append(f"arch {committed.get('arch')!r} vs {here['arch']!r}")
+    cg, hg = str(committed.get("gpu", here["gpu"])).strip().lower(), here["gpu"].strip().lower()
+    if cg != hg and ("none" in (cg, hg) or not (cg in hg or hg in cg)):
+        out.append(f"gpu {committed.get('gpu')!r} vs {here['gpu']!r}")
+    if hg == "none" and str(committed.get("num_cpu", here["num_cpu"])) != here["num_cpu"]:
+        out.append(f"num_cpu {committed.get('num_cpu')!r} vs {here['num_cpu']!r}")
+    return out
+
+
+def _write_asv_machine(args: argparse.Namespace, console: Console, path) -> int:
+    from pathlib import Path
+
+    from mla_fp8_bench.jsonio import load_json, write_json_atomic
+
     data = load_json(path, "asv machine file") if path.exists() else {"version": 1}
     if not isinstance(data, dict):
         raise ValueError(f"asv machine file {path} holds a JSON {type(data).__name__}, not an object of machines: "
@@ -216,16 +311,23 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"committed machine file {committed} is not a JSON object")
         facts.pop("version", None)
         src = str(committed)
+        differ = _differing_facts(facts, _this_machine(args.name, args.device))
+        if differ and not args.force:
+            raise ValueError(f"this machine is not {args.name!r} as {committed} describes it ({'; '.join(differ)}): "
+                             f"its results would be filed under {args.name!r}'s published history; name your own "
+                             f"machine (mla-fp8-bench asv-machine mybox), or pass --force")
     else:
-        pinfo = platform_info(args.device)
-        facts = {"machine": args.name, "arch": _pf.machine(), "os": _pf.system(),
-                 "cpu": _pf.processor() or _pf.machine(),
-                 "num_cpu": str(os.cpu_count()),
-                 "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-                 "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
+        facts = _this_machine(args.name, args.device)
         src = "this machine"
     if facts.get("machine") != args.name:
         raise ValueError(f"{committed} names machine {facts.get('machine')!r}, not {args.name!r}")
+    prev = data.get(args.name)
+    if prev is not None and prev != facts and not args.force:
+        changed = sorted(k for k in set(prev) | set(facts) if prev.get(k) != facts.get(k)) if isinstance(
+            prev, dict) else ["(not an object)"]
+        raise ValueError(f"asv machine file {path} already has an entry {args.name!r} with other facts (keys "
+                         f"{', '.join(changed)}): refusing to replace it; pass --force to replace it, or choose "
+                         "another name")
     data[args.name] = facts
     data["version"] = 1
     write_json_atomic(data, path, indent=4, sort_keys=True)
@@ -245,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(or from this machine's facts, with a gpu key)")
     am.add_argument("name", help="asv machine name, e.g. cpu-2core, h200, mi355")
     am.add_argument("--results-dir", default="results")
+    am.add_argument("--force", action="store_true", help="replace an existing entry of NAME with other facts, or "
+                    "use a published NAME whose committed facts are not this machine's")
     r = sub.add_parser("run", help="measure backends x cases (latency, errors, TFLOP/s)")
     r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
     r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "

@@ -3,18 +3,64 @@
 Every writer in the suite (run JSONs, tolerances, merged asv results) goes through
 :func:`write_file_atomic`: a temp file in the target's folder, then ``os.replace``, so an interrupted
 write never leaves a truncated file, and the file gets the usual umask-derived mode (``mkstemp`` alone
-would leave it 0600).
+would leave it 0600). A symlink is followed: its target is replaced and the link stays. A write that
+fails (disk full, file-size limit, read-only file system) raises :class:`OutputError` naming the file;
+the previous file is unchanged. Writers that read, modify and write one file (or one folder) hold
+:func:`locked` around it, so two at once are serialised instead of one losing the other's change.
+Reading refuses files over :data:`MAX_JSON_BYTES` and documents nested deeper than
+:data:`MAX_JSON_DEPTH` with one line, not a ``MemoryError`` or ``RecursionError``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+#: Largest JSON file read (bytes): asv result files of the full grid are about 1 MB.
+MAX_JSON_BYTES = 256 * 1024 * 1024
+#: Deepest nesting of arrays/objects accepted in a JSON file (asv's files nest 4 deep).
+MAX_JSON_DEPTH = 64
+
+
+class OutputError(OSError, ValueError):
+    """An output file cannot be written (or is locked by another writer); the message names it.
+
+    An ``OSError`` (callers that handle write failures keep working) and a ``ValueError`` (the CLI
+    prints it as one line and exits 2).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
+
+def _json_depth(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` outside strings (a linear scan, no recursion)."""
+    depth = best = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
 
 
 def load_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError, hint: str = "") -> Any:
@@ -28,13 +74,22 @@ def load_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
     """
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_JSON_BYTES:
+            raise error(f"{what} {path} is {path.stat().st_size} bytes: at most {MAX_JSON_BYTES} are read "
+                        "(not a file this suite wrote)")
         text = path.read_text()
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise error(f"{what} {path} is not text (byte {exc.start} is not UTF-8): not a JSON file") from None
+    depth = _json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise error(f"{what} {path} nests arrays/objects {depth} deep: at most {MAX_JSON_DEPTH} (not a file this "
+                    "suite wrote)")
     try:
         return json.loads(text)
+    except RecursionError:
+        raise error(f"{what} {path} nests too deep to read (not a file this suite wrote)") from None
     except json.JSONDecodeError as exc:
         raise error(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
                     + (f"; {hint}" if hint else "")) from None
@@ -50,9 +105,7 @@ def check_output_path(path: str | os.PathLike | None, what: str = "output file")
         ValueError: naming ``path`` when it is empty, is a directory or another non-regular file, lies
             under a regular file, or its directory cannot be created or written.
     """
-    if path is None or str(path).strip() == "":
-        raise ValueError(f"{what} path {str(path)!r} is empty: give a file name, e.g. runs/out.json")
-    p = Path(path)
+    p = output_target(path, what)
     if p.is_dir():
         raise ValueError(f"{what} {p} is a directory: give a file path inside it, e.g. {p / 'out.json'}")
     if p.exists() and not p.is_file():
@@ -64,12 +117,88 @@ def check_output_path(path: str | os.PathLike | None, what: str = "output file")
             break
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=p.name, suffix=".probe", dir=p.parent)
+        fd, probe = tempfile.mkstemp(prefix=_tmp_prefix(p), suffix=".probe", dir=p.parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise ValueError(f"{what} {p} cannot be written: {exc.strerror or exc} ({p.parent})") from None
     return p
+
+
+def output_target(path: str | os.PathLike | None, what: str = "output file") -> Path:
+    """The file a write to ``path`` creates or replaces: a symlink (also a chain, also dangling) is followed
+    to its final target, so the link stays a link.
+
+    Raises:
+        OutputError: ``path`` is empty or only blanks, its file name is longer than the file system
+            allows (``NAME_MAX``), or the whole path longer than ``PATH_MAX``.
+    """
+    if path is None or str(path).strip() == "":
+        raise OutputError(f"{what} path {str(path) if path is not None else ''!r} is empty: give a file name, "
+                          "e.g. runs/out.json")
+    p = Path(path)
+    _check_name_length(p, what)
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def _check_name_length(p: Path, what: str) -> None:
+    anc = next((a for a in p.parents if a.is_dir()), Path("."))
+    try:
+        name_max = os.pathconf(anc, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    n = len(os.fsencode(p.name))
+    if n > name_max:
+        raise OutputError(f"{what} {str(p)[:80]}...: the file name is {n} bytes: at most {name_max} on this file "
+                          "system")
+    if len(os.fsencode(str(p.absolute()))) >= 4096:
+        raise OutputError(f"{what} {str(p)[:80]}...: the path is over 4095 bytes (PATH_MAX)")
+
+
+def _tmp_prefix(path: Path) -> str:
+    return "." + path.name[:48] + "."
+
+
+def _write_error(path: Path, exc: OSError) -> OutputError:
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.EFBIG:
+        why += " (the file-size limit, ulimit -f, is reached)"
+    return OutputError(exc.errno, f"cannot write {path}: {why}; the previous file, if any, is unchanged")
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock of ``path``'s writers (``fcntl.flock`` of ``.<name>.lock`` beside it).
+
+    Args:
+        path: the file or folder written.
+        what: its name in messages.
+        wait: block until the other writer is done (default), or refuse at once.
+
+    Raises:
+        OutputError: ``wait=False`` and another process holds the lock (its pid named), or the lock file
+            cannot be created (read-only or missing permission: the write would fail too).
+    """
+    p = Path(path).absolute()
+    lock = p.parent / f".{p.name[:200]}.lock"
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise OutputError(exc.errno, f"cannot write {what} {p}: {exc.strerror or exc} ({lock})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise OutputError(errno.EBUSY, f"{what} {p} is being written by another process (pid {holder}): wait "
+                              "for it to finish, or choose another path") from None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _umask_mode() -> int:
@@ -84,20 +213,32 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, b
     """Create ``path`` by calling ``write(f)`` on a temp file beside it, then renaming it into place.
 
     The previous file (if any) survives any failure or interrupt inside ``write``; no temp file is left.
+    A symlink at ``path`` is followed (its target is replaced).
+
+    Raises:
+        OutputError: the path is empty, or the file system refused the write (full, size limit, read-only,
+            permission); the message names the file.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    path = output_target(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+            raise _write_error(path, exc) from None
         raise
 
 

@@ -215,3 +215,223 @@ def test_every_verdict_says_what_was_compared(tmp_path, capsys):
     assert f"GATE PASSED: BASE {b} vs HEAD {h}: 6 (backend, case, metric) value(s) compared" in out
     assert main(["gate", b, h, "--format", "markdown"]) == 0
     assert "**GATE PASSED** (6 value(s) compared)" in capsys.readouterr().out
+
+
+# ============================================================================ W. writes that cannot hurt
+import errno  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["run", "-b", "torch-fp8-ref", "--no-timing"]
+
+
+def _interrupt_at(monkeypatch, victim: str, how: str = "ctrl-c"):
+    import mla_fp8_bench.harness.runner as runner
+
+    orig = runner.evaluate_one
+
+    def one(backend, ctx, pinfo, opts):
+        if ctx.case.id == victim:
+            raise KeyboardInterrupt
+        return orig(backend, ctx, pinfo, opts)
+
+    monkeypatch.setattr(runner, "evaluate_one", one)
+
+
+def _records(path: Path) -> list:
+    return json.loads(path.read_text())["records"]
+
+
+def test_ctrl_c_before_the_first_record_keeps_an_existing_run_json(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "r.json"
+    assert main([*RUN, "-c", "s16-h2,s32-h2", "--json", str(out)]) == 0
+    before = out.read_bytes()
+    _interrupt_at(monkeypatch, "s16-h2")
+    assert main([*RUN, "-c", "s16-h2,s32-h2", "--json", str(out)]) == 130
+    assert out.read_bytes() == before  # two records are not replaced by none
+    side = tmp_path / "r.interrupted.json"
+    assert json.loads(side.read_text())["interrupted"] is True and _records(side) == []
+    assert "r.json holds as many records or more and is kept" in " ".join(capsys.readouterr().out.split())
+
+
+def test_an_interrupted_run_never_replaces_a_file_with_more_records(tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    assert main([*RUN, "-c", "s16-h2,s32-h2,s48-h2", "--json", str(out)]) == 0
+    before = out.read_bytes()
+    _interrupt_at(monkeypatch, "s48-h2")
+    assert main([*RUN, "-c", "s16-h2,s32-h2,s48-h2", "--json", str(out)]) == 130
+    assert out.read_bytes() == before
+    assert [r["case"] for r in _records(tmp_path / "r.interrupted.json")] == ["s16-h2", "s32-h2"]
+
+
+_SIGNAL_CHILD = """
+import os, signal, sys
+import mla_fp8_bench.harness.runner as runner
+orig = runner.evaluate_one
+def one(backend, ctx, pinfo, opts):
+    if ctx.case.id == "s32-h2":
+        os.kill(os.getpid(), signal.SIG{sig})
+    return orig(backend, ctx, pinfo, opts)
+runner.evaluate_one = one
+from mla_fp8_bench.cli import main
+sys.exit(main(["run", "-b", "torch-fp8-ref", "--no-timing", "-c", "s16-h2,s32-h2,s48-h2", "--json", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("sig,code", [("TERM", 143), ("HUP", 129)])
+def test_sigterm_and_sighup_keep_what_was_measured(tmp_path, sig, code):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_CHILD.format(sig=sig), str(out)], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == code, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True and [r["case"] for r in data["records"]] == ["s16-h2"]
+
+
+def test_a_second_run_writing_the_same_json_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
+    """Two `run --json same.json` at once: the second is refused (was: both succeeded, one run lost)."""
+    import fcntl
+
+    out = tmp_path / "same.json"
+    calls = []
+    monkeypatch.setattr("mla_fp8_bench.harness.runner.evaluate", lambda *a, **k: calls.append(a) or {})
+    fd = os.open(tmp_path / ".same.json.lock", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"4242")
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what the first run holds while it measures
+    try:
+        assert main([*RUN, "-c", "s16-h2", "--json", str(out)]) == 2
+    finally:
+        os.close(fd)
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "is being written by another process (pid 4242)" in msg and calls == [] and not out.exists()
+
+
+def test_json_through_a_symlink_replaces_the_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "store" / "r.json"
+    target.parent.mkdir()
+    target.write_text('{"records": []}')
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    assert main([*RUN, "-c", "s16-h2", "--json", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert [r["case"] for r in _records(target)] == ["s16-h2"]
+
+
+def test_an_empty_output_path_is_refused_by_the_writer():
+    from mla_fp8_bench.jsonio import write_json_atomic
+
+    for bad in ("", "   "):
+        with pytest.raises(ValueError, match="is empty"):
+            write_json_atomic({"a": 1}, bad)
+
+
+def test_a_long_but_valid_file_name_is_written(tmp_path):
+    """A 250-byte name is valid (NAME_MAX 255); the temp file beside it must not be longer."""
+    from mla_fp8_bench.jsonio import check_output_path, write_json_atomic
+
+    p = tmp_path / ("r" * 245 + ".json")
+    check_output_path(p)
+    write_json_atomic({"a": 1}, p)
+    assert json.loads(p.read_text()) == {"a": 1}
+
+
+def test_an_over_long_file_name_is_refused_naming_the_limit(tmp_path, capsys):
+    assert main([*RUN, "-c", "s16-h2", "--json", str(tmp_path / ("r" * 300 + ".json"))]) == 2
+    assert "the file name is 305 bytes: at most 255" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_full_disk_is_one_line_and_the_old_file_survives(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("mla_fp8_bench.jsonio.json.dump", full)
+    assert main(["plan", "--qo-lens", "256", "--kv-lens", "256", "--heads", "16", "--json", str(out)]) == 2
+    msg = " ".join(capsys.readouterr().out.split())
+    assert f"cannot write {out}: No space left on device" in msg and "Traceback" not in msg
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+_FSIZE_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+from mla_fp8_bench.cli import main
+sys.exit(main(["plan", "--qo-lens", "256,300", "--kv-lens", "256,300", "--heads", "16", "--json", sys.argv[1]]))
+"""
+
+
+def test_a_file_size_limit_is_one_line_and_the_old_file_survives(tmp_path):
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+    p = subprocess.run([sys.executable, "-c", _FSIZE_CHILD, str(out)], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    msg = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 2, msg[-2000:]
+    assert "the file-size limit, ulimit -f, is reached" in msg and "Traceback" not in msg
+    assert out.read_text() == "old" and sorted(x.name for x in tmp_path.iterdir()) == ["plan.json"]
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 64 KiB tmpfs under tmp_path (root only; skipped elsewhere); unmounted at the end."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {(p.stderr or p.stdout).strip()[:100]}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_really_full_file_system_is_one_line(tiny_fs, capsys):
+    (tiny_fs / "filler").write_bytes(b"x" * 60_000)
+    out = tiny_fs / "plan.json"
+    out.write_text("old")
+    rc = main(["plan", "--qo-lens", "8192,8192,8192", "--kv-lens", "8192,8192,8192", "--heads", "128", "--json",
+               str(out)])
+    msg = " ".join(capsys.readouterr().out.split())
+    assert rc == 2 and "No space left on device" in msg, msg[-1500:]
+    assert out.read_text() == "old"
+
+
+def test_a_read_only_file_system_is_refused_before_work(tiny_fs, capsys):
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    assert main(["plan", "--qo-lens", "256", "--kv-lens", "256", "--heads", "16", "--json",
+                 str(tiny_fs / "p.json")]) == 2
+    assert "Read-only file system" in capsys.readouterr().out
+
+
+def test_asv_machine_never_silently_replaces_a_hand_written_entry(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    mf = tmp_path / ".asv-machine.json"
+    mf.write_text(json.dumps({"version": 1, "mybox": {"machine": "mybox", "cpu": "hand-written", "gpu": "none"}}))
+    before = mf.read_bytes()
+    assert main(["asv-machine", "mybox", "--results-dir", str(tmp_path / "none")]) == 2
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "already has an entry 'mybox' with other facts" in msg and "--force" in msg
+    assert mf.read_bytes() == before
+    assert main(["asv-machine", "mybox", "--results-dir", str(tmp_path / "none"), "--force"]) == 0
+    assert json.loads(mf.read_text())["mybox"]["cpu"] != "hand-written"
+
+
+def test_asv_machine_refuses_a_published_name_this_machine_is_not(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # another machine than the committed 2-core one
+    assert main(["asv-machine", "cpu-2core", "--results-dir", str(ROOT / "results")]) == 2
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "this machine is not 'cpu-2core'" in msg and "num_cpu '2' vs '64'" in msg
+    assert not (tmp_path / ".asv-machine.json").exists()
+
+
+def test_asv_machine_on_a_read_only_home_is_one_line(tiny_fs, monkeypatch, capsys):
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    monkeypatch.setenv("HOME", str(tiny_fs))
+    assert main(["asv-machine", "mybox", "--results-dir", str(tiny_fs / "none")]) == 2
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "Read-only file system" in msg and ".asv-machine.json" in msg
