@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = handlers.get(args.cmd) or args.handler
         return handler(args, console)
     except (UnknownBackendError, CaseError, DeviceError, FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
 
 

@@ -38,7 +38,7 @@ class OutputError(OSError, ValueError):
     """
 
     def __str__(self) -> str:
-        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+        return str(self.args[-1]) if self.args else super().__str__()
 
 
 def _json_depth(text: str) -> int:
