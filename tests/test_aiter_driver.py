@@ -126,78 +126,73 @@ def test_prefix_with_a_zero_context_sequence_is_exact_post_3606():
 
 
 # ----------------------------------------------------------------------------------------------
-# the #3606 marker and the info call
+# detection, need_lse and the info call
 
 
-def _wrap_with(fn, extra: str):
-    """``fn`` with one more keyword parameter ``extra`` in its signature."""
-    params = list(inspect.signature(fn).parameters.values())
-    params.append(inspect.Parameter(extra, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))
-
-    def wrapper(*a, **kw):
-        kw.pop(extra, None)
-        return fn(*a, **kw)
-
-    wrapper.__signature__ = inspect.Signature(params)
-    return wrapper
-
-
-def _without(fn, drop: tuple[str, ...]):
-    """``fn`` with the parameters ``drop`` removed from its signature."""
-    params = [p for p in inspect.signature(fn).parameters.values() if p.name not in drop]
-
-    def wrapper(*a, **kw):
-        return fn(*a, **kw)
-
-    wrapper.__signature__ = inspect.Signature(params)
-    return wrapper
+def test_driver_detects_forms_from_op_schemas_of_opaque_wrappers():
+    """AITER's ops are (*args, **kwargs) wrappers; the driver reads the registered schemas (a signature
+    reading would take them for the 7-argument reduce and refuse)."""
+    for version, rev in (((0, 1, 20), "pre-3606"), ((0, 1, 22), "v0.1.22")):
+        mod = make_standin_aiter(aiter_version=version)
+        assert str(inspect.signature(mod.get_ps_metadata_v1)) == "(*args, **kwargs)"
+        drv = AiterPsDriver(mod, (0, 1, 0))  # a source build without git metadata reports 0.1.0
+        assert (drv.reduce_arity, drv.planner_revision) == (9, rev)
+        assert drv.reduce_source.startswith("op schema aiter_standin_") and drv.effective_version >= (0, 1, 16)
+        assert drv.supports_heads(32)  # 32 heads need >= 0.1.11: the features say so, not the 0.1.0
+    ref = AiterPsDriver(make_standin_aiter(aiter_version=(0, 1, 20), planner_revision="pr3606-ref"), (0, 1, 20))
+    assert ref.planner_revision == "pr3606-ref" and ref.post_3606
+    assert "9-argument form (op schema" in AiterPsDriver(make_standin_aiter(), None).detection()["mla_reduce_v1"]
 
 
-def test_3606_is_detected_by_max_kvlen_not_need_lse():
-    old = make_standin_aiter(aiter_version=(0, 1, 20))
-    old.get_ps_metadata_v1 = _wrap_with(old.get_ps_metadata_v1, "need_lse")
-    drv = AiterPsDriver(old, (0, 1, 20))
-    assert drv.markers["need_lse"] is True and drv.post_3606 is False
-    new = make_standin_aiter(aiter_version=(0, 1, 22))
-    assert AiterPsDriver(new, (0, 1, 22)).post_3606 is True
-    new.get_ps_metadata_info_v1 = _without(new.get_ps_metadata_info_v1, ("max_kvlen", "kvlen_granularity"))
-    assert AiterPsDriver(new, (0, 1, 22)).post_3606 is False  # the signature decides, not the version
+def _planner_args(mod):
+    return [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_v1"]
 
 
 @pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
-def test_max_kvlen_is_passed_only_for_context_chunks_post_3606(version):
+def test_need_lse_is_passed_as_the_imitated_caller_does(version):
+    """v0.1.22: causal prefill False (vLLM's path), context chunk True, prefix: new-token chunk has_context
+    (True) and context chunk True; an older planner takes no need_lse."""
     mod = make_standin_aiter(aiter_version=version, cu_num=8)
     drv = AiterPsDriver(mod, version)
-    for cid, max_kv in (("s300-h2", None), ("ctx700-q100-h2", 700), ("prefix500-q100-h2", 500)):
+    for cid, want in (("s300-h2", [False]), ("ctx700-q100-h2", [True]), ("prefix500-q100-h2", [True, True])):
+        mod.calls.clear()
+        prep = drv.prepare(make_inputs(parse_case_id(cid), "cpu"))
+        got = [a.get("need_lse", "absent") for a in _planner_args(mod)]
+        assert got == (want if version >= (0, 1, 22) else ["absent"] * len(want)), cid
+        assert prep.extras["need_lse"] == (want if version >= (0, 1, 22) else [None] * len(want))
+
+
+def test_max_kvlen_is_passed_only_to_the_pr_ref_info_function_for_context_chunks():
+    mod = make_standin_aiter(aiter_version=(0, 1, 20), cu_num=8, planner_revision="pr3606-ref")
+    drv = AiterPsDriver(mod, (0, 1, 20))
+    for cid, kvs in (("s300-h2", [None]), ("ctx700-q100-h2", [700]), ("prefix500-q100-h2", [None, 500])):
         mod.calls.clear()
         drv.prepare(make_inputs(parse_case_id(cid), "cpu"))
         infos = [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_info_v1"]
-        assert infos
-        kvs = [a.get("max_kvlen") for a in infos]
-        if version < (0, 1, 22):
-            assert all("max_kvlen" not in a for a in infos)
-        else:  # prefix: the causal call (no max_kvlen) and the context call (its largest context)
-            assert kvs == ([None, max_kv] if cid.startswith("prefix") else [max_kv])
+        assert [a.get("max_kvlen") for a in infos] == kvs
+    for version in ((0, 1, 20), (0, 1, 22)):
+        mod = make_standin_aiter(aiter_version=version, cu_num=8)
+        AiterPsDriver(mod, version).prepare(make_inputs(parse_case_id("ctx700-q100-h2"), "cpu"))
+        assert all("max_kvlen" not in c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_info_v1")
 
 
-def _info_slots(version, batch, heads, max_q, max_kv, cu_num):
-    """reduce_partial_map bound of get_ps_metadata_info_v1, written from the formulas of both revisions."""
+def _info_slots(version, batch, heads, max_q, cu_num):
+    """reduce_partial_map bound of get_ps_metadata_info_v1, written from the formulas of both releases."""
     cpc = cu_num // math.gcd(heads, cu_num)
     mqs = -(-max_q // 256)
     if version < (0, 1, 22):
         return min(batch + cpc - 1, 2 * (cpc - 1)) * mqs
-    kv_splits = max(1, -(-(max_kv or max_q) // 128))
-    return batch * mqs * (kv_splits + cpc)
+    return batch * mqs + cpc - 1
 
 
 @pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
 def test_reserved_workspace_bytes_follow_the_info_bounds(version):
     """Reserved = fp32 partials + partial LSE for every slot the info bound allows, + final LSE [T, H]."""
     cu_num, h = 16, 2
-    for cid, max_q, max_kv in (("ragged-300-700-h2", 700, None), ("ctx1000-q300-h2", 300, 1000)):
+    for cid, max_q in (("ragged-300-700-h2", 700), ("ctx1000-q300-h2", 300)):
         case = parse_case_id(cid)
         stats = AiterEmulated(cu_num=cu_num, aiter_version=version).plan_stats(case, CPU)
-        slots = _info_slots(version, case.batch_size, h, max_q, max_kv, cu_num)
+        slots = _info_slots(version, case.batch_size, h, max_q, cu_num)
         t = case.total_tokens
         assert stats["reserved_workspace_bytes"] == slots * 256 * h * 129 * 4 + t * h * 4
         live = max(1, stats["num_partials"])
@@ -206,13 +201,16 @@ def test_reserved_workspace_bytes_follow_the_info_bounds(version):
         assert len(stats["planner_samples_s"]) == 7
 
 
-def test_post_3606_uses_more_partial_slots_for_the_same_schedule():
-    """s300 at cu_num 4, H=2: the unsplit tile gets a slot only from #3606 on."""
-    case = parse_case_id("s300-h2")
-    old = AiterEmulated(cu_num=4, aiter_version="0.1.20").plan_stats(case, CPU)
-    new = AiterEmulated(cu_num=4, aiter_version="0.1.22").plan_stats(case, CPU)
-    assert new["num_partials"] > old["num_partials"]
-    assert new["reserved_workspace_bytes"] > old["reserved_workspace_bytes"]
+def test_need_lse_uses_more_partial_slots_for_the_same_schedule():
+    """At cu_num 2, H=2 (one TG per cluster, nothing split) a context chunk's tile gets a slot only with
+    need_lse (0.1.22); a causal
+    prefill (need_lse=False) plans the same slots at 0.1.20 and 0.1.22."""
+    for cid, more in (("ctx300-q200-h2", True), ("s300-h2", False)):
+        case = parse_case_id(cid)
+        old = AiterEmulated(cu_num=2, aiter_version="0.1.20").plan_stats(case, CPU)
+        new = AiterEmulated(cu_num=2, aiter_version="0.1.22").plan_stats(case, CPU)
+        assert (new["num_partials"] > old["num_partials"]) is more
+        assert (new["num_partials"] == old["num_partials"]) is not more
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ documented values (docs/aiter-contract.md) and AITER's golden data."""
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -43,40 +45,55 @@ def test_reduce_arity():
     assert [facts.reduce_arity_for_version(v) for v in ("0.1.7", "0.1.8", "0.1.15", "0.1.16", "0.1.22")] == [
         7, 8, 8, 9, 9]
 
-    def r7(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, final_output,
-           final_lse=None): ...
-
-    def r8(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, max_seqlen_q,
-           final_output, final_lse=None): ...
-
-    def r9(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map, max_seqlen_q,
-           num_kv_splits, final_output, final_lse=None): ...
-
-    assert [facts.detect_reduce_arity(f) for f in (r7, r8, r9)] == [7, 8, 9]
 
 
-def _info_pre(batch_size, num_head_k, max_qlen, qlen_granularity=256): ...
+def _opaque(*args, **kwargs): ...
 
 
-def _info_post(batch_size, num_head_k, max_qlen, qlen_granularity=256, max_kvlen=None, kvlen_granularity=128): ...
+def test_detection_reads_registered_schemas_not_wrapper_signatures():
+    """The stand-in hands out (*args, **kwargs) wrappers, as AITER does; the forms come from the op schemas."""
+    from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
+
+    for variant in (7, 8, 9):
+        mod = make_standin_aiter(reduce_variant=variant, aiter_version="0.1.20")
+        assert str(inspect.signature(mod.mla_reduce_v1)) == "(*args, **kwargs)"
+        det = facts.detect_reduce_arity(mod, "0.1.0")  # a source build's version: the schema wins
+        assert det.value == variant and det.source == f"op schema {mod.aiter_op_namespace}::mla_reduce_v1"
+    for version, rev in (("0.1.16", "pre-3606"), ("0.1.20.post1", "pre-3606"), ("0.1.22", "v0.1.22")):
+        det = facts.detect_planner_revision(make_standin_aiter(aiter_version=version), "0.1.0")
+        assert det.value == rev and det.source.startswith("op schema")
+    ref = make_standin_aiter(aiter_version="0.1.20", planner_revision="pr3606-ref")
+    assert facts.detect_planner_revision(ref).value == "pr3606-ref"
+    assert facts.planner_markers(make_standin_aiter()) == {"max_kvlen": False, "kvlen_granularity": False,
+                                                           "need_lse": True}
 
 
-def _plan_need_lse(seqlens_qo_indptr, pages_kv_indptr, context_lens, need_lse=False): ...
+def test_detection_falls_back_to_the_version_then_names_what_is_missing():
+    mod = types.SimpleNamespace(mla_reduce_v1=_opaque, get_ps_metadata_v1=_opaque, aiter_op_namespace="no_such_ns")
+    det = facts.detect_reduce_arity(mod, "0.1.20")
+    assert det.value == 9 and det.source.startswith("facts table at AITER 0.1.20 (no registered op")
+    assert facts.detect_planner_revision(mod, (0, 1, 22)).value == "v0.1.22"
+    det = facts.detect_reduce_arity(mod, None)
+    assert det.value is None and "no registered op no_such_ns::mla_reduce_v1" in det.source
+    assert "no readable AITER version" in det.source
+    with pytest.raises(ValueError, match="the planner revision cannot be told"):
+        facts.is_post_3606(mod)
+
+
+def test_effective_version_from_features():
+    """A source build reports 0.1.0: the detected features raise the version the head sets are keyed on."""
+    assert facts.effective_version((0, 1, 0), 9, "pre-3606") == (0, 1, 16)
+    assert facts.effective_version((0, 1, 0), 9, "v0.1.22") == (0, 1, 22)
+    assert facts.effective_version((0, 1, 20), 9, "pre-3606") == (0, 1, 20)
+    assert facts.effective_version(None, None, None) is None
+    assert 32 in facts.reduce_heads_for(facts.effective_version((0, 1, 0), 9, "pre-3606"))
 
 
 def test_post_3606_by_version_and_marker():
     assert facts.POST_3606_FIRST_VERSION == (0, 1, 22)
     assert not facts.is_post_3606("0.1.21") and facts.is_post_3606("0.1.22") and facts.is_post_3606((0, 2, 0))
-    assert facts.is_post_3606(_info_post) and not facts.is_post_3606(_info_pre)
-
-    class Mod:  # an aiter-like object
-        get_ps_metadata_info_v1 = staticmethod(_info_pre)
-        get_ps_metadata_v1 = staticmethod(_plan_need_lse)
-
-    assert not facts.is_post_3606(Mod)  # need_lse is not the #3606 marker
-    assert facts.planner_markers(Mod) == {"max_kvlen": False, "kvlen_granularity": False, "need_lse": True}
-    with pytest.raises(ValueError, match="no get_ps_metadata_info_v1"):
-        facts.is_post_3606(object())
+    assert facts.planner_revision_for("0.1.21") == "pre-3606"
+    assert facts.planner_revision_for("0.1.22.post1") == "v0.1.22"
 
 
 def test_work_info_layout_matches_aiter_data():

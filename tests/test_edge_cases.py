@@ -172,8 +172,9 @@ def _plan_coverage(plan: dict, cu: list[int], num_heads: int) -> None:
         assert kvs[0][0] == cu[b] and kvs[-1][1] == cu[b] + (q1 - cu[b]), (b, h, q0, q1, kvs[:3])
         assert all(a[1] == c[0] for a, c in zip(kvs, kvs[1:])), "KV splits overlap or leave a gap"
         locs = [loc for _, _, loc in kvs]
-        # an unsplit tile writes output directly (-1) before ROCm/aiter#3606; from #3606 on it gets a slot
-        one = locs == [-1] if not plan["post_3606"] else locs[0] >= 0 and locs[0] % TILE_Q == 0
+        # an unsplit tile writes output directly (-1) unless every tile was given a slot (need_lse)
+        every_slot = plan["need_lse"] is True  # a causal prefill plans with need_lse=False
+        one = locs == [-1] if not every_slot else locs[0] >= 0 and locs[0] % TILE_Q == 0
         assert (len(kvs) == 1 and one) or (len(kvs) > 1 and all(loc >= 0 and loc % TILE_Q == 0
                                                                 for loc in locs))
 

@@ -109,7 +109,8 @@ def _plan(d, cu_num, causal=True, post_3606=False):
     H = d["q8"].shape[1]
     return plan_ps_prefill(
         cu, cukv, (cukv[1:] - cukv[:-1]).to(torch.int32), num_heads_k=H, cu_num=cu_num,
-        qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=causal, post_3606=post_3606,
+        qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=causal,
+        **(dict(revision="v0.1.22", need_lse=True) if post_3606 else {}),
     )  # fmt: skip
 
 
@@ -323,8 +324,8 @@ def test_reduce_post_3606_merges_single_partial_groups():
 @pytest.mark.parametrize("heads,cu_num", [(16, 256), (1, 80), (12, 304)])
 def test_standin_info_sizes_by_revision(heads, cu_num):
     """get_ps_metadata_info_v1 of both revisions, against the formulas written out here: pre-#3606
-    work_info (B+cpc-1)*mqs*H rows and min(B+cpc-1, 2(cpc-1))*mqs partial slots; from 0.1.22
-    kv_splits = max(1, ceil((max_kvlen or max_qlen)/128)), work_entries = tiles*(kv_splits + cpc)."""
+    work_info (B+cpc-1)*mqs*H rows and min(B+cpc-1, 2(cpc-1))*mqs partial slots; v0.1.22 tiles + cpc - 1
+    slots; the PR ref kv_splits = max(1, ceil((max_kvlen or max_qlen)/128)), entries = tiles*(kv_splits + cpc)."""
     B, max_q, max_kv = 3, 600, 5000
     cpc = cu_num // math.gcd(heads, cu_num)
     mqs = -(-max_q // 256)
@@ -333,13 +334,16 @@ def test_standin_info_sizes_by_revision(heads, cu_num):
     assert [s for s, _ in old] == [2, cu_num + 1, ((B + cpc - 1) * mqs * heads, 8), tiles + 1, (tiles, 2),
                                    min(B + cpc - 1, 2 * (cpc - 1)) * mqs]
     assert [dt for _, dt in old] == [torch.uint64] + [torch.int32] * 5
-    new = make_standin_aiter(cu_num=cu_num).get_ps_metadata_info_v1
+    new = make_standin_aiter(cu_num=cu_num).get_ps_metadata_info_v1(B, heads, max_q, 256)  # v0.1.22
+    assert [s for s, _ in new] == [2, cu_num + 1, ((B + cpc - 1) * mqs * heads, 8), tiles + 1, (tiles, 2),
+                                   tiles + cpc - 1]
+    ref = make_standin_aiter(cu_num=cu_num, planner_revision="pr3606-ref").get_ps_metadata_info_v1
     for kv in (None, max_kv):
         entries = tiles * (max(1, -(-(kv or max_q) // 128)) + cpc)
-        got = new(B, heads, max_q, 256, max_kvlen=kv)
+        got = ref(B, heads, max_q, 256, max_kvlen=kv)
         assert [s for s, _ in got] == [2, cu_num + 1, (entries * heads, 8), tiles + 1, (tiles, 2), entries]
     with pytest.raises(StandinContractError, match=r"max_kvlen=-1 is out of range"):
-        new(B, heads, max_q, max_kvlen=-1)
+        ref(B, heads, max_q, max_kvlen=-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -575,9 +579,10 @@ def _standin_pipeline(aiter, d, variant, causal=True):
     seqlens = (cu[1:] - cu[:-1]).to(torch.int32)
     info = aiter.get_ps_metadata_info_v1(len(seqlens), H, int(seqlens.max()), 256)
     bufs = [torch.empty(shape, dtype=dt) for shape, dt in info]
+    extra_plan = {"need_lse": True} if aiter.planner_revision == "v0.1.22" else {}
     aiter.get_ps_metadata_v1(
         cu, cu, seqlens, 1, H, *bufs, qhead_granularity=1, qlen_granularity=256, kvlen_granularity=128,
-        block_size=1, is_causal=causal,
+        block_size=1, is_causal=causal, **extra_plan,
     )  # fmt: skip
     _, wptr, winfo, ri, rfm, rpm = bufs
     n = int(ri[-1])
@@ -614,37 +619,50 @@ def test_standin_pipeline_equals_run_emulated_prefill_bit_exactly(variant, fault
     assert kcall["v_scale"]["value"] == pytest.approx(float(d["vs"]))
 
 
+def _schema_params(aiter, name):
+    schema = getattr(getattr(torch.ops, aiter.aiter_op_namespace), name).default._schema
+    return {a.name: a for a in schema.arguments}
+
+
 def test_standin_module_identity_and_feature_markers():
+    """Compiled ops are opaque (*args, **kwargs) wrappers, as AITER's compile_ops hands them out; their
+    parameters are in the registered op schemas. The info function is plain Python."""
     for variant, markers in ((7, (False, False)), (8, (True, False)), (9, (True, True))):
         aiter = make_standin_aiter(reduce_variant=variant)
-        params = inspect.signature(aiter.mla_reduce_v1).parameters
+        assert str(inspect.signature(aiter.mla_reduce_v1)) == "(*args, **kwargs)"
+        params = _schema_params(aiter, "mla_reduce_v1")
         assert len(params) == variant
         assert (("max_seqlen_q" in params), ("num_kv_splits" in params)) == markers
-        assert list(params)[-2:] == ["final_output", "final_lse"] and params["final_lse"].default is None
+        assert list(params)[-2:] == ["final_output", "final_lse"] and params["final_lse"].default_value is None
     aiter = make_standin_aiter(aiter_version=(0, 1, 20))
     assert aiter.__name__ == "aiter" and aiter.__spec__.name == "aiter" and aiter.__path__ == []
     assert aiter.__spec__.submodule_search_locations == [] and aiter.reduce_variant == 9
-    ps = inspect.signature(aiter.get_ps_metadata_v1).parameters
+    for name in ("get_ps_metadata_v1", "mla_prefill_ps_asm_fwd"):
+        assert str(inspect.signature(getattr(aiter, name))) == "(*args, **kwargs)"
+    ps = _schema_params(aiter, "get_ps_metadata_v1")
     assert list(ps)[:5] == ["seqlens_qo_indptr", "pages_kv_indptr", "context_lens", "gqa_ratio", "num_heads_k"]
-    assert ps["kvlen_granularity"].default == 1 and ps["block_size"].default == 1  # binding's real defaults
+    assert ps["kvlen_granularity"].default_value == 16 and ps["block_size"].default_value == 16  # the stub's
     assert "need_lse" not in ps  # pre-#3606
     info = inspect.signature(aiter.get_ps_metadata_info_v1).parameters
-    assert list(info) == ["batch_size", "num_head_k", "max_qlen", "qlen_granularity"] and "max_kvlen" not in info
-    assert aiter.post_3606 is False
-    # 0.1.22 (the default): #3606 marker max_kvlen, still no need_lse
+    assert list(info) == ["batch_size", "num_head_k", "max_qlen", "qlen_granularity"]
+    assert aiter.post_3606 is False and aiter.planner_revision == "pre-3606"
+    # 0.1.22 (the default): need_lse last in the planner schema, the info function unchanged
     new = make_standin_aiter()
     assert new.__version__ == "0.1.22" and new.post_3606 is True and new.reduce_variant == 9
-    info = inspect.signature(new.get_ps_metadata_info_v1).parameters
-    assert list(info) == ["batch_size", "num_head_k", "max_qlen", "qlen_granularity", "max_kvlen", "kvlen_granularity"]
-    assert info["max_kvlen"].default is None and info["kvlen_granularity"].default == 128
-    assert "need_lse" not in inspect.signature(new.get_ps_metadata_v1).parameters
-    kp = inspect.signature(aiter.mla_prefill_ps_asm_fwd).parameters
+    assert list(inspect.signature(new.get_ps_metadata_info_v1).parameters) == list(info)
+    ps = _schema_params(new, "get_ps_metadata_v1")
+    assert list(ps)[-1] == "need_lse" and ps["need_lse"].default_value is False
+    # the pre-merge PR ref: max_kvlen in the info function, no need_lse
+    ref = make_standin_aiter(planner_revision="pr3606-ref")
+    assert list(inspect.signature(ref.get_ps_metadata_info_v1).parameters)[-2:] == ["max_kvlen", "kvlen_granularity"]
+    assert "need_lse" not in _schema_params(ref, "get_ps_metadata_v1")
+    kp = _schema_params(aiter, "mla_prefill_ps_asm_fwd")
     assert list(kp) == [
         "Q", "K", "V", "qo_indptr", "kv_indptr", "kv_page_indices", "work_indptr", "work_info_set",
         "max_seqlen_q", "softmax_scale", "is_causal", "splitData", "splitLse", "output", "q_scale", "k_scale",
         "v_scale",
     ]  # fmt: skip
-    assert all(kp[s].default is None for s in ("q_scale", "k_scale", "v_scale"))
+    assert all(kp[s].default_value is None for s in ("q_scale", "k_scale", "v_scale"))
     # version-derived variant and symbols
     assert reduce_arity_for_version((0, 1, 7)) == 7 and reduce_arity_for_version((0, 1, 15)) == 8
     assert make_standin_aiter(aiter_version=(0, 1, 12)).reduce_variant == 8
@@ -761,10 +779,11 @@ def pargs():
 def test_standin_planner_fills_like_the_port(pargs, version):
     _, a = pargs
     aiter = make_standin_aiter(cu_num=16, aiter_version=version)
-    aiter.get_ps_metadata_v1(**a)
+    kw = dict(revision="v0.1.22", need_lse=True) if version >= (0, 1, 22) else {}
+    aiter.get_ps_metadata_v1(**a, **({"need_lse": True} if kw else {}))
     plan = plan_ps_prefill(
         a["seqlens_qo_indptr"], a["pages_kv_indptr"], a["context_lens"], num_heads_k=2, cu_num=16,
-        kvlen_granularity=128, block_size=1, post_3606=version >= (0, 1, 22),
+        kvlen_granularity=128, block_size=1, **kw,
     )  # fmt: skip
     assert (int(a["work_info"][:, 1].min()) == -1) == (version < (0, 1, 22))  # pre: unsplit tiles get -1
     assert torch.equal(a["work_indptr"], plan.work_indptr)

@@ -13,53 +13,63 @@ import pytest
 from mla_fp8_bench.cli import main
 
 DATA = Path(__file__).resolve().parent / "data"
-GOLDEN = {"0.1.20": "ps_planner_golden_v2_pre3606.json.gz", "0.1.22": "ps_planner_golden_v2_post3606.json.gz"}
+#: (--aiter, --need-lse) -> AITER's planner outputs at that release and flag (tests/data/README.md)
+GOLDEN = {("0.1.20", None): "ps_planner_golden_v2_pre3606.json.gz",
+          ("0.1.22", "0"): "ps_planner_golden_v3_final3606_nolse.json.gz",
+          ("0.1.22", "1"): "ps_planner_golden_v3_final3606_lse.json.gz"}
 MAX_ROWS = 20_000  # records whose work_info bound is larger are left to tests/test_planner.py
 
 
 @functools.cache
-def _records(version: str) -> list[dict]:
-    with gzip.open(DATA / GOLDEN[version], "rt") as f:
+def _records(key: tuple) -> list[dict]:
+    with gzip.open(DATA / GOLDEN[key], "rt") as f:
         return json.load(f)["records"]
 
 
 def _picked() -> list:
     """Per revision, the first record of every (family, group, causal) kind that is small enough."""
     out = []
-    for version in GOLDEN:
+    for key in GOLDEN:
         seen = set()
-        for i, rec in enumerate(_records(version)):
+        for i, rec in enumerate(_records(key)):
             c = rec["config"]
             kind = (c["family"], c["group"], c["is_causal"])
             if kind not in seen and rec["info_shapes"]["work_info"]["shape"][0] <= MAX_ROWS:
                 seen.add(kind)
-                out.append(pytest.param(version, i, id=f"{version}-{c['id']}-{c['name']}"))
+                out.append(pytest.param(key, i, id=f"{key[0]}-lse{key[1]}-{c['id']}-{c['name']}"))
     return out
 
 
-def _argv(cfg: dict, version: str, json_path: Path) -> list[str]:
+def _argv(cfg: dict, key: tuple, json_path: Path) -> list[str]:
+    version, need_lse = key
     argv = ["plan", "--qo-lens", ",".join(map(str, cfg["seq_lens_q"])),
             "--kv-lens", ",".join(map(str, cfg["seq_lens_kv"])), "--heads", str(cfg["num_heads_k"]),
             "--cu-num", str(cfg["cu_num"]), "--aiter", version, "--json", str(json_path), "--limit", "2"]
+    argv += [] if need_lse is None else ["--need-lse", need_lse]
     return argv + ([] if cfg["is_causal"] else ["--non-causal"])
 
 
-@pytest.mark.parametrize("version, idx", _picked())
-def test_plan_json_equals_golden_record(version, idx, tmp_path, capsys):
-    rec = _records(version)[idx]
+@pytest.mark.parametrize("key, idx", _picked())
+def test_plan_json_equals_golden_record(key, idx, tmp_path, capsys):
+    rec = _records(key)[idx]
     out = tmp_path / "plan.json"
-    assert main(_argv(rec["config"], version, out)) == 0
+    assert main(_argv(rec["config"], key, out)) == 0
     got = json.loads(out.read_text())
     assert got["info_shapes"] == rec["info_shapes"]
     assert got["outputs"] == rec["outputs"]
-    assert got["info_args"] == rec["info_args"]
-    if version == "0.1.22":
-        assert got["info_shapes_max_kvlen_none"] == rec["info_shapes_max_kvlen_none"]
-    else:
-        assert "info_shapes_max_kvlen_none" not in got
-    for key in ("seqlens_qo_indptr", "pages_kv_indptr", "context_lens", "num_heads_k", "cu_num", "is_causal"):
-        assert got["config"][key] == rec["config"][key]
-    assert f"AITER {version}" in capsys.readouterr().out
+    assert {k: got["info_args"][k] for k in rec["info_args"]} == rec["info_args"]
+    assert got["config"].get("need_lse") == rec["config"].get("need_lse")
+    for k in ("seqlens_qo_indptr", "pages_kv_indptr", "context_lens", "num_heads_k", "cu_num", "is_causal"):
+        assert got["config"][k] == rec["config"][k]
+    assert f"AITER {key[0]}" in capsys.readouterr().out
+
+
+def test_plan_need_lse_defaults_to_the_callers_convention(tmp_path):
+    """Causal prefill: need_lse=False (vLLM's path); a non-causal context chunk: True."""
+    for extra, want in (([], False), (["--non-causal"], True)):
+        out = tmp_path / "p.json"
+        assert main(["plan", "--qo-lens", "300", "--kv-lens", "300", "--heads", "16", "--json", str(out)] + extra) == 0
+        assert json.loads(out.read_text())["config"]["need_lse"] is want
 
 
 def _slot_line(text: str, label: str) -> tuple[int, int]:
@@ -72,34 +82,60 @@ def _fp32_bytes(slots: int, tokens: int, heads: int) -> int:
     return 4 * (slots * 256 * heads * 128 + slots * 256 * heads + tokens * heads)
 
 
-@pytest.mark.parametrize("version, bound", [("0.1.20", 1920), ("0.1.22", 147456)])
+@pytest.mark.parametrize("version, bound", [("0.1.20", 1920), ("0.1.22", 1039)])
 def test_plan_bounds_b16_s16384(version, bound, capsys):
-    """B=16 x 16384, H=16, cu 256: 1,920 partial slots before #3606 and 147,456 after (AITER's info
-    function at both revisions), i.e. ~4 GB and ~312 GB of fp32 partials + LSE if reserved."""
+    """B=16 x 16384, H=16, cu 256: 1,920 partial slots before #3606 (min(16 + 15, 30) * 64) and 1,039 at
+    v0.1.22 (16 * 64 + 15); a causal prefill plans with need_lse=False and splits nothing there."""
     lens = ",".join(["16384"] * 16)
     assert main(["plan", "--qo-lens", lens, "--kv-lens", lens, "--heads", "16", "--aiter", version,
                  "--limit", "0"]) == 0
     text = capsys.readouterr().out
-    label = "reserved: info bound (max_kvlen = largest kv_len)" if version == "0.1.22" else "reserved: info bound"
-    slots, nbytes = _slot_line(text, label)
+    slots, nbytes = _slot_line(text, "reserved: info bound")
     assert slots == bound and nbytes == _fp32_bytes(bound, 16 * 16384, 16)
     used, used_bytes = _slot_line(text, "used (live reduce_indptr[-1])")
-    assert used == (0 if version == "0.1.20" else 16 * 64)  # 64 tiles per sequence, all reduced post-#3606
-    assert used_bytes == _fp32_bytes(used, 16 * 16384, 16)
+    assert used == 0 and used_bytes == _fp32_bytes(0, 16 * 16384, 16)
+
+
+@pytest.mark.parametrize("need_lse, used", [("0", 0), ("1", 64)])
+def test_plan_s16384_live_vs_reserved(need_lse, used, capsys):
+    """s16384 H16 cu256 at v0.1.22: live 0 (need_lse=False) or 64 (True: every tile reduced) slots of 79."""
+    assert main(["plan", "--qo-lens", "16384", "--kv-lens", "16384", "--heads", "16", "--need-lse", need_lse,
+                 "--limit", "0"]) == 0
+    text = capsys.readouterr().out
+    assert _slot_line(text, "used (live reduce_indptr[-1])")[0] == used
+    assert _slot_line(text, "reserved: info bound")[0] == 79
+
+
+def _partials_gib(text: str, label: str) -> float:
+    m = re.search(re.escape(label) + r".*partials\s+([\d.,]+) GiB", text)
+    assert m, f"no line {label!r} in:\n{text}"
+    return float(m.group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize("tokens, before, after", [(8192, 1.875, 64.029), (16384, 3.75, 128.029)])
+def test_plan_reproduces_vllm_57923(tokens, before, after, capsys):
+    """vLLM #57923: vLLM's info-bound builder (<= 0.30) at max_num_seqs 1024, 16 heads reserved 1.88 / 3.75 GiB
+    of partials (logits) at 8192 / 16384 batched tokens before AITER v0.1.22 and 64 / 128 GiB after:
+    min(1024 + 15, 30) * T vs 1024 * T + 15 slots of 256 * 16 * 128 fp32 (T = tokens / 256)."""
+    got = {}
+    for version in ("0.1.20", "0.1.22"):
+        assert main(["plan", "--qo-lens", "256", "--kv-lens", "256", "--heads", "16", "--aiter", version,
+                     "--vllm-max-num-seqs", "1024", "--vllm-max-num-batched-tokens", str(tokens),
+                     "--vllm-max-model-len", str(tokens), "--limit", "0"]) == 0
+        got[version] = _partials_gib(capsys.readouterr().out, "reserved: vLLM <= 0.30 builder (info bound), H=16")
+    assert got["0.1.20"] == pytest.approx(before, abs=1e-3) and got["0.1.22"] == pytest.approx(after, abs=1e-3)
 
 
 def test_plan_readme_example(capsys):
     assert main(["plan", "--qo-lens", "256,300", "--kv-lens", "4352,1300", "--heads", "16", "--cu-num", "256",
-                 "--aiter", "0.1.22"]) == 0
+                 "--aiter", "0.1.22", "--non-causal"]) == 0
     text = capsys.readouterr().out
-    # post-#3606 info: tiles = 2 * ceil(300/256) = 4, cpc = 256/16 = 16; kv_splits ceil(4352/128) = 34
-    # (max_kvlen = 4352) or ceil(300/128) = 3 (max_kvlen=None): 4*(34+16) = 200 and 4*(3+16) = 76 slots
-    assert _slot_line(text, "reserved: info bound (max_kvlen = largest kv_len)")[0] == 200
-    assert _slot_line(text, "reserved: info bound (max_kvlen=None)")[0] == 76
+    # v0.1.22 info: tiles = 2 * ceil(300/256) = 4, cpc = 256/16 = 16: 4 + 15 = 19 slots
+    assert _slot_line(text, "reserved: info bound")[0] == 19
     # vLLM >= 0.31: ceil(556/256) + 2 - 1 + 256 = 260 slots, each buffer rounded up to 256 bytes
     slots, nbytes = _slot_line(text, "reserved: vLLM >= 0.31 builder (budget), H=16")
     assert slots == 260 and nbytes == _fp32_bytes(260, 556, 16)
-    assert "reduce groups: 3 of 3 q-tiles" in text  # post-#3606: every tile has a group
+    assert "need_lse=True" in text and "reduce groups: 3 of 3 q-tiles" in text  # every tile has a group
 
 
 BAD = {
@@ -118,6 +154,8 @@ BAD = {
                      r"too large to plan here"),
     "bad-version": (["--aiter", "latest"], r"AITER version 'latest' is not MAJOR\.MINOR\.PATCH"),
     "old-version": (["--aiter", "0.1.7"], r"AITER 0\.1\.7 has no PS prefill planner"),
+    "need-lse-text": (["--need-lse", "yes"], r"--need-lse='yes' is invalid: allowed 0 or 1"),
+    "need-lse-old": (["--aiter", "0.1.20", "--need-lse", "1"], r"AITER 0\.1\.20 has no need_lse"),
 }
 
 

@@ -36,12 +36,20 @@ from mla_fp8_bench.aiter_ps.planner import (
 )
 
 DATA = Path(__file__).resolve().parent / "data"
-#: golden file -> (post-#3606 semantics, number of records)
+#: golden file -> (planner keywords, number of records): revision and need_lse of the AITER build that made it
 GOLDEN_FILES = {
-    "ps_planner_golden.json.gz": (False, 192),
-    "ps_planner_golden_v2_pre3606.json.gz": (False, 326),
-    "ps_planner_golden_v2_post3606.json.gz": (True, 326),
+    "ps_planner_golden.json.gz": (dict(revision="pre-3606"), 192),
+    "ps_planner_golden_v2_pre3606.json.gz": (dict(revision="pre-3606"), 326),
+    "ps_planner_golden_v2_post3606.json.gz": (dict(revision="pr3606-ref"), 326),
+    "ps_planner_golden_v3_final3606_nolse.json.gz": (dict(revision="v0.1.22", need_lse=False), 326),
+    "ps_planner_golden_v3_final3606_lse.json.gz": (dict(revision="v0.1.22", need_lse=True), 326),
 }
+_TAGS = {"ps_planner_golden.json.gz": "v1", "ps_planner_golden_v2_pre3606.json.gz": "v2pre3606",
+         "ps_planner_golden_v2_post3606.json.gz": "v2pr3606ref",
+         "ps_planner_golden_v3_final3606_nolse.json.gz": "v3nolse",
+         "ps_planner_golden_v3_final3606_lse.json.gz": "v3lse"}
+#: property-test modes: the pre-#3606 plan (= v0.1.22 need_lse=False) and v0.1.22 with need_lse=True
+MODES = {"pre3606": dict(revision="pre-3606"), "v0122lse": dict(revision="v0.1.22", need_lse=True)}
 BIG_ROWS = 32_768  # work_info rows above which test_golden sizes work_info to its use (keeps it fast)
 WORK_INFO_FIELDS = ("batch_idx", "partial_o_loc", "qo_start", "qo_end", "kv_start", "kv_end", "kv_offset",
                     "q_head_range")
@@ -73,9 +81,8 @@ def golden(name: str) -> dict:
 
 def _golden_params():
     out = []
-    for name, (post, n) in GOLDEN_FILES.items():
-        tag = "post3606" if post else ("v2pre3606" if "v2" in name else "v1")
-        out += [pytest.param(name, i, id=f"{tag}-{i:03d}") for i in range(n)]
+    for name, (_kw, n) in GOLDEN_FILES.items():
+        out += [pytest.param(name, i, id=f"{_TAGS[name]}-{i:03d}") for i in range(n)]
     return out
 
 
@@ -115,11 +122,16 @@ def _shapes(info) -> dict:
 
 @pytest.mark.parametrize("name", list(GOLDEN_FILES))
 def test_golden_file_meta(name):
-    post, n = GOLDEN_FILES[name]
+    kw, n = GOLDEN_FILES[name]
     data = golden(name)
     assert data["meta"]["num_records"] == len(data["records"]) == n
     assert tuple(data["meta"]["work_info_fields"]) == WORK_INFO_FIELDS
-    if post:
+    if "v3" in name:
+        assert data["meta"]["need_lse"] is kw["need_lse"]
+        assert all(r["config"]["need_lse"] is kw["need_lse"] for r in data["records"])
+        assert data["meta"]["info_function"]["parameters"] == ["batch_size", "num_head_k", "max_qlen",
+                                                                "qlen_granularity=256"]
+    elif kw["revision"] == "pr3606-ref":
         assert data["meta"]["aiter_revision"]["sha"].startswith("b97d239d1a8c")
         assert data["meta"]["semantics"].startswith("post-3606")
     else:
@@ -130,18 +142,19 @@ def test_golden_file_meta(name):
         assert any(r["config"]["seq_lens_q"] != r["config"]["seq_lens_kv"] for r in data["records"])
 
 
-def _check_info(rec: dict, post: bool) -> None:
+def _check_info(rec: dict, revision: str) -> None:
     cfg = rec["config"]
-    extra = dict(post_3606=True, max_kvlen=max(cfg["context_lens"]), kvlen_granularity=128) if post else {}
+    post = revision == "pr3606-ref"
+    extra = dict(max_kvlen=max(cfg["context_lens"]), kvlen_granularity=128) if post else {}
     info = ps_metadata_info(cfg["batch_size"], cfg["num_heads_k"], cfg["max_qlen"], 256, cu_num=cfg["cu_num"],
-                            **extra)
+                            revision=revision, **extra)
     assert list(info) == list(BUFFER_NAMES)
     assert _shapes(info) == rec["info_shapes"]
     assert buffer_lengths_from_info(info) == rec["outputs"]["buffer_lengths"]
     if post:
         assert rec["info_args"]["max_kvlen"] == max(cfg["context_lens"])
         none = ps_metadata_info(cfg["batch_size"], cfg["num_heads_k"], cfg["max_qlen"], 256, cu_num=cfg["cu_num"],
-                                post_3606=True)
+                                revision=revision)
         assert _shapes(none) == rec["info_shapes_max_kvlen_none"]
 
 
@@ -169,10 +182,10 @@ def _check_outputs(plan: PsPlan, out: dict, lengths: dict) -> None:
 
 @pytest.mark.parametrize("name, idx", _golden_params())
 def test_golden(name, idx):
-    post = GOLDEN_FILES[name][0]
+    kw = GOLDEN_FILES[name][0]
     rec = golden(name)["records"][idx]
     cfg, out = rec["config"], rec["outputs"]
-    _check_info(rec, post)
+    _check_info(rec, kw["revision"])
 
     # Info bounds reach 5.4M work_info rows (170 MB, post-#3606); above BIG_ROWS the plan is made with
     # work_info sized to its use (the bound itself is checked by _check_info, the used rows here).
@@ -180,16 +193,17 @@ def test_golden(name, idx):
     big = lengths["work_info_rows"] > BIG_ROWS
     if big:
         lengths["work_info_rows"] = out["num_works"]
-    plan = _plan_config(cfg, buffer_lengths=lengths, post_3606=post)
-    assert plan.post_3606 is post
+    plan = _plan_config(cfg, buffer_lengths=lengths, **kw)
+    assert plan.revision == kw["revision"] and plan.need_lse is (kw["revision"] == "pr3606-ref" or
+                                                                  kw.get("need_lse") is True)
     _check_outputs(plan, out, lengths)
-    if post:
+    if plan.need_lse:
         assert -1 not in plan.used_work_info[:, 1].tolist()
     if big:
         return
 
     # the default sizing is the revision's info sizing, so the plan is the same without buffer_lengths
-    plan2 = _plan_config(cfg, post_3606=post)
+    plan2 = _plan_config(cfg, **kw)
     assert plan2.buffer_lengths == out["buffer_lengths"]
     assert torch.equal(plan2.work_info, plan.work_info)
 
@@ -214,7 +228,8 @@ def test_revisions_share_the_schedule():
     for a, b in zip(pre, post):
         assert a["config"]["id"] == b["config"]["id"]
         cfg, used = a["config"], {"work_info_rows": b["outputs"]["num_works"]}
-        p0, p1 = _plan_config(cfg, buffer_lengths=used), _plan_config(cfg, buffer_lengths=used, post_3606=True)
+        p0 = _plan_config(cfg, buffer_lengths=used)
+        p1 = _plan_config(cfg, buffer_lengths=used, revision="pr3606-ref")
         assert torch.equal(p0.work_indptr, p1.work_indptr)
         w0, w1 = p0.used_work_info.clone(), p1.used_work_info.clone()
         w0[:, 1] = w1[:, 1] = 0
@@ -226,30 +241,51 @@ def test_pr3606_numbers_from_aiter_data():
     """Numbers measured from AITER's planner at both revisions (s = q_len = kv_len, H=16, cu_num=256)."""
     def plan(s, post, b=1):
         qo = [i * s for i in range(b + 1)]
-        return plan_ps_prefill(qo, qo, [s] * b, num_heads_k=16, cu_num=256, post_3606=post)
+        kw = dict(revision="v0.1.22", need_lse=True) if post else {}
+        return plan_ps_prefill(qo, qo, [s] * b, num_heads_k=16, cu_num=256, **kw)
 
     assert (plan(4096, False).num_partials, plan(4096, False).num_reduce_groups) == (16, 8)
     assert (plan(4096, True).num_partials, plan(4096, True).num_reduce_groups) == (24, 16)
     assert plan(16384, False).num_partials == 0 and plan(16384, True).num_partials == 64
     # info bounds (partial slots): s16384 1,024 -> 9,216; B=16 x 16384 1,920 -> 147,456
     def slots(b, post):
-        extra = dict(post_3606=True, max_kvlen=16384) if post else {}
+        extra = dict(revision="pr3606-ref", max_kvlen=16384) if post else {}
         return ps_metadata_info(b, 16, 16384, cu_num=256, **extra)["reduce_partial_map"][0][0]
 
     assert (slots(1, False), slots(1, True)) == (1024, 9216)
     assert (slots(16, False), slots(16, True)) == (1920, 147456)
 
 
+def test_v0122_info_sizes():
+    """v0.1.22 sizes (AITER's _legacy_info; data README v3): reduce_partial_map = B*T + cpc - 1, work_info
+    (B + cpc - 1)*T*H rows, reduce_indptr B*T + 1, reduce_final_map B*T; worked by hand here."""
+    # s16384 H16 cu256: cpc = 256/16 = 16, T = 64 -> 64 + 15 = 79 slots (pre-#3606: min(16, 30)*64 = 1024)
+    info = ps_metadata_info(1, 16, 16384, cu_num=256, revision="v0.1.22")
+    assert info["reduce_partial_map"] == ((79,), "int32") and info["work_info"] == ((16 * 64 * 16, 8), "int32")
+    assert info["reduce_indptr"] == ((65,), "int32") and info["reduce_final_map"] == ((64, 2), "int32")
+    # vLLM's builder: max_num_seqs 1024, max_prefill_qlen 8192, 16 heads: 1024*32 + 15 = 32783 slots
+    assert ps_metadata_info(1024, 16, 8192, cu_num=256, revision="v0.1.22")["reduce_partial_map"][0][0] == 32783
+    assert ps_metadata_info(1024, 16, 8192, cu_num=256)["reduce_partial_map"][0][0] == 30 * 32
+    with pytest.raises(ValueError, match="need_lse=True: the pre-3606 get_ps_metadata_v1 has no need_lse"):
+        plan_ps_prefill([0, 10], [0, 10], [10], num_heads_k=16, cu_num=256, need_lse=True)
+    with pytest.raises(ValueError, match="need_lse=1 is invalid: must be a bool"):
+        plan_ps_prefill([0, 10], [0, 10], [10], num_heads_k=16, cu_num=256, revision="v0.1.22", need_lse=1)
+
+
 def test_post3606_info_validation():
-    with pytest.raises(ValueError, match="max_kvlen=100.*pre-#3606"):
+    with pytest.raises(ValueError, match="max_kvlen=100.*the v0.1.22 get_ps_metadata_info_v1 has no such"):
+        ps_metadata_info(1, 16, 10, cu_num=256, revision="v0.1.22", max_kvlen=100)
+    with pytest.raises(ValueError, match="revision='v0.1.21' is unknown: allowed pre-3606, pr3606-ref, v0.1.22"):
+        ps_metadata_info(1, 16, 10, cu_num=256, revision="v0.1.21")
+    with pytest.raises(ValueError, match="max_kvlen=100.*the pre-3606"):
         ps_metadata_info(1, 16, 10, cu_num=256, max_kvlen=100)
     with pytest.raises(ValueError, match="max_kvlen=-1"):
-        ps_metadata_info(1, 16, 10, cu_num=256, post_3606=True, max_kvlen=-1)
+        ps_metadata_info(1, 16, 10, cu_num=256, revision="pr3606-ref", max_kvlen=-1)
     with pytest.raises(ValueError, match="kvlen_granularity=0"):
-        ps_metadata_info(1, 16, 10, cu_num=256, post_3606=True, kvlen_granularity=0)
+        ps_metadata_info(1, 16, 10, cu_num=256, revision="pr3606-ref", kvlen_granularity=0)
     # max_kvlen=None and 0 fall back to max_qlen (AITER: ``max_kvlen or max_qlen``)
-    a = ps_metadata_info(2, 16, 1000, cu_num=256, post_3606=True)
-    assert a == ps_metadata_info(2, 16, 1000, cu_num=256, post_3606=True, max_kvlen=0)
+    a = ps_metadata_info(2, 16, 1000, cu_num=256, revision="pr3606-ref")
+    assert a == ps_metadata_info(2, 16, 1000, cu_num=256, revision="pr3606-ref", max_kvlen=0)
     # tiles = 2*4 = 8, kv_splits = ceil(1000/128) = 8, cpc = 16: 8 * (8 + 16) = 192 slots, x16 heads works
     assert a["reduce_partial_map"] == ((192,), "int32") and a["work_info"] == ((192 * 16, 8), "int32")
 
@@ -260,7 +296,7 @@ def test_post3606_info_validation():
 
 
 def check_plan(qo: list[int], kvp: list[int], ctx: list[int], num_heads: int, cu_num: int, causal: bool,
-               plan: PsPlan, post_3606: bool = False) -> dict:
+               plan: PsPlan, revision: str = "pre-3606", need_lse: bool | None = None) -> dict:
     """Check a plan against the semantics in docs/aiter-contract.md (#work-info), independently of how the
     planner builds it. Returns a few statistics. Assumes block_size 1 and default buffer sizes.
 
@@ -271,12 +307,15 @@ def check_plan(qo: list[int], kvp: list[int], ctx: list[int], num_heads: int, cu
     without gaps or overlaps and none starts at or after ``kmax`` (a work that could only touch
     masked keys). Ends are bounded by kv_len separately.
 
-    Revision semantics: pre-#3606 a tile computed by one work has loc -1 and no reduce group, split
-    tiles have >= 2 partials; post-#3606 every work has a slot and every tile with works a group.
+    Semantics: without need_lse (pre-#3606, or v0.1.22 with need_lse=False) a tile computed by one work
+    has loc -1 and no reduce group, split tiles have >= 2 partials; with need_lse (v0.1.22 need_lse=True,
+    or the pr3606-ref revision) every work that reads keys has a slot and every such tile a group.
     """
     nb = len(ctx)
-    extra = dict(post_3606=True, max_kvlen=max(ctx)) if post_3606 else {}
-    info = ps_metadata_info(nb, num_heads, max(qo[b + 1] - qo[b] for b in range(nb)), 256, cu_num=cu_num, **extra)
+    post_3606 = need_lse is True or revision == "pr3606-ref"
+    extra = dict(max_kvlen=max(ctx)) if revision == "pr3606-ref" else {}
+    info = ps_metadata_info(nb, num_heads, max(qo[b + 1] - qo[b] for b in range(nb)), 256, cu_num=cu_num,
+                            revision=revision, **extra)
     assert plan.buffer_lengths == buffer_lengths_from_info(info)
     nw, ng, npart = plan.num_works, plan.num_reduce_groups, plan.num_partials
     assert nw <= info["work_info"][0][0]
@@ -337,6 +376,8 @@ def check_plan(qo: list[int], kvp: list[int], ctx: list[int], num_heads: int, cu
                 locs = tuple(loc for _, _, loc in ws)
                 if len(ws) == 1 and not post_3606:
                     assert locs == (-1,), f"seq {b} tile {i} head {h}: single work must have loc -1"
+                elif len(ws) == 1 and ws[0][0] == ws[0][1] and revision == "v0.1.22":
+                    assert locs == (-1,), f"seq {b} tile {i} head {h}: a work without keys gets no slot"
                 elif len(ws) == 1:
                     assert locs[0] >= 0, f"seq {b} tile {i} head {h}: post-#3606 work without a partial slot"
                 else:
@@ -433,13 +474,13 @@ def _random_config(seed: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("post", [False, True], ids=["pre3606", "post3606"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("seed", range(N_RANDOM))
-def test_random_config_invariants(seed, post):
+def test_random_config_invariants(seed, mode):
     c = _random_config(seed)
     plan = plan_ps_prefill(c["qo"], c["kv"], c["ctx"], num_heads_k=c["heads"], cu_num=c["cu"], is_causal=c["causal"],
-                           post_3606=post)
-    check_plan(c["qo"], c["kv"], c["ctx"], c["heads"], c["cu"], c["causal"], plan, post)
+                           **MODES[mode])
+    check_plan(c["qo"], c["kv"], c["ctx"], c["heads"], c["cu"], c["causal"], plan, **MODES[mode])
 
 
 def _mutated(plan: PsPlan, row: int, col: int, value: int) -> PsPlan:
@@ -515,13 +556,14 @@ def _build(qlens, kvlens):
     return qo, kv, list(kvlens)
 
 
-@pytest.mark.parametrize("post", [False, True], ids=["pre3606", "post3606"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", list(EDGE_CASES))
-def test_edge_case_invariants(name, post):
+def test_edge_case_invariants(name, mode):
     qlens, kvlens, heads, cu, causal = EDGE_CASES[name]
     qo, kv, ctx = _build(qlens, kvlens)
-    plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, post_3606=post)
-    check_plan(qo, kv, ctx, heads, cu, causal, plan, post)
+    plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, **MODES[mode])
+    check_plan(qo, kv, ctx, heads, cu, causal, plan, **MODES[mode])
+    post = plan.need_lse
     if name == "all-kv-zero":
         assert plan.num_works == 0  # no units: no TG has capacity (kv_len = 0)
     if name in ("cu1", "heads-eq-cu", "heads-multiple-of-cu"):
@@ -540,14 +582,14 @@ BRUTE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("post", [False, True], ids=["pre3606", "post3606"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("case", range(len(BRUTE_CASES)))
-def test_brute_force_coverage(case, post):
+def test_brute_force_coverage(case, mode):
     qlens, kvlens, heads, cu, causal = BRUTE_CASES[case]
     qo, kv, ctx = _build(qlens, kvlens)
-    plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, post_3606=post)
+    plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, **MODES[mode])
     brute_force_coverage(qo, kv, ctx, heads, causal, plan)
-    check_plan(qo, kv, ctx, heads, cu, causal, plan, post)
+    check_plan(qo, kv, ctx, heads, cu, causal, plan, **MODES[mode])
 
 
 def test_brute_force_random_small():
@@ -643,7 +685,7 @@ def test_large_batch_plan():
     qo = [i * 16384 for i in range(17)]
     plan = plan_ps_prefill(qo, qo, [16384] * 16, num_heads_k=128, cu_num=256)
     assert plan.num_works == 128 * 1024 and plan.num_partials == 0  # 2 TGs per cluster: nothing split
-    post = plan_ps_prefill(qo, qo, [16384] * 16, num_heads_k=128, cu_num=256, post_3606=True)
+    post = plan_ps_prefill(qo, qo, [16384] * 16, num_heads_k=128, cu_num=256, revision="v0.1.22", need_lse=True)
     assert post.num_works == plan.num_works
     assert post.num_partials == post.num_reduce_groups == 1024  # post-#3606: one slot per work of a head
 

@@ -269,6 +269,24 @@ def test_lse_gap_cases_break_before_3606_only(monkeypatch, version, broken):
             assert rec["status"] == "ok" and rec["lse_nonfinite_count"] == 0 and rec["lse_rel_error_fp8_ref"] < 1e-5
 
 
+def test_a_caller_forgetting_need_lse_at_0_1_22_reproduces_the_gap_and_is_caught(monkeypatch):
+    """v0.1.22 fixes the gap only for callers that pass need_lse=True: the omit_need_lse fault (need_lse left
+    at its default False) leaves the unsplit rows' final_lse unwritten again, and the record says so."""
+    from mla_fp8_bench.analysis.faults import FaultyEmulated
+
+    monkeypatch.setenv("MLA_FP8_BENCH_EMU_AITER_VERSION", "0.1.22")
+    for cid in ("ctx100-q64", "prefix256-q100"):
+        ctx = CaseContext(parse_case_id(cid), CPU, None)
+        opts = RunOptions(timing=False, determinism=False)
+        healthy = evaluate_one(FaultyEmulated(), ctx, CPU, opts).as_dict()
+        assert healthy["status"] == "ok" and healthy["lse_nonfinite_count"] == 0 and healthy["need_lse"][-1] is True
+        rec = evaluate_one(FaultyEmulated(faults="omit_need_lse"), ctx, CPU, opts).as_dict()
+        assert rec["need_lse"] == [None] * len(rec["need_lse"])  # not passed
+        assert rec["lse_nonfinite_count"] > 0 and rec["lse_rel_error_fp8_ref"] == math.inf
+        if cid.startswith("prefix"):
+            assert rec["status"] == "error" and rec["nonfinite_count_fp8_ref"] > 0
+
+
 def test_asv_grid_has_chunk_cases_and_caps_them_by_keys(monkeypatch):
     from mla_fp8_bench.harness import asv_support
 

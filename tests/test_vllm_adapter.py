@@ -416,7 +416,7 @@ def test_context_chunk_and_prefix_cases_are_skips_naming_vllm_52356(monkeypatch,
 @pytest.mark.parametrize("aiter_version", [(0, 1, 20), (0, 1, 22)])
 def test_vllm_0_33_runs_on_both_aiter_revisions_without_max_kvlen(monkeypatch, aiter_version):
     """vLLM 0.33 calls get_ps_metadata_info_v1 without max_kvlen; on a #3606 aiter (0.1.22) the path still
-    equals aiter-emulated of that revision bit for bit, and the reservation grows with the looser bound."""
+    equals aiter-emulated of that revision bit for bit, and the reservation follows that release's bound."""
     adapter, _, _ = _install(monkeypatch, "0.29")  # 0.29/0.30 reserve from AITER's info bound
     aiter = _standin(aiter_version=aiter_version)
     b = adapter(aiter)
@@ -434,7 +434,7 @@ def test_vllm_0_33_runs_on_both_aiter_revisions_without_max_kvlen(monkeypatch, a
     stats = b.plan_stats(parse_case_id("ragged-300-40-cast"), CPU)
     cpc = CU // math.gcd(16, CU)
     slots = (min(2 + cpc - 1, 2 * (cpc - 1)) * 2 if aiter_version < (0, 1, 22)
-             else 2 * 2 * (max(1, -(-300 // 128)) + cpc))  # info bound of each revision (max_kvlen None)
+             else 2 * 2 + cpc - 1)  # info bound of each release (v0.1.22: B*T + cpc - 1)
     rows = slots * TILE
     want = sum((n + 255) // 256 * 256 for n in (rows * 16 * 128 * 4, rows * 16 * 4, 340 * 16 * 4))
     assert stats["reserved_workspace_bytes"] == stats["workspace_bytes"] == want

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_fp8_bench.aiter_ps.facts import KV_TILE, Q_TILE, unpack_q_head_range
+from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpack_q_head_range
 
 __all__ = [
     "KERNEL_FAULTS",
@@ -512,6 +512,8 @@ def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, 
                 f"reduce group {g}: maps too short (final_map {len(fmap)} rows, partial_map {len(pmap)})"
             )
         q0, q1 = (int(v) for v in fmap[g])
+        if hi - lo == 1 and pmap[lo] == -1:
+            continue  # a group of one runs only with a real slot
         if q1 > q0:
             out.append((g, q0, q1, pmap[lo:hi]))
     return out
@@ -660,16 +662,16 @@ def _check_lengths(cu_q: torch.Tensor, cu_kv: torch.Tensor, causal: bool) -> Non
 
 def plan_emulated(cu_q: torch.Tensor, cu_kv: torch.Tensor, *, num_heads: int, cu_num: int, causal: bool,
                   post_3606: bool):
-    """The planner port's plan for a prefill or context chunk, with the kernel's fixed keywords
+    """The v0.1.22 planner port's plan for a prefill or context chunk, with the kernel's fixed keywords
     (``qlen_granularity=256``, ``kvlen_granularity=128``, ``block_size=1``, ``qhead_granularity=1``,
-    ``gqa_ratio=1``, ``context_lens`` = kv lengths) and the partial-slot semantics of
-    ``post_3606``."""
+    ``gqa_ratio=1``, ``context_lens`` = kv lengths) and ``need_lse=post_3606`` (False plans as the
+    pre-#3606 planner does)."""
     from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
 
     kv_lens = (cu_kv[1:] - cu_kv[:-1]).to(torch.int32).contiguous()
     return plan_ps_prefill(cu_q, cu_kv, kv_lens, num_heads_k=num_heads, cu_num=int(cu_num), gqa_ratio=1,
                            qhead_granularity=1, qlen_granularity=Q_TILE, kvlen_granularity=KV_TILE, block_size=1,
-                           is_causal=bool(causal), post_3606=bool(post_3606))
+                           is_causal=bool(causal), revision=PLANNER_V0_1_22, need_lse=bool(post_3606))
 
 
 def run_emulated_prefill(
@@ -714,8 +716,8 @@ def run_emulated_prefill(
         poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
         cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``
             (q_len == kv_len). A context chunk has q_len < kv_len.
-        post_3606: ROCm/aiter#3606 semantics (AITER v0.1.22+): every work gets a partial slot and the
-            reduce runs for every tile; False for AITER <= v0.1.21.
+        post_3606: the v0.1.22 planner with ``need_lse=True`` (ROCm/aiter#3606): every work gets a partial
+            slot and the reduce runs for every tile; False plans as AITER <= v0.1.21 (= ``need_lse=False``).
 
     Returns:
         ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.

@@ -18,6 +18,7 @@ import inspect
 import re
 import types
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -43,11 +44,20 @@ __all__ = [
     "WORK_INFO_FIELDS",
     "WORK_INFO_COLS",
     "WI",
+    "AITER_OP_NAMESPACE",
+    "Detected",
+    "NEED_LSE_FIRST_VERSION",
+    "PLANNER_PRE_3606",
+    "PLANNER_PR_3606_REF",
+    "PLANNER_REVISIONS",
+    "PLANNER_V0_1_22",
     "aiter_version_of",
+    "detect_planner_revision",
     "detect_reduce_arity",
+    "effective_version",
+    "op_params",
     "dist_version",
     "format_version",
-    "has_param",
     "import_aiter",
     "is_post_3606",
     "kvlen_granularity_for",
@@ -55,6 +65,7 @@ __all__ = [
     "parse_aiter_version",
     "parse_aiter_version_or_none",
     "planner_markers",
+    "planner_revision_for",
     "reduce_arity_for_version",
     "reduce_heads_for",
     "unpack_q_head_range",
@@ -168,8 +179,32 @@ NEWEST_MODELLED_VERSION: Version = (0, 1, 22)
 """Newest AITER release the suite models (the default emulated version)."""
 
 POST_3606_MARKER = ("get_ps_metadata_info_v1", "max_kvlen")
-"""``(function, parameter)``: a ``max_kvlen`` parameter of ``get_ps_metadata_info_v1`` means #3606
-semantics (vLLM keys on the same test). ``need_lse`` in ``get_ps_metadata_v1`` is *not* a marker."""
+"""``(function, parameter)`` of the ``refs/pull/3606/merge`` revision of 2026-08-22 (the pre-merge PR): a
+``max_kvlen`` parameter of the pure-Python ``get_ps_metadata_info_v1``. The merged #3606 (v0.1.22) has no
+such parameter; its marker is ``need_lse`` in the ``get_ps_metadata_v1`` op schema."""
+
+PLANNER_PRE_3606 = "pre-3606"
+"""Planner up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group;
+``get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256)`` sizes
+``reduce_partial_map`` as ``min(B + cpc - 1, 2 * (cpc - 1)) * T`` slots."""
+
+PLANNER_PR_3606_REF = "pr3606-ref"
+"""``refs/pull/3606/merge`` of 2026-08-22 (``b97d239``), never released: every work gets a slot, there is
+no ``need_lse``, and ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``."""
+
+PLANNER_V0_1_22 = "v0.1.22"
+"""ROCm/aiter#3606 as merged (v0.1.22, v0.1.22.post1): ``get_ps_metadata_v1`` gains ``need_lse`` as its last
+parameter (``False`` keeps the pre-#3606 plan, ``True`` gives every tile a slot and a reduce group), and
+``get_ps_metadata_info_v1`` keeps its four parameters, sizing ``reduce_partial_map`` as ``B * T + cpc - 1``."""
+
+PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22)
+"""The planner revisions the suite models (docs/aiter-contract.md#pr-3606)."""
+
+NEED_LSE_FIRST_VERSION: Version = (0, 1, 22)
+"""First release whose ``get_ps_metadata_v1`` takes ``need_lse``."""
+
+AITER_OP_NAMESPACE = "aiter"
+"""``torch.ops`` namespace AITER registers its compiled ops in (``torch_compile_guard``)."""
 
 REDUCE_HEADS_BY_VERSION: tuple[tuple[Version, tuple[int, ...]], ...] = (
     ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)),  # as at v0.1.10.post1, the earliest documented
@@ -250,69 +285,149 @@ def reduce_arity_for_version(version: str | Iterable[int]) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# signature markers
+# feature detection on an installed aiter (real or stand-in)
 # ----------------------------------------------------------------------------------------------
 
 
-def has_param(fn: Any, name: str) -> bool | None:
-    """Whether callable ``fn`` has parameter ``name``; None when its signature cannot be read."""
+@dataclass(frozen=True)
+class Detected:
+    """One detected feature: ``value`` (None when it could not be told) and ``source``: where it was read
+    (``"op schema aiter::mla_reduce_v1"``, ``"facts table at AITER 0.1.20 (...)"``) or, when ``value`` is
+    None, the reason naming what could not be read."""
+
+    value: Any
+    source: str
+
+
+def planner_revision_for(version: str | Iterable[int]) -> str:
+    """The released planner revision at ``version``: :data:`PLANNER_V0_1_22` from 0.1.22, else
+    :data:`PLANNER_PRE_3606` (the pre-merge :data:`PLANNER_PR_3606_REF` was never released)."""
+    return PLANNER_V0_1_22 if parse_aiter_version(version) >= NEED_LSE_FIRST_VERSION else PLANNER_PRE_3606
+
+
+def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
+    """Parameter names of op ``name`` as registered with torch (``torch.ops.<ns>.<name>.default._schema``,
+    ``ns`` = ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`), and where they were read.
+
+    AITER's Python objects are ``(*args, **kwargs)`` wrappers (``compile_ops`` / ``torch_compile_guard``), so
+    their ``inspect.signature`` says nothing; the registered schema carries the binding's real names. The
+    leading ``dummy`` tensor AITER adds to ops whose first parameter is not a tensor is dropped.
+
+    Returns:
+        ``(names, "op schema ns::name")``, or ``(None, reason)`` when no such op is registered.
+    """
+    import torch
+
+    ns = getattr(module, "aiter_op_namespace", AITER_OP_NAMESPACE)
     try:
-        return name in inspect.signature(fn).parameters
+        schema = getattr(getattr(torch.ops, ns), name).default._schema
+    except (AttributeError, RuntimeError) as exc:
+        return None, f"no registered op {ns}::{name} ({type(exc).__name__})"
+    names = tuple(a.name for a in schema.arguments)
+    if names[:1] == ("dummy",):
+        names = names[1:]
+    return names, f"op schema {ns}::{name}"
+
+
+def _version_source(version: Any) -> tuple[Version | None, str]:
+    ver = parse_aiter_version_or_none(version)
+    return ver, (f"facts table at AITER {format_version(ver)}" if ver is not None else "no readable AITER version")
+
+
+def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
+    """The ``mla_reduce_v1`` form of ``module``: 9 (``num_kv_splits``), 8 (``max_seqlen_q`` only) or 7.
+
+    From the registered op schema (:func:`op_params`), else from the facts table at ``version``
+    (:func:`reduce_arity_for_version`), else ``Detected(None, reason)`` naming what could not be read.
+    Never from the wrapper's ``inspect.signature``.
+    """
+    params, src = op_params(module, "mla_reduce_v1")
+    if params is not None:
+        return Detected(9 if "num_kv_splits" in params else 8 if "max_seqlen_q" in params else 7, src)
+    ver, vsrc = _version_source(version)
+    if ver is not None:
+        return Detected(reduce_arity_for_version(ver), f"{vsrc} ({src})")
+    return Detected(None, f"mla_reduce_v1's form cannot be told: {src} and {vsrc}")
+
+
+def _plain_params(fn: Any) -> tuple[str, ...] | None:
+    """Parameter names of a plain Python function; None for a ``(*args, **kwargs)`` wrapper or unreadable."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    return tuple(p.name for p in params)
 
 
-def detect_reduce_arity(fn: Any) -> int:
-    """7, 8 or 9: the ``mla_reduce_v1`` form from its signature (``num_kv_splits`` -> 9,
-    ``max_seqlen_q`` only -> 8, neither -> 7). An unreadable signature is taken as the current 9."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return 9
-    if "num_kv_splits" in params:
-        return 9
-    if "max_seqlen_q" in params:
-        return 8
-    return 7
+def detect_planner_revision(module: Any, version: Any = None) -> Detected:
+    """Which planner revision ``module`` ships (:data:`PLANNER_REVISIONS`).
+
+    ``need_lse`` in the ``get_ps_metadata_v1`` op schema: :data:`PLANNER_V0_1_22`; else ``max_kvlen`` in the
+    pure-Python ``get_ps_metadata_info_v1``: :data:`PLANNER_PR_3606_REF`; else :data:`PLANNER_PRE_3606`.
+    Without a registered planner op: the facts table at ``version``; else ``Detected(None, reason)``.
+    """
+    params, src = op_params(module, "get_ps_metadata_v1")
+    if params is None:
+        ver, vsrc = _version_source(version)
+        if ver is None:
+            return Detected(None, f"the planner revision cannot be told: {src} and {vsrc}")
+        return Detected(planner_revision_for(ver), f"{vsrc} ({src})")
+    if "need_lse" in params:
+        return Detected(PLANNER_V0_1_22, src)
+    info = _plain_params(getattr(module, POST_3606_MARKER[0], None))
+    if info is not None and POST_3606_MARKER[1] in info:
+        return Detected(PLANNER_PR_3606_REF, f"{src}; max_kvlen in get_ps_metadata_info_v1")
+    return Detected(PLANNER_PRE_3606, src)
+
+
+def effective_version(version: Version | None, reduce_arity: int | None,
+                      planner_revision: str | None) -> Version | None:
+    """The version to key version-only facts (reduce head sets) on: the larger of the reported ``version``
+    and the first release with the detected features (a source build reports 0.1.0, so its version alone
+    under-reports). None when nothing is known."""
+    floor: list[Version] = []
+    if reduce_arity == 9:
+        floor.append(REDUCE_9_ARG_VERSION)
+    elif reduce_arity == 8:
+        floor.append(REDUCE_8_ARG_VERSION)
+    if planner_revision is not None:
+        floor.append(PS_PREFILL_FIRST_VERSION)
+    if planner_revision == PLANNER_PR_3606_REF:
+        floor.append((0, 1, 20))  # the PR ref sits on main after v0.1.20.post1
+    if planner_revision == PLANNER_V0_1_22:
+        floor.append(NEED_LSE_FIRST_VERSION)
+    cands = [v for v in [version, *floor] if v is not None]
+    return max(cands) if cands else None
 
 
 def planner_markers(module: Any) -> dict[str, bool]:
-    """Optional planner keywords present in ``module`` (an ``aiter`` or the stand-in).
-
-    Keys: ``max_kvlen`` and ``kvlen_granularity`` (of ``get_ps_metadata_info_v1``; ``max_kvlen`` is
-    the #3606 marker, :data:`POST_3606_MARKER`) and ``need_lse`` (of ``get_ps_metadata_v1``; seen in
-    some later revisions, not a #3606 marker). A missing function or unreadable signature gives False.
-    """
-    out = {}
-    for fn_name, key in (("get_ps_metadata_info_v1", "max_kvlen"), ("get_ps_metadata_info_v1", "kvlen_granularity"),
-                         ("get_ps_metadata_v1", "need_lse")):
-        out[key] = bool(has_param(getattr(module, fn_name, None), key))
-    return out
+    """Optional planner parameters ``module`` exposes: ``need_lse`` (the ``get_ps_metadata_v1`` op schema)
+    and ``max_kvlen`` / ``kvlen_granularity`` (the pure-Python ``get_ps_metadata_info_v1``). Unreadable: False."""
+    params, _ = op_params(module, "get_ps_metadata_v1")
+    info = _plain_params(getattr(module, "get_ps_metadata_info_v1", None)) or ()
+    return {"max_kvlen": "max_kvlen" in info, "kvlen_granularity": "kvlen_granularity" in info,
+            "need_lse": bool(params) and "need_lse" in params}
 
 
 def is_post_3606(x: Any) -> bool:
-    """Whether ``x`` has ROCm/aiter#3606 semantics.
+    """Whether ``x`` has a planner that can give every tile a partial slot (ROCm/aiter#3606).
 
-    ``x`` is a version (``"0.1.22"``, ``(0, 1, 20)``): True from :data:`POST_3606_FIRST_VERSION`; or
-    an ``aiter`` module (real or stand-in) or its ``get_ps_metadata_info_v1``: True iff that function
-    has the ``max_kvlen`` parameter (:data:`POST_3606_MARKER`).
+    ``x`` is a version (``"0.1.22"``, ``(0, 1, 20)``): True from :data:`POST_3606_FIRST_VERSION`; or an
+    ``aiter`` module (real or stand-in): True when :func:`detect_planner_revision` finds the merged or the
+    pre-merge #3606 planner.
 
     Raises:
         AiterVersionError: ``x`` is a string or tuple that is not a version.
-        ValueError: a module without ``get_ps_metadata_info_v1`` or a function whose signature cannot be read.
+        ValueError: a module whose planner revision cannot be told (the message says what was missing).
     """
     if isinstance(x, (str, tuple, list)):
         return parse_aiter_version(x) >= POST_3606_FIRST_VERSION
-    fn_name, param = POST_3606_MARKER
-    fn = getattr(x, fn_name, None)
-    if fn is None and callable(x) and not isinstance(x, (type, types.ModuleType)):
-        fn = x  # the info function itself
-    if fn is None:
-        raise ValueError(f"{x!r} has no {fn_name}: cannot tell whether it has #3606 semantics")
-    found = has_param(fn, param)
-    if found is None:
-        raise ValueError(f"the signature of {fn!r} cannot be read: pass the AITER version instead")
-    return found
+    det = detect_planner_revision(x)
+    if det.value is None:
+        raise ValueError(det.source)
+    return det.value != PLANNER_PRE_3606
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,16 +1,17 @@
 """``mla-fp8-bench plan``: inspect AITER's PS prefill plan for a batch, without a GPU.
 
-Runs the planner port (:mod:`mla_fp8_bench.aiter_ps.planner`) for the AITER revision of ``--aiter``
-(below 0.1.22: pre-#3606; from 0.1.22: post-#3606, ``docs/aiter-contract.md#pr-3606``) and prints the
-works, the reduce groups, the partial slots used against those reserved by the info bounds, and the
-workspace bytes used against those reserved (by the info bound, and as vLLM's metadata builder reserves
-them, ``docs/aiter-contract.md#workspace``). ``--json`` writes the plan in the layout of the planner
-golden files (``tests/data/README.md``): ``{"config", "info_args", "info_shapes", "outputs"}`` (plus
-``info_shapes_max_kvlen_none`` post-#3606).
+Runs the planner port (:mod:`mla_fp8_bench.aiter_ps.planner`) for the AITER release of ``--aiter``
+(below 0.1.22: the pre-#3606 planner; from 0.1.22: the merged #3606 planner with ``need_lse``,
+``docs/aiter-contract.md#pr-3606``) and prints the works, the reduce groups, the partial slots used
+against those reserved by the info bound, and the workspace bytes used against those reserved (by the
+info bound, and as vLLM's metadata builder reserves them, ``docs/aiter-contract.md#workspace``).
+``need_lse`` defaults to what the callers pass (causal: False, vLLM's prefill path; non-causal context
+chunk: True); ``--need-lse 0|1`` sets it. ``--json`` writes the plan in the layout of the planner golden
+files (``tests/data/README.md``): ``{"config", "info_args", "info_shapes", "outputs"}``.
 
-Example::
+Example (vLLM #57923: the reservation of vLLM's <= 0.30 builder at max_num_seqs 1024)::
 
-    mla-fp8-bench plan --qo-lens 256,300 --kv-lens 4352,1300 --heads 16 --cu-num 256 --aiter 0.1.22
+    mla-fp8-bench plan --qo-lens 8192 --kv-lens 8192 --heads 16 --aiter 0.1.22 --vllm-max-num-seqs 1024
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Any
 
 from mla_fp8_bench.aiter_ps.facts import (
     KVLEN_GRANULARITY,
+    PLANNER_V0_1_22,
     PS_PREFILL_FIRST_VERSION,
     Q_TILE,
     WORK_INFO_FIELDS,
     format_version,
-    is_post_3606,
     parse_aiter_version,
+    planner_revision_for,
     reduce_heads_for,
     unpack_q_head_range,
 )
@@ -67,10 +69,19 @@ class PlanRequest:
     vllm_max_num_seqs: int = 0
     vllm_max_num_batched_tokens: int = 0
     vllm_max_model_len: int = 0
+    need_lse_given: bool | None = None
 
     @property
-    def post_3606(self) -> bool:
-        return is_post_3606(self.aiter_version)
+    def revision(self) -> str:
+        return planner_revision_for(self.aiter_version)
+
+    @property
+    def need_lse(self) -> bool | None:
+        """``need_lse`` passed to the v0.1.22 planner (given, else False causal / True non-causal); None for a
+        planner without the parameter."""
+        if self.revision != PLANNER_V0_1_22:
+            return None
+        return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
 
     @property
     def qo_indptr(self) -> list[int]:
@@ -148,12 +159,21 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
               if args.vllm_max_num_batched_tokens else max(1, sum(q)))
     model_len = (_int("--vllm-max-model-len", args.vllm_max_model_len, 1, INT32_MAX)
                  if args.vllm_max_model_len else max(1, max(kv)))
+    need_lse = None
+    if args.need_lse is not None:
+        if str(args.need_lse) not in ("0", "1"):
+            raise ValueError(f"--need-lse={args.need_lse!r} is invalid: allowed 0 or 1")
+        if planner_revision_for(version) != PLANNER_V0_1_22:
+            raise ValueError(f"--need-lse: the planner of AITER {format_version(version)} has no need_lse"
+                             " (added in 0.1.22)")
+        need_lse = args.need_lse == "1"
     json_path = None
     if args.json is not None:
         from mla_fp8_bench.jsonio import check_output_path
 
         json_path = str(check_output_path(args.json, "--json"))
-    return PlanRequest(q, kv, heads, cu_num, version, not args.non_causal, json_path, limit, seqs, tokens, model_len)
+    return PlanRequest(q, kv, heads, cu_num, version, not args.non_causal, json_path, limit, seqs, tokens, model_len,
+                       need_lse)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,34 +181,28 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
 # ----------------------------------------------------------------------------------------------
 
 
-def _info_args(req: PlanRequest, max_kvlen: int | None) -> dict[str, Any]:
-    args: dict[str, Any] = {"batch_size": len(req.q_lens), "num_head_k": req.num_heads,
-                            "max_qlen": max(req.q_lens), "qlen_granularity": Q_TILE}
-    if req.post_3606:
-        args.update(max_kvlen=max_kvlen, kvlen_granularity=KVLEN_GRANULARITY)
-    return args
+def _info_args(req: PlanRequest) -> dict[str, Any]:
+    return {"batch_size": len(req.q_lens), "num_head_k": req.num_heads, "max_qlen": max(req.q_lens),
+            "qlen_granularity": Q_TILE}
 
 
-def _info(req: PlanRequest, max_kvlen: int | None) -> dict[str, tuple[tuple[int, ...], str]]:
-    a = _info_args(req, max_kvlen)
-    extra = {"post_3606": True, "max_kvlen": a["max_kvlen"], "kvlen_granularity": a["kvlen_granularity"]} \
-        if req.post_3606 else {}
-    return ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], Q_TILE, cu_num=req.cu_num, **extra)
+def _info(req: PlanRequest) -> dict[str, tuple[tuple[int, ...], str]]:
+    a = _info_args(req)
+    return ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], Q_TILE, cu_num=req.cu_num,
+                            revision=req.revision)
 
 
 def _shapes(info) -> dict[str, dict[str, Any]]:
     return {k: {"shape": list(shape), "dtype": dt} for k, (shape, dt) in info.items()}
 
 
-def run_plan(req: PlanRequest) -> tuple[PsPlan, dict, dict | None]:
-    """Plan ``req``: ``(plan, info, info_max_kvlen_none)``; the last is None pre-#3606.
+def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
+    """Plan ``req``: ``(plan, info)``.
 
-    The info call passes ``max_kvlen`` = the batch's largest kv_len post-#3606 (as the golden files
-    do). The plan is computed with room for every work (the info bound may be smaller than the use
-    for inputs AITER never sees); :func:`plan_record` reports the info sizes as the buffer lengths.
+    The plan is computed with room for every work (the info bound may be smaller than the use for
+    inputs AITER never sees); :func:`plan_record` reports the info sizes as the buffer lengths.
     """
-    info = _info(req, max(req.kv_lens))
-    info_none = _info(req, None) if req.post_3606 else None
+    info = _info(req)
     lengths = buffer_lengths_from_info(info)
     tiles = sum(math.ceil(x / Q_TILE) for x in req.q_lens)
     tgs = req.cu_num // math.gcd(req.num_heads, req.cu_num)
@@ -196,13 +210,14 @@ def run_plan(req: PlanRequest) -> tuple[PsPlan, dict, dict | None]:
                  reduce_partial_map=max(lengths["reduce_partial_map"], tiles + tgs))
     plan = plan_ps_prefill(req.qo_indptr, req.kv_indptr, list(req.kv_lens), num_heads_k=req.num_heads,
                            cu_num=req.cu_num, qlen_granularity=Q_TILE, kvlen_granularity=KVLEN_GRANULARITY,
-                           block_size=1, is_causal=req.is_causal, buffer_lengths=roomy, post_3606=req.post_3606)
-    return plan, info, info_none
+                           block_size=1, is_causal=req.is_causal, buffer_lengths=roomy, revision=req.revision,
+                           need_lse=req.need_lse)
+    return plan, info
 
 
-def plan_record(req: PlanRequest, plan: PsPlan, info: dict, info_none: dict | None) -> dict[str, Any]:
-    """The plan as one record of the planner golden files: ``config``, ``info_args``, ``info_shapes``,
-    (post-#3606) ``info_shapes_max_kvlen_none`` and ``outputs`` with the golden files' keys."""
+def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
+    """The plan as one record of the planner golden files: ``config`` (with ``need_lse`` for the v0.1.22
+    planner), ``info_args``, ``info_shapes`` and ``outputs`` with the golden files' keys."""
     ng, npart = plan.num_reduce_groups, plan.num_partials
     config = {"cu_num": req.cu_num, "num_heads_k": req.num_heads, "gqa_ratio": 1, "qhead_granularity": 1,
               "qlen_granularity": Q_TILE, "kvlen_granularity": KVLEN_GRANULARITY, "block_size": 1,
@@ -210,7 +225,9 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict, info_none: dict | No
               "seq_lens_kv": list(req.kv_lens), "max_qlen": max(req.q_lens), "max_kvlen": max(req.kv_lens),
               "seqlens_qo_indptr": req.qo_indptr, "pages_kv_indptr": req.kv_indptr,
               "context_lens": list(req.kv_lens), "aiter_version": format_version(req.aiter_version),
-              "post_3606": req.post_3606}
+              "planner_revision": req.revision}
+    if req.need_lse is not None:
+        config["need_lse"] = req.need_lse
     lengths = buffer_lengths_from_info(info)
     outputs = {
         "work_indptr": plan.work_indptr[: lengths["work_indptr"]].tolist(),
@@ -223,12 +240,7 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict, info_none: dict | No
         "reduce_partial_map": plan.used_reduce_partial_map.tolist(),
         "buffer_lengths": lengths,
     }
-    rec: dict[str, Any] = {"config": config, "info_args": _info_args(req, max(req.kv_lens)),
-                           "info_shapes": _shapes(info)}
-    if info_none is not None:
-        rec["info_shapes_max_kvlen_none"] = _shapes(info_none)
-    rec["outputs"] = outputs
-    return rec
+    return {"config": config, "info_args": _info_args(req), "info_shapes": _shapes(info), "outputs": outputs}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,23 +252,17 @@ def _vllm_info_slots(req: PlanRequest) -> int:
     """``reduce_partial_map`` size of vLLM's info call: ``(max_num_reqs, H_padded, max_prefill_qlen, 256)``,
     no ``max_kvlen`` (``max_prefill_qlen = min(max_model_len, max_num_batched_tokens)``)."""
     max_qlen = min(req.vllm_max_model_len, req.vllm_max_num_batched_tokens)
-    extra = {"post_3606": True} if req.post_3606 else {}
     info = ps_metadata_info(req.vllm_max_num_seqs, vllm_padded_heads(req.num_heads), max_qlen, Q_TILE,
-                            cu_num=req.cu_num, **extra)
+                            cu_num=req.cu_num, revision=req.revision)
     return info["reduce_partial_map"][0][0]
 
 
-def size_rows(req: PlanRequest, plan: PsPlan, info: dict,
-              info_none: dict | None) -> list[tuple[str, int, WorkspaceBytes]]:
-    """``(what, partial slots, bytes)`` rows: used, reserved by the info bound(s), reserved by vLLM's builder."""
+def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int, WorkspaceBytes]]:
+    """``(what, partial slots, bytes)`` rows: used, reserved by the info bound, reserved by vLLM's builder."""
     h, tokens = req.num_heads, sum(req.q_lens)
     rows = [("used (live reduce_indptr[-1])", plan.num_partials, workspace_bytes(plan.num_partials, tokens, h))]
     bound = info["reduce_partial_map"][0][0]
-    label = "info bound (max_kvlen = largest kv_len)" if req.post_3606 else "info bound"
-    rows.append((f"reserved: {label}", bound, workspace_bytes(bound, tokens, h)))
-    if info_none is not None:
-        b2 = info_none["reduce_partial_map"][0][0]
-        rows.append(("reserved: info bound (max_kvlen=None)", b2, workspace_bytes(b2, tokens, h)))
+    rows.append(("reserved: info bound", bound, workspace_bytes(bound, tokens, h)))
     hp = vllm_padded_heads(h)
     vt = req.vllm_max_num_batched_tokens
     pad = vt * hp * V_HEAD_DIM * 2 if hp != h else 0  # bf16 output scratch for padded heads
@@ -309,9 +315,9 @@ def _print_groups(console, req: PlanRequest, plan: PsPlan) -> None:
         _line(console, f"  {g:>6} [{fm[g][0]}, {fm[g][1]}) <- {' '.join(map(str, pm[ind[g]:ind[g + 1]]))}")
 
 
-def print_report(console, req: PlanRequest, plan: PsPlan, info: dict, info_none: dict | None) -> None:
+def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
     """Print the plan: header, works, reduce groups, partial slots and workspace bytes used vs reserved."""
-    sem = "post-#3606" if req.post_3606 else "pre-#3606"
+    sem = f"{req.revision} planner" + ("" if req.need_lse is None else f", need_lse={req.need_lse}")
     _line(console, f"AITER {format_version(req.aiter_version)} ({sem}), cu_num={req.cu_num}, num_heads={req.num_heads},"
                    f" {'causal (bottom-right)' if req.is_causal else 'non-causal'}, B={len(req.q_lens)},"
                    f" q tokens={sum(req.q_lens)}, kv tokens={sum(req.kv_lens)}")
@@ -321,11 +327,12 @@ def print_report(console, req: PlanRequest, plan: PsPlan, info: dict, info_none:
     _print_works(console, req, plan)
     _print_groups(console, req, plan)
     _line(console, f"work_info rows: used {plan.num_works:,}, info bound {info['work_info'][0][0]:,}")
-    _line(console, f"partial slots ({Q_TILE} rows each) and fp32 workspace bytes"
-                   " (partial output + partial LSE + final LSE [+ padded-head output scratch]):")
-    for label, slots, wb in size_rows(req, plan, info, info_none):
+    _line(console, f"partial slots ({Q_TILE} rows each) and fp32 workspace bytes: all buffers (partial output +"
+                   " partial LSE + final LSE [+ padded-head output scratch]), then the partial output alone:")
+    for label, slots, wb in size_rows(req, plan, info):
         short = "  (fewer slots than used: too small for this batch)" if slots < plan.num_partials else ""
-        _line(console, f"  {label:<52} {slots:>12,} slots {_gib(wb.total)}{short}")
+        _line(console, f"  {label:<52} {slots:>12,} slots {_gib(wb.total)}  partials"
+                       f" {wb.partial_output / 2**30:>9,.3f} GiB{short}")
     _line(console, f"  (vLLM builder inputs: max_num_seqs={req.vllm_max_num_seqs},"
                    f" max_num_batched_tokens={req.vllm_max_num_batched_tokens},"
                    f" max_model_len={req.vllm_max_model_len}; set with --vllm-*)")
@@ -338,12 +345,12 @@ def cmd_plan(args: argparse.Namespace, console) -> int:
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
-    plan, info, info_none = run_plan(req)
-    print_report(console, req, plan, info, info_none)
+    plan, info = run_plan(req)
+    print_report(console, req, plan, info)
     if req.json_path is not None:
         from mla_fp8_bench.jsonio import write_json_atomic
 
-        write_json_atomic(plan_record(req, plan, info, info_none), req.json_path, indent=None)
+        write_json_atomic(plan_record(req, plan, info), req.json_path, indent=None)
         console.print(f"wrote {req.json_path}", highlight=False)
     return 0
 
@@ -358,7 +365,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--heads", required=True, help="num_heads (= KV heads, MHA)")
     p.add_argument("--cu-num", default="256", help="device CU count (256 on MI355X)")
     p.add_argument("--aiter", default=format_version((0, 1, 22)),
-                   help="AITER version whose planner semantics to use; below 0.1.22 = pre-#3606 (default 0.1.22)")
+                   help="AITER version whose planner to use; below 0.1.22 = pre-#3606 (default 0.1.22)")
+    p.add_argument("--need-lse", default=None, metavar="0|1",
+                   help="need_lse for the 0.1.22 planner (default: 0 causal, 1 with --non-causal, as callers pass it)")
     p.add_argument("--non-causal", action="store_true", help="non-causal (a context chunk); default causal")
     p.add_argument("--json", metavar="PATH", help="write the plan in the planner golden files' layout")
     p.add_argument("--limit", default="16", help="works and reduce groups to print (default 16)")

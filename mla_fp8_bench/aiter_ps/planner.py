@@ -1,4 +1,4 @@
-"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, both revisions.
+"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, three revisions.
 
 Ports two AITER functions so that the suite can plan, inspect and emulate the FP8 MLA prefill
 without ROCm:
@@ -9,15 +9,19 @@ without ROCm:
   ``csrc/include/ps.h``) -> :func:`plan_ps_prefill` (returns a :class:`PsPlan`) and
   :func:`fill_aiter_buffers` (writes a plan into caller-provided buffers, as the real host function does).
 
-Two revisions, selected by semantics with ``post_3606`` (see :func:`mla_fp8_bench.aiter_ps.facts.is_post_3606`):
+Three revisions (``revision=``, :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`; detected on an
+install by :func:`mla_fp8_bench.aiter_ps.facts.detect_planner_revision`):
 
-* pre-#3606 (AITER up to v0.1.21, reference commit ``e4048607a535``): a tile computed by a single
+* ``pre-3606`` (AITER up to v0.1.21, reference commit ``e4048607a535``): a tile computed by a single
   work gets ``partial_o_loc = -1`` and no reduce group;
-* post-#3606 (v0.1.22+, ROCm/aiter#3606): every work gets a partial slot and every tile a reduce
-  group; ``get_ps_metadata_info_v1`` takes ``max_kvlen`` and ``kvlen_granularity`` and gives far
-  looser bounds. The schedule (``work_indptr`` and every other ``work_info`` field) is identical.
+* ``v0.1.22`` (ROCm/aiter#3606 as merged): ``need_lse=False`` plans exactly as ``pre-3606``;
+  ``need_lse=True`` gives every work a partial slot and every tile a reduce group. The info function
+  keeps its four parameters; ``reduce_partial_map`` holds ``B*T + cpc - 1`` slots;
+* ``pr3606-ref`` (``refs/pull/3606/merge`` of 2026-08-22, never released): every work gets a slot
+  (no ``need_lse``), and the info function takes ``max_kvlen`` and ``kvlen_granularity``.
 
-The algorithm, the buffers and both revisions are described in ``docs/aiter-contract.md``
+The schedule (``work_indptr`` and every ``work_info`` field but ``partial_o_loc``) is the same in all three.
+The algorithm, the buffers and the revisions are described in ``docs/aiter-contract.md``
 (sections ``#planner-io``, ``#planner-algorithm``, ``#info-sizes`` and ``#pr-3606``). The port is
 checked element by element against AITER's own planner outputs in ``tests/data``
 (``tests/test_planner.py``).
@@ -41,6 +45,10 @@ from mla_fp8_bench.aiter_ps.facts import (
     AITER_REFERENCE_COMMIT,
     BUFFER_NAMES,
     KV_TILE,
+    PLANNER_PR_3606_REF,
+    PLANNER_PRE_3606,
+    PLANNER_REVISIONS,
+    PLANNER_V0_1_22,
     Q_TILE,
     WORK_INFO_COLS,
     WORK_INFO_FIELDS,
@@ -99,6 +107,27 @@ def _c_div(a: int, b: int) -> int:
 def _ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for ``a >= 0, b > 0`` in exact integer arithmetic."""
     return -(-a // b)
+
+
+def _check_revision(revision: Any) -> str:
+    if revision not in PLANNER_REVISIONS:
+        raise PsPlanError(f"revision={revision!r} is unknown: allowed {', '.join(PLANNER_REVISIONS)}")
+    return revision
+
+
+def _effective_need_lse(revision: str, need_lse: Any) -> bool:
+    """Whether every tile gets a slot: ``pre-3606`` never, ``pr3606-ref`` always (neither takes
+    ``need_lse``), ``v0.1.22`` as ``need_lse`` says (default False, the binding's default)."""
+    if revision == PLANNER_V0_1_22:
+        if need_lse is None:
+            return False
+        if not isinstance(need_lse, bool):
+            raise PsPlanError(f"need_lse={need_lse!r} is invalid: must be a bool")
+        return need_lse
+    if need_lse is not None:
+        raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
+                          " (added by the v0.1.22 planner)")
+    return revision == PLANNER_PR_3606_REF
 
 
 def _is_int(v: Any) -> bool:
@@ -162,7 +191,7 @@ def ps_metadata_info(
     qlen_granularity: int = Q_TILE,
     *,
     cu_num: int,
-    post_3606: bool = False,
+    revision: str = PLANNER_PRE_3606,
     max_kvlen: int | None = None,
     kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -172,15 +201,18 @@ def ps_metadata_info(
     here it is an explicit keyword so layouts for any device can be computed on a CPU.
 
     With ``C = gcd(num_heads_k, cu_num)``, ``cpc = cu_num // C`` (TGs per cluster),
-    ``mqs = ceil(max_qlen / qlen_granularity)`` and ``tiles = batch_size * mqs``, both revisions give
+    ``mqs = ceil(max_qlen / qlen_granularity)`` and ``tiles = batch_size * mqs``, every revision gives
     ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``, ``reduce_indptr (tiles + 1,)``
     and ``reduce_final_map (tiles, 2)`` (int32). They differ in ``work_info`` ``(max_works, 8)`` and
     ``reduce_partial_map`` ``(max_partials,)``:
 
-    * pre-#3606 (``batch_size, num_head_k, max_qlen, qlen_granularity=256``):
+    * ``pre-3606`` (``batch_size, num_head_k, max_qlen, qlen_granularity=256``):
       ``max_works = (batch_size + cpc - 1) * mqs * num_heads_k``,
       ``max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs``;
-    * post-#3606 (adds ``max_kvlen=None, kvlen_granularity=128``):
+    * ``v0.1.22`` (same parameters): ``max_works`` as pre-3606, ``max_partials = tiles + cpc - 1``
+      (AITER's ``_legacy_info`` in ``op_tests/test_ps_metadata_sizing.py``: the v0.1.22 sizes before
+      ``total_qlen`` existed);
+    * ``pr3606-ref`` (adds ``max_kvlen=None, kvlen_granularity=128``):
       ``kv_splits = max(1, ceil((max_kvlen or max_qlen) / kvlen_granularity))``,
       ``max_partials = tiles * (kv_splits + cpc)``, ``max_works = num_heads_k * max_partials``.
 
@@ -194,18 +226,18 @@ def ps_metadata_info(
         max_qlen: longest q length (>= 0).
         qlen_granularity: q-tile rows (>= 1; the PS kernel uses 256).
         cu_num: device CU count (>= 1).
-        post_3606: use the post-#3606 function (AITER v0.1.22+).
-        max_kvlen: post-#3606 only: the longest KV length (>= 0) or None (then ``max_qlen`` is used,
+        revision: the planner revision (:data:`PLANNER_REVISIONS`).
+        max_kvlen: ``pr3606-ref`` only: the longest KV length (>= 0) or None (then ``max_qlen`` is used,
             as is 0: AITER takes ``max_kvlen or max_qlen``).
-        kvlen_granularity: post-#3606 only: KV split granularity (>= 1; 128).
+        kvlen_granularity: ``pr3606-ref`` only: KV split granularity (>= 1; 128).
 
     Returns:
         ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order;
         dtype names are ``"uint64"`` / ``"int32"`` (``getattr(torch, name)`` gives the dtype).
 
     Raises:
-        PsPlanError (a ValueError): a non-integer or out-of-range argument, or ``max_kvlen`` /
-        a non-default ``kvlen_granularity`` given to the pre-#3606 function (it has no such parameter).
+        PsPlanError (a ValueError): a non-integer or out-of-range argument, an unknown ``revision``, or
+        ``max_kvlen`` / a non-default ``kvlen_granularity`` given to a revision without those parameters.
     """
     batch_size = _as_int("batch_size", batch_size, minimum=0, allowed="must be an integer >= 0")
     num_heads_k = _as_int("num_heads_k", num_heads_k, minimum=1, allowed="must be an integer >= 1")
@@ -214,16 +246,17 @@ def ps_metadata_info(
         "qlen_granularity", qlen_granularity, minimum=1, allowed="must be an integer >= 1 (256 for the PS kernel)"
     )
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
-    if not post_3606 and (max_kvlen is not None or kvlen_granularity != KV_TILE):
+    revision = _check_revision(revision)
+    if revision != PLANNER_PR_3606_REF and (max_kvlen is not None or kvlen_granularity != KV_TILE):
         raise PsPlanError(
-            f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the pre-#3606"
-            " get_ps_metadata_info_v1 has no such parameters (pass post_3606=True for AITER v0.1.22+)"
+            f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the {revision}"
+            " get_ps_metadata_info_v1 has no such parameters (only the pr3606-ref revision has them)"
         )
 
     cpc = cu_num // math.gcd(num_heads_k, cu_num)
     mqs = _ceil_div(max_qlen, qlen_granularity)
     tiles = batch_size * mqs
-    if post_3606:
+    if revision == PLANNER_PR_3606_REF:
         if max_kvlen is not None:
             max_kvlen = _as_int("max_kvlen", max_kvlen, minimum=0, allowed="must be None or an integer >= 0")
         kvlen_granularity = _as_int("kvlen_granularity", kvlen_granularity, minimum=1,
@@ -233,7 +266,10 @@ def ps_metadata_info(
         max_works = num_heads_k * max_partials
     else:
         max_works = (batch_size + cpc - 1) * mqs * num_heads_k
-        max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs
+        if revision == PLANNER_V0_1_22:
+            max_partials = tiles + cpc - 1
+        else:
+            max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs
     return {
         "work_metadata_ptrs": ((2,), "uint64"),
         "work_indptr": ((cu_num + 1,), "int32"),
@@ -312,7 +348,8 @@ class PsPlan:
     Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups`` (tiles with a reduce
     group), ``num_partials`` (distinct partial slots; ``splitData``/``splitLse`` need
     ``256 * num_partials`` rows, see :attr:`partial_rows`), ``cu_num``, ``num_heads_k`` and
-    ``post_3606`` (the revision's semantics).
+    ``revision`` (:data:`PLANNER_REVISIONS`) and ``need_lse`` (whether every tile got a slot and a reduce
+    group: False for ``pre-3606``, True for ``pr3606-ref``, the flag for ``v0.1.22``).
 
     The dataclass is frozen, but the tensors are ordinary tensors: do not modify them in place.
     """
@@ -327,11 +364,13 @@ class PsPlan:
     num_partials: int
     cu_num: int
     num_heads_k: int
-    post_3606: bool = False
+    revision: str = PLANNER_PRE_3606
+    need_lse: bool = False
 
     def __repr__(self) -> str:
         return (
-            f"PsPlan(cu_num={self.cu_num}, num_heads_k={self.num_heads_k}, post_3606={self.post_3606},"
+            f"PsPlan(cu_num={self.cu_num}, num_heads_k={self.num_heads_k}, revision={self.revision},"
+            f" need_lse={self.need_lse},"
             f" num_works={self.num_works}, num_reduce_groups={self.num_reduce_groups},"
             f" num_partials={self.num_partials}, buffer_lengths={self.buffer_lengths})"
         )
@@ -521,12 +560,13 @@ def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
     return tiles, total_units
 
 
-def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, post_3606: bool):
+def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse: bool, revision: str):
     """Step 2: deal the units out to the ``tgs`` TGs of one cluster and split tiles at the capacity.
 
     TG ``t`` gets ``avg + (t < rem)`` units (``avg, rem = divmod(total_units, tgs)``), counted in
-    blocks. A tile whose remainder fits is finished (pre-#3606: ``partial_o_loc = -1`` if it was not
-    split before; post-#3606: always a new partial slot); otherwise it is split at the capacity and the
+    blocks. A tile whose remainder fits is finished (``partial_o_loc = -1`` if it was not split before and
+    ``need_lse`` is False, or at ``v0.1.22`` if the work consumes no KV blocks; otherwise a new partial
+    slot); otherwise it is split at the capacity and the
     piece gets a new slot ``256 * p``. Every head of a TG and every cluster repeat this tiling
     (AITER restores the cursors per head and restarts ``p`` per cluster), so one pass gives them all.
 
@@ -548,7 +588,7 @@ def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, post_3606
             b, qs, qe, eff, blocks = tiles[cur_tile]
             kv_start = kv[b] + cur_blk
             if eff - cur_blk * bs <= cap * bs:  # the rest of the tile fits
-                if cur_blk == 0 and not post_3606:
+                if (cur_blk == 0 and not need_lse) or (blocks == 0 and revision == PLANNER_V0_1_22):
                     loc = -1
                 else:
                     loc, p = Q_TILE * p, p + 1
@@ -657,14 +697,14 @@ def _reduce_buffers(keys, indptr, partial_map, lengths: dict[str, int]):
     return torch.tensor(rind, dtype=torch.int32), rfm, torch.tensor(rpm, dtype=torch.int32)
 
 
-def _default_lengths(inp: _Inputs, post_3606: bool, buffer_lengths: Mapping[str, Any] | None) -> dict[str, int]:
-    """Buffer lengths from the revision's info function (post-#3606: ``max_kvlen`` = the largest
+def _default_lengths(inp: _Inputs, revision: str, buffer_lengths: Mapping[str, Any] | None) -> dict[str, int]:
+    """Buffer lengths from the revision's info function (``pr3606-ref``: ``max_kvlen`` = the largest
     ``context_lens``), overridden by ``buffer_lengths``."""
     nb = inp.batch_size
     max_qlen = max(inp.qo[b + 1] - inp.qo[b] for b in range(nb))
-    extra = {"post_3606": True, "max_kvlen": max(inp.ctx), "kvlen_granularity": KV_TILE} if post_3606 else {}
+    extra = {"max_kvlen": max(inp.ctx), "kvlen_granularity": KV_TILE} if revision == PLANNER_PR_3606_REF else {}
     lengths = buffer_lengths_from_info(ps_metadata_info(nb, inp.num_heads_k, max_qlen, Q_TILE, cu_num=inp.cu_num,
-                                                        **extra))
+                                                        revision=revision, **extra))
     if buffer_lengths is not None:
         if not isinstance(buffer_lengths, Mapping):
             raise PsPlanError(f"buffer_lengths={buffer_lengths!r} must be a dict or None")
@@ -686,7 +726,8 @@ def plan_ps_prefill(
     block_size: int = 1,
     is_causal: bool = True,
     buffer_lengths: Mapping[str, Any] | None = None,
-    post_3606: bool = False,
+    revision: str = PLANNER_PRE_3606,
+    need_lse: bool | None = None,
 ) -> PsPlan:
     """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does (either revision).
 
@@ -714,9 +755,10 @@ def plan_ps_prefill(
         buffer_lengths: leading dims of the buffers the real planner would fill, keyed as in
             :data:`BUFFER_LENGTH_KEYS` (``work_info``/``reduce_final_map`` accepted as aliases of the
             ``*_rows`` keys; ints or ``(shape, dtype)`` pairs, so a :func:`ps_metadata_info` dict
-            works). Missing keys default to the revision's :func:`ps_metadata_info` (post-#3606 with
+            works). Missing keys default to the revision's :func:`ps_metadata_info` (``pr3606-ref`` with
             ``max_kvlen = max(context_lens)``).
-        post_3606: plan with ROCm/aiter#3606 semantics (AITER v0.1.22+): every work gets a partial
+        revision: the planner revision (:data:`PLANNER_REVISIONS`, module docstring).
+        need_lse: ``v0.1.22`` only (default False): every work that consumes KV gets a partial
             slot and every tile a reduce group.
 
     Returns:
@@ -727,7 +769,8 @@ def plan_ps_prefill(
         input; indptrs not starting at 0, decreasing, of different lengths, or with fewer than 2
         entries; ``len(context_lens) != B``; negative or inconsistent ``context_lens``;
         ``num_heads_k`` outside 1..65535; ``cu_num < 1``; ``gqa_ratio``/``qhead_granularity`` != 1;
-        ``qlen_granularity != 256``; a bad ``kvlen_granularity`` or ``block_size``; causal with
+        ``qlen_granularity != 256``; a bad ``kvlen_granularity`` or ``block_size``; an unknown
+        ``revision`` or ``need_lse`` given to a revision without it; causal with
         ``q_len > kv_len`` (AITER's unit count goes negative there: undefined behaviour); values
         beyond int32; a ``buffer_lengths`` entry too small for the plan (the real planner would
         overrun host memory there).
@@ -736,12 +779,13 @@ def plan_ps_prefill(
                                                      qlen_granularity, kvlen_granularity, block_size, is_causal)
     qo, kv, ctx = _check_sequences(qo_indptr, kv_indptr, context_lens, bs, causal)
     inp = _Inputs(qo, kv, ctx, heads, cus, kv_gran, bs, causal)
-    post_3606 = bool(post_3606)
-    lengths = _default_lengths(inp, post_3606, buffer_lengths)
+    revision = _check_revision(revision)
+    need_lse = _effective_need_lse(revision, need_lse)
+    lengths = _default_lengths(inp, revision, buffer_lengths)
 
     tiles, total_units = _q_tiles(inp)
     tgs = cus // math.gcd(heads, cus)
-    rows, tg_bounds = _tile_one_cluster(inp, tiles, total_units, tgs, post_3606)
+    rows, tg_bounds = _tile_one_cluster(inp, tiles, total_units, tgs, need_lse, revision)
     keys, indptr, partial_map = _reduce_info(rows)
     num_works = heads * len(rows)  # every head of every cluster repeats the rows
     _check_lengths(lengths, cus, num_works, len(keys), len(partial_map))
@@ -759,7 +803,8 @@ def plan_ps_prefill(
         num_partials=len(partial_map),
         cu_num=cus,
         num_heads_k=heads,
-        post_3606=post_3606,
+        revision=revision,
+        need_lse=need_lse,
     )
 
 

@@ -1,23 +1,25 @@
 """A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill.
 
 :func:`make_standin_aiter` builds a module object named ``"aiter"`` (a package: ``__path__ = []``,
-``__spec__`` set) that exposes the four primitives a backend calls, with the real Python parameter
-names and defaults of the emulated AITER version (docs/aiter-contract.md#standin, #api, #versions
-and feature detection), so ``inspect.signature`` feature detection sees what it would see on a real
-install of that version:
+``__spec__`` set) that exposes the four primitives a backend calls the way an install of the emulated
+AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): the compiled ops are opaque
+``(*args, **kwargs)`` wrappers, as AITER's ``compile_ops`` hands them out, and their real parameter names
+and defaults are only in the op schema registered with torch (``torch.ops.<ns>.<name>.default._schema``,
+``ns = module.aiter_op_namespace``, one namespace per stand-in); the info function is plain Python:
 
-* ``get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256)``; from v0.1.22
-  (ROCm/aiter#3606) ``..., max_kvlen=None, kvlen_granularity=128)`` with the #3606 bounds;
+* ``get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256)`` with the sizes of
+  the planner revision (v0.1.22: ``reduce_partial_map = B*T + cpc - 1``); the never-released
+  ``pr3606-ref`` revision adds ``max_kvlen=None, kvlen_granularity=128``;
 * ``get_ps_metadata_v1(seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k,
   work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map,
   qhead_granularity=1, qlen_granularity=256, kvlen_granularity=1, block_size=1, is_causal=True)``
-  (the binding's real defaults ``1, 1``, not the stub's ``16, 16``); from v0.1.22 every work gets a
-  partial slot and every tile a reduce group;
+  (the binding's real defaults ``1, 1``, not the stub's ``16, 16``); from v0.1.22 with a last
+  ``need_lse=False`` (True: every tile a partial slot and a reduce group);
 * ``mla_prefill_ps_asm_fwd(Q, K, V, qo_indptr, kv_indptr, kv_page_indices, work_indptr,
   work_info_set, max_seqlen_q, softmax_scale, is_causal, splitData, splitLse, output,
   q_scale=None, k_scale=None, v_scale=None)``;
-* ``mla_reduce_v1`` in its 7-, 8- or 9-argument form; from v0.1.22 it reduces groups of one partial
-  too and so writes ``final_lse`` for every row.
+* ``mla_reduce_v1`` in its 7-, 8- or 9-argument form; from v0.1.22 (and at the PR ref) it reduces a
+  group of one partial too (``num_splits > 1``, or ``== 1`` with a slot other than -1).
 
 Unlike the real primitives (which check almost nothing and fail with garbage, faults or memory
 corruption), every stand-in validates like a strict launcher and raises :class:`StandinContractError`
@@ -33,6 +35,7 @@ Never import the real ``aiter`` here: this module is for machines without ROCm.
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import math
 import types
 from collections.abc import Callable, Iterable
@@ -49,13 +52,17 @@ from mla_fp8_bench.aiter_ps.emulator import (
 from mla_fp8_bench.aiter_ps.facts import (
     BUFFER_NAMES,
     NEWEST_MODELLED_VERSION,
+    PLANNER_PR_3606_REF,
+    PLANNER_PRE_3606,
+    PLANNER_REVISIONS,
+    PLANNER_V0_1_22,
     PS_PREFILL_FIRST_VERSION,
     Q_TILE,
     WORK_INFO_COLS,
     format_version,
-    is_post_3606,
     kvlen_granularity_for,
     parse_aiter_version,
+    planner_revision_for,
     reduce_arity_for_version,
     reduce_heads_for,
     unpack_q_head_range,
@@ -184,8 +191,13 @@ class _State:
     variant: int
     heads_ok: tuple[int, ...]
     faults: frozenset[str]
-    post_3606: bool
+    revision: str
     calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def post_3606(self) -> bool:
+        """The reduce merges groups of one partial (every revision after the pre-#3606 one)."""
+        return self.revision != PLANNER_PRE_3606
 
     def record(self, name: str, args: dict[str, Any], body: Callable[[], Any]) -> Any:
         """Run ``body`` and log ``{"name", "args", "ok", "error"}`` (args summarised)."""
@@ -214,13 +226,13 @@ def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
         if k in a and ck.py_int(k, a[k]) < (1 if k in ("num_head_k", "qlen_granularity", "kvlen_granularity") else 0):
             ck.fail(f"{k}={a[k]} is out of range")
     extra: dict[str, Any] = {}
-    if st.post_3606:
+    if st.revision == PLANNER_PR_3606_REF:
         if a["max_kvlen"] is not None and ck.py_int("max_kvlen", a["max_kvlen"]) < 0:
             ck.fail(f"max_kvlen={a['max_kvlen']} is out of range: None or an int >= 0")
-        extra = dict(post_3606=True, max_kvlen=a["max_kvlen"], kvlen_granularity=a["kvlen_granularity"])
+        extra = dict(max_kvlen=a["max_kvlen"], kvlen_granularity=a["kvlen_granularity"])
     try:
         info = ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], a["qlen_granularity"],
-                                cu_num=st.cu_num, **extra)
+                                cu_num=st.cu_num, revision=st.revision, **extra)
     except PsPlanError as exc:
         ck.fail(str(exc))
     return [(int(shape[0]) if len(shape) == 1 else tuple(shape), getattr(torch, dt)) for shape, dt in info.values()]
@@ -228,11 +240,11 @@ def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
 
 def _make_info_fn(st: _State) -> Callable[..., Any]:
     """``get_ps_metadata_info_v1`` with the signature of ``st.version``."""
-    if st.post_3606:
+    if st.revision == PLANNER_PR_3606_REF:
 
         def get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256, max_kvlen=None,
                                     kvlen_granularity=128):
-            """Stand-in of ``aiter.get_ps_metadata_info_v1`` from v0.1.22 (ROCm/aiter#3606): six
+            """Stand-in of ``aiter.get_ps_metadata_info_v1`` at ``refs/pull/3606/merge`` (2026-08-22): six
             ``(shape, dtype)`` pairs; ``max_kvlen`` (default ``max_qlen``) sizes the KV splits per tile.
             Raises StandinContractError on bad ints."""
             a = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen,
@@ -242,9 +254,9 @@ def _make_info_fn(st: _State) -> Callable[..., Any]:
         return get_ps_metadata_info_v1
 
     def get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256):
-        """Stand-in of ``aiter.get_ps_metadata_info_v1`` before v0.1.22: six ``(shape, dtype)`` pairs
-        (work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map)
-        at this module's ``cu_num``. Raises StandinContractError on bad ints."""
+        """Stand-in of ``aiter.get_ps_metadata_info_v1``: six ``(shape, dtype)`` pairs (work_metadata_ptrs,
+        work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map) at this module's
+        ``cu_num``, sized as the planner revision does. Raises StandinContractError on bad ints."""
         a = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen, qlen_granularity=qlen_granularity)
         return st.record("get_ps_metadata_info_v1", a, lambda: _info_body(st, a))
 
@@ -328,12 +340,13 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
             f"context_lens {len(ctx)} (need B)"
         )
     kg, causal = _check_planner_scalars(ck, a)
+    need_lse = ck.py_bool("need_lse", a["need_lse"]) if "need_lse" in a else None
     _check_planner_buffers(ck, a, st.cu_num)
     try:
         plan = plan_ps_prefill(
             qo, kv, ctx, num_heads_k=a["num_heads_k"], cu_num=st.cu_num, gqa_ratio=1, qhead_granularity=1,
             qlen_granularity=Q_TILE, kvlen_granularity=kg, block_size=1, is_causal=causal,
-            post_3606=st.post_3606,
+            revision=st.revision, need_lse=need_lse,
         )  # fmt: skip
     except PsPlanError as exc:
         ck.fail(f"invalid planner input: {exc}")
@@ -342,6 +355,27 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
 
 
 def _make_planner_fn(st: _State) -> Callable[..., Any]:
+    if st.revision == PLANNER_V0_1_22:
+
+        def get_ps_metadata_v1(
+            seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k, work_metadata_ptrs,
+            work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map, qhead_granularity=1,
+            qlen_granularity=256, kvlen_granularity=1, block_size=1, is_causal=True, need_lse=False,
+        ):  # fmt: skip
+            """Stand-in of the v0.1.22 ``aiter.get_ps_metadata_v1``: as before, with ``need_lse`` (True: every
+            tile gets a partial slot and a reduce group, so the reduce writes ``final_lse`` on every row)."""
+            a = dict(
+                seqlens_qo_indptr=seqlens_qo_indptr, pages_kv_indptr=pages_kv_indptr, context_lens=context_lens,
+                gqa_ratio=gqa_ratio, num_heads_k=num_heads_k, work_metadata_ptrs=work_metadata_ptrs,
+                work_indptr=work_indptr, work_info=work_info, reduce_indptr=reduce_indptr,
+                reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
+                qhead_granularity=qhead_granularity, qlen_granularity=qlen_granularity,
+                kvlen_granularity=kvlen_granularity, block_size=block_size, is_causal=is_causal, need_lse=need_lse,
+            )  # fmt: skip
+            return st.record("get_ps_metadata_v1", a, lambda: _planner_body(st, a))
+
+        return get_ps_metadata_v1
+
     def get_ps_metadata_v1(
         seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k, work_metadata_ptrs, work_indptr,
         work_info, reduce_indptr, reduce_final_map, reduce_partial_map, qhead_granularity=1, qlen_granularity=256,
@@ -670,6 +704,67 @@ def _make_reduce_fn(st: _State) -> Callable[..., Any]:
 
 
 # ----------------------------------------------------------------------------------------------
+# opaque wrappers and registered schemas (as AITER's compile_ops / torch_compile_guard expose them)
+
+_T, _TM, _TO, _I, _F, _B = "Tensor", "Tensor(a!)", "Tensor?", "SymInt", "float", "bool"
+_PLANNER_SCHEMA = [
+    ("seqlens_qo_indptr", _T), ("pages_kv_indptr", _T), ("context_lens", _T), ("gqa_ratio", _I),
+    ("num_heads_k", _I), ("work_metadata_ptrs", _TM), ("work_indptr", _TM), ("work_info", _TM),
+    ("reduce_indptr", _TM), ("reduce_final_map", _TM), ("reduce_partial_map", _TM), ("qhead_granularity", _I, 1),
+    ("qlen_granularity", _I, 256), ("kvlen_granularity", _I, 16), ("block_size", _I, 16), ("is_causal", _B, "True"),
+]
+_KERNEL_SCHEMA = [
+    ("Q", _T), ("K", _T), ("V", _T), ("qo_indptr", _T), ("kv_indptr", _T), ("kv_page_indices", _T),
+    ("work_indptr", _TO), ("work_info_set", _TO), ("max_seqlen_q", _I), ("softmax_scale", _F), ("is_causal", _B),
+    ("splitData", _TM), ("splitLse", _TM), ("output", _TM), ("q_scale", _TO, "None"), ("k_scale", _TO, "None"),
+    ("v_scale", _TO, "None"),
+]
+_REDUCE_HEAD = [("partial_output", _T), ("partial_lse", _T), ("reduce_indptr", _T), ("reduce_final_map", _TO),
+                ("reduce_partial_map", _T)]
+_REDUCE_TAIL = [("final_output", _TM), ("final_lse", "Tensor(b!)?", "None")]
+_NAMESPACES = itertools.count()
+
+
+def _schema(params: list[tuple]) -> str:
+    """A torch op schema string from ``(name, type[, default])`` rows (mutable tensors numbered apart)."""
+    parts = []
+    for i, (name, typ, *default) in enumerate(params):
+        typ = typ.replace("(a!)", f"(a{i}!)").replace("(b!)", f"(a{i}!)")
+        parts.append(f"{typ} {name}" + (f"={default[0]}" if default else ""))
+    return f"({', '.join(parts)}) -> ()"
+
+
+def _op_schemas(st: _State) -> dict[str, str]:
+    """The schema of each compiled op of this revision (the Python stub's parameters, as AITER registers them)."""
+    planner = _PLANNER_SCHEMA + ([("need_lse", _B, "False")] if st.revision == PLANNER_V0_1_22 else [])
+    mid = {7: [], 8: [("max_seqlen_q", _I)], 9: [("max_seqlen_q", _I), ("num_kv_splits", _I)]}[st.variant]
+    return {"get_ps_metadata_v1": _schema(planner), "mla_prefill_ps_asm_fwd": _schema(_KERNEL_SCHEMA),
+            "mla_reduce_v1": _schema(_REDUCE_HEAD + mid + _REDUCE_TAIL)}
+
+
+def _opaque(impl: Callable[..., Any]) -> Callable[..., Any]:
+    """``impl`` behind a ``(*args, **kwargs)`` wrapper without ``functools.wraps``, as AITER hands out ops."""
+
+    def wrapper(*args, **kwargs):
+        return impl(*args, **kwargs)
+
+    wrapper.__name__ = wrapper.__qualname__ = impl.__name__
+    wrapper.__module__ = "aiter"
+    wrapper.__doc__ = impl.__doc__
+    return wrapper
+
+
+def _register_schemas(st: _State, names: Iterable[str]) -> tuple[str, Any]:
+    """Define this stand-in's ops (schemas only) in a fresh torch namespace; returns ``(namespace, library)``."""
+    ns = f"aiter_standin_{next(_NAMESPACES)}"
+    lib = torch.library.Library(ns, "DEF")
+    schemas = _op_schemas(st)
+    for name in names:
+        lib.define(name + schemas[name])
+    return ns, lib
+
+
+# ----------------------------------------------------------------------------------------------
 # factory
 
 
@@ -679,6 +774,7 @@ def make_standin_aiter(
     cu_num: int = 256,
     faults: Iterable[str] | str | None = None,
     aiter_version: Any = NEWEST_MODELLED_VERSION,
+    planner_revision: str | None = None,
 ) -> types.ModuleType:
     """Build a stand-in ``aiter`` module (CPU; backed by the planner port and the emulator).
 
@@ -695,13 +791,16 @@ def make_standin_aiter(
             modelled, 0.1.22): the accepted reduce head counts, the default reduce variant, the #3606
             semantics and info signature from 0.1.22, and, below 0.1.10, no PS prefill symbols (only
             ``mla_reduce_v1``).
+        planner_revision: a planner revision of :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS` to
+            expose instead of the version's released one (``"pr3606-ref"``: the pre-merge PR).
 
     Returns:
         A ``types.ModuleType`` named ``"aiter"`` (``__spec__`` a package spec, ``__path__ == []``,
         ``__version__``) with the primitives, ``StandinContractError``, ``calls`` (list of
         ``{"name", "args", "ok", "error"}`` dicts, one per call, args summarised as shapes, dtypes,
         devices, contiguity and scalar values), and the attributes ``cu_num``, ``aiter_version``,
-        ``reduce_variant``, ``accepted_reduce_heads``, ``faults``, ``post_3606``, ``is_standin = True``.
+        ``reduce_variant``, ``accepted_reduce_heads``, ``faults``, ``post_3606``, ``planner_revision``,
+        ``aiter_op_namespace`` (where the op schemas are registered), ``is_standin = True``.
         It is not inserted into ``sys.modules``: tests do that (e.g. ``monkeypatch.setitem``).
 
     Raises:
@@ -709,13 +808,16 @@ def make_standin_aiter(
             unknown fault name.
     """
     ver = parse_aiter_version(aiter_version)
+    revision = planner_revision_for(ver) if planner_revision is None else planner_revision
+    if revision not in PLANNER_REVISIONS:
+        raise ValueError(f"planner_revision={planner_revision!r} is unknown: allowed {', '.join(PLANNER_REVISIONS)}")
     variant = reduce_arity_for_version(ver) if reduce_variant is None else reduce_variant
     if variant not in (7, 8, 9) or isinstance(variant, bool):
         raise ValueError(f"reduce_variant={reduce_variant!r} is invalid: must be 7, 8, 9 or None")
     if isinstance(cu_num, bool) or not isinstance(cu_num, int) or cu_num < 1:
         raise ValueError(f"cu_num={cu_num!r} is invalid: must be an int >= 1")
     st = _State(cu_num=cu_num, version=ver, variant=variant, heads_ok=tuple(sorted(reduce_heads_for(ver))),
-                faults=normalize_faults(faults), post_3606=is_post_3606(ver))
+                faults=normalize_faults(faults), revision=revision)
     mod = types.ModuleType("aiter", "Stand-in aiter (mla_fp8_bench.aiter_ps.standin): emulated, CPU-only.")
     mod.__spec__ = importlib.machinery.ModuleSpec("aiter", None, is_package=True)
     mod.__path__ = []
@@ -725,10 +827,14 @@ def make_standin_aiter(
     mod.calls = st.calls
     mod.cu_num, mod.aiter_version, mod.reduce_variant = cu_num, ver, variant
     mod.accepted_reduce_heads, mod.faults, mod.post_3606 = st.heads_ok, st.faults, st.post_3606
-    fns = [_make_info_fn(st), _make_planner_fn(st), _make_kernel_fn(st), _make_reduce_fn(st)]
-    for fn in fns:
-        fn.__module__ = "aiter"
-    mod.mla_reduce_v1 = fns[3]
+    mod.planner_revision = st.revision
+    info, planner, kernel, reduce = _make_info_fn(st), _make_planner_fn(st), _make_kernel_fn(st), _make_reduce_fn(st)
+    info.__module__ = "aiter"
+    compiled = {"mla_reduce_v1": reduce}
     if ver >= PS_PREFILL_FIRST_VERSION:
-        mod.get_ps_metadata_info_v1, mod.get_ps_metadata_v1, mod.mla_prefill_ps_asm_fwd = fns[:3]
+        compiled.update(get_ps_metadata_v1=planner, mla_prefill_ps_asm_fwd=kernel)
+        mod.get_ps_metadata_info_v1 = info
+    mod.aiter_op_namespace, mod._torch_library = _register_schemas(st, compiled)
+    for name, impl in compiled.items():
+        setattr(mod, name, _opaque(impl))
     return mod

@@ -25,6 +25,10 @@ Two kinds of fault:
     of rows in unsplit tiles (reduce groups of fewer than 2 partials) is never written and holds zeroed
     memory (0.0, finite: nothing non-finite betrays it). Visible where a tile is unsplit (the
     ``lse-gap`` suite); the ``ctx`` LSE and the ``prefix`` merge are then wrong.
+  - ``omit_need_lse`` - a caller of the v0.1.22 planner that leaves ``need_lse`` out for a context
+    chunk or the new-token chunk of a prefix case (the planner's default ``False``): unsplit tiles get no
+    slot, so ``final_lse`` stays unwritten on their rows, the bug #3606 fixed, back through the caller.
+    Visible where a tile is unsplit (the ``lse-gap`` suite).
   - ``drop_context_merge`` - the merge keeps only the new-token piece (``out = new_out``): the
     context chunk's term is dropped.
   - ``causal_context_chunk`` - the context chunk runs causally (bottom-right) instead of non-causally,
@@ -77,6 +81,8 @@ INPUT_FAULTS: dict[str, str] = {
     "stale_plan": "planning: kernel + reduce run with the plan of the previous step's batch "
                   "(stream-ordering race, vLLM #58886)",
     "stale_unsplit_lse": "reduce: final_lse of unsplit tiles never written (pre-#3606), zeroed memory (0.0) merged",
+    "omit_need_lse": "planning: need_lse left out of the v0.1.22 get_ps_metadata_v1 for context chunks and the "
+                     "new-token chunk (default False): unsplit tiles' final_lse never written",
     "drop_context_merge": "prefix merge: the context chunk's term is dropped (out = new-token piece)",
     "causal_context_chunk": "context chunk run causally (bottom-right) instead of non-causally",
     "prefix_top_left": "prefix as one causal call over context + new keys with a top-left aligned mask",
@@ -84,6 +90,7 @@ INPUT_FAULTS: dict[str, str] = {
 #: Faults that show only on context-chunk / prefix cases, and the cases they are tried on (cheapest first).
 PREFIX_FAULT_CASES: dict[str, tuple[str, ...]] = {
     "stale_unsplit_lse": ("ctx100-q64", "prefix256-q100"),
+    "omit_need_lse": ("ctx100-q64", "prefix256-q100"),
     "drop_context_merge": ("prefix256-q100", "prefix1024-q300"),
     "causal_context_chunk": ("ctx100-q64", "ctx1024-q256", "prefix1024-q300"),
     "prefix_top_left": ("prefix256-q100", "prefix1024-q300"),
@@ -268,6 +275,8 @@ class FaultyEmulated(Backend):
         self.cu_num = cu_num or emulated_cu_num()
         self.emu_faults = frozenset(self.faults & ALL_FAULTS)
         self._inner = AiterEmulated(faults=self.emu_faults or None, cu_num=self.cu_num)
+        if "omit_need_lse" in self.faults:
+            self._inner.driver().pass_need_lse = False
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return Verdict.yes()

@@ -13,12 +13,16 @@
 * partial buffers sized from the live partial count ``reduce_indptr[-1]`` (one sync, outside the
   timed region), not from the loose ``get_ps_metadata_info_v1`` bound; what a caller reserving from the
   bound would hold is recorded next to it (``reserved_workspace_bytes``);
-* ``mla_reduce_v1``'s form is feature-detected with :func:`inspect.signature` (7/8/9 arguments; the
-  7-argument form is too old for the PS prefill: reported unavailable);
-* ROCm/aiter#3606 semantics are detected by the ``max_kvlen`` parameter of
-  ``get_ps_metadata_info_v1`` (the marker vLLM uses; ``need_lse`` is not one). Post-#3606 the driver
-  passes ``max_kvlen`` when it plans a context chunk and checks ``final_lse`` on every row; pre-#3606
-  only rows of split tiles have a ``final_lse`` (the rest is whatever the buffer held: NaN here);
+* ``mla_reduce_v1``'s form (7/8/9 arguments; the 7-argument form is too old for the PS prefill:
+  reported unavailable) and the planner revision are read from the registered op schemas
+  (``torch.ops.aiter.<name>.default._schema``), else from the facts table by version, never from the
+  ``(*args, **kwargs)`` wrappers' signatures (:func:`~mla_fp8_bench.aiter_ps.facts.detect_reduce_arity`,
+  :func:`~mla_fp8_bench.aiter_ps.facts.detect_planner_revision`);
+* ``need_lse`` (v0.1.22 planner) is passed as the caller the driver imitates passes it: ``False`` for
+  a causal prefill (vLLM's ``_mla_fp8_prefill_attn`` path), ``True`` for a context chunk, and
+  ``has_context`` for the new-token chunk of a prefix case (vLLM's AITER_ASM backend, vLLM #44544). Rows
+  whose tile got no slot have no ``final_lse`` (the buffer keeps what it held: NaN here). The
+  pre-merge PR ref gives every tile a slot and takes ``max_kvlen`` for a context chunk;
 * head counts outside the reduce's dispatch set for the installed version are reported unsupported
   instead of crashing.
 
@@ -44,14 +48,18 @@ import torch
 from mla_fp8_bench.aiter_ps.facts import (
     BUFFER_NAMES,
     KVLEN_GRANULARITY,
+    PLANNER_PR_3606_REF,
+    PLANNER_PRE_3606,
+    PLANNER_V0_1_22,
     PRIMITIVES,
     Q_TILE,
     QHEAD_GRANULARITY,
     aiter_version_of,
+    detect_planner_revision,
     detect_reduce_arity,
+    effective_version,
     format_version,
     import_aiter,
-    is_post_3606,
     planner_markers,
     reduce_heads_for,
 )
@@ -91,8 +99,9 @@ def _numel(shape: Any) -> int:
 class _Piece:
     """One kernel + reduce call: its index pointers (device), K/V page indices, plan and buffers.
 
-    ``valid`` marks the q rows whose ``final_lse`` the call writes: every row post-#3606, the rows of
-    split tiles (reduce groups of >= 2 partials) before. ``empty`` (device bool ``[T]``, or None) marks
+    ``valid`` marks the q rows whose ``final_lse`` the call writes: the rows of the reduce groups the
+    reduce runs (every row when every tile got a slot; the rows of split tiles otherwise). ``empty``
+    (device bool ``[T]``, or None) marks
     the rows of sequences with kv_len 0: the kernel leaves them untouched (a tile without keys may get no
     work at all), so the caller defines them as attention over nothing: output 0, LSE -inf.
     """
@@ -109,13 +118,15 @@ class _Piece:
     final_lse: torch.Tensor
     valid: torch.Tensor
     empty: torch.Tensor | None
+    need_lse: bool | None = None
 
 
-def _lse_rows(plan: dict[str, Any], total_q: int, post_3606: bool) -> torch.Tensor:
-    """bool ``[total_q]``: rows whose ``final_lse`` the reduce writes for this plan."""
+def _lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch.Tensor:
+    """bool ``[total_q]``: rows whose ``final_lse`` the reduce writes for this plan (groups of one partial
+    are reduced from the #3606 reduce on)."""
     valid = torch.zeros(total_q, dtype=torch.bool)
     groups, final_map = plan["reduce_indptr"].cpu().tolist(), plan["reduce_final_map"].cpu().tolist()
-    need = 1 if post_3606 else 2
+    need = 1 if reduces_singles else 2
     for g in range(min(len(groups) - 1, len(final_map))):
         if groups[g + 1] - groups[g] >= need:
             valid[final_map[g][0] : final_map[g][1]] = True
@@ -123,15 +134,22 @@ def _lse_rows(plan: dict[str, Any], total_q: int, post_3606: bool) -> torch.Tens
 
 
 def case_calls(family: str, context_lens: tuple[int, ...], cu_q: list[int], cu_kv: list[int], causal: bool,
-               device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
-    """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal)`` (indptrs int32 on the
-    CPU, page indices int32 on ``device``): one call (``causal`` as given) for ``prefill``/``ctx``; for
-    ``prefix`` (per sequence the K/V pool holds the context keys, then the new keys) the causal new-vs-new
-    call and the non-causal new-vs-context call, both reading the pool through page indices (nothing is
-    copied). ``cu_q``/``cu_kv``: query/key starts ``[B+1]``."""
+               device: torch.device, has_context: bool = False
+               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
+    """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
+    int32 on the CPU, page indices int32 on ``device``): one call (``causal`` as given) for
+    ``prefill``/``ctx``; for ``prefix`` (per sequence the K/V pool holds the context keys, then the new
+    keys) the causal new-vs-new call and the non-causal new-vs-context call, both reading the pool through
+    page indices (nothing is copied). ``cu_q``/``cu_kv``: query/key starts ``[B+1]``.
+
+    ``need_lse`` is what the imitated caller passes the v0.1.22 planner: ``False`` for a causal prefill
+    (vLLM's ``_mla_fp8_prefill_attn``), ``True`` for a context chunk, ``has_context`` for the new-token
+    chunk of a prefix case (vLLM's AITER_ASM prefill backend, vLLM #44544); ``has_context`` marks a
+    ``prefill`` call that is such a chunk, cut out by the caller (``CaseInputs.has_context``)."""
     if family != "prefix":
         pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
-        return [(torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_kv, dtype=torch.int32), pages, causal)]
+        return [(torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_kv, dtype=torch.int32), pages, causal,
+                 family == "ctx" or has_context)]
     q_ptr = torch.tensor(cu_q, dtype=torch.int32)
     ctx_pages, new_pages, ctx_ptr, new_ptr = [], [], [0], [0]
     for b, c in enumerate(context_lens):
@@ -144,7 +162,9 @@ def case_calls(family: str, context_lens: tuple[int, ...], cu_q: list[int], cu_k
     def i32(xs: list[int], dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
 
-    return [(q_ptr, i32(new_ptr), i32(new_pages, device), True), (q_ptr, i32(ctx_ptr), i32(ctx_pages, device), False)]
+    has_context = any(c > 0 for c in context_lens)
+    return [(q_ptr, i32(new_ptr), i32(new_pages, device), True, has_context),
+            (q_ptr, i32(ctx_ptr), i32(ctx_pages, device), False, True)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,12 +179,18 @@ class AiterPsDriver:
         version: the AITER version (for the reduce's head-count dispatch), None if unknown.
 
     Attributes:
-        reduce_arity: 8 or 9 (the detected ``mla_reduce_v1`` form).
-        post_3606: ROCm/aiter#3606 semantics (``max_kvlen`` in ``get_ps_metadata_info_v1``).
+        reduce_arity: 8 or 9 (the detected ``mla_reduce_v1`` form); ``reduce_source`` where it was read.
+        planner_revision: the detected planner revision (:data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`);
+            ``planner_source`` where it was read.
+        post_3606: the planner can give every tile a slot (the merged or the pre-merge #3606).
+        effective_version: the version the reduce's head set is keyed on (the reported one, raised to
+            the first release with the detected features).
         markers: the optional planner keywords found (:func:`~mla_fp8_bench.aiter_ps.facts.planner_markers`).
+        pass_need_lse: pass ``need_lse`` to a planner that takes it (False: the caller fault of leaving it out).
 
     Raises:
-        BackendUnavailable: a primitive is missing or ``mla_reduce_v1`` has the 7-argument form.
+        BackendUnavailable: a primitive is missing, the reduce form or planner revision cannot be told (the
+            message names what could not be read), or ``mla_reduce_v1`` has the 7-argument form.
     """
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
@@ -173,36 +199,48 @@ class AiterPsDriver:
             raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
         self.m = module
         self.version = version
-        self.reduce_arity = detect_reduce_arity(module.mla_reduce_v1)
+        reduce, planner = detect_reduce_arity(module, version), detect_planner_revision(module, version)
+        for det in (reduce, planner):
+            if det.value is None:
+                raise BackendUnavailable(f"aiter: {det.source}")
+        self.reduce_arity, self.reduce_source = int(reduce.value), reduce.source
+        self.planner_revision, self.planner_source = str(planner.value), planner.source
         if self.reduce_arity == 7:
-            raise BackendUnavailable("aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form: too old for the "
-                                     "PS prefill")
+            raise BackendUnavailable(f"aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form ({reduce.source}): "
+                                     "too old for the PS prefill")
         self.markers = planner_markers(module)
-        try:
-            self.post_3606 = is_post_3606(module)
-        except ValueError:  # unreadable signature (an opaque binding): fall back to the version
-            self.post_3606 = version is not None and is_post_3606(version)
+        self.post_3606 = self.planner_revision != PLANNER_PRE_3606
+        self.effective_version = effective_version(version, self.reduce_arity, self.planner_revision)
+        self.pass_need_lse = True
+
+    def detection(self) -> dict[str, str]:
+        """What was detected and from where (``mla-fp8-bench env`` prints it)."""
+        return {"mla_reduce_v1": f"{self.reduce_arity}-argument form ({self.reduce_source})",
+                "get_ps_metadata_v1": f"{self.planner_revision} planner ({self.planner_source})",
+                "reduce heads keyed on": f"AITER {format_version(self.effective_version)} (reported "
+                                         f"{format_version(self.version)})"}
 
     # ------------------------------------------------------------------ support
     def supports_heads(self, num_heads: int) -> Verdict:
-        allowed = reduce_heads_for(self.version)
+        allowed = reduce_heads_for(self.effective_version)
         if num_heads not in allowed:
-            v = format_version(self.version) if self.version else "the newest known version"
+            v = format_version(self.effective_version) if self.effective_version else "the newest known version"
             return Verdict.no(f"mla_reduce_v1 of aiter {v} dispatches num_heads in {sorted(allowed)} "
                               f"for v_head_dim 128; got {num_heads}")
         return Verdict.yes()
 
     # ------------------------------------------------------------------ planning
     def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None) -> list:
-        """``get_ps_metadata_info_v1`` for this module; ``max_kvlen`` is passed only post-#3606 and only
-        when given (a context chunk), as vLLM #44544 does."""
+        """``get_ps_metadata_info_v1`` for this module; ``max_kvlen`` is passed only to the pre-merge PR
+        ref's info function and only when given (a context chunk)."""
         kw: dict[str, Any] = dict(batch_size=batch, num_head_k=num_heads, max_qlen=max_qlen, qlen_granularity=Q_TILE)
-        if self.post_3606 and max_kvlen is not None:
+        if self.planner_revision == PLANNER_PR_3606_REF and max_kvlen is not None:
             kw.update(max_kvlen=max_kvlen, kvlen_granularity=KVLEN_GRANULARITY)
         return list(self.m.get_ps_metadata_info_v1(**kw))
 
     def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device, *,
-             cu_seqlens_kv_cpu: torch.Tensor | None = None, causal: bool = True) -> dict[str, Any]:
+             cu_seqlens_kv_cpu: torch.Tensor | None = None, causal: bool = True,
+             need_lse: bool = False) -> dict[str, Any]:
         """Allocate the six planner buffers on ``device`` (sized by the info call) and run the host
         planner (timed).
 
@@ -212,10 +250,13 @@ class AiterPsDriver:
             device: where the buffers live.
             cu_seqlens_kv_cpu: ``[B+1]`` int32 key starts (``pages_kv_indptr``); default the query starts.
             causal: bottom-right causal (False for a context chunk).
+            need_lse: passed to a v0.1.22 planner (when :attr:`pass_need_lse`); other revisions take no such
+                parameter.
 
         Returns:
             dict with the six buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``),
-            ``info_partial_slots`` (the ``reduce_partial_map`` bound of the info call) and ``post_3606``.
+            ``info_partial_slots`` (the ``reduce_partial_map`` bound of the info call), ``post_3606`` and
+            ``need_lse`` (what was passed; None when not passed).
         """
         cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
         cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
@@ -225,21 +266,24 @@ class AiterPsDriver:
                                 int(kv_lens.max()) if chunk else None)
         bufs = {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
                                device=device) for n, (shape, dt) in zip(BUFFER_NAMES, info)}
+        extra: dict[str, Any] = {}
+        if self.planner_revision == PLANNER_V0_1_22 and self.pass_need_lse:
+            extra["need_lse"] = bool(need_lse)
         t0 = time.perf_counter()
         self.m.get_ps_metadata_v1(cu_q, cu_kv, kv_lens, 1, num_heads, *(bufs[n] for n in BUFFER_NAMES),
                                   qhead_granularity=QHEAD_GRANULARITY, qlen_granularity=Q_TILE,
-                                  kvlen_granularity=KVLEN_GRANULARITY, block_size=1, is_causal=bool(causal))
+                                  kvlen_granularity=KVLEN_GRANULARITY, block_size=1, is_causal=bool(causal), **extra)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         planner_s = time.perf_counter() - t0
         return {**bufs, "planner_s": planner_s, "num_partials": int(bufs["reduce_indptr"][-1].item()),
                 "info_partial_slots": _numel(info[BUFFER_NAMES.index("reduce_partial_map")][0]),
-                "post_3606": self.post_3606}
+                "post_3606": self.post_3606, "need_lse": extra.get("need_lse")}
 
-    def _piece(self, qo_cpu: torch.Tensor, kv_cpu: torch.Tensor, pages: torch.Tensor, causal: bool, h: int,
-               dv: int, device: torch.device) -> _Piece:
+    def _piece(self, qo_cpu: torch.Tensor, kv_cpu: torch.Tensor, pages: torch.Tensor, causal: bool, need_lse: bool,
+               h: int, dv: int, device: torch.device) -> _Piece:
         """Plan one call and allocate its buffers (output and final_lse NaN-poisoned, so unwritten rows show)."""
-        plan = self.plan(qo_cpu, h, device, cu_seqlens_kv_cpu=kv_cpu, causal=causal)
+        plan = self.plan(qo_cpu, h, device, cu_seqlens_kv_cpu=kv_cpu, causal=causal, need_lse=need_lse)
         t = int(qo_cpu[-1])
         rows = max(1, plan["num_partials"]) * Q_TILE
         q_lens, kv_lens = (qo_cpu[1:] - qo_cpu[:-1]).long(), (kv_cpu[1:] - kv_cpu[:-1]).long()
@@ -252,7 +296,7 @@ class AiterPsDriver:
             output=torch.full((t, h, dv), float("nan"), dtype=torch.bfloat16, device=device),
             final_lse=torch.full((t, h), float("nan"), dtype=torch.float32, device=device),
             valid=_lse_rows(plan, t, self.post_3606) | empty,
-            empty=empty.to(device) if bool(empty.any()) else None,
+            empty=empty.to(device) if bool(empty.any()) else None, need_lse=plan["need_lse"],
         )
 
     def launch(self, p: _Piece, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: list[torch.Tensor],
@@ -274,8 +318,10 @@ class AiterPsDriver:
         """Plan and allocate every call of the case (:func:`case_calls`; starts and mask from ``inputs``)."""
         case, h, dv = inputs.case, inputs.case.num_heads, int(inputs.v8.data.shape[-1])
         calls = case_calls(case.family, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
-                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), inputs.device)
-        return [self._piece(qo, kv, pages, causal, h, dv, inputs.device) for qo, kv, pages, causal in calls]
+                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), inputs.device,
+                           has_context=inputs.has_context)
+        return [self._piece(qo, kv, pages, causal, need_lse, h, dv, inputs.device)
+                for qo, kv, pages, causal, need_lse in calls]
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Plan, allocate and return the call (kernel + reduce per piece, the LSE merge for ``prefix``).
@@ -312,13 +358,14 @@ class AiterPsDriver:
     def plan_extras(self, plans: list[dict[str, Any]], case: Case) -> dict[str, Any]:
         """Record extras of a case's plans: planner time, live partial slots, live and reserved workspace
         bytes (reserved = sized from the info bound's ``reduce_partial_map``, as a caller reserving from
-        the bounds holds it), the reduce form and the detected #3606 semantics."""
+        the bounds holds it), the reduce form, the planner revision and the ``need_lse`` of each call."""
         t, h = case.total_tokens, case.num_heads
         live = sum(workspace_bytes(max(1, p["num_partials"]), t, h).total for p in plans)
         reserved = sum(workspace_bytes(p["info_partial_slots"], t, h).total for p in plans)
         return {"planner_s": sum(p["planner_s"] for p in plans), "num_partials": sum(p["num_partials"] for p in plans),
                 "workspace_bytes": live, "reserved_workspace_bytes": reserved, "reduce_arity": self.reduce_arity,
-                "aiter_post_3606": self.post_3606}
+                "aiter_post_3606": self.post_3606, "aiter_planner_revision": self.planner_revision,
+                "need_lse": [p["need_lse"] for p in plans]}
 
     def plan_stats(self, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
         """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
@@ -327,7 +374,8 @@ class AiterPsDriver:
                            torch.device("cpu"))
         samples, plans = [], []
         for _ in range(repeats):
-            plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c) for q, kv, _, c in calls]
+            plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c, need_lse=n)
+                     for q, kv, _, c, n in calls]
             samples.append(sum(p["planner_s"] for p in plans))
         ex = self.plan_extras(plans, case)
         return {"planner_samples_s": samples, "num_partials": ex["num_partials"],

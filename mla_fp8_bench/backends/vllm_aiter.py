@@ -63,7 +63,9 @@ from mla_fp8_bench.aiter_ps.facts import (
     PRIMITIVES,
     Q_TILE,
     aiter_version_of,
+    detect_planner_revision,
     detect_reduce_arity,
+    effective_version,
     import_aiter,
     reduce_heads_for,
 )
@@ -347,10 +349,15 @@ class VllmAiter(Backend):
         missing = [p for p in PRIMITIVES if not hasattr(self._aiter, p)]
         if missing:
             raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
-        if detect_reduce_arity(self._aiter.mla_reduce_v1) != 9:
+        if self._aiter_version is None:
+            self._aiter_version = aiter_version_of(self._aiter)
+        form = detect_reduce_arity(self._aiter, self._aiter_version)
+        if form.value is None:
+            raise BackendUnavailable(f"aiter: {form.source}")
+        if form.value != 9:
             raise BackendUnavailable(
                 "vLLM calls mla_reduce_v1 with 9 arguments (num_kv_splits, #46760) but this aiter has the "
-                f"{detect_reduce_arity(self._aiter.mla_reduce_v1)}-argument form: vLLM needs aiter >= v0.1.16")
+                f"{form.value}-argument form ({form.source}): vLLM needs aiter >= v0.1.16")
         return self._aiter
 
     def _reduce_heads(self) -> frozenset[int]:
@@ -358,7 +365,8 @@ class VllmAiter(Backend):
         given = getattr(mod, "accepted_reduce_heads", None)  # the stand-in says what it emulates
         if given is not None:
             return frozenset(given)
-        return reduce_heads_for(self._aiter_version)
+        planner = detect_planner_revision(mod, self._aiter_version).value
+        return reduce_heads_for(effective_version(self._aiter_version, 9, planner))
 
     # ------------------------------------------------------------------ Backend API
     def availability(self, platform: PlatformInfo) -> Verdict:

@@ -53,6 +53,9 @@ class CaseInputs:
         fp8_dtype: the fp8 dtype used.
         device: the torch device.
         dims: head dimensions.
+        has_context: this ``prefill`` piece is the new-token chunk of a prefix-cached prefill whose
+            sequences have cached context (:func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs`); a
+            caller merging it by LSE asks the planner for an LSE on every row (``need_lse``).
 
     ``cu_seqlens`` / ``cu_seqlens_cpu`` / ``max_seqlen`` (qo_indptr == kv_indptr) exist for ``prefill``
     cases only; ``qo_indptr`` / ``kv_indptr`` are the device starts under AITER's names.
@@ -76,6 +79,7 @@ class CaseInputs:
     fp8_dtype: torch.dtype
     device: torch.device
     dims: MLADims = MLA_DIMS
+    has_context: bool = False
 
     def _same_q_kv(self, name: str) -> None:
         if self.case.family != "prefill":

@@ -104,7 +104,8 @@ def _piece(inputs: CaseInputs, case: Case, rows: torch.Tensor | slice) -> CaseIn
 def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
     """Cut a ``prefix`` case's inputs into ``(new, ctx)`` pieces.
 
-    ``new``: a ``prefill`` case (seq_lens = Q, causal) on the new tokens' keys; ``ctx``: a ``ctx`` case
+    ``new``: a ``prefill`` case (seq_lens = Q, causal) on the new tokens' keys, ``has_context`` set when any
+    sequence has context; ``ctx``: a ``ctx`` case
     (Q queries, context_lens = C, non-causal) on the context keys. Both keep the prefix case's q, q8 and
     the descales; k/v and their fp8 data are the matching rows (views for one sequence).
 
@@ -119,6 +120,7 @@ def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
     common = dict(num_heads=case.num_heads, quant=case.quant, dist=case.dist, seed=case.seed)
     new_case = Case(tuple(q_lens), **common)
     ctx_case = Case(tuple(q_lens), context_lens=tuple(c_lens), family="ctx", **common)
-    new = _piece(inputs, new_case, _rows(starts, c_lens, q_lens, inputs.k.device))
+    new = replace(_piece(inputs, new_case, _rows(starts, c_lens, q_lens, inputs.k.device)),
+                  has_context=any(c > 0 for c in c_lens))
     ctx = _piece(inputs, ctx_case, _rows(starts, [0] * len(c_lens), c_lens, inputs.k.device))
     return new, ctx
