@@ -168,7 +168,8 @@ def _write_error(path: Path, exc: OSError) -> OutputError:
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) -> Iterator[None]:
-    """Hold an exclusive lock of ``path``'s writers (``fcntl.flock`` of ``.<name>.lock`` beside it).
+    """Hold an exclusive lock of ``path``'s writers (``fcntl.flock`` of ``.<name>.lock`` beside it; the
+    lock file exists only while it is held).
 
     Args:
         path: the file or folder written.
@@ -181,24 +182,35 @@ def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) ->
     """
     p = Path(path).absolute()
     lock = p.parent / f".{p.name[:200]}.lock"
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise OutputError(exc.errno, f"cannot write {what} {p}: {exc.strerror or exc} ({lock})") from None
-    try:
+    while True:
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise OutputError(exc.errno, f"cannot write {what} {p}: {exc.strerror or exc} ({lock})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             raise OutputError(errno.EBUSY, f"{what} {p} is being written by another process (pid {holder}): wait "
                               "for it to finish, or choose another path") from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder before us removed that lock file: lock the current one
+    try:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        os.close(fd)  # closing releases the lock
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # removed while held, so no file is left behind; waiters re-check the inode
+        os.close(fd)
 
 
 def _umask_mode() -> int:

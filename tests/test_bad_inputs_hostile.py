@@ -435,3 +435,139 @@ def test_asv_machine_on_a_read_only_home_is_one_line(tiny_fs, monkeypatch, capsy
     assert main(["asv-machine", "mybox", "--results-dir", str(tiny_fs / "none")]) == 2
     msg = " ".join(capsys.readouterr().out.split())
     assert "Read-only file system" in msg and ".asv-machine.json" in msg
+
+
+# ---------------------------------------------------------------- publish never deletes what it did not write
+def _assets_or_skip():
+    from mla_fp8_bench.analysis.publish import asset_problems, assets_dir
+
+    if asset_problems(assets_dir()):
+        pytest.skip("site assets not installed (mla-fp8-bench publish --install-assets)")
+    return assets_dir()
+
+
+def _results(root: Path) -> Path:
+    """A copy of the committed asv results (both machines, benchmarks.json)."""
+    import shutil
+
+    shutil.copytree(ROOT / "results", root)
+    return root
+
+
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _publish(results: Path, html: Path, assets: Path) -> int:
+    return main(["publish", "--results-dir", str(results), "--html-dir", str(html), "--assets", str(assets)])
+
+
+def test_publish_never_deletes_a_results_dir_inside_html_dir(tmp_path, capsys):
+    assets = _assets_or_skip()
+    html = tmp_path / "site"
+    results = _results(html / "results")
+    before = _tree(results)
+    assert _publish(results, html, assets) == 2
+    assert "holds the results directory" in " ".join(capsys.readouterr().out.split())
+    assert _tree(results) == before
+
+
+def test_publish_never_replaces_a_hand_written_site(tmp_path, capsys):
+    """A folder with an index.html and other files that publish did not write: refused, untouched."""
+    assets = _assets_or_skip()
+    html = tmp_path / "www"
+    html.mkdir()
+    (html / "index.html").write_text("<h1>our dashboard</h1>")
+    (html / "notes.txt").write_text("hand-written")
+    before = _tree(html)
+    assert _publish(_results(tmp_path / "results"), html, assets) == 2
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "mla-fp8-bench publish did not write" in msg and "no .mla-fp8-bench-site marker" in msg
+    assert _tree(html) == before
+
+
+def test_publish_replaces_its_own_site(tmp_path):
+    assets = _assets_or_skip()
+    results, html = _results(tmp_path / "results"), tmp_path / "html"
+    assert _publish(results, html, assets) == 0
+    assert (html / ".mla-fp8-bench-site").is_file()
+    (html / "stale.txt").write_text("x")
+    assert _publish(results, html, assets) == 0
+    assert not (html / "stale.txt").exists() and (html / "index.html").is_file()
+
+
+def test_publish_fails_on_an_unreadable_result_file(tmp_path, capsys):
+    """asv publish skips a truncated file silently; publish names it and exits 2 (was: exit 0)."""
+    assets = _assets_or_skip()
+    results = _results(tmp_path / "results")
+    extra = results / "cpu-2core" / "bbbbbbbb-virtualenv-py3.11-torch2.13.0.json"
+    extra.write_text('{"commit_hash": "bbbb')
+    assert _publish(results, tmp_path / "html", assets) == 2
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "cannot be read" in msg and "bbbbbbbb-virtualenv-py3.11-torch2.13.0.json" in msg
+    assert not (tmp_path / "html").exists()
+
+
+# ---------------------------------------------------------------- merge-results: concurrent writers
+def _machine_src(root: Path, machine: str) -> Path:
+    import shutil
+
+    (root / machine).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(ROOT / "results" / machine, root / machine)
+    shutil.copy(ROOT / "results" / "benchmarks.json", root / "benchmarks.json")
+    return root
+
+
+_SLOW_MERGE_CHILD = """
+import shutil, sys, time
+import mla_fp8_bench.analysis.results_merge as rm
+orig = shutil.copytree
+def slow(*a, **k):
+    out = orig(*a, **k)
+    time.sleep(1.5)  # a merge that takes a while between reading the destination and swapping it
+    return out
+rm.shutil.copytree = slow
+from mla_fp8_bench.cli import main
+sys.exit(main(["merge-results", sys.argv[1], "--into", sys.argv[2]]))
+"""
+
+
+def test_two_merges_into_one_destination_keep_both(tmp_path):
+    """Both used to report success while one machine's files were missing afterwards."""
+    import time
+
+    dest = _machine_src(tmp_path / "dest", "cpu-2core")
+    a, b = _machine_src(tmp_path / "a", "h200"), _machine_src(tmp_path / "b", "cpu-2core")
+    extra = b / "cpu-2core" / ("e" * 8 + "-virtualenv-py3.11-torch2.13.0.json")
+    first = sorted((b / "cpu-2core").glob("*-virtualenv-*.json"))[0]
+    extra.write_text(first.read_text().replace(json.loads(first.read_text())["commit_hash"], "e" * 40))
+    procs = []
+    for src in (a, b):
+        procs.append(subprocess.Popen([sys.executable, "-c", _SLOW_MERGE_CHILD, str(src), str(dest)], cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        time.sleep(0.5)
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert (dest / "h200" / "machine.json").is_file(), outs  # the first merge's machine
+    assert extra.name in {p.name for p in (dest / "cpu-2core").iterdir()}, outs  # the second merge's file
+
+
+def test_a_file_written_into_the_destination_during_a_merge_is_kept(tmp_path, monkeypatch):
+    import shutil
+
+    import mla_fp8_bench.analysis.results_merge as rm
+
+    dest = _machine_src(tmp_path / "dest", "cpu-2core")
+    src = _machine_src(tmp_path / "src", "h200")
+    late = dest / "cpu-2core" / ("f" * 8 + "-virtualenv-py3.11-torch2.13.0.json")
+    orig = shutil.copytree
+
+    def copy_then_asv_writes(*a, **k):
+        out = orig(*a, **k)
+        late.write_text('{"written": "by asv run, during the merge"}')
+        return out
+
+    monkeypatch.setattr(rm.shutil, "copytree", copy_then_asv_writes)
+    assert main(["merge-results", str(src), "--into", str(dest)]) == 0
+    assert (dest / "h200" / "machine.json").is_file()
+    assert late.read_text() == '{"written": "by asv run, during the merge"}'

@@ -47,6 +47,8 @@ ASSET_PACKAGES = ("jquery@3.3.1", "flot@0.8.3", "flot-orderbars@1.0.0", "stupid-
                   "blueimp-md5@2.19.0", "bootstrap@3.1.1")
 #: Where the local copies go inside the published site.
 SITE_ASSET_DIR = "_assets"
+#: The file that marks a folder as a site this command wrote: only such a folder is ever replaced.
+SITE_MARKER = ".mla-fp8-bench-site"
 
 
 @dataclass(frozen=True)
@@ -335,25 +337,67 @@ def load_asv_config(path: Path) -> dict[str, Any]:
     return conf
 
 
-def _check_html_dir(html: Path) -> None:
+def _check_html_dir(html: Path, results: Path) -> None:
+    """Refuse an ``--html-dir`` whose replacement could lose anything this command did not write.
+
+    Raises:
+        PublishError: a file; under a file; the results directory, inside it or holding it; a non-empty
+            folder without :data:`SITE_MARKER` (a hand-written site, ``asv publish``'s own output, anything
+            else: it is never replaced).
+    """
     if html.exists() and not html.is_dir():
         raise PublishError(f"--html-dir {html} is a file, not a directory")
-    if html.is_dir() and any(html.iterdir()) and not (html / "index.html").is_file():
-        raise PublishError(f"--html-dir {html} is a non-empty folder that is not an asv site (no index.html): "
-                           "publishing would replace its contents; give an empty or new folder")
     anc = next((a for a in (html, *html.parents) if a.exists()), None)
     if anc is not None and not anc.is_dir():
         raise PublishError(f"--html-dir {html} lies under {anc}, which is a file")
+    h, r = Path(os.path.realpath(html)), Path(os.path.realpath(results))
+    if h == r or r in h.parents or h in r.parents:
+        where = "is" if h == r else "lies inside" if r in h.parents else "holds"
+        raise PublishError(f"--html-dir {html} {where} the results directory {results}: publishing replaces the "
+                           "whole --html-dir folder; give a folder apart from the results")
+    if html.is_dir() and any(html.iterdir()) and not (html / SITE_MARKER).is_file():
+        what = "an asv site that mla-fp8-bench publish did not write" if (html / "index.html").is_file() else \
+            "a non-empty folder that is not an asv site"
+        raise PublishError(f"--html-dir {html} is {what} (no {SITE_MARKER} marker): publishing would replace its "
+                           "contents; give an empty or new folder, or move it away yourself")
 
 
 def _check_results(results: Path) -> None:
+    """Every result file must be readable: asv publish skips an unreadable one silently, and the site
+    would miss its results without a word.
+
+    Raises:
+        PublishError: no result files, or naming each unreadable file (truncated, not JSON, wrong schema).
+    """
+    from mla_fp8_bench.analysis.results import load_asv_result, load_benchmarks, load_machine
+
     try:
         mdirs = machine_dirs(results)
     except ResultsError as exc:
         raise PublishError(str(exc)) from None
-    if not any(list_result_files(m) for m in mdirs):
+    files = [f.path for m in mdirs for f in list_result_files(m)]
+    if not files:
         raise PublishError(f"results directory {results} holds no asv result files: nothing to publish "
                            "(run `asv run` first)")
+    bad = []
+    for m in mdirs:
+        try:
+            load_machine(m)
+        except ResultsError as exc:
+            bad.append(str(exc))
+    for f in files:
+        try:
+            load_asv_result(f)
+        except ResultsError as exc:
+            bad.append(str(exc))
+    if (results / "benchmarks.json").exists():
+        try:
+            load_benchmarks(results / "benchmarks.json")
+        except ResultsError as exc:
+            bad.append(str(exc))
+    if bad:
+        raise PublishError(f"{len(bad)} file(s) of {results} cannot be read, and asv publish would leave their "
+                           f"results out silently: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}")
 
 
 def _run_asv_publish(conf: dict[str, Any], config_dir: Path, results: Path, site: Path, work: Path,
@@ -395,9 +439,12 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
             html or results directory, a failing ``asv publish``, or a remote reference left. All checks
             on the inputs run before ``asv publish``; the previous site stays as it was on any failure.
     """
-    from mla_fp8_bench.analysis.results_merge import remove_tree, replace_dir, umask_dir_mode
+    from mla_fp8_bench.jsonio import OutputError, locked
 
     t0 = time.perf_counter()
+    for opt, val in (("--html-dir", html_dir), ("--results-dir", results_dir)):
+        if val is not None and str(val).strip() == "":
+            raise PublishError(f"{opt} '' is empty: give a folder, e.g. {opt[2:].split('-')[0]}")
     cache = Path(assets) if assets else assets_dir()
     problems = asset_problems(cache)
     if problems:
@@ -407,8 +454,20 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
     base = cfg_path.resolve().parent
     results = Path(results_dir) if results_dir else base / conf.get("results_dir", "results")
     html = (Path(html_dir) if html_dir else base / conf.get("html_dir", "html")).absolute()
-    _check_html_dir(html)
+    _check_html_dir(html, results)
     _check_results(results)
+    try:
+        with locked(html, "--html-dir"):
+            _check_html_dir(html, results)  # again, under the lock: another publish may have written it
+            return _publish_locked(conf, base, results, html, cache, timeout, t0)
+    except OutputError as exc:
+        raise PublishError(str(exc)) from None
+
+
+def _publish_locked(conf: dict[str, Any], base: Path, results: Path, html: Path, cache: Path, timeout: float,
+                    t0: float) -> PublishReport:
+    from mla_fp8_bench.analysis.results_merge import remove_tree, replace_dir, umask_dir_mode
+
     try:
         html.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{html.name}.publish-", dir=html.parent))
@@ -424,6 +483,8 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
             raise PublishError(f"the published site still loads remote files: {'; '.join(left[:3])}")
         shutil.rmtree(work / "env", ignore_errors=True)
         try:
+            (site / SITE_MARKER).write_text("written by mla-fp8-bench publish; a folder with this file may be "
+                                            "replaced by the next publish\n")
             os.chmod(site, umask_dir_mode())
             replace_dir(site, html)
         except OSError as exc:

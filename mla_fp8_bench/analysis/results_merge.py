@@ -27,6 +27,12 @@ Every input is read and checked before anything is written (corrupt files are na
 then staged: a copy of the destination is made beside it, the changes are written into the copy, and
 the copy is swapped into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames).
 A failure or a kill before the swap leaves the destination byte-identical.
+
+Two merges into one destination are serialised by a lock (:func:`mla_fp8_bench.jsonio.locked`): the
+second plans against the first's result. A file that another program (an ``asv run``) writes into the
+destination while a merge runs is not lost: after the swap, every file of the previous tree that is
+new or changed since the merge read it is carried into the new tree (a result file the merge also
+wrote is merged again, per parameter).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from mla_fp8_bench.analysis.results import (
     load_machine,
     machine_dirs,
 )
-from mla_fp8_bench.jsonio import write_file_atomic, write_json_atomic
+from mla_fp8_bench.jsonio import OutputError, locked, write_file_atomic, write_json_atomic
 
 #: Row columns that hold one entry per parameter combination (asv 0.6 ``result_columns``).
 PER_COMBO_COLUMNS = ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75", "stats_number",
@@ -480,8 +486,47 @@ def replace_dir(new: Path, dest: Path) -> None:
         remove_tree(old)
 
 
-def _apply_staged(plan: _Plan) -> None:
-    """Write the plan into a copy of the destination, then swap the copy into place.
+Snapshot = dict[str, tuple[int, int, int]]
+
+
+def _snapshot(dest: Path) -> Snapshot:
+    """relative path -> (inode, size, mtime_ns) of every file under ``dest`` ({} if absent)."""
+    out: Snapshot = {}
+    if dest.is_dir():
+        for p in dest.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                st = p.stat()
+                out[str(p.relative_to(dest))] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _rescue(previous: Path, dest: Path, seen: Snapshot, plan: _Plan, report: MergeReport) -> None:
+    """Carry files written into the destination during the merge (new or changed since ``seen``) from the
+    previous tree into the new one; a result file the merge wrote too is merged again."""
+    targets = {str(t.relative_to(plan.dest)) for t in (*plan.copies, *plan.writes)}
+    for rel, now in _snapshot(previous).items():
+        if seen.get(rel) == now:
+            continue
+        src, dst = previous / rel, dest / rel
+        if rel in targets and rel.endswith(".json") and "/" in rel and not rel.endswith("machine.json"):
+            try:
+                theirs = _load_result(src).raw
+                ours = _load_result(dst).raw
+                write_json_atomic(merge_result_data(ours, theirs, rel, report.kept), dst, indent=4, sort_keys=True)
+                report.notes.append(f"{rel} was written during the merge: merged again with it")
+                continue
+            except (ResultsError, MergeError):
+                dst = dst.with_name(dst.name + ".concurrent")
+        elif rel in targets:
+            dst = dst.with_name(dst.name + ".concurrent")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+        report.notes.append(f"{rel} was written during the merge: kept as {dst.relative_to(dest)}")
+
+
+def _apply_staged(plan: _Plan, seen: Snapshot | None = None, report: MergeReport | None = None) -> None:
+    """Write the plan into a copy of the destination, then swap the copy into place; files written into
+    the destination meanwhile (not in ``seen``) are carried over (:func:`_rescue`).
 
     Raises:
         MergeError: any write failure (the destination is unchanged).
@@ -503,6 +548,8 @@ def _apply_staged(plan: _Plan) -> None:
             write_json_atomic(data, stage / target.relative_to(plan.dest), indent=4, sort_keys=True)
         previous = _swap_into_place(stage, dest)
         stage = previous
+        if previous is not None and seen is not None:
+            _rescue(previous, dest, seen, plan, report or MergeReport())
     except OSError as exc:
         raise MergeError(f"cannot write the merged results into {plan.dest}: "
                          f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
@@ -532,7 +579,21 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
             incompatible result files, corrupt JSON (named), unknown machine names - all raised before
             anything is written; or a failed write, after which the destination is unchanged.
     """
+    if into is None or str(into).strip() == "":
+        raise MergeError("--into '' is empty: give the destination results directory, e.g. results")
     dest = Path(into)
+    if dest.exists() and not dest.is_dir():
+        raise MergeError(f"destination {dest} exists and is not a directory")
+    try:
+        with locked(dest, "destination"):
+            return _merge_locked(sources, dest, machines, dry_run, allow_machine_mismatch)
+    except OutputError as exc:
+        raise MergeError(str(exc)) from None
+
+
+def _merge_locked(sources: list[str | os.PathLike], dest: Path, machines: list[str] | None, dry_run: bool,
+                  allow_machine_mismatch: bool) -> MergeReport:
+    seen = _snapshot(dest)
     try:
         srcs = _read_sources(sources, dest, machines, allow_machine_mismatch)
         report = MergeReport()
@@ -546,7 +607,7 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
         report.notes.append("dry run: nothing written")
         return report
     if plan.copies or plan.writes:
-        _apply_staged(plan)
+        _apply_staged(plan, seen, report)
     return report
 
 
