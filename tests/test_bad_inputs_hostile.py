@@ -571,3 +571,82 @@ def test_a_file_written_into_the_destination_during_a_merge_is_kept(tmp_path, mo
     assert main(["merge-results", str(src), "--into", str(dest)]) == 0
     assert (dest / "h200" / "machine.json").is_file()
     assert late.read_text() == '{"written": "by asv run, during the merge"}'
+
+
+# ---------------------------------------------------------------- bisect measures both ends
+def _git_repo(tmp_path: Path, n: int = 3) -> tuple[Path, list[str]]:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+    def git(*a):
+        return subprocess.run(["git", "-C", str(lib), *a], check=True, capture_output=True, text=True,
+                              env=env).stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    shas = []
+    for i in range(n):
+        (lib / "f.txt").write_text(str(i))
+        git("add", "-A")
+        git("commit", "-q", "-m", f"c{i}")
+        shas.append(git("rev-parse", "HEAD"))
+    return lib, shas
+
+
+@pytest.mark.parametrize("measured,needle", [
+    ({"good": 0, "bad": 0}, "--bad {bad} measures good"),
+    ({"good": 1, "bad": 1}, "--good {good} measures bad"),
+    ({"good": 0, "bad": 125}, "--bad {bad} measures skip"),
+])
+def test_bisect_measures_both_ends_before_trusting_them(tmp_path, monkeypatch, capsys, measured, needle):
+    """`--bad` used to be named "first bad commit" without ever being measured."""
+    import mla_fp8_bench.analysis.bisect as bisect
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    lib, shas = _git_repo(tmp_path)
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"repo": str(lib), "results_dir": "results"}))
+    probed = []
+
+    def fake_step(wt, sha, step_cmd, env):
+        probed.append(sha)
+        return measured["good" if sha == shas[0] else "bad"]
+
+    started = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **k):
+        if "bisect" in cmd and "run" in cmd:
+            started.append(cmd)
+        if cmd[:3] == [sys.executable, "-m", "asv"]:
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        return real_run(cmd, *a, **k)
+
+    monkeypatch.setattr(bisect, "measure_end", fake_step, raising=True)
+    monkeypatch.setattr(bisect.subprocess, "run", run)
+    rc = main(["bisect", "--repo", str(lib), "--good", shas[0], "--bad", shas[-1], "--benchmark", "x",
+               "--metric", "track_latency", "--threshold", "1", "--config", str(tmp_path / "asv.conf.json")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 2 and needle.format(good=shas[0][:12], bad=shas[-1][:12]) in out, out[-1500:]
+    assert started == []  # no git bisect run between ends that do not hold
+
+
+def test_bisect_refuses_an_invalid_regex(tmp_path, capsys):
+    lib, shas = _git_repo(tmp_path)
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"repo": str(lib)}))
+    assert main(["bisect", "--repo", str(lib), "--good", shas[0], "--bad", shas[-1], "--benchmark", "track_(",
+                 "--metric", "track_latency", "--threshold", "1", "--config", str(tmp_path / "asv.conf.json")]) == 2
+    assert "--benchmark 'track_(' is not a valid regular expression" in capsys.readouterr().out
+
+
+# ============================================================================ Y. inputs checked before long work
+@pytest.mark.parametrize("extra,needle", [
+    (["--vllm-max-num-seqs", "1024", "--vllm-max-num-batched-tokens", "512"],
+     "--vllm-max-num-batched-tokens=512 < --vllm-max-num-seqs=1024: vLLM refuses it"),
+    (["--vllm-max-num-seqs", "1"], "the batch has 2 sequences but --vllm-max-num-seqs=1"),
+    (["--vllm-max-num-batched-tokens", "300"], "the batch has 556 new tokens but --vllm-max-num-batched-tokens=300"),
+    (["--vllm-max-model-len", "256"], "a kv_len of 300 exceeds --vllm-max-model-len=256"),
+])
+def test_plan_refuses_impossible_vllm_settings(capsys, extra, needle):
+    assert main(["plan", "--qo-lens", "256,300", "--kv-lens", "256,300", "--heads", "16", *extra]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert needle in out and "reserved" not in out

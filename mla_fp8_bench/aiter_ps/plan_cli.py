@@ -136,6 +136,29 @@ def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: in
                          f" too large to plan here (allowed <= {MAX_WORKS})")
 
 
+def _check_vllm(q: tuple[int, ...], kv: tuple[int, ...], seqs: int, tokens: int, model_len: int) -> None:
+    """Refuse vLLM settings under which vLLM would never run this batch (its reservation would then be
+    printed for a case that cannot happen).
+
+    Raises:
+        ValueError: ``max_num_batched_tokens < max_num_seqs`` (vLLM's SchedulerConfig refuses it), more
+            sequences than ``max_num_seqs``, more new tokens than ``max_num_batched_tokens`` in one step,
+            or a kv_len above ``max_model_len``.
+    """
+    if tokens < seqs:
+        raise ValueError(f"--vllm-max-num-batched-tokens={tokens} < --vllm-max-num-seqs={seqs}: vLLM refuses it "
+                         "(max_num_batched_tokens must be >= max_num_seqs)")
+    if len(q) > seqs:
+        raise ValueError(f"the batch has {len(q)} sequences but --vllm-max-num-seqs={seqs}: vLLM never schedules "
+                         f"more than max_num_seqs in one step (allowed >= {len(q)})")
+    if sum(q) > tokens:
+        raise ValueError(f"the batch has {sum(q)} new tokens but --vllm-max-num-batched-tokens={tokens}: one step of "
+                         f"vLLM holds at most max_num_batched_tokens (allowed >= {sum(q)})")
+    if max(kv) > model_len:
+        raise ValueError(f"a kv_len of {max(kv)} exceeds --vllm-max-model-len={model_len}: vLLM rejects such a "
+                         f"sequence (allowed >= {max(kv)})")
+
+
 def plan_request(args: argparse.Namespace) -> PlanRequest:
     """Validate ``plan``'s arguments, before any work.
 
@@ -159,6 +182,7 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
               if args.vllm_max_num_batched_tokens else max(1, sum(q)))
     model_len = (_int("--vllm-max-model-len", args.vllm_max_model_len, 1, INT32_MAX)
                  if args.vllm_max_model_len else max(1, max(kv)))
+    _check_vllm(q, kv, seqs, tokens, model_len)
     need_lse = None
     if args.need_lse is not None:
         if str(args.need_lse) not in ("0", "1"):

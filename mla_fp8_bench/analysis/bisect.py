@@ -22,6 +22,10 @@ each probed commit the step (``python -m mla_fp8_bench.analysis.bisect step ...`
    benchmark combinations, a missing config - exits **128**, which makes ``git bisect run`` abort
    instead of marking commits.
 
+Before ``git bisect run`` starts, both ends are measured the same way: ``--good`` must measure good
+and ``--bad`` bad, or the command stops (exit 2) naming what each end measured: a bisection between
+ends that were never measured would name an unmeasured "first bad commit".
+
 The command prints the first bad commit, the value at every probed commit, and ``git bisect log``;
 it exits 0 when a first bad commit was named, 1 when bisection ended without one, 2 on usage errors.
 """
@@ -201,6 +205,10 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
         raise BisectUsageError(f"--metric {metric!r} is unknown: allowed {', '.join(METRICS)}")
     if not math.isfinite(threshold):
         raise BisectUsageError(f"--threshold {threshold} must be finite")
+    try:
+        re.compile(benchmark)
+    except re.error as exc:
+        raise BisectUsageError(f"--benchmark {benchmark!r} is not a valid regular expression: {exc}") from None
     config = str(Path(config).resolve())
     if not Path(config).is_file():
         raise BisectUsageError(f"--config {config} does not exist (an asv.conf.json whose repo is {repo})")
@@ -219,7 +227,6 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
     log = os.path.join(wt + "-probes.jsonl")
     _git(repo, "worktree", "add", "--detach", wt, bad_sha)
     try:
-        _git(wt, "bisect", "start", bad_sha, good_sha)
         step_cmd = [python, "-m", "mla_fp8_bench.analysis.bisect", "step", "--benchmark", benchmark, "--threshold",
                     repr(threshold), "--config", config, "--python", python, "--install-cmd", install_cmd,
                     "--machine", machine, "--log", log]
@@ -228,6 +235,9 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
         env = dict(os.environ)
         for k, v in probe_selection(benchmark).items():
             env.setdefault(k, v)
+        ends = check_ends(wt, good_sha, bad_sha, [sys.executable, "-m", "mla_fp8_bench.analysis.bisect",
+                                                  *step_cmd[3:]], env, log, echo)
+        _git(wt, "bisect", "start", bad_sha, good_sha)
         p = subprocess.run(["git", "-C", wt, "bisect", "run", sys.executable, "-m", "mla_fp8_bench.analysis.bisect",
                             *step_cmd[3:]], capture_output=True, text=True, env=env)
         output = p.stdout + p.stderr
@@ -244,7 +254,42 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
         with open(log) as f:
             probes = [json.loads(x) for x in f if x.strip()]
         os.unlink(log)
-    return {"first_bad": first_bad, "probes": probes, "log": blog, "output": output, "benchmark": benchmark}
+    return {"first_bad": first_bad, "probes": probes, "log": blog, "output": output, "benchmark": benchmark,
+            "ends": ends}
+
+
+def measure_end(wt: str, sha: str, step_cmd: list[str], env: dict[str, str]) -> int:
+    """Run one probe (:func:`step`) at ``sha`` in the worktree ``wt``; its exit status (good/bad/skip/abort)."""
+    _git(wt, "checkout", "-q", "--detach", sha)
+    return subprocess.run(step_cmd, cwd=wt, env=env).returncode
+
+
+def check_ends(wt: str, good: str, bad: str, step_cmd: list[str], env: dict[str, str], log: str,
+               echo=print) -> dict[str, str]:
+    """Measure ``good`` and ``bad`` before bisecting between them.
+
+    Raises:
+        BisectUsageError: ``good`` does not measure good or ``bad`` does not measure bad (including a
+            skipped or aborted probe), naming what each end measured.
+    """
+    verdict = {EXIT_GOOD: "good", EXIT_BAD: "bad", EXIT_SKIP: "skip", EXIT_ABORT: "abort"}
+    out: dict[str, str] = {}
+    for opt, sha, want in (("--good", good, EXIT_GOOD), ("--bad", bad, EXIT_BAD)):
+        echo(f"measuring {opt} {sha[:12]} before bisecting")
+        rc = measure_end(wt, sha, step_cmd, env)
+        out[opt] = verdict.get(rc, f"exit {rc}")
+        if rc != want:
+            last = {}
+            if os.path.exists(log):
+                with open(log) as f:
+                    lines = [json.loads(x) for x in f if x.strip()]
+                last = next((x for x in reversed(lines) if x.get("sha") == sha), {})
+            seen = (f"{last.get('name') or 'the benchmark'} = {last['value']:.6g}" if "value" in last
+                    else last.get("why", "no value"))
+            raise BisectUsageError(f"{opt} {sha[:12]} measures {out[opt]} ({seen}), not {verdict[want]}: the ends of "
+                                   "a bisection must be measured good and bad; pick other commits or another "
+                                   "--threshold")
+    return out
 
 
 def cmd_bisect(args: argparse.Namespace, console) -> int:
@@ -256,6 +301,8 @@ def cmd_bisect(args: argparse.Namespace, console) -> int:
     except BisectUsageError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
+    console.print(f"ends measured: --good {res['ends'].get('--good')}, --bad {res['ends'].get('--bad')}",
+                  highlight=False)
     for pr in res["probes"]:
         v = pr.get("value")
         shown = f"{v:.6g} (probe {pr.get('probe_s', 0):.1f} s)" if v is not None else pr.get("why", "")
