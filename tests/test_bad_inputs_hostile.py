@@ -577,7 +577,8 @@ def test_a_file_written_into_the_destination_during_a_merge_is_kept(tmp_path, mo
 def _git_repo(tmp_path: Path, n: int = 3) -> tuple[Path, list[str]]:
     lib = tmp_path / "lib"
     lib.mkdir()
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
 
     def git(*a):
         return subprocess.run(["git", "-C", str(lib), *a], check=True, capture_output=True, text=True,
