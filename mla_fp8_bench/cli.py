@@ -202,9 +202,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_measure(args: argparse.Namespace, console: Console) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate, write_json_atomic
+    from mla_fp8_bench.terminal import CaseProgress
 
     pinfo, names, cases, note = _resolve_run_args(args)
     if note:
@@ -212,16 +211,9 @@ def _run_measure(args: argparse.Namespace, console: Console) -> int:
     opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
                       flush_l2=args.flush_l2)
     interrupted = False
-    with _signals_interrupt() as signals, Progress(TextColumn("{task.description}"), BarColumn(),
-                                                   MofNCompleteColumn(), TimeElapsedColumn(),
-                                                   console=console, transient=True) as prog:
-        task = prog.add_task("measuring", total=len(names) * len(cases))
-
-        def tick(rec):
-            prog.update(task, advance=1, description=f"{rec.backend} {rec.case}: {rec.status}")
-
+    with _signals_interrupt() as signals, CaseProgress(len(names) * len(cases), console) as prog:
         try:
-            data = evaluate(names, cases, device=pinfo.device, options=opts, progress=tick)
+            data = evaluate(names, cases, device=pinfo.device, options=opts, progress=prog.step)
         except RunInterrupted as exc:
             data, interrupted = exc.data, True
     if not args.no_timing and not interrupted:
@@ -371,17 +363,20 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_extra_commands(sub) -> None:
     """Sub-commands that live in their own modules register here (each module's ``add_parser``)."""
     from mla_fp8_bench.aiter_ps import plan_cli
-    from mla_fp8_bench.analysis import bisect, calibrate, gate, plot, publish, results_merge
+    from mla_fp8_bench.analysis import bisect, calibrate, gate, plot, publish, results_merge, site_view
     from mla_fp8_bench.harness import nightly
 
     for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
-                     bisect.add_parser, nightly.add_parser, plan_cli.add_parser, publish.add_parser):
+                     bisect.add_parser, nightly.add_parser, plan_cli.add_parser, publish.add_parser,
+                     site_view.add_parser):
         register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mla-fp8-bench`` console script; returns the exit status."""
-    console = Console()
+    from mla_fp8_bench.terminal import make_console
+
+    console = make_console()
     parser = build_parser()
     args = parser.parse_args(argv)
     from mla_fp8_bench.backends import UnknownBackendError

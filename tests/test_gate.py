@@ -275,8 +275,20 @@ def test_asv_usage_errors(tmp_path, capsys):
     assert _gate("aaaa11", "bbbb22", "--results-dir", str(tmp_path / "nope")) == 2
     assert _gate("aaaa11", "bbbb22", "--results-dir", str(root), "--machine", "h200") == 2
     (root / "other-machine").mkdir()
-    assert _gate("aaaa11", "bbbb22", "--results-dir", str(root)) == 2  # two machines, no --machine
+    capsys.readouterr()
+    # two machines, only one holds both commits: that one is compared
+    assert _gate("aaaa11", "bbbb22", "--results-dir", str(root)) == 0
+    assert f"{root}/cpu-test/aaaa1111" in capsys.readouterr().out
+    # two machines holding both commits, no --machine: refused, naming the flag
+    (root / "other-machine" / "machine.json").write_text(json.dumps({"machine": "other-machine", "version": 1}))
+    for sha in (SHA_B, SHA_H):
+        doc = _asv_doc(sha, lat, acc)
+        (root / "other-machine" / f"{sha[:8]}-existing-py_work_venv_bin_python.json").write_text(json.dumps(doc))
+    assert _gate("aaaa11", "bbbb22", "--results-dir", str(root)) == 2
     assert "--machine" in capsys.readouterr().out
+    import shutil
+
+    shutil.rmtree(root / "other-machine")
     # two environments for one commit
     d = _asv_doc(SHA_H, lat, acc, env="virtualenv-py3.11")
     (root / "cpu-test" / f"{SHA_H[:8]}-virtualenv-py3.11.json").write_text(json.dumps(d))

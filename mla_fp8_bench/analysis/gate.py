@@ -285,6 +285,27 @@ def resolve_machine(results_dir: str, machine: str | None) -> str:
                          "pass --machine")
 
 
+def machine_holding(results_dir: str, specs: tuple[str, ...], env: str | None) -> str | None:
+    """The one machine of ``results_dir`` with results for every commit prefix in ``specs`` (files are
+    skipped), or None when there is no such machine or several (``--machine`` then decides)."""
+    if not os.path.isdir(results_dir):
+        return None
+    prefixes = [s for s in specs if not os.path.isfile(s)]
+    if not prefixes:
+        return None
+    found = []
+    for name in sorted(os.listdir(results_dir)):
+        if not os.path.isdir(os.path.join(results_dir, name)):
+            continue
+        try:
+            for s in prefixes:
+                find_result(results_dir, name, s, env)
+        except ResultsError:
+            continue
+        found.append(name)
+    return found[0] if len(found) == 1 else None
+
+
 def _check_prefix(prefix: str) -> None:
     if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
         raise GateUsageError(f"{prefix!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
@@ -377,6 +398,8 @@ class Row:
     verdict: str  # GATING verdicts, or ok | improved | skipped | not comparable | new | removed | info | ...
     detail: str = ""
     compared: bool = False  # a HEAD value was judged against BASE's value or a calibrated tolerance
+    #: the ratio column's text when a ratio would mislead (BASE at the metric's floor: "0 -> 64 (new)")
+    ratio_note: str = ""
 
     @property
     def gating(self) -> bool:
@@ -399,7 +422,8 @@ _SCOPE_TEXT = {"emulation": "an emulation's latency, not a kernel's: information
                "cpu": "CPU host time, not a kernel's: informational"}
 
 
-def _fmt(m: Measure | None, kind: str) -> str:
+def _fmt(m: Measure | None, kind: str, metric: Metric | None = None) -> str:
+    """A value as the table shows it; a value at the metric's floor (a stored exact 0) reads ``0``."""
     if m is None:
         return "-"
     if m.status != "ok":
@@ -407,17 +431,44 @@ def _fmt(m: Measure | None, kind: str) -> str:
     v = m.center()
     if v is None:
         return "-"
+    if metric is not None and metric.floor is not None and v <= metric.floor:
+        return "0"
     if kind in _LATENCY_KINDS:
         return _fmt_s(v) + (f" (n={len(m.samples)})" if m.samples else "")
     return f"{v:.4g}"
 
 
 def _fmt_s(x: float) -> str:
+    """Seconds with 4 significant digits in s / ms / us (``9.745 us``, ``10.24 us``)."""
     if x >= 1:
-        return f"{x:.3f} s"
+        return f"{x:.4g} s"
     if x >= 1e-3:
-        return f"{x * 1e3:.3f} ms"
-    return f"{x * 1e6:.2f} us"
+        return f"{x * 1e3:.4g} ms"
+    return f"{x * 1e6:.4g} us"
+
+
+def ratio_str(x: float, against: float | None = None) -> str:
+    """A ratio with 3 decimals, or as many more (up to 6) as it takes to differ from ``against`` (the
+    threshold it is compared with): ``1.0502`` next to ``1.05``, never ``1.050``."""
+    if x is None or math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "inf"
+    for d in (3, 4, 5, 6):
+        text = f"{x:.{d}f}"
+        if against is None or float(text) != against:
+            return text
+    return repr(x)
+
+
+def growth_text(bv: float, hv: float, floor: float | None, against: float | None = None) -> str:
+    """How HEAD relates to BASE: ``1.0502x``, or ``0 -> 64 (new)`` when BASE is at the metric's floor
+    (an exact 0, stored floored) and HEAD is not (a ratio against a floored 0 means nothing)."""
+    if floor is not None and bv <= floor < hv:
+        return f"0 → {hv:.4g} (new)"
+    if not bv:
+        return "0 → 0" if not hv else f"0 → {hv:.4g} (new)"
+    return ratio_str(hv / bv, against) + "x"
 
 
 def _head_not_ok(row: Row, bm: Measure | None, hm: Measure) -> None:
@@ -471,6 +522,8 @@ def _tolerance(row: Row, m: Metric | None, bm: Measure | None, hm: Measure, opts
         b_ok = bm is not None and bm.status == "ok"
         row.verdict = "REGRESSION"
         row.ratio = (v / bm.center()) if b_ok and bm.center() else None
+        if b_ok and m is not None and m.floor is not None and bm.center() <= m.floor < v:
+            row.ratio_note = growth_text(bm.center(), v, m.floor)
         row.detail = f"exceeds tolerance: {v:.4g} > {t:.4g} ({how})" + (
             "; already over at BASE" if b_ok and (bm.center() or 0) > t else "")
     return f"tol {t:.4g} ({how.split(' (')[0]})"
@@ -489,15 +542,23 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions) -> None:
     row.detail = lv.method
     if lv.regressed:
         row.verdict = "REGRESSION"
-        row.detail = f"{lv.ratio:.3f}x > {opts.factor} and significant ({lv.method})"
+        row.detail = f"{ratio_str(lv.ratio, opts.factor)}x > {opts.factor} and significant ({lv.method})"
     elif lv.ratio < 1 / opts.factor and _sig_faster(bm, hm, opts.alpha):
-        row.verdict, row.detail = "improved", f"{lv.ratio:.3f}x, significantly faster"
+        row.verdict, row.detail = "improved", f"{ratio_str(lv.ratio, 1 / opts.factor)}x, significantly faster"
+
+
+def _grew(bv: float, hv: float, floor: float | None, limit: float) -> str:
+    text = growth_text(bv, hv, floor, limit)
+    return f"grew {text} > {limit}x" if text.endswith("x") else f"{text}: any growth from 0 exceeds {limit}x"
 
 
 def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions, tol_detail: str) -> None:
     """Verdict of two ok, comparable values by the metric's gate rule (latency excluded)."""
     rule = m.gate if m is not None else ("grow" if row.kind == "accuracy" else "none")
     row.ratio = (hv / bv) if bv else (math.inf if hv else 1.0)
+    floor = m.floor if m is not None else None
+    if (floor is not None and bv <= floor < hv) or (not bv and hv):
+        row.ratio_note = growth_text(bv, hv, floor)
     if rule == "zero":
         if hv != 0:
             row.verdict, row.detail = "REGRESSION", f"{hv:.4g} on HEAD, must be 0"
@@ -506,7 +567,8 @@ def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions
             row.verdict, row.detail = "REGRESSION", f"changed {bv:.6g} -> {hv:.6g} (must not change)"
     elif rule in ("grow", "tolerance") and row.kind == "accuracy":
         if hv > bv * opts.acc_factor and hv - bv > ACC_ABS_FLOOR:
-            row.verdict, row.detail = "REGRESSION", f"grew {row.ratio:.2f}x > {opts.acc_factor}x over BASE" + (
+            row.verdict, row.detail = "REGRESSION", (
+                f"{_grew(bv, hv, floor, opts.acc_factor)} over BASE") + (
                 f"; {tol_detail}" if tol_detail else "")
         else:
             row.detail = tol_detail
@@ -514,7 +576,7 @@ def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions
                 row.verdict = "improved"
     elif rule == "grow":
         if hv > bv * opts.factor:
-            row.verdict, row.detail = "REGRESSION", f"grew {row.ratio:.3f}x > {opts.factor}x"
+            row.verdict, row.detail = "REGRESSION", _grew(bv, hv, floor, opts.factor)
         elif hv < bv / opts.factor:
             row.verdict = "improved"
     else:
@@ -527,7 +589,7 @@ def compare_one(key: tuple[str, str, str], base: Side, head: Side, opts: GateOpt
     m = find(metric)
     kind = head.kinds.get(metric) or base.kinds.get(metric) or _metric_kind(m, metric)
     bm, hm = base.data.get(key), head.data.get(key)
-    row = Row(b, c, metric, kind, _fmt(bm, kind), _fmt(hm, kind), None, "ok")
+    row = Row(b, c, metric, kind, _fmt(bm, kind, m), _fmt(hm, kind, m), None, "ok")
     amb = next((x for x in (hm, bm) if x is not None and x.status == "ambiguous"), None)
     if amb is not None:
         row.verdict, row.detail = "AMBIGUOUS", amb.reason
@@ -629,7 +691,9 @@ def _gating(rows: list[Row], allow_missing: bool) -> list[Row]:
 
 
 def _ratio_text(r: Row) -> str:
-    return "-" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.3f}"
+    if r.ratio_note:
+        return r.ratio_note
+    return "-" if r.ratio is None or not math.isfinite(r.ratio) else ratio_str(r.ratio)
 
 
 def _skipped_summary(rows: list[Row]) -> dict[str, dict[str, str]]:
@@ -651,13 +715,14 @@ def render_text(rows: list[Row], title: str, console, *, show_all: bool = False)
     from rich.table import Table
 
     shown = rows if show_all else [r for r in rows if r.verdict not in _QUIET]
-    t = Table(title=title)
+    t = Table()
     for col in ("verdict", "backend", "case", "metric", "BASE", "HEAD", "ratio", "detail"):
         t.add_column(col, overflow="fold")
     for r in shown:
         st = _STYLE.get(r.verdict, "")
         t.add_row(f"[{st}]{r.verdict}[/{st}]" if st else r.verdict, r.backend, r.case, r.metric, r.base, r.head,
                   _ratio_text(r), r.detail)
+    console.print(title, highlight=False, markup=False, soft_wrap=True)
     if shown:
         console.print(t)
     # one unfolded line per notable row, so CI logs and greps see every name whatever the terminal width
@@ -738,6 +803,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def cmd_gate(args: argparse.Namespace, console) -> int:
     _check_args(args)
     tol = load_tolerances(args.tolerances) if args.tolerances else None
+    if args.machine is None:  # several machines: the one that holds both commits, if only one does
+        args.machine = machine_holding(args.results_dir, (args.base, args.head), args.env)
     base, bsrc = load_side(args.base, "BASE", args.results_dir, args.machine, args.env)
     head, hsrc = load_side(args.head, "HEAD", args.results_dir, args.machine, args.env)
     if not args.allow_cross_machine:
@@ -786,7 +853,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("base", metavar="BASE", help="run JSON, asv result file, or commit hash (prefix) in --results-dir")
     p.add_argument("head", metavar="HEAD", help="run JSON, asv result file, or commit hash (prefix) in --results-dir")
     p.add_argument("--results-dir", default="results", help="asv results directory (default: results)")
-    p.add_argument("--machine", help="asv machine name (default: the only one in --results-dir)")
+    p.add_argument("--machine", help="asv machine name (default: the only one in --results-dir, or the only one "
+                   "holding both commits)")
     p.add_argument("--env", help="substring of the asv environment name when a commit has several")
     p.add_argument("--factor", type=float, default=DEFAULT_FACTOR, help="latency/resource growth factor (1.05)")
     p.add_argument("--acc-factor", type=float, default=DEFAULT_ACC_FACTOR,

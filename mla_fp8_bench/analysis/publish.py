@@ -478,6 +478,9 @@ def _publish_locked(conf: dict[str, Any], base: Path, results: Path, html: Path,
         asv_wall, log = _run_asv_publish(conf, base, results.resolve(), site, work, timeout)
         vendored = vendorize(site, cache)
         drop_host_time_regressions(site)
+        from mla_fp8_bench.analysis.site_view import present
+
+        present(site)
         left = remote_references(site)
         if left:
             raise PublishError(f"the published site still loads remote files: {'; '.join(left[:3])}")
@@ -525,4 +528,7 @@ def cmd_publish(args, console) -> int:
     console.print(f"published {rep.results_dir} to {rep.html_dir} in {rep.wall_s:.1f} s (asv publish "
                   f"{rep.asv_wall_s:.1f} s); {len(rep.vendored)} CDN references made local "
                   f"({exact} byte-identical to the CDN's file, integrity kept)", highlight=False)
+    from mla_fp8_bench.analysis.site_view import preview_hint
+
+    console.print(preview_hint(rep.html_dir), highlight=False, markup=False, soft_wrap=True)
     return 0

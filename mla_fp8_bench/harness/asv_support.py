@@ -3,12 +3,15 @@
 Environment variables read by :func:`measure_grid` (all optional):
 
 * ``MLA_FP8_BENCH_DEVICE`` - ``auto`` (default), ``cpu``, ``cuda``, ``cuda:N``.
-* ``MLA_FP8_BENCH_MAX_TOKENS`` - skip cases with more total tokens (default: the device's sweep cap,
-  2048 on CPU, 32768 on GPUs; ragged cases count their total, ctx/prefix cases their keys).
+* ``MLA_FP8_BENCH_MAX_TOKENS`` - skip cases with more total tokens (default :data:`GRID_CAPS`: 1536 on
+  CPU, 32768 on GPUs; ragged cases count their total, ctx/prefix cases their keys). ``2048`` measures
+  every case the CPU sweep of ``mla-fp8-bench run`` has.
 * ``MLA_FP8_BENCH_BACKENDS`` - comma-separated subset of :data:`ASV_BACKENDS` to measure.
 * ``MLA_FP8_BENCH_CASES`` - comma-separated subset of :data:`ASV_CASES` to measure (the others are
   asv skips; ``mla-fp8-bench bisect`` sets it, with ``MLA_FP8_BENCH_BACKENDS``, to the probed params).
-* ``MLA_FP8_BENCH_SAMPLES`` / ``MLA_FP8_BENCH_TIME_BUDGET`` - latency samples / seconds per param.
+* ``MLA_FP8_BENCH_SAMPLES`` / ``MLA_FP8_BENCH_TIME_BUDGET`` - latency samples / seconds per param
+  (default 30 samples within :data:`GRID_TIME_BUDGET_S`: 2 s on CPU, where latency is host time and
+  informational, 10 s on GPUs).
 * ``MLA_FP8_BENCH_EXPECT_COMMIT`` - in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the
   SHA you pass to ``--set-commit-hash`` here and the measurement refuses to run on other code.
 """
@@ -35,6 +38,12 @@ ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     # prefix-cached prefill: a context chunk, a whole prefix prefill, and one larger beyond the CPU cap
     "ctx1024-q256", "prefix1024-q300", "prefix8192-q1024",
 )
+#: Default token cap of the asv grid per device type. On CPU the float64 reference and the emulator are
+#: O(seq_len^2): 1536 keeps every CPU case but s2048 (about a quarter of the CPU grid's time) and keeps
+#: the main job within minutes; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures it too.
+GRID_CAPS = {"cpu": 1536, "cuda": SWEEP_CAPS["cuda"]}
+#: Default seconds of latency sampling per (backend, case) of the asv grid, per device type.
+GRID_TIME_BUDGET_S = {"cpu": 2.0, "cuda": 10.0}
 #: Backends of the AITER PS path (planner time and workspace tracks): those that provide ``plan_stats``.
 PLAN_BACKENDS = tuple(b for b in ASV_BACKENDS if callable(getattr(type(get_backend(b)), "plan_stats", None)))
 
@@ -58,6 +67,27 @@ def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
     if rec["status"] != "ok":
         raise RuntimeError(f"{backend} on {case} failed: {rec['reason']}")
     return rec
+
+
+def emulation_backends() -> tuple[str, ...]:
+    """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``), from the registry."""
+    return tuple(b for b in ASV_BACKENDS if get_backend(b).emulation)
+
+
+def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` of an emulation backend (the registry's ``Backend.emulation``, e.g. ``aiter-emulated``)
+    with its latency moved from ``latency_s`` / ``latency_samples_s`` (asv's ``track_latency``, kernel
+    latencies) to ``emulation_latency_s`` / ``emulation_latency_samples_s`` (``track_emulation_latency``),
+    so asv never draws the two on one axis. Other records unchanged."""
+    if rec.get("backend") not in emulation_backends():
+        return rec
+    from mla_fp8_bench.measure.metric_table import find
+
+    lat, emu = find("track_latency"), find("track_emulation_latency")
+    out = dict(rec)
+    out[emu.record_key], out[lat.record_key] = out.get(lat.record_key), None
+    out[emu.samples_key], out[lat.samples_key] = out.get(lat.samples_key), None
+    return out
 
 
 def _env_int(name: str) -> int | None:
@@ -123,7 +153,7 @@ def _grid_setup():
     check_commit()
     knobs = check_knobs()
     pinfo = platform_info(knobs["device"])
-    cap = knobs["max_tokens"] or SWEEP_CAPS[pinfo.device_type]
+    cap = knobs["max_tokens"] or GRID_CAPS[pinfo.device_type]
     backends = knobs["backends"] or list(ASV_BACKENDS)
     only = knobs["cases"]
     cases, skipped = [], {}
@@ -188,16 +218,23 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
 
     pinfo, cap, backends, cases, skipped = _grid_setup()
     knobs = check_knobs()
-    opts = RunOptions(samples=knobs["samples"] or 30, time_budget_s=knobs["time_budget_s"] or 10.0)
-    data = evaluate(backends, cases, device=pinfo.device, options=opts,
-                    progress=lambda r: print(f"[mla_fp8_bench] {r.backend} {r.case}: {r.status} {r.reason}",
-                                             flush=True))
+    opts = RunOptions(samples=knobs["samples"] or 30,
+                      time_budget_s=knobs["time_budget_s"] or GRID_TIME_BUDGET_S[pinfo.device_type])
+    import sys
+
+    from mla_fp8_bench.terminal import CaseProgress
+
+    print(f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
+          f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):",
+          file=sys.stderr, flush=True)
+    with CaseProgress(len(backends) * len(cases), stream=sys.stderr) as prog:
+        data = evaluate(backends, cases, device=pinfo.device, options=opts, progress=prog.step)
     from mla_fp8_bench.measure.ceilings import attach
 
     attach(data)
     records: dict[str, Any] = {}
     for r in data["records"]:
-        records[f"{r['backend']}|{r['case']}"] = {k: v for k, v in r.items() if k not in _DROP}
+        records[f"{r['backend']}|{r['case']}"] = emulation_apart({k: v for k, v in r.items() if k not in _DROP})
     for cid, why in skipped.items():
         for b in ASV_BACKENDS:
             records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}

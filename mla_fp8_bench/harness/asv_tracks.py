@@ -84,11 +84,10 @@ def _asv_regex(m: Metric) -> str:
 
 
 def emulation_backends() -> tuple[str, ...]:
-    """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``), from the registry."""
-    from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.harness.asv_support import ASV_BACKENDS
+    """Backends of the asv grid whose latency is an emulation's (``asv_support.emulation_backends``)."""
+    from mla_fp8_bench.harness import asv_support
 
-    return tuple(b for b in ASV_BACKENDS if get_backend(b).emulation)
+    return asv_support.emulation_backends()
 
 
 def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:

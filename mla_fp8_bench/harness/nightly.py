@@ -212,6 +212,48 @@ def derived_config(config: str, repo: str, out_dir: str) -> str:
     return str(out)
 
 
+def _is_remote(repo: str) -> bool:
+    return "://" in repo or (repo.startswith("git@") and ":" in repo)
+
+
+def _git_has(path: Path, sha: str) -> bool:
+    p = subprocess.run(["git", "-C", str(path), "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True)
+    return p.returncode == 0
+
+
+def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTest, timeout: float = 30) -> bool:
+    """Refuse, before anything is written, a run whose asv config names a remote ``repo`` that asv would
+    have to clone or fetch when neither a local mirror holding the commit nor the remote is available.
+
+    asv keeps its clone of a remote ``repo`` in ``<config dir>/<project>`` and fetches it on every run.
+    Returns True when that mirror already holds ``lib.commit`` (the run then passes ``--no-pull``: no
+    network needed), False when ``repo`` is local or the remote answers ``git ls-remote``.
+
+    Raises:
+        NightlyError: naming the repository, the mirror and ``--checkout PATH``.
+    """
+    repo = str(conf.get("repo", "."))
+    if not _is_remote(repo):
+        return False
+    mirror = Path(config).resolve().parent / str(conf.get("project", "project"))
+    if (mirror / "objects").is_dir() or (mirror / ".git").exists():
+        if _git_has(mirror, lib.commit):
+            return True
+    try:
+        p = subprocess.run(["git", "ls-remote", "--exit-code", repo, "HEAD"], capture_output=True, text=True,
+                           timeout=timeout, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+        ok, why = p.returncode == 0, " ".join(p.stderr.split())[-200:] or f"git ls-remote exited {p.returncode}"
+    except subprocess.TimeoutExpired:
+        ok, why = False, f"no answer in {timeout:.0f} s"
+    except OSError as exc:
+        ok, why = False, f"git cannot be run: {exc}"
+    if ok:
+        return False
+    raise NightlyError(f"{lib.name} commit {lib.commit[:12]} must come from {repo} ({config}'s repo), which is not "
+                       f"reachable ({why}), and {mirror} holds no mirror with that commit: pass --checkout PATH "
+                       f"(a git checkout of {lib.name} that has the commit; nothing is fetched then)")
+
+
 def previous_commit(results_dir: str, machine: str, head: str) -> str | None:
     """The commit of the newest stored ``existing`` result on ``machine`` other than ``head`` (by commit date)."""
     from mla_fp8_bench.analysis.results import list_result_files, load_asv_result
@@ -284,13 +326,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
     config = args.config or LIBRARIES[lib.name][2]
     conf = load_conf(config)
     results_dir = str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
+    no_pull = False
+    if not lib.checkout:
+        no_pull = check_repo_reachable(conf, config, lib)
     if lib.checkout:
         config = (derived_config(config, lib.checkout, str(Path(config).resolve().parent / ".asv"))
                   if not args.dry_run else f"<{config} with repo={lib.checkout}>")
     setup = [] if _machine_known(args.machine) else [_cli("asv-machine", args.machine, "--results-dir", results_dir)]
     bench = args.bench or DEFAULT_BENCH[lib.name]
     run = [sys.executable, "-m", "asv", "run", "--config", config, "-E", f"existing:{python}", "--set-commit-hash",
-           lib.commit, "--machine", args.machine, "--show-stderr", "-b", bench]
+           lib.commit, "--machine", args.machine, "--show-stderr", "-b", bench, *(["--no-pull"] if no_pull else [])]
     if args.no_publish:
         publish = None
     elif _has_publish():

@@ -173,6 +173,12 @@ METRICS: tuple[Metric, ...] = (
            "MLA prefill call latency (host-inclusive)", "host_latency", gate="latency",
            samples_key="call_latency_samples_s",
            doc="Host-inclusive latency of one call (run + synchronize), seconds (GPU only)."),
+    Metric("emulation_latency", "emulation_latency_s", "track_emulation_latency", "MLAPrefill", "seconds",
+           "emulated MLA prefill latency (host time of the emulation, not a kernel's)", "informational",
+           samples_key="emulation_latency_samples_s",
+           doc="Host time of an emulation of the kernel (PyTorch code), seconds: informational, never a kernel's. "
+               "Its own track, so asv never draws it on the axis of kernel latencies (track_latency is n/a "
+               "for emulation records)."),
     _accuracy("max_abs_error", "max_abs_error_fp8_ref", "track_max_abs_error", "max_abs_err",
               "max-abs error vs fp8-dequant reference", calibrated=True, tolerance_floor=1e-3,
               doc="max |out - ref| against float64/float32 attention on the dequantised fp8 inputs."),

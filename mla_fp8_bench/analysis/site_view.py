@@ -1,0 +1,251 @@
+"""What a person sees on the published asv site, and ``mla-fp8-bench preview`` to look at it.
+
+:func:`present` rewrites a freshly published site (``mla-fp8-bench publish`` calls it on the staged
+copy; the stored results are never touched):
+
+* **Emulation apart from kernels.** asv draws every param of a benchmark on one axis. The latency of
+  an emulation backend (the registry's ``Backend.emulation``) has its own track,
+  ``track_emulation_latency``; results stored before that track existed carry it in
+  ``track_latency``, so those values are removed from the ``track_latency`` graphs (they stay in the
+  results; the gate never compares them either).
+* **Only thumbnails that draw.** A benchmark with no finite value in any graph (e.g. the SM clock on
+  machines that cannot read it) is left out of the site's benchmark list instead of showing an empty
+  thumbnail.
+* **A legend that leaves the data visible**: drawn beside the graph (its own column), not on it; and one
+  machine selected by default (the first with a GPU; the others are one click away in the sidebar),
+  since the latencies of two machines (a CPU host's, an H200's) on one axis flatten one of them.
+* **Regression factors that read right**: a step from a floored 0 (asv stores 0 as 1e-12) reads
+  ``0 → 64 (new)``, other factors print with 5 significant digits (``1.0502x``, not ``1.05x``).
+* **file://**: browsers refuse a page opened as a file its data files, and asv then shows "Can not
+  determine continental origin of swallow". The pages say instead how to serve the site
+  (``mla-fp8-bench preview``).
+
+``mla-fp8-bench preview [--html-dir html] [--port 8080]`` serves the site on 127.0.0.1 only (asv's own
+``asv preview`` listens on every interface).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from mla_fp8_bench.measure.metric_table import ASV_ACCURACY_FLOOR, find
+
+#: Host ``preview`` binds to: this machine only.
+PREVIEW_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+_MARK = "mla-fp8-bench-site"
+
+
+def preview_hint(html: Path, port: int = DEFAULT_PORT) -> str:
+    """One line: the command that serves ``html`` and the address to open."""
+    return (f"view it: mla-fp8-bench preview --html-dir {html} (serves http://{PREVIEW_HOST}:{port}/ on this "
+            "machine only; opening index.html as a file cannot load its data)")
+
+
+# ------------------------------------------------------------------------------------------ graphs
+def _emulation_backends() -> set[str]:
+    from mla_fp8_bench.harness.asv_tracks import emulation_backends
+
+    return {repr(b) for b in emulation_backends()}
+
+
+def _graph_files(site: Path, benchmark: str) -> list[Path]:
+    return sorted(p for p in (site / "graphs").rglob(f"{benchmark}.json") if "summary" not in p.parts)
+
+
+def drop_emulation_from_kernel_latency(site: Path) -> int:
+    """Null the values of emulation backends in the per-machine ``track_latency`` graphs; returns how many
+    values were removed."""
+    lat = find("track_latency")
+    index = json.loads((site / "index.json").read_text())
+    bench = index.get("benchmarks", {}).get(lat.asv_name)
+    if not bench or not bench.get("params"):
+        return 0
+    emu = _emulation_backends()
+    combos = list(itertools.product(*bench["params"]))
+    drop = [i for i, c in enumerate(combos) if c and c[0] in emu]
+    removed = 0
+    for f in _graph_files(site, lat.asv_name):
+        rows = json.loads(f.read_text())
+        for row in rows:
+            vals = row[1] if isinstance(row, list) and len(row) > 1 else None
+            if not isinstance(vals, list) or len(vals) != len(combos):
+                continue
+            for i in drop:
+                if vals[i] is not None:
+                    vals[i] = None
+                    removed += 1
+        rows = [r for r in rows if not (isinstance(r, list) and isinstance(r[1], list)
+                                        and all(v is None for v in r[1]))]
+        f.write_text(json.dumps(rows))
+    return removed
+
+
+def _finite(x: Any) -> bool:
+    if isinstance(x, list):
+        return any(_finite(v) for v in x)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def drop_empty_benchmarks(site: Path) -> list[str]:
+    """Remove from ``index.json`` every benchmark none of whose graphs holds a finite value (its
+    thumbnail would be empty); returns their names."""
+    path = site / "index.json"
+    index = json.loads(path.read_text())
+    empty = []
+    for name in list(index.get("benchmarks", {})):
+        files = [p for p in (site / "graphs").rglob(f"{name}.json")]
+        if not any(_finite([row[1] for row in json.loads(p.read_text()) if isinstance(row, list) and len(row) > 1])
+                   for p in files):
+            empty.append(name)
+            del index["benchmarks"][name]
+    if empty:
+        path.write_text(json.dumps(index))
+    return empty
+
+
+# ------------------------------------------------------------------------------------------ pages
+_FILE_PAGE = """<div style="max-width:44em;margin:3em auto;font:16px/1.5 sans-serif">
+<h1>This site has to be served over HTTP</h1>
+<p>It was opened as a file (<code>file://</code>), and browsers do not let such a page read the data
+files its graphs are drawn from.</p>
+<p>Serve it on this machine and open the address it prints:</p>
+<pre style="background:#f4f4f4;padding:.6em">mla-fp8-bench preview --html-dir SITE_DIR</pre>
+<p>(<code>SITE_DIR</code> is the folder that holds this <code>index.html</code>; the server listens on
+127.0.0.1 only. Any static web server of that folder works too.)</p></div>"""
+
+_FILE_SCRIPT = ("<script>/* " + _MARK + ": file:// cannot load the site's data */\n"
+                "if (location.protocol === 'file:') {{ if (window.jQuery) {{ jQuery.holdReady(true); }}\n"
+                "  document.title = 'Serve this site over HTTP';\n"
+                "  document.body.innerHTML = {page}; }}</script>\n")
+
+#: flot draws the legend inside the plot; a column beside the graph keeps the data visible.
+_LEGEND_CSS = ("<style>/* " + _MARK + " */ #graph > div:first-child {{ right: 17em !important; }}\n"
+               "#mla-legend {{ position: absolute; top: 48px; right: 0; width: 16.5em; bottom: 100px;"
+               " overflow-y: auto; font-size: 11px; }}</style>\n")
+
+_FACTOR_JS = ("/* " + _MARK + ": factor text: a step from a floored 0 is new, not a ratio */\n"
+              "function mlaFactorText(oldv, newv) {\n"
+              "  if (!(oldv > " + repr(ASV_ACCURACY_FLOOR) + ")) {\n"
+              "    return '0 \\u2192 ' + String(Number(Number(newv).toPrecision(4))) + ' (new)'; }\n"
+              "  return (newv / oldv).toPrecision(5) + 'x';\n}\n")
+
+
+def _patch_regressions_js(site: Path) -> bool:
+    f = site / "regressions.js"
+    if not f.is_file():
+        return False
+    text = f.read_text()
+    if _MARK in text:
+        return False
+    new = text.replace("$('<td/>').text(factor.toFixed(2) + 'x')",
+                       "$('<td/>').text(mlaFactorText(revs[2], revs[3]))")
+    new = new.replace("factor_td.text(factor.toFixed(2) + 'x');",
+                      "factor_td.text(mlaFactorText(best_value, last_value));")
+    if new == text:
+        return False
+    f.write_text(_FACTOR_JS + new)
+    return True
+
+
+_DEFAULT_MACHINE_JS = ("/* " + _MARK + ": one machine by default (latencies of two machines are not comparable)"
+                       " */\nfunction mlaDefaultMachines(index) {\n"
+                       "  var names = index.params.machine.slice().sort();\n"
+                       "  var gpu = names.filter(function (m) { var f = index.machines[m] || {};"
+                       " return f.gpu && f.gpu !== 'none'; });\n"
+                       "  return [(gpu.length ? gpu : names)[0]];\n}\n")
+
+
+def _patch_graph_display(site: Path) -> bool:
+    """flot's legend in a column beside the graph (``#mla-legend``); one machine selected by default
+    (the first with a GPU), the others one click away in the sidebar."""
+    f = site / "graphdisplay.js"
+    if not f.is_file():
+        return False
+    text = f.read_text()
+    rx = re.compile(r"legend:\s*\{\s*show:\s*show_legend,\s*position:\s*\"nw\",")
+    default = "                state[param] = values;\n"
+    if _MARK in text or not rx.search(text) or text.count(default) != 1:
+        return False
+    container = ("legend: { show: show_legend, container: (function () {"
+                 " var c = $('#mla-legend'); if (!c.length) { c = $('<div id=\"mla-legend\"/>');"
+                 " $('#graph').append(c); } c.empty(); return c; })(),")
+    text = rx.sub(lambda m: container, text, count=1)
+    text = text.replace(default, "                state[param] = param === 'machine' ? mlaDefaultMachines(index) : "
+                        "values;\n")
+    f.write_text(_DEFAULT_MACHINE_JS + text)
+    return True
+
+
+def _patch_pages(site: Path) -> int:
+    n = 0
+    page = json.dumps(_FILE_PAGE)
+    for f in sorted(site.glob("*.html")):
+        text = f.read_text()
+        if _MARK in text or "</body>" not in text:
+            continue
+        text = text.replace("</head>", _LEGEND_CSS.format() + "</head>", 1)
+        text = text.replace("</body>", _FILE_SCRIPT.format(page=page) + "</body>", 1)
+        f.write_text(text)
+        n += 1
+    return n
+
+
+def present(site: Path) -> dict[str, Any]:
+    """Apply every rewrite of the module docstring to the published ``site``; returns what was done."""
+    return {"emulation_values_removed": drop_emulation_from_kernel_latency(site),
+            "empty_benchmarks_removed": drop_empty_benchmarks(site),
+            "regression_factors": _patch_regressions_js(site),
+            "graph_display": _patch_graph_display(site),
+            "pages": _patch_pages(site)}
+
+
+# ------------------------------------------------------------------------------------------ preview
+def serve(html: Path, port: int = DEFAULT_PORT, echo=print) -> int:
+    """Serve ``html`` on 127.0.0.1:``port`` until interrupted; returns the exit status.
+
+    Raises:
+        ValueError: ``html`` is not a published site (no ``index.html``), or the port cannot be bound.
+    """
+    import functools
+    import http.server
+
+    if not (html / "index.html").is_file():
+        raise ValueError(f"--html-dir {html} holds no published site (no index.html): run `mla-fp8-bench publish`")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html))
+    try:
+        httpd = http.server.ThreadingHTTPServer((PREVIEW_HOST, port), handler)
+    except OSError as exc:
+        raise ValueError(f"--port {port} cannot be bound on {PREVIEW_HOST}: {exc.strerror or exc} "
+                         "(choose another port, e.g. --port 0 for a free one)") from None
+    with httpd:
+        echo(f"serving {html} at http://{PREVIEW_HOST}:{httpd.server_address[1]}/ (this machine only; Ctrl-C stops)")
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            echo("stopped")
+    return 0
+
+
+def cmd_preview(args, console) -> int:
+    try:
+        return serve(Path(args.html_dir), args.port,
+                     echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+
+
+def add_parser(subparsers) -> None:
+    from mla_fp8_bench.argtypes import positive_int
+
+    p = subparsers.add_parser("preview", help=f"serve the published site on {PREVIEW_HOST} (this machine only)")
+    p.add_argument("--html-dir", default="html", help="the published site (default html)")
+    p.add_argument("--port", type=lambda s: 0 if s == "0" else positive_int(s), default=DEFAULT_PORT,
+                   help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.set_defaults(handler=cmd_preview)

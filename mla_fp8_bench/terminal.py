@@ -1,0 +1,109 @@
+"""Output a person reads in a terminal and in a CI log.
+
+* :func:`make_console` - a rich console that never wraps a table off a terminal: when stdout is not a
+  terminal (a CI log, ``| cat``, a file), tables and lines print at their natural width (``COLUMNS``,
+  when set, still wins).
+* :class:`CaseProgress` - one line per finished (backend, case) with its elapsed time and the running
+  total: ``[3/30] aiter-emulated s512: ok (4.1 s; 12.8 s so far)``. On a terminal a rich progress bar
+  runs under those lines; off a terminal the lines alone are printed, each flushed as it happens.
+* :func:`case_line` - that line, the one format the CLI and the asv grid (``setup_cache``, on stderr so
+  ``asv run --show-stderr`` shows it) both print.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+from rich.console import Console
+
+#: Width of a console off a terminal when ``COLUMNS`` is not set: wide enough that no table of the suite
+#: wraps (rich tables that are not ``expand``-ed take their natural width, not this one).
+LOG_WIDTH = 100_000
+
+
+def is_terminal(file: TextIO | None = None) -> bool:
+    """Whether ``file`` (default stdout) is an interactive terminal."""
+    f = file if file is not None else sys.stdout
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def make_console(file: TextIO | None = None) -> Console:
+    """A rich console for ``file`` (default stdout).
+
+    On a terminal: rich's own width detection. Off a terminal: ``COLUMNS`` if set, else
+    :data:`LOG_WIDTH`, so tables are never folded into fragments at 80 columns.
+    """
+    if is_terminal(file):
+        return Console(file=file)
+    cols = os.environ.get("COLUMNS", "")
+    width = int(cols) if cols.isdigit() and int(cols) > 0 else LOG_WIDTH
+    return Console(file=file, width=width, force_terminal=False, highlight=False)
+
+
+def case_line(done: int, total: int, backend: str, case: str, status: str, elapsed_s: float, total_s: float,
+              reason: str = "") -> str:
+    """``[done/total] backend case: status (elapsed s; total s so far)[: reason]``; the reason is
+    shortened to 160 characters (an error's reason can be a long message)."""
+    why = " ".join(str(reason).split())
+    why = why if len(why) <= 160 else why[:157] + "..."
+    return (f"[{done}/{total}] {backend} {case}: {status} ({elapsed_s:.1f} s; {total_s:.1f} s so far)"
+            + (f": {why}" if why and status != "ok" else ""))
+
+
+class CaseProgress:
+    """Progress over ``total`` (backend, case) pairs; a context manager whose :meth:`step` takes each
+    finished record (anything with ``backend``, ``case``, ``status``, ``reason`` attributes).
+
+    Args:
+        total: pairs planned.
+        console: the rich console of a CLI command; None writes plain lines to ``stream``.
+        stream: where plain lines go without a console (default stderr).
+    """
+
+    def __init__(self, total: int, console: Console | None = None, stream: TextIO | None = None) -> None:
+        self.total = total
+        self.console = console
+        self.stream = stream
+        self.done = 0
+        self._t0 = self._last = time.perf_counter()
+        self._prog: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> CaseProgress:
+        self._t0 = self._last = time.perf_counter()
+        if self.console is not None and self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), console=self.console, transient=True)
+            self._prog.__enter__()
+            self._task = self._prog.add_task("measuring", total=self.total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._prog is not None:
+            self._prog.__exit__(*exc)
+            self._prog = None
+
+    def step(self, rec: Any) -> str:
+        """Report one finished (backend, case); returns the line printed."""
+        now = time.perf_counter()
+        self.done += 1
+        line = case_line(self.done, self.total, rec.backend, rec.case, rec.status, now - self._last, now - self._t0,
+                         getattr(rec, "reason", ""))
+        self._last = now
+        if self._prog is not None:
+            self._prog.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self._prog.update(self._task, advance=1, description=f"{rec.backend} {rec.case}")
+        elif self.console is not None:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            stream = self.stream if self.stream is not None else sys.stderr
+            print(line, file=stream, flush=True)
+        return line

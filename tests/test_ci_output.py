@@ -1,0 +1,320 @@
+"""What a CI log and a person see: unwrapped tables off a terminal, per-case progress lines, ratios that
+read right, the site's presentation rewrites, ``preview`` on 127.0.0.1, nightly refusing offline."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from mla_fp8_bench.terminal import LOG_WIDTH, CaseProgress, case_line, make_console
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG = "ragged-6992-6896-2495-cast"
+
+
+# ------------------------------------------------------------------------------------------ console
+def test_console_off_terminal_prints_tables_at_natural_width(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    buf = io.StringIO()
+    con = make_console(buf)
+    assert con.width == LOG_WIDTH
+    t = Table()
+    for col in ("verdict", "backend", "case", "metric", "BASE", "HEAD", "ratio", "detail"):
+        t.add_column(col, overflow="fold")
+    t.add_row("REGRESSION", "aiter-emulated", LONG, "reserved_workspace_bytes", "3.177e+07", "3.388e+07", "1.067",
+              "grew 1.067x > 1.05x and a long explanation " * 3)
+    con.print(t)
+    lines = buf.getvalue().splitlines()
+    row = [ln for ln in lines if "REGRESSION" in ln]
+    assert len(row) == 1 and "aiter-emulated" in row[0] and LONG in row[0] and "reserved_workspace_bytes" in row[0]
+    # natural width: the table is as wide as its content, far narrower than the console
+    assert 100 < max(len(ln) for ln in lines) < 400
+
+
+def test_console_respects_columns_off_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "132")
+    assert make_console(io.StringIO()).width == 132
+
+
+def test_case_line_format():
+    assert case_line(3, 30, "aiter-emulated", "s512", "ok", 4.06, 12.84) == \
+        "[3/30] aiter-emulated s512: ok (4.1 s; 12.8 s so far)"
+    line = case_line(1, 2, "fa3-fp8", "s128", "skipped", 0.0, 0.0, "needs an NVIDIA Hopper\n(sm_90) GPU " + "x" * 300)
+    assert line.startswith("[1/2] fa3-fp8 s128: skipped (0.0 s; 0.0 s so far): needs an NVIDIA Hopper (sm_90) GPU")
+    assert len(line) < 260 and line.endswith("...")
+
+
+def _rec(b, c, status="ok", reason=""):
+    return SimpleNamespace(backend=b, case=c, status=status, reason=reason)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_case_progress_prints_one_line_per_case(terminal):
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=terminal, width=200)
+    with CaseProgress(2, con) as prog:
+        prog.step(_rec("torch-fp8-ref", "s128"))
+        prog.step(_rec("aiter", "s128", "skipped", "needs gfx950"))
+    out = buf.getvalue()
+    assert "[1/2] torch-fp8-ref s128: ok (" in out
+    assert "[2/2] aiter s128: skipped (" in out and "needs gfx950" in out
+
+
+def test_case_progress_without_console_writes_plain_lines_to_stderr(capsys):
+    with CaseProgress(1) as prog:
+        prog.step(_rec("torch-fp8-ref", "s128"))
+    err = capsys.readouterr().err
+    assert err.startswith("[1/1] torch-fp8-ref s128: ok (") and err.endswith("so far)\n")
+
+
+def test_run_piped_prints_progress_and_unwrapped_table(capsys, monkeypatch, tmp_path):
+    from mla_fp8_bench.cli import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out_json = tmp_path / "run.json"
+    rc = main(["--device", "cpu", "run", "-b", "torch-fp8-ref,fa3-fp8", "-c", "s128,s255", "--no-timing",
+               "--json", str(out_json)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for i, (b, c) in enumerate([("torch-fp8-ref", "s128"), ("fa3-fp8", "s128"), ("torch-fp8-ref", "s255"),
+                                ("fa3-fp8", "s255")], start=1):
+        assert any(ln.startswith(f"[{i}/4] {b} {c}: ") for ln in lines), out
+    rows = [ln for ln in lines if ln.startswith("│ fa3-fp8")]
+    assert len(rows) == 2  # one line per record: the skip reason is not folded onto further lines
+    assert all("Hopper" in r for r in rows)
+    recs = json.loads(out_json.read_text())["records"]
+    assert [(r["backend"], r["status"]) for r in recs][:2] == [("torch-fp8-ref", "ok"), ("fa3-fp8", "skipped")]
+
+
+def test_asv_grid_prints_per_case_lines_to_stderr(capsys, monkeypatch):
+    from mla_fp8_bench.harness import asv_support
+
+    for k in ("MLA_FP8_BENCH_EXPECT_COMMIT", "MLA_FP8_BENCH_MAX_TOKENS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MLA_FP8_BENCH_DEVICE", "cpu")
+    monkeypatch.setenv("MLA_FP8_BENCH_BACKENDS", "torch-fp8-ref")
+    monkeypatch.setenv("MLA_FP8_BENCH_CASES", "s128")
+    monkeypatch.setenv("MLA_FP8_BENCH_SAMPLES", "2")
+    monkeypatch.setenv("MLA_FP8_BENCH_TIME_BUDGET", "0.05")
+    monkeypatch.setenv("MLA_FP8_BENCH_CEILINGS", "0")
+    data = asv_support.measure_grid()
+    err = capsys.readouterr().err
+    assert "measuring 1 backends x 1 cases on cpu" in err
+    assert "[1/1] torch-fp8-ref s128: ok (" in err
+    assert data["records"]["torch-fp8-ref|s128"]["status"] == "ok"
+
+
+def test_grid_defaults_keep_the_cpu_main_job_small():
+    from mla_fp8_bench.harness.asv_support import ASV_CASES, GRID_CAPS
+    from mla_fp8_bench.problem.cases import SWEEP_CAPS, parse_case_id
+
+    cpu = [c for c in ASV_CASES if max(parse_case_id(c).total_tokens, parse_case_id(c).total_kv_tokens)
+           <= GRID_CAPS["cpu"]]
+    assert "s2048" not in cpu and "prefix1024-q300" in cpu and "ctx1024-q256" in cpu
+    assert GRID_CAPS["cuda"] == SWEEP_CAPS["cuda"]  # GPUs measure the whole grid
+
+
+# ------------------------------------------------------------------------------------------ emulation apart
+def test_emulation_latency_has_its_own_track():
+    from mla_fp8_bench.harness.asv_support import emulation_apart
+    from mla_fp8_bench.harness.asv_tracks import track_value
+    from mla_fp8_bench.measure.metric_table import find
+
+    lat, emu = find("track_latency"), find("track_emulation_latency")
+    assert emu.asv_class == "MLAPrefill" and emu.kind == "informational"
+    rec = {"backend": "aiter-emulated", "case": "s128", "status": "ok", "latency_s": 0.25,
+           "latency_samples_s": [0.24, 0.25, 0.26], "timing_scope": "emulation", "max_abs_error_fp8_ref": 0.04}
+    moved = emulation_apart(rec)
+    assert track_value(moved, emu) == {"samples": [0.24, 0.25, 0.26], "number": 1}
+    v = track_value(moved, lat)
+    assert v != v  # NaN: asv stores n/a for the kernel-latency track
+    assert rec["latency_s"] == 0.25  # the input record is not modified
+    kernel = {"backend": "torch-fp8-ref", "case": "s128", "status": "ok", "latency_s": 1e-5,
+              "latency_samples_s": [1e-5, 1.1e-5]}
+    assert emulation_apart(kernel) is kernel
+
+
+# ------------------------------------------------------------------------------------------ gate numbers
+def test_ratio_text_has_the_digits_that_decide():
+    from mla_fp8_bench.analysis.gate import growth_text, ratio_str
+
+    assert ratio_str(10.2346 / 9.7449, 1.05) == "1.0503"
+    assert ratio_str(1.0672) == "1.067"
+    assert ratio_str(1.0500001, 1.05) == "1.0500001" or ratio_str(1.0500001, 1.05).startswith("1.05000")
+    assert growth_text(1e-12, 64.0, 1e-12) == "0 → 64 (new)"
+    assert growth_text(2.0, 3.0, 1e-12, 1.05) == "1.500x"
+
+
+def test_gate_rows_for_a_floored_zero_and_a_close_latency():
+    from mla_fp8_bench.analysis.gate import Measure, Side, compare
+
+    base = Side("BASE", kinds={"num_partials": "resource", "latency_s": "kernel_latency"})
+    head = Side("HEAD", kinds=dict(base.kinds))
+    base.data[("aiter", "s16384", "num_partials")] = Measure("ok", 1e-12)
+    head.data[("aiter", "s16384", "num_partials")] = Measure("ok", 64.0)
+    base.data[("fa3-fp8", "s128", "latency_s")] = Measure("ok", 9.7449e-6)
+    head.data[("fa3-fp8", "s128", "latency_s")] = Measure("ok", 10.2346e-6)
+    for s in (base, head):
+        s.params.update({("aiter", "s16384"): ("ok", ""), ("fa3-fp8", "s128"): ("ok", "")})
+    rows = {r.metric: r for r in compare(base, head)}
+    np_row = rows["num_partials"]
+    assert np_row.verdict == "REGRESSION" and np_row.base == "0" and np_row.head == "64"
+    assert np_row.ratio_note == "0 → 64 (new)" and "0 → 64 (new)" in np_row.detail
+    lat = rows["latency_s"]
+    assert lat.verdict == "REGRESSION" and lat.base == "9.745 us" and lat.head == "10.23 us"
+    assert lat.detail.startswith("1.0503x > 1.05")
+
+
+def test_readme_gate_example_runs_on_committed_results(capsys):
+    """README's example picks the one machine holding both commits (the committed results hold two)."""
+    from mla_fp8_bench.cli import main
+
+    rc = main(["gate", "1fed4606", "9c57e48d", "--results-dir", str(ROOT / "results"), "--tolerances",
+               str(ROOT / "tolerances" / "cpu-emulated-v1.json")])
+    out = capsys.readouterr().out
+    assert rc in (0, 1), out
+    assert "results/cpu-2core/1fed4606" in out and "128000000000000" not in out
+
+
+# ------------------------------------------------------------------------------------------ site
+def _mini_site(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    g = site / "graphs" / "machine-cpu"
+    g.mkdir(parents=True)
+    (site / "graphs" / "summary").mkdir()
+    lat = "bench_mla_prefill.MLAPrefill.track_latency"
+    clk = "bench_mla_prefill.MLAPrefill.track_sm_clock"
+    params = [["'aiter-emulated'", "'torch-fp8-ref'"], ["'s128'", "'s256'"]]
+    index = {"benchmarks": {lat: {"params": params}, clk: {"params": params}}}
+    (site / "index.json").write_text(json.dumps(index))
+    (g / f"{lat}.json").write_text(json.dumps([[1, [0.5, 0.9, 0.01, 0.02]], [2, [0.6, None, None, None]]]))
+    (g / f"{clk}.json").write_text(json.dumps([[1, [None, None, None, None]]]))
+    (site / "graphs" / "summary" / f"{clk}.json").write_text(json.dumps([[1, None]]))
+    return site
+
+
+def test_site_drops_emulation_from_kernel_latency_and_empty_benchmarks(tmp_path):
+    from mla_fp8_bench.analysis.site_view import drop_empty_benchmarks, drop_emulation_from_kernel_latency
+
+    site = _mini_site(tmp_path)
+    assert drop_emulation_from_kernel_latency(site) == 3
+    g = json.loads((site / "graphs" / "machine-cpu" / "bench_mla_prefill.MLAPrefill.track_latency.json").read_text())
+    assert g == [[1, [None, None, 0.01, 0.02]]]  # a revision left with no value is dropped
+    assert drop_empty_benchmarks(site) == ["bench_mla_prefill.MLAPrefill.track_sm_clock"]
+    assert list(json.loads((site / "index.json").read_text())["benchmarks"]) == [
+        "bench_mla_prefill.MLAPrefill.track_latency"]
+
+
+def test_site_pages_regression_factor_and_file_url(tmp_path):
+    from mla_fp8_bench.analysis import site_view
+
+    asv_www = Path(__import__("asv").__file__).parent / "www"
+    site = tmp_path / "site"
+    site.mkdir()
+    for f in ("regressions.js", "graphdisplay.js", "index.html"):
+        shutil.copy(asv_www / f, site / f)
+    assert site_view._patch_regressions_js(site) and site_view._patch_graph_display(site)
+    assert site_view._patch_pages(site) == 1
+    reg = (site / "regressions.js").read_text()
+    assert "factor.toFixed(2)" not in reg and reg.count("mlaFactorText(") == 3
+    gd = (site / "graphdisplay.js").read_text()
+    assert "mla-legend" in gd and "mlaDefaultMachines(index)" in gd
+    page = (site / "index.html").read_text()
+    assert "location.protocol === 'file:'" in page and "jQuery.holdReady(true)" in page
+    assert "mla-fp8-bench preview" in page
+    # idempotent: a second pass changes nothing
+    assert not site_view._patch_regressions_js(site) and site_view._patch_pages(site) == 0
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the factor text function is not evaluated")
+    js = reg.split("function mlaFactorText", 1)[1].split("\n}\n", 1)[0]
+    prog = ("function mlaFactorText" + js + "\n}\nconsole.log(JSON.stringify([mlaFactorText(1e-12, 64), "
+            "mlaFactorText(9.7449e-6, 10.2346e-6), mlaFactorText(2, 3)]));")
+    out = subprocess.run([node, "-e", prog], capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == ["0 → 64 (new)", "1.0503x", "1.5000x"]
+
+
+def test_preview_serves_on_localhost_only(tmp_path):
+    import http.client
+
+    site = tmp_path / "html"
+    site.mkdir()
+    (site / "index.html").write_text("<html><body>site</body></html>")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "mla_fp8_bench.cli", "preview", "--html-dir", str(site), "--port",
+                          "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    try:
+        line = p.stdout.readline()
+        assert "http://127.0.0.1:" in line, line
+        port = int(line.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/index.html")
+        assert conn.getresponse().read() == b"<html><body>site</body></html>"
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def test_preview_refuses_a_folder_without_a_site(tmp_path, capsys):
+    from mla_fp8_bench.cli import main
+
+    assert main(["preview", "--html-dir", str(tmp_path / "none")]) == 2
+    assert "no published site" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ nightly
+def _conf(tmp_path: Path, repo: str) -> Path:
+    conf = json.loads(json.dumps({"version": 1, "project": "amd-aiter", "repo": repo, "branches": ["main"],
+                                  "results_dir": "results-aiter", "html_dir": "html-aiter",
+                                  "benchmark_dir": str(ROOT / "benchmarks")}))
+    d = tmp_path / "suite"
+    d.mkdir()
+    (d / "asv.aiter.conf.json").write_text(json.dumps(conf))
+    return d / "asv.aiter.conf.json"
+
+
+def test_nightly_offline_without_checkout_refuses_before_creating_anything(tmp_path, monkeypatch, capsys):
+    from mla_fp8_bench.cli import main
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    cfg = _conf(tmp_path, "file:///nonexistent/aiter.git")  # remote to asv, unreachable without any network
+    before = sorted(p.name for p in cfg.parent.iterdir())
+    for extra in ([], ["--dry-run"]):
+        rc = main(["nightly", "--library", "aiter", "--commit", "abcdef1234", "--machine", "mi355", "--config",
+                   str(cfg), *extra])
+        out = capsys.readouterr().out
+        assert rc == 2, out
+        assert "--checkout PATH" in out and "file:///nonexistent/aiter.git" in out and "not reachable" in out
+    assert sorted(p.name for p in cfg.parent.iterdir()) == before  # no results-aiter/, no .asv/
+    assert list(home.iterdir()) == []  # no ~/.asv-machine.json entry
+
+
+def test_nightly_uses_a_mirror_that_holds_the_commit(tmp_path, monkeypatch, capsys):
+    from mla_fp8_bench.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = _conf(tmp_path, "file:///nonexistent/aiter.git")
+    src = tmp_path / "src"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(src)], check=True)
+    subprocess.run([*git, "-C", str(src), "commit", "-q", "--allow-empty", "-m", "c"], check=True)
+    sha = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    subprocess.run(["git", "clone", "-q", "--mirror", str(src), str(cfg.parent / "amd-aiter")], check=True)
+    rc = main(["nightly", "--library", "aiter", "--commit", sha, "--machine", "mi355", "--config", str(cfg),
+               "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "--no-pull" in out and sha in out
