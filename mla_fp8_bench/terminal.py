@@ -56,6 +56,18 @@ def case_line(done: int, total: int, backend: str, case: str, status: str, elaps
             + (f": {why}" if why and status != "ok" else ""))
 
 
+def open_parent_stderr() -> TextIO | None:
+    """The standard error of this process's parent, opened for appending (Linux ``/proc``), or None.
+
+    ``asv run`` captures a ``setup_cache`` process's own stderr and shows it only when it fails; the
+    asv grid writes its progress lines here as well, so they reach asv's log (a terminal or a CI log) while
+    the measurement runs."""
+    try:
+        return open(f"/proc/{os.getppid()}/fd/2", "a", buffering=1)  # noqa: SIM115 - closed by the caller
+    except OSError:
+        return None
+
+
 class CaseProgress:
     """Progress over ``total`` (backend, case) pairs; a context manager whose :meth:`step` takes each
     finished record (anything with ``backend``, ``case``, ``status``, ``reason`` attributes).
@@ -63,10 +75,11 @@ class CaseProgress:
     Args:
         total: pairs planned.
         console: the rich console of a CLI command; None writes plain lines to ``stream``.
-        stream: where plain lines go without a console (default stderr).
+        stream: where plain lines go without a console (default stderr); a tuple writes to each.
     """
 
-    def __init__(self, total: int, console: Console | None = None, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int, console: Console | None = None,
+                 stream: TextIO | tuple[TextIO, ...] | None = None) -> None:
         self.total = total
         self.console = console
         self.stream = stream
@@ -104,6 +117,10 @@ class CaseProgress:
         elif self.console is not None:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         else:
-            stream = self.stream if self.stream is not None else sys.stderr
-            print(line, file=stream, flush=True)
+            streams = self.stream if isinstance(self.stream, tuple) else (self.stream or sys.stderr,)
+            for stream in streams:
+                try:
+                    print(line, file=stream, flush=True)
+                except (OSError, ValueError):  # a closed or broken log must not stop the measurement
+                    continue
         return line

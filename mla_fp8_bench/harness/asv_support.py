@@ -204,6 +204,32 @@ def _keep_stored_over_errors(records: dict[str, Any], class_name: str, version: 
         records[key] = rec
 
 
+def _evaluate_with_progress(backends, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
+    """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which
+    shows a setup_cache's own stderr only when it fails), on the stderr of the asv process."""
+    import sys
+
+    from mla_fp8_bench.harness.asv_guard import asv_context
+    from mla_fp8_bench.harness.runner import evaluate
+    from mla_fp8_bench.terminal import CaseProgress, open_parent_stderr
+
+    parent = open_parent_stderr() if asv_context() is not None else None
+    streams = (sys.stderr,) + ((parent,) if parent is not None else ())
+    head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
+            f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
+    try:
+        for s in streams:
+            try:
+                print(("\n" if s is parent else "") + head, file=s, flush=True)
+            except (OSError, ValueError):
+                continue
+        with CaseProgress(len(backends) * len(cases), stream=streams) as prog:
+            return evaluate(backends, cases, device=pinfo.device, options=opts, progress=prog.step)
+    finally:
+        if parent is not None:
+            parent.close()
+
+
 def measure_grid(version: str | None = None) -> dict[str, Any]:
     """Measure every (backend, case) of the asv grid once; return plain-Python (picklable) records.
 
@@ -214,21 +240,13 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
     Returns:
         ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
     """
-    from mla_fp8_bench.harness.runner import RunOptions, evaluate
+    from mla_fp8_bench.harness.runner import RunOptions
 
     pinfo, cap, backends, cases, skipped = _grid_setup()
     knobs = check_knobs()
     opts = RunOptions(samples=knobs["samples"] or 30,
                       time_budget_s=knobs["time_budget_s"] or GRID_TIME_BUDGET_S[pinfo.device_type])
-    import sys
-
-    from mla_fp8_bench.terminal import CaseProgress
-
-    print(f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
-          f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):",
-          file=sys.stderr, flush=True)
-    with CaseProgress(len(backends) * len(cases), stream=sys.stderr) as prog:
-        data = evaluate(backends, cases, device=pinfo.device, options=opts, progress=prog.step)
+    data = _evaluate_with_progress(backends, cases, pinfo, cap, skipped, opts)
     from mla_fp8_bench.measure.ceilings import attach
 
     attach(data)
