@@ -318,3 +318,28 @@ def test_nightly_uses_a_mirror_that_holds_the_commit(tmp_path, monkeypatch, caps
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "--no-pull" in out and sha in out
+
+
+def test_site_thumbnails_come_from_one_machine(tmp_path):
+    from mla_fp8_bench.analysis.site_view import _patch_summary_grid, summaries_from_one_machine
+
+    site = tmp_path / "site"
+    lat = "bench_mla_prefill.MLAPrefill.track_latency"
+    emu = "bench_mla_prefill.MLAPrefill.track_emulation_latency"
+    for m, rows in (("cpu", {lat: [[1, [2.0, 8.0]], [3, [4.0, 4.0]]], emu: [[3, [0.5, None]]]}),
+                    ("h200", {lat: [[2, [1e-5, 4e-5]]]})):
+        d = site / "graphs" / "arch-x86_64" / f"machine-{m}"
+        d.mkdir(parents=True)
+        for name, r in rows.items():
+            (d / f"{name}.json").write_text(json.dumps(r))
+    (site / "graphs" / "summary").mkdir()
+    (site / "index.json").write_text(json.dumps({
+        "benchmarks": {lat: {}, emu: {}},
+        "machines": {"cpu": {"gpu": "none"}, "h200": {"gpu": "NVIDIA H200"}}}))
+    assert summaries_from_one_machine(site) == {lat: "h200", emu: "cpu"}
+    got = json.loads((site / "graphs" / "summary" / f"{lat}.json").read_text())
+    assert got[0][0] == 2 and got[0][1] == pytest.approx(2e-5) and len(got) == 1  # geometric mean, H200 only
+    assert json.loads((site / "graphs" / "summary" / f"{emu}.json").read_text()) == [[3, 0.5]]
+    asv_www = Path(__import__("asv").__file__).parent / "www"
+    shutil.copy(asv_www / "summarygrid.js", site / "summarygrid.js")
+    assert _patch_summary_grid(site) and "points: { show: data.length < 3" in (site / "summarygrid.js").read_text()

@@ -10,7 +10,8 @@ copy; the stored results are never touched):
   results; the gate never compares them either).
 * **Only thumbnails that draw.** A benchmark with no finite value in any graph (e.g. the SM clock on
   machines that cannot read it) is left out of the site's benchmark list instead of showing an empty
-  thumbnail.
+  thumbnail; each thumbnail is drawn from one machine (the graphs' default, below), and one of a
+  single point shows it as a dot.
 * **A legend that leaves the data visible**: drawn beside the graph (its own column), not on it; and one
   machine selected by default (the first with a GPU; the others are one click away in the sidebar),
   since the latencies of two machines (a CPU host's, an H200's) on one axis flatten one of them.
@@ -109,6 +110,56 @@ def drop_empty_benchmarks(site: Path) -> list[str]:
     return empty
 
 
+def _machine_order(index: dict[str, Any]) -> list[str]:
+    """Machines with a GPU first, then the others, each group by name (the graphs' default machine first)."""
+    machines = index.get("machines", {})
+    return sorted(machines, key=lambda m: (str((machines[m] or {}).get("gpu", "none")) == "none", m))
+
+
+def _geomean(values: list[Any]) -> float | None:
+    xs = [float(v) for v in values if _finite(v) and v > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summaries_from_one_machine(site: Path) -> dict[str, str]:
+    """Rewrite each benchmark's thumbnail series (``graphs/summary/<name>.json``, asv's geometric mean
+    over params) from one machine: the first one with a GPU that has data for it, else the first other.
+    asv mixes every machine into one thumbnail (a CPU host's seconds after an H200's microseconds read as a
+    spike); a single point is drawn as a dot. Returns benchmark -> the machine used."""
+    index = json.loads((site / "index.json").read_text())
+    order = _machine_order(index)
+    used: dict[str, str] = {}
+    for name in index.get("benchmarks", {}):
+        for machine in order:
+            files = [p for p in _graph_files(site, name) if f"machine-{machine}" in p.parts]
+            rows = []
+            for f in files:
+                for row in json.loads(f.read_text()):
+                    if isinstance(row, list) and len(row) > 1:
+                        v = _geomean(row[1]) if isinstance(row[1], list) else (row[1] if _finite(row[1]) else None)
+                        if v is not None:
+                            rows.append([row[0], v])
+            if rows:
+                (site / "graphs" / "summary" / f"{name}.json").write_text(json.dumps(sorted(rows)))
+                used[name] = machine
+                break
+    return used
+
+
+def _patch_summary_grid(site: Path) -> bool:
+    """Thumbnails of one or two points draw them as dots (a line needs two)."""
+    f = site / "summarygrid.js"
+    if not f.is_file():
+        return False
+    text = f.read_text()
+    anchor = "                        shadowSize: 0\n"
+    if _MARK in text or text.count(anchor) != 1:
+        return False
+    f.write_text("/* " + _MARK + " */\n" + text.replace(
+        anchor, "                        points: { show: data.length < 3, radius: 3 },\n" + anchor))
+    return True
+
+
 # ------------------------------------------------------------------------------------------ pages
 _FILE_PAGE = """<div style="max-width:44em;margin:3em auto;font:16px/1.5 sans-serif">
 <h1>This site has to be served over HTTP</h1>
@@ -200,6 +251,8 @@ def present(site: Path) -> dict[str, Any]:
     """Apply every rewrite of the module docstring to the published ``site``; returns what was done."""
     return {"emulation_values_removed": drop_emulation_from_kernel_latency(site),
             "empty_benchmarks_removed": drop_empty_benchmarks(site),
+            "thumbnails_from": summaries_from_one_machine(site),
+            "thumbnail_points": _patch_summary_grid(site),
             "regression_factors": _patch_regressions_js(site),
             "graph_display": _patch_graph_display(site),
             "pages": _patch_pages(site)}
