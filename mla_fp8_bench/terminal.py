@@ -61,9 +61,16 @@ def open_parent_stderr() -> TextIO | None:
 
     ``asv run`` captures a ``setup_cache`` process's own stderr and shows it only when it fails; the
     asv grid writes its progress lines here as well, so they reach asv's log (a terminal or a CI log) while
-    the measurement runs."""
+    the measurement runs. A terminal or a pipe (a CI runner's log) is shared; a regular file is not
+    (None): opened again it would have its own offset, and the parent's next writes would overwrite
+    these lines."""
+    import stat
+
+    path = f"/proc/{os.getppid()}/fd/2"
     try:
-        return open(f"/proc/{os.getppid()}/fd/2", "a", buffering=1)  # noqa: SIM115 - closed by the caller
+        if stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        return open(path, "a", buffering=1)  # noqa: SIM115 - closed by the caller
     except OSError:
         return None
 

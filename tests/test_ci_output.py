@@ -343,3 +343,19 @@ def test_site_thumbnails_come_from_one_machine(tmp_path):
     asv_www = Path(__import__("asv").__file__).parent / "www"
     shutil.copy(asv_www / "summarygrid.js", site / "summarygrid.js")
     assert _patch_summary_grid(site) and "points: { show: data.length < 3" in (site / "summarygrid.js").read_text()
+
+
+def test_parent_stderr_is_shared_only_when_it_is_not_a_regular_file(tmp_path):
+    """A child writes through its parent's stderr: into a pipe it arrives; into a file it is not written
+    (it would be overwritten by the parent's own next writes)."""
+    code = ("from mla_fp8_bench.terminal import open_parent_stderr; f = open_parent_stderr(); "
+            "print('none' if f is None else 'open'); f is not None and (f.write('via parent\\n'), f.close())")
+    parent = ("import subprocess, sys; p = subprocess.run([sys.executable, '-c', sys.argv[1]], capture_output=True, "
+              "text=True); print('child:', p.stdout.strip())")
+    piped = subprocess.run([sys.executable, "-c", parent, code], capture_output=True, text=True, timeout=120)
+    assert "child: open" in piped.stdout and "via parent" in piped.stderr
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        subprocess.run([sys.executable, "-c", parent, code], stdout=f, stderr=f, timeout=120, check=True)
+    text = log.read_text()
+    assert "child: none" in text and "via parent" not in text
