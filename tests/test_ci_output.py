@@ -224,12 +224,14 @@ def test_site_pages_regression_factor_and_file_url(tmp_path):
     site.mkdir()
     for f in ("regressions.js", "graphdisplay.js", "index.html"):
         shutil.copy(asv_www / f, site / f)
-    assert site_view._patch_regressions_js(site) and site_view._patch_graph_display(site)
+    assert site_view._patch_regressions_js(site) and site_view._patch_graph_display(site, {"b.track_x": "cpu"})
     assert site_view._patch_pages(site) == 1
     reg = (site / "regressions.js").read_text()
     assert "factor.toFixed(2)" not in reg and reg.count("mlaFactorText(") == 3
+    assert "$.asv.pretty_unit(old_value" not in reg and reg.count("mlaValueText(") == 5
     gd = (site / "graphdisplay.js").read_text()
-    assert "mla-legend" in gd and "mlaDefaultMachines(index)" in gd
+    assert "mla-legend" in gd and gd.count("mlaDefaultMachines(index, current_benchmark)") == 2
+    assert 'var MLA_DEFAULT_MACHINE = {"b.track_x": "cpu"};' in gd
     page = (site / "index.html").read_text()
     assert "location.protocol === 'file:'" in page and "jQuery.holdReady(true)" in page
     assert "mla-fp8-bench preview" in page

@@ -184,7 +184,9 @@ _FACTOR_JS = ("/* " + _MARK + ": factor text: a step from a floored 0 is new, no
               "function mlaFactorText(oldv, newv) {\n"
               "  if (!(oldv > " + repr(ASV_ACCURACY_FLOOR) + ")) {\n"
               "    return '0 \\u2192 ' + String(Number(Number(newv).toPrecision(4))) + ' (new)'; }\n"
-              "  return (newv / oldv).toPrecision(5) + 'x';\n}\n")
+              "  return (newv / oldv).toPrecision(5) + 'x';\n}\n"
+              "function mlaValueText(v, unit) {\n"
+              "  return v > " + repr(ASV_ACCURACY_FLOOR) + " ? $.asv.pretty_unit(v, unit) : '0';\n}\n")
 
 
 def _patch_regressions_js(site: Path) -> bool:
@@ -198,38 +200,50 @@ def _patch_regressions_js(site: Path) -> bool:
                        "$('<td/>').text(mlaFactorText(revs[2], revs[3]))")
     new = new.replace("factor_td.text(factor.toFixed(2) + 'x');",
                       "factor_td.text(mlaFactorText(best_value, last_value));")
+    for v in ("old_value", "new_value", "best_value", "last_value"):  # a floored 0 reads 0, not 1.00e-12
+        new = new.replace(f"$.asv.pretty_unit({v}, benchmark.unit)", f"mlaValueText({v}, benchmark.unit)")
     if new == text:
         return False
     f.write_text(_FACTOR_JS + new)
     return True
 
 
-_DEFAULT_MACHINE_JS = ("/* " + _MARK + ": one machine by default (latencies of two machines are not comparable)"
-                       " */\nfunction mlaDefaultMachines(index) {\n"
+_DEFAULT_MACHINE_JS = ("/* " + _MARK + ": one machine per graph by default (latencies of two machines are not"
+                       " comparable): the first with a GPU that has data for the benchmark */\n"
+                       "var MLA_DEFAULT_MACHINE = {defaults};\n"
+                       "function mlaDefaultMachines(index, bench) {{\n"
+                       "  if (bench && MLA_DEFAULT_MACHINE[bench]) {{ return [MLA_DEFAULT_MACHINE[bench]]; }}\n"
                        "  var names = index.params.machine.slice().sort();\n"
-                       "  var gpu = names.filter(function (m) { var f = index.machines[m] || {};"
-                       " return f.gpu && f.gpu !== 'none'; });\n"
-                       "  return [(gpu.length ? gpu : names)[0]];\n}\n")
+                       "  var gpu = names.filter(function (m) {{ var f = index.machines[m] || {{}};"
+                       " return f.gpu && f.gpu !== 'none'; }});\n"
+                       "  return [(gpu.length ? gpu : names)[0]];\n}}\n")
+_PER_BENCHMARK = ("        /* " + _MARK + " */ if ((state_selection === null || !state_selection.machine)"
+                  " && window.mlaLastBench !== current_benchmark) {\n"
+                  "            state.machine = mlaDefaultMachines(index, current_benchmark); }\n"
+                  "        window.mlaLastBench = current_benchmark;\n")
 
 
-def _patch_graph_display(site: Path) -> bool:
-    """flot's legend in a column beside the graph (``#mla-legend``); one machine selected by default
-    (the first with a GPU), the others one click away in the sidebar."""
+def _patch_graph_display(site: Path, defaults: dict[str, str]) -> bool:
+    """flot's legend in a column beside the graph (``#mla-legend``); one machine selected by default per
+    benchmark (``defaults``: benchmark -> machine; else the first with a GPU), the others one click away
+    in the sidebar; a machine named in the page's address is kept."""
     f = site / "graphdisplay.js"
     if not f.is_file():
         return False
     text = f.read_text()
     rx = re.compile(r"legend:\s*\{\s*show:\s*show_legend,\s*position:\s*\"nw\",")
     default = "                state[param] = values;\n"
-    if _MARK in text or not rx.search(text) or text.count(default) != 1:
+    anchor = "        /*\n          Benchmark-specific parameter selections"
+    if _MARK in text or not rx.search(text) or text.count(default) != 1 or text.count(anchor) != 1:
         return False
     container = ("legend: { show: show_legend, container: (function () {"
                  " var c = $('#mla-legend'); if (!c.length) { c = $('<div id=\"mla-legend\"/>');"
                  " $('#graph').append(c); } c.empty(); return c; })(),")
     text = rx.sub(lambda m: container, text, count=1)
-    text = text.replace(default, "                state[param] = param === 'machine' ? mlaDefaultMachines(index) : "
-                        "values;\n")
-    f.write_text(_DEFAULT_MACHINE_JS + text)
+    text = text.replace(default, "                state[param] = param === 'machine' ? "
+                        "mlaDefaultMachines(index, current_benchmark) : values;\n")
+    text = text.replace(anchor, _PER_BENCHMARK + anchor)
+    f.write_text(_DEFAULT_MACHINE_JS.format(defaults=json.dumps(defaults, sort_keys=True)) + text)
     return True
 
 
@@ -249,12 +263,12 @@ def _patch_pages(site: Path) -> int:
 
 def present(site: Path) -> dict[str, Any]:
     """Apply every rewrite of the module docstring to the published ``site``; returns what was done."""
-    return {"emulation_values_removed": drop_emulation_from_kernel_latency(site),
-            "empty_benchmarks_removed": drop_empty_benchmarks(site),
-            "thumbnails_from": summaries_from_one_machine(site),
-            "thumbnail_points": _patch_summary_grid(site),
+    done: dict[str, Any] = {"emulation_values_removed": drop_emulation_from_kernel_latency(site),
+                            "empty_benchmarks_removed": drop_empty_benchmarks(site)}
+    done["default_machine"] = summaries_from_one_machine(site)
+    return {**done, "thumbnail_points": _patch_summary_grid(site),
             "regression_factors": _patch_regressions_js(site),
-            "graph_display": _patch_graph_display(site),
+            "graph_display": _patch_graph_display(site, done["default_machine"]),
             "pages": _patch_pages(site)}
 
 
