@@ -81,6 +81,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
 
 
+def int_in(lo: int, hi: int):
+    """argparse type factory: an integer from ``lo`` to ``hi``."""
+    def parse(text: str) -> int:
+        v = positive_int(text) if lo >= 1 else int(_parse_number(text, int, "value", lo, strict=False))
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed {lo}..{hi}")
+        return v
+    parse.__name__ = "integer"
+    return parse
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     try:

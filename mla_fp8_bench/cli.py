@@ -328,7 +328,8 @@ def _write_asv_machine(args: argparse.Namespace, console: Console, path) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mla_fp8_bench.argtypes import positive_float, positive_int
+    from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
+    from mla_fp8_bench.harness.runner import MAX_SAMPLES
 
     p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
@@ -347,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the device's seq_len sweep)")
     r.add_argument("--max-seq-len", type=positive_int, default=None, help="cap of the default sweep")
     r.add_argument("--json", help="write records to this JSON file (atomically)")
-    r.add_argument("--samples", type=positive_int, default=30, help="latency samples per (backend, case)")
+    r.add_argument("--samples", type=int_in(1, MAX_SAMPLES), default=30, help="latency samples per (backend, case)")
     r.add_argument("--time-budget", type=positive_float, default=20.0,
                    help="seconds of latency sampling per (backend, case)")
     r.add_argument("--no-timing", action="store_true", help="accuracy only")

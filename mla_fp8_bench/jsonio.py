@@ -93,6 +93,8 @@ def load_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
     except json.JSONDecodeError as exc:
         raise error(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
                     + (f"; {hint}" if hint else "")) from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise error(f"{what} {path} cannot be read as JSON: {exc}") from None
 
 
 def check_output_path(path: str | os.PathLike | None, what: str = "output file") -> Path:
@@ -138,21 +140,33 @@ def output_target(path: str | os.PathLike | None, what: str = "output file") -> 
                           "e.g. runs/out.json")
     p = Path(path)
     _check_name_length(p, what)
-    return Path(os.path.realpath(p)) if p.is_symlink() else p
+    if not p.is_symlink():
+        return p
+    try:
+        return Path(os.path.realpath(p, strict=True))
+    except FileNotFoundError:
+        return Path(os.path.realpath(p))  # a dangling link: its target is created
+    except OSError as exc:
+        raise OutputError(exc.errno, f"{what} {p} is a symlink that cannot be followed ({exc.strerror or exc}): "
+                          "give a file path") from None
 
 
 def _check_name_length(p: Path, what: str) -> None:
-    anc = next((a for a in p.parents if a.is_dir()), Path("."))
+    if len(os.fsencode(str(p.absolute()))) >= 4096:
+        raise OutputError(errno.ENAMETOOLONG, f"{what} {str(p)[:80]}...: the path is over 4095 bytes (PATH_MAX)")
+    try:
+        anc = next((a for a in p.parents if a.is_dir()), Path("."))
+    except OSError:
+        anc = Path(".")
     try:
         name_max = os.pathconf(anc, "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
-    n = len(os.fsencode(p.name))
-    if n > name_max:
-        raise OutputError(f"{what} {str(p)[:80]}...: the file name is {n} bytes: at most {name_max} on this file "
-                          "system")
-    if len(os.fsencode(str(p.absolute()))) >= 4096:
-        raise OutputError(f"{what} {str(p)[:80]}...: the path is over 4095 bytes (PATH_MAX)")
+    for part in (p.name, *(a.name for a in p.parents)):
+        n = len(os.fsencode(part))
+        if n > name_max:
+            raise OutputError(errno.ENAMETOOLONG, f"{what} {str(p)[:80]}...: the file name is {n} bytes: at most "
+                              f"{name_max} on this file system")
 
 
 def _tmp_prefix(path: Path) -> str:

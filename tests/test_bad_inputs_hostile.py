@@ -651,3 +651,77 @@ def test_plan_refuses_impossible_vllm_settings(capsys, extra, needle):
     assert main(["plan", "--qo-lens", "256,300", "--kv-lens", "256,300", "--heads", "16", *extra]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert needle in out and "reserved" not in out
+
+
+# ---------------------------------------------------------------- found by the probe round
+@pytest.mark.parametrize("bval", [float("inf"), None], ids=["inf", "null"])
+def test_an_infinite_or_null_base_value_is_invalid(tmp_path, capsys, bval):
+    b = _doc(tmp_path, "b.json", [_rec(max_abs_error_fp8_ref=bval)])
+    h = _doc(tmp_path, "h.json", [_rec(seed=1, max_abs_error_fp8_ref=0.75)])
+    assert main(["gate", b, h]) == 1
+    assert "INVALID: fa3-fp8 s1024 max_abs_error_fp8_ref" in capsys.readouterr().out
+
+
+def test_an_infinite_base_latency_is_invalid(tmp_path, capsys):
+    base = _rec()
+    base["latency_samples_s"] = [float("inf")] * 30
+    b = _doc(tmp_path, "b.json", [base])
+    assert main(["gate", b, _doc(tmp_path, "h.json", [_rec(seed=1, latency=1e-3)])]) == 1
+    assert "INVALID: fa3-fp8 s1024 latency_s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("raw,needle", [
+    ("[" * 100_000 + "]" * 100_000, "nests arrays/objects 100000 deep: at most 64"),
+    ('{"records": [' + "9" * 5000 + "]}", "cannot be read as JSON: Exceeds the limit"),
+], ids=["deep", "5000-digit-int"])
+def test_hostile_json_is_one_line_naming_the_file(tmp_path, capsys, raw, needle):
+    b = _doc(tmp_path, "b.json", [_rec()])
+    h = tmp_path / "h.json"
+    h.write_text(raw)
+    assert main(["gate", b, str(h)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert needle in out and str(h) in out and "Traceback" not in out
+
+
+def test_an_oversized_json_file_is_refused_before_reading(tmp_path, monkeypatch, capsys):
+    import mla_fp8_bench.jsonio as jsonio
+
+    monkeypatch.setattr(jsonio, "MAX_JSON_BYTES", 100)
+    b = _doc(tmp_path, "b.json", [_rec(), _rec(case="s2048")])
+    assert main(["gate", b, b]) == 2
+    assert "bytes: at most 100 are read" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_symlink_loop_as_output_is_refused(tmp_path, capsys):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert main([*RUN, "-c", "s16-h2", "--json", str(tmp_path / "a")]) == 2
+    assert "is a symlink that cannot be followed" in " ".join(capsys.readouterr().out.split())
+    assert (tmp_path / "a").is_symlink() and (tmp_path / "b").is_symlink()
+
+
+def test_an_over_long_path_is_one_line(tmp_path, capsys):
+    deep = tmp_path / "/".join(["x" * 200] * 25) / "r.json"
+    assert main([*RUN, "-c", "s16-h2", "--json", str(deep)]) == 2
+    assert "the path is over 4095 bytes (PATH_MAX)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_nightly_refuses_an_invalid_bench_regex_before_any_work(capsys):
+    assert main(["nightly", "--machine", "n", "--library", "aiter", "--bench", "track_(", "--dry-run",
+                 "--commit", "a" * 40]) == 2
+    assert "--bench 'track_(' is not a valid regular expression" in capsys.readouterr().out
+
+
+def test_absurd_sample_counts_are_refused(capsys):
+    with pytest.raises(SystemExit) as ei:
+        main([*RUN, "-c", "s16-h2", "--samples", "99999999999999999999"])
+    assert ei.value.code == 2
+    assert "is out of range: allowed 1..1000000" in " ".join(capsys.readouterr().err.split())
+
+
+def test_an_absurd_sample_count_knob_is_refused_at_discovery(monkeypatch):
+    from mla_fp8_bench.harness.asv_support import check_knobs
+
+    monkeypatch.setenv("MLA_FP8_BENCH_SAMPLES", "9" * 40)
+    with pytest.raises(ValueError, match="MLA_FP8_BENCH_SAMPLES=9+ is invalid: at most 1000000"):
+        check_knobs()

@@ -497,13 +497,13 @@ def _impossible(row: Row, m: Metric | None, bm: Measure | None, hm: Measure) -> 
         row.verdict, row.detail = "INVALID", f"impossible value {hv:.4g} on HEAD (possible: {list(m.bounds)})"
         return True
     bv = bm.center() if bm is not None and bm.status == "ok" else None
-    if bv is not None and (not math.isfinite(bv) if m is None else not m.possible(bv)):
+    if bv is not None and (not math.isfinite(bv) or (m is not None and not m.possible(bv))):
         what = "non-finite" if not math.isfinite(bv) else "impossible"
         row.verdict = "INVALID"
         row.detail = (f"{what} value {bv:.4g} on BASE" + (f" (possible: {list(m.bounds)})" if m is not None else "")
                       + f": HEAD's {hv:.4g} cannot be judged against it")
         return True
-    if bm is not None and bm.status == "invalid":
+    if bm is not None and bm.status in ("invalid", "missing"):
         row.verdict, row.detail = "INVALID", f"BASE: {bm.reason}: HEAD's {hv:.4g} cannot be judged against it"
         return True
     return False

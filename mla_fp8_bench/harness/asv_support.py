@@ -136,13 +136,18 @@ def check_knobs() -> dict[str, Any]:
             normalize_device(device)
         except ValueError as exc:
             raise ValueError(f"MLA_FP8_BENCH_DEVICE={device!r}: {exc}") from None
+    from mla_fp8_bench.harness.runner import MAX_SAMPLES
+
     emulated_aiter_version()
     emulated_cu_num()
     emulated_max_tokens("cpu")
+    samples = _env_int("MLA_FP8_BENCH_SAMPLES")
+    if samples is not None and samples > MAX_SAMPLES:
+        raise ValueError(f"MLA_FP8_BENCH_SAMPLES={samples} is invalid: at most {MAX_SAMPLES}")
     return {"device": device, "max_tokens": _env_int("MLA_FP8_BENCH_MAX_TOKENS"),
             "backends": _env_list("MLA_FP8_BENCH_BACKENDS", ASV_BACKENDS, "backends"),
             "cases": _env_list("MLA_FP8_BENCH_CASES", ASV_CASES, "case ids"),
-            "samples": _env_int("MLA_FP8_BENCH_SAMPLES"),
+            "samples": samples,
             "time_budget_s": env_float("MLA_FP8_BENCH_TIME_BUDGET", None)}
 
 

@@ -322,6 +322,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise NightlyError(str(exc)) from None
     if args.base is not None and not _HEX.fullmatch(args.base):
         raise NightlyError(f"--base {args.base!r} is not a commit hash (7 to 40 lowercase hex digits)")
+    if args.bench is not None:
+        try:
+            re.compile(args.bench)
+        except re.error as exc:
+            raise NightlyError(f"--bench {args.bench!r} is not a valid regular expression: {exc}") from None
     lib = identify(args.library, python, args.checkout, args.commit)
     config = args.config or LIBRARIES[lib.name][2]
     conf = load_conf(config)

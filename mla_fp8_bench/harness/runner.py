@@ -70,11 +70,17 @@ class RunOptions:
         Raises:
             ValueError: ``samples`` is not an integer >= 1 or ``time_budget_s`` not a finite number > 0.
         """
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise ValueError(f"samples={self.samples!r} is invalid: an integer >= 1 (latency samples per case)")
+        if (isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1
+                or self.samples > MAX_SAMPLES):
+            raise ValueError(f"samples={self.samples!r} is invalid: an integer >= 1 and <= {MAX_SAMPLES} (latency "
+                             "samples per case)")
         tb = self.time_budget_s
         if isinstance(tb, bool) or not isinstance(tb, (int, float)) or not math.isfinite(tb) or tb <= 0:
             raise ValueError(f"time_budget_s={tb!r} is invalid: a finite number of seconds > 0")
+
+
+#: Most latency samples per (backend, case) (a list of them is kept in every record).
+MAX_SAMPLES = 1_000_000
 
 
 @dataclass
