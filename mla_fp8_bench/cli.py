@@ -60,14 +60,21 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
     bt.add_column("backend")
     bt.add_column("available")
     bt.add_column("reason / description")
+    detected = Table(title="detected on the installed library")
+    for col in ("backend", "what", "form (where it was read)"):
+        detected.add_column(col)
     for name in backend_names():
         try:
             b = get_backend(name)
             v = b.availability(pinfo)
             bt.add_row(name, "yes" if v else "no", b.description if v else v.reason)
+            for what, how in (getattr(b, "detection", lambda: {})() if v else {}).items():
+                detected.add_row(name, what, how)
         except Exception as exc:  # noqa: BLE001 - one broken backend must not hide the others
             bt.add_row(name, "no", f"backend failed to load: {type(exc).__name__}: {exc}")
     console.print(bt)
+    if detected.row_count:
+        console.print(detected)
     return 0
 
 

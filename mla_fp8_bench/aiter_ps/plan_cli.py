@@ -351,8 +351,8 @@ def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
     _print_works(console, req, plan)
     _print_groups(console, req, plan)
     _line(console, f"work_info rows: used {plan.num_works:,}, info bound {info['work_info'][0][0]:,}")
-    _line(console, f"partial slots ({Q_TILE} rows each) and fp32 workspace bytes: all buffers (partial output +"
-                   " partial LSE + final LSE [+ padded-head output scratch]), then the partial output alone:")
+    _line(console, f"partial slots ({Q_TILE} rows each); fp32 bytes of all buffers (partials + partial LSE +"
+                   " final LSE [+ padded-head scratch]), then of the partials:")
     for label, slots, wb in size_rows(req, plan, info):
         short = "  (fewer slots than used: too small for this batch)" if slots < plan.num_partials else ""
         _line(console, f"  {label:<52} {slots:>12,} slots {_gib(wb.total)}  partials"

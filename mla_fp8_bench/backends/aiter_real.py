@@ -438,6 +438,10 @@ class AiterReal(Backend):
             return Verdict.no(str(exc))
         return Verdict.yes()
 
+    def detection(self) -> dict[str, str]:
+        """What the driver detected on the installed ``aiter`` and where it read it (``mla-fp8-bench env``)."""
+        return self._get_driver().detection()
+
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
         return self._get_driver().supports_heads(case.num_heads)
 

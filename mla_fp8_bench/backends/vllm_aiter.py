@@ -176,6 +176,32 @@ def detect_features(module: types.ModuleType) -> VllmFeatures:
     )
 
 
+#: The configuration the adapter imitates: vLLM serving a bf16 model with an fp8 KV cache.
+KV_CACHE_DTYPE, MODEL_DTYPE = "fp8", "bfloat16"
+
+
+def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
+    """Whether vLLM takes the FP8 PS prefill for the imitated configuration (fp8 KV cache, bf16 model), read
+    from the builder's own ``_fp8_prefill_enabled`` assignment: ``gates_on_dtypes`` when it tests the KV
+    cache dtype and the model dtype (0.33: fp8 KV and bf16 only), else every dtype pair takes it (the
+    gating gap of vLLM #52312). ``taken`` is for the imitated pair; the platform gate and the head count
+    are checked by ``availability`` / ``supports``."""
+    import re
+
+    try:
+        src = inspect.getsource(builder_cls.__init__)
+    except (OSError, TypeError):
+        return {"taken": None, "why": "the builder's source cannot be read", "kv_cache_dtype": KV_CACHE_DTYPE,
+                "model_dtype": MODEL_DTYPE}
+    m = re.search(r"self\._fp8_prefill_enabled\s*=\s*(.*?)\n\s*if self\._fp8_prefill_enabled", src, re.S)
+    expr = m.group(1) if m else ""
+    gated = "kv_cache_dtype" in expr and "bfloat16" in expr
+    why = ("vLLM enables it only with an fp8 KV cache and a bf16 model" if gated else
+           "vLLM enables it whatever the KV cache and model dtypes (no dtype gate, vLLM #52312)")
+    return {"taken": bool(m), "gates_on_dtypes": gated, "why": why, "kv_cache_dtype": KV_CACHE_DTYPE,
+            "model_dtype": MODEL_DTYPE}
+
+
 def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
                     workspace_module: str = DEFAULT_WORKSPACE_MODULE) -> VllmEntry:
     """Import vLLM's ``rocm_aiter_mla`` and workspace modules (or stand-ins at other paths).
@@ -455,6 +481,7 @@ class VllmAiter(Backend):
                                 "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
                                 "num_head_k": st.num_head_k,
                                 "workspace_locked": _workspace_locked(ws), "vllm_version": feats.version,
+                                "vllm_fp8_path": fp8_path_condition(entry.builder_cls),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
     # ------------------------------------------------------------------ set-up (not timed)
@@ -562,7 +589,7 @@ def for_testing(aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_
                      bypass_gate=True, adapter_fault=adapter_fault)
 
 
-__all__ = ["ADAPTER_FAULTS", "CHUNKED_CONTEXT_SKIP",
+__all__ = ["ADAPTER_FAULTS", "CHUNKED_CONTEXT_SKIP", "fp8_path_condition",
            "DEFAULT_VLLM_MODULE", "DEFAULT_WORKSPACE_MODULE", "VllmAdapterError", "VllmAiter",
            "VllmEntry", "VllmFeatures", "detect_features", "for_testing", "load_vllm_entry",
            "vllm_reserved_workspace_bytes"]

@@ -201,8 +201,8 @@ def check_case(adapter, ws, aiter, cid: str, repeat: bool = False) -> dict:
     rec["reset_after_cleanup"] = not ws.is_workspace_manager_initialized()
     if not rec["reset_after_cleanup"]:
         raise TierFailure(f"{cid}: the workspace manager is still initialised after Prepared.cleanup()")
-    rec.update({k: p.extras[k] for k in ("num_head_k", "num_partials", "workspace_bytes", "timing_scope")
-                if k in p.extras})
+    rec.update({k: p.extras[k] for k in ("num_head_k", "num_partials", "workspace_bytes", "timing_scope",
+                                         "vllm_fp8_path") if k in p.extras})
     rec["timing_scope"] = p.timing_scope
     calls = aiter.calls[n_calls:]
     pick = {c["name"]: c["args"] for c in calls}
@@ -312,6 +312,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="JSON result path (default mode)")
     ap.add_argument("--fault", help="run the per-case check with this deliberately wrong adapter")
     ap.add_argument("--cases", nargs="*", help="case ids (default: the tier's list)")
+    ap.add_argument("--aiter-root", help="drive AITER's real Python layer from this source tree instead of the "
+                                         "stand-in (tests/aiter_tier/real_layer.py; with --aiter-version, --work)")
+    ap.add_argument("--aiter-version", help="release whose compiled reduce the real layer's binding emulates")
+    ap.add_argument("--work", help="scratch folder of the real layer")
     args = ap.parse_args(argv)
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # the CPU platform; must precede the first vllm import
     torch.set_num_threads(1)
@@ -337,7 +341,15 @@ def main(argv=None) -> int:
     if feats.budget_sizing:
         set_compute_units(CU_NUM)
         shims.append(f"current_platform.num_compute_units() -> {CU_NUM} (the stand-in's CU count)")
-    aiter = real_info_shapes(make_standin_aiter(cu_num=CU_NUM), shims)
+    if args.aiter_root:
+        sys.path.insert(0, str(Path(args.repo) / "tests" / "aiter_tier"))
+        import real_layer
+
+        aiter = real_layer.install(Path(args.aiter_root), Path(args.work), args.aiter_version, cu_num=CU_NUM)
+        aiter.calls = aiter.real_layer["standin"].calls  # what the compiled modules were handed
+        shims.append(f"AITER's real Python layer from {args.aiter_root}, compiled modules emulated")
+    else:
+        aiter = real_info_shapes(make_standin_aiter(cu_num=CU_NUM), shims)
     sys.modules["aiter"] = aiter
     cases = args.cases or list(CASES)
 
@@ -389,6 +401,7 @@ def main(argv=None) -> int:
             out["errors"].setdefault(name, "the workspace manager was left initialised")
             ws.reset_workspace_manager()
     out["aiter_is_standin"] = sys.modules.get("aiter") is aiter
+    out["fp8_path"] = vllm_aiter.fp8_path_condition(vmod.AiterMLAMetadataBuilder)
     out["wall_s"] = time.perf_counter() - t_start
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     return 0
