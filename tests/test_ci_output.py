@@ -361,3 +361,13 @@ def test_parent_stderr_is_shared_only_when_it_is_not_a_regular_file(tmp_path):
         subprocess.run([sys.executable, "-c", parent, code], stdout=f, stderr=f, timeout=120, check=True)
     text = log.read_text()
     assert "child: none" in text and "via parent" not in text
+
+
+def test_nightly_streams_asv_output_line_by_line():
+    from mla_fp8_bench.harness.nightly import _run_streamed
+
+    seen: list[str] = []
+    code = "import sys; print('one', flush=True); print('two', file=sys.stderr, flush=True); sys.exit(3)"
+    p = _run_streamed([sys.executable, "-c", code], seen.append, {"MLA_FP8_BENCH_X": "1"})
+    assert seen[0].startswith("$ MLA_FP8_BENCH_X=1 ") and seen[1:] == ["one", "two"]
+    assert p.returncode == 3 and p.stdout == "one\ntwo\n"

@@ -373,6 +373,19 @@ def _run(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.
     return p
 
 
+def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` echoing each line of its output as it comes (asv's log, with the grid's per-case
+    lines, during a run of minutes); returns its exit status and the whole output as ``stdout``."""
+    echo(f"$ {_env_prefix(env)}{_sh(cmd)}")
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                          env={**os.environ, **(env or {})}) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            echo(line.rstrip("\n"))
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
+
+
 def gate_command(plan: Plan, base: str, tolerances: str | None) -> list[str]:
     cmd = _cli("gate", "--results-dir", plan.results_dir, "--machine", plan.machine, "--env", "existing",
                *plan.gate_fmt, base, plan.lib.commit)
@@ -413,7 +426,7 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
     for cmd in plan.setup:
         if _run(cmd, echo).returncode != 0:
             raise NightlyError(f"could not register asv machine {plan.machine}")
-    p = _run(plan.run, echo, plan.run_env)
+    p = _run_streamed(plan.run, echo, plan.run_env)
     if not _stored(plan):
         echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
         return EXIT_NO_RESULT
