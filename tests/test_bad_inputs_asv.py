@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ASV = Path(sys.executable).parent / "asv"
 BENCH = "bench_mla_prefill.MLAPrefill.track_max_abs_error"
 
-pytestmark = pytest.mark.skipif(not ASV.exists() and shutil.which("asv") is None,
-                                reason="asv is not installed (pip install -e '.[test]')")
+# real asv runs, 8-16 s each on a 2-core CPU: `pytest -m slow` (CI runs them as their own step)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not ASV.exists() and shutil.which("asv") is None,
+                                 reason="asv is not installed (pip install -e '.[test]')")]
 
 
 def _head() -> str:
