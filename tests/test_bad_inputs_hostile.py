@@ -725,3 +725,10 @@ def test_an_absurd_sample_count_knob_is_refused_at_discovery(monkeypatch):
     monkeypatch.setenv("MLA_FP8_BENCH_SAMPLES", "9" * 40)
     with pytest.raises(ValueError, match="MLA_FP8_BENCH_SAMPLES=9+ is invalid: at most 1000000"):
         check_knobs()
+
+
+def test_nightly_checks_its_summary_path_before_the_asv_run(tmp_path, capsys):
+    """--summary is written after the whole asv run: a directory there is refused before it starts."""
+    assert main(["nightly", "--machine", "n", "--library", "aiter", "--dry-run", "--commit", "a" * 40,
+                 "--summary", str(tmp_path)]) == 2
+    assert f"--summary {tmp_path} is a directory" in " ".join(capsys.readouterr().out.split())

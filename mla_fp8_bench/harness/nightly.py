@@ -327,6 +327,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
             re.compile(args.bench)
         except re.error as exc:
             raise NightlyError(f"--bench {args.bench!r} is not a valid regular expression: {exc}") from None
+    if getattr(args, "summary", None) is not None:
+        from mla_fp8_bench.jsonio import check_output_path
+
+        try:
+            check_output_path(args.summary, "--summary")  # before the asv run it reports on
+        except ValueError as exc:
+            raise NightlyError(str(exc)) from None
     lib = identify(args.library, python, args.checkout, args.commit)
     config = args.config or LIBRARIES[lib.name][2]
     conf = load_conf(config)
