@@ -35,7 +35,7 @@ from mla_fp8_bench.harness.asv_tracks import with_tracks
 check_asv_run()  # at discovery: a refused run stops before asv writes anything
 check_knobs()  # a bad MLA_FP8_BENCH_* value, too
 
-_VERSION = "mla-prefill-v1"
+_VERSION = "mla-prefill-v2"
 
 
 @with_tracks

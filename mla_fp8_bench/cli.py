@@ -372,10 +372,10 @@ def _add_extra_commands(sub) -> None:
     """Sub-commands that live in their own modules register here (each module's ``add_parser``)."""
     from mla_fp8_bench.aiter_ps import plan_cli
     from mla_fp8_bench.analysis import bisect, calibrate, gate, plot, publish, results_merge, site_view
-    from mla_fp8_bench.harness import nightly
+    from mla_fp8_bench.harness import ab, nightly
 
     for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
-                     bisect.add_parser, nightly.add_parser, plan_cli.add_parser, publish.add_parser,
+                     bisect.add_parser, nightly.add_parser, ab.add_parser, plan_cli.add_parser, publish.add_parser,
                      site_view.add_parser):
         register(sub)
 

@@ -79,7 +79,7 @@ GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "cudn
 CV_CASES = "s128,s2048,s8192,s32768"
 SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
 ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv", "order", "sbs",
-             "ab", "cudnn")
+             "ab", "cudnn", "abtrials")
 #: Orders of the order-independence processes (scripts/order_check.py), the first one on a fresh machine.
 ORDERS = ("sorted", "reversed", "shuffled")
 #: The GPU grid of the order check: the asv grid's backends and its per-tensor cases.
@@ -397,12 +397,16 @@ def do_asv_tiny(c, method: str) -> None:
 def do_asv(c) -> None:
     s, args, sha, grid, sel_run, work, asv_env_base = c.s, c.args, c.sha, c.grid, c.sel_run, c.work, c.asv_env_base
     ensure_machine(c)
-    env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS=",".join(grid),
+    sel = [b for b in sel_run if not args.asv_backends or b in args.asv_backends.split(",")]
+    env = dict(asv_env_base, MLA_FP8_BENCH_BACKENDS=",".join(b for b in grid if b in sel),
                MLA_FP8_BENCH_EMU_MAX_TOKENS=str(args.emu_max_seq))
-    regex = r"\('(" + "|".join(sel_run) + r")'"
+    regex = r"\('(" + "|".join(sel) + r")'"
+    if args.asv_cases:
+        env["MLA_FP8_BENCH_CASES"] = args.asv_cases
+        regex += r", '(" + "|".join(c.replace("-", r"\-") for c in args.asv_cases.split(",")) + r")'\)"
     plan_regex = r"AiterPlan\.\w+\('aiter-emulated'"
     rc, w = s.sh("asv", [py(), "-m", "asv", "run", "-E", f"existing:{py()}", "--set-commit-hash", sha,
-                         "--launch-method", args.launch_method, "--machine", args.machine,
+                         "--launch-method", args.launch_method, "--machine", args.machine, "--record-samples",
                          "-b", regex, "-b", plan_regex], args.asv_timeout, env=env)
     dst = work / "asv_results"
     dst.mkdir(exist_ok=True)
@@ -433,8 +437,10 @@ def _process_rounds(s, name: str, script: str, runs: list[tuple[Path, list[str]]
 
 def do_order(c) -> None:
     s, args, jd = c.s, c.args, c.jd
+    tracked = ["--tracked-rounds", str(args.order_tracked_rounds)] if args.order_tracked_rounds else []
     runs = [(jd / f"order_p{i}_{order}.json",
-             ["--order", order, "--seed", str(i + 1), "--backends", ORDER_BACKENDS, "--cases", ORDER_CASES])
+             ["--order", order, "--seed", str(i + 1), "--backends", args.order_backends, "--cases", args.order_cases,
+              *tracked])
             for i, order in enumerate(ORDERS * args.order_rounds)]
     _process_rounds(s, "order", "scripts/order_check.py", runs, 150, jd / "order_summary.json")
 
@@ -456,6 +462,14 @@ def do_ab(c) -> None:
                         "--deadline", str(max(30.0, min(200.0, s.left() - 40))),
                         "--out", str(jd / "latency_ab.json")], 260)
     s.step("ab", rc, w)
+
+
+def do_abtrials(c) -> None:
+    s, args, jd = c.s, c.args, c.jd
+    rc, w = s.sh("abtrials", [py(), "scripts/ab_trials.py", "--work", "/tmp/ab_trials", "--out",
+                              str(jd / "ab_trials.json"), "--trials", str(args.ab_trials), "--rounds",
+                              str(args.ab_rounds), "--deadline", str(max(20.0, s.left() - 60))], s.left() - 10)
+    s.step("abtrials", rc, w)
 
 
 def do_cudnn(c) -> None:
@@ -488,8 +502,16 @@ def main() -> int:
                          "against an estimated 325 s with spawn; the suite initialises no GPU at import)")
     ap.add_argument("--machine", default="h200")
     ap.add_argument("--order-rounds", type=int, default=1, help="rounds of the sorted/reversed/shuffled processes")
+    ap.add_argument("--order-tracked-rounds", type=int, default=0,
+                    help="order: compare the tracked figure (median over this many rounds) per order")
+    ap.add_argument("--order-backends", default=ORDER_BACKENDS)
+    ap.add_argument("--order-cases", default=ORDER_CASES)
     ap.add_argument("--sbs-procs", type=int, default=5, help="side-by-side processes (alternating order)")
     ap.add_argument("--ab-case", default="s8192", help="case of the sensitivity trials")
+    ap.add_argument("--ab-trials", type=int, default=5, help="abtrials: trials of each kind (A/A, +3 %%)")
+    ap.add_argument("--ab-rounds", type=int, default=5, help="abtrials: rounds per side of each ab run")
+    ap.add_argument("--asv-backends", default="", help="asv: only these backends (comma-separated)")
+    ap.add_argument("--asv-cases", default="", help="asv: only these case ids (MLA_FP8_BENCH_CASES)")
     args = ap.parse_args()
 
     out, work = Path(args.out), Path(args.work)
@@ -526,7 +548,7 @@ def main() -> int:
     s.summary["emu_cap_supported"] = emu_cap_supported()
     c = SimpleNamespace(s=s, args=args, jd=jd, sha=sha, grid=grid, sel_run=sel_run, work=work, asv_home=asv_home,
                         asv_env_base=asv_env_base, machine_done=[])
-    table = {"order": (do_order, 60), "sbs": (do_sbs, 60), "ab": (do_ab, 60), "cudnn": (do_cudnn, 40),
+    table = {"abtrials": (do_abtrials, 60), "order": (do_order, 60), "sbs": (do_sbs, 60), "ab": (do_ab, 60), "cudnn": (do_cudnn, 40),
              "env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),
              "cv": (do_cv, 90), "sweep": (do_sweep, 90), "asv-tiny": (lambda c: do_asv_tiny(c, "spawn"), 40),
              "asv-tiny-fork": (lambda c: do_asv_tiny(c, "forkserver"), 40), "asv": (do_asv, 60)}

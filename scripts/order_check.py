@@ -116,6 +116,31 @@ def summarize(runs: list[dict], tolerance: float = 0.01) -> dict:
             "tolerance": tolerance, "processes": len(runs)}
 
 
+def measure_tracked(backends: list[str], cases: list[str], order: str, rounds: int, seed: int) -> dict:
+    """The tracked figure (median over ``rounds`` rounds, each a fresh process forked from one round
+    server) with the first round in ``order`` and the next ones in the other orders, as the asv grid's
+    rounds alternate; returns an order-check document whose rows carry the medians over rounds."""
+    import os
+    import tempfile
+
+    from mla_fp8_bench.harness.rounds import ORDERS, RoundServer, records_from_rounds, suite_env
+
+    seq = [order] + [o for o in ORDERS if o != order]
+    srv = RoundServer(sys.executable, suite_env(), backends)
+    docs = []
+    t0 = time.time()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for j in range(rounds):
+                docs.append(srv.round(backends, cases, seq[j % len(seq)], seed + j, os.path.join(tmp, f"r{j}.json")))
+    finally:
+        srv.close()
+    rows = records_from_rounds(docs)
+    return {"order": order, "seed": seed, "rounds": rounds, "round_orders": [d.get("order") for d in docs],
+            "errors": [d.get("error") for d in docs if d.get("error")], "started": t0, "wall_s": time.time() - t0,
+            "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default=DEFAULT_BACKENDS)
@@ -124,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tolerance", type=float, default=0.01)
     ap.add_argument("--summarize", nargs="+", metavar="JSON")
+    ap.add_argument("--tracked-rounds", type=int, default=0,
+                    help="measure the tracked figure instead: the median over this many rounds (forked processes)")
     ap.add_argument("--json", help="write the result here")
     a = ap.parse_args(argv)
     if a.summarize:
@@ -136,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         from mla_fp8_bench.harness.asv_support import ASV_CASES
 
         cases = a.cases.split(",") if a.cases else list(ASV_CASES)
-        res = measure_process(a.backends.split(","), cases, a.order, a.seed)
+        if a.tracked_rounds:
+            res = measure_tracked(a.backends.split(","), cases, a.order, a.tracked_rounds, a.seed)
+        else:
+            res = measure_process(a.backends.split(","), cases, a.order, a.seed)
         ok = [r for r in res["rows"] if r.get("latency_s")]
         print(f"{a.order}: {len(ok)}/{len(res['rows'])} pairs measured in {res['wall_s']:.1f}s; heat-up "
-              f"{(res['heat_up'] or {}).get('sm_mhz')}")
+              f"{(res.get('heat_up') or {}).get('sm_mhz')}")
     if a.json:
         from mla_fp8_bench.jsonio import write_json_atomic
 

@@ -66,6 +66,17 @@ EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 DEFAULT_FACTOR = 1.05
 DEFAULT_ACC_FACTOR = 2.0
 DEFAULT_ALPHA = 0.01
+#: k of the noise-aware latency threshold ``max(factor, 1 + k x spread)`` (spread: (max - min) / median
+#: of the param's rounds, or of its stored history).
+DEFAULT_NOISE_K = 1.0
+#: Default factor of ``mla-fp8-bench ab`` (both sides measured in alternating processes on one machine,
+#: so machine-start drift cancels and a smaller factor holds).
+DEFAULT_AB_FACTOR = 1.02
+#: A param's SM clock is off its plateau when its median lies more than this fraction below the
+#: highest median SM clock of its side (the clock a lightly loaded case holds; 1980 MHz on the H200).
+OFF_PLATEAU_REL = 0.015
+#: asv benchmark versions whose latency samples are within-process samples, not rounds.
+LEGACY_SAMPLE_VERSIONS = ("mla-prefill-v1",)
 #: Growth below this absolute change is never an accuracy regression (deterministic values that move
 #: within rounding noise of 0).
 ACC_ABS_FLOOR = 1e-6
@@ -95,11 +106,21 @@ class Measure:
     version: str | None = None
     reason: str = ""
     scope: str = "kernel"
+    rounds: list[float] | None = None
 
     def center(self) -> float | None:
+        if self.rounds and len(self.rounds) >= 2:
+            return float(np.median(self.rounds))
         if self.samples:
             return float(np.median(self.samples))
         return self.value
+
+    def round_spread(self) -> float | None:
+        """(max - min) / median of the rounds; None with fewer than two rounds."""
+        if not self.rounds or len(self.rounds) < 2:
+            return None
+        med = float(np.median(self.rounds))
+        return (max(self.rounds) - min(self.rounds)) / med if med > 0 else None
 
 
 @dataclass
@@ -134,12 +155,14 @@ def _number(x: Any) -> float | None | str:
     return float(x)
 
 
-def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None, scope="kernel") -> Measure:
+def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None, scope="kernel",
+                rounds: Any = None) -> Measure:
     """An ok Measure with the metric's floor applied (asv stores floored values); an impossible value
     (e.g. a negative error) is kept as it is, so the comparison can report it."""
     fv = m.floored(v) if m is not None and m.possible(v) else v
     smp = [float(x) for x in samples] if isinstance(samples, list) and samples else None
-    return Measure("ok", fv, smp, ci, version, scope=scope)
+    rnd = [float(x) for x in rounds if isinstance(x, (int, float))] if isinstance(rounds, list) else None
+    return Measure("ok", fv, smp, ci, version, scope=scope, rounds=rnd if rnd and len(rnd) >= 2 else None)
 
 
 def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
@@ -190,7 +213,8 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
             if v == "invalid":
                 side.data[key] = Measure("invalid", reason=f"{m.record_key} = {r.get(m.record_key)!r} is not a number")
                 continue
-            side.data[key] = _ok_measure(m, v, r.get(m.samples_key) if m.samples_key else None, scope=scope)
+            side.data[key] = _ok_measure(m, v, r.get(m.samples_key) if m.samples_key else None, scope=scope,
+                                         rounds=r.get(m.rounds_key) if m.rounds_key else None)
     return side
 
 
@@ -260,7 +284,9 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
                 continue
             scope = "emulation" if backend in emu else "cpu" if cpu else "kernel"
             ci = (x.ci_99_a, x.ci_99_b) if x.ci_99_a is not None and x.ci_99_b is not None else None
-            side.data[key] = _ok_measure(m, x.value, x.samples, ci, x.version, scope)
+            as_rounds = m is not None and m.rounds_key is not None and x.version not in LEGACY_SAMPLE_VERSIONS
+            side.data[key] = _ok_measure(m, x.value, None if as_rounds else x.samples, ci, x.version, scope,
+                                         rounds=x.samples if as_rounds else None)
     for (b, c, _metric), x in side.data.items():
         prev = side.params.get((b, c))
         if prev is None or (prev[0] != "ok" and x.status == "ok"):
@@ -415,6 +441,9 @@ class GateOptions:
     alpha: float = DEFAULT_ALPHA
     tolerances: Tolerances | None = None
     gate_host_latency: bool = False
+    noise_k: float = DEFAULT_NOISE_K
+    #: (backend, case, metric) -> relative spread of the param in the machine's stored history
+    history: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
 
 _LATENCY_KINDS = ("kernel_latency", "host_latency", "latency")
@@ -529,9 +558,77 @@ def _tolerance(row: Row, m: Metric | None, bm: Measure | None, hm: Measure, opts
     return f"tol {t:.4g} ({how.split(' (')[0]})"
 
 
-def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions) -> None:
+def _plateau_mhz(side: Side) -> float | None:
+    """The highest median SM clock over the kernel params of a side (the clock of a lightly loaded case)."""
+    vals = [x.center() for (_b, _c, metric), x in side.data.items()
+            if metric == "sm_clock_mhz" and x.status == "ok" and x.scope == "kernel" and x.center()]
+    return max(vals) if vals else None
+
+
+def off_plateau(side: Side, backend: str, case: str, plateau: float | None) -> bool:
+    """Whether the param's median SM clock lies more than :data:`OFF_PLATEAU_REL` below ``plateau``."""
+    x = side.data.get((backend, case, "sm_clock_mhz"))
+    v = x.center() if x is not None and x.status == "ok" else None
+    return bool(v and plateau and v < plateau * (1 - OFF_PLATEAU_REL))
+
+
+@dataclass
+class GatedFigure:
+    """What the latency rule compares for one param: ``time`` or ``cycles`` (SM cycles per launch) and why."""
+
+    name: str
+    base: Measure
+    head: Measure
+    why: str
+
+
+def gated_figure(base: Side, head: Side, key: tuple[str, str, str], bm: Measure, hm: Measure) -> GatedFigure:
+    """The physics rule: where the SM clock of the param is off its plateau on either side (a
+    power-capped case, whose clock depends on the preceding load and the machine start), the latency
+    rule compares SM cycles per launch (latency x clock), when both sides hold them; elsewhere time.
+    Only the kernel latency (``latency_s``) follows the clock; other latency metrics compare time."""
+    b, c, metric = key
+    if metric != "latency_s":
+        return GatedFigure("time", bm, hm, "")
+    pb, ph = _plateau_mhz(base), _plateau_mhz(head)
+    if off_plateau(base, b, c, pb) or off_plateau(head, b, c, ph):
+        cb, ch = base.data.get((b, c, "latency_sm_cycles")), head.data.get((b, c, "latency_sm_cycles"))
+        if cb is not None and ch is not None and cb.status == ch.status == "ok" and cb.center() and ch.center():
+            return GatedFigure("cycles", cb, ch, "SM clock off its plateau")
+        return GatedFigure("time", bm, hm, "SM clock off its plateau, no SM cycles on both sides")
+    return GatedFigure("time", bm, hm, "")
+
+
+def noise_threshold(bm: Measure, hm: Measure, factor: float, k: float, history: float | None = None
+                    ) -> tuple[float, str]:
+    """The per-param latency threshold ``max(factor, 1 + k x spread)`` and where the spread came from.
+
+    spread: the larger round spread ((max - min) / median) of the two sides; without rounds on either
+    side, ``history`` (the param's spread in the machine's stored results); else none (``factor``).
+    """
+    sp = [x for x in (bm.round_spread(), hm.round_spread()) if x is not None]
+    if sp:
+        noise, src = max(sp), "round spread"
+    elif history is not None:
+        noise, src = history, "history spread"
+    else:
+        return factor, "factor"
+    t = max(factor, 1 + k * noise)
+    return t, f"{src} {noise * 100:.2f}%"
+
+
+def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFigure | None = None,
+             history: float | None = None) -> None:
     scope = next((s for s in (hm.scope, bm.scope) if s != "kernel"), "kernel")
-    lv = latency_verdict(bm, hm, opts.factor, opts.alpha)
+    fig = fig or GatedFigure("time", bm, hm, "")
+    gb, gh = fig.base, fig.head
+    thr, src = noise_threshold(gb, gh, opts.factor, opts.noise_k, history)
+    both_rounds = bool(gb.rounds and gh.rounds)
+    if both_rounds:
+        ratio = gh.center() / gb.center() if gb.center() else math.inf
+        lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}")
+    else:
+        lv = latency_verdict(gb, gh, thr, opts.alpha)
     row.ratio = lv.ratio
     if scope != "kernel":
         row.verdict, row.detail = "info", _SCOPE_TEXT[scope]
@@ -539,12 +636,15 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions) -> None:
     if row.kind == "host_latency" and not opts.gate_host_latency:
         row.verdict, row.detail = "info", "host-side latency: informational (--gate-call-latency gates it)"
         return
-    row.detail = lv.method
+    time_ratio = (hm.center() / bm.center()) if bm.center() else math.inf
+    gated = f"gated on {fig.name}" + (f" ({fig.why})" if fig.why else "")
+    beside = f"; time {time_ratio:.3f}x" if fig.name != "time" else ""
+    row.detail = f"{gated}; threshold {thr:.3f} ({src}){beside}; {lv.method}"
     if lv.regressed:
         row.verdict = "REGRESSION"
-        row.detail = f"{ratio_str(lv.ratio, opts.factor)}x > {opts.factor} and significant ({lv.method})"
-    elif lv.ratio < 1 / opts.factor and _sig_faster(bm, hm, opts.alpha):
-        row.verdict, row.detail = "improved", f"{ratio_str(lv.ratio, 1 / opts.factor)}x, significantly faster"
+        row.detail = f"{ratio_str(lv.ratio, thr)}x > {thr:.3f}; {row.detail}"
+    elif lv.ratio < 1 / thr and (both_rounds or _sig_faster(gb, gh, opts.alpha)):
+        row.verdict, row.detail = "improved", f"{ratio_str(lv.ratio, 1 / thr)}x, faster; {row.detail}"
 
 
 def _grew(bv: float, hv: float, floor: float | None, limit: float) -> str:
@@ -616,7 +716,7 @@ def compare_one(key: tuple[str, str, str], base: Side, head: Side, opts: GateOpt
         return row
     row.compared = True
     if kind in _LATENCY_KINDS:
-        _latency(row, bm, hm, opts)
+        _latency(row, bm, hm, opts, gated_figure(base, head, key, bm, hm), opts.history.get(key))
     else:
         _by_rule(row, m, bm.center(), hm.center(), opts, tol_detail)
     return row
@@ -641,9 +741,10 @@ def lost_params(base: Side, head: Side) -> list[Row]:
 
 def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_factor: float = DEFAULT_ACC_FACTOR,
             alpha: float = DEFAULT_ALPHA, tolerances: Tolerances | None = None,
-            gate_host_latency: bool = False) -> list[Row]:
+            gate_host_latency: bool = False, noise_k: float = DEFAULT_NOISE_K,
+            history: dict[tuple[str, str, str], float] | None = None) -> list[Row]:
     """Every (backend, case, metric) of either side with its verdict, then the LOST parameters."""
-    opts = GateOptions(factor, acc_factor, alpha, tolerances, gate_host_latency)
+    opts = GateOptions(factor, acc_factor, alpha, tolerances, gate_host_latency, noise_k, history or {})
     rows = [compare_one(key, base, head, opts) for key in sorted(set(base.data) | set(head.data))]
     rows += lost_params(base, head)
     if not any(r.compared for r in rows):

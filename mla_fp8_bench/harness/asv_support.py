@@ -12,6 +12,9 @@ Environment variables read by :func:`measure_grid` (all optional):
 * ``MLA_FP8_BENCH_SAMPLES`` / ``MLA_FP8_BENCH_TIME_BUDGET`` - latency samples / seconds per param
   (default 30 samples within :data:`GRID_TIME_BUDGET_S`: 2 s on CPU, where latency is host time and
   informational, 10 s on GPUs).
+* ``MLA_FP8_BENCH_ROUNDS`` - latency rounds (default 3 on GPUs, 1 on CPU): round 0 is the accuracy
+  pass's own timing, each further round a latency-only pass in a separate process in alternating
+  case order (:mod:`mla_fp8_bench.harness.rounds`); the tracked latency is the median over rounds.
 * ``MLA_FP8_BENCH_EXPECT_COMMIT`` - in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the
   SHA you pass to ``--set-commit-hash`` here and the measurement refuses to run on other code.
 """
@@ -121,7 +124,7 @@ def check_knobs() -> dict[str, Any]:
     and again by :func:`measure_grid` / :func:`measure_plans`.
 
     Returns:
-        ``{"device", "max_tokens", "backends", "cases", "samples", "time_budget_s"}`` (``None`` / ``[]``
+        ``{"device", "max_tokens", "backends", "cases", "samples", "time_budget_s", "rounds"}`` (``None`` / ``[]``
         where unset).
 
     Raises:
@@ -148,7 +151,8 @@ def check_knobs() -> dict[str, Any]:
             "backends": _env_list("MLA_FP8_BENCH_BACKENDS", ASV_BACKENDS, "backends"),
             "cases": _env_list("MLA_FP8_BENCH_CASES", ASV_CASES, "case ids"),
             "samples": samples,
-            "time_budget_s": env_float("MLA_FP8_BENCH_TIME_BUDGET", None)}
+            "time_budget_s": env_float("MLA_FP8_BENCH_TIME_BUDGET", None),
+            "rounds": _env_int("MLA_FP8_BENCH_ROUNDS")}
 
 
 def _grid_setup():
@@ -255,6 +259,8 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
     from mla_fp8_bench.measure.ceilings import attach
 
     attach(data)
+    n_rounds = knobs["rounds"] or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
+    data["rounds"] = _extra_rounds(data["records"], n_rounds, str(pinfo.device))
     records: dict[str, Any] = {}
     for r in data["records"]:
         records[f"{r['backend']}|{r['case']}"] = emulation_apart({k: v for k, v in r.items() if k not in _DROP})
@@ -266,7 +272,35 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
                       if records.get(f"{b}|{c}") is None or c in skipped]
         records.update(stored_records("MLAPrefill", version, unmeasured))
         _keep_stored_over_errors(records, "MLAPrefill", version)
-    return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records}
+    return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records,
+            "rounds": data["rounds"]}
+
+
+#: Latency rounds of the asv grid on a GPU (round 0 in the accuracy pass, the rest in separate processes).
+DEFAULT_GPU_ROUNDS = 3
+
+
+def _extra_rounds(records: list[dict[str, Any]], rounds: int, device: str) -> dict[str, Any]:
+    """Rounds 1 .. ``rounds - 1`` of the kernel records' (backend, case) pairs in separate processes,
+    folded into ``records`` (:func:`mla_fp8_bench.harness.rounds.merge_rounds`); returns what ran
+    (orders, wall time, errors) for the cache."""
+    import time
+
+    from mla_fp8_bench.harness.rounds import merge_rounds, run_rounds
+
+    kernel = [r for r in records
+              if r.get("status") == "ok" and r.get("latency_s") and r.get("timing_scope") != "emulation"]
+    backends = list(dict.fromkeys(r["backend"] for r in kernel))
+    cases = list(dict.fromkeys(r["case"] for r in kernel))
+    if rounds <= 1 or not kernel:
+        return {"rounds": 1, "extra": []}
+    t0 = time.perf_counter()
+    docs = run_rounds(backends, cases, rounds - 1, device=device,
+                      log=lambda m: print(f"[mla_fp8_bench] {m}", flush=True))
+    merge_rounds(records, docs)
+    return {"rounds": rounds, "wall_s": time.perf_counter() - t0,
+            "extra": [{"round": d.get("round"), "order": d.get("order"), "wall_s": d.get("process_wall_s"),
+                       "error": d.get("error")} for d in docs]}
 
 
 def measure_plans(version: str | None = None) -> dict[str, Any]:

@@ -27,6 +27,8 @@ class MissingMetricError(RuntimeError):
 def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
     """What the asv track of ``m`` returns for the record ``rec``.
 
+    * metrics with rounds: ``{"samples": [one value per round], "number": 1}`` when the record holds two
+      or more rounds (asv's value is then the median over rounds);
     * metrics with samples: ``{"samples": [...], "number": 1}`` when the record holds samples;
     * otherwise the value, floored at ``m.floor``; an absent value is NaN (asv stores a skip, ``n/a``),
       except for accuracy metrics, where absence or a non-finite value is a failure.
@@ -35,6 +37,9 @@ def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
         MissingMetricError: an accuracy metric is absent or non-finite (a non-finite error is a result,
             not a skip).
     """
+    rounds = rec.get(m.rounds_key) if m.rounds_key else None
+    if isinstance(rounds, list) and len(rounds) >= 2:
+        return {"samples": [float(x) for x in rounds], "number": 1}
     if m.samples_key:
         samples = rec.get(m.samples_key)
         if samples:

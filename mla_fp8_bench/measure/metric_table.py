@@ -81,6 +81,10 @@ class Metric:
         calibrated: calibrate measures it and the tolerance file holds a limit for it.
         gate: one of :data:`GATES`.
         samples_key: record key of the raw samples (asv gets ``{"samples": ...}``) or None.
+        rounds_key: record key of the per-round values (one per process,
+            :mod:`mla_fp8_bench.harness.rounds`) or None; where a record holds two or more rounds, asv
+            gets them as the samples (its value is then their median) and the gate applies its rounds
+            rule.
         tolerance_floor: smallest calibrated tolerance (calibrated metrics only).
         derive: computes the value from a record when the record does not store ``record_key``.
         doc: one-line description (the asv method's docstring).
@@ -100,6 +104,7 @@ class Metric:
     calibrated: bool = False
     gate: str = "none"
     samples_key: str | None = None
+    rounds_key: str | None = None
     tolerance_floor: float | None = None
     derive: Callable[[dict[str, Any]], float | None] | None = None
     doc: str = ""
@@ -167,7 +172,7 @@ def _accuracy(name: str, key: str, track: str | None, unit: str, pretty: str, *,
 #: Every metric of the suite. Order: asv tracks first (in their classes), then record-only figures.
 METRICS: tuple[Metric, ...] = (
     Metric("latency", "latency_s", "track_latency", "MLAPrefill", "seconds", "MLA prefill latency",
-           "kernel_latency", gate="latency", samples_key="latency_samples_s",
+           "kernel_latency", gate="latency", samples_key="latency_samples_s", rounds_key="latency_rounds_s",
            doc="Kernel-only device time (CUDA/HIP graph replay) on GPUs; host time on CPU; seconds."),
     Metric("call_latency", "call_latency_s", "track_call_latency", "MLAPrefill", "seconds",
            "MLA prefill call latency (host-inclusive)", "host_latency", gate="latency",
@@ -234,9 +239,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("sm_clock", "sm_clock_mhz", "track_sm_clock", "MLAPrefill", "MHz", "SM clock during latency samples",
            "informational", better="higher",
            doc="Median SM (GFX) clock read while the latency samples ran, MHz (informational; never gates)."),
-    Metric("sm_cycles", "latency_sm_cycles", None, None, "cycles", "SM cycles per launch (latency x SM clock)",
-           "informational", samples_key="latency_sm_cycles_samples",
-           doc="Median over samples of latency x the SM clock read during the sample (clock-normalised latency)."),
+    Metric("sm_cycles", "latency_sm_cycles", "track_sm_cycles", "MLAPrefill", "cycles",
+           "SM cycles per launch (latency x SM clock)", "informational", samples_key="latency_sm_cycles_samples",
+           rounds_key="latency_sm_cycles_rounds",
+           doc="Median over samples of latency x the SM clock read during the sample (clock-normalised latency); "
+               "the gate gates it instead of time where the SM clock is off its plateau."),
     Metric("gpu_temp", "gpu_temp_c", None, None, "degC", "GPU temperature during latency samples", "informational"),
     Metric("gpu_power", "gpu_power_w", None, None, "W", "board power during latency samples", "informational"),
 )

@@ -1,0 +1,230 @@
+"""PR mode: ``mla-fp8-bench ab BASE HEAD`` measures two installs of the library under test on one machine,
+in alternating processes, and applies the gate.
+
+BASE and HEAD are each either
+
+* a Python interpreter (an environment holding the library under test, e.g. ``/venvs/base/bin/python``),
+  or
+* a directory holding an install of the library (``pip install --target DIR ...``), put first on
+  ``PYTHONPATH`` of this interpreter.
+
+Both sides run the same suite (this one). ``--rounds R`` rounds per side run as separate processes in
+the order BASE HEAD HEAD BASE BASE HEAD ... (each pair alternates which goes first), and the case order
+alternates between rounds (:func:`mla_fp8_bench.harness.rounds.round_order`), so drift of the machine
+over the run (clock, temperature) falls on both sides alike. By default each side keeps one round
+server (:class:`~mla_fp8_bench.harness.rounds.RoundServer`: torch imported once, one forked child
+per round, each child a fresh device context); ``--spawn`` starts a new interpreter per round instead.
+
+Each side becomes a run document whose records carry the per-round values (``latency_rounds_s``,
+``latency_sm_cycles_rounds``, ...) and their median; the gate
+(:func:`mla_fp8_bench.analysis.gate.compare`) judges them with its rounds rule (per-param threshold
+``max(--factor, 1 + k x spread)``; the gated figure follows the clock: SM cycles where the clock is
+off its plateau). Exit status as the gate's: 0 nothing regressed, 1 a regression, 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mla_fp8_bench.harness.rounds import RoundServer, records_from_rounds, round_order, run_worker, suite_env, \
+    worker_command
+
+
+class AbUsageError(ValueError):
+    """A bad ``ab`` argument; the CLI prints the message and exits 2."""
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """How to run one side: the interpreter and the directories put first on ``PYTHONPATH``."""
+
+    label: str
+    spec: str
+    python: str
+    prepend: tuple[str, ...] = ()
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        return suite_env(self.prepend, base)
+
+
+def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
+    """A :class:`SideSpec` from ``spec``: an executable file is an interpreter, a directory an install.
+
+    Raises:
+        AbUsageError: ``spec`` is neither an executable file nor a directory.
+    """
+    if os.path.isdir(spec):
+        return SideSpec(label, spec, python or sys.executable, (os.path.abspath(spec),))
+    if os.path.isfile(spec) and os.access(spec, os.X_OK):
+        return SideSpec(label, spec, spec)
+    raise AbUsageError(f"{label} {spec!r} is neither a Python interpreter (an executable file) nor a directory "
+                       "holding an install of the library under test")
+
+
+class RoundRunner(Protocol):
+    """Runs one round of one side; returns the round document (``{"order", "rows": [...]}``)."""
+
+    def __call__(self, side: SideSpec, backends: Sequence[str], cases: Sequence[str], order: str, seed: int,
+                 out: str) -> dict[str, Any]: ...
+
+
+def schedule(rounds: int) -> list[tuple[int, str]]:
+    """(round index, side) in measuring order: BASE HEAD, HEAD BASE, BASE HEAD, ...
+
+    Raises:
+        ValueError: ``rounds`` < 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds} is invalid: an integer >= 1")
+    out: list[tuple[int, str]] = []
+    for i in range(rounds):
+        pair = ("base", "head") if i % 2 == 0 else ("head", "base")
+        out.extend((i, s) for s in pair)
+    return out
+
+
+def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: Sequence[str], rounds: int,
+               runner: RoundRunner, seed: int = 0, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Both sides, ``rounds`` rounds each, in :func:`schedule` order; round ``i`` of both sides uses the
+    case order :func:`round_order(i) <mla_fp8_bench.harness.rounds.round_order>` and shuffle seed
+    ``seed + i``.
+
+    Returns:
+        ``{"base": {"spec", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...], "wall_s"}``.
+    """
+    t0 = time.perf_counter()
+    sides = {"base": base, "head": head}
+    out: dict[str, Any] = {s: {"spec": sides[s].spec, "label": sides[s].label, "rounds": []} for s in sides}
+    plan = schedule(rounds)
+    with tempfile.TemporaryDirectory(prefix="mla_fp8_ab_") as tmp:
+        for k, (i, s) in enumerate(plan):
+            path = os.path.join(tmp, f"{s}_round{i}.json")
+            doc = runner(sides[s], backends, cases, round_order(i), seed + i, path)
+            doc.update(round=i, position=k)
+            out[s]["rounds"].append(doc)
+            if log is not None:
+                ok = sum(1 for r in doc.get("rows", []) if "latency_s" in r)
+                log(f"[{k + 1}/{len(plan)}] {s} round {i} ({round_order(i)}): "
+                    + (doc["error"] if doc.get("error") else f"{ok} pairs"))
+    out["schedule"] = [list(x) for x in plan]
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def side_document(measured: dict[str, Any], side: str) -> dict[str, Any]:
+    """The run document of one side (records from its rounds; env names the side)."""
+    rounds = measured[side]["rounds"]
+    dev = next((r.get("device") for r in rounds if r.get("device")), None)
+    vendor = next((r.get("vendor") for r in rounds if r.get("vendor")), None)
+    return {"env": {"vendor": vendor, "device_name": dev, "ab_side": side,
+                    "ab_spec": measured[side]["spec"]},
+            "records": records_from_rounds(rounds)}
+
+
+class SpawnRunner:
+    """A :class:`RoundRunner` that starts a new interpreter per round (:func:`run_worker`)."""
+
+    def __init__(self, device: str = "auto", timeout: float = 600.0):
+        self.device, self.timeout = device, timeout
+
+    def __call__(self, side, backends, cases, order, seed, out):
+        cmd = worker_command(side.python, backends, cases, order, seed, out, self.device)
+        return run_worker(cmd, out, side.env(), self.timeout)
+
+
+class ServerRunner:
+    """A :class:`RoundRunner` with one :class:`RoundServer` per side (a forked child per round)."""
+
+    def __init__(self, preload: Sequence[str], device: str = "auto"):
+        self.preload, self.device = tuple(preload), device
+        self.servers: dict[str, RoundServer] = {}
+
+    def __call__(self, side, backends, cases, order, seed, out):
+        if side.label not in self.servers:
+            self.servers[side.label] = RoundServer(side.python, side.env(), self.preload)
+        return self.servers[side.label].round(backends, cases, order, seed, out, self.device)
+
+    def close(self) -> None:
+        for s in self.servers.values():
+            s.close()
+
+
+def cmd_ab(args: argparse.Namespace, console) -> int:
+    from mla_fp8_bench.analysis import gate as G
+    from mla_fp8_bench.backends import backend_names
+    from mla_fp8_bench.jsonio import check_output_path, write_json_atomic
+    from mla_fp8_bench.problem.cases import resolve_cases
+
+    base = parse_side(args.base, "BASE")
+    head = parse_side(args.head, "HEAD")
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = [b for b in backends if b not in backend_names()]
+    if unknown or not backends:
+        raise AbUsageError(f"--backends {args.backends!r}: unknown {unknown}; allowed {', '.join(backend_names())}")
+    cases = [c.id for c in resolve_cases([c for c in args.cases.split(",") if c])]
+    if args.rounds < 2:
+        raise AbUsageError(f"--rounds {args.rounds} is invalid: an integer >= 2 (the spread needs two rounds)")
+    if args.json:
+        check_output_path(args.json)
+    runner = SpawnRunner(args.device) if args.spawn else ServerRunner(backends, args.device)
+    try:
+        measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
+                              log=lambda s: console.print(s, highlight=False, markup=False))
+    finally:
+        if isinstance(runner, ServerRunner):
+            runner.close()
+    docs = {s: side_document(measured, s) for s in ("base", "head")}
+    bs = G.side_from_run_json(docs["base"], f"BASE {args.base}")
+    hs = G.side_from_run_json(docs["head"], f"HEAD {args.head}")
+    rows = G.compare(bs, hs, factor=args.factor, noise_k=args.noise_k, alpha=G.DEFAULT_ALPHA)
+    lat = [r for r in rows if r.kind == "kernel_latency"]
+    if args.json:
+        write_json_atomic({"measured": measured, "base": docs["base"], "head": docs["head"],
+                           "settings": {"factor": args.factor, "noise_k": args.noise_k, "rounds": args.rounds},
+                           "rows": [r.__dict__ for r in lat]}, args.json)
+    bad = [r for r in rows if r.gating]
+    G.render_text(lat, f"ab: BASE {args.base} vs HEAD {args.head} ({args.rounds} rounds each, factor {args.factor}, "
+                  f"k {args.noise_k})", console, show_all=True)
+    if not any(r.verdict == "ok" or r.gating or r.verdict == "improved" for r in lat):
+        console.print("[red]error:[/red] no latency was measured on both sides", highlight=False)
+        return G.EXIT_USAGE
+    console.print("[bold red]AB FAILED[/bold red]" if bad else "[green]AB PASSED[/green]")
+    return G.EXIT_REGRESSION if bad else G.EXIT_OK
+
+
+def _handler(args: argparse.Namespace, console) -> int:
+    from mla_fp8_bench.analysis.gate import EXIT_USAGE
+
+    try:
+        return cmd_ab(args, console)
+    except (AbUsageError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+
+
+def add_parser(subparsers) -> None:
+    from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_NOISE_K
+
+    p = subparsers.add_parser("ab", help="PR mode: BASE and HEAD installs in alternating processes, then the gate")
+    p.add_argument("base", metavar="BASE", help="Python interpreter of the base environment, or a directory "
+                   "holding the base install of the library under test")
+    p.add_argument("head", metavar="HEAD", help="the same for the head")
+    p.add_argument("-b", "--backends", default="fa3-fp8", help="comma-separated backends (default fa3-fp8)")
+    p.add_argument("-c", "--cases", default="s512,s8192", help="comma-separated case ids (default s512,s8192)")
+    p.add_argument("--rounds", type=int, default=6, help="rounds (processes) per side (default 6)")
+    p.add_argument("--factor", type=float, default=DEFAULT_AB_FACTOR,
+                   help=f"least latency growth that fails (default {DEFAULT_AB_FACTOR}; the per-param "
+                        "threshold is max(factor, 1 + k x spread))")
+    p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K, help=f"k of the threshold (default {DEFAULT_NOISE_K})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled case order")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--spawn", action="store_true", help="a new interpreter per round instead of a forking server")
+    p.add_argument("--json", help="write both sides' rounds, documents and verdicts here")
+    p.set_defaults(handler=_handler)

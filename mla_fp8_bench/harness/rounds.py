@@ -1,0 +1,414 @@
+"""Latency rounds: the same (backend, case) grid timed again in separate processes, in alternating order.
+
+One process samples one draw of every per-process effect (on the H200: a per-process offset of up to
+~5 % at small seq_len, the clock a power-capped case settles at after the previous second of load;
+docs/methodology.md §8). A *round* is one latency-only pass over the grid in a fresh process; the
+figure a user compares is the median over rounds, and the per-round values stay in the record so the
+noise of every parameter is visible and stored.
+
+* :func:`round_order` - the case order of round ``i``: ``sorted``, ``reversed``, ``shuffled``, repeating.
+* :func:`measure_round` - one latency-only pass in this process (the suite's kernel timing, no
+  references, no call latency).
+* :func:`run_rounds` - extra rounds as worker processes (``python -m mla_fp8_bench.harness.rounds``)
+  of one interpreter / environment, one after the other.
+* :func:`merge_rounds` - fold rounds into run records: ``latency_rounds_s`` (round 0 first, the
+  in-process round of the accuracy pass), ``latency_s`` = their median, the same for SM cycles and the
+  SM clock, ``latency_round_spread`` = (max - min) / median.
+
+Worker::
+
+    python -m mla_fp8_bench.harness.rounds --backends fa3-fp8,fa3-bf16 --cases s128,s8192 \\
+        --order reversed --seed 1 --json round1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: Case orders of successive rounds (round ``i`` uses ``ORDERS[i % 3]``).
+ORDERS = ("sorted", "reversed", "shuffled")
+#: Record fields a round carries per (backend, case).
+ROUND_FIELDS = ("latency_s", "latency_sm_cycles", "sm_clock_mhz", "gpu_power_w", "off_plateau_fraction")
+
+
+def round_order(i: int) -> str:
+    """The case order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...
+
+    Raises:
+        ValueError: ``i`` is negative.
+    """
+    if i < 0:
+        raise ValueError(f"round index {i} is invalid: an integer >= 0")
+    return ORDERS[i % len(ORDERS)]
+
+
+def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
+    """``pairs`` in the named order: ``sorted`` (as given), ``reversed`` or ``shuffled`` (``seed``).
+
+    Raises:
+        ValueError: for another order name.
+    """
+    if order == "sorted":
+        return list(pairs)
+    if order == "reversed":
+        return list(reversed(pairs))
+    if order == "shuffled":
+        out = list(pairs)
+        random.Random(seed).shuffle(out)
+        return out
+    raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
+
+
+def spread(values: Sequence[float]) -> float:
+    """Relative spread of round values: ``(max - min) / median`` (0 for fewer than two values).
+
+    Raises:
+        ValueError: an empty sequence or a non-positive median.
+    """
+    if not values:
+        raise ValueError("spread of no values")
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    if not med > 0:
+        raise ValueError(f"spread needs a positive median, got {med}")
+    return (max(values) - min(values)) / med
+
+
+# ------------------------------------------------------------------------------------------ one round
+def round_row(tr, clock: dict[str, Any]) -> dict[str, Any]:
+    """The round fields of one timing result (:class:`~mla_fp8_bench.measure.timing.TimingResult`) and
+    its :func:`~mla_fp8_bench.measure.timing.clock_fields`."""
+    n = len(tr.samples_s)
+    off = clock.get("clock_off_plateau_samples")
+    return {"latency_s": tr.median_s, "latency_sm_cycles": clock.get("latency_sm_cycles"),
+            "sm_clock_mhz": clock.get("sm_clock_mhz"), "gpu_power_w": clock.get("gpu_power_w"),
+            "off_plateau_fraction": (len(off) / n) if off is not None and n else None, "samples": n,
+            "method": tr.method, "launches_per_sample": tr.launches_per_sample}
+
+
+def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
+                  device: str = "auto", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One latency-only pass over (backend, case) in ``order`` in this process.
+
+    Only kernel timing is run (:func:`~mla_fp8_bench.measure.timing.measure_latency` with the
+    run's defaults): no references, no call latency, no determinism run. A pair that cannot run is a
+    row with ``error``; one failing pair never loses the others.
+
+    Returns:
+        ``{"order", "seed", "pid", "wall_s", "device", "clock_policy", "heat_up", "rows": [{"backend",
+        "case", ...:data:`ROUND_FIELDS`} or {"backend", "case", "error"}]}``.
+    """
+    import torch
+
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.measure.timing import _PROCESS_STATE, clock_fields, measure_latency
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    t0 = time.perf_counter()
+    pinfo = platform_info(device)
+    bks = {b: get_backend(b) for b in backends}
+    avail = {b: bk.availability(pinfo) for b, bk in bks.items()}
+    rows: list[dict[str, Any]] = []
+    inputs: dict[str, Any] = {}
+    for b, c in ordered([(b, c) for c in cases for b in backends], order, seed):
+        row: dict[str, Any] = {"backend": b, "case": c}
+        prep = None
+        try:
+            if not avail[b]:
+                raise RuntimeError(f"unavailable: {avail[b].reason}")
+            case = parse_case_id(c)
+            sup = bks[b].supports(case, pinfo)
+            if not sup:
+                raise RuntimeError(f"unsupported: {sup.reason}")
+            if c not in inputs:
+                inputs.clear()
+                if pinfo.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                inputs[c] = make_inputs(case, pinfo.device, pinfo.fp8_dtype)
+            prep = bks[b].prepare_case(inputs[c])
+            kw = {} if pinfo.device.type == "cuda" else {"warmup": False}
+            tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
+            row.update(round_row(tr, clock_fields(tr)))
+        except Exception as exc:  # noqa: BLE001 - one failing pair never loses the others
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            if prep is not None and prep.cleanup is not None:
+                try:
+                    prep.cleanup()
+                except Exception:  # noqa: BLE001
+                    pass
+        rows.append(row)
+        if progress is not None:
+            progress(f"{b} {c}: " + (f"{row['latency_s'] * 1e6:.2f} us" if "latency_s" in row else row["error"]))
+    st = next(iter(_PROCESS_STATE.values()), {})
+    return {"order": order, "seed": seed, "pid": os.getpid(), "wall_s": time.perf_counter() - t0,
+            "device": pinfo.name, "vendor": pinfo.vendor, "clock_policy": st.get("policy"), "heat_up": st.get("heat_up"), "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------ processes
+def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a round worker: ``base`` (default ``os.environ``) with ``prepend`` and the
+    directory holding this suite's package put first on ``PYTHONPATH`` (so a worker of another
+    interpreter, or of an asv benchmark process, imports the same suite)."""
+    env = dict(os.environ if base is None else base)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parts = [*prepend, root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+    return env
+
+
+def worker_command(python: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int,
+                   out: str, device: str = "auto") -> list[str]:
+    """The command line of one round worker process."""
+    return [python, "-m", "mla_fp8_bench.harness.rounds", "--backends", ",".join(backends), "--cases",
+            ",".join(cases), "--order", order, "--seed", str(seed), "--device", device, "--json", out]
+
+
+def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, timeout: float = 600.0,
+               log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run one round worker; returns its round document, or ``{"error": ..., "rows": []}`` on failure
+    (a failed round never stops the others)."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"round worker timed out after {timeout:.0f} s", "rows": []}
+    except OSError as exc:
+        return {"error": f"round worker could not start: {exc}", "rows": []}
+    if p.returncode != 0 or not os.path.isfile(out):
+        tail = (p.stderr or p.stdout or "").strip().splitlines()[-3:]
+        return {"error": f"round worker exited {p.returncode}: {' | '.join(tail)[:400]}", "rows": []}
+    with open(out) as f:
+        doc = json.load(f)
+    doc["process_wall_s"] = time.perf_counter() - t0
+    if log is not None:
+        ok = sum(1 for r in doc["rows"] if "latency_s" in r)
+        log(f"round ({doc['order']}): {ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s")
+    return doc
+
+
+def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, first: int = 1,
+               python: str | None = None, env: dict[str, str] | None = None, device: str = "auto",
+               seed: int = 0, timeout: float = 600.0, log: Callable[[str], None] | None = None
+               ) -> list[dict[str, Any]]:
+    """Rounds ``first .. first + rounds - 1`` as worker processes of ``python`` (default: this
+    interpreter), one after the other, each in :func:`round_order` of its index.
+
+    Raises:
+        ValueError: ``rounds`` < 0.
+    """
+    if rounds < 0:
+        raise ValueError(f"rounds={rounds} is invalid: an integer >= 0")
+    docs = []
+    with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
+        for i in range(first, first + rounds):
+            out = os.path.join(tmp, f"round{i}.json")
+            cmd = worker_command(python or sys.executable, backends, cases, round_order(i), seed + i, out, device)
+            doc = run_worker(cmd, out, suite_env(base=env), timeout, log)
+            doc["round"] = i
+            docs.append(doc)
+    return docs
+
+
+# ------------------------------------------------------------------------------------------ merging
+def _median_or_none(xs: list[Any]) -> float | None:
+    vals = [float(x) for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return statistics.median(vals) if vals else None
+
+
+def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
+    """Fold extra rounds into ok run records that carry a latency (in place).
+
+    For every such record: ``latency_rounds_s`` = [the record's own latency (round 0)] + the value of
+    each round that measured the pair; ``latency_sm_cycles_rounds``, ``sm_clock_rounds_mhz``,
+    ``gpu_power_rounds_w`` likewise (absent values skipped); ``latency_round_orders``;
+    ``latency_round0_s`` (the in-process figure, the old ``latency_s``); then ``latency_s``,
+    ``latency_sm_cycles``, ``sm_clock_mhz`` become the medians over rounds and
+    ``latency_round_spread`` = :func:`spread` of ``latency_rounds_s``. Throughput fields
+    (``tflops``, ``gb_s``) follow the new ``latency_s``. Records without a latency are left alone.
+    """
+    by: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+    for doc in rounds:
+        for row in doc.get("rows", []):
+            if isinstance(row.get("latency_s"), (int, float)) and row["latency_s"] > 0:
+                by.setdefault((row["backend"], row["case"]), []).append((doc.get("order", "?"), row))
+    for rec in records:
+        lat = rec.get("latency_s")
+        if rec.get("status") != "ok" or not isinstance(lat, (int, float)) or not lat > 0:
+            continue
+        extra = by.get((rec["backend"], rec["case"]), [])
+        own = {"latency_s": lat, "latency_sm_cycles": rec.get("latency_sm_cycles"),
+               "sm_clock_mhz": rec.get("sm_clock_mhz"), "gpu_power_w": rec.get("gpu_power_w")}
+        rows = [own] + [r for _o, r in extra]
+        rec["latency_round0_s"] = lat
+        rec["latency_round_orders"] = [rec.get("latency_round0_order", "sorted")] + [o for o, _r in extra]
+        rec["latency_rounds_s"] = [float(r["latency_s"]) for r in rows]
+        for key, out in (("latency_sm_cycles", "latency_sm_cycles_rounds"), ("sm_clock_mhz", "sm_clock_rounds_mhz"),
+                         ("gpu_power_w", "gpu_power_rounds_w")):
+            vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if vals:
+                rec[out] = vals
+                rec[key] = statistics.median(vals)
+        rec["latency_s"] = statistics.median(rec["latency_rounds_s"])
+        rec["latency_round_spread"] = spread(rec["latency_rounds_s"])
+        if rec.get("flops"):
+            rec["tflops"] = rec["flops"] / rec["latency_s"] / 1e12
+        if rec.get("bytes"):
+            rec["gb_s"] = rec["bytes"] / rec["latency_s"] / 1e9
+
+
+def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run records built from latency-only rounds alone (no round 0 of an accuracy pass): one ok record
+    per (backend, case) measured in at least one round, with the fields :func:`merge_rounds` gives."""
+    first: dict[tuple[str, str], dict[str, Any]] = {}
+    rest: list[dict[str, Any]] = []
+    for doc in rounds:
+        rows_left = []
+        for row in doc.get("rows", []):
+            key = (row["backend"], row["case"])
+            if key not in first and isinstance(row.get("latency_s"), (int, float)) and row["latency_s"] > 0:
+                first[key] = {"backend": key[0], "case": key[1], "status": "ok", "reason": "",
+                              "timing_scope": "kernel", "latency_round0_order": doc.get("order", "?"),
+                              **{k: row.get(k) for k in ROUND_FIELDS}}
+            else:
+                rows_left.append(row)
+        rest.append({"order": doc.get("order", "?"), "rows": rows_left})
+    records = list(first.values())
+    merge_rounds(records, rest)
+    return records
+
+
+# ------------------------------------------------------------------------------------------ forking server
+def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
+    """A round server: import torch and the named backends once, then fork one child per request.
+
+    Each request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device",
+    "json"}``); the child initialises the GPU afresh (a new process and a new device context: the
+    per-process state a round must sample), runs :func:`measure_round`, writes the round document to
+    ``json`` and exits; the server answers one JSON line ``{"rc": exit status}`` on ``stdout``. EOF or
+    ``"quit"`` ends it. Forking is safe because nothing here initialises CUDA/HIP before the fork (torch
+    initialises the device lazily). Saves the interpreter start and ``import torch`` of every round
+    (seconds each).
+    """
+    import torch  # noqa: F401 - the import is the point: children inherit it
+
+    from mla_fp8_bench.backends import get_backend
+
+    for b in preload:
+        try:
+            get_backend(b)
+        except Exception:  # noqa: BLE001 - a backend that cannot load fails in the child, with its reason
+            pass
+    fin, fout = stdin or sys.stdin, stdout or sys.stdout
+    for line in fin:
+        line = line.strip()
+        if not line:
+            continue
+        if line == "quit":
+            break
+        req = json.loads(line)
+        fout.flush()
+        pid = os.fork()
+        if pid == 0:  # child: progress to stderr, the answer channel stays clean
+            rc = 1
+            try:
+                os.dup2(2, 1)
+                from mla_fp8_bench.jsonio import write_json_atomic
+
+                doc = measure_round(req["backends"], req["cases"], req.get("order", "sorted"), int(req.get("seed", 0)),
+                                    req.get("device", "auto"), progress=lambda s: print(s, file=sys.stderr, flush=True))
+                write_json_atomic(doc, req["json"])
+                rc = 0
+            except BaseException as exc:  # noqa: BLE001 - the child must never return into the server loop
+                print(f"round child failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            finally:
+                sys.stderr.flush()
+                os._exit(rc)
+        _pid, status = os.waitpid(pid, 0)
+        fout.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
+        fout.flush()
+    return 0
+
+
+class RoundServer:
+    """A running :func:`serve` process of one interpreter and environment (``python -m
+    mla_fp8_bench.harness.rounds --serve``); :meth:`round` asks it for one round."""
+
+    def __init__(self, python: str, env: dict[str, str] | None, preload: Sequence[str] = ()):
+        cmd = [python, "-m", "mla_fp8_bench.harness.rounds", "--serve", "--preload", ",".join(preload)]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, bufsize=1)
+
+    def round(self, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, out: str,
+              device: str = "auto") -> dict[str, Any]:
+        """One round in a fresh child of the server; the round document, or ``{"error", "rows": []}``."""
+        t0 = time.perf_counter()
+        req = {"backends": list(backends), "cases": list(cases), "order": order, "seed": seed, "device": device,
+               "json": out}
+        try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError) as exc:
+            return {"error": f"round server is gone: {exc}", "rows": []}
+        if not answer:
+            err = (self.proc.stderr.read() if self.proc.stderr else "")[-400:]
+            return {"error": f"round server exited: {err.strip()}", "rows": []}
+        rc = json.loads(answer).get("rc")
+        if rc != 0 or not os.path.isfile(out):
+            return {"error": f"round child exited {rc}", "rows": []}
+        with open(out) as f:
+            doc = json.load(f)
+        doc["process_wall_s"] = time.perf_counter() - t0
+        return doc
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - a hung server is killed
+            self.proc.kill()
+            self.proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="one latency-only round over (backend, case) in this process")
+    ap.add_argument("--serve", action="store_true", help="fork a child per JSON request on stdin (RoundServer)")
+    ap.add_argument("--preload", default="", help="with --serve: backends to import before forking")
+    ap.add_argument("--backends", default="", help="comma-separated backend names")
+    ap.add_argument("--cases", default="", help="comma-separated case ids")
+    ap.add_argument("--order", default="sorted", choices=ORDERS)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--json", help="where to write the round document")
+    a = ap.parse_args(argv)
+    if a.serve:
+        return serve([b for b in a.preload.split(",") if b])
+    if not (a.backends and a.cases and a.json):
+        ap.error("--backends, --cases and --json are required (or --serve)")
+    from mla_fp8_bench.jsonio import write_json_atomic
+
+    doc = measure_round([b for b in a.backends.split(",") if b], [c for c in a.cases.split(",") if c], a.order,
+                        a.seed, a.device, progress=lambda s: print(s, flush=True))
+    write_json_atomic(doc, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
