@@ -22,9 +22,9 @@ with the gate's rounds rule at ``--factor`` / ``--noise-k`` from the stored per-
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -62,11 +62,24 @@ def flash_attn_varlen_func(q, *args, **kwargs):
 '''
 
 
+def _slowed(run, buf, every: int):
+    """``run`` followed by ``buf.mul_(1.0)`` on every ``every``-th call (the shim's injection)."""
+    state = {"i": 0}
+
+    def slow():
+        out = run()
+        state["i"] += 1
+        if state["i"] % every == 0:
+            buf.mul_(1.0)
+        return out
+    return slow
+
+
 def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> dict:
     """{tokens: {"n", "every", "buf", "base_s", "kernel_s", "target_s", "verify_ratio"}} on this GPU."""
     import torch
-
     from latency_ab import _graph_kernel_s, extra_kernel
+
     from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.measure.timing import time_device
@@ -82,21 +95,13 @@ def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> di
         inputs = make_inputs(case, dev, pinfo.fp8_dtype)
         prep = b.prepare_case(inputs)
         base_s = time_device(prep.run, dev, graph_capturable=prep.graph_capturable).median_s
-        buf = torch.ones(1 << 10, dtype=torch.float32, device=dev)
-        floor_s = _graph_kernel_s(lambda: buf.mul_(1.0), dev)
+        floor_s = _graph_kernel_s(functools.partial(torch.ones(1 << 10, dtype=torch.float32, device=dev).mul_, 1.0),
+                                  dev)
         target = slowdown * base_s
         every = 1 if target >= 3 * floor_s else int(math.ceil(3 * floor_s / target))
         fn, info = extra_kernel(dev, target * every)
         n = int(info["n"])
-        big = torch.ones(n, dtype=torch.float32, device=dev)
-        state = {"i": 0}
-
-        def slow():
-            o = prep.run()
-            state["i"] += 1
-            if state["i"] % every == 0:
-                big.mul_(1.0)
-            return o
+        slow = _slowed(prep.run, torch.ones(n, dtype=torch.float32, device=dev), every)
         r = [time_device(slow, dev, graph_capturable=prep.graph_capturable).median_s /
              time_device(prep.run, dev, graph_capturable=prep.graph_capturable).median_s for _ in range(2)]
         tokens = int(inputs.q.shape[0]) if hasattr(inputs, "q") else case.total_tokens
@@ -104,7 +109,7 @@ def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> di
                             "kernel_s": info["kernel_s"], "target_s": target, "verify_ratio": r}
         print(f"{cid}: base {base_s * 1e6:.2f} us, kernel {info['kernel_s'] * 1e6:.2f} us every {every} "
               f"(target +{target * 1e6:.3f} us/call), measured ratio {[round(x, 4) for x in r]}", flush=True)
-        del prep, big
+        del prep, slow
         torch.cuda.empty_cache()
     return out
 

@@ -548,7 +548,8 @@ def main() -> int:
     s.summary["emu_cap_supported"] = emu_cap_supported()
     c = SimpleNamespace(s=s, args=args, jd=jd, sha=sha, grid=grid, sel_run=sel_run, work=work, asv_home=asv_home,
                         asv_env_base=asv_env_base, machine_done=[])
-    table = {"abtrials": (do_abtrials, 60), "order": (do_order, 60), "sbs": (do_sbs, 60), "ab": (do_ab, 60), "cudnn": (do_cudnn, 40),
+    table = {"abtrials": (do_abtrials, 60), "order": (do_order, 60), "sbs": (do_sbs, 60), "ab": (do_ab, 60),
+             "cudnn": (do_cudnn, 40),
              "env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),
              "cv": (do_cv, 90), "sweep": (do_sweep, 90), "asv-tiny": (lambda c: do_asv_tiny(c, "spawn"), 40),
              "asv-tiny-fork": (lambda c: do_asv_tiny(c, "forkserver"), 40), "asv": (do_asv, 60)}

@@ -33,8 +33,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mla_fp8_bench.harness.rounds import RoundServer, records_from_rounds, round_order, run_worker, suite_env, \
-    worker_command
+from mla_fp8_bench.harness.rounds import (
+    RoundServer,
+    records_from_rounds,
+    round_order,
+    run_worker,
+    suite_env,
+    worker_command,
+)
 
 
 class AbUsageError(ValueError):
@@ -192,7 +198,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     bad = [r for r in rows if r.gating]
     G.render_text(lat, f"ab: BASE {args.base} vs HEAD {args.head} ({args.rounds} rounds each, factor {args.factor}, "
                   f"k {args.noise_k})", console, show_all=True)
-    if not any(r.verdict == "ok" or r.gating or r.verdict == "improved" for r in lat):
+    if not any(r.base not in ("-", "skipped", "failed") and r.head not in ("-", "skipped", "failed") for r in lat):
         console.print("[red]error:[/red] no latency was measured on both sides", highlight=False)
         return G.EXIT_USAGE
     console.print("[bold red]AB FAILED[/bold red]" if bad else "[green]AB PASSED[/green]")
@@ -222,7 +228,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--factor", type=float, default=DEFAULT_AB_FACTOR,
                    help=f"least latency growth that fails (default {DEFAULT_AB_FACTOR}; the per-param "
                         "threshold is max(factor, 1 + k x spread))")
-    p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K, help=f"k of the threshold (default {DEFAULT_NOISE_K})")
+    p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,
+                   help=f"k of the threshold (default {DEFAULT_NOISE_K})")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled case order")
     p.add_argument("--device", default="auto")
     p.add_argument("--spawn", action="store_true", help="a new interpreter per round instead of a forking server")

@@ -155,7 +155,9 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             progress(f"{b} {c}: " + (f"{row['latency_s'] * 1e6:.2f} us" if "latency_s" in row else row["error"]))
     st = next(iter(_PROCESS_STATE.values()), {})
     return {"order": order, "seed": seed, "pid": os.getpid(), "wall_s": time.perf_counter() - t0,
-            "device": pinfo.name, "vendor": pinfo.vendor, "clock_policy": st.get("policy"), "heat_up": st.get("heat_up"), "rows": rows}
+            "device": pinfo.name, "vendor": pinfo.vendor, "clock_policy": st.get("policy"),
+            "heat_up": st.get("heat_up"),
+            "rows": rows}
 
 
 # ------------------------------------------------------------------------------------------ processes
@@ -349,8 +351,15 @@ class RoundServer:
 
     def __init__(self, python: str, env: dict[str, str] | None, preload: Sequence[str] = ()):
         cmd = [python, "-m", "mla_fp8_bench.harness.rounds", "--serve", "--preload", ",".join(preload)]
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        self._err = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the children
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1)
+
+    def stderr_tail(self, n: int = 400) -> str:
+        """The last ``n`` characters the server and its children wrote to stderr."""
+        self._err.flush()
+        self._err.seek(0)
+        return self._err.read()[-n:]
 
     def round(self, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, out: str,
               device: str = "auto") -> dict[str, Any]:
@@ -366,11 +375,11 @@ class RoundServer:
         except (BrokenPipeError, OSError) as exc:
             return {"error": f"round server is gone: {exc}", "rows": []}
         if not answer:
-            err = (self.proc.stderr.read() if self.proc.stderr else "")[-400:]
-            return {"error": f"round server exited: {err.strip()}", "rows": []}
+            self.proc.wait()
+            return {"error": f"round server exited: {self.stderr_tail().strip()}", "rows": []}
         rc = json.loads(answer).get("rc")
         if rc != 0 or not os.path.isfile(out):
-            return {"error": f"round child exited {rc}", "rows": []}
+            return {"error": f"round child exited {rc}: {self.stderr_tail(300).strip()}", "rows": []}
         with open(out) as f:
             doc = json.load(f)
         doc["process_wall_s"] = time.perf_counter() - t0
@@ -385,6 +394,8 @@ class RoundServer:
         except Exception:  # noqa: BLE001 - a hung server is killed
             self.proc.kill()
             self.proc.wait()
+        finally:
+            self._err.close()
 
 
 def main(argv: list[str] | None = None) -> int:
