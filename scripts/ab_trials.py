@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"calibration": json.loads(spec.read_text()), "slowdown": a.slowdown, "rounds": a.rounds, "trials": []}
     for i in range(a.trials):
         for kind, h in (("aa", base2), ("slow", head)):
-            if time.monotonic() - t0 > a.deadline:
+            last = max((x["wall_s"] for x in doc["trials"]), default=0.0)
+            if time.monotonic() - t0 + last > a.deadline:
                 break
             js = work / f"trial{i}_{kind}.json"
             t1 = time.monotonic()

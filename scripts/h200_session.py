@@ -79,7 +79,7 @@ GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "cudn
 CV_CASES = "s128,s2048,s8192,s32768"
 SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
 ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv", "order", "sbs",
-             "ab", "cudnn", "abtrials")
+             "ab", "cudnn", "abtrials", "after")
 #: Orders of the order-independence processes (scripts/order_check.py), the first one on a fresh machine.
 ORDERS = ("sorted", "reversed", "shuffled")
 #: The GPU grid of the order check: the asv grid's backends and its per-tensor cases.
@@ -472,6 +472,18 @@ def do_abtrials(c) -> None:
     s.step("abtrials", rc, w)
 
 
+def do_after(c) -> None:
+    s, jd = c.s, c.jd
+    t = 0.0
+    rcs = []
+    for i in range(2):
+        rc, w = s.sh("after", [py(), "scripts/after_effect.py", "--small", "s512", "--large", "s8192", "--json",
+                               str(jd / f"after_p{i}.json")], 60)
+        t += w
+        rcs.append(rc)
+    s.step("after", max(rcs), t)
+
+
 def do_cudnn(c) -> None:
     s, jd = c.s, c.jd
     code = ("import json, sys\n"
@@ -548,7 +560,8 @@ def main() -> int:
     s.summary["emu_cap_supported"] = emu_cap_supported()
     c = SimpleNamespace(s=s, args=args, jd=jd, sha=sha, grid=grid, sel_run=sel_run, work=work, asv_home=asv_home,
                         asv_env_base=asv_env_base, machine_done=[])
-    table = {"abtrials": (do_abtrials, 60), "order": (do_order, 60), "sbs": (do_sbs, 60), "ab": (do_ab, 60),
+    table = {"abtrials": (do_abtrials, 60), "after": (do_after, 30), "order": (do_order, 60), "sbs": (do_sbs, 60),
+             "ab": (do_ab, 60),
              "cudnn": (do_cudnn, 40),
              "env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),
              "cv": (do_cv, 90), "sweep": (do_sweep, 90), "asv-tiny": (lambda c: do_asv_tiny(c, "spawn"), 40),
