@@ -1,0 +1,195 @@
+"""Latency rounds (aggregation, orders), the gate's rounds rule (noise-aware threshold, the figure chosen by
+the clock) and the ab orchestration, on CPU with fake round runners. Expected values are computed by hand."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from mla_fp8_bench.analysis import gate as G
+from mla_fp8_bench.harness import ab
+from mla_fp8_bench.harness import rounds as R
+from mla_fp8_bench.harness.asv_tracks import track_value
+from mla_fp8_bench.measure.metric_table import find
+
+
+# ------------------------------------------------------------------------------------------ rounds
+def test_round_orders_alternate_and_shuffle_is_seeded():
+    assert [R.round_order(i) for i in range(5)] == ["sorted", "reversed", "shuffled", "sorted", "reversed"]
+    pairs = [("a", "s1"), ("a", "s2"), ("b", "s1"), ("b", "s2")]
+    assert R.ordered(pairs, "reversed") == pairs[::-1]
+    sh = R.ordered(pairs, "shuffled", 3)
+    assert sorted(sh) == sorted(pairs) and sh == R.ordered(pairs, "shuffled", 3)
+    with pytest.raises(ValueError, match="allowed sorted"):
+        R.ordered(pairs, "random")
+    with pytest.raises(ValueError):
+        R.round_order(-1)
+
+
+def test_spread_is_range_over_median():
+    assert R.spread([10.0, 10.5, 9.5]) == pytest.approx(1.0 / 10.0)
+    assert R.spread([4.0]) == 0.0
+    with pytest.raises(ValueError):
+        R.spread([])
+
+
+def _row(b, c, lat, cyc=None, mhz=None):
+    return {"backend": b, "case": c, "latency_s": lat, "latency_sm_cycles": cyc, "sm_clock_mhz": mhz}
+
+
+def test_merge_rounds_takes_the_median_over_rounds_and_keeps_each_round():
+    rec = {"backend": "fa3-fp8", "case": "s512", "status": "ok", "latency_s": 16.0e-6, "latency_sm_cycles": 31600.0,
+           "sm_clock_mhz": 1965.0, "flops": 1.0e9, "bytes": 4.0e6}
+    skipped = {"backend": "fa3-fp8", "case": "s128", "status": "skipped", "latency_s": None}
+    docs = [{"order": "reversed", "rows": [_row("fa3-fp8", "s512", 15.3e-6, 30300.0, 1980.0)]},
+            {"order": "shuffled", "rows": [_row("fa3-fp8", "s512", 16.4e-6, 32200.0, 1965.0),
+                                           {"backend": "fa3-fp8", "case": "s128", "error": "x"}]}]
+    R.merge_rounds([rec, skipped], docs)
+    assert rec["latency_rounds_s"] == [16.0e-6, 15.3e-6, 16.4e-6]
+    assert rec["latency_round_orders"] == ["sorted", "reversed", "shuffled"]
+    assert rec["latency_s"] == 16.0e-6 and rec["latency_round0_s"] == 16.0e-6  # middle of 15.3, 16.0, 16.4
+    assert rec["latency_sm_cycles_rounds"] == [31600.0, 30300.0, 32200.0] and rec["latency_sm_cycles"] == 31600.0
+    assert rec["latency_round_spread"] == pytest.approx((16.4 - 15.3) / 16.0)
+    assert rec["tflops"] == pytest.approx(1.0e9 / 16.0e-6 / 1e12)
+    assert "latency_rounds_s" not in skipped
+
+
+def test_records_from_rounds_alone():
+    docs = [{"order": "sorted", "rows": [_row("x", "s1", 2.0), _row("x", "s2", 5.0)]},
+            {"order": "reversed", "rows": [_row("x", "s2", 7.0), _row("x", "s1", 4.0)]},
+            {"order": "shuffled", "rows": [_row("x", "s1", 3.0)]}]
+    recs = {r["case"]: r for r in R.records_from_rounds(docs)}
+    assert recs["s1"]["latency_rounds_s"] == [2.0, 4.0, 3.0] and recs["s1"]["latency_s"] == 3.0
+    assert recs["s2"]["latency_rounds_s"] == [5.0, 7.0] and recs["s2"]["latency_s"] == 6.0
+
+
+def test_asv_track_returns_rounds_as_samples_and_falls_back_to_samples():
+    m = find("track_latency")
+    assert track_value({"latency_s": 2.0, "latency_rounds_s": [1.0, 2.0, 4.0], "latency_samples_s": [9.0]}, m) == \
+        {"samples": [1.0, 2.0, 4.0], "number": 1}
+    assert track_value({"latency_s": 2.0, "latency_rounds_s": [2.0], "latency_samples_s": [1.9, 2.1]}, m) == \
+        {"samples": [1.9, 2.1], "number": 1}
+
+
+# ------------------------------------------------------------------------------------------ gate rule
+def test_noise_threshold_is_the_larger_of_factor_and_k_times_spread():
+    quiet = G.Measure("ok", rounds=[100.0, 100.5, 100.2])          # spread 0.5 %
+    noisy = G.Measure("ok", rounds=[10.0, 10.8, 10.2])             # spread 0.8 / 10.2 = 7.84 %
+    t, src = G.noise_threshold(quiet, quiet, 1.05, 1.0)
+    assert t == 1.05 and src.startswith("round spread 0.50")
+    t, src = G.noise_threshold(quiet, noisy, 1.05, 1.0)
+    assert t == pytest.approx(1 + 0.8 / 10.2)
+    t, _ = G.noise_threshold(noisy, quiet, 1.02, 2.0)
+    assert t == pytest.approx(1 + 2 * 0.8 / 10.2)
+    t, src = G.noise_threshold(G.Measure("ok", value=1.0), G.Measure("ok", value=1.0), 1.05, 1.0, history=0.09)
+    assert t == pytest.approx(1.09) and src.startswith("history spread 9.00")
+    assert G.noise_threshold(G.Measure("ok", value=1.0), G.Measure("ok", value=1.0), 1.05, 1.0) == (1.05, "factor")
+
+
+def _side(label, params):
+    """A Side from {(backend, case): (latency rounds, cycles rounds, sm clock)}."""
+    s = G.Side(label, kinds={"latency_s": "kernel_latency", "latency_sm_cycles": "informational",
+                             "sm_clock_mhz": "informational"})
+    for (b, c), (lat, cyc, mhz) in params.items():
+        s.params[(b, c)] = ("ok", "")
+        s.data[(b, c, "latency_s")] = G.Measure("ok", rounds=lat)
+        s.data[(b, c, "latency_sm_cycles")] = G.Measure("ok", rounds=cyc)
+        s.data[(b, c, "sm_clock_mhz")] = G.Measure("ok", value=mhz)
+    return s
+
+
+def _verdicts(base, head, **kw):
+    return {(r.backend, r.case): r for r in G.compare(base, head, **kw) if r.metric == "latency_s"}
+
+
+def test_rounds_rule_gates_cycles_off_the_plateau_and_time_on_it():
+    # s512 at the 1980 MHz plateau: +4 % time; s8192 power-capped (1725 MHz): time +4 % from a lower clock,
+    # cycles unchanged
+    base = _side("B", {("k", "s512"): ([15.3, 15.3, 15.31], [30294, 30294, 30314], 1980.0),
+                       ("k", "s8192"): ([384.0, 384.2, 384.1], [662400, 662745, 662573], 1725.0)})
+    head = _side("H", {("k", "s512"): ([15.91, 15.92, 15.92], [31502, 31522, 31522], 1980.0),
+                       ("k", "s8192"): ([399.4, 399.6, 399.5], [662400, 662745, 662573], 1658.0)})
+    v = _verdicts(base, head, factor=1.02, noise_k=1.0)
+    assert v[("k", "s512")].verdict == "REGRESSION" and "gated on time" in v[("k", "s512")].detail
+    assert v[("k", "s512")].ratio == pytest.approx(15.92 / 15.3)
+    assert v[("k", "s8192")].verdict == "ok" and "gated on cycles" in v[("k", "s8192")].detail
+    assert v[("k", "s8192")].ratio == pytest.approx(1.0) and "time 1.040x" in v[("k", "s8192")].detail
+
+
+def test_rounds_rule_noisy_param_passes_an_aa_quiet_param_is_gated_tightly():
+    base = _side("B", {("k", "s128"): ([9.6, 10.2, 9.7], [1, 1, 1], 1980.0),
+                       ("k", "s2048"): ([36.0, 36.02, 36.01], [1, 1, 1], 1980.0)})
+    head = _side("H", {("k", "s128"): ([10.1, 10.25, 9.65], [1, 1, 1], 1980.0),      # +4.1 %, spread 6.2 %
+                       ("k", "s2048"): ([37.1, 37.12, 37.1], [1, 1, 1], 1980.0)})    # +3.0 %, spread 0.06 %
+    v = _verdicts(base, head, factor=1.02, noise_k=1.0)
+    assert v[("k", "s128")].verdict == "ok" and "threshold 1.062" in v[("k", "s128")].detail
+    assert v[("k", "s2048")].verdict == "REGRESSION" and "threshold 1.020" in v[("k", "s2048")].detail
+
+
+# ------------------------------------------------------------------------------------------ ab
+def test_schedule_alternates_which_side_goes_first():
+    assert ab.schedule(3) == [(0, "base"), (0, "head"), (1, "head"), (1, "base"), (2, "base"), (2, "head")]
+    with pytest.raises(ValueError):
+        ab.schedule(0)
+
+
+class FakeRunner:
+    """Round documents with a latency per side (s) and a per-round offset; records the calls."""
+
+    def __init__(self, lat: dict[str, dict[str, float]], offsets=(0.0, 0.004, -0.003, 0.002, -0.001, 0.0)):
+        self.lat, self.offsets, self.calls = lat, offsets, []
+
+    def __call__(self, side, backends, cases, order, seed, out):
+        i = len([c for c in self.calls if c[0] == side.label])
+        self.calls.append((side.label, order, seed))
+        rows = [{"backend": b, "case": c, "latency_s": self.lat[side.label][c] * (1 + self.offsets[i]),
+                 "latency_sm_cycles": None, "sm_clock_mhz": None} for c in cases for b in backends]
+        return {"order": order, "device": "fake GPU", "vendor": "cuda", "rows": rows}
+
+
+def _sides(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "h").mkdir()
+    return ab.parse_side(str(tmp_path / "b"), "BASE"), ab.parse_side(str(tmp_path / "h"), "HEAD")
+
+
+def test_ab_catches_three_percent_and_passes_aa_with_fake_rounds(tmp_path):
+    base, head = _sides(tmp_path)
+    for lat_head, expect in ((1.03, "REGRESSION"), (1.0, "ok")):
+        runner = FakeRunner({"BASE": {"s512": 15.3e-6, "s8192": 384e-6},
+                             "HEAD": {"s512": 15.3e-6 * lat_head, "s8192": 384e-6 * lat_head}})
+        m = ab.measure_ab(base, head, ["fa3-fp8"], ["s512", "s8192"], 4, runner)
+        assert [c[0] for c in runner.calls] == ["BASE", "HEAD", "HEAD", "BASE", "BASE", "HEAD", "HEAD", "BASE"]
+        assert [c[1] for c in runner.calls] == ["sorted", "sorted", "reversed", "reversed", "shuffled", "shuffled",
+                                                "sorted", "sorted"]
+        docs = {s: ab.side_document(m, s) for s in ("base", "head")}
+        rec = {r["case"]: r for r in docs["head"]["records"]}["s512"]
+        assert len(rec["latency_rounds_s"]) == 4
+        # median of 4 rounds with offsets 0, +0.4 %, -0.3 %, +0.2 %: mean of the middle two (0 and +0.2 %)
+        assert rec["latency_s"] == pytest.approx(15.3e-6 * lat_head * 1.001)
+        rows = G.compare(G.side_from_run_json(docs["base"], "B"), G.side_from_run_json(docs["head"], "H"),
+                         factor=G.DEFAULT_AB_FACTOR)
+        lat = {r.case: r.verdict for r in rows if r.metric == "latency_s"}
+        assert lat == {"s512": expect, "s8192": expect}
+
+
+def test_ab_side_spec_errors(tmp_path):
+    with pytest.raises(ab.AbUsageError, match="neither a Python interpreter"):
+        ab.parse_side(str(tmp_path / "missing"), "BASE")
+    exe = ab.parse_side(sys.executable, "HEAD")
+    assert exe.python == sys.executable and exe.prepend == ()
+    env = ab.parse_side(str(tmp_path), "BASE").env({"PYTHONPATH": "/x"})
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[0] == str(tmp_path) and parts[-1] == "/x"
+
+
+def test_ab_cli_refuses_bad_input_before_work(tmp_path, capsys):
+    from mla_fp8_bench.cli import main
+
+    (tmp_path / "b").mkdir()
+    assert main(["ab", str(tmp_path / "b"), str(tmp_path / "nope")]) == 2
+    assert "neither a Python interpreter" in capsys.readouterr().out
+    assert main(["ab", str(tmp_path / "b"), str(tmp_path / "b"), "--rounds", "1"]) == 2
+    assert main(["ab", str(tmp_path / "b"), str(tmp_path / "b"), "-b", "nosuch"]) == 2
