@@ -209,7 +209,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_measure(args: argparse.Namespace, console: Console) -> int:
-    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate, write_json_atomic
+    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.terminal import CaseProgress
 
     pinfo, names, cases, note = _resolve_run_args(args)
@@ -229,7 +229,9 @@ def _run_measure(args: argparse.Namespace, console: Console) -> int:
         attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
     out = _interrupted_path(args.json, data) if args.json and interrupted else args.json
     if out:
-        write_json_atomic(data, out)
+        from mla_fp8_bench.jsonio import write_json_or_rescue
+
+        write_json_or_rescue(data, out, "run's records")
     console.print(_records_table(data))
     if out:
         console.print(f"wrote {out}" + (" (marked interrupted)" if interrupted else "")

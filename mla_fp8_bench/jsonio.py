@@ -280,6 +280,27 @@ def write_json_atomic(data: Any, path: str | os.PathLike, *, indent: int = 1, so
     write_file_atomic(path, write)
 
 
+def write_json_or_rescue(data: Any, path: str | os.PathLike, what: str = "output") -> None:
+    """:func:`write_json_atomic`, and when the file system refuses it (full, size limit, read-only),
+    the data is written to the temp folder instead so measured results survive.
+
+    Raises:
+        OutputError: the write to ``path`` failed; the message names the rescue file (or why that failed
+            too).
+    """
+    try:
+        write_json_atomic(data, path)
+    except OutputError as exc:
+        name = Path(str(path)).name[:100] or "out.json"
+        rescue = Path(tempfile.gettempdir()) / f"mla-fp8-bench-rescued-{os.getpid()}-{name}"
+        try:
+            write_json_atomic(data, rescue)
+            saved = f"; the {what} were saved to {rescue} instead"
+        except OutputError as exc2:
+            saved = f"; saving it to {rescue} failed too ({exc2})"
+        raise OutputError(exc.errno, f"{exc}{saved}") from None
+
+
 def _json_default(o: Any) -> Any:
     torch = sys.modules.get("torch")  # never import torch just to write JSON
     if torch is not None and isinstance(o, (torch.dtype, torch.device)):

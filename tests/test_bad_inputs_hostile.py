@@ -732,3 +732,16 @@ def test_nightly_checks_its_summary_path_before_the_asv_run(tmp_path, capsys):
     assert main(["nightly", "--machine", "n", "--library", "aiter", "--dry-run", "--commit", "a" * 40,
                  "--summary", str(tmp_path)]) == 2
     assert f"--summary {tmp_path} is a directory" in " ".join(capsys.readouterr().out.split())
+
+
+def test_measured_records_survive_a_disk_that_fills_during_the_run(tiny_fs, capsys):
+    """The path passes the check before measuring; the disk is full when the records are written: they go
+    to the temp folder instead, and the message says where."""
+    (tiny_fs / "filler").write_bytes(b"x" * 65_536)
+    out = tiny_fs / "r.json"
+    assert main([*RUN, "-c", "s16-h2,s32-h2", "--json", str(out)]) == 2
+    msg = " ".join(capsys.readouterr().out.split())
+    assert "No space left on device" in msg and "the run's records were saved to" in msg
+    rescued = Path(msg.split("were saved to ")[1].split(" instead")[0])
+    assert [r["case"] for r in json.loads(rescued.read_text())["records"]] == ["s16-h2", "s32-h2"]
+    rescued.unlink()

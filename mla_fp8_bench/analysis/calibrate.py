@@ -313,7 +313,6 @@ def _split(vals: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
 def cmd_calibrate(args: argparse.Namespace, console) -> int:
     from rich.table import Table
 
-    from mla_fp8_bench.harness.runner import write_json_atomic
     from mla_fp8_bench.jsonio import check_output_path
 
     backends = _split(args.backends, DEFAULT_BACKENDS)
@@ -348,7 +347,9 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
     doc = calibrate(backends=backends, shapes=shapes, quants=quants, dists=dists, seeds=args.seeds,
                     validate_seeds=args.validate_seeds, margin=args.margin, name=args.name, jobs=args.jobs,
                     cu_num=args.cu_num, probes=not args.no_probes, progress=progress)
-    write_json_atomic(doc, out)  # atomic, umask-derived mode (the file is committed and read by others)
+    from mla_fp8_bench.jsonio import write_json_or_rescue
+
+    write_json_or_rescue(doc, out, "calibrated tolerances")  # atomic; hours of measuring survive a refused write
     t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) - {out}")
     for col in ("backend", "family", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
                 "rel-L2 fp8 tol", "mismatch tol"):

@@ -741,8 +741,12 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
             path = out_dir / f"{ds.slug}-{kind}.{fmt}"
             tmp = path.with_name(path.name + ".tmp")
             meta = {"Date": None} if fmt == "svg" else {"Software": "mla-fp8-bench plot"}
-            fig.savefig(tmp, format=fmt, dpi=130, bbox_inches="tight", metadata=meta)
-            os.replace(tmp, path)
+            try:
+                fig.savefig(tmp, format=fmt, dpi=130, bbox_inches="tight", metadata=meta)
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # no half-written figure left behind
+                raise
             written.append(path)
         plt.close(fig)
 
