@@ -153,8 +153,11 @@ def _write_tools(bin_dir: Path, cu_num: int) -> None:
 
 
 def _write_enum_header(root: Path) -> None:
+    """Write the dtype enum an extracted archive lacks; a checkout (``.git``) is never written to."""
     header = root / "csrc" / "include" / "aiter_enum.h"
     if not header.exists() and (root / "aiter" / "utility" / "aiter_types.py").exists():
+        if (root / ".git").exists():
+            raise RuntimeError(f"{header} is missing from the checkout at {root}: a full AITER clone has it")
         lines = ",\n".join(f"    AITER_DTYPE_{n} = {i}" for i, n in enumerate(_DTYPE_NAMES))
         header.write_text(f"typedef enum {{\n{lines}\n}} AiterDtype;\n")
 
