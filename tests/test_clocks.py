@@ -73,15 +73,22 @@ def test_policy_detects_locked_clocks(monkeypatch, app, reasons, locked):
     assert pol["evidence"]["power_limit_w"] == 700.0 and pol["evidence"]["max_sm_mhz"] == 1980
 
 
-def test_amd_policy_recommends_determinism(monkeypatch):
+def test_amd_policy_records_level_and_power_cap_and_never_asks_for_determinism(monkeypatch):
     m = types.ModuleType("amdsmi")
     m.amdsmi_init = lambda: None
     m.amdsmi_get_processor_handles = lambda: ["h0"]
     m.amdsmi_get_gpu_perf_level = lambda h: "AMDSMI_DEV_PERF_LEVEL_AUTO"
+    m.amdsmi_get_power_cap_info = lambda h: {"power_cap": 1_400_000_000, "default_power_cap": 1_400_000_000,
+                                             "min_power_cap": 0, "max_power_cap": 1_400_000_000, "dpm_cap": 2400}
+    m.amdsmi_get_gpu_asic_info = lambda h: {"market_name": "AMD Instinct MI355X", "target_graphics_version": "gfx950"}
     monkeypatch.setitem(sys.modules, "amdsmi", m)
     pol = clocks.open_reader(0, "rocm").policy()
-    assert pol["locked"] is False and "perf-determinism" in pol["recommendation"]
-    m.amdsmi_get_gpu_perf_level = lambda h: "AMDSMI_DEV_PERF_LEVEL_DETERMINISM"
+    ev = pol["evidence"]
+    assert pol["locked"] is False and ev["perf_level"] == "AMDSMI_DEV_PERF_LEVEL_AUTO"
+    assert ev["power_cap_w"] == 1400.0 and ev["min_power_cap_w"] == 0.0 and ev["target_graphics_version"] == "gfx950"
+    assert "determinism" not in pol["recommendation"].replace("performance determinism is not supported", "")
+    assert "never changes clocks" in pol["recommendation"]
+    m.amdsmi_get_gpu_perf_level = lambda h: "AMDSMI_DEV_PERF_LEVEL_MANUAL"
     pol = clocks.open_reader(0, "rocm").policy()
     assert pol["locked"] is True and pol["recommendation"] == ""
 

@@ -193,3 +193,27 @@ def test_ab_cli_refuses_bad_input_before_work(tmp_path, capsys):
     assert "neither a Python interpreter" in capsys.readouterr().out
     assert main(["ab", str(tmp_path / "b"), str(tmp_path / "b"), "--rounds", "1"]) == 2
     assert main(["ab", str(tmp_path / "b"), str(tmp_path / "b"), "-b", "nosuch"]) == 2
+
+
+def test_ci_templates_run_ab_in_the_pr_job_with_existing_options():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from mla_fp8_bench.cli import build_parser
+
+    root = Path(__file__).resolve().parents[1]
+    gh = yaml.safe_load((root / ".github" / "workflows" / "mla-fp8-bench-gfx950.yml").read_text())
+    steps = [st for st in gh["jobs"]["measure"]["steps"] if "mla-fp8-bench ab \"" in st.get("run", "")]
+    assert len(steps) == 1 and steps[0]["if"] == "github.event_name == 'pull_request'"
+    bk = " ".join(yaml.safe_load((root / ".buildkite" / "mla-fp8-bench.yml").read_text())["steps"][0]["commands"])
+    assert "BUILDKITE_PULL_REQUEST" in bk and "mla-fp8-bench ab" in bk
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    opts = {o for a in sub.choices["ab"]._actions for o in a.option_strings}
+    flags = set()
+    for text in (steps[0]["run"], bk):
+        text = re.sub(r"\$\$?\([^)]*\)", "X", text)  # command substitutions are not ab's options
+        for m in re.finditer(r"mla-fp8-bench ab((?:[^\n]*\\\n)*[^\n]*)", text):
+            flags |= set(re.findall(r" (--?[a-z][a-z-]*)", m.group(1)))
+    assert flags and flags <= opts, flags - opts

@@ -177,8 +177,9 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     cases = [c.id for c in resolve_cases([c for c in args.cases.split(",") if c])]
     if args.rounds < 2:
         raise AbUsageError(f"--rounds {args.rounds} is invalid: an integer >= 2 (the spread needs two rounds)")
-    if args.json:
-        check_output_path(args.json)
+    for path in (args.json, args.summary):
+        if path:
+            check_output_path(path)
     runner = SpawnRunner(args.device) if args.spawn else ServerRunner(backends, args.device)
     try:
         measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
@@ -196,8 +197,15 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
                            "settings": {"factor": args.factor, "noise_k": args.noise_k, "rounds": args.rounds},
                            "rows": [r.__dict__ for r in lat]}, args.json)
     bad = [r for r in rows if r.gating]
-    G.render_text(lat, f"ab: BASE {args.base} vs HEAD {args.head} ({args.rounds} rounds each, factor {args.factor}, "
-                  f"k {args.noise_k})", console, show_all=True)
+    settings = (f"{args.rounds} rounds per side in alternating processes; latency threshold max({args.factor}, "
+                f"1 + {args.noise_k} x round spread), SM cycles where the clock is off its plateau")
+    if args.summary:
+        from mla_fp8_bench.jsonio import write_file_atomic
+
+        md = G.render_markdown(rows, base_src=args.base, head_src=args.head, settings=settings, allow_missing=False,
+                               plots=None).replace("## mla-fp8-bench gate", "## mla-fp8-bench ab", 1)
+        write_file_atomic(args.summary, lambda f: f.write(md))
+    G.render_text(lat, f"ab: BASE {args.base} vs HEAD {args.head} ({settings})", console, show_all=True)
     if not any(r.base not in ("-", "skipped", "failed") and r.head not in ("-", "skipped", "failed") for r in lat):
         console.print("[red]error:[/red] no latency was measured on both sides", highlight=False)
         return G.EXIT_USAGE
@@ -234,4 +242,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--spawn", action="store_true", help="a new interpreter per round instead of a forking server")
     p.add_argument("--json", help="write both sides' rounds, documents and verdicts here")
+    p.add_argument("--summary", metavar="MD", help="write the verdict as markdown (a PR comment) here")
     p.set_defaults(handler=_handler)

@@ -10,8 +10,9 @@ carries the clock it ran at, and says whether the clocks are locked.
   the clock is below its maximum).
 * AMD: ``amdsmi`` (ROCm SMI library). Readings: ``amdsmi_get_clock_info`` (GFX clock),
   ``amdsmi_get_temp_metric`` (hotspot), ``amdsmi_get_power_info``; policy: ``amdsmi_get_gpu_perf_level``
-  (``AMDSMI_DEV_PERF_LEVEL_DETERMINISM`` is the locked, deterministic clock mode of MI300/MI350
-  parts, set by an administrator with ``amd-smi set --perf-determinism <MHz>``).
+  and ``amdsmi_get_power_cap_info`` (recorded as they are; on MI350/MI355 (gfx950) ``amd-smi`` documents
+  performance determinism as not supported: only the AUTO and MANUAL performance levels, with
+  clock-stretching compensation, and soft clock limits; the suite never recommends or sets a mode).
 
 Both imports are optional: without the library (or on the CPU) :class:`ClockReader` is *unavailable*
 and every reading is ``None`` with the reason recorded; that is never an error. Nothing here changes
@@ -187,8 +188,10 @@ def clock_policy(reader: ClockReader) -> dict[str, Any]:
     NVIDIA: ``locked`` is True when the applications-clock target differs from its default (set with
     ``nvidia-smi -ac``) or when the applications-clocks-setting event reason is active (it is also
     raised by ``nvidia-smi -lgc`` locked clocks); the max and default clocks are recorded.
-    AMD: ``locked`` is True when the performance level is ``DETERMINISM``, ``MANUAL`` or a
-    ``STABLE_*`` profile; ``recommendation`` says to use determinism mode on dedicated gfx950 runners.
+    AMD: the performance level, the power cap (W; amdsmi reports microwatts) and the graphics target
+    are recorded; ``locked`` is True when the level is ``DETERMINISM``, ``MANUAL`` or a ``STABLE_*``
+    profile. ``recommendation`` never asks for a clock mode (MI350/MI355 do not support performance
+    determinism); it says how the suite copes with floating clocks.
 
     Returns:
         ``{"backend", "available", "locked" (bool or None), "evidence": {...}, "recommendation"}``.
@@ -217,14 +220,25 @@ def clock_policy(reader: ClockReader) -> dict[str, Any]:
                                  "clocks are locked: samples are clock-deterministic")
         return out
     a, h = reader._lib, reader._handle
+    ev = out["evidence"]
     level = reader._try("perf_level", a.amdsmi_get_gpu_perf_level, h)
-    out["evidence"]["perf_level"] = str(level) if level is not None else None
+    ev["perf_level"] = str(level) if level is not None else None
+    cap = reader._try("power_cap", getattr(a, "amdsmi_get_power_cap_info", lambda _h: None), h)
+    if isinstance(cap, dict):
+        for key in ("power_cap", "default_power_cap", "min_power_cap", "max_power_cap"):
+            if _num(cap.get(key)) is not None:
+                ev[key + "_w"] = _num(cap[key]) / 1e6
+    asic = reader._try("asic", getattr(a, "amdsmi_get_gpu_asic_info", lambda _h: None), h)
+    if isinstance(asic, dict):
+        ev["target_graphics_version"] = asic.get("target_graphics_version")
+        ev["market_name"] = asic.get("market_name")
     lv = str(level or "").upper()
     out["locked"] = any(k in lv for k in ("DETERMINISM", "MANUAL", "STABLE")) if level is not None else None
-    out["recommendation"] = ("" if "DETERMINISM" in lv else
-                             "dedicated gfx950 runner: have an administrator set the deterministic clock mode "
-                             "(amd-smi set --perf-determinism <MHz>, e.g. 1900) so samples are clock-deterministic; "
-                             "the suite never changes clocks itself")
+    out["recommendation"] = ("" if out["locked"] else
+                             "clocks float under the power cap (performance determinism is not supported on "
+                             "MI350/MI355): the suite records the level and the power cap, times in rounds of "
+                             "separate processes and gates SM cycles where the clock is off its plateau; it never "
+                             "changes clocks or power limits")
     return out
 
 
