@@ -597,3 +597,39 @@ def test_locked_workspace_refuses_growth_beyond_the_reservation(monkeypatch):
 
 def test_every_adapter_fault_is_covered():
     assert set(ADAPTER_FAULTS) == {"reduce-8-arg", "omit-attn-out-dtype", "skip-one-scale", "no-lock"}
+
+
+class _GatedBuilder:
+    def __init__(self, kv_cache_dtype_str, model_dtype, supported):
+        self._fp8_prefill_enabled = supported and (
+            kv_cache_dtype_str == "fp8"
+            and model_dtype == torch.bfloat16
+        )
+        if self._fp8_prefill_enabled:
+            self.buffers = True
+
+
+class _UngatedBuilder:
+    def __init__(self, num_heads, supported):
+        self._fp8_prefill_enabled = (supported and num_heads % 16 == 0)
+        if self._fp8_prefill_enabled:
+            self.buffers = True
+
+
+def test_fp8_path_condition_reads_the_builders_own_gate():
+    """The record says whether vLLM takes the FP8 path for an fp8 KV cache and a bf16 model: a builder that
+    tests both dtypes takes it only then; one that tests neither takes it for any dtypes (vLLM #52312)."""
+    from mla_fp8_bench.backends.vllm_aiter import fp8_path_condition
+
+    gated, ungated = fp8_path_condition(_GatedBuilder), fp8_path_condition(_UngatedBuilder)
+    assert gated["taken"] is True and gated["gates_on_dtypes"] is True
+    assert "only with an fp8 KV cache and a bf16 model" in gated["why"]
+    assert ungated["taken"] is True and ungated["gates_on_dtypes"] is False and "#52312" in ungated["why"]
+    assert (gated["kv_cache_dtype"], gated["model_dtype"]) == ("fp8", "bfloat16")
+
+    class NoPath:
+        def __init__(self):
+            self.x = 1
+
+    assert fp8_path_condition(NoPath)["taken"] is False
+

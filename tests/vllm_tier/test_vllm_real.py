@@ -197,3 +197,16 @@ def test_wrong_adapter_fails_the_tier_clearly(ver, fault):
     assert line, f"no 'VLLM TIER FAILURE' line in stderr:\n{proc.stderr[-3000:]}"
     for ph in phrases:
         assert ph in line, f"failure line lacks {ph!r}: {line}"
+
+
+def test_record_says_whether_vllm_takes_the_fp8_path(report):
+    """Read from the builder's _fp8_prefill_enabled: 0.33 enables it only for an fp8 KV cache and a bf16
+    model; 0.28 tests neither dtype (vLLM #52312). The imitated configuration takes it in both."""
+    path = report["fp8_path"]
+    assert path["taken"] is True and (path["kv_cache_dtype"], path["model_dtype"]) == ("fp8", "bfloat16")
+    known = {"0.28.0": False, "0.33.0": True}
+    if report["vllm"] in known:
+        assert path["gates_on_dtypes"] is known[report["vllm"]], path
+    ran = [c for c in report["cases"].values() if c.get("supported")]
+    assert ran and all(c["vllm_fp8_path"] == path for c in ran)
+
