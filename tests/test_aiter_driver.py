@@ -144,6 +144,13 @@ def test_driver_detects_forms_from_op_schemas_of_opaque_wrappers():
     assert "9-argument form (op schema" in AiterPsDriver(make_standin_aiter(), None).detection()["mla_reduce_v1"]
 
 
+def test_env_prints_what_was_detected_and_where(capsys):
+    assert main(["env"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "detected on the installed library" in text
+    assert "9-argument form (op schema aiter_standin_" in text and "v0.1.22 planner (op schema" in text
+
+
 def _planner_args(mod):
     return [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_v1"]
 

@@ -148,6 +148,10 @@ class AiterEmulated(Backend):
     def availability(self, platform: PlatformInfo) -> Verdict:
         return Verdict.yes()
 
+    def detection(self) -> dict[str, str]:
+        """What the driver read from the stand-in (its op schemas, as from a real install)."""
+        return self.driver().detection()
+
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
         cap = emulated_max_tokens(platform.device_type)
         if cap and case.total_tokens > cap:
