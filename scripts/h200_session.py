@@ -29,12 +29,15 @@ runs in its own subprocess, its log goes to ``logs/``):
               nvbench, Triton, torch.utils.benchmark and the profiler span), then the summary
 ``ab``        ``scripts/latency_ab.py`` on fa3-fp8 ``--ab-case``: A/A and +1/2/3/5% device-kernel slowdowns
 ``cudnn``     the runner on cudnn-fp8, cudnn-bf16 and fa3-fp8 over the sweep, ragged and ctx/prefix cases
+``abtrials``  ``scripts/ab_trials.py``: ``mla-fp8-bench ab`` A/A and +3 % trials (an FA3 install with a
+              calibrated extra kernel), ``--ab-trials`` of each, ``--ab-rounds`` rounds per side
+``after``     ``scripts/after_effect.py`` in two processes: the small-case state before and after a large case
 ``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
 ``asv-tiny-fork`` the same with ``--launch-method forkserver``
 ``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key and a
               stable ``os``), then ``asv run -E existing:<python3> --set-commit-hash <HEAD>
-              --launch-method <forkserver|spawn>`` restricted (``-b``) to the GPU-relevant backends; the
-              results directory is kept
+              --launch-method <forkserver|spawn> --record-samples`` restricted (``-b``) to the GPU-relevant
+              backends (``--asv-backends``) and cases (``--asv-cases``); the results directory is kept
 
 Launch method. asv starts one process per (benchmark, parameter): 8 tracks x 14 cases x 4 backends
 = 448 processes plus 42 for ``AiterPlan``. On the H200 machine a spawned benchmark process cost about
