@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -28,24 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mla_fp8_bench.harness.rounds import ordered  # noqa: E402,F401 - the one definition of the orders
+
 DEFAULT_BACKENDS = "fa3-fp8,fa3-bf16,torch-sdpa-bf16,torch-fp8-ref"
-
-
-def ordered(pairs: list[tuple[str, str]], order: str, seed: int) -> list[tuple[str, str]]:
-    """``pairs`` in the named order: ``sorted`` (as given, case-major), ``reversed`` or ``shuffled``.
-
-    Raises:
-        ValueError: for another order name.
-    """
-    if order == "sorted":
-        return list(pairs)
-    if order == "reversed":
-        return list(reversed(pairs))
-    if order == "shuffled":
-        out = list(pairs)
-        random.Random(seed).shuffle(out)
-        return out
-    raise ValueError(f"order {order!r} is unknown: allowed sorted, reversed, shuffled")
 
 
 def measure_process(backends: list[str], cases: list[str], order: str, seed: int) -> dict:

@@ -217,3 +217,37 @@ def test_ci_templates_run_ab_in_the_pr_job_with_existing_options():
         for m in re.finditer(r"mla-fp8-bench ab((?:[^\n]*\\\n)*[^\n]*)", text):
             flags |= set(re.findall(r" (--?[a-z][a-z-]*)", m.group(1)))
     assert flags and flags <= opts, flags - opts
+
+
+def test_history_spread_from_stored_results_sets_the_threshold(tmp_path, capsys):
+    import json
+
+    from mla_fp8_bench.cli import main
+
+    lat = "bench_mla_prefill.MLAPrefill.track_latency"
+    params = [["'fa3-fp8'", "'torch-fp8-ref'"], ["'s128'", "'s256'"]]
+    machine = {"arch": "x86_64", "cpu": "c", "gpu": "NVIDIA H200", "machine": "h200", "num_cpu": "16", "os": "Linux",
+               "ram": "1"}
+    mdir = tmp_path / "h200"
+    mdir.mkdir()
+    (mdir / "machine.json").write_text(json.dumps({**machine, "version": 1}))
+    (tmp_path / "benchmarks.json").write_text(json.dumps({"version": 2, lat: {"name": lat, "version": "v9",
+                                                                               "params": params}}))
+    # fa3-fp8 s128 over four commits: 10.0, 10.2, 9.9 us, then HEAD +4 % over the third
+    for i, (sha, v) in enumerate(((("a" * 40), 10.0e-6), ("b" * 40, 10.2e-6), ("c" * 40, 9.9e-6),
+                                   ("d" * 40, 9.9e-6 * 1.04))):
+        res = {"commit_hash": sha, "env_name": "existing-py", "date": 1700000000000 + i,
+               "params": {**machine, "python": "3.12"}, "python": "3.12", "requirements": {}, "env_vars": {},
+               "result_columns": ["result", "params", "version", "started_at", "duration"],
+               "results": {lat: [[v, 20e-6, v, 20e-6], params, "v9", 1000, 1.0]}, "durations": {}, "version": 2}
+        (mdir / f"{sha[:8]}-existing-py.json").write_text(json.dumps(res))
+    hist = G.history_spreads(str(mdir), exclude=(str(mdir / ("d" * 8 + "-existing-py.json")),))
+    assert hist[("fa3-fp8", "s128", "latency_s")] == pytest.approx((10.2 - 9.9) / 10.0)
+    assert hist[("fa3-fp8", "s256", "latency_s")] == 0.0
+    # threshold max(1.02, 1 + 1 x 3 %) = 1.03 < 1.04: a regression; with k = 2 (1.06) it is not
+    assert main(["gate", "c" * 8, "d" * 8, "--results-dir", str(tmp_path), "--factor", "1.02", "--history"]) == 1
+    out = capsys.readouterr().out
+    assert "threshold1.030(historyspread3.00%)" in "".join(out.split())
+    assert main(["gate", "c" * 8, "d" * 8, "--results-dir", str(tmp_path), "--factor", "1.02", "--history",
+                 "--noise-k", "2"]) == 0
+    assert main(["gate", "c" * 8, "d" * 8, "--results-dir", str(tmp_path), "--noise-k", "-1"]) == 2

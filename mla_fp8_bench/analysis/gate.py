@@ -617,6 +617,41 @@ def noise_threshold(bm: Measure, hm: Measure, factor: float, k: float, history: 
     return t, f"{src} {noise * 100:.2f}%"
 
 
+def history_spreads(machine_dir: str, exclude: tuple[str, ...] = (), least: int = 3
+                    ) -> dict[tuple[str, str, str], float]:
+    """Relative spread ``(max - min) / median`` of each kernel-latency param over the stored asv results of
+    one machine directory (files in ``exclude`` left out), per benchmark version; a param needs at least
+    ``least`` stored values. Where a param has values of several versions, the newest file's version
+    counts. Unreadable files are skipped (a history is evidence, not a requirement).
+
+    Returns:
+        ``{(backend, case, metric): spread}``.
+    """
+    from mla_fp8_bench.analysis.results import list_result_files
+
+    skip = {os.path.realpath(x) for x in exclude}
+    vals: dict[tuple[str, str, str], dict[str | None, list[float]]] = {}
+    newest: dict[tuple[str, str, str], str | None] = {}
+    for f in list_result_files(machine_dir):
+        if os.path.realpath(f.path) in skip:
+            continue
+        try:
+            side = side_from_asv_result(load_any(str(f.path)), str(f.path))  # type: ignore[arg-type]
+        except (ResultsError, GateUsageError, TypeError, AttributeError, ValueError):
+            continue
+        for key, x in side.data.items():
+            if side.kinds.get(key[2]) == "kernel_latency" and x.status == "ok" and x.center():
+                vals.setdefault(key, {}).setdefault(x.version, []).append(float(x.center()))
+                newest[key] = x.version
+    out = {}
+    for key, by_version in vals.items():
+        v = by_version.get(newest[key], [])
+        if len(v) >= least:
+            med = float(np.median(v))
+            out[key] = (max(v) - min(v)) / med if med > 0 else 0.0
+    return out
+
+
 def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFigure | None = None,
              history: float | None = None) -> None:
     scope = next((s for s in (hm.scope, bm.scope) if s != "kernel"), "kernel")
@@ -897,6 +932,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise GateUsageError(f"--factor {args.factor} is invalid: a ratio >= 1.0 (e.g. 1.05)")
     if not (math.isfinite(args.acc_factor) and args.acc_factor >= 1.0):
         raise GateUsageError(f"--acc-factor {args.acc_factor} is invalid: a ratio >= 1.0")
+    if not (math.isfinite(args.noise_k) and args.noise_k >= 0):
+        raise GateUsageError(f"--noise-k {args.noise_k} is invalid: a finite number >= 0 (e.g. 1.0)")
     if not 0 < args.alpha < 1:
         raise GateUsageError(f"--alpha {args.alpha} is invalid: in (0, 1)")
 
@@ -910,15 +947,20 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
     head, hsrc = load_side(args.head, "HEAD", args.results_dir, args.machine, args.env)
     if not args.allow_cross_machine:
         check_same_machine(base, head)
+    history = None
+    if args.history:
+        mdir = os.path.join(args.results_dir, resolve_machine(args.results_dir, args.machine))
+        history = history_spreads(mdir, exclude=(hsrc,))  # HEAD is under test; BASE is history
     rows = compare(base, head, factor=args.factor, acc_factor=args.acc_factor, alpha=args.alpha, tolerances=tol,
-                   gate_host_latency=args.gate_call_latency)
+                   gate_host_latency=args.gate_call_latency, noise_k=args.noise_k, history=history)
     if os.path.realpath(bsrc) == os.path.realpath(hsrc):
         rows = [r for r in rows if r.verdict != "NOTHING COMPARED"] + [Row(
             "*", "*", "-", "-", bsrc, hsrc, None, "NOTHING COMPARED",
             f"BASE {args.base} and HEAD {args.head} are the same file: give two different runs or commits")]
         for r in rows:
             r.compared = False
-    settings = (f"latency factor {args.factor}, Mann-Whitney alpha {args.alpha}; accuracy: "
+    settings = (f"latency threshold per param max({args.factor}, 1 + {args.noise_k} x spread of its rounds"
+                f"{' or stored history' if args.history else ''}), Mann-Whitney alpha {args.alpha}; accuracy: "
                 f"{'tolerances ' + tol.name + ' and ' if tol else ''}growth > {args.acc_factor}x")
     bad = _gating(rows, args.allow_missing)
     notes = side_notes(base, head)
@@ -961,6 +1003,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--acc-factor", type=float, default=DEFAULT_ACC_FACTOR,
                    help="accuracy growth factor over BASE (2.0, the calibration margin)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Mann-Whitney significance level (0.01)")
+    p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,
+                   help=f"latency threshold per param: max(--factor, 1 + k x spread) (default k {DEFAULT_NOISE_K})")
+    p.add_argument("--history", action="store_true",
+                   help="for params without rounds, take the spread from the machine's stored results in "
+                        "--results-dir (same benchmark version, at least 3 values)")
     p.add_argument("--tolerances", help="calibrated tolerance JSON (e.g. tolerances/cpu-emulated-v1.json)")
     p.add_argument("--all", action="store_true", help="show every compared row, not only notable ones")
     p.add_argument("--format", choices=("text", "markdown"), default="text",
