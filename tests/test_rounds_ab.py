@@ -251,3 +251,19 @@ def test_history_spread_from_stored_results_sets_the_threshold(tmp_path, capsys)
     assert main(["gate", "c" * 8, "d" * 8, "--results-dir", str(tmp_path), "--factor", "1.02", "--history",
                  "--noise-k", "2"]) == 0
     assert main(["gate", "c" * 8, "d" * 8, "--results-dir", str(tmp_path), "--noise-k", "-1"]) == 2
+
+
+def test_round_server_forks_a_child_per_round_on_cpu(tmp_path):
+    """The forking round server (the one ab uses) answers each request with a round from a new process."""
+    srv = R.RoundServer(sys.executable, R.suite_env(), ["torch-sdpa-bf16"])
+    try:
+        docs = [srv.round(["torch-sdpa-bf16", "nosuch-backend"], ["s128"], order, i, str(tmp_path / f"r{i}.json"),
+                          device="cpu") for i, order in enumerate(("sorted", "reversed"))]
+    finally:
+        srv.close()
+    assert [d["order"] for d in docs] == ["sorted", "reversed"]
+    assert docs[0]["pid"] != docs[1]["pid"] and docs[0]["pid"] != os.getpid()
+    ok = [r for d in docs for r in d["rows"] if r["backend"] == "torch-sdpa-bf16"]
+    assert len(ok) == 2 and all(r["latency_s"] > 0 for r in ok)
+    bad = [r for d in docs for r in d["rows"] if r["backend"] == "nosuch-backend"]
+    assert len(bad) == 2 and all("error" in r for r in bad)  # one failing pair never loses the others

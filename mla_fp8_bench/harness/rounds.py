@@ -119,7 +119,13 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
 
     t0 = time.perf_counter()
     pinfo = platform_info(device)
-    bks = {b: get_backend(b) for b in backends}
+    bks: dict[str, Any] = {}
+    load_error: dict[str, str] = {}
+    for b in backends:  # a backend that cannot load fails its own rows only
+        try:
+            bks[b] = get_backend(b)
+        except Exception as exc:  # noqa: BLE001
+            load_error[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
     avail = {b: bk.availability(pinfo) for b, bk in bks.items()}
     rows: list[dict[str, Any]] = []
     inputs: dict[str, Any] = {}
@@ -127,6 +133,8 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
         row: dict[str, Any] = {"backend": b, "case": c}
         prep = None
         try:
+            if b in load_error:
+                raise RuntimeError(f"backend failed to load: {load_error[b]}")
             if not avail[b]:
                 raise RuntimeError(f"unavailable: {avail[b].reason}")
             case = parse_case_id(c)
