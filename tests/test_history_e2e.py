@@ -57,6 +57,7 @@ _m = _make(faults=FAULTS or None, cu_num=256, aiter_version=(0, 1, 20))
 get_ps_metadata_info_v1 = _m.get_ps_metadata_info_v1
 get_ps_metadata_v1 = _m.get_ps_metadata_v1
 mla_reduce_v1 = _m.mla_reduce_v1
+aiter_op_namespace = _m.aiter_op_namespace  # where the stand-in registered the op schemas
 
 
 def mla_prefill_ps_asm_fwd(*args, **kwargs):
