@@ -255,7 +255,7 @@ def test_threshold_regexes_are_disjoint_and_cover_every_gated_track():
             assert len(hits) + len(disabled) >= 1, name
             assert len(hits) <= 1, (name, hits)
             if hits:
-                expected = {"accuracy": 0.0, "kernel_latency": 0.05, "resource": 0.05}[m.kind]
+                expected = {"accuracy": 1.0, "kernel_latency": 0.05, "resource": 0.05}[m.kind]
                 assert thr[hits[0]] == expected, name
     # regressions of figures that are not a kernel's are never reported by asv
     assert any(re.match(rx, _entry(mt.metric("latency"), "aiter-emulated")) for rx in off)
@@ -265,6 +265,61 @@ def test_threshold_regexes_are_disjoint_and_cover_every_gated_track():
     # track_max_abs_error's pattern does not also catch track_max_abs_error_bf16_ref
     bf16 = _entry(mt.metric("max_abs_error_bf16_ref"))
     assert [rx for rx in thr if re.match(rx, bf16)] == [at._asv_regex(mt.metric("max_abs_error_bf16_ref"))]
+
+
+def _gate_verdict(m: mt.Metric, base: float, head: float) -> str:
+    from mla_fp8_bench.analysis import gate
+
+    key = ("fa3-fp8", "s1024", m.record_key)
+
+    def side(label: str, v: float) -> gate.Side:
+        # latency: 40 tight samples, so a growth is significant and the ratio of medians decides
+        meas = (gate.Measure("ok", v, samples=[v * (1 + 1e-4 * i) for i in range(40)])
+                if m.kind == "kernel_latency" else gate.Measure("ok", v))
+        return gate.Side(label, kinds={m.record_key: m.kind}, data={key: meas},
+                         params={key[:2]: ("ok", "")})
+
+    return gate.compare_one(key, side("BASE", base), side("HEAD", head), gate.GateOptions()).verdict
+
+
+@pytest.mark.parametrize("track", [m.track for m in mt.asv_metrics()])
+def test_asv_thresholds_flag_what_the_gate_flags(track):
+    """asv's Regressions page and ``mla-fp8-bench gate`` apply one rule: a growth just above asv's
+    threshold fails the gate, one just below passes it, and a track asv never reports never gates."""
+    m = mt.metric(track)
+    gen = at.asv_regression_config()
+    hits = [t for rx, t in gen["regressions_thresholds"].items() if re.match(rx, _entry(m))]
+    base = 0.04 if m.kind == "accuracy" else 1e-3 if m.kind == "kernel_latency" else 1e6
+    if not hits:
+        assert _gate_verdict(m, base, base * 10) != "REGRESSION", track
+        return
+    (thr,) = hits
+    above, below = base * (1 + thr) * 1.01 + (1e-9 if thr == 0 else 0), base * (1 + thr) * 0.99
+    assert _gate_verdict(m, base, above) == "REGRESSION", (track, thr)
+    assert _gate_verdict(m, base, below) != "REGRESSION", (track, thr)
+
+
+def test_a_calibrated_metric_a_tolerance_file_lacks_is_an_error(tmp_path):
+    """Never a silent pass: the gate names the metric and the file; loading a file whose metric list
+    lacks a calibrated metric of the table is refused, naming both."""
+    from mla_fp8_bench.analysis import gate
+    from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, load_tolerances
+
+    src = ROOT / "tolerances" / "cpu-emulated-v1.json"
+    doc = json.loads(src.read_text())
+    del doc["tolerances"]["aiter-emulated"]["s512"]["mismatch_fraction"]
+    tol = Tolerances(str(tmp_path / "tol.json"), doc)
+    m = mt.metric("mismatch_fraction")
+    key = ("aiter-emulated", "s512", m.record_key)
+    side = gate.Side("x", kinds={m.record_key: "accuracy"}, data={key: gate.Measure("ok", 0.01)},
+                     params={key[:2]: ("ok", "")})
+    with pytest.raises(gate.GateUsageError, match=r"tol\.json lacks calibrated metric mismatch_fraction for "
+                                                  r"aiter-emulated / s512"):
+        gate.compare(side, side, tolerances=tol)
+    doc["metrics"].remove("lse_rel_error_fp8_ref")
+    (tmp_path / "tol2.json").write_text(json.dumps(doc))
+    with pytest.raises(ToleranceFileError, match=r"tol2\.json: lacks calibrated metric lse_rel_error_fp8_ref"):
+        load_tolerances(tmp_path / "tol2.json")
 
 
 def test_write_asv_config_updates_in_place_and_asv_reads_it(tmp_path):

@@ -60,11 +60,9 @@ from mla_fp8_bench.analysis.results import (
 )
 from mla_fp8_bench.analysis.stats import mann_whitney_greater, min_attainable_p  # noqa: F401 - re-exported
 from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, family_of, load_tolerances
-from mla_fp8_bench.measure.metric_table import METRICS, Metric, find
+from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, METRICS, Metric, find
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-DEFAULT_FACTOR = 1.05
-DEFAULT_ACC_FACTOR = 2.0
 DEFAULT_ALPHA = 0.01
 #: k of the noise-aware latency threshold ``max(factor, 1 + k x spread)`` (spread: (max - min) / median
 #: of the param's rounds, or of its stored history).
@@ -542,9 +540,13 @@ def _tolerance(row: Row, m: Metric | None, bm: Measure | None, hm: Measure, opts
     """Check a calibrated accuracy value against its tolerance; sets REGRESSION; returns a detail note."""
     if row.kind != "accuracy" or opts.tolerances is None:
         return ""
-    lim, how = opts.tolerances.lookup(row.backend, family_of({"backend": row.backend, "case": row.case}))
-    if lim is None or row.metric not in lim:
+    family = family_of({"backend": row.backend, "case": row.case})
+    lim, how = opts.tolerances.lookup(row.backend, family)
+    if lim is None or (row.metric not in lim and not (m is not None and m.calibrated)):
         return ""
+    if row.metric not in lim:
+        raise GateUsageError(f"tolerance file {opts.tolerances.path} lacks calibrated metric {row.metric} for "
+                             f"{row.backend} / {family} ({how}): recalibrate (mla-fp8-bench calibrate)")
     v, t = hm.center(), lim[row.metric]
     row.compared = True
     if v > t:

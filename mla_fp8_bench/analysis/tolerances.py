@@ -133,6 +133,10 @@ def validate_tolerances(data: Any, path: str = "<memory>") -> dict[str, Any]:
                     _check_number(path, f"{section}.{b}.{f}.{m}", v)
     if not data["tolerances"]:
         raise _bad(path, "tolerances is empty: no backend was calibrated")
+    lacking = [m.record_key for m in calibrated_metrics() if m.record_key not in data.get("metrics", FLOORS)]
+    if lacking:
+        raise _bad(path, f"lacks calibrated metric {lacking[0]} (its metrics: {data.get('metrics')}): "
+                         "recalibrate (mla-fp8-bench calibrate)")
     return data
 
 

@@ -17,7 +17,7 @@ import math
 import re
 from typing import Any
 
-from mla_fp8_bench.measure.metric_table import ASV_THRESHOLDS, Metric, asv_metrics
+from mla_fp8_bench.measure.metric_table import Metric, asv_metrics
 
 
 class MissingMetricError(RuntimeError):
@@ -110,8 +110,8 @@ def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str,
     off: dict[str, None] = {}
     for m in asv_metrics():
         rx = _asv_regex(m)
-        if m.kind in ASV_THRESHOLDS and m.gate != "none":
-            thresholds[rx] = 0.0 if m.gate in ("exact", "zero") else ASV_THRESHOLDS[m.kind]
+        if m.regression_factor is not None:
+            thresholds[rx] = round(m.regression_factor - 1.0, 12)
         else:
             off[rx] = None
         if m.kind == "kernel_latency":
@@ -123,8 +123,8 @@ def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str,
 _BLOCK_COMMENT = """\
     // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.harness.asv_tracks
     // --write <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
-    // the MAX over matching entries, so they are disjoint): accuracy 0 (deterministic values: any increase),
-    // kernel latency and resources 5 %. regressions_first_commits null: no regression is reported for
+    // the MAX over matching entries, so they are disjoint): the gate's default rule, growth factor minus 1
+    // (accuracy 1.0: 2x, kernel latency and resources 0.05). regressions_first_commits null: no regression is reported for
     // figures that are not a kernel's (host latency, informational, an emulation's latency).
 """
 

@@ -58,10 +58,12 @@ ASV_MODULE = "bench_mla_prefill"
 #: Floor of accuracy values tracked by asv: asv's summary takes a geometric mean over params, and one exact
 #: 0 would make it 0; a plotted 1e-12 means exactly 0.
 ASV_ACCURACY_FLOOR = 1e-12
-#: asv relative regression thresholds per kind (asv ``regressions_thresholds``): accuracy values are
-#: deterministic, so any increase is a regression; kernel latency and resources: 5 % (the noise floor of
-#: graph-replay timing is <= 0.5 % at seq_len >= 2048 on an H200).
-ASV_THRESHOLDS = {"accuracy": 0.0, "kernel_latency": 0.05, "resource": 0.05}
+#: The gate's default growth factors over BASE (``mla-fp8-bench gate --factor`` / ``--acc-factor``):
+#: kernel latency (with significance) and resources 5 %; accuracy 2x, the calibration margin.
+DEFAULT_FACTOR = 1.05
+DEFAULT_ACC_FACTOR = 2.0
+#: Kinds the gate judges by default (host latency only with ``--gate-call-latency``; informational never).
+GATED_KINDS = ("accuracy", "kernel_latency", "resource")
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,18 @@ class Metric:
         if v is None and self.derive is not None:
             v = self.derive(record)
         return v
+
+    @property
+    def regression_factor(self) -> float | None:
+        """The growth over BASE that the gate calls a regression with its default flags: 1.0 for
+        ``exact`` / ``zero`` (any increase), :data:`DEFAULT_ACC_FACTOR` for accuracy, else
+        :data:`DEFAULT_FACTOR`; None where the gate never judges growth by default (rule ``none``, host
+        latency, informational). asv's ``regressions_thresholds`` are this minus 1."""
+        if self.gate == "none" or self.kind not in GATED_KINDS:
+            return None
+        if self.gate in ("exact", "zero"):
+            return 1.0
+        return DEFAULT_ACC_FACTOR if self.kind == "accuracy" else DEFAULT_FACTOR
 
     def possible(self, v: float) -> bool:
         """Whether ``v`` lies in :attr:`bounds` (NaN: False; +inf counts as within an open upper end)."""
