@@ -17,7 +17,7 @@ from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate, eval
 from mla_fp8_bench.measure.devices import platform_info
 from mla_fp8_bench.measure.metrics import lse_error, lse_metrics
 from mla_fp8_bench.measure.reference import reference_fp8_dequant
-from mla_fp8_bench.problem.cases import MAX_TOTAL_TOKENS, SUITES, Case, CaseError, parse_case_id, resolve_cases
+from mla_fp8_bench.problem.cases import KINDS, MAX_TOTAL_TOKENS, SUITES, Case, CaseError, parse_case_id, resolve_cases
 from mla_fp8_bench.problem.flops import case_flops, case_min_bytes
 from mla_fp8_bench.problem.inputs import make_inputs
 from mla_fp8_bench.problem.prefix import merge_attn_states, split_prefix_inputs
@@ -208,9 +208,9 @@ def test_lse_metrics_check_every_row_of_chunk_cases():
     ref = torch.tensor([[1.0], [2.0], [-math.inf]])
     lse = torch.tensor([[1.0], [math.nan], [-math.inf]])
     rows = torch.tensor([True, False, True])
-    assert lse_metrics(lse, rows, ref, "prefill") == {"lse_rel_error_fp8_ref": 0.0, "lse_rows_checked": 2,
+    assert lse_metrics(lse, rows, ref, KINDS["prefill"]) == {"lse_rel_error_fp8_ref": 0.0, "lse_rows_checked": 2,
                                                       "lse_nonfinite_count": 0}
-    m = lse_metrics(lse, rows, ref, "ctx")
+    m = lse_metrics(lse, rows, ref, KINDS["ctx"])
     assert m["lse_rel_error_fp8_ref"] == math.inf and m["lse_rows_checked"] == 3 and m["lse_nonfinite_count"] == 1
     assert lse_error(torch.tensor([[1.1], [2.0], [math.inf]]), ref) == pytest.approx(0.1)  # +-inf ok on empty rows
     assert lse_error(torch.tensor([[1.0], [2.0], [3.0]]), ref) == math.inf  # a finite LSE on an empty row

@@ -268,7 +268,7 @@ class FaultyEmulated(Backend):
     description = "aiter-emulated with injected faults (regression-detection experiments)"
     fp8 = True
     emulation = True
-    context_chunk_skip = ""
+    context_chunks = Verdict.yes()
 
     def __init__(self, faults: Iterable[str] | str | None = None, cu_num: int | None = None):
         self.faults = normalize_suite_faults(faults)
@@ -287,9 +287,9 @@ class FaultyEmulated(Backend):
     def prepare_case(self, inputs: CaseInputs) -> Prepared:
         """As the healthy backend, with the prefix faults: ``prefix_top_left`` runs a prefix case as one
         causal call (q_len < kv_len) with a top-left mask, ``drop_context_merge`` drops the context term."""
-        if inputs.case.family == "prefix" and "prefix_top_left" in self.faults:
+        if inputs.case.kind.composed and "prefix_top_left" in self.faults:
             return prepare_one_call_prefix(inputs, self.emu_faults | {"top_left_causal"}, self.cu_num)
-        if inputs.case.family == "prefix" and "drop_context_merge" in self.faults:
+        if inputs.case.kind.composed and "drop_context_merge" in self.faults:
             return compose_prefix(self, inputs, merge=_drop_context)
         return super().prepare_case(inputs)
 
@@ -298,7 +298,7 @@ class FaultyEmulated(Backend):
             inputs = _requantize_unsaturated(inputs)
         if "stale_plan" in self.faults:
             return _prepare_stale(inputs, self.emu_faults, self.cu_num)
-        if "causal_context_chunk" in self.faults and inputs.case.family == "ctx":
+        if "causal_context_chunk" in self.faults and inputs.case.kind.context and not inputs.case.kind.new_keys:
             inputs = replace(inputs, causal=True)
         p = self._inner.prepare(inputs)
         if "stale_unsplit_lse" in self.faults:

@@ -125,7 +125,7 @@ class AiterEmulated(Backend):
     description = "AITER PS FP8 prefill path: planner port + PyTorch emulation of the gfx950 kernel and reduce"
     fp8 = True
     emulation = True
-    context_chunk_skip = ""  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
+    context_chunks = Verdict.yes()  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
 
     def __init__(self, faults: Any = None, cu_num: int | None = None, aiter_version: Any = None):
         """``aiter_version``: the emulated AITER version; None reads :func:`emulated_aiter_version` when the

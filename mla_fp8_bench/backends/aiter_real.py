@@ -66,7 +66,7 @@ from mla_fp8_bench.aiter_ps.facts import (
 from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
-from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.cases import Case, CaseKind
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.prefix import merge_attn_states
 
@@ -133,23 +133,23 @@ def _lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torc
     return valid
 
 
-def case_calls(family: str, context_lens: tuple[int, ...], cu_q: list[int], cu_kv: list[int], causal: bool,
+def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], cu_kv: list[int], causal: bool,
                device: torch.device, has_context: bool = False
                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
     """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
     int32 on the CPU, page indices int32 on ``device``): one call (``causal`` as given) for
-    ``prefill``/``ctx``; for ``prefix`` (per sequence the K/V pool holds the context keys, then the new
-    keys) the causal new-vs-new call and the non-causal new-vs-context call, both reading the pool through
-    page indices (nothing is copied). ``cu_q``/``cu_kv``: query/key starts ``[B+1]``.
+    ``prefill``/``ctx``; for a composed kind (``prefix``: per sequence the K/V pool holds the context keys,
+    then the new keys) the causal new-vs-new call and the non-causal new-vs-context call, both reading the
+    pool through page indices (nothing is copied). ``cu_q``/``cu_kv``: query/key starts ``[B+1]``.
 
     ``need_lse`` is what the imitated caller passes the v0.1.22 planner: ``False`` for a causal prefill
     (vLLM's ``_mla_fp8_prefill_attn``), ``True`` for a context chunk, ``has_context`` for the new-token
     chunk of a prefix case (vLLM's AITER_ASM prefill backend, vLLM #44544); ``has_context`` marks a
     ``prefill`` call that is such a chunk, cut out by the caller (``CaseInputs.has_context``)."""
-    if family != "prefix":
+    if not kind.composed:
         pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
         return [(torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_kv, dtype=torch.int32), pages, causal,
-                 family == "ctx" or has_context)]
+                 kind.context or has_context)]
     q_ptr = torch.tensor(cu_q, dtype=torch.int32)
     ctx_pages, new_pages, ctx_ptr, new_ptr = [], [], [0], [0]
     for b, c in enumerate(context_lens):
@@ -317,7 +317,7 @@ class AiterPsDriver:
     def pieces(self, inputs: CaseInputs) -> list[_Piece]:
         """Plan and allocate every call of the case (:func:`case_calls`; starts and mask from ``inputs``)."""
         case, h, dv = inputs.case, inputs.case.num_heads, int(inputs.v8.data.shape[-1])
-        calls = case_calls(case.family, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
+        calls = case_calls(case.kind, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
                            inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), inputs.device,
                            has_context=inputs.has_context)
         return [self._piece(qo, kv, pages, causal, need_lse, h, dv, inputs.device)
@@ -370,7 +370,7 @@ class AiterPsDriver:
     def plan_stats(self, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
         """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
         reserved workspace bytes for ``case``."""
-        calls = case_calls(case.family, case.context_lens, case.cu_seqlens_q(), case.cu_seqlens_kv(), case.causal,
+        calls = case_calls(case.kind, case.context_lens, case.cu_seqlens_q(), case.cu_seqlens_kv(), case.causal,
                            torch.device("cpu"))
         samples, plans = [], []
         for _ in range(repeats):
@@ -413,7 +413,7 @@ class AiterReal(Backend):
     name = "aiter"
     description = "AITER mla_prefill_ps_asm_fwd + mla_reduce_v1 (gfx950), planner outside the timed region"
     fp8 = True
-    context_chunk_skip = ""  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
+    context_chunks = Verdict.yes()  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
 
     def __init__(self) -> None:
         self._driver: AiterPsDriver | None = None

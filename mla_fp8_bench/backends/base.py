@@ -6,10 +6,10 @@ whether it supports a case (:meth:`Backend.supports`), and turns a case's inputs
 ``[T, H, 128]``. Everything that must not be timed (planning, workspace reservation, casts the
 production path does ahead of time) happens in :meth:`Backend.prepare`.
 
-Case families (:data:`mla_fp8_bench.problem.cases.FAMILIES`): :meth:`Backend.prepare` runs ``prefill``
-cases and, when the backend sets :attr:`Backend.context_chunk_skip` to ``""``, ``ctx`` cases (q_len <
-kv_len, ``inputs.causal`` False, separate ``cu_seqlens_q``/``cu_seqlens_kv``), returning LSE on every
-row. Callers use :meth:`Backend.prepare_case`, which also runs ``prefix`` cases the way vLLM does:
+Case kinds (:class:`mla_fp8_bench.problem.cases.CaseKind`): :meth:`Backend.prepare` runs kinds without
+context and, where :meth:`Backend.supports_kind` says yes, context chunks (``ctx``: q_len < kv_len,
+``inputs.causal`` False, separate ``cu_seqlens_q``/``cu_seqlens_kv``), returning LSE on every row. Callers
+use :meth:`Backend.prepare_case`, which also runs composed kinds (``prefix``) the way vLLM does:
 :func:`compose_prefix` prepares the two pieces through the backend's own :meth:`Backend.prepare` and
 merges them by LSE (:func:`mla_fp8_bench.problem.prefix.merge_attn_states`).
 """
@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from mla_fp8_bench.measure.devices import PlatformInfo
-from mla_fp8_bench.problem.cases import Case
+from mla_fp8_bench.problem.cases import Case, CaseKind
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.prefix import merge_attn_states, split_prefix_inputs
 
@@ -89,15 +89,15 @@ class Backend(ABC):
         description: one line for ``mla-fp8-bench env``.
         fp8: True if the computation runs in fp8 (False for bf16 baselines).
         emulation: True if this is a PyTorch model of a kernel (latency is labelled, never compared).
-        context_chunk_skip: ``""`` when :meth:`prepare` runs context chunks (``ctx`` cases) and returns
-            LSE on every row; otherwise the reason ``ctx`` and ``prefix`` cases are skipped.
+        context_chunks: yes when :meth:`prepare` runs context chunks (``ctx`` cases) and returns LSE on
+            every row; otherwise no with the reason kinds with context (``ctx``, ``prefix``) are skipped.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     fp8: ClassVar[bool] = True
     emulation: ClassVar[bool] = False
-    context_chunk_skip: ClassVar[str] = "does not run context-chunk attention (q_len < kv_len, non-causal)"
+    context_chunks: ClassVar[Verdict] = Verdict.no("does not run context-chunk attention (q_len < kv_len, non-causal)")
 
     @abstractmethod
     def availability(self, platform: PlatformInfo) -> Verdict:
@@ -106,6 +106,10 @@ class Backend(ABC):
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
         """Whether the backend runs ``case`` (default: yes)."""
         return Verdict.yes()
+
+    def supports_kind(self, kind: CaseKind) -> Verdict:
+        """Whether :meth:`prepare_case` runs cases of ``kind``: kinds with context need :attr:`context_chunks`."""
+        return self.context_chunks if kind.context else Verdict.yes()
 
     @abstractmethod
     def prepare(self, inputs: CaseInputs) -> Prepared:
@@ -116,22 +120,19 @@ class Backend(ABC):
         """
 
     def prepare_case(self, inputs: CaseInputs) -> Prepared:
-        """Build the call for any case family: :meth:`prepare` for ``prefill`` and ``ctx``,
-        :func:`compose_prefix` for ``prefix``.
+        """Build the call for any case kind: :func:`compose_prefix` for composed kinds (``prefix``),
+        :meth:`prepare` for the others.
 
         Raises:
-            CaseUnsupported: ``ctx``/``prefix`` on a backend without context chunks (the reason says why),
-                or a prefix piece without LSE.
+            CaseUnsupported: a kind :meth:`supports_kind` refuses (the reason says why), or a piece of a
+                composed case without LSE.
             BackendUnavailable: as :meth:`prepare`.
         """
-        family = inputs.case.family
-        if family == "prefill":
-            return self.prepare(inputs)
-        if self.context_chunk_skip:
-            raise CaseUnsupported(f"{self.name} cannot run {family} case {inputs.case.id}: {self.context_chunk_skip}")
-        if family == "ctx":
-            return self.prepare(inputs)
-        return compose_prefix(self, inputs)
+        case = inputs.case
+        verdict = self.supports_kind(case.kind)
+        if not verdict:
+            raise CaseUnsupported(f"{self.name} cannot run {case.family} case {case.id}: {verdict.reason}")
+        return compose_prefix(self, inputs) if case.kind.composed else self.prepare(inputs)
 
     def prepare_prefix_pieces(self, inputs: CaseInputs) -> tuple[Prepared, Prepared]:
         """The two calls of a ``prefix`` case: ``(context piece, new piece)``, each returning out and LSE.

@@ -107,8 +107,8 @@ class _CudnnBase(Backend):
     use_fp8: ClassVar[bool] = True
     #: ctx/prefix cases need the LSE of every row (cuDNN's ``Stats`` output, ragged ``[B, H, S_q, 1]``)
     #: for the vLLM-style merge; that output is not wired and not measured yet.
-    context_chunk_skip: ClassVar[str] = ("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats output is not "
-                                         "wired), which ctx and prefix cases need")
+    context_chunks: ClassVar[Verdict] = Verdict.no("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats "
+                                                   "output is not wired), which ctx and prefix cases need")
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         arch = str(platform.arch)
@@ -137,26 +137,20 @@ class _CudnnBase(Backend):
         if inputs.device.type != "cuda":
             raise BackendUnavailable(f"needs an NVIDIA GPU; found {inputs.device.type}")
         cudnn = load_cudnn()
-        family = getattr(inputs.case, "family", "prefill")
-        cu_q = getattr(inputs, "cu_seqlens_q_cpu", None)
-        cu_kv = getattr(inputs, "cu_seqlens_kv_cpu", None)
-        if cu_q is None:
-            cu_q = cu_kv = inputs.cu_seqlens_cpu
-        cu_q, cu_kv = cu_q.to(torch.int64), cu_kv.to(torch.int64)
+        cu_q, cu_kv = inputs.cu_seqlens_q_cpu.to(torch.int64), inputs.cu_seqlens_kv_cpu.to(torch.int64)
         batch = int(cu_q.numel()) - 1
-        max_q = int(getattr(inputs, "max_seqlen_q", 0) or inputs.max_seqlen)
-        max_kv = int(getattr(inputs, "max_seqlen_kv", 0) or inputs.max_seqlen)
+        max_q, max_kv = int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
         q, k, v = self._tensors(inputs)
         dev = inputs.device
         handle = cudnn.create_handle()
         state: dict[str, Any] = {"pack": {}, "fp8_out": False}
         try:
-            graph, out = self._build(cudnn, handle, q, k, v, inputs, family, batch, max_q, max_kv, cu_q, cu_kv, state)
+            graph, out = self._build(cudnn, handle, q, k, v, inputs, batch, max_q, max_kv, cu_q, cu_kv, state)
         except CaseUnsupported:
             raise
         except Exception as exc:  # noqa: BLE001 - cuDNN's refusal is the reason, quoted
             raise CaseUnsupported(f"cuDNN {_backend_version()} cannot build {self.name} for {inputs.case.id} "
-                                  f"(d_qk {q.shape[-1]} / d_v {v.shape[-1]}, batch {batch}, {family}): "
+                                  f"(d_qk {q.shape[-1]} / d_v {v.shape[-1]}, batch {batch}, {inputs.case.family}): "
                                   f"{_short(exc)}") from None
         ws = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=dev)
         pack = state["pack"]
@@ -172,7 +166,7 @@ class _CudnnBase(Backend):
                   "cudnn_output": state.get("output_note", "bf16")}
         return Prepared(run=run, graph_capturable=True, timing_scope="kernel", extras=extras)
 
-    def _build(self, cudnn, handle, q, k, v, inputs, family, batch, max_q, max_kv, cu_q, cu_kv, state):
+    def _build(self, cudnn, handle, q, k, v, inputs, batch, max_q, max_kv, cu_q, cu_kv, state):
         """The cuDNN graph and the output tensor (``[T_q, H, 128]``, bf16 or e4m3)."""
         dev = inputs.device
         io = cudnn.data_type.FP8_E4M3 if self.use_fp8 else cudnn.data_type.BFLOAT16
@@ -193,10 +187,8 @@ class _CudnnBase(Backend):
             pack[t] = x
             tensors.append(t)
         mask_kw: dict[str, Any] = {}
-        if family == "prefill":
-            mask_kw["use_causal_mask"] = True
-        elif family == "prefix":
-            mask_kw["use_causal_mask_bottom_right"] = True
+        if inputs.causal:
+            mask_kw["use_causal_mask" if inputs.case.kind.same_q_kv else "use_causal_mask_bottom_right"] = True
         if ragged:
             for name, cu in (("seq_q", cu_q), ("seq_kv", cu_kv)):
                 lens = (cu[1:] - cu[:-1]).to(device=dev, dtype=torch.int32).reshape(-1, 1, 1, 1).contiguous()

@@ -145,7 +145,7 @@ class _Fa3Base(Backend):
     """Shared FA3 plumbing; subclasses choose the input precision."""
 
     use_fp8: ClassVar[bool] = True
-    context_chunk_skip: ClassVar[str] = ""
+    context_chunks: ClassVar[Verdict] = Verdict.yes()
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return fa3_availability(platform)
@@ -179,11 +179,11 @@ class _Fa3Base(Backend):
         self._check_dims(inputs)
         q, k, v, kw = self._tensors(inputs)
         cu_q = inputs.cu_seqlens_q.to(device=inputs.device, dtype=torch.int32).contiguous()
-        cu_k = cu_q if inputs.case.family == "prefill" else \
+        cu_k = cu_q if inputs.case.kind.same_q_kv else \
             inputs.cu_seqlens_kv.to(device=inputs.device, dtype=torch.int32).contiguous()
         max_q, max_k = int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
         causal = bool(inputs.causal)
-        if causal and inputs.case.family != "prefill":
+        if causal and not inputs.case.kind.same_q_kv:
             raise CaseUnsupported(f"{inputs.case.id}: FA3 here runs causal calls with q_len == kv_len only; "
                                   "prefix cases are composed (prepare_case)")
         scale = float(inputs.softmax_scale)

@@ -42,7 +42,7 @@ def _sdpa_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[i
 
 def _prepare_sdpa(inputs: CaseInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Prepared:
     """The SDPA call on q/k/v (the backend's view of the inputs), with an untimed LSE of the same inputs."""
-    if inputs.causal and inputs.case.family != "prefill":
+    if inputs.causal and not inputs.case.kind.same_q_kv:
         raise ValueError(f"torch SDPA backends run causal attention with q_len == kv_len only; {inputs.case.id} "
                          "is composed from its pieces (prepare_case)")
     cu_q = inputs.cu_seqlens_q_cpu.tolist()
@@ -64,7 +64,7 @@ class TorchSdpaBf16(Backend):
     name = "torch-sdpa-bf16"
     description = "torch SDPA on the bf16 inputs (non-FP8 baseline)"
     fp8 = False
-    context_chunk_skip = ""
+    context_chunks = Verdict.yes()
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return Verdict.yes()
@@ -77,7 +77,7 @@ class TorchFp8Ref(Backend):
     name = "torch-fp8-ref"
     description = "torch SDPA on the dequantised fp8 inputs (input rounding only, no fp8 kernel)"
     fp8 = True
-    context_chunk_skip = ""
+    context_chunks = Verdict.yes()
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return Verdict.yes()

@@ -334,9 +334,7 @@ class VllmAiter(Backend):
     name = "vllm-aiter"
     description = "vLLM AiterMLAImpl._mla_fp8_prefill_attn (real vLLM code; bf16 in, casts/padding timed)"
     fp8 = True
-    context_chunk_skip = ("vLLM (up to 0.33) runs batches with cached context on the bf16 path, not the FP8 PS "
-                          "prefill (vLLM #52356); its AITER_ASM prefill backend for context chunks (vLLM #44544) "
-                          "is unreleased")
+    context_chunks = Verdict.no(CHUNKED_CONTEXT_SKIP)
 
     def __init__(self, *, aiter_module: types.ModuleType | None = None, vllm_module: str = DEFAULT_VLLM_MODULE,
                  workspace_module: str = DEFAULT_WORKSPACE_MODULE, bypass_gate: bool = False,
@@ -423,7 +421,7 @@ class VllmAiter(Backend):
         return Verdict.yes()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
-        if case.family != "prefill":
+        if case.kind.context:
             return Verdict.no(f"{case.family} case: {CHUNKED_CONTEXT_SKIP}")
         if case.quant != "cast":
             return Verdict.no(f"vLLM's _mla_fp8_prefill_attn always casts bf16 to fp8 at unit scale (quant 'cast'); "

@@ -253,7 +253,7 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
         v["mismatch_fraction"] = bfm.mismatch_fraction  # AITER's criterion is against the unquantised ref
         if prepared.lse is not None:
             lse, rows = prepared.lse()
-            v.update(lse_metrics(lse, rows, ctx.fp8_ref[1], case.family))
+            v.update(lse_metrics(lse, rows, ctx.fp8_ref[1], case.kind))
         if opts.determinism:
             out2 = prepared.run()
             synchronize(pinfo.device)

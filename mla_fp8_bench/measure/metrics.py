@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from mla_fp8_bench.problem.cases import CaseKind
+
 #: Floor of ``|ref|`` in the denominator of ``max_rel_error``: outputs are convex combinations of v
 #: rows (|v| ~ 1 for randn), so 1e-2 keeps near-zero reference elements from dominating.
 REL_ERROR_FLOOR = 1e-2
@@ -120,20 +122,21 @@ def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
     return float(_lse_rel_errors(a, b).max().item())
 
 
-def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor, family: str) -> dict[str, float | int]:
+def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor,
+                kind: CaseKind) -> dict[str, float | int]:
     """The LSE figures of a record.
 
-    ``prefill`` cases compare the rows the backend says it wrote (``rows``: before AITER #3606 only
-    rows of split tiles have a final LSE). ``ctx`` and ``prefix`` cases compare **every** row whatever
-    ``rows`` says: vLLM merges context chunks by LSE on every row, so an unwritten or stale LSE there is
-    an error (this is what #3606 fixed).
+    Kinds without context (``prefill``) compare the rows the backend says it wrote (``rows``: before AITER
+    #3606 only rows of split tiles have a final LSE). Kinds with context (``ctx``, ``prefix``) compare
+    **every** row whatever ``rows`` says: vLLM merges context chunks by LSE on every row, so an unwritten
+    or stale LSE there is an error (this is what #3606 fixed).
 
     Returns:
         ``lse_rel_error_fp8_ref`` (max relative error, see :func:`lse_error`), ``lse_rows_checked`` (rows
         compared) and ``lse_nonfinite_count`` (compared LSE elements that are NaN/+-inf where the
         reference is finite).
     """
-    mask = rows if family == "prefill" else None
+    mask = None if kind.context else rows
     a, b = _lse_pair(lse, ref_lse, mask)
     bad = int((~torch.isfinite(a) & torch.isfinite(b)).sum().item())
     err = float(_lse_rel_errors(a, b).max().item()) if a.numel() else 0.0

@@ -43,10 +43,61 @@ _DIST_SUFFIX = {"outlier": "outlier", "mla": "mla", "const": "const"}
 #: references tractable.
 MAX_TOTAL_TOKENS = 1 << 20
 MAX_NUM_HEADS = 1024
-#: Case families: ``prefill`` (q_len == kv_len, causal), ``ctx`` (context chunk: q_len new queries over
-#: kv_len cached keys, non-causal), ``prefix`` (prefix-cached prefill: bottom-right causal over
+
+
+@dataclass(frozen=True)
+class CaseKind:
+    """What a case computes: which keys each query sees, the mask, and how it is composed.
+
+    A query of a sequence sees its sequence's cached context keys (all of them, when ``context``) and/or
+    the sequence's new keys (when ``new_keys``; causal when ``causal``). Keys are laid out per sequence:
+    context keys, then new keys. The mask is bottom-right aligned: local query ``i`` sees key ``j`` iff
+    ``j <= kv_len - q_len + i``; references (:mod:`mla_fp8_bench.measure.reference`) take it from
+    ``CaseInputs.causal``.
+
+    Attributes:
+        name: the id-level name (``Case.family``) and the id's lead token for context kinds.
+        context: sequences carry ``context_lens`` (q_len < kv_len): backends run it only where
+            ``Backend.supports_kind`` says so, and metrics compare the LSE of **every** row (vLLM merges
+            context chunks by LSE on every row).
+        new_keys: queries see their own sequence's new keys (kv_len includes q_len).
+        causal: the mask over the new keys (no effect on context keys, which are all visible).
+        id_lead: token before ``s<S>`` / ``ragged-...`` in ids of a kind without context (``""``: none).
+    """
+
+    name: str
+    context: bool
+    new_keys: bool = True
+    causal: bool = True
+    id_lead: str = ""
+
+    @property
+    def same_q_kv(self) -> bool:
+        """q_len == kv_len per sequence: one ``cu_seqlens`` serves queries and keys."""
+        return not self.context
+
+    @property
+    def composed(self) -> bool:
+        """Computed the way vLLM computes prefix-cached prefill: a new-vs-new call and a new-vs-context
+        call merged by LSE (:func:`mla_fp8_bench.problem.prefix.split_prefix_inputs`)."""
+        return self.context and self.new_keys
+
+    def kv_lens(self, seq_lens: tuple[int, ...], context_lens: tuple[int, ...]) -> tuple[int, ...]:
+        """Per-sequence key counts: context keys (if seen) plus new keys (if seen)."""
+        if not self.context:
+            return seq_lens
+        return tuple(c + q * self.new_keys for c, q in zip(context_lens, seq_lens))
+
+
+#: Case kinds by name: ``prefill`` (q_len == kv_len, causal), ``ctx`` (a context chunk: q_len new queries
+#: over kv_len cached keys, non-causal), ``prefix`` (prefix-cached prefill: bottom-right causal over
 #: context + new keys, composed of a causal and a ctx piece merged by LSE).
-FAMILIES = ("prefill", "ctx", "prefix")
+KINDS: dict[str, CaseKind] = {k.name: k for k in (
+    CaseKind("prefill", context=False),
+    CaseKind("ctx", context=True, new_keys=False, causal=False),
+    CaseKind("prefix", context=True),
+)}
+
 #: Most decimal digits a length, count, head count or seed may have in an id (refused before any work).
 _MAX_DIGITS = 9
 
@@ -74,7 +125,7 @@ class Case:
         seed: generator seed; the same seed gives the same inputs on every run.
         context_lens: per-sequence cached context token counts (each >= 0, at least one >= 1) for
             ``ctx`` and ``prefix``; empty for ``prefill``.
-        family: one of :data:`FAMILIES`.
+        family: the name of its kind, a key of :data:`KINDS` (:attr:`kind` is the object).
 
     Raises:
         CaseError: on empty batches, seq_len <= 0, num_heads <= 0, unknown quant/dist/family, context
@@ -113,11 +164,12 @@ class Case:
             raise CaseError(f"seed {self.seed!r} is invalid: must be an integer >= 0")
 
     def _check_family(self, lens: tuple[int, ...], ctx: tuple[int, ...]) -> None:
-        if self.family not in FAMILIES:
-            raise CaseError(f"case family {self.family!r} is unknown: allowed {', '.join(FAMILIES)}")
-        if self.family == "prefill":
+        if self.family not in KINDS:
+            raise CaseError(f"case family {self.family!r} is unknown: allowed {', '.join(KINDS)}")
+        if not self.kind.context:
             if ctx:
-                raise CaseError(f"context_lens {list(ctx)} given for a prefill case: use family 'ctx' or 'prefix'")
+                context_kinds = " or ".join(repr(k.name) for k in KINDS.values() if k.context)
+                raise CaseError(f"context_lens {list(ctx)} given for a {self.family} case: use family {context_kinds}")
             return
         if len(ctx) != len(lens):
             raise CaseError(f"context_lens {list(ctx)} must hold one length per sequence ({len(lens)} sequences)")
@@ -128,9 +180,14 @@ class Case:
 
     # ------------------------------------------------------------------ derived sizes
     @property
+    def kind(self) -> CaseKind:
+        """The case's kind (layout, mask, composition)."""
+        return KINDS[self.family]
+
+    @property
     def causal(self) -> bool:
         """Causal masking (bottom-right aligned): True for ``prefill`` and ``prefix``, False for ``ctx``."""
-        return self.family != "ctx"
+        return self.kind.causal
 
     @property
     def batch_size(self) -> int:
@@ -150,11 +207,7 @@ class Case:
     @property
     def kv_lens(self) -> tuple[int, ...]:
         """Per-sequence key counts: q_len (prefill), context_len (ctx), context_len + q_len (prefix)."""
-        if self.family == "prefill":
-            return self.seq_lens
-        if self.family == "ctx":
-            return self.context_lens
-        return tuple(c + q for c, q in zip(self.context_lens, self.seq_lens))
+        return self.kind.kv_lens(self.seq_lens, self.context_lens)
 
     @property
     def total_kv_tokens(self) -> int:
@@ -181,7 +234,7 @@ class Case:
             CaseError: for ``ctx``/``prefix`` cases, where q and kv starts differ (use
                 :meth:`cu_seqlens_q` / :meth:`cu_seqlens_kv`).
         """
-        if self.family != "prefill":
+        if not self.kind.same_q_kv:
             raise CaseError(f"cu_seqlens() is defined for prefill cases (q_len == kv_len), not for {self.family} "
                             f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
         return _cumsum(self.seq_lens)
@@ -218,13 +271,10 @@ def _format_runs(items: tuple) -> str:
     return "-".join(parts)
 
 
-def _format_lens(lens: tuple[int, ...]) -> str:
-    return _format_runs(lens)
-
-
 def _format_base(case: Case) -> str:
-    if case.family == "prefill":
-        return f"s{case.seq_lens[0]}" if case.batch_size == 1 else "ragged-" + _format_lens(case.seq_lens)
+    if not case.kind.context:
+        lead = f"{case.kind.id_lead}-" if case.kind.id_lead else ""
+        return lead + (f"s{case.seq_lens[0]}" if case.batch_size == 1 else "ragged-" + _format_runs(case.seq_lens))
     if case.batch_size == 1:
         return f"{case.family}{case.context_lens[0]}-q{case.seq_lens[0]}"
     pairs = tuple(f"{c}q{q}" for c, q in zip(case.context_lens, case.seq_lens))
@@ -264,14 +314,15 @@ def _num(tok: str, case_id: str) -> int:
 
 def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]] | None:
     """Parse the base of a ``ctx``/``prefix`` id; None if ``tokens`` do not start one."""
-    m = re.fullmatch(r"(ctx|prefix)(\d+)", tokens[0])
+    names = [k.name for k in KINDS.values() if k.context]
+    m = re.fullmatch(rf"({'|'.join(names)})(\d+)", tokens[0])
     if m:
         if len(tokens) < 2 or not re.fullmatch(r"q\d+", tokens[1]):
             raise CaseError(f"case id {case_id!r}: {tokens[0]!r} must be followed by '-q<Q>' (e.g. {tokens[0]}-q256)")
         kw = {"family": m.group(1), "context_lens": (_num(m.group(2), case_id),),
               "seq_lens": (_num(tokens[1][1:], case_id),)}
         return kw, tokens[2:]
-    if tokens[0] not in ("ctx", "prefix"):
+    if tokens[0] not in names:
         return None
     if len(tokens) < 2 or tokens[1] != "ragged":
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
@@ -305,6 +356,9 @@ def parse_case_id(case_id: str) -> Case:
     tokens = case_id.split("-")
     lens: list[int] = []
     kw: dict = {}
+    leads = {k.id_lead: k.name for k in KINDS.values() if k.id_lead and not k.context}
+    if len(tokens) > 1 and tokens[0] in leads:
+        kw["family"] = leads[tokens.pop(0)]
     chunk = _parse_chunk_base(tokens, case_id)
     if chunk is not None:
         kw, rest = chunk

@@ -82,7 +82,7 @@ class CaseInputs:
     has_context: bool = False
 
     def _same_q_kv(self, name: str) -> None:
-        if self.case.family != "prefill":
+        if not self.case.kind.same_q_kv:
             raise AttributeError(f"CaseInputs.{name} is defined for prefill cases (q_len == kv_len), not for "
                                  f"{self.case.family} case {self.case.id}: use {name}_q / {name}_kv")
 

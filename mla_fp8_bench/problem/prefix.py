@@ -113,7 +113,7 @@ def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
         ValueError: if ``inputs`` is not a prefix case.
     """
     case = inputs.case
-    if case.family != "prefix":
+    if not case.kind.composed:
         raise ValueError(f"split_prefix_inputs needs a prefix case, got {case.family} case {case.id}")
     q_lens, c_lens = list(case.seq_lens), list(case.context_lens)
     starts = case.cu_seqlens_kv()[:-1]
