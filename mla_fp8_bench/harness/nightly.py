@@ -347,7 +347,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     setup = [] if _machine_known(args.machine) else [_cli("asv-machine", args.machine, "--results-dir", results_dir)]
     bench = args.bench or DEFAULT_BENCH[lib.name]
     run = [sys.executable, "-m", "asv", "run", "--config", config, "-E", f"existing:{python}", "--set-commit-hash",
-           lib.commit, "--machine", args.machine, "--show-stderr", "-b", bench, *(["--no-pull"] if no_pull else [])]
+           lib.commit, "--machine", args.machine, "--show-stderr", "--record-samples", "-b", bench,
+           *(["--no-pull"] if no_pull else [])]  # samples: the per-round latencies the gate's threshold reads
     if args.no_publish:
         publish = None
     elif _has_publish():
