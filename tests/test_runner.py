@@ -88,9 +88,20 @@ def test_failing_backend_loses_no_other_result():
         assert miss["status"] == "skipped" and "does not have" in miss["reason"]
         for k in RECORD_KEYS:
             assert k in ok
+        assert (ok["fp8"], ok["emulation"], ok["timing_scope"]) == (False, False, "call")  # bf16 SDPA on CPU
     assert recs[("test-restores", "s32-h2")]["status"] == "ok"
     assert recs[("test-restores", "s64-h2")]["status"] == "error"
     assert _Restores.state["locked"] is False  # cleanup ran in finally even on failure
+
+
+def test_record_traits_fall_back_to_the_backend_for_old_records():
+    from mla_fp8_bench.backends import record_is_emulation, record_is_fp8
+
+    assert record_is_fp8({"backend": "fa3-bf16"}) is False and record_is_fp8({"backend": "fa3-fp8"}) is True
+    assert record_is_fp8({"backend": "fa3-bf16", "fp8": True}) is True  # the record's own field wins
+    assert record_is_fp8({"backend": "not-registered"}) is None
+    assert record_is_emulation({"backend": "torch-fp8-ref", "timing_scope": "emulation"})
+    assert not record_is_emulation({"backend": "aiter-emulated", "timing_scope": "kernel", "emulation": False})
 
 
 def test_json_written_atomically(tmp_path):

@@ -20,10 +20,10 @@ metric table (:mod:`mla_fp8_bench.measure.metric_table`). Exit status:
   BASE and HEAD from different machines without ``--allow-cross-machine``).
 
 **What never gates.** A figure that is not a kernel's is informational (verdict ``info``): the latency
-of an emulation (records with ``timing_scope == "emulation"``; in asv results, backends whose
-registry entry is an emulation), every latency of a CPU run (host time of PyTorch code: a run JSON
-whose ``env.vendor`` is ``cpu``, an asv machine whose ``gpu`` is ``none``), and host-side latencies
-(host-inclusive call latency, planner time) unless ``--gate-call-latency`` asks for them.
+of an emulation (records whose ``emulation`` is true or ``timing_scope`` is ``emulation``; in asv
+results, backends whose registry entry is an emulation), every latency of a CPU run (host time of
+PyTorch code: a run JSON whose ``env.vendor`` is ``cpu``, an asv machine whose ``gpu`` is ``none``), and
+host-side latencies (host-inclusive call latency, planner time) unless ``--gate-call-latency`` asks for them.
 
 **Floors.** asv stores accuracy values and slot counts floored (``max(value, 1e-12)``); the gate
 applies each metric's floor to both sides, so a run JSON's 0 equals asv's 1e-12.
@@ -164,7 +164,9 @@ def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None,
 
 
 def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
-    if rec.get("timing_scope") == "emulation" or rec.get("emulation"):
+    from mla_fp8_bench.backends import record_is_emulation
+
+    if record_is_emulation(rec):
         return "emulation"
     if str(env.get("vendor", "")).lower() == "cpu" or str(env.get("device", "")).startswith("cpu"):
         return "cpu"
@@ -236,19 +238,6 @@ def _ambiguous(side: Side, b: str, c: str, recs: list[dict[str, Any]]) -> None:
             side.data[(b, c, m.record_key)] = Measure("ambiguous", reason=why)
 
 
-def _emulation_backends() -> set[str]:
-    from mla_fp8_bench.backends import backend_names, get_backend
-
-    out = set()
-    for b in backend_names():
-        try:
-            if get_backend(b).emulation:
-                out.add(b)
-        except Exception:  # noqa: BLE001 - a backend that cannot even be constructed is not an emulation
-            continue
-    return out
-
-
 def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
     """A side from an asv result file (an :class:`AsvResult` or the parsed document)."""
     if isinstance(res, dict):
@@ -262,7 +251,9 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
     cpu = is_cpu_machine(res.params)
     side = Side(label, machine={"machine": res.machine, "gpu": gpu if isinstance(gpu, str) else None},
                 when=("commit date", res.date / 1000.0) if isinstance(res.date, (int, float)) and res.date else None)
-    emu = _emulation_backends()
+    from mla_fp8_bench.backends import backend_flag
+
+    emu: dict[str, bool | None] = {}
     for name in res.benchmarks():
         method = name.rsplit(".", 1)[-1]
         m = find(method)
@@ -280,7 +271,9 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
             if x.status != "ok":
                 side.data[key] = Measure(x.status, version=x.version)
                 continue
-            scope = "emulation" if backend in emu else "cpu" if cpu else "kernel"
+            if backend not in emu:
+                emu[backend] = backend_flag(backend, "emulation")
+            scope = "emulation" if emu[backend] else "cpu" if cpu else "kernel"
             ci = (x.ci_99_a, x.ci_99_b) if x.ci_99_a is not None and x.ci_99_b is not None else None
             as_rounds = m is not None and m.rounds_key is not None and x.version not in LEGACY_SAMPLE_VERSIONS
             side.data[key] = _ok_measure(m, x.value, None if as_rounds else x.samples, ci, x.version, scope,

@@ -83,6 +83,7 @@ class Point:
     err_bf16: float | None = None
     tflops: float | None = None
     emulation: bool = False
+    fp8: bool = True
 
 
 @dataclass
@@ -104,24 +105,6 @@ class Dataset:
 def _slug(text: str) -> str:
     s = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
     return s or "device"
-
-
-def _is_emulation(backend: str) -> bool:
-    try:
-        from mla_fp8_bench.backends import get_backend
-
-        return bool(get_backend(backend).emulation)
-    except Exception:  # noqa: BLE001 - unknown names from other suite revisions: fall back to the name
-        return "emulat" in backend
-
-
-def _is_fp8(backend: str) -> bool:
-    try:
-        from mla_fp8_bench.backends import get_backend
-
-        return bool(get_backend(backend).fp8)
-    except Exception:  # noqa: BLE001
-        return "bf16" not in backend
 
 
 def _split_case(cid: str) -> tuple[int, str] | None:
@@ -212,6 +195,8 @@ def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None
     Raises:
         PlotError: not a run JSON, a malformed record, or an unknown ``variant``.
     """
+    from mla_fp8_bench.backends import record_is_emulation, record_is_fp8
+
     try:
         doc = data if isinstance(data, RunDoc) else run_doc_from_data(data, path)
     except ResultsError as exc:
@@ -236,12 +221,13 @@ def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None
         if sc is None:
             ds.notes.append(f"{b} {cid}: {_off_axis_reason(cid)}")
             continue
-        emu = bool(r.get("emulation")) or r.get("timing_scope") == "emulation"
+        emu = record_is_emulation(r)
         ds.notes.extend(_record_value_notes(b, cid, r))
         samples = [x for x in (r.get(_LAT.samples_key) or []) if _finite(x) is not None]
         p = Point(b, cid, sc[0], latency_s=_finite(r.get(_LAT.record_key)), err_fp8=_finite(r.get(_ERR8.record_key)),
                   err_bf16=_finite(r.get(_ERR16.record_key)),
-                  tflops=None if emu else _finite(r.get(_TFLOPS.record_key)), emulation=emu)
+                  tflops=None if emu else _finite(r.get(_TFLOPS.record_key)), emulation=emu,
+                  fp8=record_is_fp8(r) is not False)
         if len(samples) >= 2:
             p.latency_q25, p.latency_q75 = _quantile(samples, 0.25), _quantile(samples, 0.75)
         pts.append(p)
@@ -266,6 +252,8 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
     Raises:
         PlotError: corrupt/missing files (named), unknown commit, no ``MLAPrefill.track_latency`` results.
     """
+    from mla_fp8_bench.backends import backend_flag
+
     try:
         mj = load_machine(mdir)
         res = newest_result(mdir, commit)
@@ -301,11 +289,12 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
         if sc is None:
             ds.notes.append(f"{b} {c}: {_off_axis_reason(c)}")
             continue
-        emu = _is_emulation(b)
+        emu = bool(backend_flag(b, "emulation"))
         s = val(spp, (b, c))
         pts.append(Point(b, c, sc[0], latency_s=_finite(m.value), latency_q25=m.q25, latency_q75=m.q75,
                          err_fp8=val(e8, (b, c)), err_bf16=val(e16, (b, c)),
-                         tflops=(1e3 / s) if (s and not emu) else None, emulation=emu))
+                         tflops=(1e3 / s) if (s and not emu) else None, emulation=emu,
+                         fp8=backend_flag(b, "fp8") is not False))
     ds.variant, ds.points = _select_variant(pts, variant)
     ds.notes.append("ceilings: not stored in asv results (plot a run JSON with `ceilings` for the lines)")
     return ds
@@ -601,7 +590,7 @@ def draw_error(ax, ds: Dataset, st: Styles, attr: str = "err_fp8") -> list[str]:
     left_out = []
     for b, pts in _series(ds.points).items():
         emu = any(p.emulation for p in pts)
-        if attr == "err_fp8" and not _is_fp8(b):
+        if attr == "err_fp8" and not all(p.fp8 for p in pts):
             left_out.append(b)  # a bf16 baseline never saw the fp8 inputs: its error here is meaningless
             continue
         sel = [p for p in pts if getattr(p, attr) is not None]

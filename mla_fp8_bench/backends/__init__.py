@@ -4,6 +4,8 @@ touched when a backend is asked about."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 
@@ -60,7 +62,31 @@ def get_backend(name: str) -> Backend:
     return getattr(module, cls_name)()
 
 
+def backend_flag(name: str, flag: str) -> bool | None:
+    """The registered backend's ``emulation`` or ``fp8`` attribute; None for a name that is not registered
+    or a backend that cannot be built."""
+    try:
+        return bool(getattr(get_backend(name), flag))
+    except Exception:  # noqa: BLE001 - a backend that cannot even be constructed has no such trait
+        return None
+
+
+def record_is_emulation(rec: Mapping[str, Any]) -> bool:
+    """A run record is an emulation's: its ``emulation`` field or its ``timing_scope`` says so."""
+    return bool(rec.get("emulation")) or rec.get("timing_scope") == "emulation"
+
+
+def record_is_fp8(rec: Mapping[str, Any]) -> bool | None:
+    """A run record's ``fp8`` field; for records stored before the field existed, its backend's
+    (:func:`backend_flag`, None for a backend not registered)."""
+    if rec.get("fp8") is not None:
+        return bool(rec["fp8"])
+    return backend_flag(str(rec.get("backend", "")), "fp8")
+
+
 __all__ = [
     "Backend", "BackendUnavailable", "CaseUnsupported", "Prepared", "Verdict", "UnknownBackendError",
-    "DEFAULT_BACKENDS", "backend_names", "get_backend", "register_backend", "unregister_backend",
+    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_emulation", "record_is_fp8",
+    "register_backend",
+    "unregister_backend",
 ]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mla_fp8_bench.argtypes import env_float, env_int
-from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
+from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend, record_is_emulation
 from mla_fp8_bench.harness.asv_guard import check_commit, stored_records
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
@@ -78,11 +78,11 @@ def emulation_backends() -> tuple[str, ...]:
 
 
 def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
-    """``rec`` of an emulation backend (the registry's ``Backend.emulation``, e.g. ``aiter-emulated``)
+    """``rec`` of an emulation (the record's ``emulation`` / ``timing_scope``, e.g. ``aiter-emulated``)
     with its latency moved from ``latency_s`` / ``latency_samples_s`` (asv's ``track_latency``, kernel
     latencies) to ``emulation_latency_s`` / ``emulation_latency_samples_s`` (``track_emulation_latency``),
     so asv never draws the two on one axis. Other records unchanged."""
-    if rec.get("backend") not in emulation_backends():
+    if not record_is_emulation(rec):
         return rec
     from mla_fp8_bench.measure.metric_table import find
 

@@ -246,6 +246,7 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
         v = rec.values
         v["timing_scope"] = prepared.timing_scope
         v["emulation"] = backend.emulation
+        v["fp8"] = backend.fp8
         fp8m = error_metrics(out_snapshot, ctx.fp8_ref[0])
         bfm = error_metrics(out_snapshot, ctx.bf16_ref[0])
         v.update(fp8m.as_dict("_fp8_ref"))

@@ -158,18 +158,19 @@ def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_
 def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
     """Add ``fraction_of_ceiling`` and ``fraction_of_datasheet`` to every ok record with ``tflops``.
 
-    FP8 backends (``emulation`` excluded) are divided by the FP8 ceiling/peak, bf16 ones by the bf16
-    ones; records whose backend is unknown to the registry are left alone.
+    FP8 records (the record's ``fp8``; emulations excluded) are divided by the FP8 ceiling/peak, bf16 ones
+    by the bf16 ones; records without ``fp8`` whose backend is unknown to the registry are left alone.
     """
     if ceil.get("status") != "ok":
         return
-    fp8_names = _fp8_backend_names()
+    from mla_fp8_bench.backends import record_is_emulation, record_is_fp8
+
     peak = ceil.get("datasheet") or {}
     for rec in data.get("records", []):
         tf = rec.get("tflops")
-        if rec.get("status") != "ok" or tf is None or rec.get("timing_scope") == "emulation":
+        if rec.get("status") != "ok" or tf is None or record_is_emulation(rec):
             continue
-        is_fp8 = fp8_names.get(rec.get("backend"))
+        is_fp8 = record_is_fp8(rec)
         if is_fp8 is None:
             continue
         c = ceil.get("fp8_gemm_tflops" if is_fp8 else "bf16_gemm_tflops")
@@ -177,18 +178,6 @@ def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
         rec["ceiling_kind"] = "fp8_gemm" if is_fp8 else "bf16_gemm"
         rec["fraction_of_ceiling"] = tf / c if c else None
         rec["fraction_of_datasheet"] = tf / p if p else None
-
-
-def _fp8_backend_names() -> dict[str, bool]:
-    from mla_fp8_bench.backends import backend_names, get_backend
-
-    out: dict[str, bool] = {}
-    for n in backend_names():
-        try:
-            out[n] = bool(get_backend(n).fp8)
-        except Exception:  # noqa: BLE001 - a backend module that fails to import is simply not annotated
-            continue
-    return out
 
 
 def attach(data: dict[str, Any], device: str | torch.device | None = None) -> dict[str, Any]:
