@@ -11,7 +11,8 @@ in ``setup``); a backend that failed on a case is an asv failure carrying the re
 commit has a stored value for it, which is kept. ``setup_cache`` never raises (asv would store its
 exception as a failure of every param, over the stored values).
 
-Bump ``version`` when the measurement method changes (asv hashes only the source of the methods).
+Bump ``version`` when the measurement method changes (asv hashes only the source of the methods); a track
+whose samples are rounds carries ``version + "+rounds"`` (:func:`~mla_fp8_bench.harness.asv_tracks.track_version`).
 
 The ``track_*`` methods are generated from the metric table (``mla_fp8_bench/measure/metric_table.py``:
 record key, unit, pretty name, floor) by :func:`~mla_fp8_bench.harness.asv_tracks.with_tracks`; add a
@@ -35,7 +36,7 @@ from mla_fp8_bench.harness.asv_tracks import with_tracks
 check_asv_run()  # at discovery: a refused run stops before asv writes anything
 check_knobs()  # a bad MLA_FP8_BENCH_* value, too
 
-_VERSION = "mla-prefill-v2"
+_VERSION = "mla-prefill-v1"
 
 
 @with_tracks

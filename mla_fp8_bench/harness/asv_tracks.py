@@ -4,7 +4,8 @@ An asv class in ``benchmarks/`` sets ``self.rec`` (the cached record of its (bac
 and is decorated with :func:`with_tracks`; every metric of the table whose ``asv_class`` is the class's
 name becomes a ``track_<...>`` method with the metric's ``unit``, ``pretty_name`` and docstring. The
 benchmark name asv derives is ``<module>.<class>.<track>`` (the attribute name), so names and params
-stay those of the hand-written methods; the class's ``version`` string is the benchmark version.
+stay those of the hand-written methods; the class's ``version`` string is the benchmark version, except
+for tracks whose samples are rounds (:func:`track_version`).
 
 :func:`asv_regression_config` derives the asv configs' ``regressions_thresholds`` and
 ``regressions_first_commits`` from the same table (``python -m mla_fp8_bench.harness.asv_tracks --write
@@ -57,11 +58,27 @@ def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
     return m.floored(float(v))
 
 
-def _make_track(m: Metric):
+#: Suffix of the benchmark version of a track whose asv samples are one value per round (process).
+ROUNDS_VERSION_SUFFIX = "+rounds"
+
+
+def track_version(m: Metric, class_version: str) -> str:
+    """The asv benchmark version of ``m``'s track in a class whose ``version`` is ``class_version``.
+
+    A metric with per-round values (``rounds_key``) stores rounds as its asv samples, a method of its own:
+    its track's version is ``class_version + "+rounds"``, so only that track starts a new series; every
+    other track keeps the class version and its published history.
+    """
+    return class_version + ROUNDS_VERSION_SUFFIX if m.rounds_key else class_version
+
+
+def _make_track(m: Metric, class_version: str | None):
     def track(self, cache, *params):
         return track_value(self.rec, m)
 
     track.__name__ = track.__qualname__ = m.track
+    if class_version is not None:
+        track.version = track_version(m, class_version)
     track.__doc__ = m.doc or m.pretty_name
     track.unit = m.unit
     track.pretty_name = m.pretty_name
@@ -80,7 +97,7 @@ def with_tracks(cls: type) -> type:
     for m in metrics:
         if m.track in cls.__dict__:
             raise ValueError(f"{cls.__name__}.{m.track} is defined by hand and by the metric table")
-        setattr(cls, m.track, _make_track(m))
+        setattr(cls, m.track, _make_track(m, getattr(cls, "version", None)))
     return cls
 
 
@@ -124,8 +141,8 @@ _BLOCK_COMMENT = """\
     // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.harness.asv_tracks
     // --write <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
     // the MAX over matching entries, so they are disjoint): the gate's default rule, growth factor minus 1
-    // (accuracy 1.0: 2x, kernel latency and resources 0.05). regressions_first_commits null: no regression is reported for
-    // figures that are not a kernel's (host latency, informational, an emulation's latency).
+    // (accuracy 1.0: 2x, kernel latency and resources 0.05). regressions_first_commits null: no regression
+    // is reported for figures that are not a kernel's (host latency, informational, an emulation's latency).
 """
 
 
