@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 EXIT_USAGE = 2
+#: Third-party modules of the optional parts -> the pyproject extra that installs them.
+EXTRA_OF_MODULE = {"matplotlib": "plot", "asv": "bench", "asv_runner": "bench"}
 
 
 def _fmt_s(x: float | None) -> str:
@@ -40,8 +42,7 @@ def _fmt_f(x: Any, spec: str = ".4g") -> str:
 
 def cmd_env(args: argparse.Namespace, console: Console) -> int:
     from mla_fp8_bench.backends import backend_names, get_backend
-    from mla_fp8_bench.harness.runner import environment
-    from mla_fp8_bench.measure.devices import platform_info, vendor_of_build
+    from mla_fp8_bench.measure.devices import environment, platform_info, vendor_of_build
     from mla_fp8_bench.problem.fp8 import cast_saturates
 
     pinfo = platform_info(args.device)
@@ -224,7 +225,7 @@ def _run_measure(args: argparse.Namespace, console: Console) -> int:
         except RunInterrupted as exc:
             data, interrupted = exc.data, True
     if not args.no_timing and not interrupted:
-        from mla_fp8_bench.measure.ceilings import attach
+        from mla_fp8_bench.peers.ceilings import attach
 
         attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
     out = _interrupted_path(args.json, data) if args.json and interrupted else args.json
@@ -373,8 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_extra_commands(sub) -> None:
     """Sub-commands that live in their own modules register here (each module's ``add_parser``)."""
     from mla_fp8_bench.aiter_ps import plan_cli
-    from mla_fp8_bench.analysis import bisect, calibrate, gate, plot, publish, results_merge, site_view
-    from mla_fp8_bench.harness import ab, nightly
+    from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
+    from mla_fp8_bench.report import plot, publish, results_merge, site_view
 
     for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
                      bisect.add_parser, nightly.add_parser, ab.add_parser, plan_cli.add_parser, publish.add_parser,
@@ -399,6 +400,14 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args, console)
     except (UnknownBackendError, CaseError, DeviceError, FileNotFoundError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in EXTRA_OF_MODULE:
+            raise
+        extra = EXTRA_OF_MODULE[top]
+        console.print(f"[red]error:[/red] `mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the "
+                      f"{extra} extra (pip install -e '.[{extra}]')", highlight=False, soft_wrap=True)
         return EXIT_USAGE
 
 

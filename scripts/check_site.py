@@ -4,7 +4,7 @@ with the network blocked.
 
 Steps:
 
-1. ``mla-fp8-bench publish`` (:func:`mla_fp8_bench.analysis.publish.publish_site`) into a temporary
+1. ``mla-fp8-bench publish`` (:func:`mla_fp8_bench.report.publish.publish_site`) into a temporary
    html directory, from the repository's ``results/`` when it holds result files, else from a
    synthetic results fixture (``--synthetic`` forces it): one machine, the repository's last two
    commits, plausible values for three backends on the CPU sweep and NaN (= skipped) elsewhere.
@@ -55,7 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mla_fp8_bench.analysis.publish import (  # noqa: E402 - the repository's package, not an installed one
+from mla_fp8_bench.report.publish import (  # noqa: E402 - the repository's package, not an installed one
     PublishError,
     asset_problems,
     assets_dir,
@@ -92,7 +92,7 @@ def _git(*args: str) -> str:
 
 def has_results(results_dir: Path) -> bool:
     """True when ``results_dir`` has at least one machine directory with a result file."""
-    from mla_fp8_bench.analysis.results import list_result_files, machine_dirs
+    from mla_fp8_bench.harness.results import list_result_files, machine_dirs
 
     return results_dir.is_dir() and any(list_result_files(m) for m in machine_dirs(results_dir))
 

@@ -16,8 +16,8 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``env``       ``nvidia-smi``, ``python -m mla_fp8_bench.cli env``, tree/.git check
 ``smoke``     ``cli run`` of fa3-fp8 and fa3-bf16 on s2048 (JSON), aiter-emulated on s512 (cost probe)
 ``pytest``    ``pytest tests/test_gpu.py``
-``ceilings``  :func:`mla_fp8_bench.measure.ceilings.measure_ceilings` (fp8/bf16 GEMM 8192^3, copy)
-``cv``        ``--cv-procs`` separate processes of ``python -m mla_fp8_bench.measure.profcheck`` for fa3-fp8
+``ceilings``  :func:`mla_fp8_bench.peers.ceilings.measure_ceilings` (fp8/bf16 GEMM 8192^3, copy)
+``cv``        ``--cv-procs`` separate processes of ``python -m mla_fp8_bench.peers.profcheck`` for fa3-fp8
               at s128/s2048/s8192/s32768 (graph timing + profiler cross-check), then the CV summary;
               one process each for fa3-bf16 and torch-sdpa-bf16 (profiler cross-check)
 ``sweep``     ``cli run --json`` over the sweep s128..s32768 for fa3-fp8, fa3-bf16, torch-sdpa-bf16 with
@@ -225,13 +225,12 @@ def available_backends(names) -> tuple[list[str], dict[str, str]]:
 def ensure_plain_cache(s: Session) -> None:
     """The asv ``setup_cache`` result must unpickle without importing torch.
 
-    ``runner.environment`` stores ``torch.__version__`` (a ``torch.torch_version.TorchVersion``); in the
+    ``devices.environment`` stores ``torch.__version__`` (a ``torch.torch_version.TorchVersion``); in the
     pickled cache that makes every asv benchmark process import torch (1-5 s each, hundreds of
     processes). If the working tree still has that, patch the *device copy* to ``str(...)`` (a
     one-line fix the lead applies in the repository) and record it in the summary.
     """
-    from mla_fp8_bench.harness.runner import environment
-    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.measure.devices import environment, platform_info
 
     env = environment(platform_info("cpu"))
     bad = {k: type(v).__module__ + "." + type(v).__name__ for k, v in env.items()
@@ -331,7 +330,7 @@ def do_pytest(c) -> None:
 
 def do_ceilings(c) -> None:
     s, jd = c.s, c.jd
-    code = ("import json,sys; from mla_fp8_bench.measure.ceilings import measure_ceilings; r=measure_ceilings(); "
+    code = ("import json,sys; from mla_fp8_bench.peers.ceilings import measure_ceilings; r=measure_ceilings(); "
             f"json.dump(r, open({str(jd / 'ceilings.json')!r},'w'), indent=1); "
             "print({k: r.get(k) for k in ('fp8_gemm_tflops','bf16_gemm_tflops','copy_tb_s')})")
     rc, w = s.sh("ceilings", [py(), "-c", code], 120)
@@ -346,7 +345,7 @@ def do_cv(c) -> None:
             s.log("cv: stopping early, deadline")
             break
         f = jd / f"cv_fa3-fp8_p{i}.json"
-        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", "fa3-fp8", "--cases",
+        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.peers.profcheck", "--backend", "fa3-fp8", "--cases",
                             CV_CASES, "--json", str(f)], 150)
         rcs.append(rc)
         t_cv += w
@@ -355,11 +354,11 @@ def do_cv(c) -> None:
     for bk in ("fa3-bf16", "torch-sdpa-bf16"):
         if s.left() < 60:
             break
-        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--backend", bk, "--cases", CV_CASES,
+        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.peers.profcheck", "--backend", bk, "--cases", CV_CASES,
                             "--json", str(jd / f"cv_{bk}_p0.json")], 150)
         t_cv += w
     if files:
-        s.sh("cv", [py(), "-m", "mla_fp8_bench.measure.profcheck", "--summarize", *files, "--json",
+        s.sh("cv", [py(), "-m", "mla_fp8_bench.peers.profcheck", "--summarize", *files, "--json",
                     str(jd / "cv_summary.json")], 60)
     s.step("cv", max(rcs) if rcs else -1, t_cv, processes=len(files))
 
@@ -367,7 +366,7 @@ def do_cv(c) -> None:
 def do_sweep(c) -> None:
     s, args, jd = c.s, c.args, c.jd
     code = (
-        "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.measure.ceilings as C\n"
+        "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.peers.ceilings as C\n"
         "import mla_fp8_bench.cli as cli\n"
         "orig = R.evaluate\n"
         "def ev(*a, **k):\n"

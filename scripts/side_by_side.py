@@ -56,8 +56,8 @@ def _profiler_span_s(run, device, launches: int, replays: int = 10) -> float | N
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from mla_fp8_bench.measure.profcheck import _device_events, _summ
     from mla_fp8_bench.measure.timing import _capture
+    from mla_fp8_bench.peers.profcheck import _device_events, _summ
 
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     g = _capture(run, launches, torch.cuda.current_stream(device), sync)

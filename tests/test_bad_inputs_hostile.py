@@ -66,7 +66,7 @@ def test_a_failing_backend_keeps_the_value_stored_for_this_commit(stored, monkey
                                         "reason": "CUDA error: an illegal memory access"}]}
 
     monkeypatch.setattr("mla_fp8_bench.harness.runner.evaluate", evaluate)
-    monkeypatch.setattr("mla_fp8_bench.measure.ceilings.attach", lambda data: None)
+    monkeypatch.setattr("mla_fp8_bench.peers.ceilings.attach", lambda data: None)
     cache = asv_support.measure_grid("mla-prefill-v1")
     rec = asv_support.lookup(cache, "torch-fp8-ref", "s128")
     assert rec["max_abs_error_fp8_ref"] == 0.25 and "illegal memory access" in rec["reason"]
@@ -439,7 +439,7 @@ def test_asv_machine_on_a_read_only_home_is_one_line(tiny_fs, monkeypatch, capsy
 
 # ---------------------------------------------------------------- publish never deletes what it did not write
 def _assets_or_skip():
-    from mla_fp8_bench.analysis.publish import asset_problems, assets_dir
+    from mla_fp8_bench.report.publish import asset_problems, assets_dir
 
     if asset_problems(assets_dir()):
         pytest.skip("site assets not installed (mla-fp8-bench publish --install-assets)")
@@ -520,7 +520,7 @@ def _machine_src(root: Path, machine: str) -> Path:
 
 _SLOW_MERGE_CHILD = """
 import shutil, sys, time
-import mla_fp8_bench.analysis.results_merge as rm
+import mla_fp8_bench.report.results_merge as rm
 orig = shutil.copytree
 def slow(*a, **k):
     out = orig(*a, **k)
@@ -555,7 +555,7 @@ def test_two_merges_into_one_destination_keep_both(tmp_path):
 def test_a_file_written_into_the_destination_during_a_merge_is_kept(tmp_path, monkeypatch):
     import shutil
 
-    import mla_fp8_bench.analysis.results_merge as rm
+    import mla_fp8_bench.report.results_merge as rm
 
     dest = _machine_src(tmp_path / "dest", "cpu-2core")
     src = _machine_src(tmp_path / "src", "h200")

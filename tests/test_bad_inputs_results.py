@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.analysis import results as R
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.harness import results as R
 
 ROOT = Path(__file__).resolve().parents[1]
 COLS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
@@ -191,7 +191,7 @@ def test_dest_machine_json_of_another_machine_is_refused(tmp_path, capsys):
 _KILL_AT_BENCHMARKS = """
 import os, signal, sys
 from pathlib import Path
-import mla_fp8_bench.analysis.results_merge as rm
+import mla_fp8_bench.report.results_merge as rm
 real = rm.write_json_atomic
 def dying(data, path, **kw):
     if Path(path).name == "benchmarks.json":
@@ -223,7 +223,7 @@ def test_merge_into_a_file_is_refused(tmp_path, capsys):
 
 
 def test_merge_write_failure_leaves_destination_unchanged(tmp_path, monkeypatch, capsys):
-    import mla_fp8_bench.analysis.results_merge as rm
+    import mla_fp8_bench.report.results_merge as rm
 
     into = _results_dir(tmp_path / "results", sha="b" * 40)
     before = _snapshot(into)
@@ -255,7 +255,7 @@ def test_plot_out_under_a_file(tmp_path, capsys):
 
 
 def test_plot_unwritable_out_is_refused_before_reading(tmp_path, monkeypatch, capsys):
-    import mla_fp8_bench.analysis.plot as plot_mod
+    import mla_fp8_bench.report.plot as plot_mod
 
     def denied(*_a, **_k):
         raise PermissionError(13, "Permission denied")
@@ -300,7 +300,7 @@ def test_plot_string_accuracy_value_is_named_not_dropped_silently(tmp_path, caps
     assert main(["plot", str(_run_json(tmp_path, recs)), "--out", str(tmp_path / "img"), "--format", "svg"]) == 0
     out = _out(capsys)
     assert "fa3-fp8s256:max_abs_error_fp8_refis'0.05x',notanumber;notdrawn" in out
-    from mla_fp8_bench.analysis.plot import load_inputs
+    from mla_fp8_bench.report.plot import load_inputs
 
     (ds,) = load_inputs([str(_run_json(tmp_path, recs))])
     pts = {p.seq_len: p for p in ds.points}
@@ -324,7 +324,7 @@ def test_publish_missing_assets_says_the_one_command(tmp_path, capsys):
 
 
 def _assets_or_skip():
-    from mla_fp8_bench.analysis.publish import asset_problems, assets_dir
+    from mla_fp8_bench.report.publish import asset_problems, assets_dir
 
     if asset_problems(assets_dir()):
         pytest.skip("site assets not installed (mla-fp8-bench publish --install-assets)")

@@ -205,7 +205,7 @@ def _mini_site(tmp_path: Path) -> Path:
 
 
 def test_site_drops_emulation_from_kernel_latency_and_empty_benchmarks(tmp_path):
-    from mla_fp8_bench.analysis.site_view import drop_empty_benchmarks, drop_emulation_from_kernel_latency
+    from mla_fp8_bench.report.site_view import drop_empty_benchmarks, drop_emulation_from_kernel_latency
 
     site = _mini_site(tmp_path)
     assert drop_emulation_from_kernel_latency(site) == 3
@@ -217,7 +217,7 @@ def test_site_drops_emulation_from_kernel_latency_and_empty_benchmarks(tmp_path)
 
 
 def test_site_pages_regression_factor_and_file_url(tmp_path):
-    from mla_fp8_bench.analysis import site_view
+    from mla_fp8_bench.report import site_view
 
     asv_www = Path(__import__("asv").__file__).parent / "www"
     site = tmp_path / "site"
@@ -323,7 +323,7 @@ def test_nightly_uses_a_mirror_that_holds_the_commit(tmp_path, monkeypatch, caps
 
 
 def test_site_thumbnails_come_from_one_machine(tmp_path):
-    from mla_fp8_bench.analysis.site_view import _patch_summary_grid, summaries_from_one_machine
+    from mla_fp8_bench.report.site_view import _patch_summary_grid, summaries_from_one_machine
 
     site = tmp_path / "site"
     lat = "bench_mla_prefill.MLAPrefill.track_latency"
@@ -364,7 +364,7 @@ def test_parent_stderr_is_shared_only_when_it_is_not_a_regular_file(tmp_path):
 
 
 def test_nightly_streams_asv_output_line_by_line():
-    from mla_fp8_bench.harness.nightly import _run_streamed
+    from mla_fp8_bench.analysis.nightly import _run_streamed
 
     seen: list[str] = []
     code = "import sys; print('one', flush=True); print('two', file=sys.stderr, flush=True); sys.exit(3)"

@@ -17,9 +17,9 @@ import math
 import pytest
 import torch
 
-from mla_fp8_bench.backends import fa3 as fa3mod
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.peers import fa3 as fa3mod
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA/ROCm GPU; this machine has none (torch "
@@ -126,7 +126,7 @@ def test_expand_descale_shape_and_strides():
 # ---------------------------------------------------------------- CPU: ceilings and profcheck maths
 @pytest.mark.skipif(CUDA, reason="checks the CPU skip path")
 def test_ceilings_skip_on_cpu():
-    from mla_fp8_bench.measure.ceilings import attach, measure_ceilings
+    from mla_fp8_bench.peers.ceilings import attach, measure_ceilings
 
     r = measure_ceilings("cpu")
     assert r["status"] == "skipped" and "GPUs only" in r["reason"]
@@ -137,7 +137,7 @@ def test_ceilings_skip_on_cpu():
 
 
 def test_ceilings_env_opt_out(monkeypatch):
-    from mla_fp8_bench.measure.ceilings import attach
+    from mla_fp8_bench.peers.ceilings import attach
 
     monkeypatch.setenv("MLA_FP8_BENCH_CEILINGS", "0")
     data = {"records": []}
@@ -145,7 +145,7 @@ def test_ceilings_env_opt_out(monkeypatch):
 
 
 def test_annotate_records_fractions():
-    from mla_fp8_bench.measure.ceilings import annotate_records
+    from mla_fp8_bench.peers.ceilings import annotate_records
 
     ceil = {"status": "ok", "fp8_gemm_tflops": 1000.0, "bf16_gemm_tflops": 500.0,
             "datasheet": {"fp8": 2000.0, "bf16": 1000.0, "hbm_tb_s": 4.8}}
@@ -163,7 +163,7 @@ def test_annotate_records_fractions():
 
 
 def test_profcheck_summary_cv():
-    from mla_fp8_bench.measure.profcheck import format_cv_table, summarize_cv
+    from mla_fp8_bench.peers.profcheck import format_cv_table, summarize_cv
 
     runs = [{"records": [{"backend": "fa3-fp8", "case": "s2048", "status": "ok", "graph_s": t, "graph_cv": 0.001,
                           "tflops": 500.0, "diff_same_window_pct": d}]}
@@ -215,7 +215,7 @@ def test_events_fallback_when_capture_fails():
 
 @needs_cuda
 def test_ceilings_measure_on_gpu():
-    from mla_fp8_bench.measure.ceilings import measure_ceilings
+    from mla_fp8_bench.peers.ceilings import measure_ceilings
 
     r = measure_ceilings(gemm_n=4096, copy_bytes=1 << 28, samples=5)
     assert r["status"] == "ok"
@@ -295,7 +295,7 @@ def test_fa3_fp8_graph_replay_matches_eager_output():
 
 @needs_fa3
 def test_profcheck_on_fa3():
-    from mla_fp8_bench.measure.profcheck import measure
+    from mla_fp8_bench.peers.profcheck import measure
 
     res = measure("fa3-fp8", ["s2048"], samples=10)
     r = res["records"][0]
@@ -308,7 +308,7 @@ def test_profcheck_on_fa3():
 
 # ---------------------------------------------------------------- cuDNN SDPA peers (cudnn-fp8, cudnn-bf16)
 def _cudnn_importable() -> bool:
-    from mla_fp8_bench.backends import cudnn as cudnnmod
+    from mla_fp8_bench.peers import cudnn as cudnnmod
 
     try:
         cudnnmod.load_cudnn()
@@ -331,7 +331,7 @@ def test_cudnn_unavailable_on_cpu_and_old_gpus(backend):
 def test_cudnn_reasons_without_frontend_or_with_old_backend(monkeypatch):
     import types
 
-    from mla_fp8_bench.backends import cudnn as cudnnmod
+    from mla_fp8_bench.peers import cudnn as cudnnmod
 
     monkeypatch.setattr(cudnnmod, "_cache", {})
     def missing(name):

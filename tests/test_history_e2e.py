@@ -255,7 +255,7 @@ def test_bisect_command_names_each_faulty_commit(world, bench, metric, threshold
     assert res["first_bad"] == world["shas"][expect], (res["first_bad"], world["shas"])
     assert res["probes"] and all(pr["verdict"] in ("good", "bad") for pr in res["probes"])
     # each probe measured only the selected (backend, case): its result holds no other measured param
-    from mla_fp8_bench.analysis.results import find_result, load_asv_result
+    from mla_fp8_bench.harness.results import find_result, load_asv_result
 
     r = load_asv_result(find_result(str(world["root"] / "results"), "bisect", res["probes"][0]["sha"][:8],
                                     env="existing"))

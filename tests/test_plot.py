@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.analysis.plot import load_inputs, plot
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.report.plot import load_inputs, plot
 
 
 def _rec(backend, case, lat, e8, e16, tf, emu=False):
@@ -117,7 +117,7 @@ def test_kernel_and_emulation_latency_never_share_an_axis(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mla_fp8_bench.analysis.plot import backend_styles, draw_latency, latency_scopes
+    from mla_fp8_bench.report.plot import backend_styles, draw_latency, latency_scopes
 
     (ds,) = load_inputs([str(_run_json(tmp_path))])
     assert latency_scopes(ds) == ["kernel", "emulation"]
@@ -137,7 +137,7 @@ def test_kernel_and_emulation_latency_never_share_an_axis(tmp_path):
 
 
 def test_only_kernel_backends_give_one_latency_panel(tmp_path):
-    from mla_fp8_bench.analysis.plot import latency_scopes
+    from mla_fp8_bench.report.plot import latency_scopes
 
     recs = [_rec("fa3-fp8", f"s{s}", 1e-5, 0.05, 0.2, 1.0) for s in (128, 256)]
     p = tmp_path / "k.json"

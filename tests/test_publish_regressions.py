@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mla_fp8_bench.analysis.publish import drop_host_time_regressions
+from mla_fp8_bench.report.publish import drop_host_time_regressions
 
 CPU = {"machine": "cpu-2core", "gpu": "none", "cpu": "2-core x86_64"}
 GPU = {"machine": "h200", "gpu": "NVIDIA H200"}

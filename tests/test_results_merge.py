@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.analysis.results_merge import MergeError, merge_result_data, merge_results
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.report.results_merge import MergeError, merge_result_data, merge_results
 
 COLS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
         "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
@@ -251,7 +251,7 @@ def _snapshot(root: Path) -> dict:
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError(28, "No space left on device")])
 def test_failed_merge_leaves_destination_byte_identical(tmp_path, monkeypatch, exc):
-    import mla_fp8_bench.analysis.results_merge as rm
+    import mla_fp8_bench.report.results_merge as rm
 
     into = tmp_path / "results"
     merge_results([_one_file(tmp_path / "a", "m1", {"b.M.x": _row([1.0, 2.0, 3.0, 4.0], FULL, 1000.0)})], into)

@@ -1,4 +1,4 @@
-"""The one results reader (mla_fp8_bench.analysis.results): asv results directories and run JSONs.
+"""The one results reader (mla_fp8_bench.harness.results): asv results directories and run JSONs.
 
 Expected values are written out by hand from the asv 0.6 format (independent of the reader).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.analysis import results as R
+from mla_fp8_bench.harness import results as R
 
 COLS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
         "stats_q_25", "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from mla_fp8_bench.analysis import ab
 from mla_fp8_bench.analysis import gate as G
-from mla_fp8_bench.harness import ab
 from mla_fp8_bench.harness import rounds as R
 from mla_fp8_bench.harness.asv_tracks import track_value
 from mla_fp8_bench.measure.metric_table import find

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.analysis import publish as pub
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.report import publish as pub
 
 ROOT = Path(__file__).resolve().parents[1]
 

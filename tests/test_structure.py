@@ -1,4 +1,5 @@
-"""The codebase's shape: function size, no import cycles, references that stay inside the repository.
+"""The codebase's shape: function size, the layer rule, no import cycles, references that stay inside the
+repository.
 
 These are the structural promises of docs/extending.md, checked on the source text (nothing is run).
 """
@@ -78,6 +79,77 @@ def test_no_import_cycle_inside_the_package():
         if m not in state:
             visit(m, [m])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+#: The package's layers, lowest first: a module imports only from its own layer or lower ones
+#: (docs/extending.md's table). A module is in the layer of the longest prefix that names it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("mla_fp8_bench", "mla_fp8_bench.jsonio", "mla_fp8_bench.terminal", "mla_fp8_bench.argtypes")),
+    ("problem", ("mla_fp8_bench.problem",)),
+    ("aiter_ps", ("mla_fp8_bench.aiter_ps",)),
+    ("measure", ("mla_fp8_bench.measure",)),
+    ("backends", ("mla_fp8_bench.backends",)),
+    ("peers", ("mla_fp8_bench.peers",)),
+    ("harness", ("mla_fp8_bench.harness",)),
+    ("analysis", ("mla_fp8_bench.analysis",)),
+    ("report", ("mla_fp8_bench.report",)),
+    ("testing", ("mla_fp8_bench.testing",)),
+    ("cli", ("mla_fp8_bench.cli",)),
+)
+
+
+def _layer_of(module: str) -> int | None:
+    best, rank = "", None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for pre in prefixes:
+            if (module == pre or module.startswith(pre + ".")) and len(pre) > len(best):
+                best, rank = pre, i
+    return rank
+
+
+def _upward_imports(root: Path) -> tuple[list[str], list[str]]:
+    """(imports from a lower layer to a higher one, modules in no layer) of the package under ``root``."""
+    files = {_module_name_under(root, p): p for p in sorted((root / "mla_fp8_bench").rglob("*.py"))}
+    modules = set(files)
+    up, unplaced = [], []
+    for m, path in sorted(files.items()):
+        rank = _layer_of(m)
+        if rank is None:
+            unplaced.append(m)
+            continue
+        for d in sorted(_imports(path, modules) - {m}):
+            dr = _layer_of(d)
+            if dr is not None and dr > rank:
+                up.append(f"{m} ({LAYERS[rank][0]}) imports {d} ({LAYERS[dr][0]})")
+    return up, unplaced
+
+
+def _module_name_under(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    up, unplaced = _upward_imports(ROOT)
+    assert not unplaced, f"modules in no layer of LAYERS (add them to the table and docs/extending.md): {unplaced}"
+    assert not up, "imports that run up the layers:\n" + "\n".join(up)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """The check itself: a measure module importing the harness is reported, a harness one importing
+    measure is not."""
+    pkg = tmp_path / "mla_fp8_bench"
+    for sub in ("measure", "harness"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "measure" / "timing.py").write_text("def f():\n    from mla_fp8_bench.harness.runner import g\n")
+    (pkg / "harness" / "runner.py").write_text("from mla_fp8_bench.measure import timing\n\ndef g():\n    pass\n")
+    up, unplaced = _upward_imports(tmp_path)
+    assert unplaced == []
+    assert up == ["mla_fp8_bench.measure.timing (measure) imports mla_fp8_bench.harness.runner (harness)"]
 
 
 _OUTSIDE_CODE = re.compile(r"\.\./shared|shared/docs|shared/data|§")

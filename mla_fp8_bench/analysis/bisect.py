@@ -16,7 +16,7 @@ each probed commit the step (``python -m mla_fp8_bench.analysis.bisect step ...`
    --machine <NAME>`` (``--config`` is a suite whose ``repo`` is ``--repo``, so the SHA exists there),
    measuring only the (backend, case) params the regex selects (:func:`probe_selection`);
 3. reads the stored value from ``<results_dir>/<machine>/<sha8>-existing-*.json`` with
-   :mod:`mla_fp8_bench.analysis.results` (for ``track_latency`` the median asv stored) and exits **0**
+   :mod:`mla_fp8_bench.harness.results` (for ``track_latency`` the median asv stored) and exits **0**
    (good: value <= threshold), **1** (bad: value > threshold) or **125** (skip: install failed, the
    benchmark failed or was skipped). A mis-configuration - a regex that selects zero or several
    benchmark combinations, a missing config - exits **128**, which makes ``git bisect run`` abort
@@ -84,7 +84,7 @@ def results_dir_of(config: str) -> str:
 def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[str, float | None, str]:
     """(selected name, value, status) of the one benchmark combination matching ``regex``.
 
-    Read with :mod:`mla_fp8_bench.analysis.results` (the suite's one reader of asv results). The value is
+    Read with :mod:`mla_fp8_bench.harness.results` (the suite's one reader of asv results). The value is
     what asv stored: a ``track_`` float, or for samples the median. status is ``ok``, ``failed`` (asv
     stored null), ``skipped`` (NaN) or ``missing`` (no result file). Names are asv's, as ``asv run -b``
     and ``asv find`` match them: ``bench_mla_prefill.MLAPrefill.track_latency('aiter', 's512')``.
@@ -92,7 +92,7 @@ def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[st
     Raises:
         BisectUsageError: the regex selects zero or several combinations in the result file.
     """
-    from mla_fp8_bench.analysis.results import ResultsError, find_result, load_asv_result
+    from mla_fp8_bench.harness.results import ResultsError, find_result, load_asv_result
 
     try:
         path = find_result(results_dir, machine, sha[:8], env="existing")

@@ -105,7 +105,7 @@ def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
 
     torch.set_num_threads(int(os.environ.get("MLA_FP8_BENCH_CAL_THREADS", "1")))
     if task[0] == "probe":
-        from mla_fp8_bench.analysis.faults import probe_record
+        from mla_fp8_bench.analysis.probes import probe_record
 
         _, name, seed = task
         return task, {"aiter-emulated": probe_record(name, seed)}
@@ -146,7 +146,7 @@ def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], s
                 for s in seeds:
                     tasks.append(("case", base.with_(quant=qm, dist=d, seed=s).id, backends, cu_num))
     if probes:
-        from mla_fp8_bench.analysis.faults import PROBES
+        from mla_fp8_bench.analysis.probes import PROBES
 
         for name in PROBES:
             for s in seeds:
@@ -278,7 +278,7 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
 
 
 def _probe_names() -> list[str]:
-    from mla_fp8_bench.analysis.faults import PROBES
+    from mla_fp8_bench.analysis.probes import PROBES
 
     return list(PROBES)
 

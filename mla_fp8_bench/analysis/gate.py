@@ -5,7 +5,7 @@
 
 BASE and HEAD are each either a run JSON (``mla-fp8-bench run --json``), an asv result file, or a
 commit hash (prefix) whose asv results are read from ``<results-dir>/<machine>/`` (all reading goes
-through :mod:`mla_fp8_bench.analysis.results`). What each metric is and how it gates comes from the
+through :mod:`mla_fp8_bench.harness.results`). What each metric is and how it gates comes from the
 metric table (:mod:`mla_fp8_bench.measure.metric_table`). Exit status:
 
 * **0** - nothing regressed;
@@ -50,7 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from mla_fp8_bench.analysis.results import (
+from mla_fp8_bench.analysis.stats import mann_whitney_greater, min_attainable_p  # noqa: F401 - re-exported
+from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, family_of, load_tolerances
+from mla_fp8_bench.harness.results import (
     AsvResult,
     ResultsError,
     RunDoc,
@@ -58,8 +60,6 @@ from mla_fp8_bench.analysis.results import (
     is_cpu_machine,
     load_any,
 )
-from mla_fp8_bench.analysis.stats import mann_whitney_greater, min_attainable_p  # noqa: F401 - re-exported
-from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, family_of, load_tolerances
 from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, METRICS, Metric, find
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
@@ -176,7 +176,7 @@ def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
 def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
     """A side from ``mla-fp8-bench run --json`` output (a :class:`RunDoc` or the parsed document)."""
     if isinstance(doc, dict):
-        from mla_fp8_bench.analysis.results import run_doc_from_data
+        from mla_fp8_bench.harness.results import run_doc_from_data
 
         try:
             doc = run_doc_from_data(doc, label)
@@ -241,7 +241,7 @@ def _ambiguous(side: Side, b: str, c: str, recs: list[dict[str, Any]]) -> None:
 def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
     """A side from an asv result file (an :class:`AsvResult` or the parsed document)."""
     if isinstance(res, dict):
-        from mla_fp8_bench.analysis.results import asv_result_from_data
+        from mla_fp8_bench.harness.results import asv_result_from_data
 
         try:
             res = asv_result_from_data(res, label)
@@ -622,7 +622,7 @@ def history_spreads(machine_dir: str, exclude: tuple[str, ...] = (), least: int 
     Returns:
         ``{(backend, case, metric): spread}``.
     """
-    from mla_fp8_bench.analysis.results import list_result_files
+    from mla_fp8_bench.harness.results import list_result_files
 
     skip = {os.path.realpath(x) for x in exclude}
     vals: dict[tuple[str, str, str], dict[str | None, list[float]]] = {}

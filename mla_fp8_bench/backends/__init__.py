@@ -14,12 +14,12 @@ _REGISTRY: dict[str, str | type[Backend]] = {
     "aiter-emulated": "aiter_emulated:AiterEmulated",
     "aiter": "aiter_real:AiterReal",
     "vllm-aiter": "vllm_aiter:VllmAiter",
-    "fa3-fp8": "fa3:Fa3Fp8",
-    "fa3-bf16": "fa3:Fa3Bf16",
+    "fa3-fp8": "mla_fp8_bench.peers.fa3:Fa3Fp8",
+    "fa3-bf16": "mla_fp8_bench.peers.fa3:Fa3Bf16",
     "torch-sdpa-bf16": "torch_ref:TorchSdpaBf16",
     "torch-fp8-ref": "torch_ref:TorchFp8Ref",
-    "cudnn-fp8": "cudnn:CudnnFp8",
-    "cudnn-bf16": "cudnn:CudnnBf16",
+    "cudnn-fp8": "mla_fp8_bench.peers.cudnn:CudnnFp8",
+    "cudnn-bf16": "mla_fp8_bench.peers.cudnn:CudnnBf16",
 }
 
 #: What ``run`` uses when no backend is named: the AITER path, emulated where no gfx950 exists.

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.analysis.results import AsvResult, ResultsError, load_asv_result
+from mla_fp8_bench.harness.results import AsvResult, ResultsError, load_asv_result
 
 #: Environment variables that make a run measure part of the asv grid.
 NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
@@ -202,7 +202,7 @@ def check_asv_run() -> None:
 
 
 def _read_results(path: Path) -> AsvResult:
-    """The stored asv result file a run would overwrite (:mod:`mla_fp8_bench.analysis.results`).
+    """The stored asv result file a run would overwrite (:mod:`mla_fp8_bench.harness.results`).
 
     Raises:
         AsvRunRefused: naming the file, when it is not readable asv result JSON.

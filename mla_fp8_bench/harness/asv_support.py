@@ -256,7 +256,7 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
     opts = RunOptions(samples=knobs["samples"] or 30,
                       time_budget_s=knobs["time_budget_s"] or GRID_TIME_BUDGET_S[pinfo.device_type])
     data = _evaluate_with_progress(backends, cases, pinfo, cap, skipped, opts)
-    from mla_fp8_bench.measure.ceilings import attach
+    from mla_fp8_bench.peers.ceilings import attach
 
     attach(data)
     n_rounds = knobs["rounds"] or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)

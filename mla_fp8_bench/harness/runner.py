@@ -7,10 +7,8 @@ out-of-memory becomes a ``skipped`` record saying so. Each backend's ``cleanup``
 
 from __future__ import annotations
 
-import datetime as _dt
 import gc
 import math
-import platform as _pyplatform
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,8 +16,6 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench import __version__
-from mla_fp8_bench.aiter_ps.facts import dist_version
 from mla_fp8_bench.backends import (
     Backend,
     BackendUnavailable,
@@ -30,7 +26,7 @@ from mla_fp8_bench.backends import (
 )
 from mla_fp8_bench.jsonio import write_json_atomic  # noqa: F401 - re-exported (CLI, tests)
 from mla_fp8_bench.measure import metric_table
-from mla_fp8_bench.measure.devices import PlatformInfo, platform_info, synchronize
+from mla_fp8_bench.measure.devices import PlatformInfo, environment, platform_info, synchronize
 from mla_fp8_bench.measure.metrics import error_metrics, lse_metrics
 from mla_fp8_bench.measure.reference import reference_bf16, reference_fp8_dequant
 from mla_fp8_bench.measure.timing import clock_fields, measure_latency, time_call
@@ -38,7 +34,7 @@ from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.flops import case_flops, case_min_bytes, tflops
 from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 
-#: Record keys that every JSON record carries (issue #2's contract with users).
+#: Record keys that every JSON record carries (the contract with users).
 RECORD_KEYS = ("backend", "case", "status", "reason", "latency_method", "timing_scope") + metric_table.record_keys()
 
 
@@ -111,32 +107,6 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, data: dict[str, Any]):
         super().__init__(f"interrupted after {len(data['records'])} records")
         self.data = data
-
-
-def environment(pinfo: PlatformInfo) -> dict[str, Any]:
-    """Versions and device facts stored with every run."""
-    env: dict[str, Any] = {
-        "mla_fp8_bench": __version__,
-        "torch": str(torch.__version__),  # str: a TorchVersion would make every unpickler import torch
-        "python": _pyplatform.python_version(),
-        "vendor": pinfo.vendor,
-        "device": str(pinfo.device),
-        "arch": pinfo.arch,
-        "device_name": pinfo.name,
-        "fp8_dtype": str(pinfo.fp8_dtype).replace("torch.", ""),
-        "cuda": pinfo.cuda_version,
-        "hip": pinfo.hip_version,
-        "multi_processor_count": pinfo.multi_processor_count,
-        "hostname": _pyplatform.node(),
-        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    for mod in ("asv", "asv_runner", "numpy", "aiter", "vllm", "fa3_fwd_interface"):
-        if mod in ("aiter", "vllm", "fa3_fwd_interface"):
-            # never import aiter on a non-ROCm machine (its import runs rocminfo); report the dist version
-            env[mod] = dist_version({"aiter": "amd-aiter", "vllm": "vllm", "fa3_fwd_interface": "fa3-fwd"}[mod])
-            continue
-        env[mod] = dist_version(mod)
-    return env
 
 
 def _is_oom(exc: BaseException) -> bool:

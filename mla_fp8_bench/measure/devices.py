@@ -9,9 +9,15 @@ to ``torch.device("cuda:0")``, so :func:`normalize_device` always adds the index
 
 from __future__ import annotations
 
+import datetime as _dt
+import platform as _pyplatform
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from mla_fp8_bench import __version__
+from mla_fp8_bench.aiter_ps.facts import dist_version
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
@@ -134,3 +140,29 @@ def synchronize(device: torch.device) -> None:
     """Wait for all queued work on ``device`` (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def environment(pinfo: PlatformInfo) -> dict[str, Any]:
+    """Versions and device facts stored with every run."""
+    env: dict[str, Any] = {
+        "mla_fp8_bench": __version__,
+        "torch": str(torch.__version__),  # str: a TorchVersion would make every unpickler import torch
+        "python": _pyplatform.python_version(),
+        "vendor": pinfo.vendor,
+        "device": str(pinfo.device),
+        "arch": pinfo.arch,
+        "device_name": pinfo.name,
+        "fp8_dtype": str(pinfo.fp8_dtype).replace("torch.", ""),
+        "cuda": pinfo.cuda_version,
+        "hip": pinfo.hip_version,
+        "multi_processor_count": pinfo.multi_processor_count,
+        "hostname": _pyplatform.node(),
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    for mod in ("asv", "asv_runner", "numpy", "aiter", "vllm", "fa3_fwd_interface"):
+        if mod in ("aiter", "vllm", "fa3_fwd_interface"):
+            # never import aiter on a non-ROCm machine (its import runs rocminfo); report the dist version
+            env[mod] = dist_version({"aiter": "amd-aiter", "vllm": "vllm", "fa3_fwd_interface": "fa3-fwd"}[mod])
+            continue
+        env[mod] = dist_version(mod)
+    return env

@@ -256,7 +256,7 @@ def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTes
 
 def previous_commit(results_dir: str, machine: str, head: str) -> str | None:
     """The commit of the newest stored ``existing`` result on ``machine`` other than ``head`` (by commit date)."""
-    from mla_fp8_bench.analysis.results import list_result_files, load_asv_result
+    from mla_fp8_bench.harness.results import list_result_files, load_asv_result
 
     mdir = Path(results_dir) / machine
     if not mdir.is_dir():
@@ -283,7 +283,7 @@ def _has_publish() -> bool:
     """True when the suite's self-contained ``mla-fp8-bench publish`` is installed."""
     import importlib.util
 
-    return importlib.util.find_spec("mla_fp8_bench.analysis.publish") is not None
+    return importlib.util.find_spec("mla_fp8_bench.report.publish") is not None
 
 
 def _machine_known(machine: str) -> bool:
@@ -408,7 +408,7 @@ def _header(plan: Plan, md: bool) -> str:
 
 
 def _stored(plan: Plan) -> bool:
-    from mla_fp8_bench.analysis.results import ResultsError, find_result
+    from mla_fp8_bench.harness.results import ResultsError, find_result
 
     try:
         find_result(plan.results_dir, plan.machine, plan.lib.commit[:8], env="existing")

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.analysis.results import (
+from mla_fp8_bench.harness.results import (
     ASV_BENCHMARKS_API_VERSION,
     AsvResult,
     ResultsError,

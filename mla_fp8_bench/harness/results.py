@@ -19,7 +19,7 @@ columns may be absent). ``result`` and the ``stats_*``/``samples`` columns are l
 the epoch.
 
 A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
-optionally with ``ceilings`` (:func:`mla_fp8_bench.measure.ceilings.attach`).
+optionally with ``ceilings`` (:func:`mla_fp8_bench.peers.ceilings.attach`).
 
 API (all errors are :class:`ResultsError`, a ``ValueError``)
 

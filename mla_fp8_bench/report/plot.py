@@ -3,10 +3,10 @@
 ``mla-fp8-bench plot INPUT... --out DIR [--format png,svg]`` where each INPUT is
 
 * a run JSON written by ``mla-fp8-bench run --json`` (``{"env": ..., "records": [...]}``, optionally a
-  ``ceilings`` key from :func:`mla_fp8_bench.measure.ceilings.attach`), or
+  ``ceilings`` key from :func:`mla_fp8_bench.peers.ceilings.attach`), or
 * an asv results directory (``results/`` with ``<machine>/`` inside; one figure set per machine) or one
   machine's directory (``results/<machine>/``). The newest commit's result file is used
-  (``--commit`` picks another). Files are read by :mod:`mla_fp8_bench.analysis.results`.
+  (``--commit`` picks another). Files are read by :mod:`mla_fp8_bench.harness.results`.
 
 ``--out`` is checked (a writable directory, created if missing) before any input is read.
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.analysis.results import (
+from mla_fp8_bench.harness.results import (
     AsvResult,
     Measurement,
     ResultsError,
@@ -190,7 +190,7 @@ def _record_value_notes(b: str, cid: str, r: dict[str, Any]) -> list[str]:
 
 def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None = None) -> Dataset:
     """A :class:`Dataset` from a ``mla-fp8-bench run --json`` file (already parsed: a dict or a
-    :class:`~mla_fp8_bench.analysis.results.RunDoc`).
+    :class:`~mla_fp8_bench.harness.results.RunDoc`).
 
     Raises:
         PlotError: not a run JSON, a malformed record, or an unknown ``variant``.

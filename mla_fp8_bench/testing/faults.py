@@ -41,20 +41,15 @@ Two kinds of fault:
 ``aiter-emulated`` on purpose: a regressed AITER build still reports as ``aiter``, and its records are
 checked against the healthy backend's calibrated tolerances.
 
-**Probes.** Two emulator faults cannot show on any case of the suite, by construction:
-``top_left_causal`` is identical to the correct bottom-right mask whenever ``q_len == kv_len`` (every
-prefill case), and ``lse_no_max_subtraction`` only differs when a partial LSE exceeds ~88.7 (fp32
-``exp`` overflow), which randn-like inputs never reach (LSE ~ ln S + O(1)). :data:`PROBES` are two
-extra inputs, run through the emulator's kernel + reduce directly, that can: a chunked-context batch
-(``q_len < kv_len``) and a "hot LSE" batch (q ~ k, scores ~ 200). Their healthy error distributions
-are calibrated like the cases' (family ``probe-chunked`` / ``probe-hot-lse``).
+**Probes** (:mod:`mla_fp8_bench.analysis.probes`) show the two emulator faults no case of the suite can
+show (``top_left_causal``, ``lse_no_max_subtraction``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -65,14 +60,14 @@ from mla_fp8_bench.aiter_ps.emulator import (
     emulate_mla_prefill_ps_asm_fwd,
     emulate_mla_reduce_v1,
 )
+from mla_fp8_bench.analysis.probes import PROBES, make_probe, probe_record, probe_reference
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated, emulated_cu_num
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict, compose_prefix
 from mla_fp8_bench.measure.devices import PlatformInfo
-from mla_fp8_bench.measure.metrics import error_metrics
 from mla_fp8_bench.problem.cases import Case
-from mla_fp8_bench.problem.fp8 import Quantized, fp8_max, quantize
+from mla_fp8_bench.problem.fp8 import Quantized, fp8_max
 from mla_fp8_bench.problem.inputs import CaseInputs
-from mla_fp8_bench.problem.shapes import DEFAULT_SOFTMAX_SCALE
+from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
 #: Faults of the steps around the kernel (quantisation, planning, the prefix composition; implemented here).
 INPUT_FAULTS: dict[str, str] = {
@@ -99,10 +94,6 @@ PREFIX_FAULT_CASES: dict[str, tuple[str, ...]] = {
 SUITE_FAULTS: dict[str, str] = {**FAULT_DESCRIPTIONS, **INPUT_FAULTS}
 #: Faults that cannot show on q_len == kv_len prefill cases with randn-like inputs; checked on probes.
 PROBE_ONLY_FAULTS = {"top_left_causal": "probe-chunked", "lse_no_max_subtraction": "probe-hot-lse"}
-#: The case (family) a fault needs to show at all (None: any case).
-FAULT_NEEDS = {"unsaturated_cast": "cast quantisation with |x| > 464 (-cast-outlier)", **{
-    k: f"the {v} probe" for k, v in PROBE_ONLY_FAULTS.items()}, **{
-    k: f"a context-chunk or prefix case ({', '.join(v)})" for k, v in PREFIX_FAULT_CASES.items()}}
 
 
 def normalize_suite_faults(faults: Iterable[str] | str | None) -> frozenset[str]:
@@ -170,7 +161,7 @@ def _prepare_stale(inputs: CaseInputs, emu_faults: frozenset[str], cu_num: int) 
 
     dev = inputs.device
     prev = previous_step_lens(inputs.case.seq_lens)
-    cu_prev = torch.tensor([0] + list(_cumsum(prev)), dtype=torch.int32)
+    cu_prev = torch.tensor(cu_seqlens_of(prev), dtype=torch.int32)
     h = inputs.case.num_heads
     plan = plan_ps_prefill(cu_prev, cu_prev, torch.tensor(prev, dtype=torch.int32), num_heads_k=h, cu_num=cu_num,
                            qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)
@@ -195,13 +186,6 @@ def _prepare_stale(inputs: CaseInputs, emu_faults: frozenset[str], cu_num: int) 
 
     return Prepared(run=run, graph_capturable=False, timing_scope="emulation",
                     extras={"stale_plan_lens": list(prev), "num_partials": plan.num_partials})
-
-
-def _cumsum(xs: Iterable[int]):
-    s = 0
-    for x in xs:
-        s += x
-        yield s
 
 
 def unsplit_rows(inputs: CaseInputs, cu_num: int) -> torch.Tensor:
@@ -306,122 +290,6 @@ class FaultyEmulated(Backend):
         return p
 
 
-# ------------------------------------------------------------------------------------------ probes
-@dataclass
-class ProbeInputs:
-    """A batch with separate q and kv lengths (bottom-right causal), quantised per tensor."""
-
-    name: str
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    q8: Quantized
-    k8: Quantized
-    v8: Quantized
-    q_lens: tuple[int, ...]
-    kv_lens: tuple[int, ...]
-
-
-#: Probe name -> (q_lens, kv_lens, num_heads, kind).
-PROBES: dict[str, tuple[tuple[int, ...], tuple[int, ...], int, str]] = {
-    "probe-chunked": ((200, 64), (600, 64), 16, "randn"),
-    "probe-hot-lse": ((600,), (600,), 2, "hot"),
-}
-
-
-def make_probe(name: str, seed: int) -> ProbeInputs:
-    """Deterministic probe inputs (``per_tensor`` quantisation).
-
-    ``probe-chunked``: randn q/k/v, q_lens (200, 64) against kv_lens (600, 64), 16 heads.
-    ``probe-hot-lse``: q = k = a shared direction (4 +- 0.1 per channel) plus 0.05 noise, so the
-    scaled scores are ~200 and every LSE exceeds fp32's exp range; 2 heads, one sequence of 600.
-
-    Raises:
-        ValueError: an unknown probe name.
-    """
-    if name not in PROBES:
-        raise ValueError(f"probe {name!r} is unknown: allowed {', '.join(PROBES)}")
-    q_lens, kv_lens, h, kind = PROBES[name]
-    g = torch.Generator().manual_seed(seed)
-    t, p = sum(q_lens), sum(kv_lens)
-    if kind == "hot":
-        base = 4.0 + 0.1 * torch.randn(1, h, 192, generator=g)
-        q = base + 0.05 * torch.randn(t, h, 192, generator=g)
-        k = q.clone()
-    else:
-        q = torch.randn(t, h, 192, generator=g)
-        k = torch.randn(p, h, 192, generator=g)
-    v = torch.randn(p, h, 128, generator=g)
-    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    return ProbeInputs(name, q, k, v, quantize(q), quantize(k), quantize(v), q_lens, kv_lens)
-
-
-def probe_reference(p: ProbeInputs, *, dequantized: bool = True) -> torch.Tensor:
-    """Float64 bottom-right causal attention ``[T, H, 128]`` on the dequantised (or bf16) inputs."""
-    if dequantized:
-        q, k, v = (x.dequantize(torch.float64) for x in (p.q8, p.k8, p.v8))
-    else:
-        q, k, v = p.q.double(), p.k.double(), p.v.double()
-    outs = []
-    qs, ks = 0, 0
-    for ql, kl in zip(p.q_lens, p.kv_lens):
-        qq, kk, vv = q[qs:qs + ql], k[ks:ks + kl], v[ks:ks + kl]
-        s = torch.einsum("qhd,khd->hqk", qq, kk) * DEFAULT_SOFTMAX_SCALE
-        allowed = torch.ones(ql, kl, dtype=torch.bool).tril(diagonal=kl - ql)
-        s = s.masked_fill(~allowed, -math.inf)
-        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv))
-        qs, ks = qs + ql, ks + kl
-    return torch.cat(outs)
-
-
-def run_probe(p: ProbeInputs, faults: Iterable[str] | str | None = None, cu_num: int | None = None) -> torch.Tensor:
-    """The emulated AITER PS path (planner port + kernel + reduce) on a probe, with emulator faults."""
-    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
-
-    fs = frozenset(normalize_suite_faults(faults) & ALL_FAULTS)
-    cu_num = cu_num or emulated_cu_num()
-    h = p.q.shape[1]
-    cu_q = torch.tensor([0] + list(_cumsum(p.q_lens)), dtype=torch.int32)
-    cu_kv = torch.tensor([0] + list(_cumsum(p.kv_lens)), dtype=torch.int32)
-    plan = plan_ps_prefill(cu_q, cu_kv, torch.tensor(p.kv_lens, dtype=torch.int32), num_heads_k=h, cu_num=cu_num,
-                           qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)
-    t, pk = p.q.shape[0], p.k.shape[0]
-    out = torch.full((t, h, 128), float("nan"), dtype=torch.bfloat16)
-    lse = torch.full((t, h), float("nan"))
-    rows = max(1, plan.num_partials) * 256
-    sd = torch.full((rows, h, 128), float("nan"))
-    sl = torch.full((rows, h), float("nan"))
-    emulate_mla_prefill_ps_asm_fwd(p.q8.data, p.k8.data, p.v8.data, cu_q, cu_kv, torch.arange(pk, dtype=torch.int32),
-                                   plan.work_indptr, plan.work_info, max(p.q_lens), DEFAULT_SOFTMAX_SCALE, True, sd, sl,
-                                   out, p.q8.descale, p.k8.descale, p.v8.descale, faults=fs)
-    emulate_mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
-                          faults=fs)
-    return out
-
-
-def probe_record(name: str, seed: int, faults: Iterable[str] | str | None = None,
-                 refs: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
-    """A runner-like record (``backend="aiter-emulated"``, ``case=<probe>-seed<n>``) of one probe run.
-
-    ``refs`` (fp8-dequant ref, bf16 ref) may be passed to reuse references across faults.
-    """
-    p = make_probe(name, seed)
-    if refs is None:
-        refs = (probe_reference(p), probe_reference(p, dequantized=False))
-    rec: dict[str, Any] = {"backend": "aiter-emulated", "case": f"{name}-seed{seed}" if seed else name,
-                           "family": name, "status": "ok", "reason": ""}
-    try:
-        out = run_probe(p, faults)
-    except Exception as exc:  # noqa: BLE001 - a crashing fault is an "error" record, like the runner's
-        rec["status"], rec["reason"] = "error", f"{type(exc).__name__}: {exc}"
-        return rec
-    fm, bm = error_metrics(out, refs[0]), error_metrics(out, refs[1])
-    rec.update(fm.as_dict("_fp8_ref"))
-    rec.update(bm.as_dict("_bf16_ref"))
-    rec["mismatch_fraction"] = bm.mismatch_fraction
-    return rec
-
-
 # ------------------------------------------------------------------------------------------ report
 #: Cases each fault is tried on (cheapest first): the default calibration shapes, the cast-outlier
 #: family (for ``unsaturated_cast``), then the probes (for the probe-only faults).
@@ -458,7 +326,7 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
                     if (cid, s) not in probe_refs:
                         p = make_probe(cid, s)
                         probe_refs[(cid, s)] = (probe_reference(p), probe_reference(p, dequantized=False))
-                    rec = probe_record(cid, s, f, probe_refs[(cid, s)])
+                    rec = probe_record(cid, s, normalize_suite_faults(f) & ALL_FAULTS, probe_refs[(cid, s)])
                 else:
                     key = parse_case_id(cid).with_(seed=s).id
                     if key not in ctxs:
@@ -493,7 +361,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     from mla_fp8_bench.analysis.tolerances import load_tolerances
 
-    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.analysis.faults",
+    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.testing.faults",
                                  description="run every injected fault on the report cases; print the fault table")
     ap.add_argument("--tolerances", default="tolerances/cpu-emulated-v1.json")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")

@@ -22,9 +22,9 @@ Differences are in percent, ``(graph / profiler - 1) * 100``:
 
 Command line (one process; the CV study of ``scripts/h200_session.py`` runs it several times)::
 
-    python -m mla_fp8_bench.measure.profcheck --backend fa3-fp8 --cases s128,s2048 --json out.json
+    python -m mla_fp8_bench.peers.profcheck --backend fa3-fp8 --cases s128,s2048 --json out.json
 
-and ``python -m mla_fp8_bench.measure.profcheck --summarize a.json b.json ...`` prints the run-to-run CV of
+and ``python -m mla_fp8_bench.peers.profcheck --summarize a.json b.json ...`` prints the run-to-run CV of
 ``graph_s`` across those processes.
 """
 
@@ -168,8 +168,7 @@ def measure(backend: str, case_ids: list[str], *, device: str = "auto", profile:
         ``{"env": ..., "backend": ..., "records": [{"case", "status", "graph_s", "tflops", ...}]}``.
     """
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.harness.runner import environment
-    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.measure.devices import environment, platform_info
     from mla_fp8_bench.problem.cases import resolve_cases
     from mla_fp8_bench.problem.flops import causal_flops, tflops
     from mla_fp8_bench.problem.inputs import make_inputs
@@ -273,7 +272,7 @@ def format_cv_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mla_fp8_bench.measure.profcheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mla_fp8_bench.peers.profcheck", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="fa3-fp8")
     p.add_argument("--cases", default="s128,s2048,s8192,s32768", help="comma-separated case ids")
     p.add_argument("--device", default="auto")

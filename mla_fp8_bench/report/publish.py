@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.analysis.results import ResultsError, is_cpu_machine, list_result_files, machine_dirs
+from mla_fp8_bench.harness.results import ResultsError, is_cpu_machine, list_result_files, machine_dirs
 
 #: npm packages (pinned) that hold the files asv's pages load from CDNs.
 ASSET_PACKAGES = ("jquery@3.3.1", "flot@0.8.3", "flot-orderbars@1.0.0", "stupid-table-plugin@1.1.3",
@@ -268,7 +268,7 @@ def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
                 if m.group(1).lower() == "link" and not re.search(r"\brel=[\"']?stylesheet", tag, re.I):
                     return tag  # a plain link (e.g. rel=canonical) loads nothing
                 raise PublishError(f"{page.name} loads {url} and no local copy is pinned for it: "
-                                   "asv changed what its pages load (extend ASSETS in analysis/publish.py)")
+                                   "asv changed what its pages load (extend ASSETS in report/publish.py)")
             dst = _copy_asset(nm, site, asset.file, asset.sha256)
             for rel, digest in ASSET_EXTRAS.get(asset.file, ()):
                 _copy_asset(nm, site, rel, digest)
@@ -315,7 +315,6 @@ class PublishReport:
     wall_s: float
     asv_wall_s: float
     vendored: list[dict[str, Any]] = field(default_factory=list)
-    asv_log_tail: str = ""
 
 
 def load_asv_config(path: Path) -> dict[str, Any]:
@@ -369,7 +368,7 @@ def _check_results(results: Path) -> None:
     Raises:
         PublishError: no result files, or naming each unreadable file (truncated, not JSON, wrong schema).
     """
-    from mla_fp8_bench.analysis.results import load_asv_result, load_benchmarks, load_machine
+    from mla_fp8_bench.harness.results import load_asv_result, load_benchmarks, load_machine
 
     try:
         mdirs = machine_dirs(results)
@@ -401,7 +400,7 @@ def _check_results(results: Path) -> None:
 
 
 def _run_asv_publish(conf: dict[str, Any], config_dir: Path, results: Path, site: Path, work: Path,
-                     timeout: float) -> tuple[float, str]:
+                     timeout: float) -> float:
     conf = dict(conf)
     repo = conf.get("repo", ".")
     if "://" not in str(repo) and not str(repo).startswith("git@"):
@@ -420,7 +419,7 @@ def _run_asv_publish(conf: dict[str, Any], config_dir: Path, results: Path, site
     log = (proc.stdout or "") + (proc.stderr or "")
     if proc.returncode != 0 or not (site / "index.html").is_file():
         raise PublishError(f"asv publish failed (exit {proc.returncode}): {' '.join(log.split())[-600:]}")
-    return wall, log[-800:]
+    return wall
 
 
 def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str | os.PathLike | None = None,
@@ -466,7 +465,7 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
 
 def _publish_locked(conf: dict[str, Any], base: Path, results: Path, html: Path, cache: Path, timeout: float,
                     t0: float) -> PublishReport:
-    from mla_fp8_bench.analysis.results_merge import remove_tree, replace_dir, umask_dir_mode
+    from mla_fp8_bench.report.results_merge import remove_tree, replace_dir, umask_dir_mode
 
     try:
         html.parent.mkdir(parents=True, exist_ok=True)
@@ -475,10 +474,10 @@ def _publish_locked(conf: dict[str, Any], base: Path, results: Path, html: Path,
         raise PublishError(f"cannot write beside --html-dir {html}: {exc.strerror or exc}") from None
     try:
         site = work / "site"
-        asv_wall, log = _run_asv_publish(conf, base, results.resolve(), site, work, timeout)
+        asv_wall = _run_asv_publish(conf, base, results.resolve(), site, work, timeout)
         vendored = vendorize(site, cache)
         drop_host_time_regressions(site)
-        from mla_fp8_bench.analysis.site_view import present
+        from mla_fp8_bench.report.site_view import present
 
         present(site)
         left = remote_references(site)
@@ -494,7 +493,7 @@ def _publish_locked(conf: dict[str, Any], base: Path, results: Path, html: Path,
             raise PublishError(f"cannot put the site into {html}: {exc.strerror or exc}") from None
     finally:
         remove_tree(work)
-    return PublishReport(html, results, round(time.perf_counter() - t0, 2), round(asv_wall, 2), vendored, log)
+    return PublishReport(html, results, round(time.perf_counter() - t0, 2), round(asv_wall, 2), vendored)
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -528,7 +527,7 @@ def cmd_publish(args, console) -> int:
     console.print(f"published {rep.results_dir} to {rep.html_dir} in {rep.wall_s:.1f} s (asv publish "
                   f"{rep.asv_wall_s:.1f} s); {len(rep.vendored)} CDN references made local "
                   f"({exact} byte-identical to the CDN's file, integrity kept)", highlight=False)
-    from mla_fp8_bench.analysis.site_view import preview_hint
+    from mla_fp8_bench.report.site_view import preview_hint
 
     console.print(preview_hint(rep.html_dir), highlight=False, markup=False, soft_wrap=True)
     return 0

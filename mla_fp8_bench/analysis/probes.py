@@ -1,0 +1,140 @@
+"""Probes: two inputs outside the case grammar on which emulator faults that no prefill case can show
+become visible, calibrated like cases (families ``probe-chunked`` and ``probe-hot-lse``).
+
+``top_left_causal`` is identical to the correct bottom-right mask whenever ``q_len == kv_len`` (every
+prefill case), and ``lse_no_max_subtraction`` only differs when a partial LSE exceeds ~88.7 (fp32
+``exp`` overflow), which randn-like inputs never reach (LSE ~ ln S + O(1)). :data:`PROBES` are a
+chunked-context batch (``q_len < kv_len``) and a "hot LSE" batch (q ~ k, scores ~ 200), run through the
+emulator's kernel + reduce directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mla_fp8_bench.aiter_ps.emulator import emulate_mla_prefill_ps_asm_fwd, emulate_mla_reduce_v1, normalize_faults
+from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
+from mla_fp8_bench.measure.metrics import error_metrics
+from mla_fp8_bench.problem.fp8 import Quantized, quantize
+from mla_fp8_bench.problem.shapes import DEFAULT_SOFTMAX_SCALE, cu_seqlens_of
+
+
+@dataclass
+class ProbeInputs:
+    """A batch with separate q and kv lengths (bottom-right causal), quantised per tensor."""
+
+    name: str
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q8: Quantized
+    k8: Quantized
+    v8: Quantized
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+
+
+#: Probe name -> (q_lens, kv_lens, num_heads, kind).
+PROBES: dict[str, tuple[tuple[int, ...], tuple[int, ...], int, str]] = {
+    "probe-chunked": ((200, 64), (600, 64), 16, "randn"),
+    "probe-hot-lse": ((600,), (600,), 2, "hot"),
+}
+
+
+def make_probe(name: str, seed: int) -> ProbeInputs:
+    """Deterministic probe inputs (``per_tensor`` quantisation).
+
+    ``probe-chunked``: randn q/k/v, q_lens (200, 64) against kv_lens (600, 64), 16 heads.
+    ``probe-hot-lse``: q = k = a shared direction (4 +- 0.1 per channel) plus 0.05 noise, so the
+    scaled scores are ~200 and every LSE exceeds fp32's exp range; 2 heads, one sequence of 600.
+
+    Raises:
+        ValueError: an unknown probe name.
+    """
+    if name not in PROBES:
+        raise ValueError(f"probe {name!r} is unknown: allowed {', '.join(PROBES)}")
+    q_lens, kv_lens, h, kind = PROBES[name]
+    g = torch.Generator().manual_seed(seed)
+    t, p = sum(q_lens), sum(kv_lens)
+    if kind == "hot":
+        base = 4.0 + 0.1 * torch.randn(1, h, 192, generator=g)
+        q = base + 0.05 * torch.randn(t, h, 192, generator=g)
+        k = q.clone()
+    else:
+        q = torch.randn(t, h, 192, generator=g)
+        k = torch.randn(p, h, 192, generator=g)
+    v = torch.randn(p, h, 128, generator=g)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    return ProbeInputs(name, q, k, v, quantize(q), quantize(k), quantize(v), q_lens, kv_lens)
+
+
+def probe_reference(p: ProbeInputs, *, dequantized: bool = True) -> torch.Tensor:
+    """Float64 bottom-right causal attention ``[T, H, 128]`` on the dequantised (or bf16) inputs."""
+    if dequantized:
+        q, k, v = (x.dequantize(torch.float64) for x in (p.q8, p.k8, p.v8))
+    else:
+        q, k, v = p.q.double(), p.k.double(), p.v.double()
+    outs = []
+    qs, ks = 0, 0
+    for ql, kl in zip(p.q_lens, p.kv_lens):
+        qq, kk, vv = q[qs:qs + ql], k[ks:ks + kl], v[ks:ks + kl]
+        s = torch.einsum("qhd,khd->hqk", qq, kk) * DEFAULT_SOFTMAX_SCALE
+        allowed = torch.ones(ql, kl, dtype=torch.bool).tril(diagonal=kl - ql)
+        s = s.masked_fill(~allowed, -math.inf)
+        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv))
+        qs, ks = qs + ql, ks + kl
+    return torch.cat(outs)
+
+
+def run_probe(p: ProbeInputs, faults: Iterable[str] | str | None = None, cu_num: int | None = None) -> torch.Tensor:
+    """The emulated AITER PS path (planner port + kernel + reduce) on a probe, with emulator faults
+    (names of :data:`~mla_fp8_bench.aiter_ps.emulator.ALL_FAULTS`; others raise ``ValueError``)."""
+    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
+
+    fs = normalize_faults(faults)
+    cu_num = cu_num or emulated_cu_num()
+    h = p.q.shape[1]
+    cu_q = torch.tensor(cu_seqlens_of(p.q_lens), dtype=torch.int32)
+    cu_kv = torch.tensor(cu_seqlens_of(p.kv_lens), dtype=torch.int32)
+    plan = plan_ps_prefill(cu_q, cu_kv, torch.tensor(p.kv_lens, dtype=torch.int32), num_heads_k=h, cu_num=cu_num,
+                           qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)
+    t, pk = p.q.shape[0], p.k.shape[0]
+    out = torch.full((t, h, 128), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((t, h), float("nan"))
+    rows = max(1, plan.num_partials) * 256
+    sd = torch.full((rows, h, 128), float("nan"))
+    sl = torch.full((rows, h), float("nan"))
+    emulate_mla_prefill_ps_asm_fwd(p.q8.data, p.k8.data, p.v8.data, cu_q, cu_kv, torch.arange(pk, dtype=torch.int32),
+                                   plan.work_indptr, plan.work_info, max(p.q_lens), DEFAULT_SOFTMAX_SCALE, True, sd, sl,
+                                   out, p.q8.descale, p.k8.descale, p.v8.descale, faults=fs)
+    emulate_mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
+                          faults=fs)
+    return out
+
+
+def probe_record(name: str, seed: int, faults: Iterable[str] | str | None = None,
+                 refs: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
+    """A runner-like record (``backend="aiter-emulated"``, ``case=<probe>-seed<n>``) of one probe run.
+
+    ``refs`` (fp8-dequant ref, bf16 ref) may be passed to reuse references across faults.
+    """
+    p = make_probe(name, seed)
+    if refs is None:
+        refs = (probe_reference(p), probe_reference(p, dequantized=False))
+    rec: dict[str, Any] = {"backend": "aiter-emulated", "case": f"{name}-seed{seed}" if seed else name,
+                           "family": name, "status": "ok", "reason": ""}
+    try:
+        out = run_probe(p, faults)
+    except Exception as exc:  # noqa: BLE001 - a crashing fault is an "error" record, like the runner's
+        rec["status"], rec["reason"] = "error", f"{type(exc).__name__}: {exc}"
+        return rec
+    fm, bm = error_metrics(out, refs[0]), error_metrics(out, refs[1])
+    rec.update(fm.as_dict("_fp8_ref"))
+    rec.update(bm.as_dict("_bf16_ref"))
+    rec["mismatch_fraction"] = bm.mismatch_fraction
+    return rec
