@@ -12,7 +12,7 @@ commit has a stored value for it, which is kept. ``setup_cache`` never raises (a
 exception as a failure of every param, over the stored values).
 
 Bump ``version`` when the measurement method changes (asv hashes only the source of the methods); a track
-whose samples are rounds carries ``version + "+rounds"`` (:func:`~mla_fp8_bench.harness.asv_tracks.track_version`).
+whose samples are rounds carries ``version + "+rounds"`` (``Metric.asv_version``).
 
 The ``track_*`` methods are generated from the metric table (``mla_fp8_bench/measure/metric_table.py``:
 record key, unit, pretty name, floor) by :func:`~mla_fp8_bench.harness.asv_tracks.with_tracks`; add a

@@ -350,7 +350,7 @@ def test_cudnn_reasons_without_frontend_or_with_old_backend(monkeypatch):
 @needs_cudnn
 @pytest.mark.parametrize("case_id", ["s512", "ragged-603-640-655-698"])
 def test_cudnn_accuracy_bands(case_id):
-    """Measured on an H200 (cuDNN 9.19, runs/h200_issue14_cudnn.json): cudnn-fp8 rel-L2 0.030-0.034 against
+    """Measured on an H200 (cuDNN 9.19, studies/results/h200_cudnn.json): cudnn-fp8 rel-L2 0.030-0.034 against
     the dequantised reference (its e4m3 output adds the output rounding FA3's bf16 output does not have),
     cudnn-bf16 rel-L2 0.0020 against the bf16 reference. Bands: < 0.045 and < 0.005."""
     from mla_fp8_bench.measure.devices import platform_info

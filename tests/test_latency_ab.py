@@ -1,4 +1,4 @@
-"""The statistics of scripts/latency_ab.py (the gate's latency rule under A/A and injected slowdowns), on
+"""The statistics of studies/latency_ab.py (the gate's latency rule under A/A and injected slowdowns), on
 synthetic samples, plus a CPU smoke run of the script (CPU)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("latency_ab", ROOT / "scripts" / "latency_ab.py")
+_spec = importlib.util.spec_from_file_location("latency_ab", ROOT / "studies" / "latency_ab.py")
 lab = importlib.util.module_from_spec(_spec)
 sys.modules["latency_ab"] = lab  # dataclasses look their module up in sys.modules
 _spec.loader.exec_module(lab)

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "mla_fp8_bench"
 MAX_FUNCTION_LINES = 120
-CODE_DIRS = ("mla_fp8_bench", "benchmarks", "scripts", "tests")
+CODE_DIRS = ("mla_fp8_bench", "benchmarks", "scripts", "studies", "tests")
 
 
 def _py_files(*dirs: str) -> list[Path]:

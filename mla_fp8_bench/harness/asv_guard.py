@@ -230,13 +230,12 @@ def stored_records(class_name: str, version: str, keys: list[tuple[str, str]]) -
     by_track = {name.rsplit(".", 1)[-1]: name for name in res.benchmarks()
                 if name.split(".")[-2:-1] == [class_name]}
 
-    from mla_fp8_bench.harness.asv_tracks import track_version
     from mla_fp8_bench.measure.metric_table import asv_metrics
 
     out: dict[str, dict[str, Any]] = {}
     for m in asv_metrics(class_name):
         name = by_track.get(m.track)
-        if name is None or res.row(name).get("version") != track_version(m, version):
+        if name is None or res.row(name).get("version") != m.asv_version(version):
             continue
         stored = res.measurements(name)
         for key in keys:

@@ -5,7 +5,7 @@ and is decorated with :func:`with_tracks`; every metric of the table whose ``asv
 name becomes a ``track_<...>`` method with the metric's ``unit``, ``pretty_name`` and docstring. The
 benchmark name asv derives is ``<module>.<class>.<track>`` (the attribute name), so names and params
 stay those of the hand-written methods; the class's ``version`` string is the benchmark version, except
-for tracks whose samples are rounds (:func:`track_version`).
+for tracks whose samples are rounds (:meth:`Metric.asv_version`).
 
 :func:`asv_regression_config` derives the asv configs' ``regressions_thresholds`` and
 ``regressions_first_commits`` from the same table (``python -m mla_fp8_bench.harness.asv_tracks --write
@@ -58,27 +58,13 @@ def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
     return m.floored(float(v))
 
 
-#: Suffix of the benchmark version of a track whose asv samples are one value per round (process).
-ROUNDS_VERSION_SUFFIX = "+rounds"
-
-
-def track_version(m: Metric, class_version: str) -> str:
-    """The asv benchmark version of ``m``'s track in a class whose ``version`` is ``class_version``.
-
-    A metric with per-round values (``rounds_key``) stores rounds as its asv samples, a method of its own:
-    its track's version is ``class_version + "+rounds"``, so only that track starts a new series; every
-    other track keeps the class version and its published history.
-    """
-    return class_version + ROUNDS_VERSION_SUFFIX if m.rounds_key else class_version
-
-
 def _make_track(m: Metric, class_version: str | None):
     def track(self, cache, *params):
         return track_value(self.rec, m)
 
     track.__name__ = track.__qualname__ = m.track
     if class_version is not None:
-        track.version = track_version(m, class_version)
+        track.version = m.asv_version(class_version)
     track.__doc__ = m.doc or m.pretty_name
     track.unit = m.unit
     track.pretty_name = m.pretty_name

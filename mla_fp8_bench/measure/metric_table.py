@@ -134,6 +134,15 @@ class Metric:
         """Full asv benchmark name (``bench_mla_prefill.MLAPrefill.track_latency``) or None."""
         return f"{ASV_MODULE}.{self.asv_class}.{self.track}" if self.track else None
 
+    def asv_version(self, class_version: str) -> str:
+        """The asv benchmark version of this metric's track in a class whose ``version`` is ``class_version``.
+
+        A metric with per-round values (``rounds_key``) stores one value per round (process) as its asv
+        samples, a method of its own: its track's version is ``class_version + "+rounds"``, so only that
+        track starts a new series; every other track keeps the class version and its published history.
+        """
+        return class_version + "+rounds" if self.rounds_key else class_version
+
     def value(self, record: dict[str, Any]) -> float | None:
         """The metric of a run record: ``record[record_key]``, else ``derive(record)``; None when absent."""
         v = record.get(self.record_key)

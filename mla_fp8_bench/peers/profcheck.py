@@ -20,7 +20,7 @@ Differences are in percent, ``(graph / profiler - 1) * 100``:
 * ``diff_graph_vs_profiled_graph_pct`` - the suite's number vs the profiled graph replays;
 * ``diff_graph_vs_eager_pct`` - the suite's number vs profiled eager calls.
 
-Command line (one process; the CV study of ``scripts/h200_session.py`` runs it several times)::
+Command line (one process; the CV study of ``studies/h200_session.py`` runs it several times)::
 
     python -m mla_fp8_bench.peers.profcheck --backend fa3-fp8 --cases s128,s2048 --json out.json
 

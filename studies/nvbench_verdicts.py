@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """nvbench-compare-robust's verdicts on the suite's own A/A and slowdown trials, beside the gate's.
 
-Reads a ``scripts/latency_ab.py`` JSON (trials of BASE and HEAD samples, with the SM clock read during
+Reads a ``studies/latency_ab.py`` JSON (trials of BASE and HEAD samples, with the SM clock read during
 each sample), writes each trial as a pair of nvbench JSON files (cold GPU time summaries plus the bulk
 ``sample_times`` / ``sample_freqs`` float32 files that nvbench's ``--jsonbin`` output carries), runs
 ``nvbench-compare-robust`` (``cuda.bench.scripts.nvbench_compare_robust`` from the ``cuda-bench``
 wheel; needs numpy, colorama, tabulate) on each pair and records its status (FAST / SLOW / SAME /
 AMBG). Beside it, per trial, the gate's latency rule on time and on SM cycles (time x clock).
 
-    python3 scripts/nvbench_verdicts.py runs/h200_issue14_latency_ab.json --json out.json
+    python3 studies/nvbench_verdicts.py studies/results/h200_latency_ab_factors.json --json out.json
 
 Pure CPU; the comparison tool is never asked about a device.
 """

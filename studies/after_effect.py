@@ -8,7 +8,7 @@ large case (buffer placement, if only it moves), the same call again after idle 
 bf16 GEMM load (recovery of the state). Each step records latency, SM cycles per launch, the SM and
 memory clock, temperature and power::
 
-    python3 scripts/after_effect.py --small s512 --large s8192 --json out.json
+    python3 studies/after_effect.py --small s512 --large s8192 --json out.json
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ BASE (and the second BASE of an A/A trial) is an empty directory: the real FA3.
 Each trial is one ``mla-fp8-bench ab`` run (``--rounds`` rounds per side, alternating processes); A/A
 and slowdown trials alternate. Run from the repository root on the device::
 
-    python3 scripts/ab_trials.py --work /tmp/abt --out $OUT/ab_trials.json --trials 5 --rounds 5
+    python3 studies/ab_trials.py --work /tmp/abt --out $OUT/ab_trials.json --trials 5 --rounds 5
 
 ``--summarize A.json B.json ...`` pools trial files (two machine starts) and recomputes every verdict
 with the gate's rounds rule at ``--factor`` / ``--noise-k`` from the stored per-round values.
@@ -33,9 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "studies"))
 
-SHIM = '''"""fa3_fwd_interface with an injected device-side slowdown (scripts/ab_trials.py)."""
+SHIM = '''"""fa3_fwd_interface with an injected device-side slowdown (studies/ab_trials.py)."""
 import importlib.machinery, importlib.util, json, os, sys
 _here = os.path.dirname(os.path.abspath(__file__))
 _path = [p for p in sys.path if os.path.abspath(p or ".") != _here]

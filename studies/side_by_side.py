@@ -24,9 +24,9 @@ sorted-vs-reversed order dependence, and each tool's level against the suite and
 
 Device call (5 processes, alternating order)::
 
-    for i in 0 1 2 3 4; do python3 scripts/side_by_side.py --order $([ $((i % 2)) = 0 ] && echo sorted || \
+    for i in 0 1 2 3 4; do python3 studies/side_by_side.py --order $([ $((i % 2)) = 0 ] && echo sorted || \
         echo reversed) --json sbs_p$i.json; done
-    python3 scripts/side_by_side.py --summarize sbs_p*.json --json sbs_summary.json
+    python3 studies/side_by_side.py --summarize sbs_p*.json --json sbs_summary.json
 """
 
 from __future__ import annotations

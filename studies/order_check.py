@@ -7,10 +7,10 @@ clock-aware settle, per-sample SM clock) and writes one JSON per process. Only l
 (no references, no call latency), so a process costs seconds. Run it as separate processes on a
 freshly started machine, the first process included, then ``--summarize`` the files::
 
-    python3 scripts/order_check.py --order sorted --json o1.json
-    python3 scripts/order_check.py --order reversed --json o2.json
-    python3 scripts/order_check.py --order shuffled --seed 1 --json o3.json
-    python3 scripts/order_check.py --summarize o1.json o2.json o3.json --json summary.json
+    python3 studies/order_check.py --order sorted --json o1.json
+    python3 studies/order_check.py --order reversed --json o2.json
+    python3 studies/order_check.py --order shuffled --seed 1 --json o3.json
+    python3 studies/order_check.py --summarize o1.json o2.json o3.json --json summary.json
 
 The summary gives per (backend, case) the spread across processes ``(max - min) / min`` of the
 medians, its largest value, and whether every spread is within ``--tolerance`` (default 1 %).

@@ -8,7 +8,7 @@ the rest). Device call (the workstation first runs ``git bundle create .whl/repo
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD
-    python3 scripts/h200_session.py --out $OUT --deadline 540
+    python3 studies/h200_session.py --out $OUT --deadline 540
 
 Steps (``--steps``, run in the order given, default ``env,smoke,asv,ceilings,cv,sweep,pytest``; each
 runs in its own subprocess, its log goes to ``logs/``):
@@ -23,15 +23,15 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``sweep``     ``cli run --json`` over the sweep s128..s32768 for fa3-fp8, fa3-bf16, torch-sdpa-bf16 with
               the device ceilings attached in the same process (``ceilings.attach``), plus
               aiter-emulated capped at ``--emu-max-seq`` (its latency is an emulation's)
-``order``     ``scripts/order_check.py`` in separate processes, sorted / reversed / shuffled
+``order``     ``studies/order_check.py`` in separate processes, sorted / reversed / shuffled
               (``--order-rounds`` rounds), then their summary: run-order independence of the GPU grid
-``sbs``       ``scripts/side_by_side.py`` in ``--sbs-procs`` processes of alternating order (the suite vs
+``sbs``       ``studies/side_by_side.py`` in ``--sbs-procs`` processes of alternating order (the suite vs
               nvbench, Triton, torch.utils.benchmark and the profiler span), then the summary
-``ab``        ``scripts/latency_ab.py`` on fa3-fp8 ``--ab-case``: A/A and +1/2/3/5% device-kernel slowdowns
+``ab``        ``studies/latency_ab.py`` on fa3-fp8 ``--ab-case``: A/A and +1/2/3/5% device-kernel slowdowns
 ``cudnn``     the runner on cudnn-fp8, cudnn-bf16 and fa3-fp8 over the sweep, ragged and ctx/prefix cases
-``abtrials``  ``scripts/ab_trials.py``: ``mla-fp8-bench ab`` A/A and +3 % trials (an FA3 install with a
+``abtrials``  ``studies/ab_trials.py``: ``mla-fp8-bench ab`` A/A and +3 % trials (an FA3 install with a
               calibrated extra kernel), ``--ab-trials`` of each, ``--ab-rounds`` rounds per side
-``after``     ``scripts/after_effect.py`` in two processes: the small-case state before and after a large case
+``after``     ``studies/after_effect.py`` in two processes: the small-case state before and after a large case
 ``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
 ``asv-tiny-fork`` the same with ``--launch-method forkserver``
 ``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key and a
@@ -83,7 +83,7 @@ CV_CASES = "s128,s2048,s8192,s32768"
 SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
 ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv", "order", "sbs",
              "ab", "cudnn", "abtrials", "after")
-#: Orders of the order-independence processes (scripts/order_check.py), the first one on a fresh machine.
+#: Orders of the order-independence processes (studies/order_check.py), the first one on a fresh machine.
 ORDERS = ("sorted", "reversed", "shuffled")
 #: The GPU grid of the order check: the asv grid's backends and its per-tensor cases.
 ORDER_BACKENDS = "fa3-fp8,fa3-bf16,torch-sdpa-bf16,torch-fp8-ref"
@@ -444,7 +444,7 @@ def do_order(c) -> None:
              ["--order", order, "--seed", str(i + 1), "--backends", args.order_backends, "--cases", args.order_cases,
               *tracked])
             for i, order in enumerate(ORDERS * args.order_rounds)]
-    _process_rounds(s, "order", "scripts/order_check.py", runs, 150, jd / "order_summary.json")
+    _process_rounds(s, "order", "studies/order_check.py", runs, 150, jd / "order_summary.json")
 
 
 def do_sbs(c) -> None:
@@ -454,12 +454,12 @@ def do_sbs(c) -> None:
         order = "sorted" if i % 2 == 0 else "reversed"
         nvbench = str(jd / f"nvbench_p{i}.json")
         runs.append((jd / f"sbs_p{i}_{order}.json", ["--order", order, "--nvbench-json", nvbench]))
-    _process_rounds(s, "sbs", "scripts/side_by_side.py", runs, 120, jd / "sbs_summary.json")
+    _process_rounds(s, "sbs", "studies/side_by_side.py", runs, 120, jd / "sbs_summary.json")
 
 
 def do_ab(c) -> None:
     s, args, jd = c.s, c.args, c.jd
-    rc, w = s.sh("ab", [py(), "scripts/latency_ab.py", "--backend", "fa3-fp8", "--case", args.ab_case,
+    rc, w = s.sh("ab", [py(), "studies/latency_ab.py", "--backend", "fa3-fp8", "--case", args.ab_case,
                         "--aa", "10", "--reps", "10", "--slowdowns", "0.01,0.02,0.03,0.05",
                         "--deadline", str(max(30.0, min(200.0, s.left() - 40))),
                         "--out", str(jd / "latency_ab.json")], 260)
@@ -468,7 +468,7 @@ def do_ab(c) -> None:
 
 def do_abtrials(c) -> None:
     s, args, jd = c.s, c.args, c.jd
-    rc, w = s.sh("abtrials", [py(), "scripts/ab_trials.py", "--work", "/tmp/ab_trials", "--out",
+    rc, w = s.sh("abtrials", [py(), "studies/ab_trials.py", "--work", "/tmp/ab_trials", "--out",
                               str(jd / "ab_trials.json"), "--trials", str(args.ab_trials), "--rounds",
                               str(args.ab_rounds), "--deadline", str(max(20.0, s.left() - 60))], s.left() - 10)
     s.step("abtrials", rc, w)
@@ -479,7 +479,7 @@ def do_after(c) -> None:
     t = 0.0
     rcs = []
     for i in range(2):
-        rc, w = s.sh("after", [py(), "scripts/after_effect.py", "--small", "s512", "--large", "s8192", "--json",
+        rc, w = s.sh("after", [py(), "studies/after_effect.py", "--small", "s512", "--large", "s8192", "--json",
                                str(jd / f"after_p{i}.json")], 60)
         t += w
         rcs.append(rc)

@@ -20,9 +20,9 @@ the gate's rule at ``--factor`` and for the significance test alone (factor 1.0)
 reliably caught slowdown* is the smallest one detected in >= 90 % of trials while A/A raised at most
 ``--max-aa-alarms`` (default 1) false alarms.
 
-Run on the H200 (one call, from the repository root; wheels as in scripts/h200_session.py)::
+Run on the H200 (one call, from the repository root; wheels as in studies/h200_session.py)::
 
-    python3 scripts/latency_ab.py --backend fa3-fp8 --case s8192 --aa 10 --reps 10 --samples 30 \
+    python3 studies/latency_ab.py --backend fa3-fp8 --case s8192 --aa 10 --reps 10 --samples 30 \
         --out $OUT/latency_ab.json
 
 Caveat: trials run in one process; the cross-process, cross-boot variance of a real PR gate (two asv
