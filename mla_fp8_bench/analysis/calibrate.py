@@ -3,7 +3,7 @@
 ``mla-fp8-bench calibrate`` runs every backend x quantisation mode (``per_tensor``, ``cast``) x input
 distribution (``normal``, ``outlier``, ``mla``) x case shape over ``--seeds`` seeds (>= 20), measures
 the error metrics of :data:`METRICS` against both references (fp8-dequantised and bf16), and writes a
-versioned JSON file (``tolerances/<name>.json``) with, per (backend, case family), the measured
+versioned JSON file (``tolerances/<name>.json``) with, per (backend, case without its seed), the measured
 distribution (min / median / max / mean / std over seeds) and a tolerance per metric.
 
 **Method: tolerance = max over the calibration seeds x margin (default 2.0), floored.**
@@ -53,10 +53,10 @@ from mla_fp8_bench.analysis.tolerances import (  # noqa: F401 - re-exported: cal
     Tolerances,
     Violation,
     check,
-    family_of,
     group_of,
     load_tolerances,
     ratios,
+    tolerance_key,
     validate_tolerances,
 )
 
@@ -174,7 +174,7 @@ def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, 
 
 
 def _collect(results: list[tuple[tuple, dict]]) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """backend -> family -> metric -> values over seeds.
+    """backend -> tolerance key (case id without seed) -> metric -> values over seeds.
 
     Raises:
         RuntimeError: a healthy calibration run failed or produced non-finite outputs.
@@ -187,10 +187,10 @@ def _collect(results: list[tuple[tuple, dict]]) -> dict[str, dict[str, dict[str,
                 failures.append(f"{b} {rec['case']}: {rec['status']} {rec.get('reason', '')} "
                                 f"nonfinite={rec.get('nonfinite_count_fp8_ref')}")
                 continue
-            fam = family_of(rec)
+            key = tolerance_key(rec)
             for m in METRICS:
                 if rec.get(m) is not None:  # e.g. no LSE from a backend that does not return one
-                    values.setdefault(b, {}).setdefault(fam, {}).setdefault(m, []).append(float(rec[m]))
+                    values.setdefault(b, {}).setdefault(key, {}).setdefault(m, []).append(float(rec[m]))
     if failures:
         raise RuntimeError("healthy calibration runs failed (fix before calibrating):\n  " + "\n  ".join(failures[:10]))
     return values
@@ -202,14 +202,14 @@ def _derive(values: dict[str, dict[str, dict[str, list[float]]]], margin: float)
     dists_out: dict[str, Any] = {}
     tol_out: dict[str, Any] = {}
     groups: dict[str, Any] = {}
-    for b, fams in values.items():
-        for fam, mets in sorted(fams.items()):
-            dists_out.setdefault(b, {})[fam] = {m: summary(v) for m, v in mets.items()}
-            tol_out.setdefault(b, {})[fam] = {m: max(FLOORS[m], max(v) * margin) for m, v in mets.items()}
-            grp = group_of(fam)
+    for b, by_key in values.items():
+        for key, mets in sorted(by_key.items()):
+            dists_out.setdefault(b, {})[key] = {m: summary(v) for m, v in mets.items()}
+            tol_out.setdefault(b, {})[key] = {m: max(FLOORS[m], max(v) * margin) for m, v in mets.items()}
+            grp = group_of(key)
             if grp:
                 g = groups.setdefault(b, {}).setdefault(grp, {})
-                for m, lim in tol_out[b][fam].items():
+                for m, lim in tol_out[b][key].items():
                     g[m] = max(g.get(m, 0.0), lim)
     return dists_out, tol_out, groups
 
@@ -255,7 +255,7 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
     doc: dict[str, Any] = {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "name": name, "method": METHOD, "margin": margin,
         "method_text": (f"tolerance = max(floor, max over {seeds} calibration seeds x {margin}) per (backend, case "
-                        "family, metric); family = case id without seed; groups = max over a (quant, dist) "
+                        "case, metric); case = case id without seed; groups = max over a (quant, dist) "
                         "group's shapes, used for shapes that were not calibrated"),
         "floors": FLOORS, "metrics": list(METRICS), "always_zero": list(ZERO_METRICS),
         "seeds": {"calibration": list(range(seeds)),
@@ -351,13 +351,13 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
 
     write_json_or_rescue(doc, out, "calibrated tolerances")  # atomic; hours of measuring survive a refused write
     t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) - {out}")
-    for col in ("backend", "family", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
+    for col in ("backend", "case", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
                 "rel-L2 fp8 tol", "mismatch tol"):
         t.add_column(col)
-    for b, fams in doc["tolerances"].items():
-        for fam, mets in fams.items():
-            d = doc["distributions"][b][fam]
-            t.add_row(b, fam,
+    for b, by_key in doc["tolerances"].items():
+        for key, mets in by_key.items():
+            d = doc["distributions"][b][key]
+            t.add_row(b, key,
                       f"{d['max_abs_error_fp8_ref']['median']:.3g}/{d['max_abs_error_fp8_ref']['max']:.3g} -> "
                       f"{mets['max_abs_error_fp8_ref']:.3g}",
                       f"{d['max_abs_error_bf16_ref']['median']:.3g}/{d['max_abs_error_bf16_ref']['max']:.3g} -> "

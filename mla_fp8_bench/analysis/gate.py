@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from mla_fp8_bench.analysis.stats import mann_whitney_greater, min_attainable_p  # noqa: F401 - re-exported
-from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, family_of, load_tolerances
+from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, load_tolerances, tolerance_key
 from mla_fp8_bench.harness.results import (
     AsvResult,
     ResultsError,
@@ -533,13 +533,13 @@ def _tolerance(row: Row, m: Metric | None, bm: Measure | None, hm: Measure, opts
     """Check a calibrated accuracy value against its tolerance; sets REGRESSION; returns a detail note."""
     if row.kind != "accuracy" or opts.tolerances is None:
         return ""
-    family = family_of({"backend": row.backend, "case": row.case})
-    lim, how = opts.tolerances.lookup(row.backend, family)
+    key = tolerance_key({"backend": row.backend, "case": row.case})
+    lim, how = opts.tolerances.lookup(row.backend, key)
     if lim is None or (row.metric not in lim and not (m is not None and m.calibrated)):
         return ""
     if row.metric not in lim:
         raise GateUsageError(f"tolerance file {opts.tolerances.path} lacks calibrated metric {row.metric} for "
-                             f"{row.backend} / {family} ({how}): recalibrate (mla-fp8-bench calibrate)")
+                             f"{row.backend} / {key} ({how}): recalibrate (mla-fp8-bench calibrate)")
     v, t = hm.center(), lim[row.metric]
     row.compared = True
     if v > t:

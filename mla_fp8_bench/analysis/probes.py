@@ -127,7 +127,7 @@ def probe_record(name: str, seed: int, faults: Iterable[str] | str | None = None
     if refs is None:
         refs = (probe_reference(p), probe_reference(p, dequantized=False))
     rec: dict[str, Any] = {"backend": "aiter-emulated", "case": f"{name}-seed{seed}" if seed else name,
-                           "family": name, "status": "ok", "reason": ""}
+                           "tolerance_key": name, "status": "ok", "reason": ""}
     try:
         out = run_probe(p, faults)
     except Exception as exc:  # noqa: BLE001 - a crashing fault is an "error" record, like the runner's

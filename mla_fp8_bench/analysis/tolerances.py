@@ -1,12 +1,12 @@
 """Calibrated accuracy tolerances: the file format, loading and checking records against it.
 
 A tolerance file (``tolerances/<name>.json``, written by ``mla-fp8-bench calibrate``, see
-:mod:`mla_fp8_bench.analysis.calibrate` for the method) holds, per (backend, case family), a tolerance
+:mod:`mla_fp8_bench.analysis.calibrate` for the method) holds, per (backend, tolerance key), a tolerance
 for each calibrated metric of the metric table (:mod:`mla_fp8_bench.measure.metric_table`), and per
 (backend, quantisation/distribution group) the maximum over the group's calibrated shapes.
 
 The accuracy check (:func:`check`) compares a runner record (``mla-fp8-bench run --json``) with the
-tolerances of its (backend, family); the family is the case id without its seed
+tolerances of its (backend, tolerance key); the key is the case id without its seed
 (``s257-cast-outlier-seed3`` -> ``s257-cast-outlier``). A case shape that was not calibrated falls
 back to the group of its (quantisation, distribution) - the max tolerance over the calibrated shapes
 of that group - and the check says it extrapolated. Non-finite outputs and ``status == "error"``
@@ -45,20 +45,21 @@ class ToleranceFileError(ValueError):
     """A tolerance file is missing, unreadable or malformed; the message names the file and the problem."""
 
 
-def family_of(record: dict[str, Any]) -> str | None:
-    """The case family of a record: its ``family`` key, else the case id without the seed suffix."""
-    if record.get("family"):
-        return str(record["family"])
+def tolerance_key(record: dict[str, Any]) -> str | None:
+    """The key a record's tolerances are stored under: its ``tolerance_key`` field (a fault probe), else
+    the case id without the seed suffix."""
+    if record.get("tolerance_key"):
+        return str(record["tolerance_key"])
     try:
         return parse_case_id(str(record.get("case"))).with_(seed=0).id
     except (CaseError, TypeError, ValueError):
         return None
 
 
-def group_of(family: str) -> str | None:
-    """``"<quant>/<dist>"`` of a case family (None for probes and unparsable ids)."""
+def group_of(key: str) -> str | None:
+    """``"<quant>/<dist>"`` of a tolerance key (None for probes and unparsable ids)."""
     try:
-        c = parse_case_id(family)
+        c = parse_case_id(key)
     except (CaseError, TypeError, ValueError):
         return None
     return f"{c.quant}/{c.dist}"
@@ -80,14 +81,14 @@ class Tolerances:
     def name(self) -> str:
         return str(self.data.get("name", Path(self.path).stem))
 
-    def lookup(self, backend: str, family: str | None) -> tuple[dict[str, float] | None, str]:
-        """(tolerances per metric, how they were found: ``"family"``, ``"group <q>/<d>"`` or ``"none"``)."""
-        fam_tol = self.data["tolerances"].get(backend)
-        if fam_tol is None or family is None:
+    def lookup(self, backend: str, key: str | None) -> tuple[dict[str, float] | None, str]:
+        """(tolerances per metric, how they were found: ``"case"``, ``"group <q>/<d>"`` or ``"none"``)."""
+        by_key = self.data["tolerances"].get(backend)
+        if by_key is None or key is None:
             return None, "none"
-        if family in fam_tol:
-            return fam_tol[family], "family"
-        grp = group_of(family)
+        if key in by_key:
+            return by_key[key], "case"
+        grp = group_of(key)
         g = self.data.get("groups", {}).get(backend, {}).get(grp) if grp else None
         if g is not None:
             return g, f"group {grp} (extrapolated: shape not calibrated)"
@@ -122,10 +123,10 @@ def validate_tolerances(data: Any, path: str = "<memory>") -> dict[str, Any]:
     for section in ("tolerances", "groups"):
         sec = data.get(section, {})
         if not isinstance(sec, dict):
-            raise _bad(path, f"{section} must be an object of backend -> family -> metric -> number")
+            raise _bad(path, f"{section} must be an object of backend -> case -> metric -> number")
         for b, fams in sec.items():
             if not isinstance(fams, dict):
-                raise _bad(path, f"{section}.{b} must be an object of family -> metric -> number")
+                raise _bad(path, f"{section}.{b} must be an object of case -> metric -> number")
             for f, mets in fams.items():
                 if not isinstance(mets, dict) or not mets:
                     raise _bad(path, f"{section}.{b}.{f} must be a non-empty object of metric -> number")
@@ -170,7 +171,7 @@ class Violation:
     metric: str
     value: float | None
     tolerance: float | None
-    how: str  # "family" / "group ..." / "status" / "nonfinite"
+    how: str  # "case" / "group ..." / "status" / "nonfinite"
     reason: str = ""
 
     @property
@@ -190,7 +191,7 @@ class Violation:
 
 def ratios(record: dict[str, Any], tol: Tolerances) -> tuple[dict[str, float], str]:
     """value/tolerance per calibrated metric present in the record, and how the tolerances were found."""
-    t, how = tol.lookup(str(record.get("backend")), family_of(record))
+    t, how = tol.lookup(str(record.get("backend")), tolerance_key(record))
     if t is None:
         return {}, how
     out = {}
@@ -208,7 +209,7 @@ def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
 
     Rules: ``status == "error"`` is a violation; ``skipped`` records are not checked; any non-finite
     output (``nonfinite_count_fp8_ref > 0`` or a non-finite metric) is a violation; every calibrated
-    metric must be <= its tolerance. A record without a calibrated (backend, family or group) gets no
+    metric must be <= its tolerance. A record without a calibrated (backend, case or group) gets no
     violations from the metric rule (see :func:`ratios` to tell).
     """
     b, c = str(record.get("backend")), str(record.get("case"))
@@ -223,7 +224,7 @@ def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
         if v is not None and float(v) != 0:
             out.append(Violation(b, c, "nonfinite", float(v), 0.0, "nonfinite",
                                  f"{m} = {int(v)}: non-finite elements (must be 0)"))
-    t, how = tolerances.lookup(b, family_of(record))
+    t, how = tolerances.lookup(b, tolerance_key(record))
     if t is None:
         return out
     for m, lim in t.items():

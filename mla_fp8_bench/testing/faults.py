@@ -304,7 +304,7 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
     ``worst_value``, ``worst_tolerance``, ``worst_ratio`` (value / tolerance; inf for non-finite or
     error records). ``stop_at_first`` stops a fault at its first flagged (case, seed).
     """
-    from mla_fp8_bench.analysis.tolerances import check, family_of
+    from mla_fp8_bench.analysis.tolerances import check, tolerance_key
     from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
@@ -333,7 +333,7 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
                         ctxs[key] = CaseContext(parse_case_id(key), pinfo, None)
                     rec = evaluate_one(FaultyEmulated(faults=f), ctxs[key], pinfo, opts).as_dict()
                 viol = check(rec, tolerances)
-                lim, _how = tolerances.lookup("aiter-emulated", family_of(rec))
+                lim, _how = tolerances.lookup("aiter-emulated", tolerance_key(rec))
                 worst = (None, None, None, 0.0)
                 for v in viol:
                     if v.ratio >= worst[3]:
