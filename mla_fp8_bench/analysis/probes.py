@@ -1,5 +1,5 @@
 """Probes: two inputs outside the case grammar on which emulator faults that no prefill case can show
-become visible, calibrated like cases (families ``probe-chunked`` and ``probe-hot-lse``).
+become visible, calibrated like cases (tolerance keys ``probe-chunked`` and ``probe-hot-lse``).
 
 ``top_left_causal`` is identical to the correct bottom-right mask whenever ``q_len == kv_len`` (every
 prefill case), and ``lse_no_max_subtraction`` only differs when a partial LSE exceeds ~88.7 (fp32

@@ -292,7 +292,7 @@ class FaultyEmulated(Backend):
 
 # ------------------------------------------------------------------------------------------ report
 #: Cases each fault is tried on (cheapest first): the default calibration shapes, the cast-outlier
-#: family (for ``unsaturated_cast``), then the probes (for the probe-only faults).
+#: case (for ``unsaturated_cast``), then the probes (for the probe-only faults).
 REPORT_CASES = ("s128", "s257", "ragged-255-257", "s512-h8", "s512", "s257-cast-outlier")
 
 
