@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import signal
 import sys
 from typing import Any
@@ -16,19 +15,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from mla_fp8_bench.terminal import fmt_seconds
+
 EXIT_USAGE = 2
 #: Third-party modules of the optional parts -> the pyproject extra that installs them.
 EXTRA_OF_MODULE = {"matplotlib": "plot", "asv": "bench", "asv_runner": "bench"}
-
-
-def _fmt_s(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if x >= 1:
-        return f"{x:.3f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.3f} ms"
-    return f"{x * 1e6:.1f} us"
 
 
 def _fmt_f(x: Any, spec: str = ".4g") -> str:
@@ -136,7 +127,7 @@ def _records_table(data: dict) -> Table:
         t.add_column(col, overflow="fold")
     for r in data["records"]:
         scope = r.get("timing_scope")
-        t.add_row(r["backend"], r["case"], r["status"], _fmt_s(r.get("latency_s")),
+        t.add_row(r["backend"], r["case"], r["status"], fmt_seconds(r.get("latency_s")),
                   (r.get("latency_method") or "-") + (" (emulation)" if r.get("emulation") else ""),
                   _fmt_f(r.get("tflops"), ".1f") if scope != "emulation" else "-",
                   _fmt_f(r.get("max_abs_error_fp8_ref")), _fmt_f(r.get("max_abs_error_bf16_ref")),
@@ -344,15 +335,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("env", help="platform, versions and each backend's availability with the reason")
-    sub.add_parser("cases", help="list named suites and the default sweep per device")
+    sub.add_parser("env", help="platform, versions and each backend's availability with the reason").set_defaults(
+        handler=cmd_env)
+    sub.add_parser("cases", help="list named suites and the default sweep per device").set_defaults(handler=cmd_cases)
     am = sub.add_parser("asv-machine", help="write ~/.asv-machine.json for NAME from results/NAME/machine.json "
                         "(or from this machine's facts, with a gpu key)")
+    am.set_defaults(handler=cmd_asv_machine)
     am.add_argument("name", help="asv machine name, e.g. cpu-2core, h200, mi355")
     am.add_argument("--results-dir", default="results")
     am.add_argument("--force", action="store_true", help="replace an existing entry of NAME with other facts, or "
                     "use a published NAME whose committed facts are not this machine's")
     r = sub.add_parser("run", help="measure backends x cases (latency, errors, TFLOP/s)")
+    r.set_defaults(handler=cmd_run)
     r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
     r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "
                    "(default: the device's seq_len sweep)")
@@ -372,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_extra_commands(sub) -> None:
-    """Sub-commands that live in their own modules register here (each module's ``add_parser``)."""
+    """Sub-commands that live in their own modules register here (each module's ``add_parser`` sets
+    ``handler=``, as the commands above do)."""
     from mla_fp8_bench.aiter_ps import plan_cli
     from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
     from mla_fp8_bench.report import plot, publish, results_merge, site_view
@@ -394,10 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     from mla_fp8_bench.measure.devices import DeviceError
     from mla_fp8_bench.problem.cases import CaseError
 
-    handlers = {"env": cmd_env, "cases": cmd_cases, "run": cmd_run, "asv-machine": cmd_asv_machine}
     try:
-        handler = handlers.get(args.cmd) or args.handler
-        return handler(args, console)
+        return args.handler(args, console)
     except (UnknownBackendError, CaseError, DeviceError, FileNotFoundError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return EXIT_USAGE

@@ -8,10 +8,12 @@
   runs under those lines; off a terminal the lines alone are printed, each flushed as it happens.
 * :func:`case_line` - that line, the one format the CLI and the asv grid (``setup_cache``, on stderr so
   ``asv run --show-stderr`` shows it) both print.
+* :func:`fmt_seconds` - a duration in s / ms / us, the one format of every table.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -22,6 +24,17 @@ from rich.console import Console
 #: Width of a console off a terminal when ``COLUMNS`` is not set: wide enough that no table of the suite
 #: wraps (rich tables that are not ``expand``-ed take their natural width, not this one).
 LOG_WIDTH = 100_000
+
+
+def fmt_seconds(x: float | None) -> str:
+    """Seconds with 4 significant digits in s / ms / us (``9.745 us``, ``10.24 ms``); ``-`` for None or NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x >= 1:
+        return f"{x:.4g} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.4g} ms"
+    return f"{x * 1e6:.4g} us"
 
 
 def is_terminal(file: TextIO | None = None) -> bool:

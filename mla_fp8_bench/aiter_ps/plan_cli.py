@@ -41,7 +41,7 @@ from mla_fp8_bench.aiter_ps.workspace import (
     vllm_partial_tiles,
     workspace_bytes,
 )
-from mla_fp8_bench.problem.shapes import V_HEAD_DIM
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM, cu_seqlens_of
 
 __all__ = ["PlanRequest", "add_parser", "cmd_plan", "plan_record", "plan_request", "run_plan"]
 
@@ -85,18 +85,11 @@ class PlanRequest:
 
     @property
     def qo_indptr(self) -> list[int]:
-        return _cumsum(self.q_lens)
+        return cu_seqlens_of(self.q_lens)
 
     @property
     def kv_indptr(self) -> list[int]:
-        return _cumsum(self.kv_lens)
-
-
-def _cumsum(xs) -> list[int]:
-    out = [0]
-    for x in xs:
-        out.append(out[-1] + x)
-    return out
+        return cu_seqlens_of(self.kv_lens)
 
 
 def _int(name: str, text: Any, lo: int, hi: int) -> int:

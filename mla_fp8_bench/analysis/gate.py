@@ -61,6 +61,7 @@ from mla_fp8_bench.harness.results import (
     load_any,
 )
 from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, METRICS, Metric, find
+from mla_fp8_bench.terminal import fmt_seconds
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 DEFAULT_ALPHA = 0.01
@@ -454,17 +455,8 @@ def _fmt(m: Measure | None, kind: str, metric: Metric | None = None) -> str:
     if metric is not None and metric.floor is not None and v <= metric.floor:
         return "0"
     if kind in _LATENCY_KINDS:
-        return _fmt_s(v) + (f" (n={len(m.samples)})" if m.samples else "")
+        return fmt_seconds(v) + (f" (n={len(m.samples)})" if m.samples else "")
     return f"{v:.4g}"
-
-
-def _fmt_s(x: float) -> str:
-    """Seconds with 4 significant digits in s / ms / us (``9.745 us``, ``10.24 us``)."""
-    if x >= 1:
-        return f"{x:.4g} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.4g} ms"
-    return f"{x * 1e6:.4g} us"
 
 
 def ratio_str(x: float, against: float | None = None) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS
+from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS, cu_seqlens_of
 
 QUANT_MODES = ("per_tensor", "cast")
 DISTRIBUTIONS = ("normal", "outlier", "mla", "const")
@@ -221,11 +221,11 @@ class Case:
 
     def cu_seqlens_q(self) -> list[int]:
         """Query starts ``[0, q0, q0+q1, ...]`` (qo_indptr, length B+1)."""
-        return _cumsum(self.seq_lens)
+        return cu_seqlens_of(self.seq_lens)
 
     def cu_seqlens_kv(self) -> list[int]:
         """Key starts ``[0, kv0, kv0+kv1, ...]`` (kv_indptr, length B+1)."""
-        return _cumsum(self.kv_lens)
+        return cu_seqlens_of(self.kv_lens)
 
     def cu_seqlens(self) -> list[int]:
         """Cumulative sequence starts ``[0, s0, s0+s1, ...]`` (length B+1): qo_indptr == kv_indptr.
@@ -237,7 +237,7 @@ class Case:
         if not self.kind.same_q_kv:
             raise CaseError(f"cu_seqlens() is defined for prefill cases (q_len == kv_len), not for {self.family} "
                             f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
-        return _cumsum(self.seq_lens)
+        return cu_seqlens_of(self.seq_lens)
 
     # ------------------------------------------------------------------ ids
     @property
@@ -248,13 +248,6 @@ class Case:
     def with_(self, **changes) -> Case:
         """A copy with fields replaced (validated)."""
         return replace(self, **changes)
-
-
-def _cumsum(lens: tuple[int, ...]) -> list[int]:
-    out = [0]
-    for s in lens:
-        out.append(out[-1] + s)
-    return out
 
 
 def _format_runs(items: tuple) -> str:
