@@ -70,7 +70,7 @@ def test_probe_only_faults_are_invisible_on_prefill_cases(tol, fault):
 
 def test_healthy_path_raises_no_alarm_over_fresh_seeds(tol):
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
@@ -80,9 +80,9 @@ def test_healthy_path_raises_no_alarm_over_fresh_seeds(tol):
     n = 0
     for seed in range(HELD_OUT_SEED0, HELD_OUT_SEED0 + MIN_SEEDS):
         for cid in ("s128", "s128-cast-outlier"):
-            ctx = CaseContext(parse_case_id(cid).with_(seed=seed), pinfo, None)
+            case_data = CaseData(parse_case_id(cid).with_(seed=seed), pinfo, None)
             for backend in (FaultyEmulated(), get_backend("torch-fp8-ref")):
-                rec = evaluate_one(backend, ctx, pinfo, opts).as_dict()
+                rec = evaluate_one(backend, case_data, pinfo, opts).as_dict()
                 alarms += [str(v) for v in check(rec, tol)]
                 lim, _ = tol.lookup(rec["backend"], parse_case_id(cid).id)
                 worst = max(worst, max(float(rec[m]) / t for m, t in lim.items()))
@@ -143,17 +143,17 @@ def test_prefix_faults_are_caught_on_chunk_cases_and_invisible_on_prefill(tol, f
 
 def test_one_call_prefix_passes_so_prefix_top_left_is_the_alignment(tol):
     """The healthy one-call prefix (bottom-right) passes the check: the fault's alarm is its top-left mask."""
-    from mla_fp8_bench.harness.runner import CaseContext
+    from mla_fp8_bench.harness.runner import CaseData
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.measure.metrics import error_metrics
     from mla_fp8_bench.problem.cases import parse_case_id
 
-    ctx = CaseContext(parse_case_id("prefix256-q100"), platform_info("cpu"), None)
+    case_data = CaseData(parse_case_id("prefix256-q100"), platform_info("cpu"), None)
     lim, _ = tol.lookup("aiter-emulated", "prefix256-q100")
-    good = prepare_one_call_prefix(ctx.inputs, (), 256).run()
-    bad = prepare_one_call_prefix(ctx.inputs, ("top_left_causal",), 256).run()
-    good_err = error_metrics(good, ctx.fp8_ref[0]).max_abs_error
-    bad_err = error_metrics(bad, ctx.fp8_ref[0]).max_abs_error
+    good = prepare_one_call_prefix(case_data.inputs, (), 256).run()
+    bad = prepare_one_call_prefix(case_data.inputs, ("top_left_causal",), 256).run()
+    good_err = error_metrics(good, case_data.fp8_ref[0]).max_abs_error
+    bad_err = error_metrics(bad, case_data.fp8_ref[0]).max_abs_error
     assert good_err <= lim["max_abs_error_fp8_ref"] < bad_err, (good_err, bad_err, lim["max_abs_error_fp8_ref"])
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mla_fp8_bench.backends import CaseUnsupported, get_backend
-from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate, evaluate_one
+from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate, evaluate_one
 from mla_fp8_bench.measure.devices import platform_info
 from mla_fp8_bench.measure.metrics import lse_error, lse_metrics
 from mla_fp8_bench.measure.reference import reference_fp8_dequant
@@ -221,15 +221,15 @@ def test_lse_metrics_check_every_row_of_chunk_cases():
 def test_backends_run_ctx_and_prefix_cases_with_lse_on_every_row(backend):
     opts = RunOptions(timing=False, determinism=False)
     for cid in ("ctx-ragged-300q40-0q9-h2", "prefix-ragged-300q40-0q9-h2"):
-        ctx = CaseContext(parse_case_id(cid), CPU, None)
-        rec = evaluate_one(get_backend(backend), ctx, CPU, opts).as_dict()
+        case_data = CaseData(parse_case_id(cid), CPU, None)
+        rec = evaluate_one(get_backend(backend), case_data, CPU, opts).as_dict()
         assert rec["status"] == "ok", rec["reason"]
         assert rec["lse_rows_checked"] == 49 and rec["lse_nonfinite_count"] == 0
         bound = 0.15 if backend == "torch-sdpa-bf16" else 0.05  # fp8-dequant reference; bf16 inputs differ
         assert rec["max_abs_error_fp8_ref"] < bound and rec["lse_rel_error_fp8_ref"] < bound
         if backend != "torch-sdpa-bf16":
             assert rec["lse_rel_error_fp8_ref"] < 1e-5
-        assert rec["flops"] == case_flops(ctx.case)
+        assert rec["flops"] == case_flops(case_data.case)
 
 
 def test_vllm_aiter_skips_chunk_cases_with_the_reason():
@@ -258,7 +258,7 @@ def test_lse_gap_cases_break_before_3606_only(monkeypatch, version, broken):
         pieces = split_prefix_inputs(inp) if inp.case.family == "prefix" else (inp,)
         assert any(bool(unsplit_rows(p, 256).any()) for p in pieces), cid
     for cid in ("ctx100-q64", "prefix256-q100"):
-        rec = evaluate_one(get_backend("aiter-emulated"), CaseContext(parse_case_id(cid), CPU, None), CPU,
+        rec = evaluate_one(get_backend("aiter-emulated"), CaseData(parse_case_id(cid), CPU, None), CPU,
                            RunOptions(timing=False, determinism=False)).as_dict()
         assert rec["aiter_post_3606"] is (not broken)
         if broken:
@@ -276,11 +276,11 @@ def test_a_caller_forgetting_need_lse_at_0_1_22_reproduces_the_gap_and_is_caught
 
     monkeypatch.setenv("MLA_FP8_BENCH_EMU_AITER_VERSION", "0.1.22")
     for cid in ("ctx100-q64", "prefix256-q100"):
-        ctx = CaseContext(parse_case_id(cid), CPU, None)
+        case_data = CaseData(parse_case_id(cid), CPU, None)
         opts = RunOptions(timing=False, determinism=False)
-        healthy = evaluate_one(FaultyEmulated(), ctx, CPU, opts).as_dict()
+        healthy = evaluate_one(FaultyEmulated(), case_data, CPU, opts).as_dict()
         assert healthy["status"] == "ok" and healthy["lse_nonfinite_count"] == 0 and healthy["need_lse"][-1] is True
-        rec = evaluate_one(FaultyEmulated(faults="omit_need_lse"), ctx, CPU, opts).as_dict()
+        rec = evaluate_one(FaultyEmulated(faults="omit_need_lse"), case_data, CPU, opts).as_dict()
         assert rec["need_lse"] == [None] * len(rec["need_lse"])  # not passed
         assert rec["lse_nonfinite_count"] > 0 and rec["lse_rel_error_fp8_ref"] == math.inf
         if cid.startswith("prefix"):

@@ -39,7 +39,7 @@ from mla_fp8_bench.backends.vllm_aiter import (
     detect_features,
     for_testing,
 )
-from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import parse_case_id
 from mla_fp8_bench.problem.fp8 import quantize
@@ -510,7 +510,7 @@ def test_raising_call_still_resets_global_state_through_the_runner(monkeypatch, 
 
     aiter.mla_prefill_ps_asm_fwd = boom
     case = parse_case_id("s64-cast")
-    rec = evaluate_one(adapter(aiter), CaseContext(case, CPU, None), CPU, RunOptions(timing=False, determinism=False))
+    rec = evaluate_one(adapter(aiter), CaseData(case, CPU, None), CPU, RunOptions(timing=False, determinism=False))
     assert rec.status == "error" and "kernel exploded" in rec.reason
     assert not ws.is_workspace_manager_initialized()
 

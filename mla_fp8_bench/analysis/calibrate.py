@@ -76,7 +76,7 @@ DISTS = ("normal", "outlier", "mla")
 def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -> dict[str, dict[str, Any]]:
     """Records (metric dicts) of each backend on one case (CPU, no timing)."""
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
@@ -85,11 +85,11 @@ def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -
         os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = str(cu_num)
     try:
         pinfo = platform_info("cpu")
-        ctx = CaseContext(parse_case_id(case_id), pinfo, None)
+        case_data = CaseData(parse_case_id(case_id), pinfo, None)
         opts = RunOptions(timing=False, determinism=False)
         out = {}
         for b in backends:
-            rec = evaluate_one(get_backend(b), ctx, pinfo, opts).as_dict()
+            rec = evaluate_one(get_backend(b), case_data, pinfo, opts).as_dict()
             rec.pop("traceback", None)
             out[b] = rec
         return out

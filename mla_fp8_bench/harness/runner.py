@@ -131,7 +131,7 @@ class _Unloadable(Backend):
         raise BackendUnavailable("failed to load")
 
 
-class CaseContext:
+class CaseData:
     """Inputs and lazily computed references of one case, shared by all backends."""
 
     def __init__(self, case: Case, pinfo: PlatformInfo, ref_dtype: torch.dtype | None):
@@ -199,9 +199,9 @@ def _check_finite(rec: Record) -> None:
                       "the inputs are not finite")
 
 
-def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: RunOptions) -> Record:
+def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opts: RunOptions) -> Record:
     """Measure one backend on one case. Never raises for backend failures: returns a record."""
-    case = ctx.case
+    case = case_data.case
     rec = Record(backend.name, case.id, "ok")
     prepared = None
     try:
@@ -209,7 +209,7 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
         if not sup:
             rec.status, rec.reason = "skipped", sup.reason
             return rec
-        prepared = backend.prepare_case(ctx.inputs)
+        prepared = backend.prepare_case(case_data.inputs)
         out = prepared.run()
         synchronize(pinfo.device)
         out_snapshot = out.detach().clone()
@@ -217,14 +217,14 @@ def evaluate_one(backend: Backend, ctx: CaseContext, pinfo: PlatformInfo, opts: 
         v["timing_scope"] = prepared.timing_scope
         v["emulation"] = backend.emulation
         v["fp8"] = backend.fp8
-        fp8m = error_metrics(out_snapshot, ctx.fp8_ref[0])
-        bfm = error_metrics(out_snapshot, ctx.bf16_ref[0])
+        fp8m = error_metrics(out_snapshot, case_data.fp8_ref[0])
+        bfm = error_metrics(out_snapshot, case_data.bf16_ref[0])
         v.update(fp8m.as_dict("_fp8_ref"))
         v.update(bfm.as_dict("_bf16_ref"))
         v["mismatch_fraction"] = bfm.mismatch_fraction  # AITER's criterion is against the unquantised ref
         if prepared.lse is not None:
             lse, rows = prepared.lse()
-            v.update(lse_metrics(lse, rows, ctx.fp8_ref[1], case.kind))
+            v.update(lse_metrics(lse, rows, case_data.fp8_ref[1], case.kind))
         if opts.determinism:
             out2 = prepared.run()
             synchronize(pinfo.device)
@@ -303,28 +303,28 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     current = ("", "")
     try:
         for case in cases:
-            ctx: CaseContext | None = None
-            ctx_error: str | None = None
+            case_data: CaseData | None = None
+            inputs_error: str | None = None
             for b in bks:
                 current = (b.name, case.id)
                 if not avail[b.name]:
                     rec = Record(b.name, case.id, "skipped", avail[b.name].reason)
                 else:
-                    if ctx is None and ctx_error is None:
+                    if case_data is None and inputs_error is None:
                         try:
-                            ctx = CaseContext(case, pinfo, opts.ref_dtype)
+                            case_data = CaseData(case, pinfo, opts.ref_dtype)
                         except Exception as exc:  # noqa: BLE001
-                            ctx_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
-                                         f"inputs for {case.id} failed: {_short(exc)}")
-                    if ctx_error is not None:
-                        rec = Record(b.name, case.id, "skipped" if "out of memory" in ctx_error else "error",
-                                     ctx_error)
+                            inputs_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
+                                            f"inputs for {case.id} failed: {_short(exc)}")
+                    if inputs_error is not None:
+                        rec = Record(b.name, case.id, "skipped" if "out of memory" in inputs_error else "error",
+                                     inputs_error)
                     else:
-                        rec = evaluate_one(b, ctx, pinfo, opts)
+                        rec = evaluate_one(b, case_data, pinfo, opts)
                 records.append(rec.as_dict())
                 if progress is not None:
                     progress(rec)
-            del ctx
+            del case_data
             gc.collect()
     except KeyboardInterrupt as exc:
         data = {"env": environment(pinfo), "records": records, "interrupted": True,

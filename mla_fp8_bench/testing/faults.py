@@ -305,14 +305,14 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
     error records). ``stop_at_first`` stops a fault at its first flagged (case, seed).
     """
     from mla_fp8_bench.analysis.tolerances import check, tolerance_key
-    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
     pinfo = platform_info("cpu")
     opts = RunOptions(timing=False, determinism=False)
     names = sorted(faults) if faults is not None else sorted(SUITE_FAULTS)
-    ctxs: dict[str, Any] = {}
+    case_data: dict[str, Any] = {}
     probe_refs: dict[tuple[str, int], Any] = {}
     rows: list[dict[str, Any]] = []
     for f in names:
@@ -329,9 +329,9 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
                     rec = probe_record(cid, s, normalize_suite_faults(f) & ALL_FAULTS, probe_refs[(cid, s)])
                 else:
                     key = parse_case_id(cid).with_(seed=s).id
-                    if key not in ctxs:
-                        ctxs[key] = CaseContext(parse_case_id(key), pinfo, None)
-                    rec = evaluate_one(FaultyEmulated(faults=f), ctxs[key], pinfo, opts).as_dict()
+                    if key not in case_data:
+                        case_data[key] = CaseData(parse_case_id(key), pinfo, None)
+                    rec = evaluate_one(FaultyEmulated(faults=f), case_data[key], pinfo, opts).as_dict()
                 viol = check(rec, tolerances)
                 lim, _how = tolerances.lookup("aiter-emulated", tolerance_key(rec))
                 worst = (None, None, None, 0.0)

@@ -71,14 +71,14 @@ def compare_case(real, emulated, cid: str) -> dict:
 
 def lse_gap_records(backend) -> dict:
     """The runner's records of the lse-gap cases through the real layer."""
-    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
     cpu = platform_info("cpu")
     out = {}
     for cid in LSE_GAP_CASES:
-        rec = evaluate_one(backend, CaseContext(parse_case_id(cid), cpu, None), cpu,
+        rec = evaluate_one(backend, CaseData(parse_case_id(cid), cpu, None), cpu,
                            RunOptions(timing=False, determinism=False)).as_dict()
         out[cid] = {k: rec.get(k) for k in ("status", "lse_nonfinite_count", "lse_rel_error_fp8_ref",
                                             "max_abs_error_fp8_ref", "aiter_planner_revision", "need_lse")}

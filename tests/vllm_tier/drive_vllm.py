@@ -251,7 +251,7 @@ def check_gate(vmod) -> dict:
 def check_raising(ws, vllm_aiter_mod) -> dict:
     """Global state is reset when prepare raises (adapter's own path) and when the call raises (runner)."""
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
-    from mla_fp8_bench.harness.runner import CaseContext, RunOptions, evaluate_one
+    from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.problem.inputs import make_inputs
@@ -280,7 +280,7 @@ def check_raising(ws, vllm_aiter_mod) -> dict:
     kernel_boom.mla_prefill_ps_asm_fwd = boom_kernel
     pinfo = platform_info("cpu")
     case = parse_case_id("s64-cast")
-    rec = evaluate_one(vllm_aiter_mod.for_testing(kernel_boom), CaseContext(case, pinfo, None), pinfo,
+    rec = evaluate_one(vllm_aiter_mod.for_testing(kernel_boom), CaseData(case, pinfo, None), pinfo,
                        RunOptions(timing=False, determinism=False))
     res["call_status"], res["call_reason"] = rec.status, rec.reason
     res["call_reset"] = not ws.is_workspace_manager_initialized()
