@@ -584,7 +584,7 @@ def test_fault_no_lock_is_visible(monkeypatch):
 
 
 def test_locked_workspace_refuses_growth_beyond_the_reservation(monkeypatch):
-    # A 0.31+ reservation sized for 1 CU under a 256-CU plan: the forward must fail loudly (#42978)
+    # A 0.31+ reservation sized for 1 CU under a 256-CU plan: the forward must fail loudly (vLLM #42978)
     _, mod, ws = _install(monkeypatch, "0.31", cu_num=1)
     p = for_testing(_standin(256), mod.__name__, ws.__name__).prepare(make_inputs(parse_case_id("s600-cast")))
     try:

@@ -60,7 +60,8 @@ from mla_fp8_bench.harness.results import (
     is_cpu_machine,
     load_any,
 )
-from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, METRICS, Metric, find
+from mla_fp8_bench.measure import metric_table
+from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, find
 from mla_fp8_bench.terminal import fmt_seconds
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
@@ -200,7 +201,7 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
         status = "ok" if st == "ok" else "skipped" if st == "skipped" else "failed"
         side.params[(b, c)] = (status, str(r.get("reason") or ""))
         scope = _run_scope(r, env)
-        for m in METRICS:
+        for m in metric_table.METRICS:
             key = (b, c, m.record_key)
             side.kinds[m.record_key] = m.kind
             if status != "ok":
@@ -233,7 +234,7 @@ def _ambiguous(side: Side, b: str, c: str, recs: list[dict[str, Any]]) -> None:
     why = (f"{len(recs)} different records of this (backend, case) on {side.label.split()[0]} (statuses "
            f"{', '.join(str(r.get('status')) for r in recs)}): which one holds is unknown")
     side.params[(b, c)] = ("ambiguous", why)
-    for m in METRICS:
+    for m in metric_table.METRICS:
         if any(m.record_key in r for r in recs) or any(r.get("status") != "ok" for r in recs):
             side.kinds[m.record_key] = m.kind
             side.data[(b, c, m.record_key)] = Measure("ambiguous", reason=why)

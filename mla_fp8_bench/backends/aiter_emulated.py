@@ -98,7 +98,7 @@ def emulated_cu_num() -> int:
 
 
 #: Default token cap of the emulation per device type (0 = none). On an H200 it measured 127 ms per call
-#: at S=2048 and 437 ms at S=4096 (helper run, docs/methodology.md); beyond 4096 it would dominate a run.
+#: at S=2048 and 437 ms at S=4096 (docs/methodology.md); beyond 4096 it would dominate a run.
 DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
 
 

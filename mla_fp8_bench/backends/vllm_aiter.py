@@ -88,7 +88,7 @@ CHUNKED_CONTEXT_SKIP = (
 
 #: Deliberately wrong adapter variants (tests prove the tier catches each with a clear message):
 #: ``reduce-8-arg`` hands vLLM an ``mla_reduce_v1`` that forwards the pre-v0.1.16 8-argument form
-#: (#46760); ``omit-attn-out-dtype`` leaves ``attn_out_dtype`` out on >= 0.29; ``skip-one-scale``
+#: (vLLM #46760); ``omit-attn-out-dtype`` leaves ``attn_out_dtype`` out on >= 0.29; ``skip-one-scale``
 #: leaves ``_fp8_prefill_one_scale`` unset on 0.33; ``no-lock`` never locks the workspace.
 ADAPTER_FAULTS = ("reduce-8-arg", "omit-attn-out-dtype", "skip-one-scale", "no-lock")
 
@@ -297,7 +297,7 @@ def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
 
 
 def _reduce_8_arg_form(reduce_9: Any) -> Any:
-    """FAULT ``reduce-8-arg``: forward vLLM's call in the pre-v0.1.16 8-argument form (#46760)."""
+    """FAULT ``reduce-8-arg``: forward vLLM's call in the pre-v0.1.16 8-argument form (vLLM #46760)."""
 
     def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
                       max_seqlen_q, num_kv_splits, final_output, final_lse=None):

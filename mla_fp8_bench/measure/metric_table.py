@@ -284,9 +284,18 @@ def _index(attr: str) -> dict[str, Metric]:
     return out
 
 
-BY_NAME = _index("name")
-BY_RECORD_KEY = _index("record_key")
-BY_TRACK = _index("track")
+_INDEXES: tuple[tuple[Metric, ...], tuple[dict[str, Metric], ...]] | None = None
+
+
+def _indexes() -> tuple[dict[str, Metric], dict[str, Metric], dict[str, Metric]]:
+    """(by name, by record key, by asv track) of :data:`METRICS`, built again when the table changes."""
+    global _INDEXES
+    if _INDEXES is None or _INDEXES[0] is not METRICS:
+        _INDEXES = (METRICS, (_index("name"), _index("record_key"), _index("track")))
+    return _INDEXES[1]
+
+
+_indexes()  # a duplicate name, record key or track fails at import
 
 
 class UnknownMetricError(KeyError):
@@ -299,13 +308,14 @@ def metric(key: str) -> Metric:
     Raises:
         UnknownMetricError: naming the key and the known names.
     """
-    for index in (BY_NAME, BY_RECORD_KEY, BY_TRACK):
+    by_name, by_record_key, by_track = _indexes()
+    for index in (by_name, by_record_key, by_track):
         if key in index:
             return index[key]
     tail = key.rsplit(".", 1)[-1]
-    if tail in BY_TRACK and BY_TRACK[tail].asv_name == key:
-        return BY_TRACK[tail]
-    raise UnknownMetricError(f"metric {key!r} is unknown: allowed {', '.join(BY_NAME)}")
+    if tail in by_track and by_track[tail].asv_name == key:
+        return by_track[tail]
+    raise UnknownMetricError(f"metric {key!r} is unknown: allowed {', '.join(by_name)}")
 
 
 def find(key: str) -> Metric | None:

@@ -3,7 +3,7 @@
 Attention throughput is reported against two references (docs/reference-facts.md#peaks): the datasheet
 peak (:data:`mla_fp8_bench.problem.flops.DATASHEET_PEAKS_TFLOPS`) and a ceiling measured on the same machine
 in the same process, because ceilings vary between machines of one kind and between runs (bf16
-8192^3 GEMMs on H200s of this workplace gave 715 to 798 TFLOP/s).
+8192^3 GEMMs on H200s gave 715 to 798 TFLOP/s, docs/methodology.md).
 
 What is measured (GPU only; on CPU the result is ``status="skipped"`` with the reason):
 
@@ -18,7 +18,7 @@ What is measured (GPU only; on CPU the result is ``status="skipped"`` with the r
 Each is timed with :func:`mla_fp8_bench.measure.timing.time_device` (CUDA-graph replay after the adaptive
 device warm-up, so the ceilings see the same sustained-load clocks as the attention numbers; median
 of the samples). Never on zeros: a bf16 GEMM ran 13% faster on zeros than on random data on
-an H200 of this workplace (METHOD.md).
+an H200 (docs/methodology.md).
 
 Hook: ``attach(data)`` adds ``data["ceilings"]`` to a runner result (``runner.evaluate``'s dict),
 including ``fraction_of_ceiling`` / ``fraction_of_datasheet`` per ok record. Set

@@ -395,7 +395,7 @@ def parse_case_id(case_id: str) -> Case:
 
 
 # ---------------------------------------------------------------------- named suites
-#: The default seq_len sweep (issue #2). Devices cap it: see :func:`default_sweep`.
+#: The default seq_len sweep. Devices cap it: see :func:`default_sweep`.
 SWEEP_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 #: Largest seq_len of the default sweep per device kind. The CPU cap keeps a full asv run within
 #: minutes on a 2-core machine (the float64 reference and the emulator are O(S^2)).

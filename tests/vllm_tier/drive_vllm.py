@@ -191,7 +191,7 @@ def check_case(adapter, ws, aiter, cid: str, repeat: bool = False) -> dict:
         if not rec["locked_after_setup"]:
             raise TierFailure(f"{cid}: the workspace is not locked after setup: the adapter must call "
                               "lock_workspace() after the metadata build so a forward needing more scratch than vLLM "
-                              "reserved fails loudly (#42978)")
+                              "reserved fails loudly (vLLM #42978)")
         out = p.run().clone()
         if repeat:
             rec["repeatable"] = bool(torch.equal(p.run(), out))

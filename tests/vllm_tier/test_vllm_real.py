@@ -1,4 +1,4 @@
-"""Real-vLLM tier: the suite's ``vllm-aiter`` adapter against vLLM's REAL classes (issue 7).
+"""Real-vLLM tier: the suite's ``vllm-aiter`` adapter against vLLM's REAL classes.
 
 For each vLLM release with an environment from ``scripts/vllm_envs.sh`` (default 0.28.0 and 0.33.0
 under ``$VLLM_ENVS_DIR``, default ``/work/.cache/vllm-envs``), ``drive_vllm.py`` runs in that env's
@@ -129,7 +129,7 @@ def test_case_matches_aiter_emulated_exactly(report, cid):
     assert rec["asm_v"]["contiguous"] and rec["asm_output"]["dtype"] == "bfloat16"
     assert rec["asm_scale"]["value"] == 1.0 and rec["asm_scale"]["shape"] == []
     assert abs(rec["asm_softmax_scale"] - 192 ** -0.5) < 1e-12
-    assert rec["reduce_ints"] == [256, 0]  # max_seqlen_q = tile, num_kv_splits = 0 (#46760)
+    assert rec["reduce_ints"] == [256, 0]  # max_seqlen_q = tile, num_kv_splits = 0 (vLLM #46760)
     assert rec["pad_heads_are_duplicates"] is (True if padded != case.num_heads else None)
     if cid == drive.REPEAT_CASE:
         assert rec["repeatable"]
