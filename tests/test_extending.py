@@ -1,6 +1,7 @@
-"""docs/extending.md's recipes, done: a throwaway backend and a throwaway metric, each added the way the
-page says (one registry line; one metric-table entry), are seen by the registry, the runner, the asv
-tracks and the gate without another file touched."""
+"""docs/extending.md's recipes, done: a throwaway backend, metric and case kind, each added the way the
+page says (one registry line; one metric-table entry; one ``KINDS`` entry), are seen by the registry,
+the runner, the asv tracks, the gate, inputs, references and metrics without another file touched.
+The case kind's expected values come from a plain softmax written here, not from the suite."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ from mla_fp8_bench import backends
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
 from mla_fp8_bench.cli import main
 from mla_fp8_bench.harness.asv_tracks import with_tracks
-from mla_fp8_bench.harness.runner import RunOptions, evaluate
+from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate, evaluate_one
 from mla_fp8_bench.measure import metric_table
+from mla_fp8_bench.measure.devices import platform_info
 from mla_fp8_bench.measure.metric_table import Metric
-from mla_fp8_bench.measure.reference import reference_bf16
-from mla_fp8_bench.problem.cases import parse_case_id
+from mla_fp8_bench.measure.reference import reference_bf16, reference_fp8_dequant
+from mla_fp8_bench.problem import cases
+from mla_fp8_bench.problem.cases import Case, CaseError, CaseKind, parse_case_id
+from mla_fp8_bench.problem.flops import case_flops
+from mla_fp8_bench.problem.inputs import make_inputs
+from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 
 OFFSET = 0.25  # what the throwaway backend adds to one output element
 
@@ -106,3 +112,68 @@ def test_throwaway_metric(throwaway_backend, monkeypatch, tmp_path, capsys):
     assert main(["gate", b, _write(tmp_path, "moved.json", [{**rec, "throwaway_count": 8}])]) == 1
     out = capsys.readouterr().out
     assert "REGRESSION" in out and "throwaway_count" in out
+
+
+# ------------------------------------------------------------------ a case kind
+CPU = platform_info("cpu")
+
+
+@pytest.fixture
+def bidir(monkeypatch):
+    """An encoder-style kind: q_len == kv_len, every query sees every key of its sequence."""
+    kind = CaseKind("bidir", context=False, causal=False, id_lead="bidir")
+    monkeypatch.setitem(cases.KINDS, kind.name, kind)
+    return kind
+
+
+def _softmax_attention(q, k, v, lens, scale):
+    """Full (non-causal) attention per sequence in float64: the independent reference."""
+    out, lse, s0 = [], [], 0
+    for n in lens:
+        qb, kb, vb = (x[s0:s0 + n].double().transpose(0, 1) for x in (q, k, v))  # [H, n, D]
+        scores = qb @ kb.transpose(1, 2) * scale
+        out.append((torch.softmax(scores, -1) @ vb).transpose(0, 1))
+        lse.append(torch.logsumexp(scores, -1).transpose(0, 1))
+        s0 += n
+    return torch.cat(out), torch.cat(lse)
+
+
+def test_throwaway_case_kind_ids(bidir):
+    c = parse_case_id("bidir-ragged-17-23-h2-seed3")
+    assert (c.family, c.kind, c.seq_lens, c.kv_lens, c.num_heads, c.seed) == ("bidir", bidir, (17, 23), (17, 23), 2, 3)
+    assert c.id == "bidir-ragged-17-23-h2-seed3" and parse_case_id("bidir-s40").seq_lens == (40,)
+    assert parse_case_id("s40").family == "prefill" and parse_case_id("ctx9-q4").family == "ctx"  # ids unchanged
+    assert c.cu_seqlens() == [0, 17, 40] and c.causal is False
+    with pytest.raises(CaseError, match="given for a bidir case"):
+        Case((5,), context_lens=(3,), family="bidir")
+
+
+def test_throwaway_case_kind(bidir):
+    case = parse_case_id("bidir-ragged-17-23-h2")
+    inputs = make_inputs(case, "cpu")
+    assert inputs.causal is False and inputs.cu_seqlens.tolist() == [0, 17, 40]
+    q, k, v = inputs.dequantized(torch.float64)
+    want_out, want_lse = _softmax_attention(q, k, v, case.seq_lens, inputs.softmax_scale)
+    ref_out, ref_lse = reference_fp8_dequant(inputs)
+    torch.testing.assert_close(ref_out, want_out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ref_lse, want_lse, rtol=0, atol=1e-12)
+    causal = reference_fp8_dequant(make_inputs(case.with_(family="prefill"), "cpu"))[0]
+    assert (causal - want_out).abs().max() > 0.1  # the kind's mask is what the reference applied
+
+    backend = backends.get_backend("torch-fp8-ref")
+    assert backend.supports_kind(bidir)
+    out = backend.prepare_case(inputs).run()
+    torch.testing.assert_close(out.double(), want_out, rtol=2**-8, atol=1e-5)  # fp32 SDPA, bf16 output
+
+    rec = evaluate_one(backend, CaseData(case, CPU, None), CPU, RunOptions(timing=False, determinism=False)).as_dict()
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["max_abs_error_fp8_ref"] == pytest.approx(float((out.double() - want_out).abs().max()), abs=1e-12)
+    assert rec["lse_rows_checked"] == 40 and rec["lse_rel_error_fp8_ref"] < 1e-6
+    assert rec["flops"] == 2 * 2 * (QK_HEAD_DIM + V_HEAD_DIM) * (17 * 17 + 23 * 23)  # every (q, k) pair
+    assert case_flops(case) == rec["flops"]
+
+
+def test_throwaway_case_kind_on_a_backend_without_context_chunks(bidir):
+    vllm = backends.get_backend("vllm-aiter")
+    assert vllm.supports_kind(bidir) and not vllm.supports_kind(cases.KINDS["ctx"])
+    assert "#52356" in vllm.supports_kind(cases.KINDS["prefix"]).reason
