@@ -32,18 +32,17 @@ from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_ai
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
 from mla_fp8_bench.backends.vllm_aiter import (
-    ADAPTER_FAULTS,
     VllmAdapterError,
     VllmAiter,
     VllmFeatures,
     detect_features,
-    for_testing,
 )
 from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import parse_case_id
 from mla_fp8_bench.problem.fp8 import quantize
 from mla_fp8_bench.problem.inputs import make_inputs
+from mla_fp8_bench.testing.vllm_faults import ADAPTER_FAULTS, FaultyVllmAiter, for_testing
 
 CU = 32  # a small CU count keeps the emulator fast; the tier uses MI355X's 256
 TILE = 256
@@ -345,7 +344,7 @@ def test_registry_and_cpu_availability_never_import_vllm_or_aiter():
 
 def test_unknown_adapter_fault_is_rejected():
     with pytest.raises(ValueError, match="reduce-8-arg"):
-        VllmAiter(adapter_fault="nope")
+        FaultyVllmAiter(adapter_fault="nope")
 
 
 # ------------------------------------------------------------------------------------------------

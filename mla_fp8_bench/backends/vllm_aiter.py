@@ -38,7 +38,8 @@ context (vLLM #52356, up to 0.33.0), so ``ctx``/``prefix`` cases are skips namin
 enables the path only for ``num_heads % 16 == 0``. vLLM 0.33.0 calls ``get_ps_metadata_info_v1``
 without ``max_kvlen`` on either AITER revision.
 
-Tests run the same adapter on CPU against a stand-in ``aiter`` (:func:`for_testing`), bypassing the
+Tests run the same adapter on CPU against a stand-in ``aiter``
+(:func:`mla_fp8_bench.testing.vllm_faults.for_testing`), bypassing the
 platform gate; the real-vLLM tier (``tests/vllm_tier``) does so against vLLM's real classes.
 """
 
@@ -85,13 +86,6 @@ CHUNKED_CONTEXT_SKIP = (
     "_build_fp8_prefill_ps_metadata plans only when prefill.chunked_context is None and forward_mha falls "
     "back to the bf16 path); its AITER_ASM prefill backend for context chunks (vLLM #44544) is in no release"
 )
-
-#: Deliberately wrong adapter variants (tests prove the tier catches each with a clear message):
-#: ``reduce-8-arg`` hands vLLM an ``mla_reduce_v1`` that forwards the pre-v0.1.16 8-argument form
-#: (vLLM #46760); ``omit-attn-out-dtype`` leaves ``attn_out_dtype`` out on >= 0.29; ``skip-one-scale``
-#: leaves ``_fp8_prefill_one_scale`` unset on 0.33; ``no-lock`` never locks the workspace.
-ADAPTER_FAULTS = ("reduce-8-arg", "omit-attn-out-dtype", "skip-one-scale", "no-lock")
-
 
 class VllmAdapterError(RuntimeError):
     """vLLM's entry does not match what the adapter calls (a signature or attribute changed)."""
@@ -296,17 +290,6 @@ def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
         ) from None
 
 
-def _reduce_8_arg_form(reduce_9: Any) -> Any:
-    """FAULT ``reduce-8-arg``: forward vLLM's call in the pre-v0.1.16 8-argument form (vLLM #46760)."""
-
-    def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-                      max_seqlen_q, num_kv_splits, final_output, final_lse=None):
-        return reduce_9(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-                        max_seqlen_q, final_output, final_lse)
-
-    return mla_reduce_v1
-
-
 @dataclass
 class _Setup:
     impl: Any
@@ -328,7 +311,6 @@ class VllmAiter(Backend):
         vllm_module / workspace_module: import paths of vLLM's ``rocm_aiter_mla`` and workspace
             modules (tests pass stand-ins).
         bypass_gate: skip the ROCm/gfx950 and ``_fp8_mla_prefill_supported()`` checks (tests only).
-        adapter_fault: one of :data:`ADAPTER_FAULTS` - a deliberately wrong adapter, for tests.
     """
 
     name = "vllm-aiter"
@@ -337,15 +319,11 @@ class VllmAiter(Backend):
     context_chunks = Verdict.no(CHUNKED_CONTEXT_SKIP)
 
     def __init__(self, *, aiter_module: types.ModuleType | None = None, vllm_module: str = DEFAULT_VLLM_MODULE,
-                 workspace_module: str = DEFAULT_WORKSPACE_MODULE, bypass_gate: bool = False,
-                 adapter_fault: str | None = None) -> None:
-        if adapter_fault is not None and adapter_fault not in ADAPTER_FAULTS:
-            raise ValueError(f"adapter_fault {adapter_fault!r} is unknown: allowed {', '.join(ADAPTER_FAULTS)}")
+                 workspace_module: str = DEFAULT_WORKSPACE_MODULE, bypass_gate: bool = False) -> None:
         self._aiter_given = aiter_module
         self.vllm_module = vllm_module
         self.workspace_module = workspace_module
         self.bypass_gate = bypass_gate or aiter_module is not None
-        self.adapter_fault = adapter_fault
         self._entry: VllmEntry | None = None
         self._aiter: types.ModuleType | None = aiter_module
         self._aiter_version: tuple[int, int, int] | None = None
@@ -487,7 +465,7 @@ class VllmAiter(Backend):
                cu_seqlens_cpu: torch.Tensor, device: torch.device, *, lock: bool = True) -> _Setup:
         """Builder buffers + reservation, one metadata build, lock, and the bare impl. The workspace
         manager must be initialised; the caller resets it."""
-        feats, fault = entry.features, self.adapter_fault
+        feats = entry.features
         cu_cpu = cu_seqlens_cpu.to(torch.int32).contiguous()
         lens = cu_cpu[1:] - cu_cpu[:-1]
         b, t, max_q = int(lens.numel()), int(cu_cpu[-1]), int(lens.max())
@@ -496,9 +474,7 @@ class VllmAiter(Backend):
         builder = object.__new__(entry.builder_cls)
         builder.num_heads = num_heads
         builder.mla_dims = SimpleNamespace(v_head_dim=V_HEAD_DIM)
-        kw: dict[str, Any] = dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t)
-        if feats.attn_out_dtype and fault != "omit-attn-out-dtype":
-            kw["attn_out_dtype"] = torch.bfloat16  # model_config.dtype: the path requires a bf16 model
+        kw = self._buffer_kwargs(feats, dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t))
         kw["device"] = device
         _bind_or_explain(entry.builder_cls._init_fp8_prefill_ps_buffers,
                          "AiterMLAMetadataBuilder._init_fp8_prefill_ps_buffers", kw)
@@ -513,20 +489,36 @@ class VllmAiter(Backend):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             build_s = time.perf_counter() - t0
-        if lock and fault != "no-lock":
-            entry.workspace.lock_workspace()
+        if lock:
+            self._lock(entry.workspace)
 
         impl = object.__new__(entry.impl_cls)
         impl.num_heads = num_heads
         impl.v_head_dim = V_HEAD_DIM
         impl.scale = float(scale)
-        impl._mla_prefill_ps_asm_fwd = aiter.mla_prefill_ps_asm_fwd
-        impl._mla_reduce_v1 = (_reduce_8_arg_form(aiter.mla_reduce_v1) if fault == "reduce-8-arg"
-                               else aiter.mla_reduce_v1)
-        if feats.one_scale_cache and fault != "skip-one-scale":
-            impl._fp8_prefill_one_scale = None
+        self._bind_ops(impl, aiter, feats)
         n_part = metadata.fp8_prefill_num_partial_tiles
         return _Setup(impl, builder, metadata, build_s, int(n_part) if n_part is not None else 0, num_head_k, reserved)
+
+    @staticmethod
+    def _buffer_kwargs(feats: VllmFeatures, kw: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of ``_init_fp8_prefill_ps_buffers`` this release takes (``device`` aside)."""
+        if feats.attn_out_dtype:
+            kw["attn_out_dtype"] = torch.bfloat16  # model_config.dtype: the path requires a bf16 model
+        return kw
+
+    @staticmethod
+    def _lock(workspace: Any) -> None:
+        """Lock vLLM's workspace after the reservation, as vLLM does after its warm-up."""
+        workspace.lock_workspace()
+
+    @staticmethod
+    def _bind_ops(impl: Any, aiter: types.ModuleType, feats: VllmFeatures) -> None:
+        """The AITER ops and per-release attributes vLLM's ``__init__`` sets on the impl."""
+        impl._mla_prefill_ps_asm_fwd = aiter.mla_prefill_ps_asm_fwd
+        impl._mla_reduce_v1 = aiter.mla_reduce_v1
+        if feats.one_scale_cache:
+            impl._fp8_prefill_one_scale = None
 
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
         """vLLM's per-step metadata build time, live partial tiles, and the workspace vLLM reserves.
@@ -579,15 +571,7 @@ class VllmAiter(Backend):
                 "num_head_k": st.num_head_k}
 
 
-def for_testing(aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_MODULE,
-                workspace_module: str = DEFAULT_WORKSPACE_MODULE, adapter_fault: str | None = None) -> VllmAiter:
-    """The ``vllm-aiter`` adapter over a given ``aiter`` module (e.g. the stand-in) and vLLM module
-    paths, with the platform gate bypassed - so the adapter's own code runs on a CPU machine."""
-    return VllmAiter(aiter_module=aiter_module, vllm_module=vllm_module, workspace_module=workspace_module,
-                     bypass_gate=True, adapter_fault=adapter_fault)
-
-
-__all__ = ["ADAPTER_FAULTS", "CHUNKED_CONTEXT_SKIP", "fp8_path_condition",
+__all__ = ["CHUNKED_CONTEXT_SKIP", "fp8_path_condition",
            "DEFAULT_VLLM_MODULE", "DEFAULT_WORKSPACE_MODULE", "VllmAdapterError", "VllmAiter",
-           "VllmEntry", "VllmFeatures", "detect_features", "for_testing", "load_vllm_entry",
+           "VllmEntry", "VllmFeatures", "detect_features", "load_vllm_entry",
            "vllm_reserved_workspace_bytes"]

@@ -23,7 +23,7 @@ Modes:
 
 * default: every check, JSON to ``--out``; exit 0 unless the driver itself broke;
 * ``--fault NAME``: the per-case tier check with a deliberately wrong adapter
-  (:data:`~mla_fp8_bench.backends.vllm_aiter.ADAPTER_FAULTS`); exits 1 with a line
+  (:data:`~mla_fp8_bench.testing.vllm_faults.ADAPTER_FAULTS`); exits 1 with a line
   ``VLLM TIER FAILURE ...`` on stderr when the tier catches it, 0 when it does not.
 """
 
@@ -248,7 +248,7 @@ def check_gate(vmod) -> dict:
     return res
 
 
-def check_raising(ws, vllm_aiter_mod) -> dict:
+def check_raising(ws, vllm_faults_mod) -> dict:
     """Global state is reset when prepare raises (adapter's own path) and when the call raises (runner)."""
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
     from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
@@ -265,7 +265,7 @@ def check_raising(ws, vllm_aiter_mod) -> dict:
 
     planner_boom.get_ps_metadata_v1 = boom_plan
     try:
-        vllm_aiter_mod.for_testing(planner_boom).prepare(make_inputs(parse_case_id("s64-cast")))
+        vllm_faults_mod.for_testing(planner_boom).prepare(make_inputs(parse_case_id("s64-cast")))
         res["prepare_raised"] = False
     except RuntimeError as exc:
         res["prepare_raised"] = "injected planner failure" in str(exc)
@@ -280,7 +280,7 @@ def check_raising(ws, vllm_aiter_mod) -> dict:
     kernel_boom.mla_prefill_ps_asm_fwd = boom_kernel
     pinfo = platform_info("cpu")
     case = parse_case_id("s64-cast")
-    rec = evaluate_one(vllm_aiter_mod.for_testing(kernel_boom), CaseData(case, pinfo, None), pinfo,
+    rec = evaluate_one(vllm_faults_mod.for_testing(kernel_boom), CaseData(case, pinfo, None), pinfo,
                        RunOptions(timing=False, determinism=False))
     res["call_status"], res["call_reason"] = rec.status, rec.reason
     res["call_reset"] = not ws.is_workspace_manager_initialized()
@@ -334,6 +334,7 @@ def main(argv=None) -> int:
 
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
     from mla_fp8_bench.backends import vllm_aiter
+    from mla_fp8_bench.testing import vllm_faults
 
     feats = vllm_aiter.detect_features(vmod)
     shims: list[str] = []
@@ -354,7 +355,7 @@ def main(argv=None) -> int:
     cases = args.cases or list(CASES)
 
     if args.fault:
-        adapter = vllm_aiter.for_testing(aiter, adapter_fault=args.fault)
+        adapter = vllm_faults.for_testing(aiter, adapter_fault=args.fault)
         for cid in cases:
             try:
                 check_case(adapter, ws, aiter, cid)
@@ -368,7 +369,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     out: dict = {"vllm": vllm.__version__, "torch": torch.__version__, "features": asdict(feats), "shims": shims,
                  "cases": {}, "errors": {}}
-    adapter = vllm_aiter.for_testing(aiter)
+    adapter = vllm_faults.for_testing(aiter)
     out["availability"] = adapter.availability(None).reason or "yes"  # type: ignore[arg-type]
     steps = [("gate", lambda: check_gate(vmod))]
     for cid in cases:
@@ -385,7 +386,7 @@ def main(argv=None) -> int:
             st["reset"] = not ws.is_workspace_manager_initialized()
             return st
         steps.append((f"plan:{cid}", plan))
-    steps.append(("raising", lambda: check_raising(ws, vllm_aiter)))
+    steps.append(("raising", lambda: check_raising(ws, vllm_faults)))
     if feats.budget_sizing:
         steps.append(("locked_growth", lambda: check_locked_growth(adapter, ws)))
     for name, fn in steps:
