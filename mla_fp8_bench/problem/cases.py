@@ -305,6 +305,27 @@ def _num(tok: str, case_id: str) -> int:
     return int(tok)
 
 
+def _ragged_runs(rest: list[str], item: str, case_id: str) -> list[tuple[int, ...]]:
+    """Pop the leading ``<item>[x<count>]`` tokens of ``rest`` (``item`` a regex of ``q``-separated
+    numbers): one tuple of the numbers per sequence, repeats expanded.
+
+    Raises:
+        CaseError: a repeat count < 1, a number over :data:`_MAX_DIGITS` digits, or more than
+            :data:`MAX_TOTAL_TOKENS` sequences (each has at least one query token).
+    """
+    out: list[tuple[int, ...]] = []
+    while rest and re.fullmatch(rf"{item}(x\d+)?", rest[0]):
+        tok = rest.pop(0)
+        body, _, count = tok.partition("x")
+        n = _num(count, case_id) if count else 1
+        if n < 1:
+            raise CaseError(f"case id {case_id!r}: repeat count in {tok!r} must be >= 1")
+        if len(out) + n > MAX_TOTAL_TOKENS:
+            raise CaseError(f"case id {case_id!r}: {tok!r} makes more than {MAX_TOTAL_TOKENS} tokens")
+        out += [tuple(_num(x, case_id) for x in body.split("q"))] * n
+    return out
+
+
 def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]] | None:
     """Parse the base of a ``ctx``/``prefix`` id; None if ``tokens`` do not start one."""
     names = [k.name for k in KINDS.values() if k.context]
@@ -320,22 +341,10 @@ def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]]
     if len(tokens) < 2 or tokens[1] != "ragged":
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
     rest = tokens[2:]
-    ctx: list[int] = []
-    lens: list[int] = []
-    while rest and re.fullmatch(r"\d+q\d+(x\d+)?", rest[0]):
-        tok = rest.pop(0)
-        pair, _, count = tok.partition("x")
-        c, q = (_num(x, case_id) for x in pair.split("q"))
-        n = _num(count, case_id) if count else 1
-        if n < 1:
-            raise CaseError(f"case id {case_id!r}: repeat count in {tok!r} must be >= 1")
-        if len(lens) + n > MAX_TOTAL_TOKENS:  # every sequence has >= 1 query token
-            raise CaseError(f"case id {case_id!r}: {tok!r} makes more than {MAX_TOTAL_TOKENS} tokens")
-        ctx += [c] * n
-        lens += [q] * n
-    if not lens:
+    runs = _ragged_runs(rest, r"\d+q\d+", case_id)
+    if not runs:
         raise CaseError(f"case id {case_id!r} has no '<C>q<Q>' sequences (empty batch): {_ID_HELP}")
-    return {"family": tokens[0], "context_lens": tuple(ctx), "seq_lens": tuple(lens)}, rest
+    return {"family": tokens[0], "context_lens": tuple(c for c, _ in runs), "seq_lens": tuple(q for _, q in runs)}, rest
 
 
 def parse_case_id(case_id: str) -> Case:
@@ -360,17 +369,7 @@ def parse_case_id(case_id: str) -> Case:
         rest = tokens[1:]
     elif tokens[0] == "ragged":
         rest = tokens[1:]
-        while rest and re.fullmatch(r"\d+(x\d+)?", rest[0]):
-            tok = rest.pop(0)
-            if "x" in tok:
-                n, c = tok.split("x")
-                if _num(c, case_id) < 1:
-                    raise CaseError(f"case id {case_id!r}: repeat count in {tok!r} must be >= 1")
-                if len(lens) + int(c) > MAX_TOTAL_TOKENS:  # every sequence has >= 1 token
-                    raise CaseError(f"case id {case_id!r}: {tok!r} makes more than {MAX_TOTAL_TOKENS} tokens")
-                lens += [int(n)] * int(c)
-            else:
-                lens.append(_num(tok, case_id))
+        lens = [n for (n,) in _ragged_runs(rest, r"\d+", case_id)]
         if not lens:
             raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
     else:
