@@ -95,7 +95,8 @@ def test_failing_backend_loses_no_other_result():
 
 
 def test_record_traits_fall_back_to_the_backend_for_old_records():
-    from mla_fp8_bench.backends import record_is_emulation, record_is_fp8
+    from mla_fp8_bench.backends import record_is_fp8
+    from mla_fp8_bench.measure.metric_table import record_is_emulation
 
     assert record_is_fp8({"backend": "fa3-bf16"}) is False and record_is_fp8({"backend": "fa3-fp8"}) is True
     assert record_is_fp8({"backend": "fa3-bf16", "fp8": True}) is True  # the record's own field wins

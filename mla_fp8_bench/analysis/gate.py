@@ -61,7 +61,7 @@ from mla_fp8_bench.harness.results import (
     load_any,
 )
 from mla_fp8_bench.measure import metric_table
-from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, find
+from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, find, record_is_emulation
 from mla_fp8_bench.terminal import fmt_seconds
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
@@ -166,8 +166,6 @@ def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None,
 
 
 def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
-    from mla_fp8_bench.backends import record_is_emulation
-
     if record_is_emulation(rec):
         return "emulation"
     if str(env.get("vendor", "")).lower() == "cpu" or str(env.get("device", "")).startswith("cpu"):

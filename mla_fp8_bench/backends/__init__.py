@@ -71,11 +71,6 @@ def backend_flag(name: str, flag: str) -> bool | None:
         return None
 
 
-def record_is_emulation(rec: Mapping[str, Any]) -> bool:
-    """A run record is an emulation's: its ``emulation`` field or its ``timing_scope`` says so."""
-    return bool(rec.get("emulation")) or rec.get("timing_scope") == "emulation"
-
-
 def record_is_fp8(rec: Mapping[str, Any]) -> bool | None:
     """A run record's ``fp8`` field; for records stored before the field existed, its backend's
     (:func:`backend_flag`, None for a backend not registered)."""
@@ -86,7 +81,7 @@ def record_is_fp8(rec: Mapping[str, Any]) -> bool | None:
 
 __all__ = [
     "Backend", "BackendUnavailable", "CaseUnsupported", "Prepared", "Verdict", "UnknownBackendError",
-    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_emulation", "record_is_fp8",
+    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_fp8",
     "register_backend",
     "unregister_backend",
 ]

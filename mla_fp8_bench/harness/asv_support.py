@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mla_fp8_bench.argtypes import env_float, env_int
-from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend, record_is_emulation
+from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
 from mla_fp8_bench.harness.asv_guard import check_commit, stored_records
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
@@ -82,10 +82,10 @@ def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
     with its latency moved from ``latency_s`` / ``latency_samples_s`` (asv's ``track_latency``, kernel
     latencies) to ``emulation_latency_s`` / ``emulation_latency_samples_s`` (``track_emulation_latency``),
     so asv never draws the two on one axis. Other records unchanged."""
+    from mla_fp8_bench.measure.metric_table import find, record_is_emulation
+
     if not record_is_emulation(rec):
         return rec
-    from mla_fp8_bench.measure.metric_table import find
-
     lat, emu = find("track_latency"), find("track_emulation_latency")
     out = dict(rec)
     out[emu.record_key], out[lat.record_key] = out.get(lat.record_key), None

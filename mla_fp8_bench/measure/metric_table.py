@@ -174,9 +174,14 @@ class Metric:
         return max(v, self.floor)
 
 
+def record_is_emulation(rec: dict[str, Any]) -> bool:
+    """A run record is an emulation's: its ``emulation`` field or its ``timing_scope`` says so."""
+    return bool(rec.get("emulation")) or rec.get("timing_scope") == "emulation"
+
+
 def _seconds_per_pflop(rec: dict[str, Any]) -> float | None:
     """latency_s / (flops / 1e15); None for an emulation's latency (not a kernel's throughput)."""
-    if rec.get("timing_scope") == "emulation":
+    if record_is_emulation(rec):
         return None
     lat, flops = rec.get("latency_s"), rec.get("flops")
     if lat is None or not flops:

@@ -163,7 +163,8 @@ def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
     """
     if ceil.get("status") != "ok":
         return
-    from mla_fp8_bench.backends import record_is_emulation, record_is_fp8
+    from mla_fp8_bench.backends import record_is_fp8
+    from mla_fp8_bench.measure.metric_table import record_is_emulation
 
     peak = ceil.get("datasheet") or {}
     for rec in data.get("records", []):

@@ -195,7 +195,7 @@ def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None
     Raises:
         PlotError: not a run JSON, a malformed record, or an unknown ``variant``.
     """
-    from mla_fp8_bench.backends import record_is_emulation, record_is_fp8
+    from mla_fp8_bench.backends import record_is_fp8
 
     try:
         doc = data if isinstance(data, RunDoc) else run_doc_from_data(data, path)
@@ -221,7 +221,7 @@ def load_run_json(path: Path, data: dict[str, Any] | RunDoc, variant: str | None
         if sc is None:
             ds.notes.append(f"{b} {cid}: {_off_axis_reason(cid)}")
             continue
-        emu = record_is_emulation(r)
+        emu = MT.record_is_emulation(r)
         ds.notes.extend(_record_value_notes(b, cid, r))
         samples = [x for x in (r.get(_LAT.samples_key) or []) if _finite(x) is not None]
         p = Point(b, cid, sc[0], latency_s=_finite(r.get(_LAT.record_key)), err_fp8=_finite(r.get(_ERR8.record_key)),
