@@ -399,8 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         if top not in EXTRA_OF_MODULE:
             raise
         extra = EXTRA_OF_MODULE[top]
-        console.print(f"[red]error:[/red] `mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the "
-                      f"{extra} extra (pip install -e '.[{extra}]')", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        console.print("[red]error:[/red] " + escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: "
+                                                    f"install the {extra} extra (pip install -e '.[{extra}]')"),
+                      highlight=False, soft_wrap=True)
         return EXIT_USAGE
 
 

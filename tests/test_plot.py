@@ -171,3 +171,15 @@ def test_unrecognised_case_id_is_named(tmp_path, capsys):
     (ds,) = load_inputs([str(p)])
     assert len(ds.points) == 2
     assert any("s0128: case id not recognised" in n for n in ds.notes)
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    assert main(["plot", str(_run_json(tmp_path)), "--out", str(tmp_path / "img")]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "`mla-fp8-bench plot` needs matplotlib" in out and "install the plot extra (pip install -e '.[plot]')" in out
+    assert not (tmp_path / "img").exists() or not any((tmp_path / "img").iterdir())

@@ -152,6 +152,40 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     assert up == ["mla_fp8_bench.measure.timing (measure) imports mla_fp8_bench.harness.runner (harness)"]
 
 
+#: Third-party packages of the optional parts (pyproject extras) and of the platforms (aiter, vllm):
+#: imported inside the function that needs them, never at a module's top level.
+OPTIONAL_PACKAGES = {"matplotlib", "asv", "asv_runner", "fa3_fwd_interface", "cudnn", "aiter", "vllm"}
+
+
+def _top_level_imports(tree: ast.Module) -> set[str]:
+    """Top package names imported by the module's own statements (``if``/``try`` blocks included, function
+    and class bodies not)."""
+    out: set[str] = set()
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            out |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.partition(".")[0])
+        elif isinstance(node, (ast.If, ast.Try)):
+            stack.extend(node.body + node.orelse + getattr(node, "finalbody", [])
+                         + [s for h in getattr(node, "handlers", []) for s in h.body])
+    return out
+
+
+def test_no_module_imports_an_optional_package_at_import_time():
+    bad = []
+    for path in _py_files("mla_fp8_bench"):
+        hit = _top_level_imports(ast.parse(path.read_text())) & OPTIONAL_PACKAGES
+        if hit:
+            bad.append(f"{path.relative_to(ROOT)}: {', '.join(sorted(hit))}")
+    assert not bad, "optional packages imported at module level:\n" + "\n".join(bad)
+    # the check itself
+    assert _top_level_imports(ast.parse("import os\ntry:\n    import matplotlib.pyplot\nexcept ImportError:\n"
+                                        "    pass\ndef f():\n    import asv\n")) == {"os", "matplotlib"}
+
+
 _OUTSIDE_CODE = re.compile(r"\.\./shared|shared/docs|shared/data|§")
 # docs may use § for their own sections; not for another document's
 _OUTSIDE_DOCS = re.compile(r"\.\./shared|shared/docs|shared/data|(contract|doc|doc's|docs)\s+§")

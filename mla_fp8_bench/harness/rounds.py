@@ -234,11 +234,6 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
 
 
 # ------------------------------------------------------------------------------------------ merging
-def _median_or_none(xs: list[Any]) -> float | None:
-    vals = [float(x) for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    return statistics.median(vals) if vals else None
-
-
 def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
     """Fold extra rounds into ok run records that carry a latency (in place).
 

@@ -62,7 +62,6 @@ from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 FORMATS = ("png", "svg")
 #: Floor for error values on log axes (asv floors its tracks at 1e-12 too).
 ERROR_FLOOR = MT.ASV_ACCURACY_FLOOR
-_FIG_KINDS = ("latency", "error", "tflops", "summary")
 
 
 class PlotError(ValueError):
