@@ -47,22 +47,14 @@ MAX_NUM_HEADS = 1024
 
 @dataclass(frozen=True)
 class CaseKind:
-    """What a case computes: which keys each query sees, the mask, and how it is composed.
+    """What a case computes: which keys its queries see, the mask, how it is composed.
 
-    A query of a sequence sees its sequence's cached context keys (all of them, when ``context``) and/or
-    the sequence's new keys (when ``new_keys``; causal when ``causal``). Keys are laid out per sequence:
-    context keys, then new keys. The mask is bottom-right aligned: local query ``i`` sees key ``j`` iff
-    ``j <= kv_len - q_len + i``; references (:mod:`mla_fp8_bench.measure.reference`) take it from
-    ``CaseInputs.causal``.
-
-    Attributes:
-        name: the id-level name (``Case.family``) and the id's lead token for context kinds.
-        context: sequences carry ``context_lens`` (q_len < kv_len): backends run it only where
-            ``Backend.supports_kind`` says so, and metrics compare the LSE of **every** row (vLLM merges
-            context chunks by LSE on every row).
-        new_keys: queries see their own sequence's new keys (kv_len includes q_len).
-        causal: the mask over the new keys (no effect on context keys, which are all visible).
-        id_lead: token before ``s<S>`` / ``ragged-...`` in ids of a kind without context (``""``: none).
+    Per sequence the keys are its cached context keys (seen whole, when ``context``) then its new keys
+    (seen when ``new_keys``, causally when ``causal``); the mask is bottom-right aligned (query ``i``
+    sees key ``j`` iff ``j <= kv_len - q_len + i``). Kinds with context run only on backends whose
+    ``Backend.supports_kind`` says yes, and their LSE is compared on every row (vLLM merges context
+    chunks by LSE on every row). ``name`` is ``Case.family``; ``id_lead`` prefixes the ids of a kind
+    without context (``""``: none, ``s<S>`` / ``ragged-...``).
     """
 
     name: str
@@ -89,9 +81,8 @@ class CaseKind:
         return tuple(c + q * self.new_keys for c, q in zip(context_lens, seq_lens))
 
 
-#: Case kinds by name: ``prefill`` (q_len == kv_len, causal), ``ctx`` (a context chunk: q_len new queries
-#: over kv_len cached keys, non-causal), ``prefix`` (prefix-cached prefill: bottom-right causal over
-#: context + new keys, composed of a causal and a ctx piece merged by LSE).
+#: Case kinds by name: ``prefill`` (q_len == kv_len, causal), ``ctx`` (a context chunk: new queries over
+#: cached keys, non-causal), ``prefix`` (prefix-cached prefill: a causal and a ctx piece merged by LSE).
 KINDS: dict[str, CaseKind] = {k.name: k for k in (
     CaseKind("prefill", context=False),
     CaseKind("ctx", context=True, new_keys=False, causal=False),
