@@ -2,15 +2,14 @@
 work starts: each failure is one line naming the value and what is allowed.
 
 ``positive_int`` / ``positive_float`` / ``safe_name`` are argparse ``type=`` callables (argparse turns
-their ``ArgumentTypeError`` into ``error: argument --x: ...`` and exit status 2); ``env_int`` /
-``env_float`` read an environment variable and raise ``ValueError`` naming the variable.
+their ``ArgumentTypeError`` into ``error: argument --x: ...`` and exit status 2); environment variables
+are checked in :mod:`mla_fp8_bench.config`.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 
 #: asv machine names and tolerance-set names: they become one path component under results/ or
@@ -47,30 +46,6 @@ def _parse_number(text: str, kind: type, what: str, minimum: float, strict: bool
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise ValueError(f"{what}={text!r} is invalid: must be {bound}")
     return val
-
-
-def env_int(name: str, default: int | None = None, minimum: int = 1) -> int | None:
-    """The integer in environment variable ``name`` (``default`` when unset or empty).
-
-    Raises:
-        ValueError: naming the variable, when the value is not an integer or is below ``minimum``.
-    """
-    val = os.environ.get(name, "")
-    if val.strip() == "":
-        return default
-    return int(_parse_number(val, int, name, minimum, strict=False))
-
-
-def env_float(name: str, default: float | None = None) -> float | None:
-    """The positive finite number in environment variable ``name`` (``default`` when unset or empty).
-
-    Raises:
-        ValueError: naming the variable, when the value is not a positive finite number.
-    """
-    val = os.environ.get(name, "")
-    if val.strip() == "":
-        return default
-    return float(_parse_number(val, float, name, 0.0, strict=True))
 
 
 def positive_int(text: str) -> int:

@@ -33,6 +33,7 @@ def _fmt_f(x: Any, spec: str = ".4g") -> str:
 
 def cmd_env(args: argparse.Namespace, console: Console) -> int:
     from mla_fp8_bench.backends import backend_names, get_backend
+    from mla_fp8_bench.config import RunConfig
     from mla_fp8_bench.measure.devices import environment, platform_info, vendor_of_build
     from mla_fp8_bench.problem.fp8 import cast_saturates
 
@@ -57,7 +58,7 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
         detected.add_column(col)
     for name in backend_names():
         try:
-            b = get_backend(name)
+            b = get_backend(name, RunConfig(aiter_any_device=args.aiter_any_device))
             v = b.availability(pinfo)
             bt.add_row(name, "yes" if v else "no", b.description if v else v.reason)
             for what, how in (getattr(b, "detection", lambda: {})() if v else {}).items():
@@ -186,21 +187,20 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     130 (128 + the signal's number): to ``--json``, or beside it when the file there holds as many records
     or more. A second run writing the same ``--json`` at the same time is refused before measuring.
     """
-    from mla_fp8_bench.backends.aiter_emulated import emulated_aiter_version, emulated_aiter_version_set
+    from mla_fp8_bench.config import PREFIX, RunConfig, check_emu_aiter_version
     from mla_fp8_bench.jsonio import check_output_path, locked
 
-    if getattr(args, "emu_aiter_version", None) is not None:
-        with emulated_aiter_version_set(args.emu_aiter_version):
-            return cmd_run(argparse.Namespace(**{**vars(args), "emu_aiter_version": None}), console)
-    emulated_aiter_version()  # a bad MLA_FP8_BENCH_EMU_AITER_VERSION fails before measuring
+    config = RunConfig(emu_aiter_version=check_emu_aiter_version(args.emu_aiter_version or "",
+                                                                 f"{PREFIX}EMU_AITER_VERSION"),
+                       aiter_any_device=args.aiter_any_device)
     if args.json is None:
-        return _run_measure(args, console)
+        return _run_measure(args, config, console)
     target = check_output_path(args.json, "--json")
     with locked(target, "--json", wait=False):
-        return _run_measure(args, console)
+        return _run_measure(args, config, console)
 
 
-def _run_measure(args: argparse.Namespace, console: Console) -> int:
+def _run_measure(args: argparse.Namespace, config, console: Console) -> int:
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.terminal import CaseProgress
 
@@ -212,7 +212,7 @@ def _run_measure(args: argparse.Namespace, console: Console) -> int:
     interrupted = False
     with _signals_interrupt() as signals, CaseProgress(len(names) * len(cases), console) as prog:
         try:
-            data = evaluate(names, cases, device=pinfo.device, options=opts, progress=prog.step)
+            data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=prog.step)
         except RunInterrupted as exc:
             data, interrupted = exc.data, True
     if not args.no_timing and not interrupted:
@@ -330,13 +330,15 @@ def _write_asv_machine(args: argparse.Namespace, console: Console, path) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
-    from mla_fp8_bench.harness.runner import MAX_SAMPLES
+    from mla_fp8_bench.config import MAX_SAMPLES
 
     p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("env", help="platform, versions and each backend's availability with the reason").set_defaults(
-        handler=cmd_env)
+    e = sub.add_parser("env", help="platform, versions and each backend's availability with the reason")
+    e.set_defaults(handler=cmd_env)
+    any_device_help = "let the aiter backend drive a non-gfx950 aiter package (e.g. a test library); labelled emulation"
+    e.add_argument("--aiter-any-device", action="store_true", help=any_device_help)
     sub.add_parser("cases", help="list named suites and the default sweep per device").set_defaults(handler=cmd_cases)
     am = sub.add_parser("asv-machine", help="write ~/.asv-machine.json for NAME from results/NAME/machine.json "
                         "(or from this machine's facts, with a gpu key)")
@@ -358,9 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-timing", action="store_true", help="accuracy only")
     r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
+    r.add_argument("--aiter-any-device", action="store_true", help=any_device_help)
     r.add_argument("--emu-aiter-version", default=None, metavar="VERSION",
-                   help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; sets "
-                        "MLA_FP8_BENCH_EMU_AITER_VERSION for this run)")
+                   help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; "
+                        "MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
     _add_extra_commands(sub)
     return p
 

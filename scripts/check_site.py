@@ -102,8 +102,9 @@ def make_synthetic_results(dest: Path, branch: str = "main") -> dict[str, Any]:
     """Write an asv 0.6 results tree into ``dest``: machine ``synthetic-cpu``, the branch's last two
     commits, ``MLAPrefill`` latency/accuracy tracks and ``AiterPlan`` planner time, values for
     aiter-emulated / torch-sdpa-bf16 / torch-fp8-ref on s128..s2048 and NaN (skipped) elsewhere."""
-    from mla_fp8_bench.harness.asv_support import ASV_BACKENDS, ASV_CASES, PLAN_BACKENDS
+    from mla_fp8_bench.harness.asv_support import ASV_CASES, asv_backends, plan_backends
 
+    ASV_BACKENDS, PLAN_BACKENDS = asv_backends(), plan_backends()  # noqa: N806
     commits = _git("rev-list", "--max-count=2", branch).split()
     machine = {"arch": "x86_64", "cpu": "synthetic 2-core", "gpu": "none", "machine": "synthetic-cpu",
                "num_cpu": "2", "os": "Linux", "ram": "24GB", "version": 1}

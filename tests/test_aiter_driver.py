@@ -19,18 +19,17 @@ import pytest
 import torch
 
 from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
-from mla_fp8_bench.backends import aiter_real
-from mla_fp8_bench.backends.aiter_emulated import (
-    EMU_AITER_VERSION_ENV,
-    AiterEmulated,
-    emulated_aiter_version,
-    emulated_aiter_version_set,
-)
-from mla_fp8_bench.backends.aiter_real import ANY_DEVICE_ENV, AiterPsDriver, AiterReal
+from mla_fp8_bench.backends import aiter_real, get_backend
+from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
+from mla_fp8_bench.backends.aiter_real import AiterPsDriver, AiterReal
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.config import RunConfig
 from mla_fp8_bench.measure.devices import platform_info
 from mla_fp8_bench.problem.cases import parse_case_id
 from mla_fp8_bench.problem.inputs import make_inputs
+
+EMU_AITER_VERSION_ENV = "MLA_FP8_BENCH_EMU_AITER_VERSION"
+ANY_DEVICE_ENV = "MLA_FP8_BENCH_AITER_ANY_DEVICE"
 
 CPU = platform_info("cpu")
 
@@ -224,24 +223,17 @@ def test_need_lse_uses_more_partial_slots_for_the_same_schedule():
 # the emulated version switch
 
 
-def test_emulated_aiter_version_env(monkeypatch):
-    monkeypatch.delenv(EMU_AITER_VERSION_ENV, raising=False)
-    assert emulated_aiter_version() == (0, 1, 22)
+def test_emulated_aiter_version_env():
+    assert RunConfig.from_env({}).emu_aiter_version is None
+    assert AiterEmulated().driver().version == (0, 1, 22)  # unset: the newest modelled
     for raw, want in (("0.1.20", (0, 1, 20)), ("0.1.20.post1", (0, 1, 20)), ("v0.1.22", (0, 1, 22))):
-        monkeypatch.setenv(EMU_AITER_VERSION_ENV, raw)
-        assert emulated_aiter_version() == want
+        assert RunConfig.from_env({EMU_AITER_VERSION_ENV: raw}).emu_aiter_version == want
     for raw in ("latest", "0.1.23", "0.1.9", "1"):
-        monkeypatch.setenv(EMU_AITER_VERSION_ENV, raw)
         with pytest.raises(ValueError, match=rf"{EMU_AITER_VERSION_ENV}='{raw}' is invalid: .*0\.1\.10 to 0\.1\.22"):
-            emulated_aiter_version()
-    monkeypatch.setenv(EMU_AITER_VERSION_ENV, "0.1.20")
-    assert AiterEmulated().driver().post_3606 is False
-    with emulated_aiter_version_set("0.1.22") as v:
-        assert v == (0, 1, 22) and os.environ[EMU_AITER_VERSION_ENV] == "0.1.22"
-    assert os.environ[EMU_AITER_VERSION_ENV] == "0.1.20"  # restored
-    with pytest.raises(ValueError, match="is invalid"), emulated_aiter_version_set("0.2"):
-        pass
-    assert os.environ[EMU_AITER_VERSION_ENV] == "0.1.20"
+            RunConfig.from_env({EMU_AITER_VERSION_ENV: raw})
+    cfg = RunConfig.from_env({EMU_AITER_VERSION_ENV: "0.1.20"})
+    assert get_backend("aiter-emulated", cfg).driver().post_3606 is False
+    assert get_backend("aiter-emulated").driver().post_3606 is True  # the config travels, not the process
 
 
 def test_run_flag_sets_the_emulated_version_for_one_run(tmp_path, monkeypatch, capsys):
@@ -264,12 +256,10 @@ def test_run_flag_sets_the_emulated_version_for_one_run(tmp_path, monkeypatch, c
 
 def test_any_device_opt_in_drives_a_non_gfx950_aiter_labelled_as_emulation(monkeypatch):
     monkeypatch.setattr(aiter_real, "import_aiter", lambda: make_standin_aiter(cu_num=8))
-    monkeypatch.delenv(ANY_DEVICE_ENV, raising=False)
-    b = AiterReal()
+    b = get_backend("aiter", RunConfig.from_env({}))
     v = b.availability(CPU)
     assert not v and "gfx950" in v.reason
-    monkeypatch.setenv(ANY_DEVICE_ENV, "1")
-    b = AiterReal()
+    b = get_backend("aiter", RunConfig.from_env({ANY_DEVICE_ENV: "1"}))
     assert b.availability(CPU) and b.emulation is True
     prep = b.prepare(make_inputs(parse_case_id("s40-h2"), "cpu"))
     assert prep.timing_scope == "emulation" and prep.extras["aiter_off_device"] is True
@@ -277,6 +267,5 @@ def test_any_device_opt_in_drives_a_non_gfx950_aiter_labelled_as_emulation(monke
     gfx950 = dataclasses.replace(CPU, vendor="rocm", arch="gfx950")
     real = AiterReal()
     assert real.availability(gfx950) and real.emulation is False  # on gfx950 it is the real path
-    monkeypatch.setenv(ANY_DEVICE_ENV, "yes")
     with pytest.raises(ValueError, match=rf"{ANY_DEVICE_ENV}='yes' is invalid"):
-        AiterReal().availability(CPU)
+        RunConfig.from_env({ANY_DEVICE_ENV: "yes"})

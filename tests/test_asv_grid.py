@@ -14,16 +14,16 @@ PUBLISHED_AITERPLAN_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated")
 
 
 def test_every_registered_backend_is_in_the_asv_grid():
-    assert set(registry.backend_names()) <= set(asv_support.ASV_BACKENDS)
-    assert len(set(asv_support.ASV_BACKENDS)) == len(asv_support.ASV_BACKENDS)
-    assert asv_support.ASV_BACKENDS[:len(PUBLISHED_MLAPREFILL_BACKENDS)] == PUBLISHED_MLAPREFILL_BACKENDS
+    assert set(registry.backend_names()) <= set(asv_support.asv_backends())
+    assert len(set(asv_support.asv_backends())) == len(asv_support.asv_backends())
+    assert asv_support.asv_backends()[:len(PUBLISHED_MLAPREFILL_BACKENDS)] == PUBLISHED_MLAPREFILL_BACKENDS
 
 
 def test_plan_backends_are_the_ones_with_a_planner():
-    assert asv_support.PLAN_BACKENDS == PUBLISHED_AITERPLAN_BACKENDS
-    for name in asv_support.ASV_BACKENDS:
+    assert asv_support.plan_backends() == PUBLISHED_AITERPLAN_BACKENDS
+    for name in asv_support.asv_backends():
         has = callable(getattr(type(registry.get_backend(name)), "plan_stats", None))
-        assert has == (name in asv_support.PLAN_BACKENDS), name
+        assert has == (name in asv_support.plan_backends()), name
 
 
 def test_a_newly_registered_backend_joins_the_grid_without_other_edits():
@@ -39,10 +39,10 @@ def test_a_newly_registered_backend_joins_the_grid_without_other_edits():
     registry.register_backend(Extra.name, Extra)
     try:
         grid = importlib.reload(asv_support)
-        assert grid.ASV_BACKENDS[-1] == "extra-test-backend"
-        assert "extra-test-backend" not in grid.PLAN_BACKENDS
-        assert grid.ASV_BACKENDS[:len(PUBLISHED_MLAPREFILL_BACKENDS)] == PUBLISHED_MLAPREFILL_BACKENDS
+        assert grid.asv_backends()[-1] == "extra-test-backend"
+        assert "extra-test-backend" not in grid.plan_backends()
+        assert grid.asv_backends()[:len(PUBLISHED_MLAPREFILL_BACKENDS)] == PUBLISHED_MLAPREFILL_BACKENDS
     finally:
         registry.unregister_backend(Extra.name)
         importlib.reload(asv_support)
-    assert "extra-test-backend" not in asv_support.ASV_BACKENDS
+    assert "extra-test-backend" not in asv_support.asv_backends()

@@ -22,9 +22,9 @@ import torch
 from mla_fp8_bench.aiter_ps.facts import Q_TILE as TILE_Q
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
 from mla_fp8_bench.backends import BackendUnavailable, CaseUnsupported, UnknownBackendError, aiter_real, get_backend
-from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
 from mla_fp8_bench.backends.aiter_real import AiterPsDriver, AiterReal
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.config import RunConfig
 from mla_fp8_bench.harness import asv_support
 from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
 from mla_fp8_bench.measure.devices import DeviceError, platform_info
@@ -425,22 +425,22 @@ def test_bad_asv_env_vars_fail_before_measuring(monkeypatch, var, value, needle)
     assert calls == []  # refused before any measurement: nothing to lose
 
 
-def test_bad_emulated_cu_count_is_named(monkeypatch):
+def test_bad_emulated_cu_count_is_named():
     for raw in ("0", "-3", "lots"):
-        monkeypatch.setenv("MLA_FP8_BENCH_EMU_CU_NUM", raw)
         with pytest.raises(ValueError, match=f"MLA_FP8_BENCH_EMU_CU_NUM='{raw}' is invalid: a positive integer"):
-            emulated_cu_num()
+            RunConfig.from_env({"MLA_FP8_BENCH_EMU_CU_NUM": raw})
 
 
-def test_bad_emulated_cu_count_in_a_run_loses_no_records(monkeypatch):
-    monkeypatch.setenv("MLA_FP8_BENCH_EMU_CU_NUM", "0")
+def test_bad_emulated_cu_count_in_a_run_loses_no_records():
+    """A configuration built in code (not through the checked environment) with a CU count the
+    planner refuses: every aiter-emulated record says so and the other records are kept."""
     data = evaluate(["torch-sdpa-bf16", "aiter-emulated"], resolve_cases(["s16-h2", "s32-h2"]), device="cpu",
-                    options=FAST)
+                    options=FAST, config=RunConfig(emu_cu_num=0))
     recs = {(r["backend"], r["case"]): r for r in data["records"]}
     assert recs[("torch-sdpa-bf16", "s16-h2")]["status"] == "ok"
     assert recs[("torch-sdpa-bf16", "s32-h2")]["status"] == "ok"
     emu = recs[("aiter-emulated", "s16-h2")]
-    assert emu["status"] in ("skipped", "error") and "MLA_FP8_BENCH_EMU_CU_NUM" in emu["reason"]
+    assert emu["status"] in ("skipped", "error") and "cu_num=0 is invalid" in emu["reason"]
 
 
 # ============================================================================ I. partial writes

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.config import RunConfig
 
 KEYS = [("torch-fp8-ref", "s128"), ("torch-fp8-ref", "s256")]
 
@@ -43,7 +44,7 @@ def test_setup_cache_that_raises_keeps_the_stored_values(stored):
     a param with a stored value keeps it, the others fail naming the reason."""
     from mla_fp8_bench.harness import asv_support
 
-    def boom(version):
+    def boom(version, config):
         raise RuntimeError("device lost")
 
     cache = asv_support.never_raising(boom, "MLAPrefill", ([k[0] for k in KEYS[:1]], [k[1] for k in KEYS]),
@@ -66,7 +67,7 @@ def test_a_failing_backend_keeps_the_value_stored_for_this_commit(stored, monkey
                                         "reason": "CUDA error: an illegal memory access"}]}
 
     monkeypatch.setattr("mla_fp8_bench.harness.runner.evaluate", evaluate)
-    monkeypatch.setattr("mla_fp8_bench.peers.ceilings.attach", lambda data: None)
+    monkeypatch.setattr("mla_fp8_bench.peers.ceilings.attach", lambda data, **kw: None)
     cache = asv_support.measure_grid("mla-prefill-v1")
     rec = asv_support.lookup(cache, "torch-fp8-ref", "s128")
     assert rec["max_abs_error_fp8_ref"] == 0.25 and "illegal memory access" in rec["reason"]
@@ -86,7 +87,7 @@ def test_overrides_that_contradict_asv_are_refused(monkeypatch, env, argv, needl
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(AsvRunRefused, match=needle):
-        check_overrides(argv)
+        check_overrides(RunConfig.from_env(), argv)
 
 
 def test_overrides_that_agree_with_asv_pass(monkeypatch):
@@ -95,7 +96,7 @@ def test_overrides_that_agree_with_asv_pass(monkeypatch):
     monkeypatch.setenv("MLA_FP8_BENCH_MACHINE", "box-a")
     monkeypatch.setenv("MLA_FP8_BENCH_EXPECT_COMMIT", "abcdef12")
     monkeypatch.delenv("ASV_COMMIT", raising=False)
-    check_overrides(["asv", "run", "--machine", "box-a", "--set-commit-hash", "abcdef1234567890"])
+    check_overrides(RunConfig.from_env(), ["asv", "run", "--machine", "box-a", "--set-commit-hash", "abcdef1234567890"])
 
 
 @pytest.mark.parametrize("var,value,needle", [

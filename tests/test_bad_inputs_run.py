@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from mla_fp8_bench.cli import main
+from mla_fp8_bench.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_VARS = ("MLA_FP8_BENCH_SAMPLES", "MLA_FP8_BENCH_TIME_BUDGET", "MLA_FP8_BENCH_MAX_TOKENS",
@@ -413,20 +414,20 @@ def test_expect_commit_guard_refuses_unverifiable_or_other_code(tmp_path, monkey
     from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_commit
 
     head = _git(repo, "rev-parse", "HEAD")
-    monkeypatch.setenv("MLA_FP8_BENCH_EXPECT_COMMIT", head if expect == "HEAD" else expect)
+    cfg = RunConfig(expect_commit=head if expect == "HEAD" else expect)
     outside = tmp_path / "wheel" / "pkg"
     outside.mkdir(parents=True)
     lib = {"outside": outside, "stale": repo / ".asv" / "env" / "site-packages" / "pkg",
            "tracked": repo / "pkg"}[where]
     with pytest.raises(AsvRunRefused, match=needle):
-        check_commit(lib)
+        check_commit(cfg, lib)
 
 
 def test_expect_commit_guard_passes_the_tracked_code_of_that_commit(monkeypatch, repo):
     from mla_fp8_bench.harness.asv_guard import check_commit
 
-    monkeypatch.setenv("MLA_FP8_BENCH_EXPECT_COMMIT", _git(repo, "rev-parse", "HEAD")[:10])
-    check_commit(repo / "pkg")  # no exception
+    check_commit(RunConfig.from_env({"MLA_FP8_BENCH_EXPECT_COMMIT": _git(repo, "rev-parse", "HEAD")[:10]}),
+                 repo / "pkg")  # no exception
 
 
 # ============================================================================ R. stored asv values (row 2, unit level)
@@ -452,43 +453,47 @@ def test_stored_values_are_given_back_only_for_the_same_benchmark_version(tmp_pa
     _asv_env(monkeypatch, tmp_path)
     _result_file(tmp_path / "res" / "m1" / f"{'ab' * 4}-virtualenv-py3.11.json")
     keys = [("torch-fp8-ref", "s128"), ("torch-fp8-ref", "s256")]
-    got = stored_records("MLAPrefill", "mla-prefill-v1", keys)
+    cfg = RunConfig.from_env()
+    got = stored_records(cfg, "MLAPrefill", "mla-prefill-v1", keys)
     assert list(got) == ["torch-fp8-ref|s128"]  # s256 was n/a: it stays n/a
     assert got["torch-fp8-ref|s128"]["max_abs_error_fp8_ref"] == 0.25
-    assert stored_records("MLAPrefill", "mla-prefill-v2", keys) == {}  # another method: not reused
+    assert stored_records(cfg, "MLAPrefill", "mla-prefill-v2", keys) == {}  # another method: not reused
 
 
 def test_stored_values_of_several_machines_are_ambiguous_and_refused(tmp_path, monkeypatch):
     from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
+    from mla_fp8_bench.harness.asv_support import check_knobs
 
     _asv_env(monkeypatch, tmp_path)
     for m in ("m1", "m2"):
         _result_file(tmp_path / "res" / m / f"{'ab' * 4}-virtualenv-py3.11.json")
     with pytest.raises(AsvRunRefused, match="several stored asv result files could be.*MLA_FP8_BENCH_MACHINE"):
-        check_asv_run()
+        check_asv_run(check_knobs())
     monkeypatch.setenv("MLA_FP8_BENCH_MACHINE", "m2")
-    check_asv_run()
+    check_asv_run(check_knobs())
 
 
 def test_a_truncated_stored_result_file_is_refused_at_discovery(tmp_path, monkeypatch):
     from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
+    from mla_fp8_bench.harness.asv_support import check_knobs
 
     _asv_env(monkeypatch, tmp_path)
     f = tmp_path / "res" / "m1" / f"{'ab' * 4}-virtualenv-py3.11.json"
     _result_file(f)
     f.write_text(f.read_text()[:40])
     with pytest.raises(AsvRunRefused, match=f"stored asv result file {f} cannot be read"):
-        check_asv_run()
+        check_asv_run(check_knobs())
 
 
 def test_narrowed_run_with_an_unknown_commit_is_refused(tmp_path, monkeypatch):
     from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
+    from mla_fp8_bench.harness.asv_support import check_knobs
 
     _asv_env(monkeypatch, tmp_path)
     monkeypatch.delenv("ASV_COMMIT")
     monkeypatch.setenv("MLA_FP8_BENCH_BACKENDS", "torch-fp8-ref")
     with pytest.raises(AsvRunRefused, match="MLA_FP8_BENCH_BACKENDS narrow this run but its commit is unknown"):
-        check_asv_run()
+        check_asv_run(check_knobs())
 
 
 # ============================================================================ S. files and JSON (jsonio)
@@ -624,12 +629,15 @@ def test_nightly_refuses_bad_names_and_commits_before_running_anything(capsys, m
 
 
 def test_calibrate_measure_restores_the_emulated_cu_count(monkeypatch):
-    """calibrate's per-case measurement sets MLA_FP8_BENCH_EMU_CU_NUM for its run only."""
+    """calibrate's per-case measurement plans for its own CU count and leaves the environment alone."""
     from mla_fp8_bench.analysis import calibrate
 
     monkeypatch.setenv("MLA_FP8_BENCH_EMU_CU_NUM", "80")
     calibrate._measure_case("s128-h1", ("torch-fp8-ref",), 304)
     assert os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] == "80"
     monkeypatch.delenv("MLA_FP8_BENCH_EMU_CU_NUM")
-    calibrate._measure_case("s128-h1", ("torch-fp8-ref",), 304)
+    rec = calibrate._measure_case("s512", ("aiter-emulated",), 304)["aiter-emulated"]
+    few = calibrate._measure_case("s512", ("aiter-emulated",), 8)["aiter-emulated"]
+    # 16 heads x 512 tokens: 304 CUs split tiles (6 live partial slots), 8 CUs split none
+    assert rec["status"] == few["status"] == "ok" and (rec["num_partials"], few["num_partials"]) == (6, 0)
     assert "MLA_FP8_BENCH_EMU_CU_NUM" not in os.environ

@@ -137,11 +137,12 @@ def test_ceilings_skip_on_cpu():
 
 
 def test_ceilings_env_opt_out(monkeypatch):
+    from mla_fp8_bench.config import RunConfig
     from mla_fp8_bench.peers.ceilings import attach
 
-    monkeypatch.setenv("MLA_FP8_BENCH_CEILINGS", "0")
     data = {"records": []}
-    assert attach(data)["reason"] == "MLA_FP8_BENCH_CEILINGS=0"
+    assert attach(data, enabled=RunConfig.from_env({"MLA_FP8_BENCH_CEILINGS": "0"}).ceilings)["reason"] == (
+        "MLA_FP8_BENCH_CEILINGS=0")
 
 
 def test_annotate_records_fractions():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mla_fp8_bench.backends import CaseUnsupported, get_backend
+from mla_fp8_bench.config import RunConfig
 from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate, evaluate_one
 from mla_fp8_bench.measure.devices import platform_info
 from mla_fp8_bench.measure.metrics import lse_error, lse_metrics
@@ -258,7 +259,8 @@ def test_lse_gap_cases_break_before_3606_only(monkeypatch, version, broken):
         pieces = split_prefix_inputs(inp) if inp.case.family == "prefix" else (inp,)
         assert any(bool(unsplit_rows(p, 256).any()) for p in pieces), cid
     for cid in ("ctx100-q64", "prefix256-q100"):
-        rec = evaluate_one(get_backend("aiter-emulated"), CaseData(parse_case_id(cid), CPU, None), CPU,
+        cfg = RunConfig.from_env()  # the asv boundary's configuration, from the variable set above
+        rec = evaluate_one(get_backend("aiter-emulated", cfg), CaseData(parse_case_id(cid), CPU, None), CPU,
                            RunOptions(timing=False, determinism=False)).as_dict()
         assert rec["aiter_post_3606"] is (not broken)
         if broken:
@@ -297,6 +299,6 @@ def test_asv_grid_has_chunk_cases_and_caps_them_by_keys(monkeypatch):
     monkeypatch.delenv("MLA_FP8_BENCH_MAX_TOKENS", raising=False)
     monkeypatch.delenv("ASV_COMMIT", raising=False)
     monkeypatch.delenv("MLA_FP8_BENCH_EXPECT_COMMIT", raising=False)
-    _pinfo, _cap, _b, cases, skipped = asv_support._grid_setup()
+    _pinfo, _cap, _b, cases, skipped = asv_support._grid_setup(asv_support.check_knobs())
     assert [c.id for c in cases] == ["ctx1024-q256"]
     assert "9216 tokens exceed" in skipped["prefix8192-q1024"]

@@ -122,19 +122,19 @@ def probe_selection(regex: str) -> dict[str, str]:
     :mod:`mla_fp8_bench.harness.asv_support`) are set when the selected backends / cases are a strict
     subset of the grid's; ``{}`` when the regex selects no grid name or all of them.
     """
-    from mla_fp8_bench.harness.asv_support import ASV_BACKENDS, ASV_CASES
+    from mla_fp8_bench.harness.asv_support import ASV_CASES, asv_backends
 
-    rx = re.compile(regex)
+    grid, rx = asv_backends(), re.compile(regex)
     hit_b: set[str] = set()
     hit_c: set[str] = set()
     for cls, metric in itertools.product(("MLAPrefill", "AiterPlan"), (*METRICS, "track_planner_time")):
-        for b, c in itertools.product(ASV_BACKENDS, ASV_CASES):
+        for b, c in itertools.product(grid, ASV_CASES):
             if rx.search(f"bench_mla_prefill.{cls}.{metric}({b!r}, {c!r})"):
                 hit_b.add(b)
                 hit_c.add(c)
     out: dict[str, str] = {}
-    if hit_b and len(hit_b) < len(ASV_BACKENDS):
-        out["MLA_FP8_BENCH_BACKENDS"] = ",".join(b for b in ASV_BACKENDS if b in hit_b)
+    if hit_b and len(hit_b) < len(grid):
+        out["MLA_FP8_BENCH_BACKENDS"] = ",".join(b for b in grid if b in hit_b)
     if hit_c and len(hit_c) < len(ASV_CASES):
         out["MLA_FP8_BENCH_CASES"] = ",".join(c for c in ASV_CASES if c in hit_c)
     return out

@@ -59,6 +59,7 @@ from mla_fp8_bench.analysis.tolerances import (  # noqa: F401 - re-exported: cal
     tolerance_key,
     validate_tolerances,
 )
+from mla_fp8_bench.config import DEFAULT_EMU_CU_NUM, RunConfig
 
 METHOD = "max_over_seeds_times_margin"
 DEFAULT_MARGIN = 2.0
@@ -80,30 +81,22 @@ def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
-    saved = os.environ.get("MLA_FP8_BENCH_EMU_CU_NUM")
-    if cu_num:
-        os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = str(cu_num)
-    try:
-        pinfo = platform_info("cpu")
-        case_data = CaseData(parse_case_id(case_id), pinfo, None)
-        opts = RunOptions(timing=False, determinism=False)
-        out = {}
-        for b in backends:
-            rec = evaluate_one(get_backend(b), case_data, pinfo, opts).as_dict()
-            rec.pop("traceback", None)
-            out[b] = rec
-        return out
-    finally:
-        if saved is None:
-            os.environ.pop("MLA_FP8_BENCH_EMU_CU_NUM", None)
-        else:
-            os.environ["MLA_FP8_BENCH_EMU_CU_NUM"] = saved
+    pinfo = platform_info("cpu")
+    case_data = CaseData(parse_case_id(case_id), pinfo, None)
+    opts = RunOptions(timing=False, determinism=False)
+    cfg = RunConfig(emu_cu_num=cu_num or DEFAULT_EMU_CU_NUM)
+    out = {}
+    for b in backends:
+        rec = evaluate_one(get_backend(b, cfg), case_data, pinfo, opts).as_dict()
+        rec.pop("traceback", None)
+        out[b] = rec
+    return out
 
 
 def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
     import torch
 
-    torch.set_num_threads(int(os.environ.get("MLA_FP8_BENCH_CAL_THREADS", "1")))
+    torch.set_num_threads(1)  # one thread per worker process: --jobs sets the parallelism
     if task[0] == "probe":
         from mla_fp8_bench.analysis.probes import probe_record
 
@@ -287,7 +280,6 @@ def _env(cu_num: int | None) -> dict[str, Any]:
     import torch
 
     from mla_fp8_bench import __version__
-    from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
 
     cpu = _platform.processor() or _platform.machine()
     try:
@@ -299,7 +291,7 @@ def _env(cu_num: int | None) -> dict[str, Any]:
     except OSError:
         pass
     return {"mla_fp8_bench": __version__, "torch": torch.__version__, "python": _platform.python_version(),
-            "device": "cpu", "cpu": cpu, "num_cpu": os.cpu_count(), "emu_cu_num": cu_num or emulated_cu_num(),
+            "device": "cpu", "cpu": cpu, "num_cpu": os.cpu_count(), "emu_cu_num": cu_num or DEFAULT_EMU_CU_NUM,
             "fp8_dtype": "float8_e4m3fn", "reference_dtype": "float64",
             "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 

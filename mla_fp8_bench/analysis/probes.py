@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from mla_fp8_bench.aiter_ps.emulator import emulate_mla_prefill_ps_asm_fwd, emulate_mla_reduce_v1, normalize_faults
-from mla_fp8_bench.backends.aiter_emulated import emulated_cu_num
+from mla_fp8_bench.config import DEFAULT_EMU_CU_NUM
 from mla_fp8_bench.measure.metrics import error_metrics
 from mla_fp8_bench.problem.fp8 import Quantized, quantize
 from mla_fp8_bench.problem.shapes import DEFAULT_SOFTMAX_SCALE, cu_seqlens_of
@@ -97,7 +97,7 @@ def run_probe(p: ProbeInputs, faults: Iterable[str] | str | None = None, cu_num:
     from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 
     fs = normalize_faults(faults)
-    cu_num = cu_num or emulated_cu_num()
+    cu_num = cu_num or DEFAULT_EMU_CU_NUM
     h = p.q.shape[1]
     cu_q = torch.tensor(cu_seqlens_of(p.q_lens), dtype=torch.int32)
     cu_kv = torch.tensor(cu_seqlens_of(p.kv_lens), dtype=torch.int32)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
+from mla_fp8_bench.config import RunConfig
 
 #: name -> "module:Class" (relative to this package).
 _REGISTRY: dict[str, str | type[Backend]] = {
@@ -46,8 +47,8 @@ def unregister_backend(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def get_backend(name: str) -> Backend:
-    """Instantiate a backend by name.
+def get_backend(name: str, config: RunConfig | None = None) -> Backend:
+    """Instantiate a backend by name, with the run's ``config`` (default: :class:`RunConfig` defaults).
 
     Raises:
         UnknownBackendError: naming the bad value and the known names.
@@ -55,11 +56,14 @@ def get_backend(name: str) -> Backend:
     if name not in _REGISTRY:
         raise UnknownBackendError(f"backend {name!r} is unknown: allowed {', '.join(_REGISTRY)}")
     target = _REGISTRY[name]
-    if isinstance(target, type):
-        return target()
-    mod_name, cls_name = target.split(":")
-    module = importlib.import_module(mod_name if "." in mod_name else f"{__name__}.{mod_name}")
-    return getattr(module, cls_name)()
+    if not isinstance(target, type):
+        mod_name, cls_name = target.split(":")
+        module = importlib.import_module(mod_name if "." in mod_name else f"{__name__}.{mod_name}")
+        target = getattr(module, cls_name)
+    backend = target()
+    if config is not None:
+        backend.config = config
+    return backend
 
 
 def backend_flag(name: str, flag: str) -> bool | None:

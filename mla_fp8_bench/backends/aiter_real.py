@@ -38,7 +38,6 @@ emulator-backed stand-in (:mod:`mla_fp8_bench.aiter_ps.standin`) everywhere else
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -386,19 +385,6 @@ class AiterPsDriver:
 # the backend
 
 
-#: Opt-in (``=1``) to drive whatever ``aiter`` is installed on a non-gfx950 machine (a CPU, a test
-#: library): every record is then labelled ``timing_scope="emulation"`` and ``aiter_off_device=True``.
-ANY_DEVICE_ENV = "MLA_FP8_BENCH_AITER_ANY_DEVICE"
-
-
-def aiter_any_device() -> bool:
-    """True when :data:`ANY_DEVICE_ENV` is ``1`` (any other value but empty/``0`` raises ValueError)."""
-    raw = os.environ.get(ANY_DEVICE_ENV, "")
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{ANY_DEVICE_ENV}={raw!r} is invalid: 1 (drive a non-gfx950 aiter) or 0/unset")
-    return raw == "1"
-
-
 def _aiter_gate(platform: PlatformInfo) -> Verdict:
     if platform.vendor != "rocm":
         found = platform.arch if platform.vendor == "cuda" else "a CPU-only torch"
@@ -429,7 +415,7 @@ class AiterReal(Backend):
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         gate = _aiter_gate(platform)
-        self.emulation = bool(not gate and aiter_any_device())  # off gfx950: labelled, never a kernel's time
+        self.emulation = bool(not gate and self.config.aiter_any_device)  # off gfx950: an emulation, labelled
         if not gate and not self.emulation:
             return gate
         try:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from mla_fp8_bench.config import RunConfig
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case, CaseKind
 from mla_fp8_bench.problem.inputs import CaseInputs
@@ -91,6 +92,7 @@ class Backend(ABC):
         emulation: True if this is a PyTorch model of a kernel (latency is labelled, never compared).
         context_chunks: yes when :meth:`prepare` runs context chunks (``ctx`` cases) and returns LSE on
             every row; otherwise no with the reason kinds with context (``ctx``, ``prefix``) are skipped.
+        config: the run's configuration (set by :func:`~mla_fp8_bench.backends.get_backend`).
     """
 
     name: ClassVar[str] = ""
@@ -98,6 +100,7 @@ class Backend(ABC):
     fp8: ClassVar[bool] = True
     emulation: ClassVar[bool] = False
     context_chunks: ClassVar[Verdict] = Verdict.no("does not run context-chunk attention (q_len < kv_len, non-causal)")
+    config: RunConfig = RunConfig()
 
     @abstractmethod
     def availability(self, platform: PlatformInfo) -> Verdict:

@@ -10,8 +10,10 @@ Finding that file needs the config directory, the commit, the machine and the en
 exports ``ASV_CONF_DIR``, ``ASV_ENV_NAME`` and ``ASV_COMMIT`` to benchmark processes of the
 environments it builds, but nothing at all in ``-E existing`` runs; there they are read from the
 ``asv run`` process that started this one (its working directory, which asv sets to the config's
-directory, and its ``--set-commit-hash`` / ``--machine`` options; Linux ``/proc``).
-``MLA_FP8_BENCH_EXPECT_COMMIT`` and ``MLA_FP8_BENCH_MACHINE`` override the commit and the machine.
+directory, and its ``--set-commit-hash`` / ``--machine`` options:
+:func:`mla_fp8_bench.config.asv_parent_process`). ``MLA_FP8_BENCH_EXPECT_COMMIT`` and
+``MLA_FP8_BENCH_MACHINE`` override the commit and the machine. Every function takes the run's
+:class:`~mla_fp8_bench.config.RunConfig`, which carries all of these.
 
 :func:`check_asv_run` runs when asv imports the benchmarks (discovery): a refusal there stops asv
 before it writes anything, which a failure inside ``setup_cache`` would not (asv would store the
@@ -28,10 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.config import RunConfig
 from mla_fp8_bench.harness.results import AsvResult, ResultsError, load_asv_result
 
-#: Environment variables that make a run measure part of the asv grid.
-NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
 
 class AsvRunRefused(RuntimeError):
     """The asv run would measure other code than the commit named, or lose stored values."""
@@ -45,7 +46,7 @@ def _git(here: Path, *args: str) -> str | None:
         return None
 
 
-def check_commit(library_dir: str | os.PathLike | None = None) -> None:
+def check_commit(cfg: RunConfig, library_dir: str | os.PathLike | None = None) -> None:
     """With ``MLA_FP8_BENCH_EXPECT_COMMIT`` set, refuse unless the library is that commit's tracked code.
 
     Raises:
@@ -54,7 +55,7 @@ def check_commit(library_dir: str | os.PathLike | None = None) -> None:
             e.g. ``.asv/env``, may be stale) or its HEAD differs from the commit named. Uncommitted edits
             of tracked files are not detected.
     """
-    expect = os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT", "").strip()
+    expect = cfg.expect_commit
     if not expect:
         return
     here = Path(library_dir or Path(__file__).resolve().parent.parent)
@@ -84,19 +85,6 @@ def _results_dirs(conf_dir: Path) -> list[Path]:
     return list(dict.fromkeys(dirs)) or [conf_dir / "results"]
 
 
-def _asv_parent() -> tuple[Path, list[str]] | None:
-    """(working directory, argv) of the ``asv run`` process that started this one, or None."""
-    try:
-        pid = os.getppid()
-        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-    except (OSError, UnicodeDecodeError):
-        return None
-    head = argv[:4]
-    is_asv = any(Path(a).name == "asv" for a in head) or ("-m" in head and "asv" in head)
-    return (cwd, argv) if is_asv and "run" in argv else None
-
-
 def _option(argv: list[str], name: str) -> str | None:
     for i, a in enumerate(argv):
         if a == name and i + 1 < len(argv):
@@ -106,7 +94,7 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
-def check_overrides(argv: list[str] | None = None) -> None:
+def check_overrides(cfg: RunConfig, argv: list[str] | None = None) -> None:
     """Refuse ``MLA_FP8_BENCH_MACHINE`` / ``MLA_FP8_BENCH_EXPECT_COMMIT`` values that contradict asv's own
     ``--machine`` / ``--set-commit-hash`` (or ``ASV_COMMIT``): the stored values kept would be another
     machine's or commit's, and the file asv writes is the one its own arguments name.
@@ -118,48 +106,45 @@ def check_overrides(argv: list[str] | None = None) -> None:
         AsvRunRefused: naming both values.
     """
     if argv is None:
-        parent = _asv_parent()
-        argv = parent[1] if parent else []
-    machine = os.environ.get("MLA_FP8_BENCH_MACHINE", "").strip()
-    asv_machine = _option(argv, "--machine")
+        argv = list(cfg.asv_parent[1]) if cfg.asv_parent else []
+    machine, asv_machine = cfg.machine, _option(argv, "--machine")
     if machine and asv_machine and machine != asv_machine:
         raise AsvRunRefused(f"MLA_FP8_BENCH_MACHINE={machine} but asv run --machine {asv_machine}: they must name "
                             "the same machine (unset MLA_FP8_BENCH_MACHINE, or make them agree)")
-    expect = os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT", "").strip().lower()
+    expect = cfg.expect_commit.lower()
     for what, sha in (("asv run --set-commit-hash", _option(argv, "--set-commit-hash")),
-                      ("ASV_COMMIT", os.environ.get("ASV_COMMIT"))):
+                      ("ASV_COMMIT", cfg.asv.get("ASV_COMMIT"))):
         sha = (sha or "").strip().lower()
         if expect and sha and not (sha.startswith(expect) or expect.startswith(sha)):
             raise AsvRunRefused(f"MLA_FP8_BENCH_EXPECT_COMMIT={expect} but {what} {sha}: they must name the same "
                                 "commit (unset MLA_FP8_BENCH_EXPECT_COMMIT, or make them agree)")
 
 
-def asv_context() -> dict[str, Any] | None:
+def asv_context(cfg: RunConfig) -> dict[str, Any] | None:
     """Where this asv benchmark process's results go: ``conf_dir``, ``commit``, ``machine``, ``env``
     (each may be None), or None outside an ``asv run``."""
-    parent = _asv_parent()
-    conf = os.environ.get("ASV_CONF_DIR") or (str(parent[0]) if parent else None)
+    parent = cfg.asv_parent
+    conf = cfg.asv.get("ASV_CONF_DIR") or (parent[0] if parent else None)
     if not conf:
         return None
-    argv = parent[1] if parent else []
-    commit = (os.environ.get("ASV_COMMIT") or os.environ.get("MLA_FP8_BENCH_EXPECT_COMMIT", "").strip()
-              or _option(argv, "--set-commit-hash"))
+    argv = list(parent[1]) if parent else []
+    commit = cfg.asv.get("ASV_COMMIT") or cfg.expect_commit or _option(argv, "--set-commit-hash")
     if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
         commit = _git(Path(conf), "rev-parse", "--verify", "--quiet", commit + "^{commit}")
-    machine = os.environ.get("MLA_FP8_BENCH_MACHINE", "").strip() or _option(argv, "--machine")
+    machine = cfg.machine or _option(argv, "--machine")
     dry_run = any(a in ("--dry-run", "-n") for a in argv)
     return {"conf_dir": Path(conf), "commit": commit or None, "machine": machine or None,
-            "env": os.environ.get("ASV_ENV_NAME"), "dry_run": dry_run}
+            "env": cfg.asv.get("ASV_ENV_NAME"), "dry_run": dry_run}
 
 
-def result_file() -> Path | None:
+def result_file(cfg: RunConfig) -> Path | None:
     """The asv result file this benchmark process's run will overwrite, if it exists.
 
     Raises:
         AsvRunRefused: several files could be it (machines or environments) and
             ``MLA_FP8_BENCH_MACHINE`` does not say which.
     """
-    ctx = asv_context()
+    ctx = asv_context(cfg)
     if ctx is None or ctx["commit"] is None:
         return None
     env = ctx["env"] or "*"
@@ -174,29 +159,29 @@ def result_file() -> Path | None:
     return found[0] if found else None
 
 
-def check_asv_run() -> None:
-    """Refuse, while asv discovers the benchmarks, a run that would measure the wrong code or lose data.
-
-    Does nothing outside ``asv run``.
+def check_asv_run(cfg: RunConfig) -> None:
+    """Refuse a run that would measure the wrong code or lose data, before asv writes anything (the asv
+    benchmark module calls it when asv discovers the benchmarks). Does nothing outside ``asv run``.
 
     Raises:
         AsvRunRefused: see :func:`check_overrides`, :func:`check_commit` and :func:`result_file`; or the
-            run measures part of the grid (:data:`NARROWING_VARS`) and its commit cannot be found (so
-            its stored values could not be kept); or the stored result file it would overwrite is not readable asv JSON.
+            run measures part of the grid (``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` / ``_MAX_TOKENS``) and
+            its commit cannot be found (so its stored values could not be kept); or the stored result
+            file it would overwrite is not readable asv JSON.
     """
-    ctx = asv_context()
+    ctx = asv_context(cfg)
     if ctx is None:
         return
-    check_overrides()
-    check_commit()
+    check_overrides(cfg)
+    check_commit(cfg)
     if ctx.get("dry_run"):  # asv run --dry-run stores nothing: nothing to lose
         return
-    narrowed = [v for v in NARROWING_VARS if os.environ.get(v, "").strip()]
+    narrowed = cfg.narrowed_by()
     if ctx["commit"] is None and narrowed:
         raise AsvRunRefused(f"{', '.join(narrowed)} narrow this run but its commit is unknown, so the stored "
                             "values of the other params could not be kept: export "
                             "MLA_FP8_BENCH_EXPECT_COMMIT=<the --set-commit-hash SHA>")
-    path = result_file()
+    path = result_file(cfg)
     if path is not None:
         _read_results(path)
 
@@ -214,7 +199,8 @@ def _read_results(path: Path) -> AsvResult:
                             "it; fix or move it first") from None
 
 
-def stored_records(class_name: str, version: str, keys: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+def stored_records(cfg: RunConfig, class_name: str, version: str, keys: list[tuple[str, str]]
+                   ) -> dict[str, dict[str, Any]]:
     """Records rebuilt from the stored asv results of ``class_name`` for the (backend, case) ``keys``.
 
     Only values stored under the same benchmark ``version`` are used; a param whose stored values are
@@ -223,7 +209,7 @@ def stored_records(class_name: str, version: str, keys: list[tuple[str, str]]) -
     Returns:
         ``{"backend|case": record}`` with ``status="ok"`` and ``stored_from`` naming the file.
     """
-    path = result_file()
+    path = result_file(cfg)
     if path is None or not keys:
         return {}
     res = _read_results(path)

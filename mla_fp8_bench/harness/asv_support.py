@@ -1,38 +1,29 @@
 """What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement.
 
-Environment variables read by :func:`measure_grid` (all optional):
-
-* ``MLA_FP8_BENCH_DEVICE`` - ``auto`` (default), ``cpu``, ``cuda``, ``cuda:N``.
-* ``MLA_FP8_BENCH_MAX_TOKENS`` - skip cases with more total tokens (default :data:`GRID_CAPS`: 1536 on
-  CPU, 32768 on GPUs; ragged cases count their total, ctx/prefix cases their keys). ``2048`` measures
-  every case the CPU sweep of ``mla-fp8-bench run`` has.
-* ``MLA_FP8_BENCH_BACKENDS`` - comma-separated subset of :data:`ASV_BACKENDS` to measure.
-* ``MLA_FP8_BENCH_CASES`` - comma-separated subset of :data:`ASV_CASES` to measure (the others are
-  asv skips; ``mla-fp8-bench bisect`` sets it, with ``MLA_FP8_BENCH_BACKENDS``, to the probed params).
-* ``MLA_FP8_BENCH_SAMPLES`` / ``MLA_FP8_BENCH_TIME_BUDGET`` - latency samples / seconds per param
-  (default 30 samples within :data:`GRID_TIME_BUDGET_S`: 2 s on CPU, where latency is host time and
-  informational, 10 s on GPUs).
-* ``MLA_FP8_BENCH_ROUNDS`` - latency rounds (default 3 on GPUs, 1 on CPU): round 0 is the accuracy
-  pass's own timing, each further round a latency-only pass in a separate process in alternating
-  case order (:mod:`mla_fp8_bench.harness.rounds`); the tracked latency is the median over rounds.
-* ``MLA_FP8_BENCH_EXPECT_COMMIT`` - in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the
-  SHA you pass to ``--set-commit-hash`` here and the measurement refuses to run on other code.
+The asv boundary: :func:`check_knobs` builds the run's :class:`~mla_fp8_bench.config.RunConfig` from
+the environment (the knobs are listed in :mod:`mla_fp8_bench.config`); everything below it gets the
+configuration passed. Defaults: the token cap :data:`GRID_CAPS` (1536 on CPU, 32768 on GPUs; ragged
+cases count their total, ctx/prefix cases their keys; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures every
+case the CPU sweep of ``mla-fp8-bench run`` has), 30 latency samples within :data:`GRID_TIME_BUDGET_S`
+(2 s on CPU, where latency is host time and informational, 10 s on GPUs), and
+:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU): round 0 is the accuracy pass's own
+timing, each further round a latency-only pass in a separate process in alternating case order
+(:mod:`mla_fp8_bench.harness.rounds`); the tracked latency is the median over rounds.
+``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` narrow the grid (``mla-fp8-bench bisect`` sets them to the
+probed params); in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the SHA you pass to
+``--set-commit-hash`` as ``MLA_FP8_BENCH_EXPECT_COMMIT`` and the measurement refuses other code.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-from mla_fp8_bench.argtypes import env_float, env_int
 from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
+from mla_fp8_bench.config import RunConfig
 from mla_fp8_bench.harness.asv_guard import check_commit, stored_records
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
-#: Backends in the asv grid (static on every machine; unavailable ones are skips): every registered
-#: backend, the registry's defaults first (their order is the published param order), others appended.
-ASV_BACKENDS = tuple(DEFAULT_BACKENDS) + tuple(b for b in backend_names() if b not in DEFAULT_BACKENDS)
 #: Case ids in the asv grid: never change or reuse an id that has results.
 ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     "s255", "s257", "ragged-6992-6896-2495", "ragged-4096x4", "s8175",
@@ -47,8 +38,18 @@ ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
 GRID_CAPS = {"cpu": 1536, "cuda": SWEEP_CAPS["cuda"]}
 #: Default seconds of latency sampling per (backend, case) of the asv grid, per device type.
 GRID_TIME_BUDGET_S = {"cpu": 2.0, "cuda": 10.0}
-#: Backends of the AITER PS path (planner time and workspace tracks): those that provide ``plan_stats``.
-PLAN_BACKENDS = tuple(b for b in ASV_BACKENDS if callable(getattr(type(get_backend(b)), "plan_stats", None)))
+
+
+def asv_backends() -> tuple[str, ...]:
+    """Backends in the asv grid (static on every machine; unavailable ones are skips): every registered
+    backend, the registry's defaults first (their order is the published param order), others appended."""
+    return tuple(DEFAULT_BACKENDS) + tuple(b for b in backend_names() if b not in DEFAULT_BACKENDS)
+
+
+def plan_backends() -> tuple[str, ...]:
+    """Backends of the AITER PS path (planner time and workspace tracks): those that provide ``plan_stats``."""
+    return tuple(b for b in asv_backends() if callable(getattr(type(get_backend(b)), "plan_stats", None)))
+
 
 _DROP = ("traceback",)
 
@@ -74,7 +75,7 @@ def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
 
 def emulation_backends() -> tuple[str, ...]:
     """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``), from the registry."""
-    return tuple(b for b in ASV_BACKENDS if get_backend(b).emulation)
+    return tuple(b for b in asv_backends() if get_backend(b).emulation)
 
 
 def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
@@ -93,81 +94,27 @@ def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _env_int(name: str) -> int | None:
-    return env_int(name, None, minimum=1)
-
-
-def _env_list(name: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    """The comma-separated names in ``name`` (each once, in order); ``[]`` when unset.
+def check_knobs(environ: dict[str, str] | None = None) -> RunConfig:
+    """The run configuration of an asv run, from the environment (default ``os.environ``), checked
+    before any work: the asv boundary (:meth:`RunConfig.from_env` over this grid).
 
     Raises:
-        ValueError: naming the variable, when it names nothing (``","``) or a name outside ``allowed``.
+        ValueError: naming the variable, the bad value and what is allowed.
     """
-    raw = os.environ.get(name, "")
-    if not raw.strip():
-        return []
-    items = list(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
-    if not items:
-        raise ValueError(f"{name}={raw!r} names nothing: give comma-separated {what}, or unset it for all")
-    unknown = [x for x in items if x not in allowed]
-    if unknown:
-        label = "unknown backends" if what == "backends" else "cases"
-        tail = "" if what == "backends" else " outside the asv grid"
-        raise ValueError(f"{name} names {label} {unknown}{tail}: allowed {', '.join(allowed)}")
-    return items
+    return RunConfig.from_env(environ, grid=(asv_backends(), ASV_CASES))
 
 
-def check_knobs() -> dict[str, Any]:
-    """Read and check every environment variable an asv run of the grid uses, before any work.
-
-    Called while asv discovers the benchmarks (a refusal there stops asv before it writes anything)
-    and again by :func:`measure_grid` / :func:`measure_plans`.
-
-    Returns:
-        ``{"device", "max_tokens", "backends", "cases", "samples", "time_budget_s", "rounds"}`` (``None`` / ``[]``
-        where unset).
-
-    Raises:
-        ValueError: naming the variable and what is allowed.
-    """
-    from mla_fp8_bench.backends.aiter_emulated import emulated_aiter_version, emulated_cu_num, emulated_max_tokens
-    from mla_fp8_bench.measure.devices import normalize_device
-
-    device = os.environ.get("MLA_FP8_BENCH_DEVICE", "").strip() or "auto"
-    if device != "auto":
-        try:
-            normalize_device(device)
-        except ValueError as exc:
-            raise ValueError(f"MLA_FP8_BENCH_DEVICE={device!r}: {exc}") from None
-    from mla_fp8_bench.harness.runner import MAX_SAMPLES
-
-    emulated_aiter_version()
-    emulated_cu_num()
-    emulated_max_tokens("cpu")
-    samples = _env_int("MLA_FP8_BENCH_SAMPLES")
-    if samples is not None and samples > MAX_SAMPLES:
-        raise ValueError(f"MLA_FP8_BENCH_SAMPLES={samples} is invalid: at most {MAX_SAMPLES}")
-    return {"device": device, "max_tokens": _env_int("MLA_FP8_BENCH_MAX_TOKENS"),
-            "backends": _env_list("MLA_FP8_BENCH_BACKENDS", ASV_BACKENDS, "backends"),
-            "cases": _env_list("MLA_FP8_BENCH_CASES", ASV_CASES, "case ids"),
-            "samples": samples,
-            "time_budget_s": env_float("MLA_FP8_BENCH_TIME_BUDGET", None),
-            "rounds": _env_int("MLA_FP8_BENCH_ROUNDS")}
-
-
-def _grid_setup():
+def _grid_setup(cfg: RunConfig):
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
-    check_commit()
-    knobs = check_knobs()
-    pinfo = platform_info(knobs["device"])
-    cap = knobs["max_tokens"] or GRID_CAPS[pinfo.device_type]
-    backends = knobs["backends"] or list(ASV_BACKENDS)
-    only = knobs["cases"]
+    check_commit(cfg)
+    pinfo = platform_info(cfg.device)
+    cap = cfg.max_tokens or GRID_CAPS[pinfo.device_type]
+    backends = list(cfg.backends or asv_backends())
     cases, skipped = [], {}
     for cid in ASV_CASES:
-        if only and cid not in only:
+        if cfg.cases and cid not in cfg.cases:
             continue  # not measured: lookup() makes it an asv skip
         c = parse_case_id(cid)
         tokens = max(c.total_tokens, c.total_kv_tokens)
@@ -178,34 +125,37 @@ def _grid_setup():
     return pinfo, cap, backends, cases, skipped
 
 
-def never_raising(measure: Callable[[str | None], dict[str, Any]], class_name: str, params: tuple[list, list],
-                  version: str | None) -> dict[str, Any]:
-    """``measure(version)`` for an asv ``setup_cache`` that never raises.
+def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], class_name: str,
+                  params: tuple[list, list], version: str | None) -> dict[str, Any]:
+    """``measure(version, config)`` for an asv ``setup_cache`` that never raises; ``config`` is built
+    here, once, from the environment (:func:`check_knobs`).
 
     asv stores a ``setup_cache`` exception as a failure (``null``) of every param of the class, over the
     values stored for this commit. Here any exception becomes a cache whose params keep their stored
     values (:func:`mla_fp8_bench.harness.asv_guard.stored_records`); the others are failures carrying
     the reason (:func:`lookup`).
     """
+    cfg = None
     try:
-        return measure(version)
+        cfg = check_knobs()
+        return measure(version, cfg)
     except Exception as exc:  # noqa: BLE001 - whatever failed, stored values are not replaced by null
         why = f"{type(exc).__name__}: {exc}"
         print(f"[mla_fp8_bench] {class_name}: the measurement failed ({why}); stored values are kept", flush=True)
         keys = [(str(b), str(c)) for b in params[0] for c in params[1]]
         try:
-            kept = stored_records(class_name, version, keys) if version is not None else {}
+            kept = stored_records(cfg, class_name, version, keys) if version is not None and cfg else {}
         except Exception as exc2:  # noqa: BLE001 - no stored file readable: every param fails with the reason
             print(f"[mla_fp8_bench] {class_name}: stored values could not be read ({exc2})", flush=True)
             kept = {}
         return {"records": kept, "failure": why}
 
 
-def _keep_stored_over_errors(records: dict[str, Any], class_name: str, version: str) -> None:
+def _keep_stored_over_errors(cfg: RunConfig, records: dict[str, Any], class_name: str, version: str) -> None:
     """An ``error`` record of this run whose param has a value stored for this commit keeps that value
     (the reason names the error): a failure never replaces a stored measurement of the same code."""
     failed = [tuple(k.split("|", 1)) for k, r in records.items() if r.get("status") == "error"]
-    for key, rec in stored_records(class_name, version, failed).items():
+    for key, rec in stored_records(cfg, class_name, version, failed).items():
         why = records[key].get("reason", "")
         print(f"[mla_fp8_bench] {key.replace('|', ' ')}: error in this run ({why}); the stored value is kept",
               flush=True)
@@ -213,7 +163,7 @@ def _keep_stored_over_errors(records: dict[str, Any], class_name: str, version: 
         records[key] = rec
 
 
-def _evaluate_with_progress(backends, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
+def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
     """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which
     shows a setup_cache's own stderr only when it fails), on the stderr of the asv process."""
     import sys
@@ -222,7 +172,7 @@ def _evaluate_with_progress(backends, cases, pinfo, cap, skipped, opts) -> dict[
     from mla_fp8_bench.harness.runner import evaluate
     from mla_fp8_bench.terminal import CaseProgress, open_parent_stderr
 
-    parent = open_parent_stderr() if asv_context() is not None else None
+    parent = open_parent_stderr() if asv_context(cfg) is not None else None
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())
     head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
             f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
@@ -233,14 +183,16 @@ def _evaluate_with_progress(backends, cases, pinfo, cap, skipped, opts) -> dict[
             except (OSError, ValueError):
                 continue
         with CaseProgress(len(backends) * len(cases), stream=streams) as prog:
-            return evaluate(backends, cases, device=pinfo.device, options=opts, progress=prog.step)
+            return evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=prog.step)
     finally:
         if parent is not None:
             parent.close()
 
 
-def measure_grid(version: str | None = None) -> dict[str, Any]:
+def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
     """Measure every (backend, case) of the asv grid once; return plain-Python (picklable) records.
+
+    ``config``: the run configuration (default :func:`check_knobs`, from the environment).
 
     With ``version`` (the asv benchmark version), params this run does not measure (narrowed by
     ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` / ``_MAX_TOKENS``) get the values stored for this commit
@@ -251,27 +203,27 @@ def measure_grid(version: str | None = None) -> dict[str, Any]:
     """
     from mla_fp8_bench.harness.runner import RunOptions
 
-    pinfo, cap, backends, cases, skipped = _grid_setup()
-    knobs = check_knobs()
-    opts = RunOptions(samples=knobs["samples"] or 30,
-                      time_budget_s=knobs["time_budget_s"] or GRID_TIME_BUDGET_S[pinfo.device_type])
-    data = _evaluate_with_progress(backends, cases, pinfo, cap, skipped, opts)
+    cfg = config or check_knobs()
+    pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
+    opts = RunOptions(samples=cfg.samples or 30,
+                      time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
+    data = _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts)
     from mla_fp8_bench.peers.ceilings import attach
 
-    attach(data)
-    n_rounds = knobs["rounds"] or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
+    attach(data, enabled=cfg.ceilings)
+    n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = _extra_rounds(data["records"], n_rounds, str(pinfo.device))
     records: dict[str, Any] = {}
     for r in data["records"]:
         records[f"{r['backend']}|{r['case']}"] = emulation_apart({k: v for k, v in r.items() if k not in _DROP})
+    grid = asv_backends()
     for cid, why in skipped.items():
-        for b in ASV_BACKENDS:
+        for b in grid:
             records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}
     if version is not None:  # params this run did not measure keep their stored values
-        unmeasured = [(b, c) for b in ASV_BACKENDS for c in ASV_CASES
-                      if records.get(f"{b}|{c}") is None or c in skipped]
-        records.update(stored_records("MLAPrefill", version, unmeasured))
-        _keep_stored_over_errors(records, "MLAPrefill", version)
+        unmeasured = [(b, c) for b in grid for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
+        records.update(stored_records(cfg, "MLAPrefill", version, unmeasured))
+        _keep_stored_over_errors(cfg, records, "MLAPrefill", version)
     return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records,
             "rounds": data["rounds"]}
 
@@ -303,23 +255,23 @@ def _extra_rounds(records: list[dict[str, Any]], rounds: int, device: str) -> di
                        "error": d.get("error")} for d in docs]}
 
 
-def measure_plans(version: str | None = None) -> dict[str, Any]:
+def measure_plans(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
     """Planner time, live partial slots and workspace bytes of the AITER PS path for the asv grid.
 
-    ``version``: as for :func:`measure_grid` (params not measured keep their stored values).
+    ``version``, ``config``: as for :func:`measure_grid` (params not measured keep their stored values).
 
-    Each backend of :data:`PLAN_BACKENDS` that is available provides ``plan_stats(case, platform)``.
+    Each backend of :func:`plan_backends` that is available provides ``plan_stats(case, platform)``.
 
     Returns:
         ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``,
         ``workspace_bytes`` and ``num_partials``.
     """
-    from mla_fp8_bench.backends import get_backend
-
-    pinfo, cap, _backends, cases, skipped = _grid_setup()
+    cfg = config or check_knobs()
+    pinfo, cap, _backends, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}
-    for name in PLAN_BACKENDS:
-        b = get_backend(name)
+    plan = plan_backends()
+    for name in plan:
+        b = get_backend(name, cfg)
         avail = b.availability(pinfo)
         for c in cases:
             key = f"{name}|{c.id}"
@@ -336,8 +288,7 @@ def measure_plans(version: str | None = None) -> dict[str, Any]:
         for cid, why in skipped.items():
             records[f"{name}|{cid}"] = {"status": "skipped", "reason": why}
     if version is not None:
-        unmeasured = [(b, c) for b in PLAN_BACKENDS for c in ASV_CASES
-                      if records.get(f"{b}|{c}") is None or c in skipped]
-        records.update(stored_records("AiterPlan", version, unmeasured))
-        _keep_stored_over_errors(records, "AiterPlan", version)
+        unmeasured = [(b, c) for b in plan for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
+        records.update(stored_records(cfg, "AiterPlan", version, unmeasured))
+        _keep_stored_over_errors(cfg, records, "AiterPlan", version)
     return {"records": records}

@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mla_fp8_bench.config import RunConfig
+
 #: Case orders of successive rounds (round ``i`` uses ``ORDERS[i % 3]``).
 ORDERS = ("sorted", "reversed", "shuffled")
 #: Record fields a round carries per (backend, case).
@@ -98,8 +100,10 @@ def round_row(tr, clock: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
-                  device: str = "auto", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """One latency-only pass over (backend, case) in ``order`` in this process.
+                  device: str = "auto", progress: Callable[[str], None] | None = None,
+                  config: RunConfig | None = None) -> dict[str, Any]:
+    """One latency-only pass over (backend, case) in ``order`` in this process; the backends get
+    ``config`` (the worker's entry points build it from the environment they inherit).
 
     Only kernel timing is run (:func:`~mla_fp8_bench.measure.timing.measure_latency` with the
     run's defaults): no references, no call latency, no determinism run. A pair that cannot run is a
@@ -123,7 +127,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     load_error: dict[str, str] = {}
     for b in backends:  # a backend that cannot load fails its own rows only
         try:
-            bks[b] = get_backend(b)
+            bks[b] = get_backend(b, config)
         except Exception as exc:  # noqa: BLE001
             load_error[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
     avail = {b: bk.availability(pinfo) for b, bk in bks.items()}
@@ -173,7 +177,7 @@ def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -
     """The environment of a round worker: ``base`` (default ``os.environ``) with ``prepend`` and the
     directory holding this suite's package put first on ``PYTHONPATH`` (so a worker of another
     interpreter, or of an asv benchmark process, imports the same suite)."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ) if base is None else dict(base)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parts = [*prepend, root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
@@ -334,7 +338,8 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
                 from mla_fp8_bench.jsonio import write_json_atomic
 
                 doc = measure_round(req["backends"], req["cases"], req.get("order", "sorted"), int(req.get("seed", 0)),
-                                    req.get("device", "auto"), progress=lambda s: print(s, file=sys.stderr, flush=True))
+                                    req.get("device", "auto"), progress=lambda s: print(s, file=sys.stderr, flush=True),
+                                    config=RunConfig.from_env())
                 write_json_atomic(doc, req["json"])
                 rc = 0
             except BaseException as exc:  # noqa: BLE001 - the child must never return into the server loop
@@ -419,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     from mla_fp8_bench.jsonio import write_json_atomic
 
     doc = measure_round([b for b in a.backends.split(",") if b], [c for c in a.cases.split(",") if c], a.order,
-                        a.seed, a.device, progress=lambda s: print(s, flush=True))
+                        a.seed, a.device, progress=lambda s: print(s, flush=True), config=RunConfig.from_env())
     write_json_atomic(doc, a.json)
     return 0
 

@@ -24,6 +24,7 @@ from mla_fp8_bench.backends import (
     Verdict,
     get_backend,
 )
+from mla_fp8_bench.config import MAX_SAMPLES, RunConfig  # noqa: F401 - MAX_SAMPLES re-exported (CLI, tests)
 from mla_fp8_bench.jsonio import write_json_atomic  # noqa: F401 - re-exported (CLI, tests)
 from mla_fp8_bench.measure import metric_table
 from mla_fp8_bench.measure.devices import PlatformInfo, environment, platform_info, synchronize
@@ -73,10 +74,6 @@ class RunOptions:
         tb = self.time_budget_s
         if isinstance(tb, bool) or not isinstance(tb, (int, float)) or not math.isfinite(tb) or tb <= 0:
             raise ValueError(f"time_budget_s={tb!r} is invalid: a finite number of seconds > 0")
-
-
-#: Most latency samples per (backend, case) (a list of them is kept in every record).
-MAX_SAMPLES = 1_000_000
 
 
 @dataclass
@@ -256,13 +253,15 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
     return rec
 
 
-def _load_backends(names: list[str], pinfo: PlatformInfo) -> tuple[list[Backend], dict[str, Verdict]]:
-    """Backends by name with their availability; one that cannot load is a placeholder with a verdict."""
+def _load_backends(names: list[str], pinfo: PlatformInfo, config: RunConfig | None
+                   ) -> tuple[list[Backend], dict[str, Verdict]]:
+    """Backends by name (with ``config``) and their availability; one that cannot load is a placeholder
+    with a verdict."""
     bks: list[Backend] = []
     avail: dict[str, Verdict] = {}
     for n in names:
         try:
-            b = get_backend(n)
+            b = get_backend(n, config)
         except UnknownBackendError:
             raise
         except Exception as exc:  # noqa: BLE001 - a backend that cannot even load is a skip, not a crash
@@ -283,9 +282,11 @@ def _unique(items: list, key: Callable[[Any], Any]) -> list:
 
 
 def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
-             options: RunOptions | None = None,
+             options: RunOptions | None = None, config: RunConfig | None = None,
              progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
     """Run every (backend, case) pair; returns ``{"env": ..., "records": [...]}`` (JSON-ready).
+
+    ``config``: the run configuration the backends get (:func:`~mla_fp8_bench.backends.get_backend`).
 
     Backends unavailable on this machine produce one ``skipped`` record per case with the reason.
     A backend name or case id given twice is measured once (first position kept).
@@ -297,7 +298,7 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     """
     opts = options or RunOptions()
     pinfo = platform_info(device)
-    bks, avail = _load_backends(_unique(list(backends), str), pinfo)
+    bks, avail = _load_backends(_unique(list(backends), str), pinfo, config)
     cases = _unique(list(cases), lambda c: c.id)
     records: list[dict[str, Any]] = []
     current = ("", "")

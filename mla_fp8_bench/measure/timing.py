@@ -209,18 +209,16 @@ def heat_up(device: torch.device, reader=None, min_s: float = 0.5, max_s: float 
 _PROCESS_STATE: dict = {}
 
 
-def process_clock_state(device: torch.device) -> dict:
-    """Once per process: the clock reader, the clock policy and the heat-up (``MLA_FP8_BENCH_HEATUP=0``
-    turns the heat-up off). Returns ``{"reader", "policy", "heat_up"}``."""
-    import os
-
+def process_clock_state(device: torch.device, heat_up_gpu: bool = True) -> dict:
+    """Once per process: the clock reader, the clock policy and (unless ``heat_up_gpu`` is False) the
+    heat-up. Returns ``{"reader", "policy", "heat_up"}``."""
     key = str(device)
     if key not in _PROCESS_STATE:
         vendor = "rocm" if getattr(torch.version, "hip", None) else "cuda"
         reader = open_reader(device.index or 0, vendor)
         st = {"reader": reader, "policy": reader.policy(), "heat_up": None}
         _PROCESS_STATE[key] = st
-        if os.environ.get("MLA_FP8_BENCH_HEATUP", "1") != "0":
+        if heat_up_gpu:
             st["heat_up"] = heat_up(device, reader if reader.available else None)
     return _PROCESS_STATE[key]
 

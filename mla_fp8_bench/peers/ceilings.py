@@ -27,7 +27,6 @@ including ``fraction_of_ceiling`` / ``fraction_of_datasheet`` per ok record. Set
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -181,17 +180,18 @@ def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
         rec["fraction_of_datasheet"] = tf / p if p else None
 
 
-def attach(data: dict[str, Any], device: str | torch.device | None = None) -> dict[str, Any]:
+def attach(data: dict[str, Any], device: str | torch.device | None = None, enabled: bool = True) -> dict[str, Any]:
     """Measure the ceilings once and store them in ``data["ceilings"]`` (and per-record fractions).
 
     ``device`` defaults to ``data["env"]["device"]`` (the runner's device), else ``auto``. With
-    ``MLA_FP8_BENCH_CEILINGS=0`` nothing is measured and ``data["ceilings"]`` says so. Never raises
+    ``enabled=False`` (``MLA_FP8_BENCH_CEILINGS=0`` in asv runs) nothing is measured and
+    ``data["ceilings"]`` says so. Never raises
     for measurement failures: they are recorded in the result.
 
     Returns:
         The ceilings dict (also stored in ``data``).
     """
-    if os.environ.get("MLA_FP8_BENCH_CEILINGS", "1").strip() in ("0", "false", "no", "off"):
+    if not enabled:
         ceil: dict[str, Any] = {"status": "skipped", "reason": "MLA_FP8_BENCH_CEILINGS=0"}
     else:
         dev = device if device is not None else (data.get("env", {}).get("device") or "auto")

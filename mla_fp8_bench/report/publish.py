@@ -16,7 +16,7 @@ the same reason the gate never fails on one (:func:`drop_host_time_regressions`)
 ``regressions_first_commits`` already keep emulation latency and informational tracks off that page.
 
 The local copies come from the npm packages of the same versions (:data:`ASSET_PACKAGES`), installed
-once into a cache folder (:func:`assets_dir`: ``$MLA_FP8_BENCH_SITE_ASSETS``, default
+once into a cache folder (``--assets``, default :func:`assets_dir`:
 ``~/.cache/mla-fp8-bench/site-assets``) by ``mla-fp8-bench publish --install-assets``; every file is
 checked against its pinned SHA-256 (:data:`ASSETS`) before it is used. Where the copy is byte-identical
 to the CDN's file (the page's ``integrity`` hash matches) the attribute is kept, so the browser verifies
@@ -113,10 +113,9 @@ class PublishError(ValueError):
 
 # ------------------------------------------------------------------------------------------ assets
 def assets_dir() -> Path:
-    """The asset cache: ``$MLA_FP8_BENCH_SITE_ASSETS`` or ``~/.cache/mla-fp8-bench/site-assets``
-    (``node_modules/`` inside)."""
-    env = os.environ.get("MLA_FP8_BENCH_SITE_ASSETS")
-    return Path(env) if env else Path.home() / ".cache" / "mla-fp8-bench" / "site-assets"
+    """The default asset cache, ``~/.cache/mla-fp8-bench/site-assets`` (``node_modules/`` inside;
+    ``publish --assets DIR`` names another)."""
+    return Path.home() / ".cache" / "mla-fp8-bench" / "site-assets"
 
 
 def _sha256(path: Path) -> str:
@@ -505,8 +504,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--html-dir", default=None, help="output folder (default: the config's html_dir)")
     p.add_argument("--results-dir", default=None, help="asv results directory (default: the config's results_dir)")
     p.add_argument("--assets", default=None,
-                   help="asset cache with node_modules/ (default $MLA_FP8_BENCH_SITE_ASSETS or "
-                        "~/.cache/mla-fp8-bench/site-assets)")
+                   help="asset cache with node_modules/ (default ~/.cache/mla-fp8-bench/site-assets)")
     p.add_argument("--install-assets", action="store_true",
                    help=f"npm install the pinned asset packages ({' '.join(ASSET_PACKAGES)}) into the cache and exit")
     p.set_defaults(handler=cmd_publish)

@@ -61,8 +61,9 @@ from mla_fp8_bench.aiter_ps.emulator import (
     emulate_mla_reduce_v1,
 )
 from mla_fp8_bench.analysis.probes import PROBES, make_probe, probe_record, probe_reference
-from mla_fp8_bench.backends.aiter_emulated import AiterEmulated, emulated_cu_num
+from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict, compose_prefix
+from mla_fp8_bench.config import DEFAULT_EMU_CU_NUM
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.fp8 import Quantized, fp8_max
@@ -242,7 +243,7 @@ class FaultyEmulated(Backend):
 
     Args:
         faults: names from :data:`SUITE_FAULTS` (None or empty: the healthy backend, bit for bit).
-        cu_num: CU count of the emulated plan (default: :func:`emulated_cu_num`, 256).
+        cu_num: CU count of the emulated plan (default :data:`~mla_fp8_bench.config.DEFAULT_EMU_CU_NUM`, 256).
 
     Raises:
         ValueError: an unknown fault name.
@@ -256,7 +257,7 @@ class FaultyEmulated(Backend):
 
     def __init__(self, faults: Iterable[str] | str | None = None, cu_num: int | None = None):
         self.faults = normalize_suite_faults(faults)
-        self.cu_num = cu_num or emulated_cu_num()
+        self.cu_num = cu_num or DEFAULT_EMU_CU_NUM
         self.emu_faults = frozenset(self.faults & ALL_FAULTS)
         self._inner = AiterEmulated(faults=self.emu_faults or None, cu_num=self.cu_num)
         if "omit_need_lse" in self.faults:

@@ -3,7 +3,7 @@
 ``python tests/aiter_tier/drive_aiter.py --root <aiter source tree> --version 0.1.20 --work <tmp> --out r.json``
 installs AITER's real Python layer with the compiled modules bound to the emulation
 (:mod:`real_layer`), then runs the suite's shipped ``aiter`` backend (``backends/aiter_real.py``, opted in
-off gfx950 with ``MLA_FP8_BENCH_AITER_ANY_DEVICE=1``) through AITER's own wrappers on prefill, ragged,
+off gfx950 with ``RunConfig(aiter_any_device=True)``) through AITER's own wrappers on prefill, ragged,
 ctx and prefix cases and compares each output and LSE with the direct emulation (``aiter-emulated`` at
 the matching release) bit for bit. It also records what the driver detected and where it read it,
 the runner's record of the ``lse-gap`` cases, and what ``mla-fp8-bench env`` prints.
@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import sys
 import time
 import traceback
@@ -90,7 +89,7 @@ def env_text() -> str:
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        cli_main(["env"])
+        cli_main(["env", "--aiter-any-device"])
     return buf.getvalue()
 
 
@@ -105,22 +104,21 @@ def main(argv=None) -> int:
     ap.add_argument("--env-only", action="store_true", help="print `mla-fp8-bench env` and exit")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    os.environ["MLA_FP8_BENCH_AITER_ANY_DEVICE"] = "1"
-    os.environ.pop("MLA_FP8_BENCH_EMU_AITER_VERSION", None)
     t0 = time.perf_counter()
     aiter = real_layer.install(Path(args.root), Path(args.work), args.version)
     if args.env_only:
         print(env_text())
         return 0
 
+    from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
-    from mla_fp8_bench.backends.aiter_real import AiterReal
+    from mla_fp8_bench.config import RunConfig
     from mla_fp8_bench.measure.devices import platform_info
 
     report: dict = {"root": args.root, "version": args.version, "layer": {k: v for k, v in aiter.real_layer.items()
                                                                           if k != "standin"},
                     "wrapper_module": aiter.mla_reduce_v1.__module__, "cases": {}, "errors": {}}
-    real = AiterReal()
+    real = get_backend("aiter", RunConfig(aiter_any_device=True))
     avail = real.availability(platform_info("cpu"))
     report["available"], report["reason"] = bool(avail), avail.reason
     if avail:

@@ -1,0 +1,234 @@
+"""The run configuration: every knob of a measurement in one frozen object, validated when it is built.
+
+It is built once, from the command line (``cli.py``), or at the asv boundary from the environment
+(:meth:`RunConfig.from_env`, called by the asv benchmark module's entry points and the round worker),
+and passed down explicitly. This is the one module that reads ``MLA_FP8_BENCH_*`` variables (and the
+``ASV_*`` variables asv exports to benchmark processes).
+
+Knobs (environment variable: field):
+
+* ``MLA_FP8_BENCH_DEVICE``: :attr:`~RunConfig.device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``);
+* ``MLA_FP8_BENCH_MAX_TOKENS`` / ``_BACKENDS`` / ``_CASES``: narrow the asv grid;
+* ``MLA_FP8_BENCH_SAMPLES`` / ``_TIME_BUDGET`` / ``_ROUNDS``: latency samples, seconds per param, rounds;
+* ``MLA_FP8_BENCH_EMU_CU_NUM`` / ``_EMU_MAX_TOKENS`` / ``_EMU_AITER_VERSION``: the emulated AITER path;
+* ``MLA_FP8_BENCH_AITER_ANY_DEVICE=1``: let ``aiter`` drive a non-gfx950 ``aiter`` (labelled an emulation);
+* ``MLA_FP8_BENCH_EXPECT_COMMIT`` / ``_MACHINE``: the commit and machine an ``-E existing`` run is filed under;
+* ``MLA_FP8_BENCH_CEILINGS=0``: skip the measurement of the device ceilings.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+PREFIX = "MLA_FP8_BENCH_"
+#: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
+DEFAULT_EMU_CU_NUM = 256
+#: Default token cap of the emulation per device type (0 = none). On an H200 it measured 127 ms per call
+#: at S=2048 and 437 ms at S=4096 (docs/methodology.md); beyond 4096 it would dominate a run.
+DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
+#: Most latency samples per (backend, case) (a list of them is kept in every record).
+MAX_SAMPLES = 1_000_000
+#: Environment variables that make an asv run measure part of the grid.
+NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one run measures and how; ``None`` / ``()`` where the caller's default applies.
+
+    Attributes:
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        max_tokens: token cap of the asv grid (None: :data:`~mla_fp8_bench.harness.asv_support.GRID_CAPS`).
+        backends, cases: the asv grid's params to measure (empty: all).
+        samples, time_budget_s, rounds: latency samples per param, seconds of sampling, latency rounds.
+        emu_cu_num: CU count of the emulated plan (256 = MI355X).
+        emu_max_tokens: the emulation's token cap (None: :data:`DEFAULT_EMU_MAX_TOKENS`; 0: none).
+        emu_aiter_version: the AITER version ``aiter-emulated`` models (None: the newest modelled).
+        aiter_any_device: ``aiter`` may drive a non-gfx950 ``aiter`` package (records labelled an emulation).
+        expect_commit, machine: the commit / asv machine an ``-E existing`` run is filed under ("" unset).
+        ceilings: measure the device ceilings.
+        asv: asv's own variables of a benchmark process (``ASV_CONF_DIR``, ``ASV_COMMIT``, ``ASV_ENV_NAME``).
+        asv_parent: (working directory, argv) of the ``asv run`` process that started this one, or None
+            (:func:`asv_parent_process`).
+    """
+
+    device: str = "auto"
+    max_tokens: int | None = None
+    backends: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()
+    samples: int | None = None
+    time_budget_s: float | None = None
+    rounds: int | None = None
+    emu_cu_num: int = DEFAULT_EMU_CU_NUM
+    emu_max_tokens: int | None = None
+    emu_aiter_version: tuple[int, int, int] | None = None
+    aiter_any_device: bool = False
+    expect_commit: str = ""
+    machine: str = ""
+    ceilings: bool = True
+    asv: Mapping[str, str] = field(default_factory=dict)
+    asv_parent: tuple[str, tuple[str, ...]] | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, grid: tuple[tuple[str, ...], tuple[str, ...]]
+                 | None = None) -> RunConfig:
+        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``), checked before any work.
+
+        ``grid``: the asv grid's (backends, cases) that ``_BACKENDS`` / ``_CASES`` may name
+        (:func:`mla_fp8_bench.harness.asv_support.check_knobs` passes it; None: any names).
+
+        Raises:
+            ValueError: one line naming the variable, the bad value and what is allowed.
+        """
+        env = os.environ if environ is None else environ
+        get = lambda name: env.get(PREFIX + name, "")  # noqa: E731
+        samples = _int(get("SAMPLES"), "SAMPLES", 1)
+        if samples is not None and samples > MAX_SAMPLES:
+            raise ValueError(f"{PREFIX}SAMPLES={samples} is invalid: at most {MAX_SAMPLES}")
+        return cls(device=check_device(get("DEVICE").strip() or "auto", f"{PREFIX}DEVICE"),
+                   max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1),
+                   backends=_names(get("BACKENDS"), "BACKENDS", grid and grid[0], "backends"),
+                   cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
+                   samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
+                   rounds=_int(get("ROUNDS"), "ROUNDS", 1),
+                   emu_cu_num=_emu_cu_num(env.get(PREFIX + "EMU_CU_NUM", str(DEFAULT_EMU_CU_NUM))),
+                   emu_max_tokens=_emu_max_tokens(env.get(PREFIX + "EMU_MAX_TOKENS")),
+                   emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
+                   aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
+                   expect_commit=get("EXPECT_COMMIT").strip(), machine=get("MACHINE").strip(),
+                   ceilings=get("CEILINGS").strip() not in ("0", "false", "no", "off"),
+                   asv={k: v for k, v in env.items() if k in ("ASV_CONF_DIR", "ASV_COMMIT", "ASV_ENV_NAME")},
+                   asv_parent=asv_parent_process() if environ is None else None)
+
+    def emulation_token_cap(self, device_type: str) -> int:
+        """The emulation's token cap on ``device_type`` (0 = none)."""
+        return DEFAULT_EMU_MAX_TOKENS.get(device_type, 0) if self.emu_max_tokens is None else self.emu_max_tokens
+
+    def narrowed_by(self) -> list[str]:
+        """The :data:`NARROWING_VARS` this configuration sets (it measures part of the asv grid)."""
+        return [v for v, on in zip(NARROWING_VARS, (self.backends, self.cases, self.max_tokens)) if on]
+
+
+def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
+    """(working directory, argv) of the ``asv run`` process that started this one, or None.
+
+    asv exports ``ASV_CONF_DIR`` / ``ASV_COMMIT`` / ``ASV_ENV_NAME`` to benchmark processes of the
+    environments it builds but nothing in ``-E existing`` runs; there the config directory (asv's
+    working directory), ``--set-commit-hash`` and ``--machine`` are read from the parent process
+    (Linux ``/proc``; None elsewhere).
+    """
+    try:
+        pid = os.getppid()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = tuple(a.decode() for a in f.read().split(b"\0") if a)
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, UnicodeDecodeError):
+        return None
+    head = argv[:4]
+    is_asv = any(os.path.basename(a) == "asv" for a in head) or ("-m" in head and "asv" in head)
+    return (cwd, argv) if is_asv and "run" in argv else None
+
+
+def _number(raw: str, kind: type, name: str, minimum: float, strict: bool) -> float:
+    try:
+        val = kind(str(raw).strip())
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={raw!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if isinstance(val, float) and not math.isfinite(val):
+        raise ValueError(f"{name}={raw!r} is invalid: a finite number is needed")
+    if val < minimum or (strict and val == minimum):
+        raise ValueError(f"{name}={raw!r} is invalid: must be {'>' if strict else '>='} {minimum:g}")
+    return val
+
+
+def _int(raw: str, name: str, minimum: int) -> int | None:
+    return None if not raw.strip() else int(_number(raw, int, PREFIX + name, minimum, strict=False))
+
+
+def _float(raw: str, name: str) -> float | None:
+    return None if not raw.strip() else float(_number(raw, float, PREFIX + name, 0.0, strict=True))
+
+
+def _names(raw: str, name: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
+    """The comma-separated names of ``raw`` (each once, in order); ``()`` when unset."""
+    if not raw.strip():
+        return ()
+    items = tuple(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
+    if not items:
+        raise ValueError(f"{PREFIX}{name}={raw!r} names nothing: give comma-separated {what}, or unset it for all")
+    unknown = [x for x in items if allowed is not None and x not in allowed]
+    if unknown:
+        label, tail = ("unknown backends", "") if what == "backends" else ("cases", " outside the asv grid")
+        raise ValueError(f"{PREFIX}{name} names {label} {unknown}{tail}: allowed {', '.join(allowed)}")
+    return items
+
+
+def check_device(device: str, what: str) -> str:
+    """``device`` if ``auto`` or a device torch resolves here, else ValueError naming ``what``."""
+    if device != "auto":
+        from mla_fp8_bench.measure.devices import normalize_device
+
+        try:
+            normalize_device(device)
+        except ValueError as exc:
+            raise ValueError(f"{what}={device!r}: {exc}") from None
+    return device
+
+
+def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
+    """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled).
+
+    Raises:
+        ValueError: naming ``what``: not a version like ``0.1.20`` / ``0.1.20.post1`` / ``v0.1.22``, or
+            outside the modelled range (0.1.10, the first with the PS prefill, ... 0.1.22).
+    """
+    if not raw.strip():
+        return None
+    from mla_fp8_bench.aiter_ps.facts import (
+        NEWEST_MODELLED_VERSION,
+        PS_PREFILL_FIRST_VERSION,
+        AiterVersionError,
+        format_version,
+        parse_aiter_version,
+    )
+
+    try:
+        ver = parse_aiter_version(raw)
+    except AiterVersionError:
+        ver = None
+    if ver is None or not PS_PREFILL_FIRST_VERSION <= ver <= NEWEST_MODELLED_VERSION:
+        lo, hi = format_version(PS_PREFILL_FIRST_VERSION), format_version(NEWEST_MODELLED_VERSION)
+        raise ValueError(f"{what}={raw!r} is invalid: an AITER version MAJOR.MINOR.PATCH[.postN] "
+                         f"from {lo} to {hi} (e.g. 0.1.20, 0.1.20.post1, v0.1.22)")
+    return ver
+
+
+def _emu_cu_num(raw: str) -> int:
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{PREFIX}EMU_CU_NUM={raw!r} is invalid: a positive integer (256 = MI355X)")
+    return n
+
+
+def _emu_max_tokens(raw: str | None) -> int | None:
+    if raw in (None, ""):
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{PREFIX}EMU_MAX_TOKENS={raw!r} is invalid: an integer >= 0 (0 = no cap)")
+    return n
+
+
+def _any_device(raw: str) -> bool:
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{PREFIX}AITER_ANY_DEVICE={raw!r} is invalid: 1 (drive a non-gfx950 aiter) or 0/unset")
+    return raw == "1"
