@@ -88,6 +88,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("problem", ("mla_fp8_bench.problem",)),
     ("aiter_ps", ("mla_fp8_bench.aiter_ps",)),
     ("measure", ("mla_fp8_bench.measure",)),
+    ("config", ("mla_fp8_bench.config",)),
     ("backends", ("mla_fp8_bench.backends",)),
     ("peers", ("mla_fp8_bench.peers",)),
     ("harness", ("mla_fp8_bench.harness",)),

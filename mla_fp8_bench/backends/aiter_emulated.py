@@ -13,8 +13,9 @@ compared with.
 
 The emulated AITER version is the configuration's ``emu_aiter_version`` (default the newest modelled,
 0.1.22; ``mla-fp8-bench run --emu-aiter-version``, or ``MLA_FP8_BENCH_EMU_AITER_VERSION`` in asv runs).
-It selects the reduce's head-count dispatch and the ROCm/aiter#3606 semantics (from 0.1.22: every tile reduced, ``final_lse`` on every
-row); at 0.1.20 the prefix cases' LSE merge breaks on unsplit rows, as it did on hardware.
+It selects the reduce's head-count dispatch and the ROCm/aiter#3606 semantics (from 0.1.22: every tile
+reduced, ``final_lse`` on every row); at 0.1.20 the prefix cases' LSE merge breaks on unsplit rows, as it
+did on hardware.
 """
 
 from __future__ import annotations
