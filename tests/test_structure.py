@@ -187,6 +187,148 @@ def test_no_module_imports_an_optional_package_at_import_time():
                                         "    pass\ndef f():\n    import asv\n")) == {"os", "matplotlib"}
 
 
+#: The one module that reads configuration from the environment (RunConfig.from_env: MLA_FP8_BENCH_*,
+#: asv's ASV_* variables and its parent process), and modules that read a fact of the process that is
+#: not configuration, with the variable.
+ENV_READERS = {
+    "mla_fp8_bench.config": "the configuration boundary",
+    "mla_fp8_bench.terminal": "COLUMNS (the terminal's width)",
+    "mla_fp8_bench.measure.clocks": "CUDA_VISIBLE_DEVICES (the driver's device mapping)",
+    "mla_fp8_bench.analysis.nightly": "the asv child's environment (a variable the caller set is kept)",
+}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return base and f"{base}.{node.attr}"
+    return None
+
+
+def _environment_reads(tree: ast.Module) -> list[str]:
+    """``os.environ`` / ``os.getenv`` uses other than handing the whole environment to a child process
+    (``dict(os.environ)``, ``{**os.environ, ...}``), as ``line: source``."""
+    parent = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    out = []
+    for node in ast.walk(tree):
+        name = _dotted(node) if isinstance(node, (ast.Attribute, ast.Name)) else None
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            name = next((f"os.{a.name}" for a in node.names if a.name in ("environ", "getenv", "putenv")), None)
+        elif name not in ("os.environ", "os.getenv", "os.putenv", "os.unsetenv"):
+            continue
+        if name is None:
+            continue
+        up = parent.get(node)
+        copied = (isinstance(up, ast.Call) and _dotted(up.func) == "dict" and up.args == [node]) or (
+            isinstance(up, ast.Dict) and any(k is None and v is node for k, v in zip(up.keys, up.values)))
+        if not copied:
+            out.append(f"{node.lineno}: {ast.unparse(parent.get(node, node))[:80]}")
+    return out
+
+
+def _env_readers_under(root: Path) -> dict[str, list[str]]:
+    files = {_module_name_under(root, p): p for p in sorted((root / "mla_fp8_bench").rglob("*.py"))}
+    found = {m: _environment_reads(ast.parse(p.read_text())) for m, p in files.items() if m not in ENV_READERS}
+    return {m: hits for m, hits in found.items() if hits}
+
+
+def test_only_the_configuration_boundary_reads_the_environment():
+    """Configuration travels as a RunConfig (mla_fp8_bench/config.py), never through os.environ."""
+    found = _env_readers_under(ROOT)
+    assert not found, "modules reading the environment outside mla_fp8_bench.config:\n" + "\n".join(
+        f"{m}:{h}" for m, hits in found.items() for h in hits)
+    assert "MLA_FP8_BENCH_" in (PKG / "config.py").read_text()
+
+
+#: Calls allowed in a module-level statement: pure constructors of constant values.
+PURE_CALLS = {"frozenset", "tuple", "set", "dict", "list", "float", "int", "str", "bool", "repr", "range", "sorted",
+              "len", "enumerate", "zip", "re.compile", "TypeVar", "namedtuple", "field", "Path",
+              "types.SimpleNamespace", "itertools.count", "torch.finfo", "math.log2", "math.sqrt"}
+#: str methods (on a literal or a comprehension's variable).
+PURE_METHODS = {"upper", "lower", "strip", "join", "replace", "format", "split"}
+#: Modules of constant tables whose functions are pure lookups (a module may derive its constants from them).
+TABLE_MODULES = ("mla_fp8_bench.measure.metric_table",)
+
+
+def _table_names(tree: ast.Module) -> set[str]:
+    """Names bound to a :data:`TABLE_MODULES` module or to a function imported from one."""
+    out: set[str] = set()
+    for st in tree.body:
+        if isinstance(st, ast.ImportFrom) and st.module in TABLE_MODULES:
+            out |= {a.asname or a.name for a in st.names}
+        elif isinstance(st, ast.ImportFrom) and st.module:
+            out |= {a.asname or a.name for a in st.names if f"{st.module}.{a.name}" in TABLE_MODULES}
+        elif isinstance(st, ast.Import):
+            out |= {a.asname for a in st.names if a.name in TABLE_MODULES and a.asname}
+    return out
+
+
+def _simple(node: ast.AST, local: set[str]) -> bool:
+    """Whether evaluating ``node`` is constant construction: literals, names, operators, comprehensions,
+    and calls of :data:`PURE_CALLS`, of a function / class the module itself defines, or of a table
+    module's function (``local`` holds those names)."""
+    if isinstance(node, ast.Call):
+        f = _dotted(node.func) or ""
+        method = isinstance(node.func, ast.Attribute) and node.func.attr in PURE_METHODS
+        if not (f in PURE_CALLS or f in local or f.split(".")[0] in local or method):
+            return False
+    if isinstance(node, ast.Lambda):
+        return True
+    return all(_simple(c, local) for c in ast.iter_child_nodes(node))
+
+
+def _import_time_work(tree: ast.Module) -> list[str]:
+    """Module-level statements that do work when the module is imported, as ``line: source``. Allowed:
+    imports, defs and classes, docstrings, ``if TYPE_CHECKING:``, ``if __name__ == "__main__":``,
+    ``__all__`` and assignments / asserts of :func:`_simple` expressions."""
+    local = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    local |= _table_names(tree)
+    out = []
+    for st in tree.body:
+        if isinstance(st, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                           ast.Pass)):
+            continue
+        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
+            continue
+        if isinstance(st, ast.If) and (_dotted(st.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING") or (
+                isinstance(st.test, ast.Compare) and _dotted(st.test.left) == "__name__")):
+            continue
+        if isinstance(st, ast.Try) and all(isinstance(x, (ast.Import, ast.ImportFrom)) for x in st.body):
+            continue
+        value = st.test if isinstance(st, ast.Assert) else getattr(st, "value", None)
+        if isinstance(st, (ast.Assign, ast.AnnAssign, ast.Assert)) and value is not None and _simple(value, local):
+            continue
+        out.append(f"{st.lineno}: {ast.unparse(st)[:90]}")
+    return out
+
+
+def _import_time_work_under(root: Path) -> dict[str, list[str]]:
+    found = {_module_name_under(root, p): _import_time_work(ast.parse(p.read_text()))
+             for p in sorted((root / "mla_fp8_bench").rglob("*.py"))}
+    return {m: hits for m, hits in found.items() if hits}
+
+
+def test_no_module_does_work_at_import_time():
+    """Importing a module builds no backend, runs no guard, reads no file: asv imports the suite to
+    discover it, and every CLI command imports the package."""
+    found = _import_time_work_under(ROOT)
+    assert not found, "module-level work:\n" + "\n".join(f"{m}:{h}" for m, hits in found.items() for h in hits)
+
+
+def test_the_environment_and_import_time_checks_see_a_violation(tmp_path):
+    pkg = tmp_path / "mla_fp8_bench"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""ok"""\nimport os\n\nNAMES = tuple(f"s{i}" for i in (1, 2))\n'
+                                     'ENV = dict(os.environ)\n')
+    (pkg / "knob.py").write_text('import os\nfrom mla_fp8_bench import registry\n\n'
+                                 'def cap():\n    return os.environ.get("MLA_FP8_BENCH_CAP")\n\n'
+                                 'GRID = tuple(b for b in registry.names() if b)\n')
+    assert set(_env_readers_under(tmp_path)) == {"mla_fp8_bench.knob"}
+    assert list(_import_time_work_under(tmp_path)) == ["mla_fp8_bench.knob"]
+
+
 _OUTSIDE_CODE = re.compile(r"\.\./shared|shared/docs|shared/data|§")
 # docs may use § for their own sections; not for another document's
 _OUTSIDE_DOCS = re.compile(r"\.\./shared|shared/docs|shared/data|(contract|doc|doc's|docs)\s+§")

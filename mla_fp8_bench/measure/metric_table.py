@@ -300,8 +300,6 @@ def _indexes() -> tuple[dict[str, Metric], dict[str, Metric], dict[str, Metric]]
     return _INDEXES[1]
 
 
-_indexes()  # a duplicate name, record key or track fails at import
-
 
 class UnknownMetricError(KeyError):
     """A metric name, record key or asv track is not in the table."""
