@@ -35,7 +35,8 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
-def _parse_number(text: str, kind: type, what: str, minimum: float, strict: bool) -> float:
+def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool) -> float:
+    """``kind(text)`` checked finite and ``>= minimum`` (``>`` when ``strict``); ValueError names ``what``."""
     try:
         val = kind(str(text).strip())
     except (TypeError, ValueError):
@@ -51,7 +52,7 @@ def _parse_number(text: str, kind: type, what: str, minimum: float, strict: bool
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
-        return int(_parse_number(text, int, "value", 1, strict=False))
+        return int(parse_number(text, int, "value", 1, strict=False))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
 
@@ -59,7 +60,7 @@ def positive_int(text: str) -> int:
 def int_in(lo: int, hi: int):
     """argparse type factory: an integer from ``lo`` to ``hi``."""
     def parse(text: str) -> int:
-        v = positive_int(text) if lo >= 1 else int(_parse_number(text, int, "value", lo, strict=False))
+        v = positive_int(text) if lo >= 1 else int(parse_number(text, int, "value", lo, strict=False))
         if not lo <= v <= hi:
             raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed {lo}..{hi}")
         return v
@@ -70,7 +71,7 @@ def int_in(lo: int, hi: int):
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     try:
-        return float(_parse_number(text, float, "value", 0.0, strict=True))
+        return float(parse_number(text, float, "value", 0.0, strict=True))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
 

@@ -18,10 +18,11 @@ Knobs (environment variable: field):
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from mla_fp8_bench.argtypes import parse_number
 
 PREFIX = "MLA_FP8_BENCH_"
 #: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
@@ -94,8 +95,9 @@ class RunConfig:
                    cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
                    samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
                    rounds=_int(get("ROUNDS"), "ROUNDS", 1),
-                   emu_cu_num=_emu_cu_num(env.get(PREFIX + "EMU_CU_NUM", str(DEFAULT_EMU_CU_NUM))),
-                   emu_max_tokens=_emu_max_tokens(env.get(PREFIX + "EMU_MAX_TOKENS")),
+                   emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, "a positive integer (256 = MI355X)")
+                   or DEFAULT_EMU_CU_NUM,
+                   emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, "an integer >= 0 (0 = no cap)"),
                    emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
                    aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
                    expect_commit=get("EXPECT_COMMIT").strip(), machine=get("MACHINE").strip(),
@@ -132,24 +134,21 @@ def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
     return (cwd, argv) if is_asv and "run" in argv else None
 
 
-def _number(raw: str, kind: type, name: str, minimum: float, strict: bool) -> float:
+def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None) -> int | None:
+    """The integer in ``raw`` (None when empty); with ``allowed``, any bad value reads
+    ``<VAR>=<raw> is invalid: <allowed>``."""
+    if not raw.strip():
+        return None
     try:
-        val = kind(str(raw).strip())
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={raw!r} is not {'an integer' if kind is int else 'a number'}") from None
-    if isinstance(val, float) and not math.isfinite(val):
-        raise ValueError(f"{name}={raw!r} is invalid: a finite number is needed")
-    if val < minimum or (strict and val == minimum):
-        raise ValueError(f"{name}={raw!r} is invalid: must be {'>' if strict else '>='} {minimum:g}")
-    return val
-
-
-def _int(raw: str, name: str, minimum: int) -> int | None:
-    return None if not raw.strip() else int(_number(raw, int, PREFIX + name, minimum, strict=False))
+        return int(parse_number(raw, int, PREFIX + name, minimum, strict=False))
+    except ValueError:
+        if allowed is None:
+            raise
+        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: {allowed}") from None
 
 
 def _float(raw: str, name: str) -> float | None:
-    return None if not raw.strip() else float(_number(raw, float, PREFIX + name, 0.0, strict=True))
+    return None if not raw.strip() else float(parse_number(raw, float, PREFIX + name, 0.0, strict=True))
 
 
 def _names(raw: str, name: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
@@ -204,28 +203,6 @@ def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
         raise ValueError(f"{what}={raw!r} is invalid: an AITER version MAJOR.MINOR.PATCH[.postN] "
                          f"from {lo} to {hi} (e.g. 0.1.20, 0.1.20.post1, v0.1.22)")
     return ver
-
-
-def _emu_cu_num(raw: str) -> int:
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"{PREFIX}EMU_CU_NUM={raw!r} is invalid: a positive integer (256 = MI355X)")
-    return n
-
-
-def _emu_max_tokens(raw: str | None) -> int | None:
-    if raw in (None, ""):
-        return None
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"{PREFIX}EMU_MAX_TOKENS={raw!r} is invalid: an integer >= 0 (0 = no cap)")
-    return n
 
 
 def _any_device(raw: str) -> bool:
