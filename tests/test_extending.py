@@ -177,3 +177,38 @@ def test_throwaway_case_kind_on_a_backend_without_context_chunks(bidir):
     vllm = backends.get_backend("vllm-aiter")
     assert vllm.supports_kind(bidir) and not vllm.supports_kind(cases.KINDS["ctx"])
     assert "#52356" in vllm.supports_kind(cases.KINDS["prefix"]).reason
+
+
+def test_no_library_module_compares_a_case_kind_by_name():
+    """Consumers ask ``case.kind``; only the grammar's own table (``KINDS``) spells the names."""
+    import ast
+    from pathlib import Path
+
+    names = set(cases.KINDS)
+
+    def names_a_kind(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(names_a_kind(e) for e in node.elts)
+
+    bad = []
+    for path in sorted(Path(cases.__file__).parents[1].rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(map(names_a_kind, [node.left, *node.comparators])):
+                bad.append(f"{path.name}:{node.lineno}")
+    assert not bad, f"comparisons with a case kind's name: {bad}"
+
+
+def test_no_library_module_tells_emulation_or_fp8_from_a_name():
+    """Emulation and fp8-ness come from the record (or the backend object), never from a substring."""
+    import ast
+    from pathlib import Path
+
+    fragments = {"emulat", "emulated", "emulation", "fp8", "bf16"}
+    bad = []
+    for path in sorted(Path(cases.__file__).parents[1].rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant)
+                    and node.left.value in fragments and isinstance(node.ops[0], (ast.In, ast.NotIn))):
+                bad.append(f"{path.name}:{node.lineno}")
+    assert not bad, f"name-substring tests: {bad}"
