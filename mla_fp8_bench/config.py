@@ -3,17 +3,8 @@
 It is built once, from the command line (``cli.py``), or at the asv boundary from the environment
 (:meth:`RunConfig.from_env`, called by the asv benchmark module's entry points and the round worker),
 and passed down explicitly. This is the one module that reads ``MLA_FP8_BENCH_*`` variables (and the
-``ASV_*`` variables asv exports to benchmark processes).
-
-Knobs (environment variable: field):
-
-* ``MLA_FP8_BENCH_DEVICE``: :attr:`~RunConfig.device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``);
-* ``MLA_FP8_BENCH_MAX_TOKENS`` / ``_BACKENDS`` / ``_CASES``: narrow the asv grid;
-* ``MLA_FP8_BENCH_SAMPLES`` / ``_TIME_BUDGET`` / ``_ROUNDS``: latency samples, seconds per param, rounds;
-* ``MLA_FP8_BENCH_EMU_CU_NUM`` / ``_EMU_MAX_TOKENS`` / ``_EMU_AITER_VERSION``: the emulated AITER path;
-* ``MLA_FP8_BENCH_AITER_ANY_DEVICE=1``: let ``aiter`` drive a non-gfx950 ``aiter`` (labelled an emulation);
-* ``MLA_FP8_BENCH_EXPECT_COMMIT`` / ``_MACHINE``: the commit and machine an ``-E existing`` run is filed under;
-* ``MLA_FP8_BENCH_CEILINGS=0``: skip the measurement of the device ceilings.
+``ASV_*`` variables asv exports to benchmark processes): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
+:class:`RunConfig` (``_TIME_BUDGET``: ``time_budget_s``; ``_AITER_ANY_DEVICE=1``; ``_CEILINGS=0``).
 """
 
 from __future__ import annotations
