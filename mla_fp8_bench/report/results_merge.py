@@ -1,42 +1,29 @@
-"""Merge asv results directories from several runners into one (``mla-fp8-bench merge-results``).
+"""``mla-fp8-bench merge-results``: asv results directories of several runners merged into one.
 
-Why this exists: asv has no merge command (asv#1362). The way to publish results from several machines
-is to put their ``results/<machine>/`` directories side by side under one ``results/`` and run
-``asv publish`` there. A plain ``cp -r`` is unsafe:
+asv has no merge command (asv#1362), and a plain copy loses data: every ``asv run`` rewrites
+``benchmarks.json`` with the benchmarks it discovered, and results whose definition is missing are not
+rendered. So:
 
-* ``results/benchmarks.json`` is **rewritten by every** ``asv run`` with the benchmarks *that run*
-  discovered. Copying one runner's file over another's drops definitions, and results whose benchmark
-  is missing from ``benchmarks.json`` are silently not rendered. So the merged file is the **union** of
-  all definitions; where two sources define one benchmark the **newest** definition wins (a source's age
-  is the newest ``started_at`` of its results, else the file's mtime; the destination takes part like
-  any source).
-* ``results/<machine>/machine.json`` names the machine every result file in the directory belongs to.
-  Two different machines under one name would merge into one history, so a different ``machine.json``
-  for an existing machine name is refused, and so is a result file whose stored machine facts
-  (``params``: machine, gpu, cpu, ...) differ from the ``machine.json`` of the directory it lies in
-  (e.g. an H200 file placed under ``cpu-2core/``), unless ``allow_machine_mismatch`` is given.
-* Nothing stored is overwritten by less. Result files that exist in the destination with different
-  content (one commit and environment measured twice) are merged **per parameter combination**: the
-  newer row (``started_at``) wins where it measured the combination (a value or a failure, ``null``);
-  where it did not (``NaN``: skipped / not in its grid, or a parameter value missing from its params),
-  the older value is kept. A row whose benchmark ``version`` differs is replaced whole by the newer one
-  (the old values measured other code). Files whose header (commit, environment, machine params,
-  columns) differs are refused.
+* ``benchmarks.json`` is the union of all definitions; of two, the newest wins (a source's age: the
+  newest ``started_at`` of its results, else the file's mtime; the destination takes part like a source).
+* A different ``machine.json`` under an existing machine name is refused (two machines, one history),
+  and so is a result file whose machine facts (``params``) differ from its directory's ``machine.json``,
+  unless ``allow_machine_mismatch``.
+* A result file the destination has with other content is merged per parameter combination: the newer
+  row (``started_at``) wins where it measured the combination (a value or a failure, ``null``); where it
+  has ``NaN`` (skipped, not in its grid) the older value is kept. A row of another benchmark ``version``
+  replaces the older whole; files whose header (commit, env, machine params, columns) differs are refused.
 
-Every input is read and checked before anything is written (corrupt files are named). The merge is
-then staged: a copy of the destination is made beside it, the changes are written into the copy, and
-the copy is swapped into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames).
-A failure or a kill before the swap leaves the destination byte-identical.
-
-Two merges into one destination are serialised by a lock (:func:`mla_fp8_bench.jsonio.locked`): the
-second plans against the first's result. A file that another program (an ``asv run``) writes into the
-destination while a merge runs is not lost: after the swap, every file of the previous tree that is
-new or changed since the merge read it is carried into the new tree (a result file the merge also
-wrote is merged again, per parameter).
+Every input is checked before anything is written. The changes go into a copy of the destination that is
+swapped into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames), so a failure
+or a kill leaves the destination byte-identical. Merges into one destination are serialised by a lock;
+a file another program writes into the destination meanwhile is carried into the new tree (a result
+file the merge also wrote is merged again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import itertools
@@ -112,10 +99,6 @@ def _machine_dir(path: Path) -> MachineDir:
     return MachineDir(mj["machine"], path, mj, [f.path for f in list_result_files(path)])
 
 
-def _load_result(path: Path) -> AsvResult:
-    return load_asv_result(path)
-
-
 def check_result_machine(m: MachineDir, res: AsvResult) -> None:
     """Refuse a result file whose stored machine facts differ from its directory's ``machine.json``.
 
@@ -131,41 +114,27 @@ def check_result_machine(m: MachineDir, res: AsvResult) -> None:
                          "machine's directory, or pass --allow-machine-mismatch")
 
 
-def scan_source(src: str | os.PathLike, machines: list[str] | None = None,
-                allow_machine_mismatch: bool = False) -> Source:
+def scan_source(src: str | os.PathLike, allow_machine_mismatch: bool = False) -> Source:
     """Read an asv results directory (``<src>/<machine>/machine.json`` + result files, optional
-    ``<src>/benchmarks.json``) or a single machine directory (``<src>/machine.json``).
-
-    Args:
-        src: the directory.
-        machines: only these machine names (each must exist in ``src``).
-        allow_machine_mismatch: accept result files whose machine facts differ from ``machine.json``.
+    ``<src>/benchmarks.json``) or one machine's directory (``<src>/machine.json``).
 
     Raises:
-        MergeError: missing directory, no machines, corrupt files (named), unknown machine names, a
-            result file of another machine.
+        MergeError: missing directory, no machines, corrupt files (named), a result file of another
+            machine (unless ``allow_machine_mismatch``).
     """
     path = Path(src)
     try:
         mdirs = [_machine_dir(p) for p in machine_dirs(path)]
-        single = bool(mdirs) and mdirs[0].path == path
-        cand = (path.parent if single else path) / "benchmarks.json"
-        bpath = cand if cand.is_file() else None
         if not mdirs:
             raise MergeError(f"{path} holds no asv results: expected <machine>/machine.json directories "
                              "(an asv results_dir) or a machine.json (one machine's directory)")
-        if machines:
-            have = {m.name for m in mdirs}
-            unknown = [m for m in machines if m not in have]
-            if unknown:
-                raise MergeError(f"machine {', '.join(map(repr, unknown))} is not in {path}: it has "
-                                 f"{', '.join(sorted(have))}")
-            mdirs = [m for m in mdirs if m.name in machines]
+        cand = (path.parent if mdirs[0].path == path else path) / "benchmarks.json"
+        bpath = cand if cand.is_file() else None
         bench = load_benchmarks(bpath) if bpath is not None else None
         age = 0.0
         for m in mdirs:
             for f in m.result_files:
-                res = _load_result(f)
+                res = load_asv_result(f)
                 if not allow_machine_mismatch:
                     check_result_machine(m, res)
                 age = max(age, res.started_at())
@@ -194,8 +163,8 @@ def _is_nan(v: Any) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def _started(row: dict[str, Any]) -> float:
-    v = row.get("started_at")
+def _num(v: Any) -> float:
+    """A ``started_at`` value as a number (0 when absent or malformed)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
@@ -208,32 +177,24 @@ def _combos(row: dict[str, Any]) -> dict[tuple, int] | None:
 
 
 def merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str = "") -> tuple[list[Any], list[str]]:
-    """Merge two rows of one benchmark (see the module docstring); returns (row, kept) where ``kept``
-    names the parameter combinations whose value came from the older row although the newer one
-    lacked it.
-    """
+    """Merge two rows of one benchmark (see the module docstring); returns (row, kept), ``kept`` naming the
+    parameter combinations whose value came from the older row because the newer one lacked it."""
     o, n = dict(zip(cols, old)), dict(zip(cols, new))
-    newer, older = (n, o) if _started(n) >= _started(o) else (o, n)
+    newer, older = (n, o) if _num(n.get("started_at")) >= _num(o.get("started_at")) else (o, n)
     oc, nc = _combos(older), _combos(newer)
-    if newer.get("version") != older.get("version") or oc is None or nc is None:
+    if newer.get("version") != older.get("version") or oc is None or nc is None or len(o["params"]) != len(
+            n["params"]):
         return (new if newer is n else old), []
-    params = [list(p) for p in o["params"]]  # the destination's order first, then values only the other has
-    for dim, values in enumerate(n["params"]):
-        if dim >= len(params):
-            return (new if newer is n else old), []
-        params[dim] += [v for v in values if v not in params[dim]]
-    if len(params) != len(n["params"]) or len(params) != len(o["params"]):
-        return (new if newer is n else old), []
+    # the destination's order first, then values only the other has
+    params = [list(po) + [v for v in pn if v not in po] for po, pn in zip(o["params"], n["params"])]
 
     def at(row: dict[str, Any], col: str, i: int | None) -> Any:
-        c = row.get(col)
-        if i is None:
-            return float("nan") if col == "result" else None
-        if col == "result" and not isinstance(c, list):
+        c, missing = row.get(col), (float("nan") if col == "result" else None)
+        if i is not None and col == "result" and not isinstance(c, list):
             return c
-        return c[i] if isinstance(c, list) and i < len(c) else (float("nan") if col == "result" else None)
+        return c[i] if i is not None and isinstance(c, list) and i < len(c) else missing
 
-    out = dict(newer)
+    out = dict(newer, params=params)
     per = [c for c in cols if c in PER_COMBO_COLUMNS]
     merged: dict[str, list[Any]] = {c: [] for c in per}
     kept: list[str] = []
@@ -245,7 +206,6 @@ def merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str = "")
             kept.append(f"{where}({', '.join(map(str, combo))})")
         for c in per:
             merged[c].append(at(src, c, i))
-    out["params"] = params
     for c in per:
         out[c] = merged[c] if any(v is not None for v in merged[c]) or c == "result" else None
     row = [out.get(c) for c in cols]
@@ -285,7 +245,7 @@ def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str,
     i = cols.index("started_at") if "started_at" in cols else None
 
     def started(row: Any) -> float:
-        return _started({"started_at": row[i]}) if i is not None and isinstance(row, list) and len(row) > i else 0.0
+        return _num(row[i]) if i is not None and isinstance(row, list) and len(row) > i else 0.0
 
     new_is_newer = (max(map(started, new["results"].values()), default=0.0)
                     >= max(map(started, old["results"].values()), default=0.0))
@@ -311,8 +271,6 @@ def _read_sources(sources: list[str | os.PathLike], dest: Path, machines: list[s
                   allow_machine_mismatch: bool) -> list[Source]:
     if not sources:
         raise MergeError("no source results directory given")
-    if dest.exists() and not dest.is_dir():
-        raise MergeError(f"destination {dest} exists and is not a directory")
     srcs: list[Source] = []
     for s in sources:
         sp = Path(s)
@@ -358,14 +316,14 @@ def _plan_results(srcs: list[Source], plan: _Plan, report: MergeReport) -> None:
             if not (ddir / "machine.json").exists() and ddir / "machine.json" not in plan.copies:
                 plan.copies[ddir / "machine.json"] = m.path / "machine.json"
             for f in m.result_files:
-                new = _load_result(f).raw
+                new = load_asv_result(f).raw
                 target, rel = ddir / f.name, f"{m.name}/{f.name}"
                 if target in plan.writes:
                     old = plan.writes[target]
                 elif target in plan.copies:
-                    old = _load_result(plan.copies[target]).raw
+                    old = load_asv_result(plan.copies[target]).raw
                 elif target.exists():
-                    old = _load_result(target).raw
+                    old = load_asv_result(target).raw
                 else:
                     plan.copies[target] = f
                     report.copied.append(rel)
@@ -436,15 +394,15 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _rmtree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
+    """Delete a folder tree (also read-only parts of it); no error if it is absent."""
     def onerror(func, p, _exc):
-        try:
+        with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(p), stat.S_IRWXU)
             func(p)
-        except OSError:
-            pass
 
-    shutil.rmtree(path, onerror=onerror)
+    if path.exists():
+        shutil.rmtree(path, onerror=onerror)
 
 
 def umask_dir_mode() -> int:
@@ -470,12 +428,6 @@ def _swap_into_place(stage: Path, dest: Path) -> Path | None:
         os.rename(old, dest)
         raise
     return old
-
-
-def remove_tree(path: Path) -> None:
-    """Delete a folder tree (also read-only parts of it); no error if it is absent."""
-    if path.exists():
-        _rmtree(path)
 
 
 def replace_dir(new: Path, dest: Path) -> None:
@@ -510,8 +462,8 @@ def _rescue(previous: Path, dest: Path, seen: Snapshot, plan: _Plan, report: Mer
         src, dst = previous / rel, dest / rel
         if rel in targets and rel.endswith(".json") and "/" in rel and not rel.endswith("machine.json"):
             try:
-                theirs = _load_result(src).raw
-                ours = _load_result(dst).raw
+                theirs = load_asv_result(src).raw
+                ours = load_asv_result(dst).raw
                 write_json_atomic(merge_result_data(ours, theirs, rel, report.kept), dst, indent=4, sort_keys=True)
                 report.notes.append(f"{rel} was written during the merge: merged again with it")
                 continue
@@ -524,7 +476,7 @@ def _rescue(previous: Path, dest: Path, seen: Snapshot, plan: _Plan, report: Mer
         report.notes.append(f"{rel} was written during the merge: kept as {dst.relative_to(dest)}")
 
 
-def _apply_staged(plan: _Plan, seen: Snapshot | None = None, report: MergeReport | None = None) -> None:
+def _apply_staged(plan: _Plan, seen: Snapshot, report: MergeReport) -> None:
     """Write the plan into a copy of the destination, then swap the copy into place; files written into
     the destination meanwhile (not in ``seen``) are carried over (:func:`_rescue`).
 
@@ -546,33 +498,23 @@ def _apply_staged(plan: _Plan, seen: Snapshot | None = None, report: MergeReport
             write_file_atomic(stage / target.relative_to(plan.dest), lambda f, d=data: f.write(d), binary=True)
         for target, data in plan.writes.items():
             write_json_atomic(data, stage / target.relative_to(plan.dest), indent=4, sort_keys=True)
-        previous = _swap_into_place(stage, dest)
-        stage = previous
-        if previous is not None and seen is not None:
-            _rescue(previous, dest, seen, plan, report or MergeReport())
+        stage = _swap_into_place(stage, dest)  # now the previous tree, if any
+        if stage is not None:
+            _rescue(stage, dest, seen, plan, report)
     except OSError as exc:
         raise MergeError(f"cannot write the merged results into {plan.dest}: "
                          f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
                          "the destination is unchanged") from None
     finally:
-        if stage is not None and stage.exists():
-            _rmtree(stage)
+        if stage is not None:
+            remove_tree(stage)
 
 
 def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, machines: list[str] | None = None,
                   dry_run: bool = False, allow_machine_mismatch: bool = False) -> MergeReport:
-    """Merge asv results directories ``sources`` into ``into`` (created if missing).
-
-    Args:
-        sources: asv results directories (or single machine directories).
-        into: the destination results directory.
-        machines: copy only these machine names (each must exist in some source).
-        dry_run: check and report, write nothing.
-        allow_machine_mismatch: accept result files whose stored machine facts differ from their
-            directory's ``machine.json``.
-
-    Returns:
-        a :class:`MergeReport`.
+    """Merge asv results directories (or single machine directories) ``sources`` into the results
+    directory ``into`` (created if missing); ``machines``: only these names (each must exist in some
+    source); ``dry_run``: check and report, write nothing.
 
     Raises:
         MergeError: conflicting ``machine.json`` for one machine name, a result file of another machine,
@@ -586,29 +528,22 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
         raise MergeError(f"destination {dest} exists and is not a directory")
     try:
         with locked(dest, "destination"):
-            return _merge_locked(sources, dest, machines, dry_run, allow_machine_mismatch)
+            seen = _snapshot(dest)
+            report, plan = MergeReport(), _Plan(dest)
+            try:
+                srcs = _read_sources(sources, dest, machines, allow_machine_mismatch)
+                _plan_machines(srcs, dest, report)
+                _plan_results(srcs, plan, report)
+                _plan_benchmarks(srcs, plan, report)
+            except ResultsError as exc:
+                raise MergeError(str(exc)) from None
+            if dry_run:
+                report.notes.append("dry run: nothing written")
+            elif plan.copies or plan.writes:
+                _apply_staged(plan, seen, report)
+            return report
     except OutputError as exc:
         raise MergeError(str(exc)) from None
-
-
-def _merge_locked(sources: list[str | os.PathLike], dest: Path, machines: list[str] | None, dry_run: bool,
-                  allow_machine_mismatch: bool) -> MergeReport:
-    seen = _snapshot(dest)
-    try:
-        srcs = _read_sources(sources, dest, machines, allow_machine_mismatch)
-        report = MergeReport()
-        _plan_machines(srcs, dest, report)
-        plan = _Plan(dest)
-        _plan_results(srcs, plan, report)
-        _plan_benchmarks(srcs, plan, report)
-    except ResultsError as exc:
-        raise MergeError(str(exc)) from None
-    if dry_run:
-        report.notes.append("dry run: nothing written")
-        return report
-    if plan.copies or plan.writes:
-        _apply_staged(plan, seen, report)
-    return report
 
 
 # ---------------------------------------------------------------------------------------- CLI
