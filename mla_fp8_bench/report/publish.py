@@ -1,27 +1,18 @@
 """``mla-fp8-bench publish``: the asv site, self-contained (it renders with no network).
 
-asv 0.6.6's ``index.html`` loads its JavaScript and stylesheet from public CDNs: jQuery 3.3.1, flot
-0.8.3 (core, time, selection, categories), flot-orderbars 1.0.0, stupidtable 1.0.1, blueimp-md5 2.19.0
-and bootstrap 3.1.1 (script and stylesheet). On a machine without internet (GPU lab machines are often
-firewalled) every page then shows asv's "Can not determine continental origin of swallow".
+asv 0.6.6's pages load jQuery, flot, stupidtable, blueimp-md5 and bootstrap from public CDNs; offline
+(firewalled GPU lab machines) every page shows "Can not determine continental origin of swallow".
+``publish`` runs ``asv publish`` into a staging folder, points every remote ``<script src>`` / ``<link
+href>`` at a local copy under ``_assets/`` (with the fonts bootstrap's stylesheet refers to), checks that
+no remote script or stylesheet is left, drops CPU-machine latency steps from the Regressions page
+(:func:`drop_host_time_regressions`), and swaps the staged site into place (a failed publish leaves the
+previous site as it was).
 
-``publish`` runs ``asv publish`` into a staging folder, replaces every remote ``<script src>`` /
-``<link href>`` with a local copy under ``_assets/`` (the bootstrap fonts its stylesheet refers to come
-along), checks that no page or stylesheet refers to a remote script or stylesheet any more, and swaps
-the staged site into place (a failed publish leaves the previous site as it was).
-
-asv's Regressions page (``regressions.json`` and the ``regressions.xml`` feed) is filtered too: a
-latency step on a CPU machine (host time of PyTorch code, moved by machine load) is never listed, for
-the same reason the gate never fails on one (:func:`drop_host_time_regressions`). The asv configs'
-``regressions_first_commits`` already keep emulation latency and informational tracks off that page.
-
-The local copies come from the npm packages of the same versions (:data:`ASSET_PACKAGES`), installed
-once into a cache folder (``--assets``, default :func:`assets_dir`:
-``~/.cache/mla-fp8-bench/site-assets``) by ``mla-fp8-bench publish --install-assets``; every file is
-checked against its pinned SHA-256 (:data:`ASSETS`) before it is used. Where the copy is byte-identical
-to the CDN's file (the page's ``integrity`` hash matches) the attribute is kept, so the browser verifies
-it; otherwise it is dropped: npm's flot 0.8.3 has the same code unminified, and stupidtable 1.0.1 was
-never published to npm (1.1.3, the same plugin API, is used).
+The copies come from the pinned npm packages :data:`ASSET_PACKAGES`, installed once into a cache
+(``--assets``, default :func:`assets_dir`) by ``publish --install-assets``; every file is checked against
+its SHA-256 (:data:`ASSETS`). Where a copy is the CDN's file (the page's ``integrity`` hash matches) the
+attribute is kept, else dropped (npm's flot 0.8.3 is unminified; stupidtable 1.0.1 is not on npm, 1.1.3
+has the same API).
 """
 
 from __future__ import annotations
@@ -53,19 +44,16 @@ SITE_MARKER = ".mla-fp8-bench-site"
 
 @dataclass(frozen=True)
 class Asset:
-    """One file a published page loads from a CDN, and its local copy.
-
-    Attributes:
-        url_tail: regex matched against the end of the CDN URL.
-        file: path of the copy under ``node_modules/``.
-        sha256: hex SHA-256 of that file in the pinned package version.
-    """
+    """A file a page loads from a CDN: regex on the URL's end, its copy under ``node_modules/``, the
+    copy's SHA-256 in the pinned version, and (file, SHA-256) of files it refers to (copied along)."""
 
     url_tail: str
     file: str
     sha256: str
+    extras: tuple[tuple[str, str], ...] = ()
 
 
+_FONTS = "bootstrap/dist/fonts/glyphicons-halflings-regular"
 ASSETS = (
     Asset(r"/jquery-3\.3\.1\.min\.js$", "jquery/dist/jquery.min.js",
           "160a426ff2894252cd7cebbdd6d6b7da8fcd319c65b70468f10b6690c45d02ef"),
@@ -86,21 +74,12 @@ ASSETS = (
     Asset(r"/bootstrap@3\.1\.1/dist/js/bootstrap\.min\.js$", "bootstrap/dist/js/bootstrap.min.js",
           "898d05a17f2cfc5120ddcdba47a885c378c0b466f30f0700e502757e24b403a1"),
     Asset(r"/bootstrap@3\.1\.1/dist/css/bootstrap\.min\.css$", "bootstrap/dist/css/bootstrap.min.css",
-          "e9503448692b738dd260fbd7f7cabf2e11f09b600fa97e6eb3a56eba5b1a7e9b"),
+          "e9503448692b738dd260fbd7f7cabf2e11f09b600fa97e6eb3a56eba5b1a7e9b", (
+              (f"{_FONTS}.eot", "f495f34e4f177cf0115af995bbbfeb3fcabc88502876e76fc51a4ab439bc8431"),
+              (f"{_FONTS}.svg", "d168d50a88c730b4e6830dc0da2a2b51dae4658a77d9619943c27b8ecfc19d1a"),
+              (f"{_FONTS}.ttf", "bd18efd3efd70fec8ad09611a20cdbf99440b2c1d40085c29be036f891d65358"),
+              (f"{_FONTS}.woff", "fc969dc1c6ff531abcf368089dcbaf5775133b0626ff56b52301a059fc0f9e1e"))),
 )
-#: Files a copied stylesheet refers to (relative ``url(../fonts/...)``): copied along, same checks.
-ASSET_EXTRAS = {
-    "bootstrap/dist/css/bootstrap.min.css": (
-        ("bootstrap/dist/fonts/glyphicons-halflings-regular.eot",
-         "f495f34e4f177cf0115af995bbbfeb3fcabc88502876e76fc51a4ab439bc8431"),
-        ("bootstrap/dist/fonts/glyphicons-halflings-regular.svg",
-         "d168d50a88c730b4e6830dc0da2a2b51dae4658a77d9619943c27b8ecfc19d1a"),
-        ("bootstrap/dist/fonts/glyphicons-halflings-regular.ttf",
-         "bd18efd3efd70fec8ad09611a20cdbf99440b2c1d40085c29be036f891d65358"),
-        ("bootstrap/dist/fonts/glyphicons-halflings-regular.woff",
-         "fc969dc1c6ff531abcf368089dcbaf5775133b0626ff56b52301a059fc0f9e1e"),
-    ),
-}
 INSTALL_COMMAND = "mla-fp8-bench publish --install-assets"
 
 _TAG_RE = re.compile(r"<(script|link)\b[^>]*?\b(src|href)=[\"']((?:https?:)?//[^\"']+)[\"'][^>]*>", re.S | re.I)
@@ -118,26 +97,15 @@ def assets_dir() -> Path:
     return Path.home() / ".cache" / "mla-fp8-bench" / "site-assets"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _pinned_files() -> list[tuple[str, str]]:
-    files = [(a.file, a.sha256) for a in ASSETS]
-    for extras in ASSET_EXTRAS.values():
-        files += list(extras)
-    return files
-
-
 def asset_problems(cache: Path | None = None) -> list[str]:
     """Files missing from the cache or differing from their pinned SHA-256 (``[]``: all present)."""
     nm = (cache or assets_dir()) / "node_modules"
     out = []
-    for rel, digest in _pinned_files():
+    for rel, digest in [(a.file, a.sha256) for a in ASSETS] + [e for a in ASSETS for e in a.extras]:
         f = nm / rel
         if not f.is_file():
             out.append(f"{rel} missing")
-        elif _sha256(f) != digest:
+        elif hashlib.sha256(f.read_bytes()).hexdigest() != digest:
             out.append(f"{rel} is not the pinned version (sha256 differs)")
     return out
 
@@ -184,10 +152,6 @@ def _sri_matches(data: bytes, integrity: str) -> bool:
             if base64.b64encode(hashlib.new(algo, data).digest()).decode() == want:
                 return True
     return False
-
-
-def _asset_for(url: str) -> Asset | None:
-    return next((a for a in ASSETS if re.search(a.url_tail, url)), None)
 
 
 def _copy_asset(nm: Path, site: Path, rel: str, digest: str) -> Path:
@@ -262,14 +226,14 @@ def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
 
         def repl(m: re.Match, page: Path = page, prefix: str = prefix) -> str:
             tag, url = m.group(0), m.group(3)
-            asset = _asset_for(url)
+            asset = next((a for a in ASSETS if re.search(a.url_tail, url)), None)
             if asset is None:
                 if m.group(1).lower() == "link" and not re.search(r"\brel=[\"']?stylesheet", tag, re.I):
                     return tag  # a plain link (e.g. rel=canonical) loads nothing
                 raise PublishError(f"{page.name} loads {url} and no local copy is pinned for it: "
                                    "asv changed what its pages load (extend ASSETS in report/publish.py)")
             dst = _copy_asset(nm, site, asset.file, asset.sha256)
-            for rel, digest in ASSET_EXTRAS.get(asset.file, ()):
+            for rel, digest in asset.extras:
                 _copy_asset(nm, site, rel, digest)
             local = f"{prefix}{SITE_ASSET_DIR}/{asset.file}"
             new = tag.replace(url, local)
@@ -361,8 +325,7 @@ def _check_html_dir(html: Path, results: Path) -> None:
 
 
 def _check_results(results: Path) -> None:
-    """Every result file must be readable: asv publish skips an unreadable one silently, and the site
-    would miss its results without a word.
+    """Every result file must be readable: asv publish skips an unreadable one silently.
 
     Raises:
         PublishError: no result files, or naming each unreadable file (truncated, not JSON, wrong schema).
@@ -377,20 +340,13 @@ def _check_results(results: Path) -> None:
     if not files:
         raise PublishError(f"results directory {results} holds no asv result files: nothing to publish "
                            "(run `asv run` first)")
-    bad = []
-    for m in mdirs:
-        try:
-            load_machine(m)
-        except ResultsError as exc:
-            bad.append(str(exc))
-    for f in files:
-        try:
-            load_asv_result(f)
-        except ResultsError as exc:
-            bad.append(str(exc))
+    checks = [(load_machine, m) for m in mdirs] + [(load_asv_result, f) for f in files]
     if (results / "benchmarks.json").exists():
+        checks.append((load_benchmarks, results / "benchmarks.json"))
+    bad = []
+    for load, path in checks:
         try:
-            load_benchmarks(results / "benchmarks.json")
+            load(path)
         except ResultsError as exc:
             bad.append(str(exc))
     if bad:
@@ -424,13 +380,9 @@ def _run_asv_publish(conf: dict[str, Any], config_dir: Path, results: Path, site
 def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str | os.PathLike | None = None,
                  results_dir: str | os.PathLike | None = None, assets: str | os.PathLike | None = None,
                  timeout: float = 900) -> PublishReport:
-    """``asv publish`` of ``results_dir`` into ``html_dir``, made self-contained (see the module docstring).
-
-    Args:
-        config: the asv config (its ``results_dir``/``html_dir`` are the defaults, relative to its folder).
-        html_dir / results_dir: overrides.
-        assets: the asset cache (default :func:`assets_dir`).
-        timeout: seconds allowed for ``asv publish``.
+    """``asv publish`` of ``results_dir`` into ``html_dir`` (defaults: the asv ``config``'s, relative to its
+    folder), made self-contained from the asset cache ``assets`` (see the module docstring); ``timeout``:
+    seconds allowed for ``asv publish``.
 
     Raises:
         PublishError: missing/corrupt assets (with the one command that installs them), a bad config,
@@ -438,6 +390,8 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
             on the inputs run before ``asv publish``; the previous site stays as it was on any failure.
     """
     from mla_fp8_bench.jsonio import OutputError, locked
+    from mla_fp8_bench.report.results_merge import remove_tree, replace_dir, umask_dir_mode
+    from mla_fp8_bench.report.site_view import present
 
     t0 = time.perf_counter()
     for opt, val in (("--html-dir", html_dir), ("--results-dir", results_dir)):
@@ -457,41 +411,32 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
     try:
         with locked(html, "--html-dir"):
             _check_html_dir(html, results)  # again, under the lock: another publish may have written it
-            return _publish_locked(conf, base, results, html, cache, timeout, t0)
+            try:
+                html.parent.mkdir(parents=True, exist_ok=True)
+                work = Path(tempfile.mkdtemp(prefix=f".{html.name}.publish-", dir=html.parent))
+            except OSError as exc:
+                raise PublishError(f"cannot write beside --html-dir {html}: {exc.strerror or exc}") from None
+            try:
+                site = work / "site"
+                asv_wall = _run_asv_publish(conf, base, results.resolve(), site, work, timeout)
+                vendored = vendorize(site, cache)
+                drop_host_time_regressions(site)
+                present(site)
+                left = remote_references(site)
+                if left:
+                    raise PublishError(f"the published site still loads remote files: {'; '.join(left[:3])}")
+                shutil.rmtree(work / "env", ignore_errors=True)
+                try:
+                    (site / SITE_MARKER).write_text("written by mla-fp8-bench publish; a folder with this file may "
+                                                    "be replaced by the next publish\n")
+                    os.chmod(site, umask_dir_mode())
+                    replace_dir(site, html)
+                except OSError as exc:
+                    raise PublishError(f"cannot put the site into {html}: {exc.strerror or exc}") from None
+            finally:
+                remove_tree(work)
     except OutputError as exc:
         raise PublishError(str(exc)) from None
-
-
-def _publish_locked(conf: dict[str, Any], base: Path, results: Path, html: Path, cache: Path, timeout: float,
-                    t0: float) -> PublishReport:
-    from mla_fp8_bench.report.results_merge import remove_tree, replace_dir, umask_dir_mode
-
-    try:
-        html.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{html.name}.publish-", dir=html.parent))
-    except OSError as exc:
-        raise PublishError(f"cannot write beside --html-dir {html}: {exc.strerror or exc}") from None
-    try:
-        site = work / "site"
-        asv_wall = _run_asv_publish(conf, base, results.resolve(), site, work, timeout)
-        vendored = vendorize(site, cache)
-        drop_host_time_regressions(site)
-        from mla_fp8_bench.report.site_view import present
-
-        present(site)
-        left = remote_references(site)
-        if left:
-            raise PublishError(f"the published site still loads remote files: {'; '.join(left[:3])}")
-        shutil.rmtree(work / "env", ignore_errors=True)
-        try:
-            (site / SITE_MARKER).write_text("written by mla-fp8-bench publish; a folder with this file may be "
-                                            "replaced by the next publish\n")
-            os.chmod(site, umask_dir_mode())
-            replace_dir(site, html)
-        except OSError as exc:
-            raise PublishError(f"cannot put the site into {html}: {exc.strerror or exc}") from None
-    finally:
-        remove_tree(work)
     return PublishReport(html, results, round(time.perf_counter() - t0, 2), round(asv_wall, 2), vendored)
 
 
