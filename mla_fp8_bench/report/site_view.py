@@ -1,28 +1,18 @@
 """What a person sees on the published asv site, and ``mla-fp8-bench preview`` to look at it.
 
-:func:`present` rewrites a freshly published site (``mla-fp8-bench publish`` calls it on the staged
-copy; the stored results are never touched):
+:func:`present` rewrites a freshly published (staged) site; the stored results are never touched:
 
-* **Emulation apart from kernels.** asv draws every param of a benchmark on one axis. The latency of
-  an emulation backend (the registry's ``Backend.emulation``) has its own track,
-  ``track_emulation_latency``; results stored before that track existed carry it in
-  ``track_latency``, so those values are removed from the ``track_latency`` graphs (they stay in the
-  results; the gate never compares them either).
-* **Only thumbnails that draw.** A benchmark with no finite value in any graph (e.g. the SM clock on
-  machines that cannot read it) is left out of the site's benchmark list instead of showing an empty
-  thumbnail; each thumbnail is drawn from one machine (the graphs' default, below), and one of a
-  single point shows it as a dot.
-* **A legend that leaves the data visible**: drawn beside the graph (its own column), not on it; and one
-  machine selected by default (the first with a GPU; the others are one click away in the sidebar),
-  since the latencies of two machines (a CPU host's, an H200's) on one axis flatten one of them.
-* **Regression factors that read right**: a step from a floored 0 (asv stores 0 as 1e-12) reads
-  ``0 → 64 (new)``, other factors print with 5 significant digits (``1.0502x``, not ``1.05x``).
-* **file://**: browsers refuse a page opened as a file its data files, and asv then shows "Can not
-  determine continental origin of swallow". The pages say instead how to serve the site
-  (``mla-fp8-bench preview``).
+* the ``track_latency`` graphs lose the values of emulation backends (``Backend.emulation``; their
+  latency has its own track, ``track_emulation_latency``);
+* a benchmark with no finite value in any graph leaves the benchmark list (no empty thumbnail); each
+  thumbnail is drawn from one machine, a single point as a dot;
+* the legend is drawn beside the graph, and one machine is selected by default (the first with a GPU):
+  a CPU host's and an H200's latencies on one axis flatten one of them;
+* regression factors from a floored 0 (asv stores 1e-12) read ``0 → 64 (new)``, others ``1.0502x``;
+* opened as ``file://`` (browsers then refuse the data files) the pages say how to serve the site.
 
-``mla-fp8-bench preview [--html-dir html] [--port 8080]`` serves the site on 127.0.0.1 only (asv's own
-``asv preview`` listens on every interface).
+``mla-fp8-bench preview [--html-dir html] [--port 8080]`` serves it on 127.0.0.1 only (``asv preview``
+listens on every interface).
 """
 
 from __future__ import annotations
@@ -31,6 +21,7 @@ import itertools
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +40,6 @@ def preview_hint(html: Path, port: int = DEFAULT_PORT) -> str:
 
 
 # ------------------------------------------------------------------------------------------ graphs
-def _emulation_backends() -> set[str]:
-    from mla_fp8_bench.harness.asv_tracks import emulation_backends
-
-    return {repr(b) for b in emulation_backends()}
-
-
 def _graph_files(site: Path, benchmark: str) -> list[Path]:
     return sorted(p for p in (site / "graphs").rglob(f"{benchmark}.json") if "summary" not in p.parts)
 
@@ -62,12 +47,14 @@ def _graph_files(site: Path, benchmark: str) -> list[Path]:
 def drop_emulation_from_kernel_latency(site: Path) -> int:
     """Null the values of emulation backends in the per-machine ``track_latency`` graphs; returns how many
     values were removed."""
+    from mla_fp8_bench.harness.asv_tracks import emulation_backends
+
     lat = find("track_latency")
     index = json.loads((site / "index.json").read_text())
     bench = index.get("benchmarks", {}).get(lat.asv_name)
     if not bench or not bench.get("params"):
         return 0
-    emu = _emulation_backends()
+    emu = {repr(b) for b in emulation_backends()}
     combos = list(itertools.product(*bench["params"]))
     drop = [i for i, c in enumerate(combos) if c and c[0] in emu]
     removed = 0
@@ -100,9 +87,8 @@ def drop_empty_benchmarks(site: Path) -> list[str]:
     index = json.loads(path.read_text())
     empty = []
     for name in list(index.get("benchmarks", {})):
-        files = [p for p in (site / "graphs").rglob(f"{name}.json")]
         if not any(_finite([row[1] for row in json.loads(p.read_text()) if isinstance(row, list) and len(row) > 1])
-                   for p in files):
+                   for p in (site / "graphs").rglob(f"{name}.json")):
             empty.append(name)
             del index["benchmarks"][name]
     if empty:
@@ -110,15 +96,9 @@ def drop_empty_benchmarks(site: Path) -> list[str]:
     return empty
 
 
-def _machine_order(index: dict[str, Any]) -> list[str]:
-    """Machines with a GPU first, then the others, each group by name (the graphs' default machine first)."""
-    machines = index.get("machines", {})
-    return sorted(machines, key=lambda m: (str((machines[m] or {}).get("gpu", "none")) == "none", m))
-
-
 def _geomean(values: list[Any]) -> float | None:
     xs = [float(v) for v in values if _finite(v) and v > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+    return statistics.geometric_mean(xs) if xs else None
 
 
 def summaries_from_one_machine(site: Path) -> dict[str, str]:
@@ -127,7 +107,8 @@ def summaries_from_one_machine(site: Path) -> dict[str, str]:
     asv mixes every machine into one thumbnail (a CPU host's seconds after an H200's microseconds read as a
     spike); a single point is drawn as a dot. Returns benchmark -> the machine used."""
     index = json.loads((site / "index.json").read_text())
-    order = _machine_order(index)
+    machines = index.get("machines", {})  # with a GPU first, then the others, each group by name
+    order = sorted(machines, key=lambda m: (str((machines[m] or {}).get("gpu", "none")) == "none", m))
     used: dict[str, str] = {}
     for name in index.get("benchmarks", {}):
         for machine in order:
