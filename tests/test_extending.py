@@ -63,6 +63,11 @@ def _write(tmp_path, name, records):
 def test_throwaway_backend(throwaway_backend, tmp_path, capsys):
     assert throwaway_backend in backends.backend_names()
     assert isinstance(backends.get_backend(throwaway_backend), _Throwaway)
+    # the asv grid takes it as a param, after the published ones (whose order never changes)
+    from mla_fp8_bench.harness.asv_support import asv_backends
+
+    grid = asv_backends()
+    assert grid[-1] == throwaway_backend and grid[:len(backends.DEFAULT_BACKENDS)] == backends.DEFAULT_BACKENDS
     # the CLI lists it
     assert main(["--device", "cpu", "env"]) == 0
     assert throwaway_backend in capsys.readouterr().out

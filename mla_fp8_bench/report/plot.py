@@ -506,7 +506,8 @@ def _ceiling_lines(ds: Dataset) -> tuple[list[tuple[str, float, str, str]], list
                               (peaks, "fp8", "FP8 datasheet peak", ":"), (peaks, "bf16", "bf16 datasheet peak", ":")):
         v = _finite(src.get(key))
         if v:
-            lines.append((f"{lab} {v:,.0f} TFLOP/s", v, "tab:purple" if "bf16" in key else "tab:red", ls))
+            color = "tab:purple" if key in ("bf16_gemm_tflops", "bf16") else "tab:red"
+            lines.append((f"{lab} {v:,.0f} TFLOP/s", v, color, ls))
     cp = _finite(c.get("copy_tb_s"))
     if cp:
         hbm = _finite(peaks.get("hbm_tb_s"))
