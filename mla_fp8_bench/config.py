@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mla_fp8_bench.argtypes import parse_number
 
@@ -80,19 +80,28 @@ class RunConfig:
         samples = _int(get("SAMPLES"), "SAMPLES", 1)
         if samples is not None and samples > MAX_SAMPLES:
             raise ValueError(f"{PREFIX}SAMPLES={samples} is invalid: at most {MAX_SAMPLES}")
-        return cls(device=check_device(get("DEVICE").strip() or "auto", f"{PREFIX}DEVICE"),
-                   max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1),
-                   backends=_names(get("BACKENDS"), "BACKENDS", grid and grid[0], "backends"),
-                   cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
-                   samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
-                   rounds=_int(get("ROUNDS"), "ROUNDS", 1),
-                   emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, "a positive integer (256 = MI355X)")
-                   or DEFAULT_EMU_CU_NUM,
-                   emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, "an integer >= 0 (0 = no cap)"),
-                   emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
-                   aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
-                   expect_commit=get("EXPECT_COMMIT").strip(), machine=get("MACHINE").strip(),
-                   ceilings=get("CEILINGS").strip() not in ("0", "false", "no", "off"),
+        return replace(
+            cls.locating(environ), device=check_device(get("DEVICE").strip() or "auto", f"{PREFIX}DEVICE"),
+            max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1),
+            backends=_names(get("BACKENDS"), "BACKENDS", grid and grid[0], "backends"),
+            cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
+            samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
+            rounds=_int(get("ROUNDS"), "ROUNDS"),
+            emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, "a positive integer (256 = MI355X)")
+            or DEFAULT_EMU_CU_NUM,
+            emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, "an integer >= 0 (0 = no cap)"),
+            emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
+            aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
+            ceilings=get("CEILINGS").strip() not in ("0", "false", "no", "off"))
+
+    @classmethod
+    def locating(cls, environ: Mapping[str, str] | None = None) -> RunConfig:
+        """Only what locates this run's stored asv results (``_EXPECT_COMMIT``, ``_MACHINE``, asv's
+        variables and parent process), defaults elsewhere; never raises (a run with a bad knob still
+        keeps its stored values)."""
+        env = os.environ if environ is None else environ
+        return cls(expect_commit=env.get(PREFIX + "EXPECT_COMMIT", "").strip(),
+                   machine=env.get(PREFIX + "MACHINE", "").strip(),
                    asv={k: v for k, v in env.items() if k in ("ASV_CONF_DIR", "ASV_COMMIT", "ASV_ENV_NAME")},
                    asv_parent=asv_parent_process() if environ is None else None)
 

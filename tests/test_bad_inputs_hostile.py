@@ -55,6 +55,21 @@ def test_setup_cache_that_raises_keeps_the_stored_values(stored):
         asv_support.lookup(cache, "torch-fp8-ref", "s256")  # nothing stored: a failure with the reason
 
 
+def test_a_bad_knob_inside_setup_cache_keeps_the_stored_values(stored, monkeypatch):
+    """The knobs are refused at discovery; should one still reach setup_cache, the measurement fails
+    naming it and the stored values are kept (the configuration that locates them never raises)."""
+    from mla_fp8_bench.harness import asv_support
+
+    monkeypatch.setenv("MLA_FP8_BENCH_SAMPLES", "many")
+    calls = []
+    cache = asv_support.never_raising(lambda v, cfg: calls.append(cfg) or {}, "MLAPrefill",
+                                      (["torch-fp8-ref"], [k[1] for k in KEYS]), "mla-prefill-v1")
+    assert calls == []  # refused before measuring
+    assert asv_support.lookup(cache, "torch-fp8-ref", "s128")["max_abs_error_fp8_ref"] == 0.25
+    with pytest.raises(RuntimeError, match="MLA_FP8_BENCH_SAMPLES='many' is not an integer"):
+        asv_support.lookup(cache, "torch-fp8-ref", "s256")
+
+
 def test_a_failing_backend_keeps_the_value_stored_for_this_commit(stored, monkeypatch):
     from mla_fp8_bench.harness import asv_support
 

@@ -146,7 +146,7 @@ def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], cl
         print(f"[mla_fp8_bench] {class_name}: the measurement failed ({why}); stored values are kept", flush=True)
         keys = [(str(b), str(c)) for b in params[0] for c in params[1]]
         try:
-            kept = stored_records(cfg, class_name, version, keys) if version is not None and cfg else {}
+            kept = stored_records(cfg or RunConfig.locating(), class_name, version, keys) if version else {}
         except Exception as exc2:  # noqa: BLE001 - no stored file readable: every param fails with the reason
             print(f"[mla_fp8_bench] {class_name}: stored values could not be read ({exc2})", flush=True)
             kept = {}
