@@ -693,14 +693,10 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_plot(args, console) -> int:
-    """Handler of ``plot``: 0 when every input was plotted, 2 on bad input (one line naming it)."""
+    """Handler of ``plot``: 0 when every input was plotted; a :class:`PlotError` goes to the CLI (exit 2)."""
     formats = tuple(f.strip().lower() for f in args.format.split(",") if f.strip())
-    try:
-        written, datasets = plot(args.inputs, args.out, formats=formats, machines=args.machine, commit=args.commit,
-                                 variant=args.variant, note=args.note)
-    except PlotError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return 2
+    written, datasets = plot(args.inputs, args.out, formats=formats, machines=args.machine, commit=args.commit,
+                             variant=args.variant, note=args.note)
     for ds in datasets:
         console.print(f"{ds.device}: {len(ds.points)} points from {ds.source}", highlight=False)
         for n in ds.notes:

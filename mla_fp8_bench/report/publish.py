@@ -456,16 +456,13 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_publish(args, console) -> int:
-    """Handler of ``publish``: 0 on success, 2 on refused input, missing assets or a failed publish."""
-    try:
-        if args.install_assets:
-            cache = install_assets(Path(args.assets) if args.assets else None)
-            console.print(f"site assets installed and checked in {cache}", highlight=False)
-            return 0
-        rep = publish_site(args.config, html_dir=args.html_dir, results_dir=args.results_dir, assets=args.assets)
-    except PublishError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return 2
+    """Handler of ``publish``: 0 on success; a :class:`PublishError` (refused input, missing assets, a failed
+    publish) goes to the CLI (exit 2)."""
+    if args.install_assets:
+        cache = install_assets(Path(args.assets) if args.assets else None)
+        console.print(f"site assets installed and checked in {cache}", highlight=False)
+        return 0
+    rep = publish_site(args.config, html_dir=args.html_dir, results_dir=args.results_dir, assets=args.assets)
     exact = sum(v["integrity"].startswith("verified") for v in rep.vendored)
     console.print(f"published {rep.results_dir} to {rep.html_dir} in {rep.wall_s:.1f} s (asv publish "
                   f"{rep.asv_wall_s:.1f} s); {len(rep.vendored)} CDN references made local "

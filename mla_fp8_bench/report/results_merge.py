@@ -87,7 +87,6 @@ class Source:
     path: Path
     machines: list[MachineDir]
     benchmarks: dict[str, Any] | None
-    benchmarks_path: Path | None
     age: float
 
 
@@ -142,7 +141,7 @@ def scan_source(src: str | os.PathLike, allow_machine_mismatch: bool = False) ->
         raise MergeError(str(exc)) from None
     if age == 0.0 and bpath is not None:
         age = bpath.stat().st_mtime * 1000.0  # asv's started_at is in ms since the epoch
-    return Source(path, mdirs, bench, bpath, age)
+    return Source(path, mdirs, bench, age)
 
 
 # ---------------------------------------------------------------------------------------- merging
@@ -566,13 +565,10 @@ def add_merge_parser(subparsers) -> None:
 
 
 def cmd_merge_results(args, console) -> int:
-    """Handler of ``merge-results``: 0 on success, 2 on a refused or failed merge (destination unchanged)."""
-    try:
-        rep = merge_results(args.sources, args.into, machines=args.machine, dry_run=args.dry_run,
-                            allow_machine_mismatch=args.allow_machine_mismatch)
-    except MergeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return 2
+    """Handler of ``merge-results``: 0 on success; a :class:`MergeError` (destination unchanged) goes to the
+    CLI (exit 2)."""
+    rep = merge_results(args.sources, args.into, machines=args.machine, dry_run=args.dry_run,
+                        allow_machine_mismatch=args.allow_machine_mismatch)
     console.print(f"machines: {', '.join(rep.machines)}", highlight=False)
     console.print(f"result files: {len(rep.copied)} copied, {len(rep.merged)} merged per benchmark and params "
                   f"(newest started_at wins), {len(rep.unchanged)} unchanged", highlight=False)

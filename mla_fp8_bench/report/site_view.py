@@ -281,12 +281,9 @@ def serve(html: Path, port: int = DEFAULT_PORT, echo=print) -> int:
 
 
 def cmd_preview(args, console) -> int:
-    try:
-        return serve(Path(args.html_dir), args.port,
-                     echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
-    except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return 2
+    """Handler of ``preview``; a ``ValueError`` (no site, port taken) goes to the CLI (exit 2)."""
+    return serve(Path(args.html_dir), args.port,
+                 echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
 
 
 def add_parser(subparsers) -> None:
