@@ -191,7 +191,7 @@ def drop_host_time_regressions(site: Path) -> int:
     dropped = [r for r in rows if _is_host_time(r)]
     if not dropped:
         return 0
-    doc["regressions"] = [r for r in rows if not _is_host_time(r)]
+    doc["regressions"] = [r for r in rows if r not in dropped]
     path.write_text(json.dumps(doc))
     feed = site / "regressions.xml"
     if feed.is_file():
