@@ -501,13 +501,13 @@ def _ceiling_lines(ds: Dataset) -> tuple[list[tuple[str, float, str, str]], list
         return [], [f"ceilings not measured: {c.get('reason') or c.get('status')}"]
     peaks = c.get("datasheet") if isinstance(c.get("datasheet"), dict) else {}
     lines, notes = [], []
-    for src, key, lab, ls in ((c, "fp8_gemm_tflops", "FP8 GEMM measured", "--"),
-                              (c, "bf16_gemm_tflops", "bf16 GEMM measured", "--"),
-                              (peaks, "fp8", "FP8 datasheet peak", ":"), (peaks, "bf16", "bf16 datasheet peak", ":")):
+    for src, key, lab, col, ls in ((c, "fp8_gemm_tflops", "FP8 GEMM measured", "tab:red", "--"),
+                                   (c, "bf16_gemm_tflops", "bf16 GEMM measured", "tab:purple", "--"),
+                                   (peaks, "fp8", "FP8 datasheet peak", "tab:red", ":"),
+                                   (peaks, "bf16", "bf16 datasheet peak", "tab:purple", ":")):
         v = _finite(src.get(key))
         if v:
-            color = "tab:purple" if key in ("bf16_gemm_tflops", "bf16") else "tab:red"
-            lines.append((f"{lab} {v:,.0f} TFLOP/s", v, color, ls))
+            lines.append((f"{lab} {v:,.0f} TFLOP/s", v, col, ls))
     cp = _finite(c.get("copy_tb_s"))
     if cp:
         hbm = _finite(peaks.get("hbm_tb_s"))
