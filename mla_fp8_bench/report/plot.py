@@ -252,32 +252,10 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
     return ds
 
 
-def _load_dir(path: Path, machines: list[str] | None, commit: str | None, variant: str | None,
-              seen: set[str], skipped_empty: list[str]) -> list[Dataset]:
-    """Datasets of one asv results (or machine) directory; machines without results are listed in
-    ``skipped_empty`` when others have results."""
-    try:
-        mdirs = machine_dirs(path)
-    except ResultsError as exc:
-        raise PlotError(str(exc)) from None
-    if not mdirs:
-        raise PlotError(f"{path} is a directory but not an asv results directory: no <machine>/machine.json "
-                        "inside (and no machine.json in it)")
-    seen.update(m.name for m in mdirs)
-    if machines:
-        mdirs = [m for m in mdirs if m.name in machines]
-    out = []
-    for m in mdirs:
-        if not list_result_files(m) and len(mdirs) > 1 and not machines:
-            skipped_empty.append(f"{m} (machine.json only, no results yet)")
-            continue  # one runner without results must not stop the others' plots
-        out.append(load_asv_machine(m, commit, variant))
-    return out
-
-
 def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit: str | None = None,
                 variant: str | None = None) -> list[Dataset]:
-    """Read every INPUT (run JSON files and asv results directories) into datasets.
+    """Read every INPUT (run JSON files and asv results directories) into datasets; in a directory of
+    several machines, one without results is skipped (named in the first dataset's notes).
 
     Raises:
         PlotError: missing/corrupt input, unknown machine or commit, no asv machines in a directory.
@@ -290,7 +268,20 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
         path = Path(raw)
         if path.is_dir():
             any_dir = True
-            out += _load_dir(path, machines, commit, variant, seen_machines, skipped_empty)
+            try:
+                mdirs = machine_dirs(path)
+            except ResultsError as exc:
+                raise PlotError(str(exc)) from None
+            if not mdirs:
+                raise PlotError(f"{path} is a directory but not an asv results directory: no "
+                                "<machine>/machine.json inside (and no machine.json in it)")
+            seen_machines.update(m.name for m in mdirs)
+            mdirs = [m for m in mdirs if not machines or m.name in machines]
+            for m in mdirs:
+                if not list_result_files(m) and len(mdirs) > 1 and not machines:
+                    skipped_empty.append(f"{m} (machine.json only, no results yet)")
+                    continue  # one runner without results must not stop the others' plots
+                out.append(load_asv_machine(m, commit, variant))
         elif path.is_file():
             out.append(load_run_json(path, variant))
         else:
