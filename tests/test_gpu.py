@@ -324,9 +324,10 @@ needs_cudnn = pytest.mark.skipif(not (_is_hopper() and _cudnn_importable()),
 
 @pytest.mark.parametrize("backend", ["cudnn-fp8", "cudnn-bf16"])
 def test_cudnn_unavailable_on_cpu_and_old_gpus(backend):
-    for vendor, arch in (("cpu", "cpu"), ("cuda", "sm_80"), ("rocm", "gfx950")):
-        v = get_backend(backend).availability(_platform(vendor, arch))
-        assert not v and v.reason == f"needs an NVIDIA Hopper (sm_90) or newer GPU; found {vendor} {arch}"
+    for vendor, arch, name, found in (("cpu", "cpu", "", "cpu"), ("cuda", "sm_80", "A100", "A100 (sm_80)"),
+                                      ("rocm", "gfx950", "MI355X", "an AMD GPU (MI355X, gfx950)")):
+        v = get_backend(backend).availability(_platform(vendor, arch, name))
+        assert not v and v.reason == f"needs an NVIDIA Hopper (sm_90) or newer GPU; found {found}"
 
 
 def test_cudnn_reasons_without_frontend_or_with_old_backend(monkeypatch):

@@ -55,6 +55,15 @@ class PlatformInfo:
         """``"cpu"`` or ``"cuda"`` (ROCm included)."""
         return self.device.type
 
+    def describe(self) -> str:
+        """The device in words, for an availability reason: ``cpu``, ``an AMD GPU (name, gfx950)``,
+        ``NVIDIA H200 (sm_90)``."""
+        if self.vendor == "cpu":
+            return "cpu"
+        if self.vendor == "rocm":
+            return f"an AMD GPU ({self.name}, {self.arch})"
+        return f"{self.name} ({self.arch})"
+
 
 def vendor_of_build() -> str:
     """``"rocm"`` if this torch is a HIP build, ``"cuda"`` if a CUDA build, else ``"cpu"``."""

@@ -114,7 +114,7 @@ class _CudnnBase(Backend):
         arch = str(platform.arch)
         major = int("".join(c for c in arch[3:] if c.isdigit()) or 0) if arch.startswith("sm_") else 0
         if platform.vendor != "cuda" or major < 90:
-            return Verdict.no(f"needs an NVIDIA Hopper (sm_90) or newer GPU; found {platform.vendor} {platform.arch}")
+            return Verdict.no(f"needs an NVIDIA Hopper (sm_90) or newer GPU; found {platform.describe()}")
         try:
             load_cudnn()
         except BackendUnavailable as exc:

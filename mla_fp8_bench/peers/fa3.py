@@ -71,14 +71,6 @@ def _import_module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def _describe(platform: PlatformInfo) -> str:
-    if platform.vendor == "cpu":
-        return "cpu"
-    if platform.vendor == "rocm":
-        return f"an AMD GPU ({platform.name}, {platform.arch})"
-    return f"{platform.name} ({platform.arch})"
-
-
 def load_fa3() -> Any:
     """Import and return ``fa3_fwd_interface`` (cached).
 
@@ -119,7 +111,7 @@ def load_fa3() -> Any:
 def fa3_availability(platform: PlatformInfo) -> Verdict:
     """FA3 runs on NVIDIA Hopper (sm_90) with ``fa3-fwd`` importable; otherwise a precise reason."""
     if platform.vendor != "cuda" or platform.arch != "sm_90":
-        return Verdict.no(f"needs an NVIDIA Hopper (sm_90) GPU; found {_describe(platform)}")
+        return Verdict.no(f"needs an NVIDIA Hopper (sm_90) GPU; found {platform.describe()}")
     try:
         load_fa3()
     except BackendUnavailable as exc:
