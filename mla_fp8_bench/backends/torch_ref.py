@@ -60,29 +60,25 @@ def _prepare_sdpa(inputs: CaseInputs, q: torch.Tensor, k: torch.Tensor, v: torch
                     timing_scope="kernel" if inputs.device.type == "cuda" else "call", lse=lse)
 
 
-class TorchSdpaBf16(Backend):
-    name = "torch-sdpa-bf16"
-    description = "torch SDPA on the bf16 inputs (non-FP8 baseline)"
-    fp8 = False
+class _TorchSdpa(Backend):
     context_chunks = Verdict.yes()
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return Verdict.yes()
+
+
+class TorchSdpaBf16(_TorchSdpa):
+    name = "torch-sdpa-bf16"
+    description = "torch SDPA on the bf16 inputs (non-FP8 baseline)"
+    fp8 = False
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         return _prepare_sdpa(inputs, inputs.q, inputs.k, inputs.v.contiguous())
 
 
-class TorchFp8Ref(Backend):
+class TorchFp8Ref(_TorchSdpa):
     name = "torch-fp8-ref"
     description = "torch SDPA on the dequantised fp8 inputs (input rounding only, no fp8 kernel)"
-    fp8 = True
-    context_chunks = Verdict.yes()
-
-    def availability(self, platform: PlatformInfo) -> Verdict:
-        return Verdict.yes()
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        dt = torch.float32 if inputs.device.type == "cpu" else torch.bfloat16
-        q, k, v = inputs.dequantized(dt)
-        return _prepare_sdpa(inputs, q, k, v)
+        return _prepare_sdpa(inputs, *inputs.dequantized(torch.float32 if inputs.device.type == "cpu" else torch.bfloat16))

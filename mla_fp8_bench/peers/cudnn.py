@@ -40,6 +40,7 @@ import torch
 
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.peers import first_line, load_once, loadable
 from mla_fp8_bench.problem.inputs import CaseInputs
 
 CUDNN_DIST = "nvidia-cudnn-frontend"
@@ -63,27 +64,20 @@ def load_cudnn() -> Any:
     Raises:
         BackendUnavailable: not installed, failing import (quoted), or a backend older than 9.1.0.
     """
-    if "mod" in _cache:
-        if isinstance(_cache["mod"], BackendUnavailable):
-            raise _cache["mod"]
-        return _cache["mod"]
+    return load_once(_cache, "mod", _load)
+
+
+def _load() -> Any:
     try:
         mod = _import_module("cudnn")
         ver = int(mod.backend_version())
     except ModuleNotFoundError:
-        err = BackendUnavailable(f"{CUDNN_DIST} is not installed: {INSTALL_HINT}")
+        raise BackendUnavailable(f"{CUDNN_DIST} is not installed: {INSTALL_HINT}") from None
     except Exception as exc:  # noqa: BLE001 - any failing import is "unavailable", with the reason
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        err = BackendUnavailable(f"{CUDNN_DIST} is installed but importing it failed ({type(exc).__name__}: {first})")
-    else:
-        if ver < MIN_BACKEND or ver in BAD_BACKENDS:
-            err = BackendUnavailable(f"cuDNN backend {ver} has no FP8 SDPA forward on Hopper: needs >= 9.1.0, "
-                                     f"not 9.10.0")
-        else:
-            _cache["mod"] = mod
-            return mod
-    _cache["mod"] = err
-    raise err
+        raise BackendUnavailable(f"{CUDNN_DIST} is installed but importing it failed ({first_line(exc)})") from None
+    if ver < MIN_BACKEND or ver in BAD_BACKENDS:
+        raise BackendUnavailable(f"cuDNN backend {ver} has no FP8 SDPA forward on Hopper: needs >= 9.1.0, not 9.10.0")
+    return mod
 
 
 def _backend_version() -> int | None:
@@ -115,11 +109,7 @@ class _CudnnBase(Backend):
         major = int("".join(c for c in arch[3:] if c.isdigit()) or 0) if arch.startswith("sm_") else 0
         if platform.vendor != "cuda" or major < 90:
             return Verdict.no(f"needs an NVIDIA Hopper (sm_90) or newer GPU; found {platform.describe()}")
-        try:
-            load_cudnn()
-        except BackendUnavailable as exc:
-            return Verdict.no(str(exc))
-        return Verdict.yes()
+        return loadable(load_cudnn)
 
     def _tensors(self, inputs: CaseInputs):
         raise NotImplementedError
@@ -179,11 +169,7 @@ class _CudnnBase(Backend):
             dims, strides = _bshd(x, batch, s)
             t = graph.tensor(name=name, dim=dims, stride=strides, data_type=io)
             if ragged:
-                off = (cu * x.shape[1] * x.shape[2]).to(device=dev).reshape(-1, 1, 1, 1).contiguous()
-                ot = graph.tensor(name=f"off_{name}", dim=list(off.shape), stride=[1, 1, 1, 1],
-                                  data_type=cudnn.data_type.INT64)
-                t.set_ragged_offset(ot)
-                pack[ot] = off
+                _ragged_offset(graph, cudnn, pack, t, name, cu, x)
             pack[t] = x
             tensors.append(t)
         mask_kw: dict[str, Any] = {}
@@ -204,10 +190,7 @@ class _CudnnBase(Backend):
         o_t.set_output(True).set_dim(dims).set_stride(strides)
         o_t.set_data_type(cudnn.data_type.FP8_E4M3 if state["fp8_out"] else cudnn.data_type.BFLOAT16)
         if ragged:
-            off = (cu_q * out.shape[1] * out.shape[2]).to(device=dev).reshape(-1, 1, 1, 1).contiguous()
-            ot = graph.tensor(name="off_o", dim=list(off.shape), stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
-            o_t.set_ragged_offset(ot)
-            pack[ot] = off
+            _ragged_offset(graph, cudnn, pack, o_t, "o", cu_q, out)
         pack[o_t] = out
         graph.validate()
         graph.build_operation_graph()
@@ -215,6 +198,22 @@ class _CudnnBase(Backend):
         graph.check_support()
         graph.build_plans()
         return graph, out
+
+
+def _ragged_offset(graph, cudnn, pack: dict, t, name: str, cu: torch.Tensor, x: torch.Tensor) -> None:
+    """Give graph tensor ``t`` over packed ``x`` ``[T, H, D]`` the int64 element offsets ``cu * H * D``."""
+    off = (cu * x.shape[1] * x.shape[2]).to(device=x.device).reshape(-1, 1, 1, 1).contiguous()
+    ot = graph.tensor(name=f"off_{name}", dim=list(off.shape), stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
+    t.set_ragged_offset(ot)
+    pack[ot] = off
+
+
+def _inference(node, *args, **kw):
+    """``node(*args, generate_stats=False, **kw)``; frontends before ``generate_stats`` take ``is_inference``."""
+    try:
+        return node(*args, generate_stats=False, **kw)
+    except TypeError:
+        return node(*args, is_inference=True, **kw)
 
 
 def _scalar(graph, cudnn, pack: dict, name: str, value: torch.Tensor):
@@ -246,12 +245,8 @@ class CudnnFp8(_CudnnBase):
         sc = [_scalar(graph, cudnn, pack, n, x) for n, x in (
             ("descale_q", inputs.q8.descale.to(dev)), ("descale_k", inputs.k8.descale.to(dev)), ("descale_v", dv),
             ("descale_s", one / E4M3_MAX), ("scale_s", one * E4M3_MAX), ("scale_o", 1.0 / dv))]
-        try:
-            o, _stats, amax_s, amax_o = graph.sdpa_fp8(tq, tk, tv, *sc, name="sdpa_fp8", generate_stats=False,
-                                                        attn_scale=float(inputs.softmax_scale), **mask_kw)
-        except TypeError:  # frontends before generate_stats
-            o, _stats, amax_s, amax_o = graph.sdpa_fp8(tq, tk, tv, *sc, name="sdpa_fp8", is_inference=True,
-                                                        attn_scale=float(inputs.softmax_scale), **mask_kw)
+        o, _stats, amax_s, amax_o = _inference(graph.sdpa_fp8, tq, tk, tv, *sc, name="sdpa_fp8",
+                                               attn_scale=float(inputs.softmax_scale), **mask_kw)
         for a in (amax_s, amax_o):
             a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
             pack[a] = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
@@ -276,10 +271,5 @@ class CudnnBf16(_CudnnBase):
         return tuple(x.to(torch.bfloat16).contiguous() for x in (inputs.q, inputs.k, inputs.v))
 
     def _node(self, cudnn, graph, tq, tk, tv, mask_kw, inputs, state):
-        try:
-            o, _stats = graph.sdpa(tq, tk, tv, name="sdpa", generate_stats=False,
-                                   attn_scale=float(inputs.softmax_scale), **mask_kw)
-        except TypeError:
-            o, _stats = graph.sdpa(tq, tk, tv, name="sdpa", is_inference=True,
-                                   attn_scale=float(inputs.softmax_scale), **mask_kw)
+        o, _stats = _inference(graph.sdpa, tq, tk, tv, name="sdpa", attn_scale=float(inputs.softmax_scale), **mask_kw)
         return o

@@ -48,6 +48,7 @@ import torch
 from mla_fp8_bench.aiter_ps.facts import dist_version
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.peers import first_line, load_once, loadable
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
 
@@ -78,33 +79,23 @@ def load_fa3() -> Any:
         BackendUnavailable: the wheel is not installed, or importing it failed (the reason says which,
             e.g. a CUDA runtime mismatch: the 0.0.3 wheel links ``libcudart.so.13``).
     """
-    if FA3_MODULE in _module_cache:
-        mod = _module_cache[FA3_MODULE]
-        if isinstance(mod, BackendUnavailable):
-            raise mod
-        return mod
+    return load_once(_module_cache, FA3_MODULE, _load)
+
+
+def _load() -> Any:
     try:
         spec = _find_spec(FA3_MODULE)
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        err = BackendUnavailable(f"{FA3_DIST} is not installed: {INSTALL_HINT}")
-        _module_cache[FA3_MODULE] = err
-        raise err
+        raise BackendUnavailable(f"{FA3_DIST} is not installed: {INSTALL_HINT}")
     try:
         mod = _import_module(FA3_MODULE)
     except Exception as exc:  # noqa: BLE001 - any import failure (missing .so, ABI) is "unavailable"
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        err = BackendUnavailable(f"{FA3_DIST} is installed but `import {FA3_MODULE}` failed "
-                                 f"({type(exc).__name__}: {first}); it needs torch with CUDA 13 "
-                                 f"(libcudart.so.13); reinstall with {INSTALL_HINT}")
-        _module_cache[FA3_MODULE] = err
-        raise err from None
+        raise BackendUnavailable(f"{FA3_DIST} is installed but `import {FA3_MODULE}` failed ({first_line(exc)}); "
+                                 f"it needs torch with CUDA 13 (libcudart.so.13); reinstall with {INSTALL_HINT}") from None
     if not hasattr(mod, "flash_attn_varlen_func"):
-        err = BackendUnavailable(f"{FA3_MODULE} has no flash_attn_varlen_func: expected {FA3_PIN}")
-        _module_cache[FA3_MODULE] = err
-        raise err
-    _module_cache[FA3_MODULE] = mod
+        raise BackendUnavailable(f"{FA3_MODULE} has no flash_attn_varlen_func: expected {FA3_PIN}")
     return mod
 
 
@@ -112,11 +103,7 @@ def fa3_availability(platform: PlatformInfo) -> Verdict:
     """FA3 runs on NVIDIA Hopper (sm_90) with ``fa3-fwd`` importable; otherwise a precise reason."""
     if platform.vendor != "cuda" or platform.arch != "sm_90":
         return Verdict.no(f"needs an NVIDIA Hopper (sm_90) GPU; found {platform.describe()}")
-    try:
-        load_fa3()
-    except BackendUnavailable as exc:
-        return Verdict.no(str(exc))
-    return Verdict.yes()
+    return loadable(load_fa3)
 
 
 def split_out_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -220,14 +207,10 @@ class Fa3Fp8(_Fa3Base):
     def _tensors(self, inputs: CaseInputs):
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"FA3 FP8 takes float8_e4m3fn only, not {inputs.fp8_dtype}")
-        q = _last_dim_contiguous(inputs.q8.data)
-        k = _last_dim_contiguous(inputs.k8.data)
-        v = _last_dim_contiguous(inputs.v8.data)
-        b = int(inputs.cu_seqlens_q_cpu.numel()) - 1
-        hk = int(k.shape[1])
-        kw = {"q_descale": expand_descale(inputs.q8.descale.to(inputs.device), b, hk),
-              "k_descale": expand_descale(inputs.k8.descale.to(inputs.device), b, hk),
-              "v_descale": expand_descale(inputs.v8.descale.to(inputs.device), b, hk)}
+        q, k, v = (_last_dim_contiguous(x.data) for x in (inputs.q8, inputs.k8, inputs.v8))
+        b, hk = int(inputs.cu_seqlens_q_cpu.numel()) - 1, int(k.shape[1])
+        kw = {f"{n}_descale": expand_descale(x.descale.to(inputs.device), b, hk)
+              for n, x in (("q", inputs.q8), ("k", inputs.k8), ("v", inputs.v8))}
         return q, k, v, kw
 
 
@@ -240,7 +223,5 @@ class Fa3Bf16(_Fa3Base):
     use_fp8 = False
 
     def _tensors(self, inputs: CaseInputs):
-        q = _last_dim_contiguous(inputs.q.to(torch.bfloat16))
-        k = _last_dim_contiguous(inputs.k.to(torch.bfloat16))
-        v = _last_dim_contiguous(inputs.v.to(torch.bfloat16))
+        q, k, v = (_last_dim_contiguous(x.to(torch.bfloat16)) for x in (inputs.q, inputs.k, inputs.v))
         return q, k, v, {}
