@@ -8,6 +8,7 @@ out-of-memory becomes a ``skipped`` record saying so. Each backend's ``cleanup``
 from __future__ import annotations
 
 import gc
+import functools
 import math
 import traceback
 from collections.abc import Callable, Iterable
@@ -135,20 +136,14 @@ class CaseData:
         self.case = case
         self.inputs: CaseInputs = make_inputs(case, pinfo.device, pinfo.fp8_dtype)
         self._ref_dtype = ref_dtype
-        self._fp8_ref: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._bf16_ref: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    @property
+    @functools.cached_property
     def fp8_ref(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._fp8_ref is None:
-            self._fp8_ref = reference_fp8_dequant(self.inputs, self._ref_dtype)
-        return self._fp8_ref
+        return reference_fp8_dequant(self.inputs, self._ref_dtype)
 
-    @property
+    @functools.cached_property
     def bf16_ref(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._bf16_ref is None:
-            self._bf16_ref = reference_bf16(self.inputs, self._ref_dtype)
-        return self._bf16_ref
+        return reference_bf16(self.inputs, self._ref_dtype)
 
 
 def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunOptions) -> None:
@@ -156,12 +151,8 @@ def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunO
     tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
                          samples=opts.samples, time_budget_s=opts.time_budget_s,
                          **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
-    v["latency_s"] = tr.median_s
-    v["latency_samples_s"] = tr.samples_s
-    v["latency_iqr_s"] = tr.iqr_s
-    v["latency_cv"] = tr.cv
-    v["latency_method"] = tr.method
-    v["launches_per_sample"] = tr.launches_per_sample
+    v.update(latency_s=tr.median_s, latency_samples_s=tr.samples_s, latency_iqr_s=tr.iqr_s, latency_cv=tr.cv,
+             latency_method=tr.method, launches_per_sample=tr.launches_per_sample)
     if tr.note:
         v["latency_note"] = tr.note
     v.update(clock_fields(tr))

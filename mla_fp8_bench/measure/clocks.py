@@ -18,19 +18,17 @@ Both imports are optional: without the library (or on the CPU) :class:`ClockRead
 and every reading is ``None`` with the reason recorded; that is never an error. Nothing here changes
 clocks, power limits or any other device setting: the suite measures the card as it finds it.
 
-Clock event reason bits (NVML ``nvmlClocksEventReason*``, values from ``nvml.h``):
-``0x1`` GPU idle, ``0x2`` applications clocks setting (also set while clocks are locked with
-``nvidia-smi -lgc``), ``0x4`` SW power cap, ``0x8`` HW slowdown, ``0x10`` sync boost,
-``0x20`` SW thermal slowdown, ``0x40`` HW thermal slowdown, ``0x80`` HW power brake,
-``0x100`` display clock setting. The SW power cap is the normal state of a busy H200 (it is what
-holds the sustained-load clock below the boost clock); thermal and hardware slowdowns are not, and
-mark a sample as *throttled*.
+Clock event reason bits: :data:`NVML_REASONS` (values from ``nvml.h``). The SW power cap is the normal
+state of a busy H200 (it holds the sustained-load clock below boost); the bits in :data:`THROTTLE_MASK`
+are not, and mark a sample as *throttled*.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: NVML clock event reasons (nvml.h), bit -> short name.
@@ -78,8 +76,7 @@ class ClockReading:
         return bool(self.reasons and self.reasons & THROTTLE_MASK)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"sm_mhz": self.sm_mhz, "mem_mhz": self.mem_mhz, "temp_c": self.temp_c, "power_w": self.power_w,
-                "reasons": self.reasons}
+        return asdict(self)
 
 
 @dataclass
@@ -256,22 +253,18 @@ def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_R
     """
     rs = [r or ClockReading() for r in readings]
     sm = [r.sm_mhz for r in rs]
-    known = [x for x in sm if x is not None]
-    med = statistics.median(known) if known else None
-    seen = 0
-    for r in rs:
-        seen |= r.reasons or 0
 
     def med_of(vals):
         v = [x for x in vals if x is not None]
         return statistics.median(v) if v else None
 
+    med = med_of(sm)
     return {"sm_mhz": sm, "temp_c": [r.temp_c for r in rs], "power_w": [r.power_w for r in rs],
             "sm_mhz_median": med, "temp_c_median": med_of([r.temp_c for r in rs]),
             "power_w_median": med_of([r.power_w for r in rs]),
             "throttled": [i for i, r in enumerate(rs) if r.throttled],
             "off_plateau": [i for i, x in enumerate(sm) if x is not None and med and abs(x - med) > rel * med],
-            "reasons": reason_names(seen)}
+            "reasons": reason_names(functools.reduce(operator.or_, (r.reasons or 0 for r in rs), 0))}
 
 
 def plateau_reached(history: list[float | None], window: int = 3, tol_mhz: float = 15.0) -> bool:
