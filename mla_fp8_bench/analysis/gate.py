@@ -43,8 +43,10 @@ Skips are listed; benchmark version changes (asv ``version``) are listed as not 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,9 +58,12 @@ from mla_fp8_bench.harness.results import (
     AsvResult,
     ResultsError,
     RunDoc,
+    asv_result_from_data,
     find_result,
     is_cpu_machine,
+    list_result_files,
     load_any,
+    run_doc_from_data,
 )
 from mla_fp8_bench.measure import metric_table
 from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, find, record_is_emulation
@@ -109,17 +114,15 @@ class Measure:
     rounds: list[float] | None = None
 
     def center(self) -> float | None:
-        if self.rounds and len(self.rounds) >= 2:
-            return float(np.median(self.rounds))
-        if self.samples:
-            return float(np.median(self.samples))
-        return self.value
+        """Median of the rounds (two or more), else of the samples, else the stored value."""
+        xs = self.rounds if self.rounds and len(self.rounds) >= 2 else self.samples
+        return float(np.median(xs)) if xs else self.value
 
     def round_spread(self) -> float | None:
         """(max - min) / median of the rounds; None with fewer than two rounds."""
         if not self.rounds or len(self.rounds) < 2:
             return None
-        med = float(np.median(self.rounds))
+        med = self.center()
         return (max(self.rounds) - min(self.rounds)) / med if med > 0 else None
 
 
@@ -173,15 +176,19 @@ def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
     return "kernel"
 
 
+def _parsed(doc: Any, label: str, convert) -> Any:
+    """``doc`` itself, or ``convert(doc, label)`` of a parsed JSON document (ResultsError -> GateUsageError)."""
+    if not isinstance(doc, dict):
+        return doc
+    try:
+        return convert(doc, label)
+    except ResultsError as exc:
+        raise GateUsageError(f"{label}: {exc}") from None
+
+
 def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
     """A side from ``mla-fp8-bench run --json`` output (a :class:`RunDoc` or the parsed document)."""
-    if isinstance(doc, dict):
-        from mla_fp8_bench.harness.results import run_doc_from_data
-
-        try:
-            doc = run_doc_from_data(doc, label)
-        except ResultsError as exc:
-            raise GateUsageError(f"{label}: {exc}") from None
+    doc = _parsed(doc, label, run_doc_from_data)
     env = doc.env
     vendor = str(env.get("vendor") or "").lower()
     side = Side(label, machine={"machine": None,
@@ -219,8 +226,6 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
 
 
 def _iso_time(text: Any) -> tuple[str, float] | None:
-    import datetime as _dt
-
     try:
         return ("measured", _dt.datetime.fromisoformat(str(text)).timestamp()) if text else None
     except ValueError:
@@ -240,13 +245,7 @@ def _ambiguous(side: Side, b: str, c: str, recs: list[dict[str, Any]]) -> None:
 
 def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
     """A side from an asv result file (an :class:`AsvResult` or the parsed document)."""
-    if isinstance(res, dict):
-        from mla_fp8_bench.harness.results import asv_result_from_data
-
-        try:
-            res = asv_result_from_data(res, label)
-        except ResultsError as exc:
-            raise GateUsageError(f"{label}: {exc}") from None
+    res = _parsed(res, label, asv_result_from_data)
     gpu = res.params.get("gpu")
     cpu = is_cpu_machine(res.params)
     side = Side(label, machine={"machine": res.machine, "gpu": gpu if isinstance(gpu, str) else None},
@@ -613,8 +612,6 @@ def history_spreads(machine_dir: str, exclude: tuple[str, ...] = (), least: int 
     Returns:
         ``{(backend, case, metric): spread}``.
     """
-    from mla_fp8_bench.harness.results import list_result_files
-
     skip = {os.path.realpath(x) for x in exclude}
     vals: dict[tuple[str, str, str], dict[str | None, list[float]]] = {}
     newest: dict[tuple[str, str, str], str | None] = {}
@@ -770,7 +767,8 @@ def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_facto
     rows += lost_params(base, head)
     if not any(r.compared for r in rows):
         why = ("BASE holds no results" if not base.params else "HEAD holds no results" if not head.params else
-               f"no (backend, case, metric) value is on both sides and comparable ({_why_nothing(rows)})")
+               "no (backend, case, metric) value is on both sides and comparable "
+               f"({_verdict_counts(rows) or 'no rows'})")
         rows.append(Row("*", "*", "-", "-", f"{len(base.data)} value(s)", f"{len(head.data)} value(s)", None,
                         "NOTHING COMPARED", why))
     return rows
@@ -781,19 +779,14 @@ def compared_count(rows: list[Row]) -> int:
     return sum(r.compared for r in rows)
 
 
-def _why_nothing(rows: list[Row]) -> str:
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.verdict] = counts.get(r.verdict, 0) + 1
-    return ", ".join(f"{v} {n}" for v, n in sorted(counts.items())) or "no rows"
+def _verdict_counts(rows: list[Row]) -> str:
+    return ", ".join(f"{v} {n}" for v, n in sorted(Counter(r.verdict for r in rows).items()))
 
 
 def side_notes(base: Side, head: Side) -> list[str]:
     """Facts about the two sides a reader must know: BASE measured after HEAD (swapped arguments?)."""
     out = []
     if base.when and head.when and base.when[1] > head.when[1]:
-        import datetime as _dt
-
         def iso(t: float) -> str:
             return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -867,11 +860,7 @@ def render_text(rows: list[Row], title: str, console, *, show_all: bool = False)
         kinds = sorted({r.detail.split(":")[0] for r in info})
         console.print(f"informational, never gating: {len(info)} row(s) ({'; '.join(kinds)})", highlight=False,
                       soft_wrap=True)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.verdict] = counts.get(r.verdict, 0) + 1
-    console.print("compared (backend, case, metric) rows: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())),
-                  highlight=False)
+    console.print("compared (backend, case, metric) rows: " + _verdict_counts(rows), highlight=False)
 
 
 #: Rows per markdown table: a GitHub comment holds at most 65,536 characters.

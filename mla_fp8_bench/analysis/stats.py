@@ -16,25 +16,19 @@ import numpy as np
 def _exact_mwu_upper(u: float, n1: int, n2: int) -> float:
     """P(U >= u) under H0 for sample sizes n1 (HEAD) and n2 (BASE), no ties (exact enumeration).
 
-    Counts rank arrangements per U value by dynamic programming over (i HEAD, j BASE samples placed):
-    the largest remaining element is either a HEAD sample (it beats all j BASE samples, U += j) or a
-    BASE sample.
+    ``row[j][k]``: rank arrangements of i HEAD and j BASE samples with U = k, built up over i: the
+    largest element is either a HEAD sample (it beats all j BASE samples, U += j) or a BASE sample.
     """
-    maxu = n1 * n2
-    dp: list[list[np.ndarray | None]] = [[None] * (n2 + 1) for _ in range(n1 + 1)]
-    dp[0][0] = np.zeros(maxu + 1, dtype=np.float64)
-    dp[0][0][0] = 1.0
-    for i in range(n1 + 1):
-        for j in range(n2 + 1):
-            if i == 0 and j == 0:
-                continue
-            acc = np.zeros(maxu + 1, dtype=np.float64)
-            if i > 0 and dp[i - 1][j] is not None:
-                acc[j:] += dp[i - 1][j][: maxu + 1 - j]
-            if j > 0 and dp[i][j - 1] is not None:
-                acc += dp[i][j - 1]
-            dp[i][j] = acc
-    counts = dp[n1][n2]
+    size = n1 * n2 + 1
+    row = [np.eye(1, size)[0] for _ in range(n2 + 1)]  # i = 0: U = 0 for every j
+    for _ in range(n1):
+        new: list[np.ndarray] = []
+        for j, prev in enumerate(row):
+            acc = np.zeros(size)
+            acc[j:] = prev[:size - j]
+            new.append(acc + new[j - 1] if j else acc)
+        row = new
+    counts = row[n2]
     k = int(math.ceil(u - 1e-9))
     return float(counts[k:].sum() / counts.sum())
 

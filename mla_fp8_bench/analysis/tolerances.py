@@ -189,19 +189,18 @@ class Violation:
                 f"({self.ratio:.2f}x, {self.how})")
 
 
+def _measured(record: dict[str, Any], tol: Tolerances) -> tuple[list[Violation], str]:
+    """(a Violation-shaped entry per calibrated metric the record holds, how the tolerances were found)."""
+    b, c = str(record.get("backend")), str(record.get("case"))
+    t, how = tol.lookup(b, tolerance_key(record))
+    return [Violation(b, c, m, float(record[m]), lim, how) for m, lim in (t or {}).items()
+            if record.get(m) is not None], how
+
+
 def ratios(record: dict[str, Any], tol: Tolerances) -> tuple[dict[str, float], str]:
     """value/tolerance per calibrated metric present in the record, and how the tolerances were found."""
-    t, how = tol.lookup(str(record.get("backend")), tolerance_key(record))
-    if t is None:
-        return {}, how
-    out = {}
-    for m, lim in t.items():
-        v = record.get(m)
-        if v is None:
-            continue
-        v = float(v)
-        out[m] = math.inf if not math.isfinite(v) else (v / lim if lim > 0 else (math.inf if v > 0 else 0.0))
-    return out, how
+    vals, how = _measured(record, tol)
+    return {v.metric: v.ratio if math.isfinite(v.value) else math.inf for v in vals}, how
 
 
 def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
@@ -224,14 +223,4 @@ def check(record: dict[str, Any], tolerances: Tolerances) -> list[Violation]:
         if v is not None and float(v) != 0:
             out.append(Violation(b, c, "nonfinite", float(v), 0.0, "nonfinite",
                                  f"{m} = {int(v)}: non-finite elements (must be 0)"))
-    t, how = tolerances.lookup(b, tolerance_key(record))
-    if t is None:
-        return out
-    for m, lim in t.items():
-        v = record.get(m)
-        if v is None:
-            continue
-        v = float(v)
-        if not math.isfinite(v) or v > lim:
-            out.append(Violation(b, c, m, v, lim, how))
-    return out
+    return out + [v for v in _measured(record, tolerances)[0] if not math.isfinite(v.value) or v.value > v.tolerance]
