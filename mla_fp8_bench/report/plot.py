@@ -50,7 +50,8 @@ class PlotError(ValueError):
 
 @dataclass
 class Point:
-    """One (backend, case) measurement placed on the seq_len axis."""
+    """One (backend, case) measurement placed on the seq_len axis: latencies in seconds (median, IQR),
+    max-abs errors in output units against the fp8 / bf16 reference, throughput in TFLOP/s."""
 
     backend: str
     case: str

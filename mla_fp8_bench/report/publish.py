@@ -209,6 +209,11 @@ def drop_host_time_regressions(site: Path) -> int:
     return len(dropped)
 
 
+def _loads(m: re.Match) -> bool:
+    """A remote tag matched by ``_TAG_RE`` that loads something: a script or a stylesheet link."""
+    return m.group(1).lower() == "script" or bool(re.search(r"\brel=[\"']?stylesheet", m.group(0), re.I))
+
+
 def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
     """Point every remote ``<script src>`` / ``<link href>`` of the site's pages at a local copy under
     ``_assets/``; keep ``integrity`` where the copy matches it. Returns one entry per replaced tag.
@@ -228,7 +233,7 @@ def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
             tag, url = m.group(0), m.group(3)
             asset = next((a for a in ASSETS if re.search(a.url_tail, url)), None)
             if asset is None:
-                if m.group(1).lower() == "link" and not re.search(r"\brel=[\"']?stylesheet", tag, re.I):
+                if not _loads(m):
                     return tag  # a plain link (e.g. rel=canonical) loads nothing
                 raise PublishError(f"{page.name} loads {url} and no local copy is pinned for it: "
                                    "asv changed what its pages load (extend ASSETS in report/publish.py)")
@@ -259,10 +264,8 @@ def remote_references(site: Path) -> list[str]:
     out = []
     for f in sorted(site.rglob("*")):
         if f.suffix == ".html":
-            for m in _TAG_RE.finditer(f.read_text(errors="replace")):
-                tag = m.group(0)
-                if m.group(1).lower() == "script" or re.search(r"\brel=[\"']?stylesheet", tag, re.I):
-                    out.append(f"{f.relative_to(site)}: {m.group(3)}")
+            out += [f"{f.relative_to(site)}: {m.group(3)}" for m in _TAG_RE.finditer(f.read_text(errors="replace"))
+                    if _loads(m)]
         elif f.suffix == ".css":
             out += [f"{f.relative_to(site)}: {u}" for u in _CSS_REMOTE_RE.findall(f.read_text(errors="replace"))]
     return out
