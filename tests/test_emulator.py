@@ -17,18 +17,21 @@ import pytest
 import torch
 
 from mla_fp8_bench.aiter_ps.emulator import (
-    ALL_FAULTS,
-    FAULT_DESCRIPTIONS,
-    KERNEL_FAULTS,
-    REDUCE_FAULTS,
     emulate_mla_prefill_ps_asm_fwd,
     emulate_mla_reduce_v1,
-    normalize_faults,
     run_emulated_prefill,
 )
 from mla_fp8_bench.aiter_ps.facts import reduce_arity_for_version, reduce_heads_for
 from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
+from mla_fp8_bench.testing.emulator_faults import (
+    ALL_FAULTS,
+    FAULT_DESCRIPTIONS,
+    KERNEL_FAULTS,
+    REDUCE_FAULTS,
+    FaultyEmulator,
+    normalize_faults,
+)
 
 SM_SCALE = 1.0 / math.sqrt(192)
 FP8 = torch.float8_e4m3fn
@@ -98,10 +101,10 @@ def _ref64(d, causal=True):
     return torch.cat(outs), torch.cat(lses)
 
 
-def _run(d, cu_num, **kw):
-    return run_emulated_prefill(
-        d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"], softmax_scale=SM_SCALE, cu_num=cu_num, **kw
-    )
+def _run(d, cu_num, faults=None, **kw):
+    run = run_emulated_prefill if faults is None else FaultyEmulator(faults).run_prefill
+    return run(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"], softmax_scale=SM_SCALE, cu_num=cu_num,
+               **kw)
 
 
 def _plan(d, cu_num, causal=True, post_3606=False):
@@ -123,12 +126,13 @@ def _run_direct(d, cu_num, causal=True, faults=None, post_3606=False):
     lse = torch.full((T, H), float("nan"))
     sd = torch.full((plan.partial_rows, H, 128), float("nan"))
     sl = torch.full((plan.partial_rows, H), float("nan"))
-    emulate_mla_prefill_ps_asm_fwd(
+    em = FaultyEmulator(faults)
+    em.mla_prefill_ps_asm_fwd(
         d["q8"], d["k8"], d["v8"], d["cu"], d["cu_kv"], torch.arange(P, dtype=torch.int32), plan.work_indptr,
-        plan.work_info, 0, SM_SCALE, causal, sd, sl, out, d["qs"], d["ks"], d["vs"], faults=faults,
+        plan.work_info, 0, SM_SCALE, causal, sd, sl, out, d["qs"], d["ks"], d["vs"],
     )  # fmt: skip
-    emulate_mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
-                          faults=faults, post_3606=post_3606)
+    em.mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
+                     post_3606=post_3606)
     return out, lse, plan
 
 
@@ -544,7 +548,7 @@ def test_fault_sets_and_unknown_fault():
     with pytest.raises(ValueError, match=r"unknown fault.*'p_fp8_unsaturated'.*allowed.*drop_v_descale"):
         _run(d, cu_num=4, faults={"p_fp8_unsaturated"})
     with pytest.raises(ValueError, match="unknown fault"):
-        make_standin_aiter(faults={"nope"})
+        make_standin_aiter(emulator=FaultyEmulator({"nope"}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -605,7 +609,8 @@ def _standin_pipeline(aiter, d, variant, causal=True):
 def test_standin_pipeline_equals_run_emulated_prefill_bit_exactly(variant, faults, version):
     """Every reduce signature variant, both AITER revisions (the variant overrides the version's form)."""
     d = _inputs([255, 1, 300], H=2, seed=19)
-    aiter = make_standin_aiter(reduce_variant=variant, cu_num=16, faults=faults, aiter_version=version)
+    aiter = make_standin_aiter(reduce_variant=variant, cu_num=16, emulator=FaultyEmulator(faults),
+                               aiter_version=version)
     out, lse, _, _ = _standin_pipeline(aiter, d, variant)
     ref_o, ref_l = _run(d, cu_num=16, faults=faults, return_lse=True, post_3606=version >= (0, 1, 22))
     assert bool(torch.isfinite(lse).all()) == (version >= (0, 1, 22) and not faults)  # #3606: LSE on every row

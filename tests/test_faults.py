@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_fp8_bench.aiter_ps.emulator import ALL_FAULTS
 from mla_fp8_bench.analysis.calibrate import MIN_SEEDS, check, load_tolerances
+from mla_fp8_bench.testing.emulator_faults import ALL_FAULTS
 from mla_fp8_bench.testing.faults import (
     INPUT_FAULTS,
     PREFIX_FAULT_CASES,

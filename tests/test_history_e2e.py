@@ -49,11 +49,12 @@ INIT = '''"""A fake AITER (test library): the four PS prefill primitives over ml
 import time as _time
 
 from mla_fp8_bench.aiter_ps.standin import make_standin_aiter as _make
+from mla_fp8_bench.testing.emulator_faults import FaultyEmulator as _Faulty
 
 from aiter._settings import FAULTS, SLEEP_S
 
 __version__ = "0.1.20"
-_m = _make(faults=FAULTS or None, cu_num=256, aiter_version=(0, 1, 20))
+_m = _make(emulator=_Faulty(FAULTS), cu_num=256, aiter_version=(0, 1, 20))
 get_ps_metadata_info_v1 = _m.get_ps_metadata_info_v1
 get_ps_metadata_v1 = _m.get_ps_metadata_v1
 mla_reduce_v1 = _m.mla_reduce_v1

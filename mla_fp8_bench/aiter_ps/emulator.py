@@ -32,14 +32,14 @@ Arithmetic model (choices where the hardware is not observable):
 The same code runs on CPU and CUDA tensors (all work stays on the input device; the metadata is read
 to the host once). Results on different devices may differ in the last ulp of exp2/log2 only.
 
-Injectable faults (``faults=``) are named bugs used to prove that the suite's accuracy checks catch
-regressions; see :data:`FAULT_DESCRIPTIONS`.
+The arithmetic steps that a kernel or reduce bug would change (softmax constants, key limit, causal
+row limits, partial LSE, destination heads, the groups reduced, the merge) are methods of
+:class:`Emulator`; :data:`EMULATOR` is the faithful one and the module functions are its methods.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -47,12 +47,9 @@ import torch
 from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpack_q_head_range
 
 __all__ = [
-    "KERNEL_FAULTS",
-    "REDUCE_FAULTS",
-    "ALL_FAULTS",
-    "FAULT_DESCRIPTIONS",
     "KERNEL_OBJECTS",
-    "normalize_faults",
+    "Emulator",
+    "EMULATOR",
     "emulate_mla_prefill_ps_asm_fwd",
     "emulate_mla_reduce_v1",
     "plan_emulated",
@@ -66,70 +63,6 @@ KERNEL_OBJECTS = (
 )
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
-
-#: Every fault class, with what it breaks. Kernel faults act in :func:`emulate_mla_prefill_ps_asm_fwd`,
-#: reduce faults in :func:`emulate_mla_reduce_v1`; each function ignores the other stage's names.
-FAULT_DESCRIPTIONS: dict[str, str] = {
-    "drop_v_descale": "kernel: v_scale ignored in the epilogue (inv = 1/l instead of v_scale/l)",
-    "double_qk_descale": "kernel: q_scale*k_scale applied twice in c = softmax_scale*q_scale*k_scale",
-    "no_causal_mask": "kernel: causal mask not applied (row limit = end of the work's KV range)",
-    "top_left_causal": (
-        "kernel: causal mask aligned top-left (key j <= i) instead of bottom-right "
-        "(j <= kv_len - q_len + i); identical whenever q_len == kv_len"
-    ),
-    "lse_base2_mix": "kernel: split LSE written in base 2 (m*c2 + log2 l) while the reduce assumes natural log",
-    "kv_tile_off_by_one": "kernel: the last KV tile of every work drops its last key (limit k1 - 1)",
-    "head_swap": "kernel: heads 0 and 1 swap their output/partial slots (no effect when H == 1)",
-    "lse_no_max_subtraction": (
-        "reduce: exp() of the raw partial LSEs without subtracting their max "
-        "(overflows to inf for LSE > ~88.7 in fp32)"
-    ),
-    "skip_split_tile": "reduce: the first group the reduce would run is skipped (its rows are never written)",
-}
-#: Faults injected into the kernel emulation.
-KERNEL_FAULTS = frozenset(
-    {
-        "drop_v_descale",
-        "double_qk_descale",
-        "no_causal_mask",
-        "top_left_causal",
-        "lse_base2_mix",
-        "kv_tile_off_by_one",
-        "head_swap",
-    }
-)
-#: Faults injected into the reduce emulation.
-REDUCE_FAULTS = frozenset({"lse_no_max_subtraction", "skip_split_tile"})
-#: All injectable fault names.
-ALL_FAULTS = KERNEL_FAULTS | REDUCE_FAULTS
-assert set(FAULT_DESCRIPTIONS) == set(ALL_FAULTS)
-
-
-def normalize_faults(faults: Iterable[str] | str | None) -> frozenset[str]:
-    """Validate a fault selection.
-
-    Args:
-        faults: ``None`` (healthy), one fault name, or an iterable of names from :data:`ALL_FAULTS`.
-
-    Returns:
-        A frozenset of fault names (empty when healthy).
-
-    Raises:
-        ValueError: a name that is not in :data:`ALL_FAULTS` (the message lists the allowed names), or
-            a non-string entry.
-    """
-    if faults is None:
-        return frozenset()
-    if isinstance(faults, str):
-        faults = (faults,)
-    out = frozenset(faults)
-    bad = sorted(repr(f) for f in out if not isinstance(f, str) or f not in ALL_FAULTS)
-    if bad:
-        raise ValueError(
-            f"unknown fault name(s) {', '.join(bad)}: allowed {', '.join(sorted(ALL_FAULTS))}"
-        )
-    return out
-
 
 # ----------------------------------------------------------------------------------------------
 # helpers
@@ -156,13 +89,12 @@ def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class _SoftmaxConsts:
+class SoftmaxConsts:
     """Per-call constants of the kernel (docs/aiter-contract.md#kernel, step 1)."""
 
     c: torch.Tensor  # softmax_scale * q_scale * k_scale (natural-log units per raw score)
     c2: torch.Tensor  # c * log2(e) (base-2 units)
-    lse_mul: torch.Tensor  # multiplier of m in the partial LSE (c; c2 under the lse_base2_mix fault)
-    v_scale: torch.Tensor  # epilogue multiplier (1 under the drop_v_descale fault)
+    v_scale: torch.Tensor  # epilogue multiplier
 
 
 @dataclass(frozen=True)
@@ -200,24 +132,6 @@ def _check_kernel_tensors(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, out
     if tuple(output.shape[1:]) != (H, dv):
         raise ValueError(f"output must be [total_q, {H}, {dv}], got {tuple(output.shape)}")
     return total_q, H, num_page, dv
-
-
-def _softmax_consts(softmax_scale: float, q_scale, k_scale, v_scale, fs: frozenset[str],
-                    dev: torch.device) -> _SoftmaxConsts:
-    """``c = softmax_scale*q_scale*k_scale`` and ``c2 = c*log2(e)`` in fp32, with the scale faults."""
-    qs = _scalar_f32(q_scale, "q_scale", dev)
-    ks = _scalar_f32(k_scale, "k_scale", dev)
-    vs = _scalar_f32(v_scale, "v_scale", dev)
-    c = torch.tensor(float(softmax_scale), dtype=torch.float32, device=dev) * qs * ks
-    if "double_qk_descale" in fs:
-        c = c * qs * ks
-    c2 = c * torch.tensor(_LOG2E, dtype=torch.float32, device=dev)
-    return _SoftmaxConsts(
-        c=c,
-        c2=c2,
-        lse_mul=c2 if "lse_base2_mix" in fs else c,
-        v_scale=torch.ones_like(vs) if "drop_v_descale" in fs else vs,
-    )
 
 
 def _indptr_lists(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -303,16 +217,6 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
 # kernel: one work (row limits, online softmax over 128-key tiles, epilogue)
 
 
-def _row_limits(rows: torch.Tensor, q_start: int, q_len: int, kv_len: int, k_lim: int, causal: bool,
-                top_left: bool) -> torch.Tensor:
-    """Exclusive local key limit per row: bottom-right causal ``kv_len - q_len + i + 1`` capped at the
-    work's end ``k_lim``, or ``k_lim`` when not causal (top-left ``i + 1`` under the fault)."""
-    if not causal:
-        return torch.full_like(rows, k_lim)
-    diag = 0 if top_left else kv_len - q_len
-    return torch.clamp(rows - q_start + diag + 1, max=k_lim)
-
-
 def _kv_tile(K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
              pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K/V rows ``[128, nh, D]`` (float64) of global KV positions ``pos``, read through the page
@@ -329,7 +233,7 @@ def _kv_tile(K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Te
 
 def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
                     kv_base: int, k0l: int, k1l: int, lim: torch.Tensor,
-                    cs: _SoftmaxConsts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    cs: SoftmaxConsts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)``.
 
     ``qt`` is ``[nh, nr, Dqk]`` float64 (raw fp8 values). Returns ``(m, l, acc)``: running max of the raw
@@ -359,20 +263,16 @@ def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: t
     return m, l_sum, acc
 
 
-def _epilogue(m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, cs: _SoftmaxConsts,
-              base2_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``O = acc * v_scale/l`` (0 where ``l == 0``) and the partial LSE ``m*c + ln(l)``, with ``ln`` as
-    ``log2(l)/log2(e)`` (-inf where ``l == 0``); base 2 (``m*c2 + log2 l``) under the lse_base2_mix fault."""
+def _epilogue(m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, cs: SoftmaxConsts,
+              em: Emulator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O = acc * v_scale/l`` (0 where ``l == 0``) and the partial LSE (:meth:`Emulator.partial_lse`)."""
     inv = torch.where(l_sum == 0, torch.zeros((), dtype=torch.float32, device=l_sum.device), cs.v_scale / l_sum)
-    o = acc * inv[..., None]
-    log2_l = torch.log2(l_sum)
-    lse = m * cs.lse_mul + (log2_l if base2_lse else log2_l / _LOG2E)
-    return o, lse
+    return acc * inv[..., None], em.partial_lse(m, l_sum, cs)
 
 
 def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-              pages: torch.Tensor, qo: list[int], kvp: list[int], causal: bool, cs: _SoftmaxConsts,
-              fs: frozenset[str], bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+              pages: torch.Tensor, qo: list[int], kvp: list[int], causal: bool, cs: SoftmaxConsts,
+              em: Emulator, bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
     """Compute one (batched-over-heads) work and store it: ``loc == -1`` -> bf16 rows ``[q0, q1)`` of
     ``output`` (no LSE); otherwise all 256 rows of slot ``loc`` in ``splitData``/``splitLse`` (rows past
     ``q1`` are computed from whatever Q rows follow, zeros past the end of Q, as on hardware)."""
@@ -381,15 +281,14 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     hs = torch.tensor(heads, dtype=torch.long, device=dev)
     dst = torch.tensor(dest, dtype=torch.long, device=dev)
     k0l, k1l = w.k0 - kvp[w.b], w.k1 - kvp[w.b]
-    k_lim = k1l - 1 if "kv_tile_off_by_one" in fs else k1l
+    k_lim = em.kv_limit(k1l)
     nrows = (w.q1 - w.q0) if w.loc == -1 else Q_TILE
     rows = torch.arange(w.q0, w.q0 + nrows, device=dev)
     qt = Q[rows.clamp(max=max(total_q - 1, 0))[:, None], hs[None, :]]  # [nr, nh, Dqk] fp8
     qt = torch.where((rows < total_q)[:, None, None], qt.double(), 0.0).permute(1, 0, 2)  # [nh, nr, Dqk]
-    lim = _row_limits(rows, qo[w.b], qo[w.b + 1] - qo[w.b], kvp[w.b + 1] - kvp[w.b], k_lim,
-                      causal and "no_causal_mask" not in fs, "top_left_causal" in fs)
+    lim = em.row_limits(rows, qo[w.b], qo[w.b + 1] - qo[w.b], kvp[w.b + 1] - kvp[w.b], k_lim, causal)
     m, l_sum, acc = _online_softmax(qt, K, V, pages, hs, kvp[w.b], k0l, k1l, lim, cs)
-    o, lse = _epilogue(m, l_sum, acc, cs, "lse_base2_mix" in fs)
+    o, lse = _epilogue(m, l_sum, acc, cs, em)
     if w.loc == -1:
         output[w.q0 : w.q1, dst] = o.permute(1, 0, 2).to(output.dtype)
         return
@@ -398,93 +297,6 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     split_lse[w.loc : w.loc + nfit, dst] = lse[:, :nfit].T.to(split_lse.dtype)
 
 
-def emulate_mla_prefill_ps_asm_fwd(
-    Q: torch.Tensor,
-    K: torch.Tensor,
-    V: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_page_indices: torch.Tensor,
-    work_indptr: torch.Tensor,
-    work_info_set: torch.Tensor,
-    max_seqlen_q: int,
-    softmax_scale: float,
-    is_causal: bool,
-    splitData: torch.Tensor,
-    splitLse: torch.Tensor,
-    output: torch.Tensor,
-    q_scale: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    *,
-    faults: Iterable[str] | str | None = None,
-) -> None:
-    """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes).
-
-    Source: docs/aiter-contract.md#kernel-args, #work-info, #kernel; AITER
-    ``e4048607a535``, kernel objects ``mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``. The kernel is
-    the same before and after ROCm/aiter#3606: the plan decides which works write ``output`` directly
-    (``partial_o_loc == -1``, pre-#3606 unsplit tiles) and which write a partial slot (every work
-    post-#3606).
-
-    For each workgroup ``g`` and each work ``(b, loc, q0, q1, k0, k1, kv_off, heads)`` of
-    ``work_info_set[work_indptr[g]:work_indptr[g+1]]`` in order, and for each 128-key tile of
-    ``[k0, k1)``: ``s = Q8 @ K8^T`` (raw fp8 values, fp32), keys at or past the row limit
-    (bottom-right causal ``kv_len - q_len + i + 1``, capped at the work's end) get ``-inf``; base-2
-    online softmax with ``c = softmax_scale*q_scale*k_scale``, ``c2 = c*log2(e)``, running max ``m`` on
-    the raw scores from ``-FLT_MAX``, ``p = exp2(s*c2 - m_new*c2)``, ``l += sum(p)`` (fp32 p),
-    ``O = alpha*O + e4m3fn(p) @ V8`` (RNE, unscaled). Epilogue: ``O *= v_scale/l`` (0 if ``l == 0``);
-    ``loc == -1`` writes ``bf16(O)`` to ``output[q0:q1, h]`` (no LSE); otherwise ``splitData[loc+t, h]``
-    (fp32) and ``splitLse[loc+t, h] = m*c + ln(l)`` for all 256 tile rows ``t``. ``kv_off`` is ignored,
-    as by the kernel; q_len < kv_len (context chunks) works for both masks.
-
-    K/V rows are read through ``kv_page_indices``; tile keys past ``len(kv_page_indices)`` read page 0,
-    page indices outside ``[0, num_page)`` read zeros (buffer-descriptor semantics). Works that share
-    ``(b, loc, q0, q1, k0, k1)`` are batched across heads; if any (row, head) destination is written
-    twice the works run strictly one by one in order instead.
-
-    Args:
-        Q: ``[total_q, H, Dqk]`` float8_e4m3fn (Dqk = 192 on hardware), contiguous or not.
-        K: ``[num_page, H, Dqk]`` float8_e4m3fn, one token per page.
-        V: ``[num_page, H, Dv]`` float8_e4m3fn (Dv = 128 on hardware).
-        qo_indptr: ``[B+1]`` integer cumulative q lengths (token rows of Q/output).
-        kv_indptr: ``[B+1]`` integer cumulative KV lengths, indexing ``kv_page_indices``.
-        kv_page_indices: ``[num_used_page]`` integer, position -> K/V row.
-        work_indptr: ``[num_wg+1]`` integer (planner output; one workgroup per entry).
-        work_info_set: ``[max_works, 8]`` integer (planner output; ``WorkInfo`` rows).
-        max_seqlen_q: ignored (as by the host and kernel).
-        softmax_scale: softmax scale in natural-log units (``1/sqrt(192)`` for MLA), Python float.
-        is_causal: bottom-right causal masking.
-        splitData: ``[R, H, Dv]`` fp32, written for works with a partial slot.
-        splitLse: ``[R, H]`` fp32, natural-log LSE of the partials.
-        output: ``[total_q, H, Dv]`` (bf16 on hardware), written for works with ``loc == -1``.
-        q_scale, k_scale, v_scale: one-element fp32 dequant multipliers (real = fp8 * scale).
-        faults: optional fault names (:data:`KERNEL_FAULTS` act here; :data:`REDUCE_FAULTS` are
-            accepted and ignored).
-
-    Returns:
-        None; ``output``, ``splitData`` and ``splitLse`` are written in place.
-
-    Raises:
-        ValueError: a scale is None or not one element; head/row/dim mismatch between tensors; a work
-            references a sequence, head or rows outside the buffers; an unknown fault name.
-    """
-    fs = normalize_faults(faults)
-    total_q, H, _num_page, _dv = _check_kernel_tensors(Q, K, V, output)
-    cs = _softmax_consts(softmax_scale, q_scale, k_scale, v_scale, fs, Q.device)
-    qo, kvp = _indptr_lists(qo_indptr, kv_indptr)
-    works = _work_list(work_indptr, work_info_set)
-    if not works:
-        return
-    n_split_rows = int(splitData.shape[0]) if splitData is not None else 0
-    decoded = _decode_works(works, len(qo) - 1, H, total_q, int(output.shape[0]), n_split_rows)
-    dest_head = list(range(H))
-    if "head_swap" in fs and H >= 2:
-        dest_head[0], dest_head[1] = 1, 0
-    pages = kv_page_indices.reshape(-1).to(device=Q.device, dtype=torch.long)
-    for w, heads in _batch_across_heads(decoded, total_q, H, n_split_rows):
-        _run_work(w, heads, [dest_head[h] for h in heads], Q, K, V, pages, qo, kvp, bool(is_causal), cs, fs,
-                  (splitData, splitLse, output))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -492,21 +304,15 @@ def emulate_mla_prefill_ps_asm_fwd(
 
 
 def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor,
-                   min_partials: int, skip_first: bool) -> list[tuple[int, int, int, list[int]]]:
+                   min_partials: int, em: Emulator) -> list[tuple[int, int, int, list[int]]]:
     """The groups the reduce runs: ``(g, qo_start, qo_end, partial locations)`` for every group with at
-    least ``min_partials`` partials and a non-empty row range (``skip_first``: drop the first one, the
-    skip_split_tile fault)."""
+    least ``min_partials`` partials (:meth:`Emulator.reduced_groups` of them) and a non-empty row range."""
     ri = [int(v) for v in reduce_indptr.reshape(-1).tolist()]
     fmap = reduce_final_map.reshape(-1, 2).tolist() if reduce_final_map.numel() else []
     pmap = [int(v) for v in reduce_partial_map.reshape(-1).tolist()]
     out = []
-    for g in range(len(ri) - 1):
+    for g in em.reduced_groups([g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_partials]):
         lo, hi = ri[g], ri[g + 1]
-        if hi - lo < min_partials:
-            continue
-        if skip_first:
-            skip_first = False
-            continue
         if g >= len(fmap) or hi > len(pmap):
             raise ValueError(
                 f"reduce group {g}: maps too short (final_map {len(fmap)} rows, partial_map {len(pmap)})"
@@ -520,22 +326,10 @@ def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, 
 
 
 def _merge_partials(lses: list[torch.Tensor], partials: list[torch.Tensor],
-                    no_max: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 LSE merge: ``M = max lse_i``, ``S = sum exp(lse_i - M)``, ``lse* = M + ln S`` (+inf where S is
-    0 or NaN), ``O = sum exp(lse_i - lse*) * O_i``. ``no_max``: the lse_no_max_subtraction fault."""
-    if no_max:
-        ssum = torch.zeros_like(lses[0])
-        for x in lses:
-            ssum = ssum + torch.exp(x)
-        lse_star = torch.log(ssum)
-    else:
-        mx = lses[0]
-        for x in lses[1:]:
-            mx = torch.maximum(mx, x)
-        ssum = torch.zeros_like(mx)
-        for x in lses:
-            ssum = ssum + torch.exp(x - mx)
-        lse_star = mx + torch.log(ssum)
+                    em: Emulator) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 LSE merge: ``lse*`` of :meth:`Emulator.merged_lse` (+inf where S is 0 or NaN),
+    ``O = sum exp(lse_i - lse*) * O_i``."""
+    lse_star, ssum = em.merged_lse(lses)
     lse_star = torch.where((ssum == 0) | torch.isnan(ssum), float("inf"), lse_star)
     acc = torch.zeros_like(partials[0])
     for x, o in zip(lses, partials):
@@ -543,72 +337,6 @@ def _merge_partials(lses: list[torch.Tensor], partials: list[torch.Tensor],
     return lse_star, acc
 
 
-def emulate_mla_reduce_v1(
-    partial_output: torch.Tensor,
-    partial_lse: torch.Tensor,
-    reduce_indptr: torch.Tensor,
-    reduce_final_map: torch.Tensor,
-    reduce_partial_map: torch.Tensor,
-    final_output: torch.Tensor,
-    final_lse: torch.Tensor | None = None,
-    *,
-    faults: Iterable[str] | str | None = None,
-    post_3606: bool = False,
-) -> None:
-    """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
-
-    Source: docs/aiter-contract.md#reduce, #pr-3606; AITER
-    ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
-
-    For each group ``g`` with ``n = reduce_indptr[g+1] - reduce_indptr[g]`` partials at locations
-    ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g+1]]`` and rows
-    ``[qo_start, qo_end) = reduce_final_map[g]``, for every head and row ``s`` (``t = s - qo_start``):
-    ``M = max_i lse_i``, ``S = sum_i exp(lse_i - M)``, ``lse* = M + ln S`` (``+inf`` if S is 0 or NaN),
-    ``final_output[s, h] = cast(sum_i exp(lse_i - lse*) * O_i)``, ``final_lse[s, h] = lse*``. All in
-    fp32, natural exp/log, partials accumulated in map order. The reduce runs for ``n >= 2`` before
-    #3606 (groups with 0 or 1 partials are skipped: neither output nor LSE is written) and for
-    ``n >= 1`` from #3606 on (AITER v0.1.22; the planner then gives every tile a group, so
-    ``final_lse`` is written for every row).
-
-    Args:
-        partial_output: ``[R, H, Dv]`` fp32 partials (``splitData``).
-        partial_lse: ``[R, H]`` fp32 natural-log LSE (``splitLse``).
-        reduce_indptr: ``[tiles+1]`` integer group pointers into ``reduce_partial_map``.
-        reduce_final_map: ``[tiles, 2]`` integer ``[qo_start, qo_end)`` per group.
-        reduce_partial_map: ``[slots]`` integer partial row offsets.
-        final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for the reduced rows.
-        final_lse: optional ``[total_q, H]`` fp32, written for the reduced rows.
-        faults: optional fault names (:data:`REDUCE_FAULTS` act here; kernel faults are ignored).
-        post_3606: reduce groups of a single partial too (ROCm/aiter#3606 semantics).
-
-    Returns:
-        None (in-place).
-
-    Raises:
-        ValueError: a group references partial rows or output rows outside the buffers; an unknown
-            fault name.
-    """
-    fs = normalize_faults(faults)
-    groups = _reduce_groups(reduce_indptr, reduce_final_map, reduce_partial_map, 1 if post_3606 else 2,
-                            "skip_split_tile" in fs)
-    n_rows = int(partial_output.shape[0])
-    for g, q0, q1, locs in groups:
-        nr = q1 - q0
-        if q1 > final_output.shape[0]:
-            raise ValueError(
-                f"reduce group {g}: rows [{q0}, {q1}) outside final_output ({final_output.shape[0]} rows)"
-            )
-        for p in locs:
-            if p < 0 or p + nr > n_rows:
-                raise ValueError(
-                    f"reduce group {g}: partial rows [{p}, {p + nr}) outside partial buffers ({n_rows} rows)"
-                )
-        lse_star, acc = _merge_partials([partial_lse[p : p + nr].float() for p in locs],
-                                        [partial_output[p : p + nr].float() for p in locs],
-                                        "lse_no_max_subtraction" in fs)
-        final_output[q0:q1] = acc.to(final_output.dtype)
-        if final_lse is not None:
-            final_lse[q0:q1] = lse_star.to(final_lse.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -674,80 +402,282 @@ def plan_emulated(cu_q: torch.Tensor, cu_kv: torch.Tensor, *, num_heads: int, cu
                            is_causal=bool(causal), revision=PLANNER_V0_1_22, need_lse=bool(post_3606))
 
 
-def run_emulated_prefill(
-    q8: torch.Tensor,
-    k8: torch.Tensor,
-    v8: torch.Tensor,
-    q_scale: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    *,
-    softmax_scale: float,
-    causal: bool = True,
-    cu_num: int = 256,
-    faults: Iterable[str] | str | None = None,
-    return_lse: bool = False,
-    poison: bool = True,
-    cu_seqlens_kv: torch.Tensor | None = None,
-    post_3606: bool = True,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Plan, run the emulated kernel and reduce: an emulated AITER PS FP8 MLA prefill.
+# ----------------------------------------------------------------------------------------------
+# the emulator object
 
-    Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
 
-    Plans with :func:`plan_emulated` (``kv_indptr = cu_seqlens_kv``, identity ``kv_page_indices``),
-    allocates ``splitData``/``splitLse`` from the *live* partial count (``num_partials * 256`` rows),
-    runs :func:`emulate_mla_prefill_ps_asm_fwd` then :func:`emulate_mla_reduce_v1`.
+class Emulator:
+    """AITER's PS FP8 prefill kernel and reduce, and the whole path, emulated in PyTorch.
 
-    Args:
-        q8: ``[T, H, 192]`` float8_e4m3fn queries (real = q8 * q_scale).
-        k8: ``[P, H, 192]`` float8_e4m3fn keys (P = T unless ``cu_seqlens_kv`` is given).
-        v8: ``[P, H, 128]`` float8_e4m3fn values.
-        q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
-        cu_seqlens: int32 ``[B+1]`` cumulative q lengths (``cu_seqlens[-1] == T``).
-        softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
-        causal: bottom-right causal masking (query i of a sequence sees key j iff
-            ``j <= kv_len - q_len + i``); False for a context chunk.
-        cu_num: CU count the plan is made for (256 on MI355X).
-        faults: optional fault names from :data:`ALL_FAULTS`.
-        return_lse: also return the ``[T, H]`` fp32 final LSE (natural log). Post-#3606 every row is
-            written; pre-#3606 only rows of split tiles (others NaN when ``poison``, else undefined).
-        poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
-        cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``
-            (q_len == kv_len). A context chunk has q_len < kv_len.
-        post_3606: the v0.1.22 planner with ``need_lse=True`` (ROCm/aiter#3606): every work gets a partial
-            slot and the reduce runs for every tile; False plans as AITER <= v0.1.21 (= ``need_lse=False``).
-
-    Returns:
-        ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
-
-    Raises:
-        ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with
-            ``causal``, a scale that is None or not one element, or an unknown fault name.
+    Each arithmetic step that a kernel or reduce bug would change is one small method; a subclass
+    that overrides one models that bug. :data:`EMULATOR` is the faithful instance.
     """
-    fs = normalize_faults(faults)
-    _check_fp8_qkv(q8, k8, v8, (q_scale, k_scale, v_scale))
-    T, H = int(q8.shape[0]), int(q8.shape[1])
-    cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
-    cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
-    _check_lengths(cu_q, cu_kv, bool(causal))
-    dev, dv = q8.device, int(v8.shape[-1])
-    fill = float("nan") if poison else 0.0
-    output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)
-    final_lse = torch.full((T, H), fill, dtype=torch.float32, device=dev)
-    if cu_q.numel() < 2 or T == 0:
-        return (output, final_lse) if return_lse else output
-    plan = plan_emulated(cu_q, cu_kv, num_heads=H, cu_num=cu_num, causal=causal, post_3606=post_3606)
-    n_rows = int(plan.num_partials) * Q_TILE
-    split_data = torch.full((n_rows, H, dv), fill, dtype=torch.float32, device=dev)
-    split_lse = torch.full((n_rows, H), fill, dtype=torch.float32, device=dev)
-    pages = torch.arange(int(k8.shape[0]), dtype=torch.int32, device=dev)
-    max_q = int((cu_q[1:] - cu_q[:-1]).max())
-    emulate_mla_prefill_ps_asm_fwd(q8, k8, v8, cu_q.to(dev), cu_kv.to(dev), pages, plan.work_indptr, plan.work_info,
-                                   max_q, float(softmax_scale), bool(causal), split_data, split_lse, output, q_scale,
-                                   k_scale, v_scale, faults=fs)
-    emulate_mla_reduce_v1(split_data, split_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
-                          output, final_lse, faults=fs, post_3606=post_3606)
-    return (output, final_lse) if return_lse else output
 
+    def softmax_consts(self, softmax_scale: float, q_scale: torch.Tensor, k_scale: torch.Tensor,
+                       v_scale: torch.Tensor) -> SoftmaxConsts:
+        """``c = softmax_scale*q_scale*k_scale`` and ``c2 = c*log2(e)`` in fp32 (0-dim scales on the
+        kernel's device); the epilogue multiplies by ``v_scale``."""
+        c = torch.tensor(float(softmax_scale), dtype=torch.float32, device=q_scale.device) * q_scale * k_scale
+        return SoftmaxConsts(c=c, c2=c * torch.tensor(_LOG2E, dtype=torch.float32, device=c.device), v_scale=v_scale)
+
+    def kv_limit(self, k1l: int) -> int:
+        """Exclusive local key limit of a work whose KV range ends at local position ``k1l``."""
+        return k1l
+
+    def row_limits(self, rows: torch.Tensor, q_start: int, q_len: int, kv_len: int, k_lim: int,
+                   causal: bool) -> torch.Tensor:
+        """Exclusive local key limit per global q row: bottom-right causal ``kv_len - q_len + i + 1``
+        capped at ``k_lim``, or ``k_lim`` when not causal."""
+        if not causal:
+            return torch.full_like(rows, k_lim)
+        return torch.clamp(rows - q_start + (kv_len - q_len) + 1, max=k_lim)
+
+    def partial_lse(self, m: torch.Tensor, l_sum: torch.Tensor, cs: SoftmaxConsts) -> torch.Tensor:
+        """Natural-log partial LSE ``m*c + ln(l)``, ``ln`` as ``log2(l)/log2(e)`` (-inf where ``l == 0``)."""
+        return m * cs.c + torch.log2(l_sum) / _LOG2E
+
+    def dest_heads(self, num_heads: int) -> list[int]:
+        """The output / partial head slot each head is written to."""
+        return list(range(num_heads))
+
+    def reduced_groups(self, groups: list[int]) -> list[int]:
+        """The reduce groups (indices, in order) run among those with enough partials."""
+        return groups
+
+    def merged_lse(self, lses: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lse*, S)``: ``M = max lse_i``, ``S = sum exp(lse_i - M)``, ``lse* = M + ln S`` (fp32)."""
+        mx = lses[0]
+        for x in lses[1:]:
+            mx = torch.maximum(mx, x)
+        ssum = torch.zeros_like(mx)
+        for x in lses:
+            ssum = ssum + torch.exp(x - mx)
+        return mx + torch.log(ssum), ssum
+
+    def mla_prefill_ps_asm_fwd(
+        self,
+        Q: torch.Tensor,
+        K: torch.Tensor,
+        V: torch.Tensor,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_page_indices: torch.Tensor,
+        work_indptr: torch.Tensor,
+        work_info_set: torch.Tensor,
+        max_seqlen_q: int,
+        softmax_scale: float,
+        is_causal: bool,
+        splitData: torch.Tensor,
+        splitLse: torch.Tensor,
+        output: torch.Tensor,
+        q_scale: torch.Tensor,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+    ) -> None:
+        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes).
+
+        Source: docs/aiter-contract.md#kernel-args, #work-info, #kernel; AITER
+        ``e4048607a535``, kernel objects ``mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``. The kernel is
+        the same before and after ROCm/aiter#3606: the plan decides which works write ``output`` directly
+        (``partial_o_loc == -1``, pre-#3606 unsplit tiles) and which write a partial slot (every work
+        post-#3606).
+
+        For each workgroup ``g`` and each work ``(b, loc, q0, q1, k0, k1, kv_off, heads)`` of
+        ``work_info_set[work_indptr[g]:work_indptr[g+1]]`` in order, and for each 128-key tile of
+        ``[k0, k1)``: ``s = Q8 @ K8^T`` (raw fp8 values, fp32), keys at or past the row limit
+        (bottom-right causal ``kv_len - q_len + i + 1``, capped at the work's end) get ``-inf``; base-2
+        online softmax with ``c = softmax_scale*q_scale*k_scale``, ``c2 = c*log2(e)``, running max ``m`` on
+        the raw scores from ``-FLT_MAX``, ``p = exp2(s*c2 - m_new*c2)``, ``l += sum(p)`` (fp32 p),
+        ``O = alpha*O + e4m3fn(p) @ V8`` (RNE, unscaled). Epilogue: ``O *= v_scale/l`` (0 if ``l == 0``);
+        ``loc == -1`` writes ``bf16(O)`` to ``output[q0:q1, h]`` (no LSE); otherwise ``splitData[loc+t, h]``
+        (fp32) and ``splitLse[loc+t, h] = m*c + ln(l)`` for all 256 tile rows ``t``. ``kv_off`` is ignored,
+        as by the kernel; q_len < kv_len (context chunks) works for both masks.
+
+        K/V rows are read through ``kv_page_indices``; tile keys past ``len(kv_page_indices)`` read page 0,
+        page indices outside ``[0, num_page)`` read zeros (buffer-descriptor semantics). Works that share
+        ``(b, loc, q0, q1, k0, k1)`` are batched across heads; if any (row, head) destination is written
+        twice the works run strictly one by one in order instead.
+
+        Args:
+            Q: ``[total_q, H, Dqk]`` float8_e4m3fn (Dqk = 192 on hardware), contiguous or not.
+            K: ``[num_page, H, Dqk]`` float8_e4m3fn, one token per page.
+            V: ``[num_page, H, Dv]`` float8_e4m3fn (Dv = 128 on hardware).
+            qo_indptr: ``[B+1]`` integer cumulative q lengths (token rows of Q/output).
+            kv_indptr: ``[B+1]`` integer cumulative KV lengths, indexing ``kv_page_indices``.
+            kv_page_indices: ``[num_used_page]`` integer, position -> K/V row.
+            work_indptr: ``[num_wg+1]`` integer (planner output; one workgroup per entry).
+            work_info_set: ``[max_works, 8]`` integer (planner output; ``WorkInfo`` rows).
+            max_seqlen_q: ignored (as by the host and kernel).
+            softmax_scale: softmax scale in natural-log units (``1/sqrt(192)`` for MLA), Python float.
+            is_causal: bottom-right causal masking.
+            splitData: ``[R, H, Dv]`` fp32, written for works with a partial slot.
+            splitLse: ``[R, H]`` fp32, natural-log LSE of the partials.
+            output: ``[total_q, H, Dv]`` (bf16 on hardware), written for works with ``loc == -1``.
+            q_scale, k_scale, v_scale: one-element fp32 dequant multipliers (real = fp8 * scale).
+
+        Returns:
+            None; ``output``, ``splitData`` and ``splitLse`` are written in place.
+
+        Raises:
+            ValueError: a scale is None or not one element; head/row/dim mismatch between tensors; a work
+                references a sequence, head or rows outside the buffers.
+        """
+        total_q, H, _num_page, _dv = _check_kernel_tensors(Q, K, V, output)
+        cs = self.softmax_consts(softmax_scale, *(_scalar_f32(x, n, Q.device) for x, n in
+                                                  ((q_scale, "q_scale"), (k_scale, "k_scale"), (v_scale, "v_scale"))))
+        qo, kvp = _indptr_lists(qo_indptr, kv_indptr)
+        works = _work_list(work_indptr, work_info_set)
+        if not works:
+            return
+        n_split_rows = int(splitData.shape[0]) if splitData is not None else 0
+        decoded = _decode_works(works, len(qo) - 1, H, total_q, int(output.shape[0]), n_split_rows)
+        dest_head = self.dest_heads(H)
+        pages = kv_page_indices.reshape(-1).to(device=Q.device, dtype=torch.long)
+        for w, heads in _batch_across_heads(decoded, total_q, H, n_split_rows):
+            _run_work(w, heads, [dest_head[h] for h in heads], Q, K, V, pages, qo, kvp, bool(is_causal), cs, self,
+                      (splitData, splitLse, output))
+
+    def mla_reduce_v1(
+        self,
+        partial_output: torch.Tensor,
+        partial_lse: torch.Tensor,
+        reduce_indptr: torch.Tensor,
+        reduce_final_map: torch.Tensor,
+        reduce_partial_map: torch.Tensor,
+        final_output: torch.Tensor,
+        final_lse: torch.Tensor | None = None,
+        *,
+        post_3606: bool = False,
+    ) -> None:
+        """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
+
+        Source: docs/aiter-contract.md#reduce, #pr-3606; AITER
+        ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
+
+        For each group ``g`` with ``n = reduce_indptr[g+1] - reduce_indptr[g]`` partials at locations
+        ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g+1]]`` and rows
+        ``[qo_start, qo_end) = reduce_final_map[g]``, for every head and row ``s`` (``t = s - qo_start``):
+        ``M = max_i lse_i``, ``S = sum_i exp(lse_i - M)``, ``lse* = M + ln S`` (``+inf`` if S is 0 or NaN),
+        ``final_output[s, h] = cast(sum_i exp(lse_i - lse*) * O_i)``, ``final_lse[s, h] = lse*``. All in
+        fp32, natural exp/log, partials accumulated in map order. The reduce runs for ``n >= 2`` before
+        #3606 (groups with 0 or 1 partials are skipped: neither output nor LSE is written) and for
+        ``n >= 1`` from #3606 on (AITER v0.1.22; the planner then gives every tile a group, so
+        ``final_lse`` is written for every row).
+
+        Args:
+            partial_output: ``[R, H, Dv]`` fp32 partials (``splitData``).
+            partial_lse: ``[R, H]`` fp32 natural-log LSE (``splitLse``).
+            reduce_indptr: ``[tiles+1]`` integer group pointers into ``reduce_partial_map``.
+            reduce_final_map: ``[tiles, 2]`` integer ``[qo_start, qo_end)`` per group.
+            reduce_partial_map: ``[slots]`` integer partial row offsets.
+            final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for the reduced rows.
+            final_lse: optional ``[total_q, H]`` fp32, written for the reduced rows.
+            post_3606: reduce groups of a single partial too (ROCm/aiter#3606 semantics).
+
+        Returns:
+            None (in-place).
+
+        Raises:
+            ValueError: a group references partial rows or output rows outside the buffers.
+        """
+        groups = _reduce_groups(reduce_indptr, reduce_final_map, reduce_partial_map, 1 if post_3606 else 2, self)
+        n_rows = int(partial_output.shape[0])
+        for g, q0, q1, locs in groups:
+            nr = q1 - q0
+            if q1 > final_output.shape[0]:
+                raise ValueError(
+                    f"reduce group {g}: rows [{q0}, {q1}) outside final_output ({final_output.shape[0]} rows)"
+                )
+            for p in locs:
+                if p < 0 or p + nr > n_rows:
+                    raise ValueError(
+                        f"reduce group {g}: partial rows [{p}, {p + nr}) outside partial buffers ({n_rows} rows)"
+                    )
+            lse_star, acc = _merge_partials([partial_lse[p : p + nr].float() for p in locs],
+                                            [partial_output[p : p + nr].float() for p in locs],
+                                            self)
+            final_output[q0:q1] = acc.to(final_output.dtype)
+            if final_lse is not None:
+                final_lse[q0:q1] = lse_star.to(final_lse.dtype)
+
+    def run_prefill(
+        self,
+        q8: torch.Tensor,
+        k8: torch.Tensor,
+        v8: torch.Tensor,
+        q_scale: torch.Tensor,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        *,
+        softmax_scale: float,
+        causal: bool = True,
+        cu_num: int = 256,
+        return_lse: bool = False,
+        poison: bool = True,
+        cu_seqlens_kv: torch.Tensor | None = None,
+        post_3606: bool = True,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Plan, run the emulated kernel and reduce: an emulated AITER PS FP8 MLA prefill.
+
+        Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
+
+        Plans with :func:`plan_emulated` (``kv_indptr = cu_seqlens_kv``, identity ``kv_page_indices``),
+        allocates ``splitData``/``splitLse`` from the *live* partial count (``num_partials * 256`` rows),
+        runs :func:`emulate_mla_prefill_ps_asm_fwd` then :func:`emulate_mla_reduce_v1`.
+
+        Args:
+            q8: ``[T, H, 192]`` float8_e4m3fn queries (real = q8 * q_scale).
+            k8: ``[P, H, 192]`` float8_e4m3fn keys (P = T unless ``cu_seqlens_kv`` is given).
+            v8: ``[P, H, 128]`` float8_e4m3fn values.
+            q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
+            cu_seqlens: int32 ``[B+1]`` cumulative q lengths (``cu_seqlens[-1] == T``).
+            softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
+            causal: bottom-right causal masking (query i of a sequence sees key j iff
+                ``j <= kv_len - q_len + i``); False for a context chunk.
+            cu_num: CU count the plan is made for (256 on MI355X).
+            return_lse: also return the ``[T, H]`` fp32 final LSE (natural log). Post-#3606 every row is
+                written; pre-#3606 only rows of split tiles (others NaN when ``poison``, else undefined).
+            poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
+            cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``
+                (q_len == kv_len). A context chunk has q_len < kv_len.
+            post_3606: the v0.1.22 planner with ``need_lse=True`` (ROCm/aiter#3606): every work gets a partial
+                slot and the reduce runs for every tile; False plans as AITER <= v0.1.21 (= ``need_lse=False``).
+
+        Returns:
+            ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
+
+        Raises:
+            ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with
+                ``causal``, or a scale that is None or not one element.
+        """
+        _check_fp8_qkv(q8, k8, v8, (q_scale, k_scale, v_scale))
+        T, H = int(q8.shape[0]), int(q8.shape[1])
+        cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
+        cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
+        _check_lengths(cu_q, cu_kv, bool(causal))
+        dev, dv = q8.device, int(v8.shape[-1])
+        fill = float("nan") if poison else 0.0
+        output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)
+        final_lse = torch.full((T, H), fill, dtype=torch.float32, device=dev)
+        if cu_q.numel() < 2 or T == 0:
+            return (output, final_lse) if return_lse else output
+        plan = plan_emulated(cu_q, cu_kv, num_heads=H, cu_num=cu_num, causal=causal, post_3606=post_3606)
+        n_rows = int(plan.num_partials) * Q_TILE
+        split_data = torch.full((n_rows, H, dv), fill, dtype=torch.float32, device=dev)
+        split_lse = torch.full((n_rows, H), fill, dtype=torch.float32, device=dev)
+        pages = torch.arange(int(k8.shape[0]), dtype=torch.int32, device=dev)
+        max_q = int((cu_q[1:] - cu_q[:-1]).max())
+        self.mla_prefill_ps_asm_fwd(q8, k8, v8, cu_q.to(dev), cu_kv.to(dev), pages, plan.work_indptr, plan.work_info,
+                                    max_q, float(softmax_scale), bool(causal), split_data, split_lse, output, q_scale,
+                                    k_scale, v_scale)
+        self.mla_reduce_v1(split_data, split_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                           output, final_lse, post_3606=post_3606)
+        return (output, final_lse) if return_lse else output
+
+
+#: The faithful emulator; the module functions are its methods.
+EMULATOR = Emulator()
+emulate_mla_prefill_ps_asm_fwd = EMULATOR.mla_prefill_ps_asm_fwd
+emulate_mla_reduce_v1 = EMULATOR.mla_reduce_v1
+run_emulated_prefill = EMULATOR.run_prefill

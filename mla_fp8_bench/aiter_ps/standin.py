@@ -44,11 +44,7 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.emulator import (
-    emulate_mla_prefill_ps_asm_fwd,
-    emulate_mla_reduce_v1,
-    normalize_faults,
-)
+from mla_fp8_bench.aiter_ps.emulator import EMULATOR, Emulator
 from mla_fp8_bench.aiter_ps.facts import (
     BUFFER_NAMES,
     NEWEST_MODELLED_VERSION,
@@ -190,7 +186,7 @@ class _State:
     version: tuple[int, int, int]
     variant: int
     heads_ok: tuple[int, ...]
-    faults: frozenset[str]
+    emulator: Emulator
     revision: str
     calls: list[dict[str, Any]] = field(default_factory=list)
 
@@ -536,10 +532,10 @@ def _kernel_body(st: _State, a: dict[str, Any]) -> None:
     _check_kernel_ranges(ck, T, num_page, H, split_rows)
     rows = a["work_info_set"][: wi[-1]].tolist() if wi[-1] else []
     _check_kernel_works(ck, rows, qo, kvp, H, causal, split_rows)
-    emulate_mla_prefill_ps_asm_fwd(
+    st.emulator.mla_prefill_ps_asm_fwd(
         a["Q"], a["K"], a["V"], a["qo_indptr"], a["kv_indptr"], a["kv_page_indices"], a["work_indptr"],
         a["work_info_set"], a["max_seqlen_q"], float(a["softmax_scale"]), causal, a["splitData"], a["splitLse"],
-        a["output"], a["q_scale"], a["k_scale"], a["v_scale"], faults=st.faults,
+        a["output"], a["q_scale"], a["k_scale"], a["v_scale"],
     )  # fmt: skip
 
 
@@ -662,8 +658,7 @@ def _reduce_body(st: _State, a: dict[str, Any]) -> None:
     po, pl, ri, fmap, pmap = _check_reduce_inputs(ck, a, st.variant)
     fo = _check_reduce_outputs(ck, a, po, pl)
     _check_reduce_groups(ck, st, po, fo, ri, fmap, pmap)
-    emulate_mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, a["final_lse"], faults=st.faults,
-                          post_3606=st.post_3606)
+    st.emulator.mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, a["final_lse"], post_3606=st.post_3606)
 
 
 def _make_reduce_fn(st: _State) -> Callable[..., Any]:
@@ -772,7 +767,7 @@ def make_standin_aiter(
     *,
     reduce_variant: int | None = None,
     cu_num: int = 256,
-    faults: Iterable[str] | str | None = None,
+    emulator: Emulator | None = None,
     aiter_version: Any = NEWEST_MODELLED_VERSION,
     planner_revision: str | None = None,
 ) -> types.ModuleType:
@@ -785,8 +780,8 @@ def make_standin_aiter(
             it from ``aiter_version`` (9 from 0.1.16); an explicit value overrides the version (to model
             a mixed install).
         cu_num: the device CU count the planner and the info call read (256 on MI355X).
-        faults: fault names from :data:`mla_fp8_bench.aiter_ps.emulator.ALL_FAULTS`, injected into
-            the emulated kernel/reduce.
+        emulator: the kernel and reduce emulation (default the faithful
+            :data:`~mla_fp8_bench.aiter_ps.emulator.EMULATOR`).
         aiter_version: emulated AITER version (``(0, 1, 20)``, ``"0.1.20.post1"``; default the newest
             modelled, 0.1.22): the accepted reduce head counts, the default reduce variant, the #3606
             semantics and info signature from 0.1.22, and, below 0.1.10, no PS prefill symbols (only
@@ -799,13 +794,13 @@ def make_standin_aiter(
         ``__version__``) with the primitives, ``StandinContractError``, ``calls`` (list of
         ``{"name", "args", "ok", "error"}`` dicts, one per call, args summarised as shapes, dtypes,
         devices, contiguity and scalar values), and the attributes ``cu_num``, ``aiter_version``,
-        ``reduce_variant``, ``accepted_reduce_heads``, ``faults``, ``post_3606``, ``planner_revision``,
+        ``reduce_variant``, ``accepted_reduce_heads``, ``post_3606``, ``planner_revision``,
         ``aiter_op_namespace`` (where the op schemas are registered), ``is_standin = True``.
         It is not inserted into ``sys.modules``: tests do that (e.g. ``monkeypatch.setitem``).
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an
-            unknown fault name.
+            unknown planner revision.
     """
     ver = parse_aiter_version(aiter_version)
     revision = planner_revision_for(ver) if planner_revision is None else planner_revision
@@ -817,7 +812,7 @@ def make_standin_aiter(
     if isinstance(cu_num, bool) or not isinstance(cu_num, int) or cu_num < 1:
         raise ValueError(f"cu_num={cu_num!r} is invalid: must be an int >= 1")
     st = _State(cu_num=cu_num, version=ver, variant=variant, heads_ok=tuple(sorted(reduce_heads_for(ver))),
-                faults=normalize_faults(faults), revision=revision)
+                emulator=emulator or EMULATOR, revision=revision)
     mod = types.ModuleType("aiter", "Stand-in aiter (mla_fp8_bench.aiter_ps.standin): emulated, CPU-only.")
     mod.__spec__ = importlib.machinery.ModuleSpec("aiter", None, is_package=True)
     mod.__path__ = []
@@ -826,7 +821,7 @@ def make_standin_aiter(
     mod.StandinContractError = StandinContractError
     mod.calls = st.calls
     mod.cu_num, mod.aiter_version, mod.reduce_variant = cu_num, ver, variant
-    mod.accepted_reduce_heads, mod.faults, mod.post_3606 = st.heads_ok, st.faults, st.post_3606
+    mod.accepted_reduce_heads, mod.post_3606 = st.heads_ok, st.post_3606
     mod.planner_revision = st.revision
     info, planner, kernel, reduce = _make_info_fn(st), _make_planner_fn(st), _make_kernel_fn(st), _make_reduce_fn(st)
     info.__module__ = "aiter"

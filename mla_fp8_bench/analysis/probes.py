@@ -11,13 +11,12 @@ emulator's kernel + reduce directly.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.emulator import emulate_mla_prefill_ps_asm_fwd, emulate_mla_reduce_v1, normalize_faults
+from mla_fp8_bench.aiter_ps.emulator import EMULATOR, Emulator
 from mla_fp8_bench.config import DEFAULT_EMU_CU_NUM
 from mla_fp8_bench.measure.metrics import error_metrics
 from mla_fp8_bench.problem.fp8 import Quantized, quantize
@@ -91,12 +90,10 @@ def probe_reference(p: ProbeInputs, *, dequantized: bool = True) -> torch.Tensor
     return torch.cat(outs)
 
 
-def run_probe(p: ProbeInputs, faults: Iterable[str] | str | None = None, cu_num: int | None = None) -> torch.Tensor:
-    """The emulated AITER PS path (planner port + kernel + reduce) on a probe, with emulator faults
-    (names of :data:`~mla_fp8_bench.aiter_ps.emulator.ALL_FAULTS`; others raise ``ValueError``)."""
+def run_probe(p: ProbeInputs, emulator: Emulator = EMULATOR, cu_num: int | None = None) -> torch.Tensor:
+    """The emulated AITER PS path (planner port + ``emulator``'s kernel + reduce) on a probe."""
     from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 
-    fs = normalize_faults(faults)
     cu_num = cu_num or DEFAULT_EMU_CU_NUM
     h = p.q.shape[1]
     cu_q = torch.tensor(cu_seqlens_of(p.q_lens), dtype=torch.int32)
@@ -109,15 +106,14 @@ def run_probe(p: ProbeInputs, faults: Iterable[str] | str | None = None, cu_num:
     rows = max(1, plan.num_partials) * 256
     sd = torch.full((rows, h, 128), float("nan"))
     sl = torch.full((rows, h), float("nan"))
-    emulate_mla_prefill_ps_asm_fwd(p.q8.data, p.k8.data, p.v8.data, cu_q, cu_kv, torch.arange(pk, dtype=torch.int32),
-                                   plan.work_indptr, plan.work_info, max(p.q_lens), DEFAULT_SOFTMAX_SCALE, True, sd, sl,
-                                   out, p.q8.descale, p.k8.descale, p.v8.descale, faults=fs)
-    emulate_mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
-                          faults=fs)
+    emulator.mla_prefill_ps_asm_fwd(p.q8.data, p.k8.data, p.v8.data, cu_q, cu_kv, torch.arange(pk, dtype=torch.int32),
+                                    plan.work_indptr, plan.work_info, max(p.q_lens), DEFAULT_SOFTMAX_SCALE, True, sd,
+                                    sl, out, p.q8.descale, p.k8.descale, p.v8.descale)
+    emulator.mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse)
     return out
 
 
-def probe_record(name: str, seed: int, faults: Iterable[str] | str | None = None,
+def probe_record(name: str, seed: int, emulator: Emulator = EMULATOR,
                  refs: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
     """A runner-like record (``backend="aiter-emulated"``, ``case=<probe>-seed<n>``) of one probe run.
 
@@ -129,7 +125,7 @@ def probe_record(name: str, seed: int, faults: Iterable[str] | str | None = None
     rec: dict[str, Any] = {"backend": "aiter-emulated", "case": f"{name}-seed{seed}" if seed else name,
                            "tolerance_key": name, "status": "ok", "reason": ""}
     try:
-        out = run_probe(p, faults)
+        out = run_probe(p, emulator)
     except Exception as exc:  # noqa: BLE001 - a crashing fault is an "error" record, like the runner's
         rec["status"], rec["reason"] = "error", f"{type(exc).__name__}: {exc}"
         return rec

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mla_fp8_bench.aiter_ps.emulator import Emulator
 from mla_fp8_bench.aiter_ps.facts import NEWEST_MODELLED_VERSION, format_version, parse_aiter_version
 from mla_fp8_bench.backends.aiter_real import AiterPsDriver
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict
@@ -37,10 +38,11 @@ class AiterEmulated(Backend):
     emulation = True
     context_chunks = Verdict.yes()  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
 
-    def __init__(self, faults: Any = None, cu_num: int | None = None, aiter_version: Any = None):
+    def __init__(self, cu_num: int | None = None, aiter_version: Any = None, emulator: Emulator | None = None):
         """``cu_num`` / ``aiter_version``: the emulated plan's CU count and AITER version; None takes the
-        run configuration's (:attr:`Backend.config`) when the driver is first built."""
-        self.faults = faults
+        run configuration's (:attr:`Backend.config`) when the driver is first built. ``emulator``: the
+        kernel and reduce emulation (default the faithful one)."""
+        self.emulator = emulator
         self.cu_num = cu_num
         self.aiter_version = None if aiter_version is None else parse_aiter_version(aiter_version)
         self._driver: AiterPsDriver | None = None
@@ -51,7 +53,7 @@ class AiterEmulated(Backend):
 
             ver = self.aiter_version or self.config.emu_aiter_version or NEWEST_MODELLED_VERSION
             module = make_standin_aiter(reduce_variant=9, cu_num=self.cu_num or self.config.emu_cu_num,
-                                        faults=self.faults, aiter_version=ver)
+                                        emulator=self.emulator, aiter_version=ver)
             self._driver = AiterPsDriver(module, ver)
         return self._driver
 

@@ -2,7 +2,7 @@
 
 Two kinds of fault:
 
-* **Emulator faults** (:data:`mla_fp8_bench.aiter_ps.emulator.ALL_FAULTS`): bugs inside the kernel or
+* **Emulator faults** (:data:`mla_fp8_bench.testing.emulator_faults.ALL_FAULTS`): bugs inside the kernel or
   the reduce (dropped/doubled scale, missing causal mask, wrong LSE merge, off-by-one tile, ...).
 * **Input-side faults** (:data:`INPUT_FAULTS`), implemented here around the emulated backend:
 
@@ -54,12 +54,6 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.emulator import (
-    ALL_FAULTS,
-    FAULT_DESCRIPTIONS,
-    emulate_mla_prefill_ps_asm_fwd,
-    emulate_mla_reduce_v1,
-)
 from mla_fp8_bench.analysis.probes import PROBES, make_probe, probe_record, probe_reference
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict, compose_prefix
@@ -69,6 +63,7 @@ from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.fp8 import Quantized, fp8_max
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
+from mla_fp8_bench.testing.emulator_faults import ALL_FAULTS, FAULT_DESCRIPTIONS, FaultyEmulator
 
 #: Faults of the steps around the kernel (quantisation, planning, the prefix composition; implemented here).
 INPUT_FAULTS: dict[str, str] = {
@@ -164,6 +159,7 @@ def _prepare_stale(inputs: CaseInputs, emu_faults: frozenset[str], cu_num: int) 
     prev = previous_step_lens(inputs.case.seq_lens)
     cu_prev = torch.tensor(cu_seqlens_of(prev), dtype=torch.int32)
     h = inputs.case.num_heads
+    emulator = FaultyEmulator(emu_faults)
     plan = plan_ps_prefill(cu_prev, cu_prev, torch.tensor(prev, dtype=torch.int32), num_heads_k=h, cu_num=cu_num,
                            qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)
     q8, k8, v8 = (x.data.contiguous() for x in (inputs.q8, inputs.k8, inputs.v8))
@@ -178,11 +174,11 @@ def _prepare_stale(inputs: CaseInputs, emu_faults: frozenset[str], cu_num: int) 
     final_lse = torch.full((t, h), float("nan"), dtype=torch.float32, device=dev)
 
     def run() -> torch.Tensor:
-        emulate_mla_prefill_ps_asm_fwd(q8, k8, v8, cu, cu, pages, plan.work_indptr, plan.work_info,
-                                       inputs.max_seqlen, inputs.softmax_scale, True, split_data, split_lse, output,
-                                       scales[0], scales[1], scales[2], faults=emu_faults)
-        emulate_mla_reduce_v1(split_data, split_lse, plan.reduce_indptr, plan.reduce_final_map,
-                              plan.reduce_partial_map, output, final_lse, faults=emu_faults)
+        emulator.mla_prefill_ps_asm_fwd(q8, k8, v8, cu, cu, pages, plan.work_indptr, plan.work_info,
+                                        inputs.max_seqlen, inputs.softmax_scale, True, split_data, split_lse, output,
+                                        scales[0], scales[1], scales[2])
+        emulator.mla_reduce_v1(split_data, split_lse, plan.reduce_indptr, plan.reduce_final_map,
+                               plan.reduce_partial_map, output, final_lse)
         return output
 
     return Prepared(run=run, graph_capturable=False, timing_scope="emulation",
@@ -228,7 +224,7 @@ def prepare_one_call_prefix(inputs: CaseInputs, emu_faults: Iterable[str], cu_nu
     case = inputs.case
     one_call = Case(case.seq_lens, case.num_heads, case.quant, case.dist, case.seed,
                     context_lens=case.kv_lens, family="ctx")  # kv_lens = C + Q in one call
-    inner = AiterEmulated(faults=frozenset(emu_faults) or None, cu_num=cu_num)
+    inner = AiterEmulated(cu_num=cu_num, emulator=FaultyEmulator(emu_faults))
     return inner.prepare(replace(inputs, case=one_call, causal=True))
 
 
@@ -259,7 +255,7 @@ class FaultyEmulated(Backend):
         self.faults = normalize_suite_faults(faults)
         self.cu_num = cu_num or DEFAULT_EMU_CU_NUM
         self.emu_faults = frozenset(self.faults & ALL_FAULTS)
-        self._inner = AiterEmulated(faults=self.emu_faults or None, cu_num=self.cu_num)
+        self._inner = AiterEmulated(cu_num=self.cu_num, emulator=FaultyEmulator(self.emu_faults))
         if "omit_need_lse" in self.faults:
             self._inner.driver().pass_need_lse = False
 
@@ -327,7 +323,8 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
                     if (cid, s) not in probe_refs:
                         p = make_probe(cid, s)
                         probe_refs[(cid, s)] = (probe_reference(p), probe_reference(p, dequantized=False))
-                    rec = probe_record(cid, s, normalize_suite_faults(f) & ALL_FAULTS, probe_refs[(cid, s)])
+                    rec = probe_record(cid, s, FaultyEmulator(normalize_suite_faults(f) & ALL_FAULTS),
+                                       probe_refs[(cid, s)])
                 else:
                     key = parse_case_id(cid).with_(seed=s).id
                     if key not in case_data:
