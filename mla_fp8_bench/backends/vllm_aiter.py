@@ -37,10 +37,6 @@ Only ``quant="cast"`` prefill cases are supported: vLLM always casts at unit sca
 context (vLLM #52356, up to 0.33.0), so ``ctx``/``prefix`` cases are skips naming that reason. 0.28
 enables the path only for ``num_heads % 16 == 0``. vLLM 0.33.0 calls ``get_ps_metadata_info_v1``
 without ``max_kvlen`` on either AITER revision.
-
-Tests run the same adapter on CPU against a stand-in ``aiter``
-(:func:`mla_fp8_bench.testing.vllm_faults.for_testing`), bypassing the
-platform gate; the real-vLLM tier (``tests/vllm_tier``) does so against vLLM's real classes.
 """
 
 from __future__ import annotations
@@ -156,10 +152,7 @@ def detect_features(module: types.ModuleType) -> VllmFeatures:
     init = builder._init_fp8_prefill_ps_buffers
     init_names = _code_names(init)
     helper = getattr(module, "AiterMLAHelper", None)
-    version = None
-    root = sys.modules.get(module.__name__.split(".")[0])
-    if root is not None:
-        version = getattr(root, "__version__", None)
+    version = getattr(sys.modules.get(module.__name__.split(".")[0]), "__version__", None)
     return VllmFeatures(
         attn_out_dtype="attn_out_dtype" in inspect.signature(init).parameters,
         pads_heads=helper is not None and hasattr(helper, "get_fp8_prefill_num_heads"),
@@ -288,6 +281,21 @@ def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
             f"({', '.join(kwargs)}): {exc}. The signature changed across releases (attn_out_dtype added in 0.29, "
             "#51040); the adapter must follow it."
         ) from None
+
+
+def _step_metadata(cu_cpu: torch.Tensor, device: torch.device, max_q: int) -> tuple[Any, Any]:
+    """Stand-ins for vLLM's ``(attn_metadata, common_attn_metadata)`` of a prefill-only step."""
+    prefill = SimpleNamespace(query_start_loc=cu_cpu.to(device), max_query_len=max_q)
+    return SimpleNamespace(prefill=prefill, num_decodes=0), SimpleNamespace(query_start_loc_cpu=cu_cpu)
+
+
+def _timed_build(builder: Any, metadata: Any, common: Any, device: torch.device) -> float:
+    """Seconds of one ``_build_fp8_prefill_ps_metadata`` (device-synchronised on CUDA/HIP)."""
+    t0 = time.perf_counter()
+    builder._build_fp8_prefill_ps_metadata(metadata, common)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 @dataclass
@@ -481,14 +489,8 @@ class VllmAiter(Backend):
         with _aiter_installed(self._aiter_given):
             builder._init_fp8_prefill_ps_buffers(**kw)
             reserved = _reserved_bytes(entry.workspace)
-            prefill = SimpleNamespace(query_start_loc=cu_cpu.to(device), max_query_len=max_q)
-            metadata = SimpleNamespace(prefill=prefill, num_decodes=0)
-            common = SimpleNamespace(query_start_loc_cpu=cu_cpu)
-            t0 = time.perf_counter()
-            builder._build_fp8_prefill_ps_metadata(metadata, common)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            build_s = time.perf_counter() - t0
+            metadata, common = _step_metadata(cu_cpu, device, max_q)
+            build_s = _timed_build(builder, metadata, common, device)
         if lock:
             self._lock(entry.workspace)
 
@@ -547,16 +549,9 @@ class VllmAiter(Backend):
         try:
             st = self._setup(entry, aiter, case.num_heads, 1.0, cu, device, lock=False)
             samples.append(st.build_s)
-            md = SimpleNamespace(prefill=SimpleNamespace(query_start_loc=cu.to(device), max_query_len=case.max_seq_len),
-                                 num_decodes=0)
-            common = SimpleNamespace(query_start_loc_cpu=cu)
+            md, common = _step_metadata(cu, device, case.max_seq_len)
             with _aiter_installed(self._aiter_given):
-                for _ in range(repeats - 1):
-                    t0 = time.perf_counter()
-                    st.builder._build_fp8_prefill_ps_metadata(md, common)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    samples.append(time.perf_counter() - t0)
+                samples += [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
                 info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
                                                      max_qlen=case.max_seq_len, qlen_granularity=Q_TILE)
         finally:

@@ -21,17 +21,7 @@ the epoch.
 A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
 optionally with ``ceilings`` (:func:`mla_fp8_bench.peers.ceilings.attach`).
 
-API (all errors are :class:`ResultsError`, a ``ValueError``)
-
-* :func:`load_run_json` -> :class:`RunDoc` (``env``, ``records``, ``ceilings``)
-* :func:`list_machines` / :func:`machine_dirs` / :func:`load_machine` - machines of a results directory;
-  :func:`is_cpu_machine` - whether machine facts name no GPU
-* :func:`list_result_files` -> :class:`ResultFileName` (commit prefix, env, path) per result file
-* :func:`find_result` - the result file of one commit prefix (and env) on one machine
-* :func:`load_asv_result` -> :class:`AsvResult`; ``.measurements(benchmark)`` gives one
-  :class:`Measurement` (value, status, quartiles, CI, samples) per parameter combination
-* :func:`load_benchmarks` - ``benchmarks.json``
-* :func:`load_any` - a run JSON or an asv result file, told apart by content
+Every read error is a :class:`ResultsError` (a ``ValueError``).
 """
 
 from __future__ import annotations

@@ -6,15 +6,6 @@ docs/methodology.md §8). A *round* is one latency-only pass over the grid in a 
 figure a user compares is the median over rounds, and the per-round values stay in the record so the
 noise of every parameter is visible and stored.
 
-* :func:`round_order` - the case order of round ``i``: ``sorted``, ``reversed``, ``shuffled``, repeating.
-* :func:`measure_round` - one latency-only pass in this process (the suite's kernel timing, no
-  references, no call latency).
-* :func:`run_rounds` - extra rounds as worker processes (``python -m mla_fp8_bench.harness.rounds``)
-  of one interpreter / environment, one after the other.
-* :func:`merge_rounds` - fold rounds into run records: ``latency_rounds_s`` (round 0 first, the
-  in-process round of the accuracy pass), ``latency_s`` = their median, the same for SM cycles and the
-  SM clock, ``latency_round_spread`` = (max - min) / median.
-
 Worker::
 
     python -m mla_fp8_bench.harness.rounds --backends fa3-fp8,fa3-bf16 --cases s128,s8192 \\

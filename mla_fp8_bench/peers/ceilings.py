@@ -39,8 +39,6 @@ COPY_BYTES = 2 * 2**30
 
 
 def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
-    from mla_fp8_bench.measure.timing import time_device
-
     if not hasattr(torch, "_scaled_mm"):
         return {"status": "skipped", "reason": f"torch {torch.__version__} has no torch._scaled_mm"}
     fp8 = torch.float8_e4m3fn
@@ -59,16 +57,10 @@ def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
     def run():
         return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
-    run()
-    tr = time_device(run, device, graph_capturable=True, samples=samples, time_budget_s=5.0)
-    sec = tr.median_s
-    return {"status": "ok", "tflops": 2.0 * n ** 3 / sec / 1e12, "median_s": sec, "cv": tr.cv,
-            "method": tr.method, "dtype": str(fp8).replace("torch.", ""), "shape": [n, n, n]}
+    return _gemm_ceiling(run, device, n, samples, dtype=str(fp8).replace("torch.", ""))
 
 
 def _bf16_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
-    from mla_fp8_bench.measure.timing import time_device
-
     gen = torch.Generator(device=device).manual_seed(1)
     a = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
@@ -77,11 +69,17 @@ def _bf16_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
     def run():
         return torch.matmul(a, b, out=out)
 
+    return _gemm_ceiling(run, device, n, samples)
+
+
+def _gemm_ceiling(run, device: torch.device, n: int, samples: int, **extra: Any) -> dict[str, Any]:
+    """TFLOP/s (``2 n^3`` per call) of an ``n x n x n`` GEMM ``run``, timed by graph replay."""
+    from mla_fp8_bench.measure.timing import time_device
+
     run()
     tr = time_device(run, device, graph_capturable=True, samples=samples, time_budget_s=5.0)
-    sec = tr.median_s
-    return {"status": "ok", "tflops": 2.0 * n ** 3 / sec / 1e12, "median_s": sec, "cv": tr.cv,
-            "method": tr.method, "shape": [n, n, n]}
+    return {"status": "ok", "tflops": 2.0 * n ** 3 / tr.median_s / 1e12, "median_s": tr.median_s, "cv": tr.cv,
+            "method": tr.method, **extra, "shape": [n, n, n]}
 
 
 def _copy(device: torch.device, nbytes: int, samples: int) -> dict[str, Any]:
