@@ -51,9 +51,6 @@ def plan_backends() -> tuple[str, ...]:
     return tuple(b for b in asv_backends() if callable(getattr(type(get_backend(b)), "plan_stats", None)))
 
 
-_DROP = ("traceback",)
-
-
 def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
     """The cached record of (backend, case) for an asv ``setup``.
 
@@ -153,9 +150,15 @@ def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], cl
         return {"records": kept, "failure": why}
 
 
-def _keep_stored_over_errors(cfg: RunConfig, records: dict[str, Any], class_name: str, version: str) -> None:
-    """An ``error`` record of this run whose param has a value stored for this commit keeps that value
-    (the reason names the error): a failure never replaces a stored measurement of the same code."""
+def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, version: str | None,
+                 backends: tuple[str, ...], skipped: dict[str, str]) -> None:
+    """With ``version``, params of ``backends`` x :data:`ASV_CASES` this run did not measure get the values
+    stored for this commit, and so does an ``error`` record (the reason names the error): a failure never
+    replaces a stored measurement of the same code."""
+    if version is None:
+        return
+    unmeasured = [(b, c) for b in backends for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
+    records.update(stored_records(cfg, class_name, version, unmeasured))
     failed = [tuple(k.split("|", 1)) for k, r in records.items() if r.get("status") == "error"]
     for key, rec in stored_records(cfg, class_name, version, failed).items():
         why = records[key].get("reason", "")
@@ -215,17 +218,13 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
     attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = _extra_rounds(data["records"], n_rounds, str(pinfo.device))
-    records: dict[str, Any] = {}
-    for r in data["records"]:
-        records[f"{r['backend']}|{r['case']}"] = emulation_apart({k: v for k, v in r.items() if k not in _DROP})
+    records = {f"{r['backend']}|{r['case']}": emulation_apart({k: v for k, v in r.items() if k != "traceback"})
+               for r in data["records"]}
     grid = asv_backends()
     for cid, why in skipped.items():
         for b in grid:
             records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}
-    if version is not None:  # params this run did not measure keep their stored values
-        unmeasured = [(b, c) for b in grid for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
-        records.update(stored_records(cfg, "MLAPrefill", version, unmeasured))
-        _keep_stored_over_errors(cfg, records, "MLAPrefill", version)
+    _keep_stored(cfg, records, "MLAPrefill", version, grid, skipped)
     return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records,
             "rounds": data["rounds"]}
 
@@ -289,8 +288,5 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
                 records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
         for cid, why in skipped.items():
             records[f"{name}|{cid}"] = {"status": "skipped", "reason": why}
-    if version is not None:
-        unmeasured = [(b, c) for b in plan for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
-        records.update(stored_records(cfg, "AiterPlan", version, unmeasured))
-        _keep_stored_over_errors(cfg, records, "AiterPlan", version)
+    _keep_stored(cfg, records, "AiterPlan", version, plan, skipped)
     return {"records": records}
