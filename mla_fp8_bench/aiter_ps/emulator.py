@@ -4,9 +4,9 @@ What is emulated (docs/aiter-contract.md#work-info, #kernel, #reduce, #pr-3606, 
 AITER main ``e4048607a535`` and ROCm/aiter#3606):
 
 * :func:`emulate_mla_prefill_ps_asm_fwd` - the ASM kernel ``mla_prefill_ps_asm_fwd`` (objects
-  ``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``): it walks the planner's
-  ``work_indptr`` / ``work_info`` exactly like the hardware (workgroup by workgroup, works in order,
-  128-key tiles), keeps a base-2 online softmax on the *raw* fp8 scores starting from ``-FLT_MAX``,
+  ``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``, unchanged since v0.1.10.post1):
+  it walks the planner's ``work_indptr`` / ``work_info`` exactly like the hardware (workgroup by workgroup,
+  works in order, 128-key tiles), keeps a base-2 online softmax on the *raw* fp8 scores starting from ``-FLT_MAX``,
   rounds P to ``float8_e4m3fn`` before ``P @ V`` while ``l`` sums the fp32 P, and writes either bf16
   rows (``partial_o_loc == -1``) or fp32 partials plus a natural-log LSE.
 * :func:`emulate_mla_reduce_v1` - ``mla_reduce_v1``: merges each reduce group with natural exp/log.
@@ -47,7 +47,6 @@ import torch
 from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpack_q_head_range
 
 __all__ = [
-    "KERNEL_OBJECTS",
     "Emulator",
     "EMULATOR",
     "emulate_mla_prefill_ps_asm_fwd",
@@ -56,11 +55,6 @@ __all__ = [
     "run_emulated_prefill",
 ]
 
-#: Kernel code objects whose behaviour is emulated (unchanged since v0.1.10.post1).
-KERNEL_OBJECTS = (
-    "hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal0.co",
-    "hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal1.co",
-)
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
 

@@ -23,8 +23,6 @@ from typing import Any
 
 __all__ = [
     "AITER_DIST",
-    "AITER_REFERENCE_COMMIT",
-    "AITER_POST_3606_COMMIT",
     "AiterVersionError",
     "BLOCK_SIZE",
     "BUFFER_NAMES",
@@ -77,12 +75,6 @@ __all__ = [
 
 AITER_DIST = "amd-aiter"
 """Distribution name of AITER (``importlib.metadata.version(AITER_DIST)``)."""
-
-AITER_REFERENCE_COMMIT = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
-"""AITER main at 2026-08-22 (newest tag then v0.1.20.post1): the pre-#3606 reference revision."""
-
-AITER_POST_3606_COMMIT = "b97d239d1a8c73d29c1876507b7e303deb266834"
-"""``refs/pull/3606/merge`` at 2026-08-22: ROCm/aiter#3606 merged onto main; v0.1.22 semantics."""
 
 # ----------------------------------------------------------------------------------------------
 # tiles and buffers

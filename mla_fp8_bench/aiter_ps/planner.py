@@ -42,7 +42,6 @@ from typing import Any
 import torch
 
 from mla_fp8_bench.aiter_ps.facts import (
-    AITER_REFERENCE_COMMIT,
     BUFFER_NAMES,
     KV_TILE,
     PLANNER_PR_3606_REF,
@@ -55,8 +54,6 @@ from mla_fp8_bench.aiter_ps.facts import (
 )
 
 __all__ = [
-    "AITER_COMMIT",
-    "AITER_PLANNER_SOURCE",
     "BUFFER_NAMES",
     "BUFFER_LENGTH_KEYS",
     "Q_TILE",
@@ -68,12 +65,6 @@ __all__ = [
     "plan_ps_prefill",
     "ps_metadata_info",
 ]
-
-AITER_COMMIT = AITER_REFERENCE_COMMIT[:12]
-"""Short id of the pre-#3606 AITER revision the port follows (``e4048607a535``, 2026-08-22)."""
-
-AITER_PLANNER_SOURCE = "csrc/kernels/mla/metadata/v1_2_host.cuh"
-"""AITER file holding the host planner that :func:`plan_ps_prefill` ports."""
 
 BUFFER_LENGTH_KEYS = (
     "work_metadata_ptrs",
