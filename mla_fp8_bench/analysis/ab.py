@@ -1,26 +1,13 @@
-"""PR mode: ``mla-fp8-bench ab BASE HEAD`` measures two installs of the library under test on one machine,
-in alternating processes, and applies the gate.
+"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test measured on one machine in
+alternating processes, then gated.
 
-BASE and HEAD are each either
-
-* a Python interpreter (an environment holding the library under test, e.g. ``/venvs/base/bin/python``),
-  or
-* a directory holding an install of the library (``pip install --target DIR ...``), put first on
-  ``PYTHONPATH`` of this interpreter.
-
-Both sides run the same suite (this one). ``--rounds R`` rounds per side run as separate processes in
-the order BASE HEAD HEAD BASE BASE HEAD ... (each pair alternates which goes first), and the case order
-alternates between rounds (:func:`mla_fp8_bench.harness.rounds.round_order`), so drift of the machine
-over the run (clock, temperature) falls on both sides alike. By default each side keeps one round
-server (:class:`~mla_fp8_bench.harness.rounds.RoundServer`: torch imported once, one forked child
-per round, each child a fresh device context); ``--spawn`` starts a new interpreter per round instead.
-
-Each side becomes a run document whose records carry the per-round values (``latency_rounds_s``,
-``latency_sm_cycles_rounds``, ...) and their median; the gate
-(:func:`mla_fp8_bench.analysis.gate.compare`) judges them with its rounds rule (per-param threshold
-``max(--factor, 1 + k x spread)``; the gated figure follows the clock: SM cycles where the clock is
-off its plateau). Exit status as the gate's: 0 nothing regressed, 1 a regression, 2 usage errors.
+BASE and HEAD are each a Python interpreter or a directory put first on ``PYTHONPATH``. ``--rounds``
+rounds per side run in :func:`schedule` order with the case order of
+:func:`mla_fp8_bench.harness.rounds.round_order`; each side keeps one
+:class:`~mla_fp8_bench.harness.rounds.RoundServer` (``--spawn``: a new interpreter per round). The gate's
+rounds rule judges the per-round records (docs/methodology.md, PR mode). Exit status as the gate's.
 """
+
 
 from __future__ import annotations
 

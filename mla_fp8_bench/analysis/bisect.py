@@ -1,34 +1,15 @@
-"""Bisect a library's history (AITER, vLLM, ...) for the commit that broke one benchmark, with ``git bisect run``.
+"""``mla-fp8-bench bisect``: ``git bisect run`` over a library's history (AITER, vLLM, ...) on one asv
+benchmark and a threshold, in a temporary git worktree of ``--repo`` and an existing environment.
 
-``mla-fp8-bench bisect --repo PATH --good SHA --bad SHA --benchmark REGEX --metric track_max_abs_error|track_latency
---threshold X [--config asv.aiter.conf.json] [--python PY] [--install-cmd CMD] [--machine NAME]``
-
-Why not ``asv find``: it needs asv-managed environments that build every probed commit (an AITER
-build with prebuilt kernels takes about an hour; vLLM's needs its Docker toolchain), and its criterion
-is the largest absolute jump, not a threshold (docs/reference-facts.md#asv-find). This command instead drives
-``git bisect run`` in a temporary **git worktree** of ``--repo`` (your checkout is never touched). At
-each probed commit the step (``python -m mla_fp8_bench.analysis.bisect step ...``):
-
-1. builds/installs the commit into the *existing* environment ``--python`` with ``--install-cmd``
-   (default ``{python} -m pip install --no-deps --no-build-isolation -q .``; a failed install exits
-   125: git skips the commit);
-2. runs ``{python} -m asv run -E existing:{python} --set-commit-hash <sha> -b <REGEX> --config <CONFIG>
-   --machine <NAME>`` (``--config`` is a suite whose ``repo`` is ``--repo``, so the SHA exists there),
-   measuring only the (backend, case) params the regex selects (:func:`probe_selection`);
-3. reads the stored value from ``<results_dir>/<machine>/<sha8>-existing-*.json`` with
-   :mod:`mla_fp8_bench.harness.results` (for ``track_latency`` the median asv stored) and exits **0**
-   (good: value <= threshold), **1** (bad: value > threshold) or **125** (skip: install failed, the
-   benchmark failed or was skipped). A mis-configuration - a regex that selects zero or several
-   benchmark combinations, a missing config - exits **128**, which makes ``git bisect run`` abort
-   instead of marking commits.
-
-Before ``git bisect run`` starts, both ends are measured the same way: ``--good`` must measure good
-and ``--bad`` bad, or the command stops (exit 2) naming what each end measured: a bisection between
-ends that were never measured would name an unmeasured "first bad commit".
-
-The command prints the first bad commit, the value at every probed commit, and ``git bisect log``;
-it exits 0 when a first bad commit was named, 1 when bisection ended without one, 2 on usage errors.
+Each probe (``python -m mla_fp8_bench.analysis.bisect step ...``, :func:`step`) installs the commit
+with ``--install-cmd`` (failure: exit 125, git skips it), runs ``asv run -E existing:{python}
+--set-commit-hash <sha> -b <REGEX>`` on the (backend, case) params the regex selects
+(:func:`probe_selection`), and exits 0 (value <= threshold), 1 (above) or 125 (failed or skipped); a
+regex that selects zero or several combinations exits 128, which aborts the bisection. Both ends are
+measured first and must measure good and bad (else exit 2). Why not ``asv find``:
+docs/reference-facts.md#asv-find; usage: docs/regressions.md, section 5.
 """
+
 
 from __future__ import annotations
 
@@ -76,8 +57,9 @@ def _load_conf(config: str) -> dict[str, Any]:
         return json.loads(text)
 
 
-def results_dir_of(config: str) -> str:
-    conf = _load_conf(config)
+def results_dir_of(config: str, conf: dict[str, Any] | None = None) -> str:
+    """The absolute ``results_dir`` of an asv config (``conf``: the config already read)."""
+    conf = _load_conf(config) if conf is None else conf
     return str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
 
 
@@ -145,19 +127,20 @@ def step(args: argparse.Namespace) -> int:
     """One ``git bisect run`` probe in the current directory (a worktree at the probed commit)."""
     log = Path(args.log) if args.log else None
 
-    def note(**kw) -> None:
+    def done(rc: int, text: str, **kw) -> int:
+        print(f"[bisect step] {sha[:10]}: {text}", flush=True)
         if log:
             with open(log, "a") as f:
-                f.write(json.dumps(kw) + "\n")
+                f.write(json.dumps({"sha": sha, **kw}) + "\n")
+        return rc
 
     sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     py = args.python
     install = args.install_cmd.format(python=shlex.quote(py))
     p = subprocess.run(install, shell=True, capture_output=True, text=True)
     if p.returncode != 0:
-        print(f"[bisect step] {sha[:10]}: install failed (skip): {(p.stderr or p.stdout)[-500:]}", flush=True)
-        note(sha=sha, verdict="skip", why="install failed")
-        return EXIT_SKIP
+        return done(EXIT_SKIP, f"install failed (skip): {(p.stderr or p.stdout)[-500:]}", verdict="skip",
+                    why="install failed")
     cmd = [py, "-m", "asv", "run", "-E", f"existing:{py}", "--set-commit-hash", sha, "-b", args.benchmark,
            "--config", args.config, "--machine", args.machine, "--show-stderr"]
     t0 = time.perf_counter()
@@ -165,24 +148,18 @@ def step(args: argparse.Namespace) -> int:
     probe_s = time.perf_counter() - t0  # the measurement only: the install above is the build
     out = p.stdout + p.stderr
     if p.returncode != 0:
-        print(f"[bisect step] {sha[:10]}: asv run exited {p.returncode} (skip):\n{out[-1500:]}", flush=True)
-        note(sha=sha, verdict="skip", why=f"asv run exited {p.returncode}")
-        return EXIT_SKIP
+        return done(EXIT_SKIP, f"asv run exited {p.returncode} (skip):\n{out[-1500:]}", verdict="skip",
+                    why=f"asv run exited {p.returncode}")
     try:
         name, value, status = read_value(results_dir_of(args.config), args.machine, sha, args.benchmark)
     except BisectUsageError as exc:
-        print(f"[bisect step] {sha[:10]}: {exc} (abort)", flush=True)
-        note(sha=sha, verdict="abort", why=str(exc))
-        return EXIT_ABORT
+        return done(EXIT_ABORT, f"{exc} (abort)", verdict="abort", why=str(exc))
     if status != "ok":
-        print(f"[bisect step] {sha[:10]}: {name or args.benchmark} {status} (skip)\n{out[-1500:]}", flush=True)
-        note(sha=sha, verdict="skip", why=status)
-        return EXIT_SKIP
+        return done(EXIT_SKIP, f"{name or args.benchmark} {status} (skip)\n{out[-1500:]}", verdict="skip", why=status)
     bad = value > args.threshold
-    print(f"[bisect step] {sha[:10]}: {name} = {value:.6g} {'>' if bad else '<='} {args.threshold} -> "
-          f"{'bad' if bad else 'good'}", flush=True)
-    note(sha=sha, verdict="bad" if bad else "good", value=value, name=name, probe_s=round(probe_s, 2))
-    return EXIT_BAD if bad else EXIT_GOOD
+    return done(EXIT_BAD if bad else EXIT_GOOD, f"{name} = {value:.6g} {'>' if bad else '<='} {args.threshold} -> "
+                f"{'bad' if bad else 'good'}", verdict="bad" if bad else "good", value=value, name=name,
+                probe_s=round(probe_s, 2))
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -227,19 +204,15 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
     log = os.path.join(wt + "-probes.jsonl")
     _git(repo, "worktree", "add", "--detach", wt, bad_sha)
     try:
-        step_cmd = [python, "-m", "mla_fp8_bench.analysis.bisect", "step", "--benchmark", benchmark, "--threshold",
-                    repr(threshold), "--config", config, "--python", python, "--install-cmd", install_cmd,
-                    "--machine", machine, "--log", log]
-        # git bisect run needs the mla_fp8_bench of *this* interpreter for the step; each probe measures
-        # only the params the regex selects (unless the caller chose them)
-        env = dict(os.environ)
-        for k, v in probe_selection(benchmark).items():
-            env.setdefault(k, v)
-        ends = check_ends(wt, good_sha, bad_sha, [sys.executable, "-m", "mla_fp8_bench.analysis.bisect",
-                                                  *step_cmd[3:]], env, log, echo)
+        # the step runs with the mla_fp8_bench of *this* interpreter; each probe measures only the params
+        # the regex selects (unless the caller chose them)
+        step_cmd = [sys.executable, "-m", "mla_fp8_bench.analysis.bisect", "step", "--benchmark", benchmark,
+                    "--threshold", repr(threshold), "--config", config, "--python", python, "--install-cmd",
+                    install_cmd, "--machine", machine, "--log", log]
+        env = {**probe_selection(benchmark), **os.environ}
+        ends = check_ends(wt, good_sha, bad_sha, step_cmd, env, log, echo)
         _git(wt, "bisect", "start", bad_sha, good_sha)
-        p = subprocess.run(["git", "-C", wt, "bisect", "run", sys.executable, "-m", "mla_fp8_bench.analysis.bisect",
-                            *step_cmd[3:]], capture_output=True, text=True, env=env)
+        p = subprocess.run(["git", "-C", wt, "bisect", "run", *step_cmd], capture_output=True, text=True, env=env)
         output = p.stdout + p.stderr
         blog = _git(wt, "bisect", "log", check=False)
         m = re.search(r"^([0-9a-f]{40}) is the first bad commit", output, flags=re.M)
@@ -249,13 +222,19 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
         if not keep_worktree:
             subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", wt], capture_output=True)
             shutil.rmtree(wt, ignore_errors=True)
-    probes = []
+    probes = _read_log(log)
     if os.path.exists(log):
-        with open(log) as f:
-            probes = [json.loads(x) for x in f if x.strip()]
         os.unlink(log)
     return {"first_bad": first_bad, "probes": probes, "log": blog, "output": output, "benchmark": benchmark,
             "ends": ends}
+
+
+def _read_log(log: str) -> list[dict[str, Any]]:
+    """The probes' JSON lines (``sha``, ``verdict``, ``value`` or ``why``, ...); [] without a log."""
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [json.loads(x) for x in f if x.strip()]
 
 
 def measure_end(wt: str, sha: str, step_cmd: list[str], env: dict[str, str]) -> int:
@@ -279,11 +258,7 @@ def check_ends(wt: str, good: str, bad: str, step_cmd: list[str], env: dict[str,
         rc = measure_end(wt, sha, step_cmd, env)
         out[opt] = verdict.get(rc, f"exit {rc}")
         if rc != want:
-            last = {}
-            if os.path.exists(log):
-                with open(log) as f:
-                    lines = [json.loads(x) for x in f if x.strip()]
-                last = next((x for x in reversed(lines) if x.get("sha") == sha), {})
+            last = next((x for x in reversed(_read_log(log)) if x.get("sha") == sha), {})
             seen = (f"{last.get('name') or 'the benchmark'} = {last['value']:.6g}" if "value" in last
                     else last.get("why", "no value"))
             raise BisectUsageError(f"{opt} {sha[:12]} measures {out[opt]} ({seen}), not {verdict[want]}: the ends of "

@@ -1,35 +1,13 @@
-"""Calibrated accuracy tolerances: measure error distributions over seeds, derive thresholds, check records.
+"""``mla-fp8-bench calibrate``: measure error distributions over seeds and derive tolerances.
 
-``mla-fp8-bench calibrate`` runs every backend x quantisation mode (``per_tensor``, ``cast``) x input
-distribution (``normal``, ``outlier``, ``mla``) x case shape over ``--seeds`` seeds (>= 20), measures
-the error metrics of :data:`METRICS` against both references (fp8-dequantised and bf16), and writes a
-versioned JSON file (``tolerances/<name>.json``) with, per (backend, case without its seed), the measured
-distribution (min / median / max / mean / std over seeds) and a tolerance per metric.
-
-**Method: tolerance = max over the calibration seeds x margin (default 2.0), floored.**
-
-* Why the maximum and not ``mean + k*std``: per-seed errors are extreme-value statistics (a max over
-  ~10^5 elements, or a fraction of rare mismatches); their distribution is right-skewed and heavy
-  tailed, so a Gaussian ``k*std`` band under-covers the tail it is meant to cover. The sample maximum
-  is distribution-free: for exchangeable seeds, a fresh seed exceeds the maximum of ``n`` with
-  probability ``1/(n+1)`` (4.8 % at n = 20) *before* the margin.
-* Why x2.0: the margin covers the tail beyond the sample maximum, and max-abs errors are *quantised
-  in powers of two*: the output is bf16, so a near-exact backend's max-abs error is half an ulp of its
-  largest output element, and it doubles whenever that element crosses a power of two. At x1.5 a
-  held-out seed alarms (torch-fp8-ref, s128, seed 1007: 0.0134 against a tolerance of 0.0117, 1.71x
-  the calibration maximum - one binade up); x2 covers one binade. Every injected fault the suite knows
-  still moves some metric far beyond x2 on at least one default case (tests/test_faults.py, the fault
-  table in docs/regressions.md). The margin is validated, not assumed: calibration also runs
-  ``--validate-seeds`` *held-out* seeds (1000, 1001, ...) and stores how many of those raise an alarm
-  (``validation`` in the file; 0 expected).
-* Floors (``tolerances.FLOORS``, from the metric table): a metric whose calibration values are all ~0
-  (e.g. a mismatch fraction of 0 on every seed) would otherwise get a zero tolerance, and any single
-  flipped element would alarm.
-
-The file format, loading and the accuracy check of records live in
-:mod:`mla_fp8_bench.analysis.tolerances`; the calibrated metrics and their floors are those of the
-metric table (:mod:`mla_fp8_bench.measure.metric_table`, ``calibrated=True``, ``tolerance_floor``).
+Every backend x quantisation mode (:data:`QUANTS`) x input distribution (:data:`DISTS`) x case shape
+runs over ``--seeds`` seeds (>= :data:`MIN_SEEDS`), plus the probes of
+:mod:`mla_fp8_bench.analysis.probes`; tolerance = max(floor, max over seeds x margin) per (backend,
+case without its seed, metric), checked on ``--validate-seeds`` held-out seeds (from
+:data:`VALIDATION_SEED0`). Why the maximum and why x2.0: docs/regressions.md, section 1. The file
+format and the check of records live in :mod:`mla_fp8_bench.analysis.tolerances`.
 """
+
 
 from __future__ import annotations
 

@@ -1,44 +1,14 @@
 """PR gate: compare HEAD with BASE on accuracy (against calibrated tolerances) and latency (with statistics).
 
-``mla-fp8-bench gate BASE HEAD [--results-dir results] [--machine NAME] [--factor 1.05] [--tolerances FILE]
-[--format text|markdown] [--plots PATH] [--gate-call-latency] [--allow-missing] [--allow-cross-machine]``
-
-BASE and HEAD are each either a run JSON (``mla-fp8-bench run --json``), an asv result file, or a
-commit hash (prefix) whose asv results are read from ``<results-dir>/<machine>/`` (all reading goes
-through :mod:`mla_fp8_bench.harness.results`). What each metric is and how it gates comes from the
-metric table (:mod:`mla_fp8_bench.measure.metric_table`). Exit status:
-
-* **0** - nothing regressed;
-* **1** - a regression: an accuracy metric exceeds its calibrated tolerance, or grew by more than
-  ``--acc-factor`` (default 2.0, the calibration margin) over BASE, or became non-finite; a kernel
-  latency grew by more than ``--factor`` *and* the growth is statistically significant; a resource
-  count (workspace bytes, partial slots) grew by more than ``--factor``; a value is impossible (a
-  negative error, a fraction above 1, a non-number: INVALID); a parameter that was OK on BASE failed
-  on HEAD (FAILED); a (backend, case) or accuracy value that BASE had is absent, skipped or null on
-  HEAD, or HEAD holds no results at all (LOST; ``--allow-missing`` lists these without failing);
-* **2** - usage errors (missing file, unknown or ambiguous commit, bad factor, corrupt tolerance file,
-  BASE and HEAD from different machines without ``--allow-cross-machine``).
-
-**What never gates.** A figure that is not a kernel's is informational (verdict ``info``): the latency
-of an emulation (records whose ``emulation`` is true or ``timing_scope`` is ``emulation``; in asv
-results, backends whose registry entry is an emulation), every latency of a CPU run (host time of
-PyTorch code: a run JSON whose ``env.vendor`` is ``cpu``, an asv machine whose ``gpu`` is ``none``), and
-host-side latencies (host-inclusive call latency, planner time) unless ``--gate-call-latency`` asks for them.
-
-**Floors.** asv stores accuracy values and slot counts floored (``max(value, 1e-12)``); the gate
-applies each metric's floor to both sides, so a run JSON's 0 equals asv's 1e-12.
-
-**Latency statistics: one-sided Mann-Whitney U test** (:mod:`mla_fp8_bench.analysis.stats`) on the raw
-samples (H1: HEAD's samples are stochastically larger than BASE's), significant at ``p < --alpha``
-(default 0.01), combined with the ratio of medians ``> --factor``. The test is rank-based (no
-normality assumption; robust to the occasional slow outlier sample of GPU timing). Too few samples to
-ever reach ``alpha`` (e.g. 3 vs 3: the smallest exact p is 0.05) cannot be significant, and the row
-says so. When a side has no samples - asv stores samples only with ``asv run --record-samples`` - the
-gate falls back to asv's own criterion: non-overlapping 99 % confidence intervals
-(``stats_ci_99_a/b``); with neither, the ratio alone decides (marked "no stats").
-
-Skips are listed; benchmark version changes (asv ``version``) are listed as not comparable.
+``mla-fp8-bench gate BASE HEAD``: BASE and HEAD are each a run JSON, an asv result file or a commit
+hash prefix read from ``<results-dir>/<machine>/`` (through :mod:`mla_fp8_bench.harness.results`); how
+each metric gates comes from :mod:`mla_fp8_bench.measure.metric_table`. The rules - exit codes 0 (pass),
+1 (REGRESSION, FAILED, INVALID, LOST, ...), 2 (usage); what is only informational (emulation latency, CPU
+host time, host-side latency unless ``--gate-call-latency``); floors; the one-sided Mann-Whitney U test
+with ratio of medians > ``--factor``, asv's disjoint 99 % CIs without samples - are those of
+docs/regressions.md, section 3.
 """
+
 
 from __future__ import annotations
 
@@ -377,7 +347,8 @@ class LatencyVerdict:
 
 def latency_verdict(base: Measure, head: Measure, factor: float = DEFAULT_FACTOR,
                     alpha: float = DEFAULT_ALPHA) -> LatencyVerdict:
-    """The gate's latency rule: ratio of medians (or values) > factor AND significant."""
+    """The gate's latency rule: ratio of medians (or values) > factor AND significant. Samples too few to
+    ever reach ``alpha`` (3 vs 3: the smallest exact p is 0.05) are never significant."""
     bv, hv = base.center(), head.center()
     ratio = hv / bv if bv and bv > 0 else math.inf
     if base.samples and head.samples and len(base.samples) >= 2 and len(head.samples) >= 2:

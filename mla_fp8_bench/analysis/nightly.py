@@ -1,24 +1,12 @@
 """``mla-fp8-bench nightly``: one asv history point keyed by the library under test (AITER or vLLM).
 
-On a runner whose Python has AITER (or vLLM) installed, the command
-
-1. identifies the library under test and its exact commit (:func:`identify`), from, in order: an
-   explicit ``--commit``; ``git rev-parse HEAD`` of ``--checkout PATH``; the installed distribution's
-   PEP 610 ``direct_url.json`` (``vcs_info.commit_id`` of a ``pip install git+...@sha``, or the source
-   directory of a local/editable install, read with git); a ``+g<hex>`` local version label
-   (setuptools-scm, e.g. ``0.1.6.dev12+g1a2b3c4``);
-2. runs the asv suite against the library's config (``asv.aiter.conf.json`` / ``asv.vllm.conf.json``,
-   whose ``repo`` is the library's repository, so the x-axis is the library's commits) with
-   ``asv run -E existing:<python> --set-commit-hash <sha> --machine <name>``. With ``--checkout`` the
-   config's ``repo`` is pointed at that checkout (a derived config under ``.asv/``; asv needs the SHA in
-   ``repo`` and the checkout has it without network access);
-3. gates the new result against the previous stored result on that machine (or ``--base SHA``) with
-   ``mla-fp8-bench gate`` (which never fails on an emulation's or a CPU host's latency);
-4. publishes the site (``mla-fp8-bench publish`` where available, else ``asv publish``);
-5. exits 1 when the gate found a regression, 0 otherwise (3 when asv stored no result, 2 on bad usage).
-
-``--dry-run`` identifies the library and prints the commands without running them.
+Identifies the library and its commit (:func:`identify`), runs the asv suite against the library's
+config with ``asv run -E existing:<python> --set-commit-hash <sha>``, gates the result against the
+previous stored one (or ``--base``) and publishes the site. Exit 1 on a regression, 0 otherwise, 3 when
+asv stored no result, 2 on bad usage; ``--dry-run`` prints the commands. Steps and sources of the
+commit: docs/nightly.md.
 """
+
 
 from __future__ import annotations
 
@@ -33,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.analysis.bisect import probe_selection, results_dir_of
 from mla_fp8_bench.argtypes import check_name
 
 #: Library under test -> (distribution names to look for, import name, default asv config).
@@ -337,7 +326,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     lib = identify(args.library, python, args.checkout, args.commit)
     config = args.config or LIBRARIES[lib.name][2]
     conf = load_conf(config)
-    results_dir = str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
+    results_dir = results_dir_of(config, conf)
     no_pull = False
     if not lib.checkout:
         no_pull = check_repo_reachable(conf, config, lib)
@@ -356,8 +345,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     else:
         publish = [sys.executable, "-m", "asv", "publish", "--config", config]
     fmt = ["--format", args.format] if args.format != "text" else []
-    from mla_fp8_bench.analysis.bisect import probe_selection
-
     # setup_cache measures only the (backend, case) params the -b regex selects (the library's backend at least)
     wanted = probe_selection(bench) or {"MLA_FP8_BENCH_BACKENDS": BACKEND_OF[lib.name]}
     run_env = {k: v for k, v in wanted.items() if k not in os.environ}
@@ -368,12 +355,8 @@ def _env_prefix(env: dict[str, str] | None) -> str:
     return "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
 
 
-def _sh(cmd: list[str]) -> str:
-    return " ".join(shlex.quote(c) for c in cmd)
-
-
 def _run(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    echo(f"$ {_env_prefix(env)}{_sh(cmd)}")
+    echo(f"$ {_env_prefix(env)}{shlex.join(cmd)}")
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     out = (p.stdout + p.stderr).rstrip()
     if out:
@@ -384,7 +367,7 @@ def _run(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.
 def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` echoing each line of its output as it comes (asv's log, with the grid's per-case
     lines, during a run of minutes); returns its exit status and the whole output as ``stdout``."""
-    echo(f"$ {_env_prefix(env)}{_sh(cmd)}")
+    echo(f"$ {_env_prefix(env)}{shlex.join(cmd)}")
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                           env={**os.environ, **(env or {})}) as proc:
@@ -424,12 +407,12 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
     echo(_header(plan, False))
     if args.dry_run:
         for cmd in plan.setup:
-            echo(_sh(cmd))
-        echo(_env_prefix(plan.run_env) + _sh(plan.run))
+            echo(shlex.join(cmd))
+        echo(_env_prefix(plan.run_env) + shlex.join(plan.run))
         prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
-        echo(_sh(gate_command(plan, prev or "<previous stored commit>", args.tolerances)))
+        echo(shlex.join(gate_command(plan, prev or "<previous stored commit>", args.tolerances)))
         if plan.publish:
-            echo(_sh(plan.publish))
+            echo(shlex.join(plan.publish))
         return EXIT_OK
     for cmd in plan.setup:
         if _run(cmd, echo).returncode != 0:
