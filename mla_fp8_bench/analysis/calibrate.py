@@ -29,7 +29,6 @@ from mla_fp8_bench.analysis.tolerances import (  # noqa: F401 - re-exported: cal
     ZERO_METRICS,
     ToleranceFileError,
     Tolerances,
-    Violation,
     check,
     group_of,
     load_tolerances,
@@ -216,6 +215,8 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
         ValueError: fewer than :data:`MIN_SEEDS` seeds, a margin < 1, or bad case/backend names.
         RuntimeError: a healthy calibration run failed.
     """
+    from mla_fp8_bench.analysis.probes import PROBES
+
     _check_args(backends, shapes, seeds, margin)
     probes = probes and "aiter-emulated" in backends
     progress = progress or (lambda t: None)
@@ -232,7 +233,7 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
         "seeds": {"calibration": list(range(seeds)),
                   "validation": list(range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds))},
         "cases": {"shapes": list(shapes), "quants": list(quants), "dists": list(dists),
-                  "probes": sorted(_probe_names()) if probes else []},
+                  "probes": sorted(PROBES) if probes else []},
         "backends": list(backends),
         "env": _env(cu_num),
         "tolerances": tol_out, "groups": groups, "distributions": dists_out,
@@ -246,12 +247,6 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
         doc["timing_s"]["validation"] = round(time.perf_counter() - t1, 1)
         doc["validation"] = _validation_summary(val, tol)
     return doc
-
-
-def _probe_names() -> list[str]:
-    from mla_fp8_bench.analysis.probes import PROBES
-
-    return list(PROBES)
 
 
 def _env(cu_num: int | None) -> dict[str, Any]:
@@ -289,17 +284,13 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
     shapes = _split(args.cases, DEFAULT_CASES)
     quants = _split(args.quants, QUANTS)
     dists = _split(args.dists, DISTS)
-    for q in quants:
-        if q not in QUANTS:
-            raise ValueError(f"quantisation mode {q!r} is unknown: allowed {', '.join(QUANTS)}")
-    for d in dists:
-        if d not in DISTS:
-            raise ValueError(f"distribution {d!r} is unknown: allowed {', '.join(DISTS)}")
+    for what, vals, allowed in (("quantisation mode", quants, QUANTS), ("distribution", dists, DISTS)):
+        for v in vals:
+            if v not in allowed:
+                raise ValueError(f"{what} {v!r} is unknown: allowed {', '.join(allowed)}")
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs} is invalid: >= 1")
-    if args.seeds < MIN_SEEDS:
-        raise ValueError(f"--seeds {args.seeds} is too few: at least {MIN_SEEDS} (a tolerance from fewer seeds "
-                         "says little about the tail)")
+    _check_args(backends, shapes, args.seeds, args.margin)
     out = args.out or f"tolerances/{args.name}.json"
     check_output_path(out, "--out")  # before hours of measuring
     n_tasks = len(shapes) * len(quants) * len(dists) * (args.seeds + args.validate_seeds)
@@ -327,12 +318,9 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
     for b, by_key in doc["tolerances"].items():
         for key, mets in by_key.items():
             d = doc["distributions"][b][key]
-            t.add_row(b, key,
-                      f"{d['max_abs_error_fp8_ref']['median']:.3g}/{d['max_abs_error_fp8_ref']['max']:.3g} -> "
-                      f"{mets['max_abs_error_fp8_ref']:.3g}",
-                      f"{d['max_abs_error_bf16_ref']['median']:.3g}/{d['max_abs_error_bf16_ref']['max']:.3g} -> "
-                      f"{mets['max_abs_error_bf16_ref']:.3g}",
-                      f"{mets['rel_l2_error_fp8_ref']:.3g}", f"{mets['mismatch_fraction']:.3g}")
+            spread = [f"{d[m]['median']:.3g}/{d[m]['max']:.3g} -> {mets[m]:.3g}"
+                      for m in ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref")]
+            t.add_row(b, key, *spread, f"{mets['rel_l2_error_fp8_ref']:.3g}", f"{mets['mismatch_fraction']:.3g}")
     console.print(t)
     for b, s in doc.get("validation", {}).items():
         console.print(f"held-out validation {b}: {s['false_alarms']} false alarm(s) in {s['records']} records; "

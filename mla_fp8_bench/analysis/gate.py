@@ -874,12 +874,11 @@ def render_markdown(rows: list[Row], *, base_src: str, head_src: str, settings: 
 
 # ------------------------------------------------------------------------------------------ CLI
 def _check_args(args: argparse.Namespace) -> None:
-    if not (math.isfinite(args.factor) and args.factor >= 1.0):
-        raise GateUsageError(f"--factor {args.factor} is invalid: a ratio >= 1.0 (e.g. 1.05)")
-    if not (math.isfinite(args.acc_factor) and args.acc_factor >= 1.0):
-        raise GateUsageError(f"--acc-factor {args.acc_factor} is invalid: a ratio >= 1.0")
-    if not (math.isfinite(args.noise_k) and args.noise_k >= 0):
-        raise GateUsageError(f"--noise-k {args.noise_k} is invalid: a finite number >= 0 (e.g. 1.0)")
+    for flag, v, least, want in (("--factor", args.factor, 1.0, "a ratio >= 1.0 (e.g. 1.05)"),
+                                 ("--acc-factor", args.acc_factor, 1.0, "a ratio >= 1.0"),
+                                 ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 1.0)")):
+        if not (math.isfinite(v) and v >= least):
+            raise GateUsageError(f"{flag} {v} is invalid: {want}")
     if not 0 < args.alpha < 1:
         raise GateUsageError(f"--alpha {args.alpha} is invalid: in (0, 1)")
 

@@ -1,12 +1,12 @@
-"""Probes: two inputs outside the case grammar on which emulator faults that no prefill case can show
-become visible, calibrated like cases (tolerance keys ``probe-chunked`` and ``probe-hot-lse``).
+"""Probes: two inputs outside the case grammar on which emulator faults no prefill case can show become
+visible (tolerance keys ``probe-chunked`` and ``probe-hot-lse``, calibrated like cases).
 
-``top_left_causal`` is identical to the correct bottom-right mask whenever ``q_len == kv_len`` (every
-prefill case), and ``lse_no_max_subtraction`` only differs when a partial LSE exceeds ~88.7 (fp32
-``exp`` overflow), which randn-like inputs never reach (LSE ~ ln S + O(1)). :data:`PROBES` are a
-chunked-context batch (``q_len < kv_len``) and a "hot LSE" batch (q ~ k, scores ~ 200), run through the
-emulator's kernel + reduce directly.
+``top_left_causal`` equals the correct bottom-right mask whenever ``q_len == kv_len``, and
+``lse_no_max_subtraction`` differs only when a partial LSE exceeds ~88.7 (fp32 ``exp`` overflow), which
+randn-like inputs never reach; hence a chunked-context batch (``q_len < kv_len``) and a "hot LSE" batch
+(q ~ k, scores ~ 200), run through the emulator's kernel + reduce directly.
 """
+
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
-"""Calibrated accuracy tolerances: the file format, loading and checking records against it.
+"""Calibrated accuracy tolerances: the file format (written by :mod:`mla_fp8_bench.analysis.calibrate`),
+loading and checking runner records against it.
 
-A tolerance file (``tolerances/<name>.json``, written by ``mla-fp8-bench calibrate``, see
-:mod:`mla_fp8_bench.analysis.calibrate` for the method) holds, per (backend, tolerance key), a tolerance
-for each calibrated metric of the metric table (:mod:`mla_fp8_bench.measure.metric_table`), and per
-(backend, quantisation/distribution group) the maximum over the group's calibrated shapes.
-
-The accuracy check (:func:`check`) compares a runner record (``mla-fp8-bench run --json``) with the
-tolerances of its (backend, tolerance key); the key is the case id without its seed
-(``s257-cast-outlier-seed3`` -> ``s257-cast-outlier``). A case shape that was not calibrated falls
-back to the group of its (quantisation, distribution) - the max tolerance over the calibrated shapes
-of that group - and the check says it extrapolated. Non-finite outputs and ``status == "error"``
-records are always violations.
-
-Loading (:func:`load_tolerances`) validates the file and raises :class:`ToleranceFileError` (a
-``ValueError``: the CLI exits 2) naming the file and the problem.
+Tolerances are stored per (backend, tolerance key: the case id without its seed) and per (backend,
+quant/dist group: the max over the group's calibrated shapes, used for shapes not calibrated). Rules:
+docs/regressions.md, section 1. Loading raises :class:`ToleranceFileError` naming the file and the problem.
 """
+
 
 from __future__ import annotations
 
