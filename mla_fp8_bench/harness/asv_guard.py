@@ -6,14 +6,11 @@ backend outside ``MLA_FP8_BENCH_BACKENDS``, a case outside ``MLA_FP8_BENCH_CASES
 ``MLA_FP8_BENCH_MAX_TOKENS``) would turn a stored value into n/a. So :func:`stored_records` reads the
 result file the run will overwrite and gives those params their stored values back.
 
-Finding that file needs the config directory, the commit, the machine and the environment. asv
-exports ``ASV_CONF_DIR``, ``ASV_ENV_NAME`` and ``ASV_COMMIT`` to benchmark processes of the
-environments it builds, but nothing at all in ``-E existing`` runs; there they are read from the
-``asv run`` process that started this one (its working directory, which asv sets to the config's
-directory, and its ``--set-commit-hash`` / ``--machine`` options:
-:func:`mla_fp8_bench.config.asv_parent_process`). ``MLA_FP8_BENCH_EXPECT_COMMIT`` and
-``MLA_FP8_BENCH_MACHINE`` override the commit and the machine. Every function takes the run's
-:class:`~mla_fp8_bench.config.RunConfig`, which carries all of these.
+The file is found from ``ASV_CONF_DIR``, ``ASV_ENV_NAME`` and ``ASV_COMMIT``, which asv exports only to
+environments it builds; in ``-E existing`` runs from the parent ``asv run`` process (its working
+directory and its ``--set-commit-hash`` / ``--machine``: :func:`mla_fp8_bench.config.asv_parent_process`).
+``MLA_FP8_BENCH_EXPECT_COMMIT`` and ``MLA_FP8_BENCH_MACHINE`` override the commit and the machine; all of
+these travel in the run's :class:`~mla_fp8_bench.config.RunConfig`.
 
 :func:`check_asv_run` runs when asv imports the benchmarks (discovery): a refusal there stops asv
 before it writes anything, which a failure inside ``setup_cache`` would not (asv would store the
