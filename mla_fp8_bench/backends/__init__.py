@@ -85,7 +85,6 @@ def record_is_fp8(rec: Mapping[str, Any]) -> bool | None:
 
 __all__ = [
     "Backend", "BackendUnavailable", "CaseUnsupported", "Prepared", "Verdict", "UnknownBackendError",
-    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_fp8",
-    "register_backend",
+    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_fp8", "register_backend",
     "unregister_backend",
 ]

@@ -15,6 +15,7 @@ Worker::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -149,18 +150,15 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             if prep is not None and prep.cleanup is not None:
-                try:
+                with contextlib.suppress(Exception):
                     prep.cleanup()
-                except Exception:  # noqa: BLE001
-                    pass
         rows.append(row)
         if progress is not None:
             progress(f"{b} {c}: " + (f"{row['latency_s'] * 1e6:.2f} us" if "latency_s" in row else row["error"]))
     st = next(iter(_PROCESS_STATE.values()), {})
     return {"order": order, "seed": seed, "pid": os.getpid(), "wall_s": time.perf_counter() - t0,
             "device": pinfo.name, "vendor": pinfo.vendor, "clock_policy": st.get("policy"),
-            "heat_up": st.get("heat_up"),
-            "rows": rows}
+            "heat_up": st.get("heat_up"), "rows": rows}
 
 
 # ------------------------------------------------------------------------------------------ processes
