@@ -81,4 +81,5 @@ class TorchFp8Ref(_TorchSdpa):
     description = "torch SDPA on the dequantised fp8 inputs (input rounding only, no fp8 kernel)"
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        return _prepare_sdpa(inputs, *inputs.dequantized(torch.float32 if inputs.device.type == "cpu" else torch.bfloat16))
+        dtype = torch.float32 if inputs.device.type == "cpu" else torch.bfloat16
+        return _prepare_sdpa(inputs, *inputs.dequantized(dtype))

@@ -7,8 +7,8 @@ out-of-memory becomes a ``skipped`` record saying so. Each backend's ``cleanup``
 
 from __future__ import annotations
 
-import gc
 import functools
+import gc
 import math
 import traceback
 from collections.abc import Callable, Iterable

@@ -93,7 +93,8 @@ def _load() -> Any:
         mod = _import_module(FA3_MODULE)
     except Exception as exc:  # noqa: BLE001 - any import failure (missing .so, ABI) is "unavailable"
         raise BackendUnavailable(f"{FA3_DIST} is installed but `import {FA3_MODULE}` failed ({first_line(exc)}); "
-                                 f"it needs torch with CUDA 13 (libcudart.so.13); reinstall with {INSTALL_HINT}") from None
+                                 "it needs torch with CUDA 13 (libcudart.so.13); "
+                                 f"reinstall with {INSTALL_HINT}") from None
     if not hasattr(mod, "flash_attn_varlen_func"):
         raise BackendUnavailable(f"{FA3_MODULE} has no flash_attn_varlen_func: expected {FA3_PIN}")
     return mod
