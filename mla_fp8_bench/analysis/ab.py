@@ -8,7 +8,6 @@ rounds per side run in :func:`schedule` order with the case order of
 rounds rule judges the per-round records (docs/methodology.md, PR mode). Exit status as the gate's.
 """
 
-
 from __future__ import annotations
 
 import argparse

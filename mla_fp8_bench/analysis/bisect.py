@@ -10,7 +10,6 @@ measured first and must measure good and bad (else exit 2). Why not ``asv find``
 docs/reference-facts.md#asv-find; usage: docs/regressions.md, section 5.
 """
 
-
 from __future__ import annotations
 
 import argparse

@@ -8,7 +8,6 @@ case without its seed, metric), checked on ``--validate-seeds`` held-out seeds (
 format and the check of records live in :mod:`mla_fp8_bench.analysis.tolerances`.
 """
 
-
 from __future__ import annotations
 
 import argparse

@@ -9,7 +9,6 @@ with ratio of medians > ``--factor``, asv's disjoint 99 % CIs without samples - 
 docs/regressions.md, section 3.
 """
 
-
 from __future__ import annotations
 
 import argparse

@@ -7,7 +7,6 @@ asv stored no result, 2 on bad usage; ``--dry-run`` prints the commands. Steps a
 commit: docs/nightly.md.
 """
 
-
 from __future__ import annotations
 
 import argparse

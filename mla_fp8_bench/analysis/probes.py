@@ -7,7 +7,6 @@ randn-like inputs never reach; hence a chunked-context batch (``q_len < kv_len``
 (q ~ k, scores ~ 200), run through the emulator's kernel + reduce directly.
 """
 
-
 from __future__ import annotations
 
 import math

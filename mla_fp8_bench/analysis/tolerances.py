@@ -6,7 +6,6 @@ quant/dist group: the max over the group's calibrated shapes, used for shapes no
 docs/regressions.md, section 1. Loading raises :class:`ToleranceFileError` naming the file and the problem.
 """
 
-
 from __future__ import annotations
 
 import json
