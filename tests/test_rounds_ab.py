@@ -18,14 +18,28 @@ from mla_fp8_bench.measure.metric_table import find
 # ------------------------------------------------------------------------------------------ rounds
 def test_round_orders_alternate_and_shuffle_is_seeded():
     assert [R.round_order(i) for i in range(5)] == ["sorted", "reversed", "shuffled", "sorted", "reversed"]
-    pairs = [("a", "s1"), ("a", "s2"), ("b", "s1"), ("b", "s2")]
-    assert R.ordered(pairs, "reversed") == pairs[::-1]
+    pairs = [("a", "s1024"), ("b", "s1024"), ("c", "s1024"), ("a", "s128"), ("b", "s128"), ("c", "s128")]
+    # cases small to large whatever the given order; the order name permutes backends within a case
+    assert R.ordered(pairs, "sorted") == [("a", "s128"), ("b", "s128"), ("c", "s128"),
+                                          ("a", "s1024"), ("b", "s1024"), ("c", "s1024")]
+    assert R.ordered(pairs, "reversed") == [("c", "s128"), ("b", "s128"), ("a", "s128"),
+                                            ("c", "s1024"), ("b", "s1024"), ("a", "s1024")]
     sh = R.ordered(pairs, "shuffled", 3)
     assert sorted(sh) == sorted(pairs) and sh == R.ordered(pairs, "shuffled", 3)
+    assert [c for _b, c in sh] == ["s128"] * 3 + ["s1024"] * 3
     with pytest.raises(ValueError, match="allowed sorted"):
         R.ordered(pairs, "random")
     with pytest.raises(ValueError):
         R.round_order(-1)
+
+
+def test_cases_go_from_least_to_most_work():
+    # s128: 128^2/2 pairs; ctx4096-q64: 64 x 4096 (not causal); ragged-1024x2: 2 x 1024^2/2; s2048: 2048^2/2
+    cases = ["s2048", "ragged-1024x2", "s128", "ctx4096-q64"]
+    work = {c: R.case_work(c) for c in cases}
+    assert work["s128"] < work["ctx4096-q64"] < work["ragged-1024x2"] < work["s2048"]
+    got = [c for _b, c in R.ordered([("x", c) for c in cases + ["no-such-case"]], "sorted")]
+    assert got == ["s128", "ctx4096-q64", "ragged-1024x2", "s2048", "no-such-case"]
 
 
 def test_spread_is_range_over_median():
@@ -267,3 +281,27 @@ def test_round_server_forks_a_child_per_round_on_cpu(tmp_path):
     assert len(ok) == 2 and all(r["latency_s"] > 0 for r in ok)
     bad = [r for d in docs for r in d["rows"] if r["backend"] == "nosuch-backend"]
     assert len(bad) == 2 and all("error" in r for r in bad)  # one failing pair never loses the others
+
+
+def test_run_rounds_forks_each_round_from_one_server_in_alternating_order():
+    logs: list[str] = []
+    docs = R.run_rounds(["torch-sdpa-bf16"], ["s128", "s64"], 2, device="cpu", log=logs.append)
+    assert [(d["round"], d["order"]) for d in docs] == [(1, "reversed"), (2, "shuffled")]
+    assert docs[0]["pid"] != docs[1]["pid"]
+    assert [r["case"] for r in docs[0]["rows"]] == ["s64", "s128"]  # least work first
+    assert all(r["latency_s"] > 0 for d in docs for r in d["rows"])
+    assert len(logs) == 2 and logs[0].startswith("round 1 (reversed): 2/2 pairs in ")
+    assert R.run_rounds(["torch-sdpa-bf16"], ["s64"], 0) == []
+
+
+def test_a_round_past_its_timeout_ends_with_an_error_and_the_next_round_says_so(tmp_path):
+    srv = R.RoundServer(sys.executable, R.suite_env(), [])
+    try:
+        doc = srv.round(["torch-sdpa-bf16"], ["s4096"], "sorted", 0, str(tmp_path / "r.json"), device="cpu",
+                        timeout=0.01)
+        assert doc == {"error": "round timed out after 0 s", "rows": []}
+        assert srv.proc.poll() is not None
+        nxt = srv.round(["torch-sdpa-bf16"], ["s64"], "sorted", 0, str(tmp_path / "r2.json"), device="cpu")
+        assert nxt["rows"] == [] and "round server is gone" in nxt["error"]
+    finally:
+        srv.close()

@@ -1,10 +1,12 @@
-"""Latency rounds: the same (backend, case) grid timed again in separate processes, in alternating order.
+"""Latency rounds: the same (backend, case) grid timed again in separate processes.
 
 One process samples one draw of every per-process effect (on the H200: a per-process offset of up to
 ~5 % at small seq_len, the clock a power-capped case settles at after the previous second of load;
-docs/methodology.md §8). A *round* is one latency-only pass over the grid in a fresh process; the
-figure a user compares is the median over rounds, and the per-round values stay in the record so the
-noise of every parameter is visible and stored.
+docs/methodology.md §8). A *round* is one latency-only pass over the grid in a fresh process (a child
+forked from a :class:`RoundServer`, or a new interpreter); the figure a user compares is the median
+over rounds, and the per-round values stay in the record so the noise of every parameter is visible
+and stored. Inside a round cases go from least to most work and the backends of a case alternate
+their order from round to round (:func:`ordered`).
 
 Worker::
 
@@ -19,6 +21,8 @@ import contextlib
 import json
 import os
 import random
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,21 +50,46 @@ def round_order(i: int) -> str:
     return ORDERS[i % len(ORDERS)]
 
 
+def case_work(case_id: str) -> float:
+    """FLOPs of a case id (:func:`mla_fp8_bench.problem.flops.case_flops`); ``inf`` for an id that does not
+    parse (its pair fails in its own row, last)."""
+    from mla_fp8_bench.problem.cases import CaseError, parse_case_id
+    from mla_fp8_bench.problem.flops import case_flops
+
+    try:
+        return case_flops(parse_case_id(case_id))
+    except (CaseError, ValueError):
+        return float("inf")
+
+
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
-    """``pairs`` in the named order: ``sorted`` (as given), ``reversed`` or ``shuffled`` (``seed``).
+    """``pairs`` (backend, case) in measuring order: cases from least to most work (:func:`case_work`,
+    ties by id), and within one case the backends as given (``sorted``), ``reversed`` or ``shuffled``
+    (``seed``).
+
+    Cases always go small to large because a large case leaves the GPU slower for a small case measured
+    right after it (on the H200, s512 +5-10 % after s8192, back after ~2 s idle; docs/methodology.md §9),
+    so a process that measured in the order a user listed would fold that order into the figure.
 
     Raises:
         ValueError: for another order name.
     """
-    if order == "sorted":
-        return list(pairs)
-    if order == "reversed":
-        return list(reversed(pairs))
-    if order == "shuffled":
-        out = list(pairs)
-        random.Random(seed).shuffle(out)
-        return out
-    raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
+    rng = random.Random(seed)
+    by_case: dict[str, list[str]] = {}
+    for b, c in pairs:
+        by_case.setdefault(c, []).append(b)
+    out: list[tuple[str, str]] = []
+    for c in sorted(by_case, key=lambda c: (case_work(c), c)):
+        bs = by_case[c]
+        if order == "reversed":
+            bs = bs[::-1]
+        elif order == "shuffled":
+            bs = list(bs)
+            rng.shuffle(bs)
+        out.extend((b, c) for b in bs)
+    return out
 
 
 def spread(values: Sequence[float]) -> float:
@@ -207,22 +236,32 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
                python: str | None = None, env: dict[str, str] | None = None, device: str = "auto",
                seed: int = 0, timeout: float = 600.0, log: Callable[[str], None] | None = None
                ) -> list[dict[str, Any]]:
-    """Rounds ``first .. first + rounds - 1`` as worker processes of ``python`` (default: this
-    interpreter), one after the other, each in :func:`round_order` of its index.
+    """Rounds ``first .. first + rounds - 1``, one after the other, each in a fresh child of one
+    :class:`RoundServer` of ``python`` (default: this interpreter) in :func:`round_order` of its index;
+    a round that fails or outlasts ``timeout`` seconds is a document with ``error``.
 
     Raises:
         ValueError: ``rounds`` < 0.
     """
     if rounds < 0:
         raise ValueError(f"rounds={rounds} is invalid: an integer >= 0")
-    docs = []
-    with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
-        for i in range(first, first + rounds):
-            out = os.path.join(tmp, f"round{i}.json")
-            cmd = worker_command(python or sys.executable, backends, cases, round_order(i), seed + i, out, device)
-            doc = run_worker(cmd, out, suite_env(base=env), timeout, log)
-            doc["round"] = i
-            docs.append(doc)
+    docs: list[dict[str, Any]] = []
+    if rounds == 0:
+        return docs
+    srv = RoundServer(python or sys.executable, suite_env(base=env), preload=backends)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
+            for i in range(first, first + rounds):
+                doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
+                                device, timeout=timeout)
+                doc["round"] = i
+                docs.append(doc)
+                if log is not None:
+                    ok = sum(1 for r in doc["rows"] if "latency_s" in r)
+                    log(f"round {i} ({round_order(i)}): " + (doc["error"] if doc.get("error") else
+                        f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
+    finally:
+        srv.close()
     return docs
 
 
@@ -350,7 +389,7 @@ class RoundServer:
         cmd = [python, "-m", "mla_fp8_bench.harness.rounds", "--serve", "--preload", ",".join(preload)]
         self._err = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the children
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, start_new_session=True)
 
     def stderr_tail(self, n: int = 400) -> str:
         """The last ``n`` characters the server and its children wrote to stderr."""
@@ -359,8 +398,9 @@ class RoundServer:
         return self._err.read()[-n:]
 
     def round(self, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, out: str,
-              device: str = "auto") -> dict[str, Any]:
-        """One round in a fresh child of the server; the round document, or ``{"error", "rows": []}``."""
+              device: str = "auto", timeout: float | None = None) -> dict[str, Any]:
+        """One round in a fresh child of the server; the round document, or ``{"error", "rows": []}``.
+        A round that outlasts ``timeout`` seconds ends the server (the next round gets the error too)."""
         t0 = time.perf_counter()
         req = {"backends": list(backends), "cases": list(cases), "order": order, "seed": seed, "device": device,
                "json": out}
@@ -368,8 +408,11 @@ class RoundServer:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
+            if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
+                self.kill()
+                return {"error": f"round timed out after {timeout:.0f} s", "rows": []}
             answer = self.proc.stdout.readline()
-        except (BrokenPipeError, OSError) as exc:
+        except (BrokenPipeError, OSError, ValueError) as exc:
             return {"error": f"round server is gone: {exc}", "rows": []}
         if not answer:
             self.proc.wait()
@@ -382,6 +425,12 @@ class RoundServer:
         doc["process_wall_s"] = time.perf_counter() - t0
         return doc
 
+    def kill(self) -> None:
+        """End the server and its running child now (its process group)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
     def close(self) -> None:
         try:
             if self.proc.stdin:
@@ -389,8 +438,7 @@ class RoundServer:
                 self.proc.stdin.close()
             self.proc.wait(timeout=30)
         except Exception:  # noqa: BLE001 - a hung server is killed
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
         finally:
             self._err.close()
 
