@@ -10,10 +10,13 @@ call's graph-replay time: a kernel inside a graph lasts at least about 1 us on a
 cases (s512: 3 % is about 0.5 us) the kernel is ``every`` x longer and runs on every ``every``-th call.
 BASE (and the second BASE of an A/A trial) is an empty directory: the real FA3.
 
-Each trial is one ``mla-fp8-bench ab`` run (``--rounds`` rounds per side, alternating processes); A/A
-and slowdown trials alternate. Run from the repository root on the device::
+Each trial is one :func:`mla_fp8_bench.analysis.ab.measure_ab` run (``--rounds`` rounds per side, BASE
+and HEAD in alternating forked processes) judged by :func:`mla_fp8_bench.analysis.ab.judge`: what
+``mla-fp8-bench ab`` does, except that the three sides' round servers (BASE, a second BASE for A/A,
+the slowed HEAD) stay up across trials. A/A and slowdown trials alternate which goes first. Run from
+the repository root on the device::
 
-    python3 studies/ab_trials.py --work /tmp/abt --out $OUT/ab_trials.json --trials 5 --rounds 5
+    python3 studies/ab_trials.py --work /tmp/abt --out $OUT/ab_trials.json --trials 5 --rounds 4
 
 ``--summarize A.json B.json ...`` pools trial files (two machine starts) and recomputes every verdict
 with the gate's rounds rule at ``--factor`` / ``--noise-k`` from the stored per-round values.
@@ -45,19 +48,21 @@ _spec.loader.exec_module(_real)
 globals().update({k: v for k, v in vars(_real).items() if not k.startswith("__")})
 with open(os.path.join(_here, "slowdown.json")) as _f:
     _cfg = json.load(_f)
-_state = {"buf": None, "i": 0}
+_state = {}
 
 
 def flash_attn_varlen_func(q, *args, **kwargs):
     out = _real.flash_attn_varlen_func(q, *args, **kwargs)
-    c = _cfg.get(str(q.shape[0]))
+    key = str(q.shape[0])
+    c = _cfg.get(key)
     if c:
         import torch
-        if _state["buf"] is None:
-            _state["buf"] = torch.ones(c["buf"], dtype=torch.float32, device=q.device)
-        _state["i"] += 1
-        if _state["i"] % c["every"] == 0:
-            _state["buf"][: c["n"]].mul_(1.0)
+        st = _state.get(key)
+        if st is None:
+            st = _state[key] = {"buf": torch.ones(c["n"], dtype=torch.float32, device=q.device), "i": 0}
+        st["i"] += 1
+        if st["i"] % c["every"] == 0:
+            st["buf"].mul_(1.0)
     return out
 '''
 
@@ -99,11 +104,18 @@ def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> di
                                   dev)
         target = slowdown * base_s
         every = 1 if target >= 3 * floor_s else int(math.ceil(3 * floor_s / target))
-        fn, info = extra_kernel(dev, target * every)
-        n = int(info["n"])
-        slow = _slowed(prep.run, torch.ones(n, dtype=torch.float32, device=dev), every)
-        r = [time_device(slow, dev, graph_capturable=prep.graph_capturable).median_s /
-             time_device(prep.run, dev, graph_capturable=prep.graph_capturable).median_s for _ in range(2)]
+        kernel_target = target * every
+        for _step in range(2):  # measure, then correct the kernel once by the measured added time
+            _fn, info = extra_kernel(dev, kernel_target)
+            n = int(info["n"])
+            slow = _slowed(prep.run, torch.ones(n, dtype=torch.float32, device=dev), every)
+            r = [time_device(slow, dev, graph_capturable=prep.graph_capturable).median_s /
+                 time_device(prep.run, dev, graph_capturable=prep.graph_capturable).median_s for _ in range(2)]
+            added = statistics.median(r) - 1.0
+            if added > 0 and abs(added - slowdown) > 0.002:
+                kernel_target = info["kernel_s"] * min(2.0, max(0.5, slowdown / added))
+            else:
+                break
         tokens = int(inputs.q.shape[0]) if hasattr(inputs, "q") else case.total_tokens
         out[str(tokens)] = {"case": cid, "n": n, "every": every, "buf": n, "base_s": base_s, "floor_s": floor_s,
                             "kernel_s": info["kernel_s"], "target_s": target, "verify_ratio": r}
@@ -114,19 +126,14 @@ def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> di
     return out
 
 
-def trial_verdicts(doc: dict, factor: float, k: float) -> dict:
-    """Recompute the gate's verdict per (backend, case) of one ab JSON at ``factor`` / ``k``, for the
-    median over rounds and for each gated figure (time, cycles) with the gate's physics choice."""
-    from mla_fp8_bench.analysis import gate as G
+def trial_verdicts(measured: dict, factor: float, k: float) -> dict:
+    """The verdict per case of one :func:`mla_fp8_bench.analysis.ab.measure_ab` result, by the rule
+    ``mla-fp8-bench ab`` applies (:func:`mla_fp8_bench.analysis.ab.judge`) at ``factor`` / ``k``."""
+    from mla_fp8_bench.analysis.ab import judge
 
-    bs = G.side_from_run_json(doc["base"], "BASE")
-    hs = G.side_from_run_json(doc["head"], "HEAD")
-    rows = G.compare(bs, hs, factor=factor, noise_k=k)
-    out = {}
-    for r in rows:
-        if r.metric == "latency_s":
-            out[r.case] = {"verdict": r.verdict, "ratio": r.ratio, "detail": r.detail}
-    return out
+    _docs, rows = judge(measured, factor, k)
+    return {r.case: {"verdict": r.verdict, "ratio": r.ratio, "detail": r.detail}
+            for r in rows if r.metric == "latency_s"}
 
 
 def summarize(files: list[str], factor: float, k: float) -> dict:
@@ -135,9 +142,9 @@ def summarize(files: list[str], factor: float, k: float) -> dict:
         trials.extend(json.loads(Path(f).read_text())["trials"])
     table: dict = {}
     for t in trials:
-        if "ab" not in t:
+        if "measured" not in t:
             continue
-        v = trial_verdicts(t["ab"], factor, k)
+        v = trial_verdicts(t["measured"], factor, k)
         for case, x in v.items():
             e = table.setdefault((t["kind"], case), {"n": 0, "alarms": 0, "ratios": []})
             e["n"] += 1
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="s512,s8192")
     ap.add_argument("--slowdown", type=float, default=0.03)
     ap.add_argument("--trials", type=int, default=5, help="trials of each kind (A/A and slowdown)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--work", default="/tmp/ab_trials")
     ap.add_argument("--out", help="trials JSON")
     ap.add_argument("--deadline", type=float, default=300.0, help="start no trial after this many seconds")
@@ -193,29 +200,31 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     (head / "slowdown.json").write_text(spec.read_text())
     (head / "fa3_fwd_interface.py").write_text(SHIM)
-    doc = {"calibration": json.loads(spec.read_text()), "slowdown": a.slowdown, "rounds": a.rounds, "trials": []}
-    for i in range(a.trials):
-        for kind, h in (("aa", base2), ("slow", head)):
-            last = max((x["wall_s"] for x in doc["trials"]), default=0.0)
-            if time.monotonic() - t0 + last > a.deadline:
-                break
-            js = work / f"trial{i}_{kind}.json"
-            t1 = time.monotonic()
-            p = subprocess.run([sys.executable, "-m", "mla_fp8_bench.cli", "ab", str(base), str(h), "-b", "fa3-fp8",
-                                "-c", a.cases, "--rounds", str(a.rounds), "--seed", str(i), "--json", str(js)],
-                               capture_output=True, text=True)
-            entry = {"kind": kind, "i": i, "rc": p.returncode, "wall_s": time.monotonic() - t1,
-                     "tail": (p.stdout + p.stderr)[-1500:]}
-            if js.is_file():
-                entry["ab"] = json.loads(js.read_text())
-                v = trial_verdicts(entry["ab"], factor, k)
-                print(f"trial {i} {kind}: rc {p.returncode} in {entry['wall_s']:.1f}s " +
+    doc = {"calibration": json.loads(spec.read_text()), "slowdown": a.slowdown, "rounds": a.rounds,
+           "factor": factor, "noise_k": k, "trials": []}
+    from mla_fp8_bench.analysis.ab import ServerRunner, measure_ab, parse_side
+
+    sides = {"base": parse_side(str(base), "BASE"), "aa": parse_side(str(base2), "BASE2"),
+             "slow": parse_side(str(head), "HEAD")}
+    runner = ServerRunner(["fa3-fp8"])
+    try:
+        for i in range(a.trials):
+            kinds = ("aa", "slow") if i % 2 == 0 else ("slow", "aa")
+            for kind in kinds:
+                last = max((x["wall_s"] for x in doc["trials"]), default=0.0)
+                if time.monotonic() - t0 + last > a.deadline:
+                    break
+                t1 = time.monotonic()
+                measured = measure_ab(sides["base"], sides[kind], ["fa3-fp8"], cases, a.rounds, runner, seed=i)
+                v = trial_verdicts(measured, factor, k)
+                doc["trials"].append({"kind": kind, "i": i, "wall_s": time.monotonic() - t1, "measured": measured,
+                                      "verdicts": v})
+                print(f"trial {i} {kind}: {time.monotonic() - t1:.1f}s " +
                       ", ".join(f"{c} {x['verdict']} {x['ratio']:.4f}" for c, x in v.items()), flush=True)
-            else:
-                print(f"trial {i} {kind}: rc {p.returncode}, no JSON: {entry['tail'][-600:]}", flush=True)
-            doc["trials"].append(entry)
-            if a.out:
-                Path(a.out).write_text(json.dumps(doc))
+                if a.out:
+                    Path(a.out).write_text(json.dumps(doc))
+    finally:
+        runner.close()
     doc["wall_s"] = time.monotonic() - t0
     if a.out:
         Path(a.out).write_text(json.dumps(doc))

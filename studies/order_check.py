@@ -102,14 +102,21 @@ def summarize(runs: list[dict], tolerance: float = 0.01) -> dict:
 
 def measure_tracked(backends: list[str], cases: list[str], order: str, rounds: int, seed: int) -> dict:
     """The tracked figure (median over ``rounds`` rounds, each a fresh process forked from one round
-    server) with the first round in ``order`` and the next ones in the other orders, as the asv grid's
-    rounds alternate; returns an order-check document whose rows carry the medians over rounds."""
+    server), the cases listed in ``order`` and the rounds' backend orders starting with ``order``;
+    returns an order-check document whose rows carry the medians over rounds."""
     import os
     import tempfile
 
     from mla_fp8_bench.harness.rounds import ORDERS, RoundServer, records_from_rounds, suite_env
 
     seq = [order] + [o for o in ORDERS if o != order]
+    cases = list(cases)  # the order a user lists: the rounds measure cases small to large whatever it is
+    if order == "reversed":
+        cases.reverse()
+    elif order == "shuffled":
+        import random
+
+        random.Random(seed).shuffle(cases)
     srv = RoundServer(sys.executable, suite_env(), backends)
     docs = []
     t0 = time.time()

@@ -142,6 +142,28 @@ def test_rounds_rule_noisy_param_passes_an_aa_quiet_param_is_gated_tightly():
     assert v[("k", "s2048")].verdict == "REGRESSION" and "threshold 1.020" in v[("k", "s2048")].detail
 
 
+def test_interleaved_rule_gates_time_on_the_ratio_of_round_means():
+    # s8192 on the H200 reads one of two per-process modes, 384.3 or 389.0 us. A +3 % HEAD whose rounds fell
+    # mostly in the low mode: medians 395.83 / 389.0 = 1.0176 would pass 1.02; means 397.04 / 387.825 = 1.0238.
+    base = _side("B", {("k", "s8192"): ([389.0, 389.0, 389.0, 384.3], [671000] * 4, 1725.0),
+                       ("k", "s512"): ([15.30, 15.29, 15.30, 15.30], [30300] * 4, 1980.0)})
+    slow = _side("H", {("k", "s8192"): ([395.83, 395.83, 395.83, 400.67], [671000] * 4, 1725.0),
+                       ("k", "s512"): ([15.29, 15.30, 15.30, 15.29], [30300] * 4, 1980.0)})
+    v = _verdicts(base, slow, factor=1.02, noise_k=1.0, interleaved=True)
+    r = v[("k", "s8192")]
+    assert r.verdict == "REGRESSION" and r.ratio == pytest.approx(397.04 / 387.825, rel=1e-4)
+    assert "gated on time (BASE and HEAD interleaved on one machine)" in r.detail and "ratio of means" in r.detail
+    assert v[("k", "s512")].verdict == "ok"
+    # the same values judged as two separate runs: medians, and cycles off the plateau (unchanged: ok)
+    v = _verdicts(base, slow, factor=1.02, noise_k=1.0)
+    assert v[("k", "s8192")].verdict == "ok" and "gated on cycles" in v[("k", "s8192")].detail
+    # A/A with the modes split unevenly: means 386.65 / 387.825 = 1.0030 -> ok
+    aa = _side("H", {("k", "s8192"): ([389.0, 389.0, 389.0, 384.3], [671000] * 4, 1725.0)})
+    b2 = _side("B", {("k", "s8192"): ([384.3, 389.0, 384.3, 389.0], [671000] * 4, 1725.0)})
+    r = _verdicts(b2, aa, factor=1.02, noise_k=1.0, interleaved=True)[("k", "s8192")]
+    assert r.verdict == "ok" and r.ratio == pytest.approx(387.825 / 386.65, rel=1e-4)
+
+
 # ------------------------------------------------------------------------------------------ ab
 def test_schedule_alternates_which_side_goes_first():
     assert ab.schedule(3) == [(0, "base"), (0, "head"), (1, "head"), (1, "base"), (2, "base"), (2, "head")]

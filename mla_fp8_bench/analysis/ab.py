@@ -120,6 +120,18 @@ def side_document(measured: dict[str, Any], side: str) -> dict[str, Any]:
             "records": records_from_rounds(rounds)}
 
 
+def judge(measured: dict[str, Any], factor: float, noise_k: float, base_label: str = "BASE",
+          head_label: str = "HEAD") -> tuple[dict[str, dict[str, Any]], list[Any]]:
+    """The two side documents of a :func:`measure_ab` result and the gate's rows for them (the
+    interleaved rule: time, ratio of round means, threshold ``max(factor, 1 + noise_k x round spread)``)."""
+    from mla_fp8_bench.analysis import gate as G
+
+    docs = {s: side_document(measured, s) for s in ("base", "head")}
+    rows = G.compare(G.side_from_run_json(docs["base"], base_label), G.side_from_run_json(docs["head"], head_label),
+                     factor=factor, noise_k=noise_k, alpha=G.DEFAULT_ALPHA, interleaved=True)
+    return docs, rows
+
+
 class SpawnRunner:
     """A :class:`RoundRunner` that starts a new interpreter per round (:func:`run_worker`)."""
 
@@ -134,14 +146,14 @@ class SpawnRunner:
 class ServerRunner:
     """A :class:`RoundRunner` with one :class:`RoundServer` per side (a forked child per round)."""
 
-    def __init__(self, preload: Sequence[str], device: str = "auto"):
-        self.preload, self.device = tuple(preload), device
+    def __init__(self, preload: Sequence[str], device: str = "auto", timeout: float = 600.0):
+        self.preload, self.device, self.timeout = tuple(preload), device, timeout
         self.servers: dict[str, RoundServer] = {}
 
     def __call__(self, side, backends, cases, order, seed, out):
-        if side.label not in self.servers:
+        if side.label not in self.servers or self.servers[side.label].proc.poll() is not None:
             self.servers[side.label] = RoundServer(side.python, side.env(), self.preload)
-        return self.servers[side.label].round(backends, cases, order, seed, out, self.device)
+        return self.servers[side.label].round(backends, cases, order, seed, out, self.device, timeout=self.timeout)
 
     def close(self) -> None:
         for s in self.servers.values():
@@ -173,10 +185,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     finally:
         if isinstance(runner, ServerRunner):
             runner.close()
-    docs = {s: side_document(measured, s) for s in ("base", "head")}
-    bs = G.side_from_run_json(docs["base"], f"BASE {args.base}")
-    hs = G.side_from_run_json(docs["head"], f"HEAD {args.head}")
-    rows = G.compare(bs, hs, factor=args.factor, noise_k=args.noise_k, alpha=G.DEFAULT_ALPHA)
+    docs, rows = judge(measured, args.factor, args.noise_k, f"BASE {args.base}", f"HEAD {args.head}")
     lat = [r for r in rows if r.kind == "kernel_latency"]
     if args.json:
         write_json_atomic({"measured": measured, "base": docs["base"], "head": docs["head"],
@@ -184,7 +193,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
                            "rows": [r.__dict__ for r in lat]}, args.json)
     bad = [r for r in rows if r.gating]
     settings = (f"{args.rounds} rounds per side in alternating processes; latency threshold max({args.factor}, "
-                f"1 + {args.noise_k} x round spread), SM cycles where the clock is off its plateau")
+                f"1 + {args.noise_k} x round spread) on the ratio of round means of time")
     if args.summary:
         from mla_fp8_bench.jsonio import write_file_atomic
 
@@ -218,7 +227,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("head", metavar="HEAD", help="the same for the head")
     p.add_argument("-b", "--backends", default="fa3-fp8", help="comma-separated backends (default fa3-fp8)")
     p.add_argument("-c", "--cases", default="s512,s8192", help="comma-separated case ids (default s512,s8192)")
-    p.add_argument("--rounds", type=int, default=6, help="rounds (processes) per side (default 6)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds (processes) per side (default 4)")
     p.add_argument("--factor", type=float, default=DEFAULT_AB_FACTOR,
                    help=f"least latency growth that fails (default {DEFAULT_AB_FACTOR}; the per-param "
                         "threshold is max(factor, 1 + k x spread))")

@@ -404,6 +404,8 @@ class GateOptions:
     noise_k: float = DEFAULT_NOISE_K
     #: (backend, case, metric) -> relative spread of the param in the machine's stored history
     history: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: BASE and HEAD rounds alternate on one machine (``ab``): time is gated, on the ratio of round means
+    interleaved: bool = False
 
 
 _LATENCY_KINDS = ("kernel_latency", "host_latency", "latency")
@@ -537,14 +539,19 @@ class GatedFigure:
     why: str
 
 
-def gated_figure(base: Side, head: Side, key: tuple[str, str, str], bm: Measure, hm: Measure) -> GatedFigure:
+def gated_figure(base: Side, head: Side, key: tuple[str, str, str], bm: Measure, hm: Measure,
+                 interleaved: bool = False) -> GatedFigure:
     """The physics rule: where the SM clock of the param is off its plateau on either side (a
     power-capped case, whose clock depends on the preceding load and the machine start), the latency
     rule compares SM cycles per launch (latency x clock), when both sides hold them; elsewhere time.
-    Only the kernel latency (``latency_s``) follows the clock; other latency metrics compare time."""
+    Only the kernel latency (``latency_s``) follows the clock; other latency metrics compare time.
+    ``interleaved`` (BASE and HEAD rounds alternating on one machine): time, since both sides share the
+    machine's thermal and power state and a clock that a change itself lowers is a slowdown users feel."""
     b, c, metric = key
     if metric != "latency_s":
         return GatedFigure("time", bm, hm, "")
+    if interleaved:
+        return GatedFigure("time", bm, hm, "BASE and HEAD interleaved on one machine")
     pb, ph = _plateau_mhz(base), _plateau_mhz(head)
     if off_plateau(base, b, c, pb) or off_plateau(head, b, c, ph):
         cb, ch = base.data.get((b, c, "latency_sm_cycles")), head.data.get((b, c, "latency_sm_cycles"))
@@ -612,7 +619,11 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
     gb, gh = fig.base, fig.head
     thr, src = noise_threshold(gb, gh, opts.factor, opts.noise_k, history)
     both_rounds = bool(gb.rounds and gh.rounds)
-    if both_rounds:
+    if both_rounds and opts.interleaved:
+        mb, mh = float(np.mean(gb.rounds)), float(np.mean(gh.rounds))
+        ratio = mh / mb if mb > 0 else math.inf
+        lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}, ratio of means")
+    elif both_rounds:
         ratio = gh.center() / gb.center() if gb.center() else math.inf
         lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}")
     else:
@@ -704,7 +715,7 @@ def compare_one(key: tuple[str, str, str], base: Side, head: Side, opts: GateOpt
         return row
     row.compared = True
     if kind in _LATENCY_KINDS:
-        _latency(row, bm, hm, opts, gated_figure(base, head, key, bm, hm), opts.history.get(key))
+        _latency(row, bm, hm, opts, gated_figure(base, head, key, bm, hm, opts.interleaved), opts.history.get(key))
     else:
         _by_rule(row, m, bm.center(), hm.center(), opts, tol_detail)
     return row
@@ -730,9 +741,13 @@ def lost_params(base: Side, head: Side) -> list[Row]:
 def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_factor: float = DEFAULT_ACC_FACTOR,
             alpha: float = DEFAULT_ALPHA, tolerances: Tolerances | None = None,
             gate_host_latency: bool = False, noise_k: float = DEFAULT_NOISE_K,
-            history: dict[tuple[str, str, str], float] | None = None) -> list[Row]:
-    """Every (backend, case, metric) of either side with its verdict, then the LOST parameters."""
-    opts = GateOptions(factor, acc_factor, alpha, tolerances, gate_host_latency, noise_k, history or {})
+            history: dict[tuple[str, str, str], float] | None = None, interleaved: bool = False) -> list[Row]:
+    """Every (backend, case, metric) of either side with its verdict, then the LOST parameters.
+
+    ``interleaved``: BASE's and HEAD's rounds alternate on one machine (``ab``): latency is gated on time,
+    on the ratio of the round means (a per-process mode - two values ~1 % apart at s8192 on the H200 - moves
+    a median of few rounds by a whole mode, a mean by its share)."""
+    opts = GateOptions(factor, acc_factor, alpha, tolerances, gate_host_latency, noise_k, history or {}, interleaved)
     rows = [compare_one(key, base, head, opts) for key in sorted(set(base.data) | set(head.data))]
     rows += lost_params(base, head)
     if not any(r.compared for r in rows):
