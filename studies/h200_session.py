@@ -10,6 +10,9 @@ the rest). Device call (the workstation first runs ``git bundle create .whl/repo
         --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD
     python3 studies/h200_session.py --out $OUT --deadline 540
 
+(or, smaller, the ``.git`` of a depth-1 clone as ``.whl/repo-git.tar.xz``: ``git clone --depth 1 --no-checkout
+file://$PWD /tmp/d && tar cJf .whl/repo-git.tar.xz -C /tmp/d .git``).
+
 Steps (``--steps``, run in the order given, default ``env,smoke,asv,ceilings,cv,sweep,pytest``; each
 runs in its own subprocess, its log goes to ``logs/``):
 
@@ -175,6 +178,18 @@ def ensure_git(s: Session) -> str | None:
     info["git_traveled"] = bool(r is not None and r.returncode == 0)
     bundle = ROOT / ".whl" / "repo.bundle"
     info["bundle"] = bundle.exists()
+    shallow = ROOT / ".whl" / "repo-git.tar.xz"  # a depth-1 clone's .git: the commit without its history
+    if info["git_binary"] and shallow.exists() and not bundle.exists():
+        if (ROOT / ".git").exists():
+            shutil.rmtree(ROOT / ".git.travelled", ignore_errors=True)
+            shutil.move(str(ROOT / ".git"), str(ROOT / ".git.travelled"))
+        with tarfile.open(shallow) as tf:
+            tf.extractall(ROOT, filter="data")
+        info["shallow_git"] = True
+        info["read_tree_rc"] = git("read-tree", "HEAD").returncode
+        if not git("branch", "--list", "main").stdout.strip():
+            git("branch", "main", "HEAD")
+        r = git("rev-parse", "HEAD")
     # the bundle is made for this call; a .git that travelled may hold another commit's HEAD (seen: the
     # HEAD of an earlier session), so the bundle always wins
     if info["git_binary"] and bundle.exists():
