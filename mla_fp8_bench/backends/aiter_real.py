@@ -1,35 +1,18 @@
 """The AITER persistent-scheduled FP8 MLA prefill, called through its three primitives.
 
 ``get_ps_metadata_v1`` (host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1``
-(merge of partials), as docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks,
-#driver):
+(merge of partials), called as docs/aiter-contract.md specifies (#api, #versions, #pr-3606,
+#context-chunks; the driver's rules: #driver):
 
-* every planner keyword passed explicitly (the stub's defaults ``kvlen_granularity=16, block_size=16``
-  are wrong; the binding's are 1, 1): ``qhead_granularity=1, qlen_granularity=256,
-  kvlen_granularity=128, block_size=1, is_causal``;
-* q/k/v contiguous ``float8_e4m3fn``, v its own contiguous tensor; K/V rows reached through
-  ``kv_page_indices``;
-* scales always one-element fp32 *device* tensors (``None`` is a null dereference in the kernel);
-* partial buffers sized from the live partial count ``reduce_indptr[-1]`` (one sync, outside the
-  timed region), not from the loose ``get_ps_metadata_info_v1`` bound; what a caller reserving from the
-  bound would hold is recorded next to it (``reserved_workspace_bytes``);
-* ``mla_reduce_v1``'s form (7/8/9 arguments; the 7-argument form is too old for the PS prefill:
-  reported unavailable) and the planner revision are read from the registered op schemas
-  (``torch.ops.aiter.<name>.default._schema``), else from the facts table by version, never from the
-  ``(*args, **kwargs)`` wrappers' signatures (:func:`~mla_fp8_bench.aiter_ps.facts.detect_reduce_arity`,
-  :func:`~mla_fp8_bench.aiter_ps.facts.detect_planner_revision`);
-* ``need_lse`` (v0.1.22 planner) is passed as the caller the driver imitates passes it: ``False`` for
-  a causal prefill (vLLM's ``_mla_fp8_prefill_attn`` path), ``True`` for a context chunk, and
-  ``has_context`` for the new-token chunk of a prefix case (vLLM's AITER_ASM backend, vLLM #44544). Rows
-  whose tile got no slot have no ``final_lse`` (the buffer keeps what it held: NaN here). The
-  pre-merge PR ref gives every tile a slot and takes ``max_kvlen`` for a context chunk;
-* head counts outside the reduce's dispatch set for the installed version are reported unsupported
-  instead of crashing.
-
-Case families: ``prefill`` is one causal call (q_len == kv_len). ``ctx`` is one non-causal call with
-q_len < kv_len. ``prefix`` runs the way vLLM's pending AITER_ASM prefill backend (vLLM #44544) does: a
-causal call of the new tokens over themselves and a non-causal call over the cached context, merged
-by LSE; before #3606 the unsplit rows of either call have no LSE, so the merge is wrong there.
+* every planner keyword passed explicitly (the stub's defaults are wrong): ``qhead_granularity=1,
+  qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal``;
+* q/k/v contiguous ``float8_e4m3fn``, K/V rows reached through ``kv_page_indices``; scales one-element
+  fp32 *device* tensors (``None`` is a null dereference in the kernel);
+* partial buffers sized from the live partial count ``reduce_indptr[-1]`` (one sync, untimed);
+* ``mla_reduce_v1``'s form (7/8/9 arguments) and the planner revision read from the registered op
+  schemas, never from the ``(*args, **kwargs)`` wrappers' signatures (:mod:`mla_fp8_bench.aiter_ps.facts`);
+* ``need_lse`` (v0.1.22 planner) passed as the imitated caller passes it (:func:`case_calls`);
+* head counts outside the reduce's dispatch set reported unsupported instead of crashing.
 
 The same driver (:class:`AiterPsDriver`) runs over the real ``aiter`` module on gfx950 and over the
 emulator-backed stand-in (:mod:`mla_fp8_bench.aiter_ps.standin`) everywhere else (backend
@@ -38,6 +21,7 @@ emulator-backed stand-in (:mod:`mla_fp8_bench.aiter_ps.standin`) everywhere else
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +43,6 @@ from mla_fp8_bench.aiter_ps.facts import (
     effective_version,
     format_version,
     import_aiter,
-    planner_markers,
     reduce_heads_for,
 )
 from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
@@ -68,41 +51,29 @@ from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case, CaseKind
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.prefix import merge_attn_states
+from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
 
 def _as_dtype(d: Any) -> torch.dtype:
-    if isinstance(d, torch.dtype):
-        return d
-    name = str(d).replace("torch.", "")
-    dt = getattr(torch, name, None)
+    dt = d if isinstance(d, torch.dtype) else getattr(torch, str(d).replace("torch.", ""), None)
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"get_ps_metadata_info_v1 returned unknown dtype {d!r}")
     return dt
 
 
-def _numel(shape: Any) -> int:
-    """Elements of an info shape: real AITER gives 1-D sizes as bare ints, 2-D shapes as tuples."""
-    if isinstance(shape, int):
-        return shape
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-# ----------------------------------------------------------------------------------------------
-# one attention call (a prefill, a context chunk, or one piece of a prefix-cached prefill)
+def numel(shape: Any) -> int:
+    """Elements of a ``get_ps_metadata_info_v1`` shape: real AITER gives 1-D sizes as bare ints, 2-D as tuples."""
+    return int(shape) if isinstance(shape, int) else math.prod(int(s) for s in shape)
 
 
 @dataclass
 class _Piece:
-    """One kernel + reduce call: its index pointers (device), K/V page indices, plan and buffers.
+    """One kernel + reduce call (a prefill, a context chunk, or one piece of a prefix-cached prefill):
+    its index pointers (device), K/V page indices, plan and buffers.
 
-    ``valid`` marks the q rows whose ``final_lse`` the call writes: the rows of the reduce groups the
-    reduce runs (every row when every tile got a slot; the rows of split tiles otherwise). ``empty``
-    (device bool ``[T]``, or None) marks
-    the rows of sequences with kv_len 0: the kernel leaves them untouched (a tile without keys may get no
-    work at all), so the caller defines them as attention over nothing: output 0, LSE -inf.
+    ``valid`` marks the q rows whose ``final_lse`` the call writes (the rows of the reduce groups the
+    reduce runs). ``empty`` (device bool ``[T]``, or None) marks the rows of sequences with kv_len 0: the
+    kernel may leave them untouched, so they are set to attention over nothing (output 0, LSE -inf).
     """
 
     qo_indptr: torch.Tensor
@@ -117,10 +88,9 @@ class _Piece:
     final_lse: torch.Tensor
     valid: torch.Tensor
     empty: torch.Tensor | None
-    need_lse: bool | None = None
 
 
-def _lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch.Tensor:
+def lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch.Tensor:
     """bool ``[total_q]``: rows whose ``final_lse`` the reduce writes for this plan (groups of one partial
     are reduced from the #3606 reduce on)."""
     valid = torch.zeros(total_q, dtype=torch.bool)
@@ -145,29 +115,22 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
     (vLLM's ``_mla_fp8_prefill_attn``), ``True`` for a context chunk, ``has_context`` for the new-token
     chunk of a prefix case (vLLM's AITER_ASM prefill backend, vLLM #44544); ``has_context`` marks a
     ``prefill`` call that is such a chunk, cut out by the caller (``CaseInputs.has_context``)."""
-    if not kind.composed:
-        pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
-        return [(torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_kv, dtype=torch.int32), pages, causal,
-                 kind.context or has_context)]
-    q_ptr = torch.tensor(cu_q, dtype=torch.int32)
-    ctx_pages, new_pages, ctx_ptr, new_ptr = [], [], [0], [0]
-    for b, c in enumerate(context_lens):
-        start, end = cu_kv[b], cu_kv[b + 1]
-        ctx_pages += range(start, start + c)
-        new_pages += range(start + c, end)
-        ctx_ptr.append(ctx_ptr[-1] + c)
-        new_ptr.append(new_ptr[-1] + end - start - c)
 
-    def i32(xs: list[int], dev: torch.device | None = None) -> torch.Tensor:
+    def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
 
-    has_context = any(c > 0 for c in context_lens)
-    return [(q_ptr, i32(new_ptr), i32(new_pages, device), True, has_context),
-            (q_ptr, i32(ctx_ptr), i32(ctx_pages, device), False, True)]
-
-
-# ----------------------------------------------------------------------------------------------
-# the driver
+    if not kind.composed:
+        pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
+        return [(i32(cu_q), i32(cu_kv), pages, causal, kind.context or has_context)]
+    ctx_pages: list[int] = []
+    new_pages: list[int] = []
+    for b, c in enumerate(context_lens):
+        ctx_pages += range(cu_kv[b], cu_kv[b] + c)
+        new_pages += range(cu_kv[b] + c, cu_kv[b + 1])
+    new_ptr = cu_seqlens_of(end - start - c for start, end, c in zip(cu_kv, cu_kv[1:], context_lens))
+    q_ptr = i32(cu_q)
+    return [(q_ptr, i32(new_ptr), i32(new_pages, device), True, any(c > 0 for c in context_lens)),
+            (q_ptr, i32(cu_seqlens_of(context_lens)), i32(ctx_pages, device), False, True)]
 
 
 class AiterPsDriver:
@@ -178,13 +141,11 @@ class AiterPsDriver:
         version: the AITER version (for the reduce's head-count dispatch), None if unknown.
 
     Attributes:
-        reduce_arity: 8 or 9 (the detected ``mla_reduce_v1`` form); ``reduce_source`` where it was read.
-        planner_revision: the detected planner revision (:data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`);
-            ``planner_source`` where it was read.
+        reduce_arity, planner_revision: the detected ``mla_reduce_v1`` form (8 or 9) and planner revision;
+            ``reduce_source`` / ``planner_source`` say where each was read.
         post_3606: the planner can give every tile a slot (the merged or the pre-merge #3606).
         effective_version: the version the reduce's head set is keyed on (the reported one, raised to
             the first release with the detected features).
-        markers: the optional planner keywords found (:func:`~mla_fp8_bench.aiter_ps.facts.planner_markers`).
         pass_need_lse: pass ``need_lse`` to a planner that takes it (False: the caller fault of leaving it out).
 
     Raises:
@@ -207,7 +168,6 @@ class AiterPsDriver:
         if self.reduce_arity == 7:
             raise BackendUnavailable(f"aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form ({reduce.source}): "
                                      "too old for the PS prefill")
-        self.markers = planner_markers(module)
         self.post_3606 = self.planner_revision != PLANNER_PRE_3606
         self.effective_version = effective_version(version, self.reduce_arity, self.planner_revision)
         self.pass_need_lse = True
@@ -219,7 +179,6 @@ class AiterPsDriver:
                 "reduce heads keyed on": f"AITER {format_version(self.effective_version)} (reported "
                                          f"{format_version(self.version)})"}
 
-    # ------------------------------------------------------------------ support
     def supports_heads(self, num_heads: int) -> Verdict:
         allowed = reduce_heads_for(self.effective_version)
         if num_heads not in allowed:
@@ -228,7 +187,6 @@ class AiterPsDriver:
                               f"for v_head_dim 128; got {num_heads}")
         return Verdict.yes()
 
-    # ------------------------------------------------------------------ planning
     def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None) -> list:
         """``get_ps_metadata_info_v1`` for this module; ``max_kvlen`` is passed only to the pre-merge PR
         ref's info function and only when given (a context chunk)."""
@@ -245,12 +203,9 @@ class AiterPsDriver:
 
         Args:
             cu_seqlens_cpu: ``[B+1]`` int32 query starts (``seqlens_qo_indptr``).
-            num_heads: heads H.
-            device: where the buffers live.
             cu_seqlens_kv_cpu: ``[B+1]`` int32 key starts (``pages_kv_indptr``); default the query starts.
             causal: bottom-right causal (False for a context chunk).
-            need_lse: passed to a v0.1.22 planner (when :attr:`pass_need_lse`); other revisions take no such
-                parameter.
+            need_lse: passed to a v0.1.22 planner (when :attr:`pass_need_lse`); other revisions take none.
 
         Returns:
             dict with the six buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``),
@@ -276,7 +231,7 @@ class AiterPsDriver:
             torch.cuda.synchronize(device)
         planner_s = time.perf_counter() - t0
         return {**bufs, "planner_s": planner_s, "num_partials": int(bufs["reduce_indptr"][-1].item()),
-                "info_partial_slots": _numel(info[BUFFER_NAMES.index("reduce_partial_map")][0]),
+                "info_partial_slots": numel(info[BUFFER_NAMES.index("reduce_partial_map")][0]),
                 "post_3606": self.post_3606, "need_lse": extra.get("need_lse")}
 
     def _piece(self, qo_cpu: torch.Tensor, kv_cpu: torch.Tensor, pages: torch.Tensor, causal: bool, need_lse: bool,
@@ -289,13 +244,13 @@ class AiterPsDriver:
         empty = torch.repeat_interleave(kv_lens == 0, q_lens, output_size=t)
         return _Piece(
             qo_indptr=qo_cpu.to(device), kv_indptr=kv_cpu.to(device), kv_page_indices=pages, causal=causal,
-            max_seqlen_q=int((qo_cpu[1:] - qo_cpu[:-1]).max()), plan=plan,
+            max_seqlen_q=int(q_lens.max()), plan=plan,
             split_data=torch.empty(rows, h, dv, dtype=torch.float32, device=device),
             split_lse=torch.empty(rows, h, dtype=torch.float32, device=device),
             output=torch.full((t, h, dv), float("nan"), dtype=torch.bfloat16, device=device),
             final_lse=torch.full((t, h), float("nan"), dtype=torch.float32, device=device),
-            valid=_lse_rows(plan, t, self.post_3606) | empty,
-            empty=empty.to(device) if bool(empty.any()) else None, need_lse=plan["need_lse"],
+            valid=lse_rows(plan, t, self.post_3606) | empty,
+            empty=empty.to(device) if bool(empty.any()) else None,
         )
 
     def launch(self, p: _Piece, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: list[torch.Tensor],
@@ -312,29 +267,22 @@ class AiterPsDriver:
             p.output.masked_fill_(p.empty[:, None, None], 0.0)
             p.final_lse.masked_fill_(p.empty[:, None], float("-inf"))
 
-    # ------------------------------------------------------------------ the call
-    def pieces(self, inputs: CaseInputs) -> list[_Piece]:
-        """Plan and allocate every call of the case (:func:`case_calls`; starts and mask from ``inputs``)."""
-        case, h, dv = inputs.case, inputs.case.num_heads, int(inputs.v8.data.shape[-1])
-        calls = case_calls(case.kind, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
-                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), inputs.device,
-                           has_context=inputs.has_context)
-        return [self._piece(qo, kv, pages, causal, need_lse, h, dv, inputs.device)
-                for qo, kv, pages, causal, need_lse in calls]
-
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Plan, allocate and return the call (kernel + reduce per piece, the LSE merge for ``prefix``).
+        """Plan and allocate every call of the case (:func:`case_calls`) and return the call (kernel +
+        reduce per piece, the LSE merge for ``prefix``).
 
         Raises:
             CaseUnsupported: inputs not float8_e4m3fn.
         """
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"the PS prefill kernel takes float8_e4m3fn only, not {inputs.fp8_dtype}")
-        dev = inputs.device
+        case, dev = inputs.case, inputs.device
         q8, k8, v8 = (x.data.contiguous() for x in (inputs.q8, inputs.k8, inputs.v8))
         scales = [x.descale.reshape(1).to(device=dev, dtype=torch.float32).contiguous()
                   for x in (inputs.q8, inputs.k8, inputs.v8)]
-        pieces = self.pieces(inputs)
+        calls = case_calls(case.kind, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
+                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), dev, has_context=inputs.has_context)
+        pieces = [self._piece(*call, case.num_heads, int(v8.shape[-1]), dev) for call in calls]
         merged: dict[str, torch.Tensor] = {}
 
         def run() -> torch.Tensor:
@@ -352,7 +300,7 @@ class AiterPsDriver:
             return merged["lse"], pieces[0].valid & pieces[1].valid
 
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="kernel", lse=lse,
-                        extras=self.plan_extras([p.plan for p in pieces], inputs.case))
+                        extras=self.plan_extras([p.plan for p in pieces], case))
 
     def plan_extras(self, plans: list[dict[str, Any]], case: Case) -> dict[str, Any]:
         """Record extras of a case's plans: planner time, live partial slots, live and reserved workspace
@@ -377,15 +325,12 @@ class AiterPsDriver:
                      for q, kv, _, c, n in calls]
             samples.append(sum(p["planner_s"] for p in plans))
         ex = self.plan_extras(plans, case)
-        return {"planner_samples_s": samples, "num_partials": ex["num_partials"],
-                "workspace_bytes": ex["workspace_bytes"], "reserved_workspace_bytes": ex["reserved_workspace_bytes"]}
+        return {"planner_samples_s": samples, **{k: ex[k] for k in ("num_partials", "workspace_bytes",
+                                                                     "reserved_workspace_bytes")}}
 
 
-# ----------------------------------------------------------------------------------------------
-# the backend
-
-
-def _aiter_gate(platform: PlatformInfo) -> Verdict:
+def aiter_gate(platform: PlatformInfo) -> Verdict:
+    """Yes on gfx950 with a ROCm torch; otherwise no with what was found (gfx942 named as unsupported)."""
     if platform.vendor != "rocm":
         found = platform.arch if platform.vendor == "cuda" else "a CPU-only torch"
         return Verdict.no(f"needs an AMD gfx950 GPU with a ROCm build of torch; found {found}")
@@ -395,49 +340,63 @@ def _aiter_gate(platform: PlatformInfo) -> Verdict:
     return Verdict.yes()
 
 
-class AiterReal(Backend):
-    name = "aiter"
-    description = "AITER mla_prefill_ps_asm_fwd + mla_reduce_v1 (gfx950), planner outside the timed region"
+class AiterPsBackend(Backend):
+    """A backend over one :class:`AiterPsDriver` (built on first use by :meth:`make_driver`)."""
+
     fp8 = True
     context_chunks = Verdict.yes()  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
+    _driver: AiterPsDriver | None = None
 
-    def __init__(self) -> None:
-        self._driver: AiterPsDriver | None = None
+    def make_driver(self) -> AiterPsDriver:
+        raise NotImplementedError
 
-    def _get_driver(self) -> AiterPsDriver:
+    def driver(self) -> AiterPsDriver:
         if self._driver is None:
-            try:
-                module = import_aiter()
-            except Exception as exc:  # noqa: BLE001
-                raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
-            self._driver = AiterPsDriver(module, aiter_version_of(module))
+            self._driver = self.make_driver()
         return self._driver
 
+    def detection(self) -> dict[str, str]:
+        """What the driver detected on its ``aiter`` and where it read it (``mla-fp8-bench env``)."""
+        return self.driver().detection()
+
+    def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
+        return self.driver().supports_heads(case.num_heads)
+
+    def prepare(self, inputs: CaseInputs) -> Prepared:
+        p = self.driver().prepare(inputs)
+        if self.emulation:
+            p.graph_capturable = False  # an emulator reads work_info on the host
+            p.timing_scope = "emulation"
+        return p
+
+
+class AiterReal(AiterPsBackend):
+    name = "aiter"
+    description = "AITER mla_prefill_ps_asm_fwd + mla_reduce_v1 (gfx950), planner outside the timed region"
+
+    def make_driver(self) -> AiterPsDriver:
+        try:
+            module = import_aiter()
+        except Exception as exc:  # noqa: BLE001
+            raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
+        return AiterPsDriver(module, aiter_version_of(module))
+
     def availability(self, platform: PlatformInfo) -> Verdict:
-        gate = _aiter_gate(platform)
+        gate = aiter_gate(platform)
         self.emulation = bool(not gate and self.config.aiter_any_device)  # off gfx950: an emulation, labelled
         if not gate and not self.emulation:
             return gate
         try:
-            self._get_driver()
+            self.driver()
         except BackendUnavailable as exc:
             return Verdict.no(str(exc))
         return Verdict.yes()
 
-    def detection(self) -> dict[str, str]:
-        """What the driver detected on the installed ``aiter`` and where it read it (``mla-fp8-bench env``)."""
-        return self._get_driver().detection()
-
-    def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
-        return self._get_driver().supports_heads(case.num_heads)
-
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        p = self._get_driver().prepare(inputs)
+        p = super().prepare(inputs)
         if self.emulation:
-            p.graph_capturable = False
-            p.timing_scope = "emulation"
             p.extras["aiter_off_device"] = True
         return p
 
     def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
-        return self._get_driver().plan_stats(case, platform.device)
+        return self.driver().plan_stats(case, platform.device)

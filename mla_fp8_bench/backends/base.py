@@ -1,17 +1,12 @@
 """The backend protocol: every implementation under test is one :class:`Backend`.
 
 A backend says whether it can run here (:meth:`Backend.availability`, with the reason when not),
-whether it supports a case (:meth:`Backend.supports`), and turns a case's inputs into a
-:class:`Prepared` call whose ``run()`` launches the attention and returns the bf16 output
-``[T, H, 128]``. Everything that must not be timed (planning, workspace reservation, casts the
-production path does ahead of time) happens in :meth:`Backend.prepare`.
-
-Case kinds (:class:`mla_fp8_bench.problem.cases.CaseKind`): :meth:`Backend.prepare` runs kinds without
-context and, where :meth:`Backend.supports_kind` says yes, context chunks (``ctx``: q_len < kv_len,
-``inputs.causal`` False, separate ``cu_seqlens_q``/``cu_seqlens_kv``), returning LSE on every row. Callers
-use :meth:`Backend.prepare_case`, which also runs composed kinds (``prefix``) the way vLLM does:
-:func:`compose_prefix` prepares the two pieces through the backend's own :meth:`Backend.prepare` and
-merges them by LSE (:func:`mla_fp8_bench.problem.prefix.merge_attn_states`).
+whether it supports a case (:meth:`Backend.supports`) and a case kind (:meth:`Backend.supports_kind`),
+and turns a case's inputs into a :class:`Prepared` call whose ``run()`` launches the attention and
+returns the bf16 output ``[T, H, 128]``. Everything that must not be timed (planning, workspace
+reservation, casts the production path does ahead of time) happens in :meth:`Backend.prepare`.
+Callers use :meth:`Backend.prepare_case`, which also runs composed kinds (``prefix``) the way vLLM does
+(:func:`compose_prefix`).
 """
 
 from __future__ import annotations
@@ -90,8 +85,9 @@ class Backend(ABC):
         description: one line for ``mla-fp8-bench env``.
         fp8: True if the computation runs in fp8 (False for bf16 baselines).
         emulation: True if this is a PyTorch model of a kernel (latency is labelled, never compared).
-        context_chunks: yes when :meth:`prepare` runs context chunks (``ctx`` cases) and returns LSE on
-            every row; otherwise no with the reason kinds with context (``ctx``, ``prefix``) are skipped.
+        context_chunks: yes when :meth:`prepare` runs context chunks (``ctx`` cases: q_len < kv_len,
+            ``inputs.causal`` False, separate ``cu_seqlens_q``/``cu_seqlens_kv``) and returns LSE on every
+            row; otherwise no with the reason kinds with context (``ctx``, ``prefix``) are skipped.
         config: the run's configuration (set by :func:`~mla_fp8_bench.backends.get_backend`).
     """
 
@@ -116,7 +112,8 @@ class Backend(ABC):
 
     @abstractmethod
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Build the call for ``inputs``; everything outside the timed region happens here.
+        """Build the call for ``inputs`` (a kind that is not composed); everything outside the timed
+        region happens here.
 
         Raises:
             BackendUnavailable / CaseUnsupported: recorded as skips by the runner.
@@ -137,23 +134,6 @@ class Backend(ABC):
             raise CaseUnsupported(f"{self.name} cannot run {case.family} case {case.id}: {verdict.reason}")
         return compose_prefix(self, inputs) if case.kind.composed else self.prepare(inputs)
 
-    def prepare_prefix_pieces(self, inputs: CaseInputs) -> tuple[Prepared, Prepared]:
-        """The two calls of a ``prefix`` case: ``(context piece, new piece)``, each returning out and LSE.
-
-        Default: :func:`mla_fp8_bench.problem.prefix.split_prefix_inputs` (k/v rows gathered per piece)
-        and :meth:`prepare` of each. A backend that reaches the rows in place (e.g. through page indices)
-        overrides this; the merge stays :func:`compose_prefix`'s.
-        """
-        new_in, ctx_in = split_prefix_inputs(inputs)
-        p_ctx = self.prepare(ctx_in)
-        try:
-            p_new = self.prepare(new_in)
-        except BaseException:
-            if p_ctx.cleanup is not None:
-                p_ctx.cleanup()
-            raise
-        return p_ctx, p_new
-
 
 #: Extras of the two prefix pieces that add up (both pieces' plans, workspaces and partial slots exist).
 ADDITIVE_EXTRAS = ("planner_s", "num_partials", "workspace_bytes", "reserved_workspace_bytes")
@@ -162,24 +142,32 @@ MergeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tup
 
 
 def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_attn_states) -> Prepared:
-    """A prefix-cached prefill as vLLM computes it, through ``backend``'s own calls.
+    """A prefix-cached prefill as vLLM computes it, through ``backend``'s own :meth:`Backend.prepare`.
 
-    Prepares the new-vs-new piece (causal prefill) and the new-vs-context piece (non-causal context
-    chunk) with :meth:`Backend.prepare_prefix_pieces`; ``run()`` runs the context piece, then the new
-    piece, and merges their outputs by their LSE on every row (``merge(ctx_out, ctx_lse, new_out,
-    new_lse)``, vLLM's argument order: prefix = context). The merged LSE ``[T, H]`` is the result's LSE
-    (all rows). Extras: the new piece's, with :data:`ADDITIVE_EXTRAS` summed over both pieces.
+    Prepares the new-vs-context piece (non-causal context chunk) and the new-vs-new piece (causal
+    prefill) of :func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs`; ``run()`` runs the context
+    piece, then the new piece, and merges their outputs by their LSE on every row (``merge(ctx_out,
+    ctx_lse, new_out, new_lse)``, vLLM's argument order: prefix = context). The merged LSE ``[T, H]`` is
+    the result's LSE (all rows). Extras: the new piece's, with :data:`ADDITIVE_EXTRAS` summed over both.
 
     Raises:
         CaseUnsupported: a piece returns no LSE.
     """
-    p_ctx, p_new = backend.prepare_prefix_pieces(inputs)
+    new_in, ctx_in = split_prefix_inputs(inputs)
+    p_ctx = backend.prepare(ctx_in)
+    pieces = [p_ctx]
 
     def cleanup() -> None:
-        for p in (p_new, p_ctx):
+        for p in reversed(pieces):
             if p.cleanup is not None:
                 p.cleanup()
 
+    try:
+        p_new = backend.prepare(new_in)
+    except BaseException:
+        cleanup()
+        raise
+    pieces.append(p_new)
     if p_new.lse is None or p_ctx.lse is None:
         cleanup()
         raise CaseUnsupported(f"{backend.name} returns no LSE, so prefix case {inputs.case.id} cannot be merged")

@@ -1,42 +1,18 @@
 """``vllm-aiter``: the FP8 MLA prefill as vLLM enters it, through vLLM's own code.
 
-The timed call is the REAL ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)`` from
-``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``, set up the way vLLM's seed test (PR #51457)
-does it (docs/aiter-contract.md#vllm-entry):
+The timed call is the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)`` of
+``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``, set up as vLLM's seed test (PR #51457) does
+(docs/aiter-contract.md#vllm-entry): impl and metadata builder made with ``object.__new__`` and given only
+what the path reads, the real ``_init_fp8_prefill_ps_buffers`` and ``_build_fp8_prefill_ps_metadata``
+(``SimpleNamespace`` stand-ins for the prefill metadata), and vLLM's global workspace manager initialised
+before the reservation, locked after the build (a forward that needs more than vLLM reserved fails loudly,
+as in production, #42978) and reset in ``Prepared.cleanup`` and on any set-up failure.
 
-* ``object.__new__(AiterMLAImpl)`` with only ``num_heads``, ``v_head_dim``, ``scale``,
-  ``_mla_prefill_ps_asm_fwd``, ``_mla_reduce_v1`` (and ``_fp8_prefill_one_scale = None`` where the
-  method reads that cache, 0.33);
-* ``object.__new__(AiterMLAMetadataBuilder)`` with ``num_heads`` and ``mla_dims``, then the real
-  ``_init_fp8_prefill_ps_buffers`` (``attn_out_dtype`` passed only where the signature has it,
-  >= 0.29) and the real ``_build_fp8_prefill_ps_metadata`` with ``SimpleNamespace`` stand-ins for
-  the prefill metadata;
-* vLLM's global workspace manager: ``init_workspace_manager(device)`` before the builder reserves its
-  scratch, ``lock_workspace()`` after the build (so a forward that needs more than vLLM reserved fails
-  loudly, as in production, #42978), and ``reset_workspace_manager()`` in ``Prepared.cleanup`` and in
-  ``prepare``'s own failure path.
-
-Timing scope is ``"call"``: bf16 q/k/v go in, so the three fp8 casts (and, from 0.29, vLLM's own
-head padding and un-padding) are inside the timed region, exactly as in ``forward_mha``. Planning,
-buffer allocation and workspace reservation are not.
-
-Version differences are feature-detected, never read from version strings:
-
-========================  =============================================================  =========
-feature                    detected by                                                    releases
-========================  =============================================================  =========
-``attn_out_dtype``         parameter of ``_init_fp8_prefill_ps_buffers``                   >= 0.29
-head padding               ``AiterMLAHelper.get_fp8_prefill_num_heads`` exists             >= 0.29
-budget-aware scratch       ``_init_fp8_prefill_ps_buffers`` reads ``num_compute_units``    >= 0.31
-pinned plan staging        ``_init_fp8_prefill_ps_buffers`` sets ``_fp8_ps_staging``       >= 0.32
-cached unit scale          ``_mla_fp8_prefill_attn`` reads ``_fp8_prefill_one_scale``      0.33
-========================  =============================================================  =========
-
-Only ``quant="cast"`` prefill cases are supported: vLLM always casts at unit scale, so a ``per_tensor``
-(amax/448) case is not something vLLM can run; and vLLM skips the FP8 PS path for batches with cached
-context (vLLM #52356, up to 0.33.0), so ``ctx``/``prefix`` cases are skips naming that reason. 0.28
-enables the path only for ``num_heads % 16 == 0``. vLLM 0.33.0 calls ``get_ps_metadata_info_v1``
-without ``max_kvlen`` on either AITER revision.
+Timing scope is ``"call"``: bf16 q/k/v go in, so the three fp8 casts (and, from 0.29, vLLM's head padding)
+are timed, as in ``forward_mha``; planning, buffers and the reservation are not. Release differences are
+feature-detected from vLLM's code, never from version strings (:class:`VllmFeatures`; docs/vllm-tier.md
+lists them). Only ``quant="cast"`` prefill cases run: vLLM always casts at unit scale, and it skips the
+FP8 PS path for batches with cached context (:data:`CHUNKED_CONTEXT_SKIP`).
 """
 
 from __future__ import annotations
@@ -45,7 +21,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
-import math
+import re
 import sys
 import time
 import types
@@ -67,7 +43,7 @@ from mla_fp8_bench.aiter_ps.facts import (
     reduce_heads_for,
 )
 from mla_fp8_bench.aiter_ps.workspace import VLLM_WORKSPACE_ALIGN, vllm_partial_tiles, workspace_bytes
-from mla_fp8_bench.backends.aiter_real import _aiter_gate
+from mla_fp8_bench.backends.aiter_real import aiter_gate, numel
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
@@ -83,13 +59,18 @@ CHUNKED_CONTEXT_SKIP = (
     "back to the bf16 path); its AITER_ASM prefill backend for context chunks (vLLM #44544) is in no release"
 )
 
+
 class VllmAdapterError(RuntimeError):
     """vLLM's entry does not match what the adapter calls (a signature or attribute changed)."""
 
 
 @dataclass(frozen=True)
 class VllmFeatures:
-    """What this vLLM's FP8 prefill path does (detected from its code, see module docstring)."""
+    """What this vLLM's FP8 prefill path does, detected from its code (:func:`detect_features`), with the
+    first release of each: ``attn_out_dtype`` (a parameter of ``_init_fp8_prefill_ps_buffers``, 0.29),
+    ``pads_heads`` (``AiterMLAHelper.get_fp8_prefill_num_heads``, 0.29), ``budget_sizing`` (the buffers read
+    ``num_compute_units``, 0.31), ``staging`` (pinned plan staging ``_fp8_ps_staging``, 0.32),
+    ``one_scale_cache`` (``_mla_fp8_prefill_attn`` reads ``_fp8_prefill_one_scale``, 0.33)."""
 
     attn_out_dtype: bool
     pads_heads: bool
@@ -173,20 +154,16 @@ def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
     cache dtype and the model dtype (0.33: fp8 KV and bf16 only), else every dtype pair takes it (the
     gating gap of vLLM #52312). ``taken`` is for the imitated pair; the platform gate and the head count
     are checked by ``availability`` / ``supports``."""
-    import re
-
+    pair = {"kv_cache_dtype": KV_CACHE_DTYPE, "model_dtype": MODEL_DTYPE}
     try:
         src = inspect.getsource(builder_cls.__init__)
     except (OSError, TypeError):
-        return {"taken": None, "why": "the builder's source cannot be read", "kv_cache_dtype": KV_CACHE_DTYPE,
-                "model_dtype": MODEL_DTYPE}
+        return {"taken": None, "why": "the builder's source cannot be read", **pair}
     m = re.search(r"self\._fp8_prefill_enabled\s*=\s*(.*?)\n\s*if self\._fp8_prefill_enabled", src, re.S)
-    expr = m.group(1) if m else ""
-    gated = "kv_cache_dtype" in expr and "bfloat16" in expr
+    gated = bool(m) and "kv_cache_dtype" in m.group(1) and "bfloat16" in m.group(1)
     why = ("vLLM enables it only with an fp8 KV cache and a bf16 model" if gated else
            "vLLM enables it whatever the KV cache and model dtypes (no dtype gate, vLLM #52312)")
-    return {"taken": bool(m), "gates_on_dtypes": gated, "why": why, "kv_cache_dtype": KV_CACHE_DTYPE,
-            "model_dtype": MODEL_DTYPE}
+    return {"taken": bool(m), "gates_on_dtypes": gated, "why": why, **pair}
 
 
 def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
@@ -227,15 +204,10 @@ def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, 
                            num_compute_units=num_compute_units)
     extra = 0
     if features.pads_heads and num_heads < num_head_k:
-        extra = -(-max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize // VLLM_WORKSPACE_ALIGN)
-        extra *= VLLM_WORKSPACE_ALIGN
+        align = VLLM_WORKSPACE_ALIGN
+        extra = -(-max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize // align) * align
     return workspace_bytes(p, max_num_batched_tokens, num_head_k, v_head_dim, align=VLLM_WORKSPACE_ALIGN,
                            extra=extra).total
-
-
-def _numel(shape: Any) -> int:
-    """Elements of a ``get_ps_metadata_info_v1`` shape: real AITER gives 1-D sizes as bare ints."""
-    return int(shape) if isinstance(shape, int) else int(math.prod(shape))
 
 
 def _reserved_bytes(ws: types.ModuleType) -> int | None:
@@ -349,13 +321,17 @@ class VllmAiter(Backend):
         return self._entry
 
     def aiter(self) -> types.ModuleType:
-        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one)."""
+        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one).
+
+        Raises:
+            BackendUnavailable: it does not import, lacks a primitive, or its ``mla_reduce_v1`` is not the
+                9-argument form vLLM calls.
+        """
         if self._aiter is None:
             try:
                 self._aiter = import_aiter()  # only reached on ROCm (availability gates it)
             except Exception as exc:  # noqa: BLE001
                 raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
-            self._aiter_version = aiter_version_of(self._aiter)
         missing = [p for p in PRIMITIVES if not hasattr(self._aiter, p)]
         if missing:
             raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
@@ -385,7 +361,7 @@ class VllmAiter(Backend):
                 found = ("a CPU-only torch" if platform.vendor == "cpu"
                          else f"an NVIDIA {platform.arch} GPU with a CUDA torch")
                 return Verdict.no(f"needs an AMD gfx950 GPU with ROCm torch; found {found}")
-            gate = _aiter_gate(platform)  # gfx950 (gfx942 named as unsupported)
+            gate = aiter_gate(platform)
             if not gate:
                 return gate
             for pkg, hint in (("vllm", "a ROCm build of vllm >= 0.28"),
@@ -560,13 +536,8 @@ class VllmAiter(Backend):
         formula = vllm_reserved_workspace_bytes(
             entry.features, max_num_reqs=case.batch_size, max_num_batched_tokens=case.total_tokens,
             num_heads=case.num_heads, num_head_k=st.num_head_k, num_compute_units=int(cus),
-            info_partial_slots=_numel(info[5][0]))
+            info_partial_slots=numel(info[5][0]))
         return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": formula,
                 "reserved_workspace_bytes": formula, "workspace_bytes_reserved": st.reserved_bytes,
                 "num_head_k": st.num_head_k}
 
-
-__all__ = ["CHUNKED_CONTEXT_SKIP", "fp8_path_condition",
-           "DEFAULT_VLLM_MODULE", "DEFAULT_WORKSPACE_MODULE", "VllmAdapterError", "VllmAiter",
-           "VllmEntry", "VllmFeatures", "detect_features", "load_vllm_entry",
-           "vllm_reserved_workspace_bytes"]

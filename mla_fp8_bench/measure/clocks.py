@@ -1,26 +1,16 @@
 """GPU clock, temperature and power readings, and the clock policy of a device.
 
-Latency on a GPU is kernel time at *some* SM clock. This module reads that clock (with the die
-temperature and board power) through the vendor management library, so that every latency sample
-carries the clock it ran at, and says whether the clocks are locked.
+Latency on a GPU is kernel time at *some* SM clock: every latency sample carries the clock it ran at,
+read (with the die temperature and board power) through the vendor management library: NVML
+(``pynvml`` from ``nvidia-ml-py``: ``nvmlDeviceGetClockInfo`` MHz, ``nvmlDeviceGetTemperature`` deg C,
+``nvmlDeviceGetPowerUsage`` mW, ``nvmlDeviceGetCurrentClocksEventReasons``) or ``amdsmi`` (GFX clock,
+hotspot temperature, socket power). Both imports are optional: without the library (or on the CPU)
+:class:`ClockReader` is *unavailable* and every reading is ``None`` with the reason recorded; that is
+never an error. Nothing here changes clocks, power limits or any other device setting (on MI350/MI355
+``amd-smi`` documents performance determinism as not supported; the suite never recommends a mode).
 
-* NVIDIA: ``pynvml`` from the ``nvidia-ml-py`` package (NVML). Readings: ``nvmlDeviceGetClockInfo``
-  (SM and memory clock, MHz), ``nvmlDeviceGetTemperature`` (GPU die, deg C), ``nvmlDeviceGetPowerUsage``
-  (mW), ``nvmlDeviceGetCurrentClocksEventReasons`` (older name ``...ThrottleReasons``: a bit mask of why
-  the clock is below its maximum).
-* AMD: ``amdsmi`` (ROCm SMI library). Readings: ``amdsmi_get_clock_info`` (GFX clock),
-  ``amdsmi_get_temp_metric`` (hotspot), ``amdsmi_get_power_info``; policy: ``amdsmi_get_gpu_perf_level``
-  and ``amdsmi_get_power_cap_info`` (recorded as they are; on MI350/MI355 (gfx950) ``amd-smi`` documents
-  performance determinism as not supported: only the AUTO and MANUAL performance levels, with
-  clock-stretching compensation, and soft clock limits; the suite never recommends or sets a mode).
-
-Both imports are optional: without the library (or on the CPU) :class:`ClockReader` is *unavailable*
-and every reading is ``None`` with the reason recorded; that is never an error. Nothing here changes
-clocks, power limits or any other device setting: the suite measures the card as it finds it.
-
-Clock event reason bits: :data:`NVML_REASONS` (values from ``nvml.h``). The SW power cap is the normal
-state of a busy H200 (it holds the sustained-load clock below boost); the bits in :data:`THROTTLE_MASK`
-are not, and mark a sample as *throttled*.
+The SW power cap is the normal state of a busy H200 (it holds the sustained-load clock below boost); the
+reason bits in :data:`THROTTLE_MASK` are not, and mark a sample as *throttled*.
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ from __future__ import annotations
 import functools
 import operator
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 #: NVML clock event reasons (nvml.h), bit -> short name.
@@ -74,9 +64,6 @@ class ClockReading:
     @property
     def throttled(self) -> bool:
         return bool(self.reasons and self.reasons & THROTTLE_MASK)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

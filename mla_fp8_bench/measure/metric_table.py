@@ -1,28 +1,10 @@
 """The metric table: every figure the suite records, defined once.
 
-Each :class:`Metric` says where the value lives in a run record (``record_key``), whether and how asv
-tracks it (``track``, ``asv_class``, ``unit``, ``pretty_name``, ``floor``), what kind of figure it is,
-which direction is better, whether calibrated tolerances exist for it, and how the PR gate treats it.
-Everything else is derived from :data:`METRICS`:
-
-* the asv ``track_*`` methods of ``benchmarks/bench_mla_prefill.py``
-  (:func:`mla_fp8_bench.harness.asv_tracks.with_tracks`);
-* the run-record keys always present (``RECORD_KEYS`` in :mod:`mla_fp8_bench.harness.runner`);
-* the gate's metric kinds and rules (:mod:`mla_fp8_bench.analysis.gate`);
-* calibrate's metric list, tolerance floors and always-zero metrics (:mod:`mla_fp8_bench.analysis.tolerances`);
-* plot labels (:func:`label`);
-* asv's ``regressions_thresholds`` / ``regressions_first_commits`` in the asv config files
-  (:func:`mla_fp8_bench.harness.asv_tracks.asv_regression_config`; ``tests/test_metric_table.py``
-  checks the files equal it).
-
-**Adding a metric** (three places):
-
-1. compute it and store it in the run record under its ``record_key`` (``harness/runner.py`` or the
-   backend's ``Prepared.extras``), or give the entry a ``derive`` function of the record;
-2. add a :class:`Metric` entry to :data:`METRICS` (with ``track``/``asv_class`` if asv should track it;
-   the method is generated, no edit to ``benchmarks/`` is needed); if it has an asv track, regenerate the
-   asv configs' regression keys with ``python -m mla_fp8_bench.harness.asv_tracks --write asv*.conf.json``;
-3. a test that asserts the computed value against an independent reference.
+Each :class:`Metric` says where the value lives in a run record, whether and how asv tracks it, what
+kind of figure it is, which direction is better, whether calibrated tolerances exist for it, and how the
+PR gate treats it. The asv ``track_*`` methods, the run-record keys, the gate's and calibrate's metric
+lists, plot labels and the asv configs' regression keys are all derived from :data:`METRICS`
+(``tests/test_metric_table.py`` checks they agree; adding a metric: docs/extending.md).
 
 Kinds (:data:`KINDS`): ``accuracy`` (deterministic error figures), ``kernel_latency`` (device time of
 the kernel; a CPU or emulation run's is host time of PyTorch code and never gates), ``host_latency``
@@ -298,7 +280,6 @@ def _indexes() -> tuple[dict[str, Metric], dict[str, Metric], dict[str, Metric]]
     if _INDEXES is None or _INDEXES[0] is not METRICS:
         _INDEXES = (METRICS, (_index("name"), _index("record_key"), _index("track")))
     return _INDEXES[1]
-
 
 
 class UnknownMetricError(KeyError):

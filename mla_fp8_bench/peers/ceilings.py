@@ -1,28 +1,18 @@
 """The device's own ceilings, measured once per run: FP8 GEMM, bf16 GEMM and copy bandwidth.
 
-Attention throughput is reported against two references (docs/reference-facts.md#peaks): the datasheet
-peak (:data:`mla_fp8_bench.problem.flops.DATASHEET_PEAKS_TFLOPS`) and a ceiling measured on the same machine
-in the same process, because ceilings vary between machines of one kind and between runs (bf16
-8192^3 GEMMs on H200s gave 715 to 798 TFLOP/s, docs/methodology.md).
+Attention throughput is reported against the datasheet peak (:data:`mla_fp8_bench.problem.flops.DATASHEET_PEAKS_TFLOPS`)
+and against ceilings measured on the same machine in the same process, because ceilings vary between
+machines of one kind and between runs (docs/methodology.md, sections 4 and 5). GPU only (on CPU:
+``status="skipped"`` with the reason):
 
-What is measured (GPU only; on CPU the result is ``status="skipped"`` with the reason):
+* ``fp8_gemm_tflops``: ``torch._scaled_mm`` on ``float8_e4m3fn`` 8192^3 (b column-major, as cuBLASLt
+  requires; fp32 unit scales, bf16 out); ``bf16_gemm_tflops``: ``torch.matmul`` on bf16 8192^3. FLOPs =
+  2 M N K, on random data, never zeros (a bf16 GEMM ran 13% faster on zeros on an H200).
+* ``copy_tb_s``: a device-to-device ``copy_`` of 2 GiB, bytes read + written, the faster of eager launches
+  and graph replay (:func:`_copy`).
 
-* ``fp8_gemm_tflops`` - ``torch._scaled_mm`` on ``float8_e4m3fn`` ``[M, K] x [K, N]`` (b column-major,
-  as cuBLASLt requires), fp32 per-tensor scales, bf16 out, M = N = K = 8192, random data
-  (``randn`` clamped to +-448 before the cast). FLOPs = 2 M N K.
-* ``bf16_gemm_tflops`` - ``torch.matmul`` on bf16 ``randn`` 8192^3. FLOPs = 2 M N K.
-* ``copy_tb_s`` - a device-to-device ``copy_`` of a 2 GiB buffer, counting bytes read + written; the
-  faster of eager launches between events and graph replay (a graph turns the copy into a memcpy
-  node, which ran slower on an H200).
-
-Each is timed with :func:`mla_fp8_bench.measure.timing.time_device` (CUDA-graph replay after the adaptive
-device warm-up, so the ceilings see the same sustained-load clocks as the attention numbers; median
-of the samples). Never on zeros: a bf16 GEMM ran 13% faster on zeros than on random data on
-an H200 (docs/methodology.md).
-
-Hook: ``attach(data)`` adds ``data["ceilings"]`` to a runner result (``runner.evaluate``'s dict),
-including ``fraction_of_ceiling`` / ``fraction_of_datasheet`` per ok record. Set
-``MLA_FP8_BENCH_CEILINGS=0`` to skip the measurement (about 1-2 s of device time on an H200).
+Each is timed with :func:`mla_fp8_bench.measure.timing.time_device` (the same warm-up as the attention
+numbers). :func:`attach` adds ``data["ceilings"]`` and the per-record fractions to a runner result.
 """
 
 from __future__ import annotations
@@ -31,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mla_fp8_bench.peers import first_line
 from mla_fp8_bench.problem.flops import datasheet_peak
 
 #: GEMM size and copy size of the measurement.
@@ -51,11 +42,10 @@ def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
     a = torch.randn(n, n, device=device, generator=gen).clamp_(-fmax, fmax).to(fp8)
     bt = torch.randn(n, n, device=device, generator=gen).clamp_(-fmax, fmax).to(fp8)
     b = bt.t()  # column-major [K, N]
-    sa = torch.ones((), device=device, dtype=torch.float32)
-    sb = torch.ones((), device=device, dtype=torch.float32)
+    one = torch.ones((), device=device, dtype=torch.float32)
 
     def run():
-        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
     return _gemm_ceiling(run, device, n, samples, dtype=str(fp8).replace("torch.", ""))
 
@@ -131,7 +121,7 @@ def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_
         try:
             details[key] = fn(dev, arg, samples)
         except Exception as exc:  # noqa: BLE001 - one failing ceiling must not lose the others
-            details[key] = {"status": "error", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            details[key] = {"status": "error", "reason": first_line(exc)}
         finally:
             torch.cuda.empty_cache()
     peak = datasheet_peak(pinfo.name, pinfo.arch)
@@ -183,8 +173,7 @@ def attach(data: dict[str, Any], device: str | torch.device | None = None, enabl
 
     ``device`` defaults to ``data["env"]["device"]`` (the runner's device), else ``auto``. With
     ``enabled=False`` (``MLA_FP8_BENCH_CEILINGS=0`` in asv runs) nothing is measured and
-    ``data["ceilings"]`` says so. Never raises
-    for measurement failures: they are recorded in the result.
+    ``data["ceilings"]`` says so. Never raises for measurement failures: they are recorded in the result.
 
     Returns:
         The ceilings dict (also stored in ``data``).
@@ -196,7 +185,7 @@ def attach(data: dict[str, Any], device: str | torch.device | None = None, enabl
         try:
             ceil = measure_ceilings(dev)
         except Exception as exc:  # noqa: BLE001
-            ceil = {"status": "error", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            ceil = {"status": "error", "reason": first_line(exc)}
     data["ceilings"] = ceil
     annotate_records(data, ceil)
     return ceil

@@ -1,40 +1,24 @@
 """FlashAttention-3 on Hopper: the full-FP8 peer (``fa3-fp8``) and its bf16 twin (``fa3-bf16``).
 
-Source: the PyPI wheel ``fa3-fwd`` 0.0.3 (``fa3_fwd-0.0.3-cp39-abi3-manylinux_2_24_x86_64.whl``, a
-forward-only third-party build of upstream ``hopper/``; FP8, varlen and head dims 192/128 built in).
-Its Python module is ``fa3_fwd_interface`` (ops in ``torch.ops.fa3_fwd``); see
-docs/reference-facts.md#fa3. Install with ``pip install fa3-fwd==0.0.3`` (``pip download`` needs
-``--platform manylinux_2_24_x86_64``). The module is imported lazily, never at import of this file.
-
-The call (upstream FA3 signature)::
+Source: the PyPI wheel ``fa3-fwd`` 0.0.3 (a forward-only third-party build of upstream ``hopper/`` with
+FP8, varlen and head dims 192/128; module ``fa3_fwd_interface``), imported lazily; install, signature and
+semantics: docs/reference-facts.md#fa3. ``run()`` is one call, host-sync free and CUDA-graph capturable::
 
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale=..., causal=True,
-                           q_descale=..., k_descale=..., v_descale=...,   # fp8 only
-                           return_attn_probs=True)                        # -> (out, lse)
+                           softmax_scale=..., causal=..., q_descale=..., k_descale=..., v_descale=...,
+                           return_attn_probs=True)                     # -> (out, lse); descales fp8 only
 
-Shapes and dtypes as passed here:
+* q ``[T, H, 192]``, k ``[T_kv, H, 192]``, v ``[T_kv, H, 128]``: ``float8_e4m3fn`` (fa3-fp8) or bf16
+  (fa3-bf16), last dim contiguous (else the wrapper would copy v inside the timed call); the bf16 ``mla``
+  inputs keep v as the strided ``kv_b_proj`` view, as vLLM passes it.
+* cu_seqlens_q / cu_seqlens_k ``[B+1]`` int32 on the device: one tensor for prefill cases, the query and
+  key starts for context chunks (``ctx``, ``causal=False``). ``prefix`` cases are composed by
+  :func:`mla_fp8_bench.backends.base.compose_prefix`, as vLLM does on Hopper, so FA3 is never called
+  causally with q_len != kv_len here.
+* descales: fp32 ``(B, H_kv)``, the per-tensor descale ``[1]`` as a stride-0 expanded view.
+* out ``[T, H, 128]`` bf16; lse ``[H, T]`` fp32 (natural log of the scaled scores), returned as ``[T, H]``.
 
-* q ``[T, H, 192]``, k ``[T, H, 192]``, v ``[T, H, 128]``: ``float8_e4m3fn`` (fa3-fp8) or bf16
-  (fa3-bf16); last dim contiguous (``stride(-1) == 1``: the wrapper would otherwise copy v inside the
-  timed call, ``v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1``). The fp8 tensors from
-  :func:`mla_fp8_bench.problem.fp8.quantize` are fully contiguous; the bf16 ``mla`` inputs keep v as the
-  strided ``kv_b_proj`` view, as vLLM passes it (FA3 honours strides).
-* cu_seqlens_q / cu_seqlens_k ``[B+1]`` int32 on the device: the same tensor for prefill cases
-  (q_len == kv_len), the case's query and key starts for context chunks (``ctx`` cases: kv_len may
-  differ from q_len, ``causal=False``). ``prefix`` cases are composed by
-  :func:`mla_fp8_bench.backends.base.compose_prefix` (a causal q_len == kv_len call, a non-causal
-  context-chunk call, merged by LSE), as vLLM does on Hopper, so FA3 is never called causally with
-  q_len != kv_len here and its mask alignment for that shape does not matter.
-* descales: fp32 of shape ``(B, H_kv)`` (``batch = len(cu_seqlens) - 1``); the suite's per-tensor
-  descale ``[1]`` is passed as a ``(1, 1)`` view expanded to ``(B, H)`` (FA3 checks only the shape and
-  honours strides). Real value = fp8 * descale.
-* out ``[T, H, 128]`` bf16 (FP8 input must produce bf16 on FA3); lse ``[H, T]`` fp32, natural log of
-  the scaled scores, returned here transposed to ``[T, H]``.
-
-Everything that is not the kernel call (casts, contiguity, descale views, the cu_seqlens copy)
-happens in :meth:`prepare`; ``run()`` is one ``flash_attn_varlen_func`` call, host-sync free and
-CUDA-graph capturable (its output allocation comes from the graph pool during capture).
+Casts, contiguity, descale views and the cu_seqlens copy happen in :meth:`_Fa3Base.prepare`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
-"""Cross-check of kernel-only timing: CUDA-graph replay vs the device time ``torch.profiler`` reports.
+"""Cross-check of kernel-only timing: CUDA-graph replay vs the device time ``torch.profiler`` reports
+(docs/methodology.md, section 3).
 
-For one prepared call this measures, in one process and one window:
+For one prepared call, in one process: ``graph_s`` (the suite's number,
+:func:`mla_fp8_bench.measure.timing.time_device`); ``profiled_graph``, replays of a graph of the same
+launches under the profiler, each bracketed by events, so the same launches give ``event_s`` (events,
+per launch), ``device_sum_s`` (the self times of every device activity summed, per launch) and
+``device_span_s`` (first start to last end, per launch); ``profiled_eager``, eager calls under the
+profiler (device time per call as AITER's ``perftest`` reports it). Differences are in percent,
+``(graph / profiler - 1) * 100``: ``diff_same_window_pct`` (events vs profiler sum over the same
+replays), ``diff_graph_vs_profiled_graph_pct`` and ``diff_graph_vs_eager_pct``.
 
-* ``graph_s`` - the suite's kernel-only number (:func:`mla_fp8_bench.measure.timing.time_device`: graph
-  replay between events, median per launch).
-* ``profiled_graph`` - ``R`` replays of a graph of ``L`` launches run under ``torch.profiler``
-  (CUDA activity). Each replay is bracketed by events, so the same launches are timed both ways:
-  ``event_s`` (events, per launch) against ``device_sum_s`` (sum of the self time of every device
-  activity - kernels, memsets, copies - per launch) and ``device_span_s`` (first start to last end,
-  per launch, so gaps between kernels count). ``kernels_per_launch`` confirms the profiler saw every
-  kernel inside the graph.
-* ``profiled_eager`` - ``K`` eager calls under the profiler: device time per call as AITER's
-  ``perftest`` reports it (device self times summed, launch gaps excluded).
-
-Differences are in percent, ``(graph / profiler - 1) * 100``:
-
-* ``diff_same_window_pct`` - events vs profiler device sum over the *same* replays (tells whether
-  the two clocks agree; inter-kernel gaps inside one call make it positive);
-* ``diff_graph_vs_profiled_graph_pct`` - the suite's number vs the profiled graph replays;
-* ``diff_graph_vs_eager_pct`` - the suite's number vs profiled eager calls.
-
-Command line (one process; the CV study of ``studies/h200_session.py`` runs it several times)::
+Command line (one process)::
 
     python -m mla_fp8_bench.peers.profcheck --backend fa3-fp8 --cases s128,s2048 --json out.json
 
@@ -36,10 +26,13 @@ import math
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from mla_fp8_bench.peers import first_line
 
 
 def _device_events(prof) -> list[tuple[str, int, int]]:
@@ -64,13 +57,16 @@ def _summ(events: list[tuple[str, int, int]], launches: int) -> dict[str, Any]:
         return {"device_sum_s": None, "device_span_s": None, "kernels_per_launch": 0.0, "kernel_names": []}
     total = sum(e - s for _, s, e in events)
     span = max(e for _, _, e in events) - min(s for _, s, _ in events)
-    names: dict[str, int] = {}
-    for n, _, _ in events:
-        names[n] = names.get(n, 0) + 1
-    top = sorted(names.items(), key=lambda kv: -kv[1])[:6]
+    top = Counter(n for n, _, _ in events).most_common(6)
     return {"device_sum_s": total / 1e9 / launches, "device_span_s": span / 1e9 / launches,
             "kernels_per_launch": len(events) / launches,
             "kernel_names": [f"{n[:90]} x{c}" for n, c in top]}
+
+
+def _graph_fields(tr: Any) -> dict[str, Any]:
+    """The record fields of a :func:`~mla_fp8_bench.measure.timing.time_device` result."""
+    return {"graph_s": tr.median_s, "graph_cv": tr.cv, "graph_method": tr.method, "graph_samples_s": tr.samples_s,
+            "launches_per_sample": tr.launches_per_sample}
 
 
 def _sm_clock_mhz(device: torch.device) -> int | None:
@@ -107,9 +103,7 @@ def crosscheck(run: Callable[[], object], device: torch.device, *, replays: int 
     stream = torch.cuda.current_stream(device)
     res: dict[str, Any] = {"sm_clock_mhz_before": _sm_clock_mhz(device)}
     tr = time_device(run, device, graph_capturable=True, samples=samples)
-    res.update({"graph_s": tr.median_s, "graph_cv": tr.cv, "graph_method": tr.method,
-                "graph_samples_s": tr.samples_s, "launches_per_sample": tr.launches_per_sample,
-                "sm_clock_mhz_after_timing": _sm_clock_mhz(device)})
+    res.update(_graph_fields(tr), sm_clock_mhz_after_timing=_sm_clock_mhz(device))
     launches = tr.launches_per_sample
 
     # --- the same launches timed by events and by the profiler, in one window
@@ -130,7 +124,7 @@ def crosscheck(run: Callable[[], object], device: torch.device, *, replays: int 
         pg["event_s"] = ev_s
         res["profiled_graph"] = pg
     except Exception as exc:  # noqa: BLE001
-        res["profiled_graph"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        res["profiled_graph"] = {"error": first_line(exc)}
     finally:
         del g
         sync()
@@ -146,7 +140,7 @@ def crosscheck(run: Callable[[], object], device: torch.device, *, replays: int 
             sync()
         res["profiled_eager"] = _summ(_device_events(prof), eager_calls)
     except Exception as exc:  # noqa: BLE001
-        res["profiled_eager"] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        res["profiled_eager"] = {"error": first_line(exc)}
     res["sm_clock_mhz_after"] = _sm_clock_mhz(device)
 
     def pct(a: float | None, b: float | None) -> float | None:
@@ -196,10 +190,8 @@ def measure(backend: str, case_ids: list[str], *, device: str = "auto", profile:
             else:
                 from mla_fp8_bench.measure.timing import time_device
 
-                tr = time_device(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
-                                 samples=samples)
-                rec.update(graph_s=tr.median_s, graph_cv=tr.cv, graph_method=tr.method,
-                           graph_samples_s=tr.samples_s, launches_per_sample=tr.launches_per_sample)
+                rec.update(_graph_fields(time_device(prepared.run, pinfo.device,
+                                                     graph_capturable=prepared.graph_capturable, samples=samples)))
             rec["flops"] = causal_flops(case.seq_lens, case.num_heads)
             rec["tflops"] = tflops(rec["flops"], rec["graph_s"])
             rec["status"] = "ok"
@@ -248,10 +240,7 @@ def summarize_cv(runs: list[dict[str, Any]], key: str = "graph_s") -> list[dict[
         if kpl:
             row["kernels_per_launch_graph"] = statistics.median(kpl)
         rows.append(row)
-
-    def _s(c: str) -> tuple:
-        return (len(c), c)
-    rows.sort(key=lambda r: (r["backend"], _s(r["case"])))
+    rows.sort(key=lambda r: (r["backend"], len(r["case"]), r["case"]))
     return rows
 
 

@@ -21,13 +21,11 @@ A case id is a short stable string usable as an asv parameter and on the command
 
 Ids that have published results are never changed or reused: add new ids, never edit the meaning of
 an old one (the asv history of an id must stay one series).
-
-Masking: ``prefill`` and ``prefix`` cases are causal with the mask aligned bottom-right (local query
-``i`` of a sequence sees key ``j`` iff ``j <= kv_len - q_len + i``); ``ctx`` cases are non-causal.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, replace
 
@@ -35,8 +33,6 @@ from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS, cu_seqlens_of
 
 QUANT_MODES = ("per_tensor", "cast")
 DISTRIBUTIONS = ("normal", "outlier", "mla", "const")
-_QUANT_SUFFIX = {"cast": "cast"}
-_DIST_SUFFIX = {"outlier": "outlier", "mla": "mla", "const": "const"}
 
 #: Largest number of query tokens (and, separately, of key tokens) in one case. AITER's 32-bit buffer
 #: descriptors limit bf16 output to ``T*H*256 < 2**32`` (1 048 576 tokens at H=16); we cap lower to keep
@@ -243,16 +239,8 @@ class Case:
 
 def _format_runs(items: tuple) -> str:
     """Run-length ``-``-joined items: equal neighbours become ``<item>x<n>``."""
-    parts: list[str] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[i]:
-            j += 1
-        n = j - i + 1
-        parts.append(f"{items[i]}x{n}" if n > 1 else str(items[i]))
-        i = j + 1
-    return "-".join(parts)
+    runs = ((item, len(list(group))) for item, group in itertools.groupby(items))
+    return "-".join(f"{item}x{n}" if n > 1 else str(item) for item, n in runs)
 
 
 def _format_base(case: Case) -> str:
@@ -272,9 +260,9 @@ def format_case_id(case: Case) -> str:
     if case.num_heads != DEFAULT_NUM_HEADS:
         sfx.append(f"h{case.num_heads}")
     if case.quant != "per_tensor":
-        sfx.append(_QUANT_SUFFIX[case.quant])
+        sfx.append(case.quant)
     if case.dist != "normal":
-        sfx.append(_DIST_SUFFIX[case.dist])
+        sfx.append(case.dist)
     if case.seed != 0:
         sfx.append(f"seed{case.seed}")
     return "-".join([base, *sfx])
@@ -372,7 +360,7 @@ def parse_case_id(case_id: str) -> Case:
             kw["num_heads"] = _num(tok[1:], case_id)
         elif tok == "cast" and "quant" not in kw:
             kw["quant"] = "cast"
-        elif tok in ("outlier", "mla", "const") and "dist" not in kw:
+        elif tok in DISTRIBUTIONS and tok != "normal" and "dist" not in kw:
             kw["dist"] = tok
         elif re.fullmatch(r"seed\d+", tok) and "seed" not in kw:
             kw["seed"] = _num(tok[4:], case_id)

@@ -1,17 +1,9 @@
 """FLOPs and bytes of causal MLA prefill, and achieved throughput.
 
 Convention (FA3 ``hopper/benchmark_attn.py``, FlashInfer ``testing/utils.py``, AITER's op test, the
-Triton tutorial; see docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D`` each, halved
-for the causal triangle. For q_len == kv_len:
-
-    FLOPs = sum_i H * S_i^2 * (D_qk + D_v)      (= 320 * H * sum S_i^2 for 192/128)
-
-:func:`causal_flops` with ``exact=True`` counts the ``S(S+1)/2`` valid pairs instead (larger by the
-factor 1 + 1/S). Softmax work is not counted.
-
-With cached context (kv_len > q_len; :func:`case_flops`): a non-causal context chunk does ``q*kv`` pairs,
-a bottom-right causal prefix ``q*(kv - q) + q^2/2``, so each GEMM costs ``(2*kv - q)*q*H*D`` (FlashInfer's
-convention); for q == kv this is the causal count above.
+Triton tutorial; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D`` each, halved for the
+causal triangle: ``FLOPs = sum_i H * S_i^2 * (D_qk + D_v)`` for q_len == kv_len (``320 * H * sum S_i^2``
+for 192/128); softmax work is not counted.
 """
 
 from __future__ import annotations

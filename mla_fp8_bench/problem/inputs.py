@@ -118,11 +118,6 @@ class CaseInputs:
         """(q, k, v) as the fp8 kernel sees them: ``fp8 * descale`` in ``dtype``."""
         return self.q8.dequantize(dtype), self.k8.dequantize(dtype), self.v8.dequantize(dtype)
 
-    def nbytes(self) -> int:
-        """Bytes held by the tensors (bf16 + fp8), for memory reporting."""
-        ts = [self.q, self.k, self.v, self.q8.data, self.k8.data, self.v8.data]
-        return sum(t.numel() * t.element_size() for t in ts)
-
 
 def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float32)
@@ -168,15 +163,9 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", fp8_dtype: torch
     device = torch.device(device)
     q, k, v = make_bf16_qkv(case, dims)
     if device.type != "cpu":
-        if case.dist == "mla":
-            kv_base = v._base if v._base is not None else v
-            q, k = q.to(device), k.to(device)
-            # keep v a strided view on the device too
-            kv_dev = kv_base.to(device)
-            full = kv_dev.shape[-1] == dims.qk_nope_head_dim + dims.v_head_dim
-            v = kv_dev[..., dims.qk_nope_head_dim:] if full else v.to(device)
-        else:
-            q, k, v = q.to(device), k.to(device), v.to(device)
+        q, k = q.to(device), k.to(device)
+        # mla: the whole kv_b_proj-like output moves, so v stays a strided view of it on the device too
+        v = v._base.to(device)[..., dims.qk_nope_head_dim:] if case.dist == "mla" else v.to(device)
     cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
     cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
     return CaseInputs(

@@ -1,18 +1,11 @@
 """Prefix-cached prefill the way vLLM computes it: two attentions merged by their LSE.
 
-A ``prefix<C>-q<Q>`` case is Q new tokens over C cached ones: bottom-right causal attention of Q queries
-over C + Q keys. vLLM's MLA prefill with cached context (``MLACommonImpl``) computes it as
-
-1. the new tokens against themselves, causal (q_len == kv_len == Q: the plain prefill path);
-2. the new tokens against the cached context chunk, non-causal (q_len = Q < kv_len = C: the
-   context-chunk attention of a ``ctx<C>-q<Q>`` case);
-3. ``merge_attn_states(out, ctx_out, ctx_lse, new_out, new_lse)``, which needs a correct natural-log LSE
-   on every row of both pieces.
-
-Key layout of a prefix case (see :class:`mla_fp8_bench.problem.inputs.CaseInputs`): each sequence's C
-context keys, then its Q new keys. :func:`split_prefix_inputs` cuts a prefix case's inputs into the two
-pieces without re-quantising (the pieces share the fp8 data and descales, so the exact answer of the
-composition is the exact bottom-right causal attention on the same dequantised inputs).
+A ``prefix<C>-q<Q>`` case (bottom-right causal attention of Q new queries over C cached + Q new keys) is,
+in vLLM's MLA prefill with cached context (``MLACommonImpl``; docs/aiter-contract.md#context-chunks), the
+new tokens against themselves (causal, a ``prefill`` piece) and against the cached context (non-causal,
+a ``ctx`` piece), merged by :func:`merge_attn_states`, which needs a natural-log LSE on every row of both.
+:func:`split_prefix_inputs` cuts a prefix case's inputs into the two pieces without re-quantising, so the
+exact answer of the composition is the exact attention on the same dequantised inputs.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Source: DeepSeek-V3 config (``qk_nope_head_dim=128``, ``qk_rope_head_dim=64``,
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,7 +50,4 @@ MLA_DIMS = MLADims()
 
 def cu_seqlens_of(lens: Iterable[int]) -> list[int]:
     """Cumulative offsets ``[0, l0, l0+l1, ...]`` of sequence lengths (``cu_seqlens`` / ``qo_indptr`` form)."""
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return out
+    return [0, *itertools.accumulate(lens)]

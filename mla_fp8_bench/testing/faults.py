@@ -1,48 +1,18 @@
-"""Injected faults that the accuracy check must catch, and probes for faults no prefill case can show.
-
-Two kinds of fault:
+"""Injected faults that the accuracy check must catch (docs/regressions.md, "Injected faults").
 
 * **Emulator faults** (:data:`mla_fp8_bench.testing.emulator_faults.ALL_FAULTS`): bugs inside the kernel or
   the reduce (dropped/doubled scale, missing causal mask, wrong LSE merge, off-by-one tile, ...).
-* **Input-side faults** (:data:`INPUT_FAULTS`), implemented here around the emulated backend:
-
-  - ``unsaturated_cast`` - the fp8 cast of q/k/v does not saturate: values beyond the e4m3fn
-    rounding boundary (|x| > 464 for e4m3fn, > 248 for e4m3fnuz) become NaN, as eager casts did up to
-    PyTorch 2.11 (pytorch#178817). Acts in ``cast`` mode only (``per_tensor`` divides by amax/448
-    first, so nothing exceeds the range); visible on ``-cast-outlier`` inputs.
-  - ``stale_plan`` - the kernel and the reduce run with planner metadata built for the *previous*
-    step's batch (the stream-ordering race of vLLM #58886: step N+1's planner rewrote the buffers
-    while step N's kernels were queued). The previous step's lengths: for a batch of >= 2 sequences,
-    ``min(64, l1-1)`` tokens moved from sequence 1 to sequence 0 (same total, silently wrong
-    attention: rows of sequence 1 attend keys of sequence 0 and miss their own first keys); for one
-    sequence, the length ``T - max(1, T//4)`` (the tail rows are never written). The strict stand-in
-    ``aiter`` would reject such a call as a contract violation; the hardware would not, so this path
-    calls the emulator's kernel and reduce directly (hardware semantics: it reads what it is told).
-
-  Faults of the prefix-cached prefill (``ctx`` / ``prefix`` cases, see :mod:`mla_fp8_bench.problem.prefix`):
-
-  - ``stale_unsplit_lse`` - the pre-#3606 reduce in a build whose callers merge by LSE: ``final_lse``
-    of rows in unsplit tiles (reduce groups of fewer than 2 partials) is never written and holds zeroed
-    memory (0.0, finite: nothing non-finite betrays it). Visible where a tile is unsplit (the
-    ``lse-gap`` suite); the ``ctx`` LSE and the ``prefix`` merge are then wrong.
-  - ``omit_need_lse`` - a caller of the v0.1.22 planner that leaves ``need_lse`` out for a context
-    chunk or the new-token chunk of a prefix case (the planner's default ``False``): unsplit tiles get no
-    slot, so ``final_lse`` stays unwritten on their rows, the bug #3606 fixed, back through the caller.
-    Visible where a tile is unsplit (the ``lse-gap`` suite).
-  - ``drop_context_merge`` - the merge keeps only the new-token piece (``out = new_out``): the
-    context chunk's term is dropped.
-  - ``causal_context_chunk`` - the context chunk runs causally (bottom-right) instead of non-causally,
-    so queries lose the context keys past ``kv_len - q_len + i``.
-  - ``prefix_top_left`` - the prefix runs as one causal call over context + new keys (q_len < kv_len)
-    with the mask aligned top-left instead of bottom-right (the emulator's ``top_left_causal`` on that
-    call): query ``i`` sees keys ``0..i`` instead of ``0..C+i``.
+* **Input-side faults** (:data:`INPUT_FAULTS`, one line each), implemented here around the emulated
+  backend: quantisation, planning (``stale_plan``: the stream-ordering race of vLLM #58886, run on the
+  emulator's kernel and reduce directly, as hardware would run it, since the strict stand-in ``aiter``
+  would reject the call) and the prefix-cached prefill (``ctx`` / ``prefix`` cases only, tried on
+  :data:`PREFIX_FAULT_CASES`).
 
 :class:`FaultyEmulated` is the ``aiter-emulated`` backend with faults. It keeps the name
 ``aiter-emulated`` on purpose: a regressed AITER build still reports as ``aiter``, and its records are
-checked against the healthy backend's calibrated tolerances.
-
-**Probes** (:mod:`mla_fp8_bench.analysis.probes`) show the two emulator faults no case of the suite can
-show (``top_left_causal``, ``lse_no_max_subtraction``).
+checked against the healthy backend's calibrated tolerances. The two emulator faults no case of the suite
+can show (``top_left_causal``, ``lse_no_max_subtraction``) are checked on the probes of
+:mod:`mla_fp8_bench.analysis.probes`.
 """
 
 from __future__ import annotations
@@ -56,6 +26,7 @@ import torch
 
 from mla_fp8_bench.analysis.probes import PROBES, make_probe, probe_record, probe_reference
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
+from mla_fp8_bench.backends.aiter_real import lse_rows
 from mla_fp8_bench.backends.base import Backend, Prepared, Verdict, compose_prefix
 from mla_fp8_bench.config import DEFAULT_EMU_CU_NUM
 from mla_fp8_bench.measure.devices import PlatformInfo
@@ -137,7 +108,9 @@ def _requantize_unsaturated(inputs: CaseInputs) -> CaseInputs:
 
 
 def previous_step_lens(seq_lens: tuple[int, ...]) -> tuple[int, ...]:
-    """The previous step's batch used by ``stale_plan`` (see module docstring)."""
+    """The previous step's batch used by ``stale_plan``: for >= 2 sequences ``min(64, l1-1)`` tokens moved
+    from sequence 1 to sequence 0 (same total, silently wrong attention); for one sequence the length
+    ``T - max(1, T//4)`` (the tail rows are never written)."""
     lens = list(seq_lens)
     if len(lens) >= 2 and lens[1] > 1:
         d = min(64, lens[1] - 1)
@@ -194,12 +167,8 @@ def unsplit_rows(inputs: CaseInputs, cu_num: int) -> torch.Tensor:
     plan = plan_ps_prefill(inputs.cu_seqlens_q_cpu, inputs.cu_seqlens_kv_cpu, torch.tensor(case.kv_lens),
                            num_heads_k=case.num_heads, cu_num=cu_num, qlen_granularity=256, kvlen_granularity=128,
                            block_size=1, is_causal=bool(inputs.causal))
-    written = torch.zeros(case.total_tokens, dtype=torch.bool)
-    groups, final_map = plan.used_reduce_indptr.tolist(), plan.used_reduce_final_map.tolist()
-    for g in range(len(groups) - 1):
-        if groups[g + 1] - groups[g] >= 2:
-            written[final_map[g][0]:final_map[g][1]] = True
-    return ~written
+    used = {"reduce_indptr": plan.used_reduce_indptr, "reduce_final_map": plan.used_reduce_final_map}
+    return ~lse_rows(used, case.total_tokens, reduces_singles=False)
 
 
 def _with_stale_lse(p: Prepared, rows: torch.Tensor) -> Prepared:
