@@ -27,16 +27,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.harness.results import ResultsError, find_result, load_asv_conf, load_asv_result
+
 METRICS = ("track_max_abs_error", "track_latency")
 DEFAULT_INSTALL = "{python} -m pip install --no-deps --no-build-isolation -q ."
 EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = 0, 1, 125, 128
 
 
 class BisectUsageError(ValueError):
-    """Bad bisect input; the CLI prints it and exits 2."""
+    """Bad bisect input (the CLI exits 2)."""
 
 
-# ------------------------------------------------------------------------------------------ helpers
 def _git(repo: str, *args: str, check: bool = True) -> str:
     p = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
     if check and p.returncode != 0:
@@ -44,21 +45,9 @@ def _git(repo: str, *args: str, check: bool = True) -> str:
     return p.stdout.strip()
 
 
-def _load_conf(config: str) -> dict[str, Any]:
-    """asv.conf.json (JSONC: ``//`` comments allowed, as asv >= 0.6.4 accepts)."""
-    text = Path(config).read_text()
-    try:
-        import json5  # asv's own JSONC reader
-
-        return json5.loads(text)
-    except ImportError:
-        text = re.sub(r"^\s*//.*$", "", text, flags=re.M)
-        return json.loads(text)
-
-
 def results_dir_of(config: str, conf: dict[str, Any] | None = None) -> str:
     """The absolute ``results_dir`` of an asv config (``conf``: the config already read)."""
-    conf = _load_conf(config) if conf is None else conf
+    conf = load_asv_conf(config) if conf is None else conf
     return str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
 
 
@@ -73,8 +62,6 @@ def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[st
     Raises:
         BisectUsageError: the regex selects zero or several combinations in the result file.
     """
-    from mla_fp8_bench.harness.results import ResultsError, find_result, load_asv_result
-
     try:
         path = find_result(results_dir, machine, sha[:8], env="existing")
     except ResultsError:
@@ -188,10 +175,8 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
     config = str(Path(config).resolve())
     if not Path(config).is_file():
         raise BisectUsageError(f"--config {config} does not exist (an asv.conf.json whose repo is {repo})")
-    conf = _load_conf(config)
-    conf_repo = str((Path(config).parent / conf.get("repo", ".")).resolve()) if "://" not in str(conf.get("repo")) \
-        else str(conf.get("repo"))
-    if "://" not in conf_repo and Path(conf_repo).resolve() != Path(repo).resolve():
+    conf_repo = str(load_asv_conf(config).get("repo", "."))
+    if "://" not in conf_repo and (conf_repo := str((Path(config).parent / conf_repo).resolve())) != repo:
         echo(f"note: {config} has repo {conf_repo}; --set-commit-hash needs the probed SHAs there too")
     if metric not in benchmark:
         benchmark = f"{benchmark}.*{metric}" if benchmark else metric
@@ -222,8 +207,7 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
             subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", wt], capture_output=True)
             shutil.rmtree(wt, ignore_errors=True)
     probes = _read_log(log)
-    if os.path.exists(log):
-        os.unlink(log)
+    Path(log).unlink(missing_ok=True)
     return {"first_bad": first_bad, "probes": probes, "log": blog, "output": output, "benchmark": benchmark,
             "ends": ends}
 
@@ -267,14 +251,10 @@ def check_ends(wt: str, good: str, bad: str, step_cmd: list[str], env: dict[str,
 
 
 def cmd_bisect(args: argparse.Namespace, console) -> int:
-    try:
-        res = run_bisect(repo=args.repo, good=args.good, bad=args.bad, benchmark=args.benchmark, metric=args.metric,
-                         threshold=args.threshold, config=args.config, python=args.python or sys.executable,
-                         install_cmd=args.install_cmd, machine=args.machine, keep_worktree=args.keep_worktree,
-                         echo=console.print)
-    except BisectUsageError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return 2
+    res = run_bisect(repo=args.repo, good=args.good, bad=args.bad, benchmark=args.benchmark, metric=args.metric,
+                     threshold=args.threshold, config=args.config, python=args.python or sys.executable,
+                     install_cmd=args.install_cmd, machine=args.machine, keep_worktree=args.keep_worktree,
+                     echo=console.print)
     console.print(f"ends measured: --good {res['ends'].get('--good')}, --bad {res['ends'].get('--bad')}",
                   highlight=False)
     for pr in res["probes"]:

@@ -18,48 +18,45 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mla_fp8_bench.analysis.bisect import probe_selection, results_dir_of
 from mla_fp8_bench.argtypes import check_name
+from mla_fp8_bench.harness.asv_guard import git
+from mla_fp8_bench.harness.results import ResultsError, find_result, list_result_files, load_asv_conf, load_asv_result
+from mla_fp8_bench.jsonio import check_output_path, write_file_atomic, write_json_atomic
 
-#: Library under test -> (distribution names to look for, import name, default asv config).
-LIBRARIES: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "aiter": (("amd-aiter", "aiter"), "aiter", "asv.aiter.conf.json"),
-    "vllm": (("vllm",), "vllm", "asv.vllm.conf.json"),
-}
-#: Benchmarks that depend on each library (the default ``--bench``; the rest of the grid is unaffected by it).
-DEFAULT_BENCH = {"aiter": r"\('aiter', ", "vllm": r"\('vllm-aiter', "}
-#: The suite's backend that runs each library (``MLA_FP8_BENCH_BACKENDS`` of the run, unless set).
-BACKEND_OF = {"aiter": "aiter", "vllm": "vllm-aiter"}
+
+class Library(NamedTuple):
+    """A library under test."""
+
+    dists: tuple[str, ...]  # distribution names to look for
+    config: str  # the default asv config
+    bench: str  # the default --bench: the benchmarks that depend on it (the rest of the grid does not)
+    backend: str  # the suite's backend that runs it (the run's MLA_FP8_BENCH_BACKENDS, unless set)
+
+
+LIBRARIES = {"aiter": Library(("amd-aiter", "aiter"), "asv.aiter.conf.json", r"\('aiter', ", "aiter"),
+             "vllm": Library(("vllm",), "asv.vllm.conf.json", r"\('vllm-aiter', ", "vllm-aiter")}
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NO_RESULT = 0, 1, 2, 3
 _SCM_SHA = re.compile(r"\+g([0-9a-f]{7,40})(?:\b|\.|$)")
 _HEX = re.compile(r"[0-9a-f]{7,40}")
 
 
 class NightlyError(ValueError):
-    """Bad usage or nothing identifiable installed; the CLI prints it and exits 2."""
+    """Bad usage or nothing identifiable installed (the CLI exits 2)."""
 
 
 @dataclass
 class LibraryUnderTest:
-    """What ``identify`` found.
+    """What :func:`identify` found."""
 
-    Attributes:
-        name: ``aiter`` or ``vllm``.
-        dist: the installed distribution name (``amd-aiter``), or None when only a checkout was given.
-        version: its version string, or None.
-        commit: the commit SHA (full when resolvable, else the short SHA of the version label).
-        source: where the commit came from (``--commit``, ``checkout <path>``, ``direct_url vcs_info``, ...).
-        checkout: a local git checkout holding the commit, or None.
-    """
-
-    name: str
-    dist: str | None
+    name: str  # aiter or vllm
+    dist: str | None  # the installed distribution (amd-aiter); None when only a checkout was given
     version: str | None
-    commit: str
-    source: str
-    checkout: str | None = None
+    commit: str  # full when resolvable, else the short SHA of the version label
+    source: str  # where the commit came from: --commit, checkout <path>, direct_url vcs_info, ...
+    checkout: str | None = None  # a local git checkout holding the commit
 
 
 _PROBE = r"""
@@ -91,39 +88,25 @@ def installed_dists(python: str, dists: tuple[str, ...]) -> dict[str, dict[str, 
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _git_head(path: str) -> str | None:
-    p = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True)
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
 def _from_direct_url(text: str | None) -> tuple[str | None, str | None, str]:
     """(commit, local checkout, source) from a PEP 610 ``direct_url.json`` text."""
-    if not text:
-        return None, None, ""
     try:
-        du = json.loads(text)
+        du = json.loads(text or "")
     except ValueError:
         return None, None, ""
-    vcs = du.get("vcs_info") or {}
-    url = str(du.get("url", ""))
+    vcs, url = du.get("vcs_info") or {}, str(du.get("url", ""))
     local = url[len("file://"):] if url.startswith("file://") else None
+    head = git(local, "rev-parse", "HEAD") if local and Path(local).is_dir() else None
     if vcs.get("commit_id"):
-        return str(vcs["commit_id"]), local if local and _git_head(local) else None, "direct_url vcs_info"
-    if local and Path(local).is_dir():
-        head = _git_head(local)
-        if head:
-            return head, local, f"git HEAD of the installed source {local}"
-    return None, None, ""
+        return str(vcs["commit_id"]), local if head else None, "direct_url vcs_info"
+    return (head, local, f"git HEAD of the installed source {local}") if head else (None, None, "")
 
 
 def identify(library: str, python: str, checkout: str | None = None, commit: str | None = None) -> LibraryUnderTest:
-    """The library under test and its commit (module docstring, step 1).
+    """The library under test and its commit: ``commit`` if given, else the HEAD of ``checkout``, else
+    read off the distribution installed for ``python`` (docs/nightly.md, step 1).
 
-    Args:
-        library: ``aiter``, ``vllm`` or ``auto`` (the one installed; an error when both or none are).
-        python: interpreter of the environment that runs the benchmarks.
-        checkout: a git checkout of the library (its HEAD is the commit).
-        commit: an explicit commit (overrides everything else).
+    ``library`` is ``aiter``, ``vllm`` or ``auto`` (the one installed).
 
     Raises:
         NightlyError: unknown library, nothing identifiable installed, both installed with ``auto``, a
@@ -132,8 +115,7 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
     if library not in (*LIBRARIES, "auto"):
         raise NightlyError(f"--library {library!r} is unknown: allowed auto, {', '.join(LIBRARIES)}")
     names = list(LIBRARIES) if library == "auto" else [library]
-    found = {n: installed_dists(python, LIBRARIES[n][0]) for n in names}
-    found = {n: d for n, d in found.items() if d}
+    found = {n: d for n in names if (d := installed_dists(python, LIBRARIES[n].dists))}
     if library == "auto":
         if len(found) > 1:
             raise NightlyError(f"both {' and '.join(found)} are installed for {python}: choose --library "
@@ -142,20 +124,19 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
             raise NightlyError(f"neither AITER (amd-aiter) nor vLLM is installed for {python}: install the library "
                                "under test, or pass --library and --checkout PATH")
         library = next(iter(found)) if found else "aiter"
-    dists = found.get(library, {})
-    dist, info = next(iter(dists.items())) if dists else (None, {})
+    dist, info = next(iter(found[library].items())) if library in found else (None, {})
     version = info.get("version")
     if commit:
         if not _HEX.fullmatch(commit):
             raise NightlyError(f"--commit {commit!r} is not a commit hash (7 to 40 lowercase hex digits)")
         return LibraryUnderTest(library, dist, version, commit, "--commit", checkout)
     if checkout:
-        head = _git_head(checkout)
+        head = git(checkout, "rev-parse", "HEAD")
         if head is None:
             raise NightlyError(f"--checkout {checkout} is not a git checkout")
         return LibraryUnderTest(library, dist, version, head, f"checkout {checkout}", str(Path(checkout).resolve()))
     if dist is None:
-        raise NightlyError(f"{library} is not installed for {python} ({' or '.join(LIBRARIES[library][0])}): "
+        raise NightlyError(f"{library} is not installed for {python} ({' or '.join(LIBRARIES[library].dists)}): "
                            "install it, or pass --checkout PATH / --commit SHA")
     sha, local, source = _from_direct_url(info.get("direct_url"))
     if sha:
@@ -168,26 +149,21 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
 
 
 def load_conf(path: str) -> dict[str, Any]:
-    """An asv config (JSONC, as asv >= 0.6.4 reads it).
+    """An asv config (:func:`~mla_fp8_bench.harness.results.load_asv_conf`).
 
     Raises:
         NightlyError: missing or unparsable.
     """
-    p = Path(path)
-    if not p.is_file():
+    if not Path(path).is_file():
         raise NightlyError(f"--config {path} does not exist (run from the suite's checkout, or pass --config)")
-    import json5
-
     try:
-        return json5.loads(p.read_text())
+        return load_asv_conf(path)
     except ValueError as exc:
         raise NightlyError(f"--config {path} is not valid JSON/JSONC: {exc}") from None
 
 
 def derived_config(config: str, repo: str, out_dir: str) -> str:
     """Write a copy of ``config`` whose ``repo`` is ``repo`` and whose directories are absolute; return its path."""
-    from mla_fp8_bench.jsonio import write_json_atomic
-
     conf = load_conf(config)
     base = Path(config).resolve().parent
     for key, default in (("benchmark_dir", "benchmarks"), ("results_dir", "results"), ("html_dir", "html"),
@@ -195,18 +171,8 @@ def derived_config(config: str, repo: str, out_dir: str) -> str:
         conf[key] = str((base / conf.get(key, default)).resolve())
     conf["repo"] = str(Path(repo).resolve())
     out = Path(out_dir) / f"nightly-{Path(config).stem.replace('.', '-')}.conf.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(conf, out)
     return str(out)
-
-
-def _is_remote(repo: str) -> bool:
-    return "://" in repo or (repo.startswith("git@") and ":" in repo)
-
-
-def _git_has(path: Path, sha: str) -> bool:
-    p = subprocess.run(["git", "-C", str(path), "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True)
-    return p.returncode == 0
 
 
 def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTest, timeout: float = 30) -> bool:
@@ -221,12 +187,12 @@ def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTes
         NightlyError: naming the repository, the mirror and ``--checkout PATH``.
     """
     repo = str(conf.get("repo", "."))
-    if not _is_remote(repo):
+    if not ("://" in repo or (repo.startswith("git@") and ":" in repo)):
         return False
     mirror = Path(config).resolve().parent / str(conf.get("project", "project"))
-    if (mirror / "objects").is_dir() or (mirror / ".git").exists():
-        if _git_has(mirror, lib.commit):
-            return True
+    if ((mirror / "objects").is_dir() or (mirror / ".git").exists()) and git(
+            mirror, "cat-file", "-e", f"{lib.commit}^{{commit}}") is not None:
+        return True
     try:
         p = subprocess.run(["git", "ls-remote", "--exit-code", repo, "HEAD"], capture_output=True, text=True,
                            timeout=timeout, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
@@ -244,22 +210,19 @@ def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTes
 
 def previous_commit(results_dir: str, machine: str, head: str) -> str | None:
     """The commit of the newest stored ``existing`` result on ``machine`` other than ``head`` (by commit date)."""
-    from mla_fp8_bench.harness.results import list_result_files, load_asv_result
-
     mdir = Path(results_dir) / machine
-    if not mdir.is_dir():
-        return None
-    best: tuple[float, float, str] | None = None
-    for rf in list_result_files(mdir):
-        if "existing" not in rf.env:
-            continue
-        r = load_asv_result(rf.path)
-        if r.commit_hash.startswith(head) or head.startswith(r.commit_hash):
-            continue
-        key = (r.date or 0.0, r.started_at(), r.commit_hash)
-        if best is None or key > best:
-            best = key
-    return best[2] if best else None
+    found = [load_asv_result(f.path) for f in (list_result_files(mdir) if mdir.is_dir() else ())
+             if "existing" in f.env]
+    found = [r for r in found if not (r.commit_hash.startswith(head) or head.startswith(r.commit_hash))]
+    return max((r.date or 0.0, r.started_at(), r.commit_hash) for r in found)[2] if found else None
+
+
+def _stored(results_dir: str, machine: str, commit: str) -> bool:
+    try:
+        find_result(results_dir, machine, commit[:8], env="existing")
+    except ResultsError:
+        return False
+    return True
 
 
 def _cli(*args: str) -> list[str]:
@@ -267,17 +230,9 @@ def _cli(*args: str) -> list[str]:
             *args]
 
 
-def _has_publish() -> bool:
-    """True when the suite's self-contained ``mla-fp8-bench publish`` is installed."""
-    import importlib.util
-
-    return importlib.util.find_spec("mla_fp8_bench.report.publish") is not None
-
-
 def _machine_known(machine: str) -> bool:
-    path = Path.home() / ".asv-machine.json"
     try:
-        return machine in json.loads(path.read_text())
+        return machine in json.loads((Path.home() / ".asv-machine.json").read_text())
     except (OSError, ValueError):
         return False
 
@@ -301,13 +256,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
     """Identify the library and build the commands (nothing is run).
 
     Raises:
-        NightlyError: see :func:`identify` and :func:`load_conf`; a bad machine name.
+        ValueError: see :func:`identify` and :func:`load_conf`; a bad machine name, ``--base``, ``--bench``
+            or ``--summary``.
     """
     python = args.python or sys.executable
-    try:
-        check_name(args.machine or "", "--machine")  # the asv-machine step's rule, checked before anything runs
-    except ValueError as exc:
-        raise NightlyError(str(exc)) from None
+    check_name(args.machine or "", "--machine")  # the asv-machine step's rule, checked before anything runs
     if args.base is not None and not _HEX.fullmatch(args.base):
         raise NightlyError(f"--base {args.base!r} is not a commit hash (7 to 40 lowercase hex digits)")
     if args.bench is not None:
@@ -315,37 +268,25 @@ def make_plan(args: argparse.Namespace) -> Plan:
             re.compile(args.bench)
         except re.error as exc:
             raise NightlyError(f"--bench {args.bench!r} is not a valid regular expression: {exc}") from None
-    if getattr(args, "summary", None) is not None:
-        from mla_fp8_bench.jsonio import check_output_path
-
-        try:
-            check_output_path(args.summary, "--summary")  # before the asv run it reports on
-        except ValueError as exc:
-            raise NightlyError(str(exc)) from None
+    if args.summary is not None:
+        check_output_path(args.summary, "--summary")  # before the asv run it reports on
     lib = identify(args.library, python, args.checkout, args.commit)
-    config = args.config or LIBRARIES[lib.name][2]
+    config = args.config or LIBRARIES[lib.name].config
     conf = load_conf(config)
     results_dir = results_dir_of(config, conf)
-    no_pull = False
-    if not lib.checkout:
-        no_pull = check_repo_reachable(conf, config, lib)
+    no_pull = not lib.checkout and check_repo_reachable(conf, config, lib)
     if lib.checkout:
         config = (derived_config(config, lib.checkout, str(Path(config).resolve().parent / ".asv"))
                   if not args.dry_run else f"<{config} with repo={lib.checkout}>")
     setup = [] if _machine_known(args.machine) else [_cli("asv-machine", args.machine, "--results-dir", results_dir)]
-    bench = args.bench or DEFAULT_BENCH[lib.name]
+    bench = args.bench or LIBRARIES[lib.name].bench
     run = [sys.executable, "-m", "asv", "run", "--config", config, "-E", f"existing:{python}", "--set-commit-hash",
            lib.commit, "--machine", args.machine, "--show-stderr", "--record-samples", "-b", bench,
            *(["--no-pull"] if no_pull else [])]  # samples: the per-round latencies the gate's threshold reads
-    if args.no_publish:
-        publish = None
-    elif _has_publish():
-        publish = _cli("publish", "--config", config)
-    else:
-        publish = [sys.executable, "-m", "asv", "publish", "--config", config]
+    publish = None if args.no_publish else _cli("publish", "--config", config)
     fmt = ["--format", args.format] if args.format != "text" else []
     # setup_cache measures only the (backend, case) params the -b regex selects (the library's backend at least)
-    wanted = probe_selection(bench) or {"MLA_FP8_BENCH_BACKENDS": BACKEND_OF[lib.name]}
+    wanted = probe_selection(bench) or {"MLA_FP8_BENCH_BACKENDS": LIBRARIES[lib.name].backend}
     run_env = {k: v for k, v in wanted.items() if k not in os.environ}
     return Plan(lib, config, results_dir, args.machine, setup, run, run_env, publish, fmt)
 
@@ -354,26 +295,23 @@ def _env_prefix(env: dict[str, str] | None) -> str:
     return "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
 
 
-def _run(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    echo(f"$ {_env_prefix(env)}{shlex.join(cmd)}")
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    out = (p.stdout + p.stderr).rstrip()
-    if out:
-        echo(out[-6000:])
-    return p
-
-
-def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` echoing each line of its output as it comes (asv's log, with the grid's per-case
-    lines, during a run of minutes); returns its exit status and the whole output as ``stdout``."""
+def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None, *,
+                  tail: int | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` after echoing it; echo each line of its output as it comes (asv's log, with the grid's
+    per-case lines, during a run of minutes), or with ``tail`` the last ``tail`` characters once it ends.
+    Returns its exit status and its whole output as ``stdout``."""
     echo(f"$ {_env_prefix(env)}{shlex.join(cmd)}")
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                           env={**os.environ, **(env or {})}) as proc:
         for line in proc.stdout:
             lines.append(line)
-            echo(line.rstrip("\n"))
-    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
+            if tail is None:
+                echo(line.rstrip("\n"))
+    out = "".join(lines)
+    if tail and out.rstrip():
+        echo(out.rstrip()[-tail:])
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def gate_command(plan: Plan, base: str, tolerances: str | None) -> list[str]:
@@ -387,16 +325,6 @@ def _header(plan: Plan, md: bool) -> str:
     what = f"{lib.dist or lib.name} {lib.version or ''}".strip()
     line = f"nightly: {what} at {lib.commit[:12]} ({lib.source}) on machine {plan.machine}"
     return f"### {line}\n" if md else line
-
-
-def _stored(plan: Plan) -> bool:
-    from mla_fp8_bench.harness.results import ResultsError, find_result
-
-    try:
-        find_result(plan.results_dir, plan.machine, plan.lib.commit[:8], env="existing")
-    except ResultsError:
-        return False
-    return True
 
 
 def run_nightly(args: argparse.Namespace, echo=print) -> int:
@@ -414,10 +342,10 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
             echo(shlex.join(plan.publish))
         return EXIT_OK
     for cmd in plan.setup:
-        if _run(cmd, echo).returncode != 0:
+        if _run_streamed(cmd, echo, tail=6000).returncode != 0:
             raise NightlyError(f"could not register asv machine {plan.machine}")
     p = _run_streamed(plan.run, echo, plan.run_env)
-    if not _stored(plan):
+    if not _stored(plan.results_dir, plan.machine, plan.lib.commit):
         echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
         return EXIT_NO_RESULT
     prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
@@ -429,22 +357,16 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
         summary = f"{_header(plan, md)}\nbase {prev[:12]} -> head {plan.lib.commit[:12]}\n\n{g.stdout}{g.stderr}"
     echo(summary)
     if args.summary:
-        from mla_fp8_bench.jsonio import write_file_atomic
-
         write_file_atomic(args.summary, lambda f: f.write(summary))
     if plan.publish:
-        pp = _run(plan.publish, echo)
+        pp = _run_streamed(plan.publish, echo, tail=6000)
         if pp.returncode != 0:
             echo(f"publish exited {pp.returncode} (results are stored; the gate's verdict stands)")
     return rc
 
 
 def cmd_nightly(args: argparse.Namespace, console) -> int:
-    try:
-        return run_nightly(args, echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
-    except NightlyError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return EXIT_USAGE
+    return run_nightly(args, echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
 
 
 def add_parser(subparsers) -> None:

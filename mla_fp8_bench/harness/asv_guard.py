@@ -1,25 +1,18 @@
 """Guards of an asv run: the code measured is the commit named, and values already stored for params
-this run does not measure are kept.
+this run does not measure are kept (asv replaces a benchmark's whole result row when it saves, so a
+param left out by ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` / ``_MAX_TOKENS`` would turn a stored value
+into n/a: :func:`stored_records` gives those their stored values back).
 
-asv replaces a benchmark's whole result row when it saves: a param that a run leaves unmeasured (a
-backend outside ``MLA_FP8_BENCH_BACKENDS``, a case outside ``MLA_FP8_BENCH_CASES`` or above
-``MLA_FP8_BENCH_MAX_TOKENS``) would turn a stored value into n/a. So :func:`stored_records` reads the
-result file the run will overwrite and gives those params their stored values back.
-
-The file is found from ``ASV_CONF_DIR``, ``ASV_ENV_NAME`` and ``ASV_COMMIT``, which asv exports only to
-environments it builds; in ``-E existing`` runs from the parent ``asv run`` process (its working
-directory and its ``--set-commit-hash`` / ``--machine``: :func:`mla_fp8_bench.config.asv_parent_process`).
-``MLA_FP8_BENCH_EXPECT_COMMIT`` and ``MLA_FP8_BENCH_MACHINE`` override the commit and the machine; all of
-these travel in the run's :class:`~mla_fp8_bench.config.RunConfig`.
-
-:func:`check_asv_run` runs when asv imports the benchmarks (discovery): a refusal there stops asv
-before it writes anything, which a failure inside ``setup_cache`` would not (asv would store the
-failure over the old values).
+The result file is found from asv's ``ASV_CONF_DIR``, ``ASV_ENV_NAME`` and ``ASV_COMMIT``, or in ``-E
+existing`` runs (where asv exports none) from the parent ``asv run`` process; ``MLA_FP8_BENCH_EXPECT_COMMIT``
+and ``MLA_FP8_BENCH_MACHINE`` override the commit and the machine. All travel in the run's
+:class:`~mla_fp8_bench.config.RunConfig`. :func:`check_asv_run` runs when asv discovers the benchmarks: a
+refusal there stops asv before it writes anything (a failure in ``setup_cache`` would be stored over the
+old values).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -28,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from mla_fp8_bench.config import RunConfig
-from mla_fp8_bench.harness.results import AsvResult, ResultsError, load_asv_result
+from mla_fp8_bench.harness.results import AsvResult, ResultsError, load_asv_conf, load_asv_result
 
 
 class AsvRunRefused(RuntimeError):
     """The asv run would measure other code than the commit named, or lose stored values."""
 
 
-def _git(here: Path, *args: str) -> str | None:
+def git(here: str | os.PathLike, *args: str) -> str | None:
+    """The output of ``git -C here args``, or None when it fails."""
     try:
         return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -59,11 +53,11 @@ def check_commit(cfg: RunConfig, library_dir: str | os.PathLike | None = None) -
     var = f"MLA_FP8_BENCH_EXPECT_COMMIT={expect}"
     if not re.fullmatch(r"[0-9a-fA-F]{7,40}", expect):
         raise AsvRunRefused(f"{var} is not a commit SHA (7-40 hex digits)")
-    head = _git(here, "rev-parse", "HEAD")
+    head = git(here, "rev-parse", "HEAD")
     if head is None:
         raise AsvRunRefused(f"{var} but the library at {here} is not in a git work tree (an installed copy): "
                             "its commit cannot be verified; install it editable from the checkout")
-    if _git(here, "ls-files", "--error-unmatch", "__init__.py") is None:
+    if git(here, "ls-files", "--error-unmatch", "__init__.py") is None:
         raise AsvRunRefused(f"{var} but the library at {here} is not tracked by the git tree around it (a copy "
                             "installed inside the checkout, possibly stale): install it editable")
     if not head.lower().startswith(expect.lower()):
@@ -71,12 +65,11 @@ def check_commit(cfg: RunConfig, library_dir: str | os.PathLike | None = None) -
 
 
 def _results_dirs(conf_dir: Path) -> list[Path]:
-    """Results directories named by the asv config files in ``conf_dir`` (JSON with // comments)."""
+    """Results directories named by the asv config files in ``conf_dir``."""
     dirs = []
     for cfg in sorted(conf_dir.glob("asv*.json")):
-        text = "\n".join(line for line in cfg.read_text().splitlines() if not line.lstrip().startswith("//"))
         try:
-            dirs.append(conf_dir / json.loads(text).get("results_dir", "results"))
+            dirs.append(conf_dir / load_asv_conf(cfg).get("results_dir", "results"))
         except (ValueError, AttributeError):
             continue
     return list(dict.fromkeys(dirs)) or [conf_dir / "results"]
@@ -127,7 +120,7 @@ def asv_context(cfg: RunConfig) -> dict[str, Any] | None:
     argv = list(parent[1]) if parent else []
     commit = cfg.asv.get("ASV_COMMIT") or cfg.expect_commit or _option(argv, "--set-commit-hash")
     if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
-        commit = _git(Path(conf), "rev-parse", "--verify", "--quiet", commit + "^{commit}")
+        commit = git(Path(conf), "rev-parse", "--verify", "--quiet", commit + "^{commit}")
     machine = cfg.machine or _option(argv, "--machine")
     dry_run = any(a in ("--dry-run", "-n") for a in argv)
     return {"conf_dir": Path(conf), "commit": commit or None, "machine": machine or None,

@@ -1,7 +1,7 @@
 """The one reader of stored results: asv results directories and ``mla-fp8-bench run --json`` files.
 
-Every report (gate, plot, bisect, merge-results, publish) reads results through this module, so the
-file formats are parsed in one place and every read error is one line naming the file and the problem.
+Every report (gate, plot, bisect, merge-results, publish) reads results here, so the formats are parsed
+in one place and every read error is one line naming the file and the problem (a :class:`ResultsError`).
 
 asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
 
@@ -10,24 +10,22 @@ asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
     results/<machine>/<sha8>-<env>.json     one (commit, environment) result file, api version 2
 
 A result file holds ``commit_hash``, ``env_name``, ``date`` (ms since the epoch), ``params`` (machine
-facts + python + requirements), ``result_columns`` (column names, e.g. ``result, params, version,
-started_at, duration, stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number,
-stats_repeat, samples, profile``) and ``results``: per benchmark one row in column order (trailing
-columns may be absent). ``result`` and the ``stats_*``/``samples`` columns are lists over
-``itertools.product(*params)`` where ``params`` lists each parameter's values as Python literals
-(``"'aiter'"``); a failed combination is ``null``, a skipped one ``NaN``; ``started_at`` is ms since
-the epoch.
+facts + python + requirements), ``result_columns`` (e.g. ``result, params, version, started_at, duration,
+stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat, samples, profile``) and
+``results``: per benchmark one row in column order (trailing columns may be absent). ``result`` and the
+``stats_*``/``samples`` columns are lists over ``itertools.product(*params)``, ``params`` listing each
+parameter's values as Python literals (``"'aiter'"``); a failed combination is ``null``, a skipped one
+``NaN``; ``started_at`` is ms since the epoch.
 
 A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
 optionally with ``ceilings`` (:func:`mla_fp8_bench.peers.ceilings.attach`).
-
-Every read error is a :class:`ResultsError` (a ``ValueError``).
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
+import json
 import math
 import os
 import re
@@ -45,7 +43,7 @@ ASV_MACHINE_API_VERSION = 1
 #: File names in a machine directory that are not result files.
 NON_RESULT_FILES = ("machine.json", "benchmarks.json")
 _RESULT_KEYS = ("commit_hash", "env_name", "params", "result_columns", "results")
-_TRUNCATED_HINT = "it may be truncated or corrupt"
+_NAME_RE = re.compile(r"([0-9a-fA-F]{8})-(.+)\.json")
 
 
 class ResultsError(ValueError):
@@ -53,7 +51,7 @@ class ResultsError(ValueError):
 
 
 def _load(path: Path, what: str) -> Any:
-    return load_json(path, what, ResultsError, _TRUNCATED_HINT)
+    return load_json(path, what, ResultsError, "it may be truncated or corrupt")
 
 
 def _finite_or_none(x: Any) -> float | None:
@@ -62,24 +60,31 @@ def _finite_or_none(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
+    """An asv config: JSON with ``//`` comments, read with json5 as asv >= 0.6.4 does (without json5
+    installed, whole-line comments are dropped and the rest read as JSON).
+
+    Raises:
+        ValueError: not valid JSON/JSONC. OSError: unreadable.
+    """
+    text = Path(path).read_text()
+    try:
+        import json5
+    except ImportError:
+        return json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+    return json5.loads(text)
+
+
 # ------------------------------------------------------------------------------------------ run JSONs
 @dataclass
 class RunDoc:
-    """A parsed ``mla-fp8-bench run --json`` file.
-
-    Attributes:
-        path: the file.
-        env: the run's environment (device, versions); ``{}`` when absent.
-        records: one dict per (backend, case), each with ``backend`` and ``case`` strings.
-        ceilings: measured GEMM ceilings / datasheet peaks, or None.
-        raw: the whole document.
-    """
+    """A parsed ``mla-fp8-bench run --json`` file."""
 
     path: Path
-    env: dict[str, Any]
-    records: list[dict[str, Any]]
-    ceilings: dict[str, Any] | None
-    raw: dict[str, Any]
+    env: dict[str, Any]  # the run's environment (device, versions); {} when absent
+    records: list[dict[str, Any]]  # one per (backend, case), each with ``backend`` and ``case`` strings
+    ceilings: dict[str, Any] | None  # measured GEMM ceilings / datasheet peaks
+    raw: dict[str, Any]  # the whole document
 
 
 def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
@@ -106,7 +111,7 @@ def load_run_json(path: str | os.PathLike) -> RunDoc:
 
     Raises:
         ResultsError: unreadable, not JSON (e.g. truncated), not an object, no ``records`` list, or a
-            record that is not an object with ``backend``/``case`` strings; the message names the file.
+            record that is not an object with ``backend``/``case`` strings.
     """
     return run_doc_from_data(_load(Path(path), "run JSON"), path)
 
@@ -120,14 +125,17 @@ def _check_version(data: Any, path: Path, what: str, version: int) -> dict[str, 
     return data
 
 
+def _file_in(path: str | os.PathLike, name: str) -> Path:
+    return Path(path) / name if Path(path).is_dir() else Path(path)
+
+
 def load_machine(path: str | os.PathLike) -> dict[str, Any]:
     """``machine.json`` of a machine directory (``path`` is the directory or the file itself).
 
     Raises:
         ResultsError: missing/corrupt file, wrong api version, no ``machine`` name.
     """
-    p = Path(path)
-    f = p / "machine.json" if p.is_dir() else p
+    f = _file_in(path, "machine.json")
     mj = _check_version(_load(f, "asv machine file"), f, "asv machine file", ASV_MACHINE_API_VERSION)
     if not isinstance(mj.get("machine"), str) or not mj["machine"]:
         raise ResultsError(f"asv machine file {f} has no 'machine' name")
@@ -141,8 +149,7 @@ def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:
     Raises:
         ResultsError: missing/corrupt file or wrong api version.
     """
-    p = Path(path)
-    f = p / "benchmarks.json" if p.is_dir() else p
+    f = _file_in(path, "benchmarks.json")
     return _check_version(_load(f, "asv benchmarks file"), f, "asv benchmarks file", ASV_BENCHMARKS_API_VERSION)
 
 
@@ -170,9 +177,7 @@ def machine_dirs(results_dir: str | os.PathLike) -> list[Path]:
     p = Path(results_dir)
     if not p.is_dir():
         raise ResultsError(f"results directory {p} does not exist or is not a directory")
-    if is_machine_dir(p):
-        return [p]
-    return sorted(q for q in p.iterdir() if q.is_dir() and is_machine_dir(q))
+    return [p] if is_machine_dir(p) else sorted(q for q in p.iterdir() if q.is_dir() and is_machine_dir(q))
 
 
 def list_machines(results_dir: str | os.PathLike) -> list[str]:
@@ -189,9 +194,6 @@ class ResultFileName:
     env: str
 
 
-_NAME_RE = re.compile(r"([0-9a-fA-F]{8})-(.+)\.json")
-
-
 def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
     """The result files of one machine directory (by name; contents are not read), sorted by path.
 
@@ -203,10 +205,9 @@ def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
         raise ResultsError(f"asv machine directory {p} does not exist or is not a directory")
     out = []
     for f in sorted(p.glob("*.json")):
-        if f.name in NON_RESULT_FILES or not f.is_file():
-            continue
-        m = _NAME_RE.fullmatch(f.name)
-        out.append(ResultFileName(f, m.group(1).lower(), m.group(2)) if m else ResultFileName(f, "", f.stem))
+        if f.name not in NON_RESULT_FILES and f.is_file():
+            m = _NAME_RE.fullmatch(f.name)
+            out.append(ResultFileName(f, m.group(1).lower(), m.group(2)) if m else ResultFileName(f, "", f.stem))
     return out
 
 
@@ -227,16 +228,9 @@ def _check_commit_prefix(prefix: str) -> str:
 
 
 def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: str | None = None) -> Path:
-    """The result file of commit ``commit`` (a prefix of >= 4 hex digits) on ``machine``.
-
-    Candidate files are chosen by name and then read: a corrupt candidate is an error naming it,
-    never "no results".
-
-    Args:
-        results_dir: the asv results directory.
-        machine: the machine directory name.
-        commit: commit hash prefix.
-        env: keep only environments whose name contains this string.
+    """The result file of commit ``commit`` (a prefix of >= 4 hex digits) on ``machine``, of the one
+    environment whose name contains ``env``. Candidates are chosen by name, then read: a corrupt
+    candidate is an error naming it, never "no results".
 
     Raises:
         ResultsError: bad prefix, unknown machine, corrupt candidate, no result, an ambiguous prefix,
@@ -283,29 +277,19 @@ def param_literal(text: Any) -> str:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One stored value: a benchmark at one parameter combination.
+    """One stored value: a benchmark at one parameter combination."""
 
-    Attributes:
-        benchmark: full asv name (``bench_mla_prefill.MLAPrefill.track_latency``).
-        params: the combination's values as strings (``("aiter", "s4096")``); ``()`` if unparameterised.
-        status: ``ok``, ``failed`` (asv stored null) or ``skipped`` (NaN).
-        value: the stored number (asv's median for sample-based benchmarks); None unless ok.
-        q25, q75, ci_99_a, ci_99_b: asv's statistics, None when absent.
-        samples: asv's samples (floats), None when absent.
-        version: the benchmark's version string; started_at: ms since the epoch.
-    """
-
-    benchmark: str
-    params: tuple[str, ...]
-    status: str
-    value: float | None = None
-    q25: float | None = None
+    benchmark: str  # full asv name (bench_mla_prefill.MLAPrefill.track_latency)
+    params: tuple[str, ...]  # the combination's values as strings (("aiter", "s4096")); () if unparameterised
+    status: str  # ok, failed (asv stored null) or skipped (NaN)
+    value: float | None = None  # the stored number (asv's median for sample-based benchmarks); None unless ok
+    q25: float | None = None  # asv's statistics, None when absent
     q75: float | None = None
     ci_99_a: float | None = None
     ci_99_b: float | None = None
     samples: list[float] | None = None
-    version: str | None = None
-    started_at: float | None = None
+    version: str | None = None  # the benchmark's version string
+    started_at: float | None = None  # ms since the epoch
 
 
 @dataclass
@@ -340,9 +324,9 @@ class AsvResult:
 
     def started_at(self, benchmark: str | None = None) -> float:
         """``started_at`` (ms) of one benchmark, or the newest of all; 0.0 when absent."""
-        names = [benchmark] if benchmark is not None else list(self.results)
-        vals = [self.row(n).get("started_at") for n in names]
-        return max([float(v) for v in vals if _finite_or_none(v) is not None] or [0.0])
+        names = [benchmark] if benchmark is not None else self.results
+        vals = [_finite_or_none(self.row(n).get("started_at")) for n in names]
+        return max([v for v in vals if v is not None] or [0.0])
 
     def param_combos(self, benchmark: str) -> list[tuple[str, ...]]:
         """The parameter combinations of one benchmark in stored order (``[()]`` if unparameterised)."""
@@ -364,18 +348,14 @@ class AsvResult:
             return c[i] if isinstance(c, list) and i < len(c) else None
 
         out: dict[tuple[str, ...], Measurement] = {}
-        for i, combo in enumerate(combos):
-            if i >= len(vals):
-                break
-            v = vals[i]
+        for i, (combo, v) in enumerate(zip(combos, vals)):
             status = "failed" if v is None else "skipped" if (isinstance(v, float) and math.isnan(v)) else "ok"
             if status == "ok" and _finite_or_none(v) is None and not (isinstance(v, float) and math.isinf(v)):
                 raise ResultsError(f"asv result file {self.path}: {benchmark}{combo} has a non-numeric value {v!r}")
             smp = col("samples", i)
             out[combo] = Measurement(
                 benchmark, combo, status, float(v) if status == "ok" else None,
-                _finite_or_none(col("stats_q_25", i)), _finite_or_none(col("stats_q_75", i)),
-                _finite_or_none(col("stats_ci_99_a", i)), _finite_or_none(col("stats_ci_99_b", i)),
+                *(_finite_or_none(col(f"stats_{s}", i)) for s in ("q_25", "q_75", "ci_99_a", "ci_99_b")),
                 [float(x) for x in smp if _finite_or_none(x) is not None] if isinstance(smp, list) else None,
                 d.get("version"), _finite_or_none(d.get("started_at")))
         return out
@@ -407,8 +387,7 @@ def load_asv_result(path: str | os.PathLike) -> AsvResult:
     """Read one asv result file.
 
     Raises:
-        ResultsError: unreadable, not JSON (truncated/corrupt), wrong api version or missing keys; the
-            message names the file.
+        ResultsError: unreadable, not JSON (truncated/corrupt), wrong api version or missing keys.
     """
     return asv_result_from_data(_load(Path(path), "asv result file"), path)
 
