@@ -35,6 +35,21 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+def split_list(values: list[str] | None, option: str) -> list[str] | None:
+    """Comma-separated option values (``action="append"``), in order, each once; None when not given.
+
+    Raises:
+        ValueError: the option was given but names nothing (``-b ",,,"``).
+    """
+    if values is None:
+        return None
+    items = [x.strip() for s in values for x in s.split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"{option} {','.join(values)!r} names nothing: give comma-separated names, or leave "
+                         f"{option} out for the default")
+    return list(dict.fromkeys(items))
+
+
 def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool) -> float:
     """``kind(text)`` checked finite and ``>= minimum`` (``>`` when ``strict``); ValueError names ``what``."""
     try:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import platform as _pf
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -42,17 +45,15 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
     t = Table(title="platform", show_header=False)
     for k in ("vendor", "arch", "device", "device_name", "fp8_dtype", "torch", "cuda", "hip", "asv", "asv_runner",
               "amd-aiter", "vllm", "fa3-fwd"):
-        key = {"amd-aiter": "aiter", "fa3-fwd": "fa3_fwd_interface"}.get(k, k)
-        t.add_row(k, str(env.get(key)))
+        t.add_row(k, str(env.get({"amd-aiter": "aiter", "fa3-fwd": "fa3_fwd_interface"}.get(k, k))))
     t.add_row("torch build vendor", vendor_of_build())
     t.add_row("device string note", "ROCm GPUs are torch device type 'cuda' (HIP behind torch.cuda); vendor comes "
               "from torch.version.hip / torch.version.cuda")
     t.add_row("fp8 cast saturates", str(cast_saturates(pinfo.fp8_dtype)))
     console.print(t)
     bt = Table(title="backends")
-    bt.add_column("backend")
-    bt.add_column("available")
-    bt.add_column("reason / description")
+    for col in ("backend", "available", "reason / description"):
+        bt.add_column(col)
     detected = Table(title="detected on the installed library")
     for col in ("backend", "what", "form (where it was read)"):
         detected.add_column(col)
@@ -85,39 +86,24 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _split_list(values: list[str] | None, option: str) -> list[str]:
-    """Comma-separated option values, in order, each once; ``None`` when the option was not given.
-
-    Raises:
-        ValueError: the option was given but names nothing (``-b ",,,"``).
-    """
-    if values is None:
-        return None
-    items = [x.strip() for s in values for x in s.split(",") if x.strip()]
-    if not items:
-        raise ValueError(f"{option} {','.join(values)!r} names nothing: give comma-separated names, or leave "
-                         f"{option} out for the default")
-    return list(dict.fromkeys(items))
-
-
 def _resolve_run_args(args: argparse.Namespace):
+    from mla_fp8_bench.argtypes import split_list
     from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import SWEEP_SEQ_LENS, default_sweep, resolve_cases
 
     pinfo = platform_info(args.device)
-    names = _split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
+    names = split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
     for n in names:
         get_backend(n)  # validates the name early
-    specs = _split_list(args.cases, "--cases")
+    specs = split_list(args.cases, "--cases")
     note = ""
     if specs is None:
         specs, note = default_sweep(pinfo.device_type, args.max_seq_len)
-        specs = list(specs)
         if not specs:
             raise ValueError(f"--max-seq-len {args.max_seq_len} leaves no case of the default sweep: allowed "
                              f">= {SWEEP_SEQ_LENS[0]} (the smallest seq_len of the sweep)")
-    cases = list({c.id: c for c in resolve_cases(specs)}.values())
+    cases = list({c.id: c for c in resolve_cases(list(specs))}.values())
     return pinfo, names, cases, note
 
 
@@ -127,10 +113,9 @@ def _records_table(data: dict) -> Table:
                 "rel-L2 vs fp8", "mismatch", "note"):
         t.add_column(col, overflow="fold")
     for r in data["records"]:
-        scope = r.get("timing_scope")
         t.add_row(r["backend"], r["case"], r["status"], fmt_seconds(r.get("latency_s")),
                   (r.get("latency_method") or "-") + (" (emulation)" if r.get("emulation") else ""),
-                  _fmt_f(r.get("tflops"), ".1f") if scope != "emulation" else "-",
+                  _fmt_f(r.get("tflops"), ".1f") if r.get("timing_scope") != "emulation" else "-",
                   _fmt_f(r.get("max_abs_error_fp8_ref")), _fmt_f(r.get("max_abs_error_bf16_ref")),
                   _fmt_f(r.get("rel_l2_error_fp8_ref")), _fmt_f(r.get("mismatch_fraction")), r.get("reason", ""))
     return t
@@ -148,10 +133,8 @@ def _signals_interrupt():
 
     old = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
             old[sig] = signal.signal(sig, handler)
-        except (ValueError, OSError):  # not the main thread
-            pass
     try:
         yield got
     finally:
@@ -163,8 +146,6 @@ def _interrupted_path(path: str, data: dict) -> str:
     """Where an interrupted run's records go: ``path``, unless a file there holds as many records or
     more (a file that is not a run JSON counts as none): then ``<stem>.interrupted<suffix>`` beside it,
     so an earlier file is never replaced by fewer records."""
-    from pathlib import Path
-
     from mla_fp8_bench.jsonio import load_json, output_target
 
     target = output_target(path)
@@ -172,12 +153,13 @@ def _interrupted_path(path: str, data: dict) -> str:
         return path
     try:
         old = load_json(target, "run JSON")
-        n_old = len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
     except ValueError:
-        n_old = 0
+        old = None
+    n_old = len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
     if n_old < len(data["records"]):
         return path
-    return str(Path(path).with_name(Path(path).stem + ".interrupted" + (Path(path).suffix or ".json")))
+    p = Path(path)
+    return str(p.with_name(p.stem + ".interrupted" + (p.suffix or ".json")))
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -188,42 +170,33 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     or more. A second run writing the same ``--json`` at the same time is refused before measuring.
     """
     from mla_fp8_bench.config import PREFIX, RunConfig, check_emu_aiter_version
-    from mla_fp8_bench.jsonio import check_output_path, locked
+    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
+    from mla_fp8_bench.jsonio import check_output_path, locked, write_json_or_rescue
+    from mla_fp8_bench.terminal import CaseProgress
 
     config = RunConfig(emu_aiter_version=check_emu_aiter_version(args.emu_aiter_version or "",
                                                                  f"{PREFIX}EMU_AITER_VERSION"),
                        aiter_any_device=args.aiter_any_device)
-    if args.json is None:
-        return _run_measure(args, config, console)
-    target = check_output_path(args.json, "--json")
-    with locked(target, "--json", wait=False):
-        return _run_measure(args, config, console)
+    with (contextlib.nullcontext() if args.json is None
+          else locked(check_output_path(args.json, "--json"), "--json", wait=False)):
+        pinfo, names, cases, note = _resolve_run_args(args)
+        if note:
+            console.print(f"[dim]{note}[/dim]")
+        opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
+                          flush_l2=args.flush_l2)
+        interrupted = False
+        with _signals_interrupt() as signals, CaseProgress(len(names) * len(cases), console) as prog:
+            try:
+                data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=prog.step)
+            except RunInterrupted as exc:
+                data, interrupted = exc.data, True
+        if not args.no_timing and not interrupted:
+            from mla_fp8_bench.peers.ceilings import attach
 
-
-def _run_measure(args: argparse.Namespace, config, console: Console) -> int:
-    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
-    from mla_fp8_bench.terminal import CaseProgress
-
-    pinfo, names, cases, note = _resolve_run_args(args)
-    if note:
-        console.print(f"[dim]{note}[/dim]")
-    opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
-                      flush_l2=args.flush_l2)
-    interrupted = False
-    with _signals_interrupt() as signals, CaseProgress(len(names) * len(cases), console) as prog:
-        try:
-            data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=prog.step)
-        except RunInterrupted as exc:
-            data, interrupted = exc.data, True
-    if not args.no_timing and not interrupted:
-        from mla_fp8_bench.peers.ceilings import attach
-
-        attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
-    out = _interrupted_path(args.json, data) if args.json and interrupted else args.json
-    if out:
-        from mla_fp8_bench.jsonio import write_json_or_rescue
-
-        write_json_or_rescue(data, out, "run's records")
+            attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
+        out = _interrupted_path(args.json, data) if args.json and interrupted else args.json
+        if out:
+            write_json_or_rescue(data, out, "run's records")
     console.print(_records_table(data))
     if out:
         console.print(f"wrote {out}" + (" (marked interrupted)" if interrupted else "")
@@ -239,32 +212,7 @@ def _run_measure(args: argparse.Namespace, config, console: Console) -> int:
     return 1 if errors and args.strict else 0
 
 
-def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
-    """Write ``~/.asv-machine.json`` for ``args.name``: the committed ``results/<name>/machine.json`` if
-    there is one (so a run never rewrites a published machine's facts), else facts read off this
-    machine, with a ``gpu`` key (asv keeps extra keys; they become graph facets).
-
-    The name must be a safe path component that asv does not reserve; the machine file is read first
-    (a corrupt or non-object file is refused, naming it) and written atomically under a lock, other
-    machines kept. Without ``--force`` it refuses to replace an entry of that name with other facts (a
-    hand-written entry), and to file this machine under a published name whose committed facts (arch,
-    GPU, CPU count of a machine without a GPU) are not this machine's.
-    """
-    from pathlib import Path
-
-    from mla_fp8_bench.argtypes import check_name
-    from mla_fp8_bench.jsonio import locked
-
-    check_name(args.name, "asv machine name")
-    path = Path.home() / ".asv-machine.json"
-    with locked(path, "asv machine file"):
-        return _write_asv_machine(args, console, path)
-
-
 def _this_machine(name: str, device: str) -> dict[str, str]:
-    import os
-    import platform as _pf
-
     from mla_fp8_bench.measure.devices import platform_info
 
     pinfo = platform_info(device)
@@ -288,49 +236,63 @@ def _differing_facts(committed: dict, here: dict) -> list[str]:
     return out
 
 
-def _write_asv_machine(args: argparse.Namespace, console: Console, path) -> int:
-    from pathlib import Path
+def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
+    """Write ``~/.asv-machine.json`` for ``args.name``: the committed ``results/<name>/machine.json`` if
+    there is one (so a run never rewrites a published machine's facts), else facts read off this
+    machine, with a ``gpu`` key (asv keeps extra keys; they become graph facets).
 
-    from mla_fp8_bench.jsonio import load_json, write_json_atomic
+    The name must be a safe path component that asv does not reserve; the machine file is read first
+    (a corrupt or non-object file is refused, naming it) and written atomically under a lock, other
+    machines kept. Without ``--force`` it refuses to replace an entry of that name with other facts (a
+    hand-written entry), and to file this machine under a published name whose committed facts (arch,
+    GPU, CPU count of a machine without a GPU) are not this machine's.
+    """
+    from mla_fp8_bench.argtypes import check_name
+    from mla_fp8_bench.jsonio import load_json, locked, write_json_atomic
 
-    data = load_json(path, "asv machine file") if path.exists() else {"version": 1}
-    if not isinstance(data, dict):
-        raise ValueError(f"asv machine file {path} holds a JSON {type(data).__name__}, not an object of machines: "
-                         "fix or remove it")
+    check_name(args.name, "asv machine name")
+    path = Path.home() / ".asv-machine.json"
     committed = Path(args.results_dir) / args.name / "machine.json"
-    if committed.exists():
-        facts = load_json(committed, "committed machine file")
-        if not isinstance(facts, dict):
-            raise ValueError(f"committed machine file {committed} is not a JSON object")
-        facts.pop("version", None)
-        src = str(committed)
-        differ = _differing_facts(facts, _this_machine(args.name, args.device))
-        if differ and not args.force:
-            raise ValueError(f"this machine is not {args.name!r} as {committed} describes it ({'; '.join(differ)}): "
-                             f"its results would be filed under {args.name!r}'s published history; name your own "
-                             f"machine (mla-fp8-bench asv-machine mybox), or pass --force")
-    else:
-        facts = _this_machine(args.name, args.device)
-        src = "this machine"
-    if facts.get("machine") != args.name:
-        raise ValueError(f"{committed} names machine {facts.get('machine')!r}, not {args.name!r}")
-    prev = data.get(args.name)
-    if prev is not None and prev != facts and not args.force:
-        changed = sorted(k for k in set(prev) | set(facts) if prev.get(k) != facts.get(k)) if isinstance(
-            prev, dict) else ["(not an object)"]
-        raise ValueError(f"asv machine file {path} already has an entry {args.name!r} with other facts (keys "
-                         f"{', '.join(changed)}): refusing to replace it; pass --force to replace it, or choose "
-                         "another name")
-    data[args.name] = facts
-    data["version"] = 1
-    write_json_atomic(data, path, indent=4, sort_keys=True)
+    with locked(path, "asv machine file"):
+        data = load_json(path, "asv machine file") if path.exists() else {"version": 1}
+        if not isinstance(data, dict):
+            raise ValueError(f"asv machine file {path} holds a JSON {type(data).__name__}, not an object of "
+                             "machines: fix or remove it")
+        if committed.exists():
+            facts, src = load_json(committed, "committed machine file"), str(committed)
+            if not isinstance(facts, dict):
+                raise ValueError(f"committed machine file {committed} is not a JSON object")
+            facts.pop("version", None)
+            differ = _differing_facts(facts, _this_machine(args.name, args.device))
+            if differ and not args.force:
+                raise ValueError(f"this machine is not {args.name!r} as {committed} describes it "
+                                 f"({'; '.join(differ)}): its results would be filed under {args.name!r}'s "
+                                 f"published history; name your own machine (mla-fp8-bench asv-machine mybox), "
+                                 "or pass --force")
+        else:
+            facts, src = _this_machine(args.name, args.device), "this machine"
+        if facts.get("machine") != args.name:
+            raise ValueError(f"{committed} names machine {facts.get('machine')!r}, not {args.name!r}")
+        prev = data.get(args.name)
+        if prev is not None and prev != facts and not args.force:
+            changed = sorted(k for k in set(prev) | set(facts) if prev.get(k) != facts.get(k)) if isinstance(
+                prev, dict) else ["(not an object)"]
+            raise ValueError(f"asv machine file {path} already has an entry {args.name!r} with other facts (keys "
+                             f"{', '.join(changed)}): refusing to replace it; pass --force to replace it, or choose "
+                             "another name")
+        data[args.name] = facts
+        data["version"] = 1
+        write_json_atomic(data, path, indent=4, sort_keys=True)
     console.print(f"wrote machine {args.name!r} to {path} (facts from {src}): {facts}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mla_fp8_bench.aiter_ps import plan_cli
+    from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
     from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
     from mla_fp8_bench.config import MAX_SAMPLES
+    from mla_fp8_bench.report import plot, publish, results_merge, site_view
 
     p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
@@ -364,50 +326,38 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--emu-aiter-version", default=None, metavar="VERSION",
                    help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; "
                         "MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
-    _add_extra_commands(sub)
-    return p
-
-
-def _add_extra_commands(sub) -> None:
-    """Sub-commands that live in their own modules register here (each module's ``add_parser`` sets
-    ``handler=``, as the commands above do)."""
-    from mla_fp8_bench.aiter_ps import plan_cli
-    from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
-    from mla_fp8_bench.report import plot, publish, results_merge, site_view
-
+    # sub-commands of their own modules: each module's add_parser sets handler=, as the commands above do
     for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
                      bisect.add_parser, nightly.add_parser, ab.add_parser, plan_cli.add_parser, publish.add_parser,
                      site_view.add_parser):
         register(sub)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mla-fp8-bench`` console script; returns the exit status."""
-    from mla_fp8_bench.terminal import make_console
+    from rich.markup import escape
 
-    console = make_console()
-    parser = build_parser()
-    args = parser.parse_args(argv)
     from mla_fp8_bench.backends import UnknownBackendError
     from mla_fp8_bench.measure.devices import DeviceError
     from mla_fp8_bench.problem.cases import CaseError
+    from mla_fp8_bench.terminal import make_console
 
+    console = make_console()
+    args = build_parser().parse_args(argv)
     try:
         return args.handler(args, console)
     except (UnknownBackendError, CaseError, DeviceError, FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        return EXIT_USAGE
+        msg = str(exc)
     except ModuleNotFoundError as exc:
         top = (exc.name or "").partition(".")[0]
         if top not in EXTRA_OF_MODULE:
             raise
         extra = EXTRA_OF_MODULE[top]
-        from rich.markup import escape
-
-        console.print("[red]error:[/red] " + escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: "
-                                                    f"install the {extra} extra (pip install -e '.[{extra}]')"),
-                      highlight=False, soft_wrap=True)
-        return EXIT_USAGE
+        msg = escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the {extra} extra "
+                     f"(pip install -e '.[{extra}]')")
+    console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

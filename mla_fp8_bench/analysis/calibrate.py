@@ -11,7 +11,9 @@ format and the check of records live in :mod:`mla_fp8_bench.analysis.tolerances`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
+import itertools
 import math
 import os
 import platform as _platform
@@ -83,20 +85,18 @@ def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
 
 
 def _run_tasks(tasks: list[tuple], jobs: int, progress) -> list[tuple[tuple, dict]]:
-    if jobs <= 1:
-        out = []
-        for t in tasks:
-            out.append(_measure_task(t))
-            progress(t)
-        return out
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    """Each task's (task, records), in task order: in this process, or over ``jobs`` worker processes."""
+    with contextlib.ExitStack() as stack:
+        if jobs > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
 
-    out = []
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-        futs = [ex.submit(_measure_task, t) for t in tasks]
-        for f in as_completed(futs):
-            res = f.result()
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")))
+            results = pool.map(_measure_task, tasks)
+        else:
+            results = map(_measure_task, tasks)
+        out = []
+        for res in results:
             out.append(res)
             progress(res[0])
     return out
@@ -104,23 +104,13 @@ def _run_tasks(tasks: list[tuple], jobs: int, progress) -> list[tuple[tuple, dic
 
 def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], seeds: Iterable[int],
            backends: tuple[str, ...], cu_num: int | None, probes: bool) -> list[tuple]:
+    from mla_fp8_bench.analysis.probes import PROBES
     from mla_fp8_bench.problem.cases import parse_case_id
 
-    tasks = []
     seeds = list(seeds)
-    for shape in shapes:
-        base = parse_case_id(shape)
-        for qm in quants:
-            for d in dists:
-                for s in seeds:
-                    tasks.append(("case", base.with_(quant=qm, dist=d, seed=s).id, backends, cu_num))
-    if probes:
-        from mla_fp8_bench.analysis.probes import PROBES
-
-        for name in PROBES:
-            for s in seeds:
-                tasks.append(("probe", name, s))
-    return tasks
+    tasks = [("case", base.with_(quant=qm, dist=d, seed=s).id, backends, cu_num)
+             for base, qm, d, s in itertools.product(map(parse_case_id, shapes), quants, dists, seeds)]
+    return tasks + ([("probe", name, s) for name in PROBES for s in seeds] if probes else [])
 
 
 def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, margin: float) -> None:
@@ -253,15 +243,11 @@ def _env(cu_num: int | None) -> dict[str, Any]:
 
     from mla_fp8_bench import __version__
 
-    cpu = _platform.processor() or _platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = _platform.processor() or _platform.machine()
     return {"mla_fp8_bench": __version__, "torch": torch.__version__, "python": _platform.python_version(),
             "device": "cpu", "cpu": cpu, "num_cpu": os.cpu_count(), "emu_cu_num": cu_num or DEFAULT_EMU_CU_NUM,
             "fp8_dtype": "float8_e4m3fn", "reference_dtype": "float64",
@@ -269,20 +255,15 @@ def _env(cu_num: int | None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def _split(vals: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
-    out = tuple(x for v in (vals or []) for x in v.split(",") if x)
-    return out or default
-
-
 def cmd_calibrate(args: argparse.Namespace, console) -> int:
     from rich.table import Table
 
-    from mla_fp8_bench.jsonio import check_output_path
+    from mla_fp8_bench.argtypes import split_list
+    from mla_fp8_bench.jsonio import check_output_path, write_json_or_rescue
 
-    backends = _split(args.backends, DEFAULT_BACKENDS)
-    shapes = _split(args.cases, DEFAULT_CASES)
-    quants = _split(args.quants, QUANTS)
-    dists = _split(args.dists, DISTS)
+    backends, shapes, quants, dists = (tuple(split_list(v, opt) or default) for v, opt, default in (
+        (args.backends, "--backends", DEFAULT_BACKENDS), (args.cases, "--cases", DEFAULT_CASES),
+        (args.quants, "--quants", QUANTS), (args.dists, "--dists", DISTS)))
     for what, vals, allowed in (("quantisation mode", quants, QUANTS), ("distribution", dists, DISTS)):
         for v in vals:
             if v not in allowed:
@@ -307,8 +288,6 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
     doc = calibrate(backends=backends, shapes=shapes, quants=quants, dists=dists, seeds=args.seeds,
                     validate_seeds=args.validate_seeds, margin=args.margin, name=args.name, jobs=args.jobs,
                     cu_num=args.cu_num, probes=not args.no_probes, progress=progress)
-    from mla_fp8_bench.jsonio import write_json_or_rescue
-
     write_json_or_rescue(doc, out, "calibrated tolerances")  # atomic; hours of measuring survive a refused write
     t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) - {out}")
     for col in ("backend", "case", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
