@@ -129,11 +129,10 @@ def platform_info(device: str | torch.device | None = "auto") -> PlatformInfo:
     """
     dev = normalize_device(device)
     if dev.type == "cpu":
-        import platform as _pf
-
         return PlatformInfo(
-            vendor="cpu", device=dev, arch="cpu", name=_pf.processor() or _pf.machine(), fp8_dtype=torch.float8_e4m3fn,
-            torch_version=str(torch.__version__), cuda_version=None, hip_version=None, multi_processor_count=0,
+            vendor="cpu", device=dev, arch="cpu", name=_pyplatform.processor() or _pyplatform.machine(),
+            fp8_dtype=torch.float8_e4m3fn, torch_version=str(torch.__version__), cuda_version=None, hip_version=None,
+            multi_processor_count=0,
         )
     vendor = vendor_of_build()
     arch = gpu_arch(dev)
@@ -168,10 +167,8 @@ def environment(pinfo: PlatformInfo) -> dict[str, Any]:
         "hostname": _pyplatform.node(),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    for mod in ("asv", "asv_runner", "numpy", "aiter", "vllm", "fa3_fwd_interface"):
-        if mod in ("aiter", "vllm", "fa3_fwd_interface"):
-            # never import aiter on a non-ROCm machine (its import runs rocminfo); report the dist version
-            env[mod] = dist_version({"aiter": "amd-aiter", "vllm": "vllm", "fa3_fwd_interface": "fa3-fwd"}[mod])
-            continue
-        env[mod] = dist_version(mod)
+    # distribution versions, never imports (importing aiter on a non-ROCm machine runs rocminfo)
+    dists = {"asv": "asv", "asv_runner": "asv_runner", "numpy": "numpy", "aiter": "amd-aiter", "vllm": "vllm",
+             "fa3_fwd_interface": "fa3-fwd"}
+    env.update({mod: dist_version(dist) for mod, dist in dists.items()})
     return env

@@ -91,16 +91,19 @@ def _lse_pair(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
     return a, b
 
 
-def _lse_rel_errors(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise ``|a - b| / max(|b|, 1)``; where the reference is -inf (a row that sees no key) an
-    infinite ``a`` of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a
+def _max_lse_rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max of ``|a - b| / max(|b|, 1)`` (0 when empty); where the reference is -inf (a row that sees no key)
+    an infinite ``a`` of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a
     non-finite ``a`` against a finite reference is inf."""
+    if a.numel() == 0:
+        return 0.0
     empty = torch.isneginf(b)
     finite_b = torch.where(empty, torch.zeros_like(b), b)
     err = (a - finite_b).abs() / finite_b.abs().clamp_min(1.0)
     err = torch.where(torch.isfinite(a), err, torch.full_like(err, float("inf")))
-    return torch.where(empty, torch.where(torch.isinf(a), torch.zeros_like(err), torch.full_like(err, float("inf"))),
-                       err)
+    err = torch.where(empty, torch.where(torch.isinf(a), torch.zeros_like(err), torch.full_like(err, float("inf"))),
+                      err)
+    return float(err.max().item())
 
 
 def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None = None) -> float:
@@ -116,10 +119,7 @@ def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
     Raises:
         ValueError: if the shapes differ.
     """
-    a, b = _lse_pair(lse, ref_lse, rows)
-    if a.numel() == 0:
-        return 0.0
-    return float(_lse_rel_errors(a, b).max().item())
+    return _max_lse_rel_error(*_lse_pair(lse, ref_lse, rows))
 
 
 def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor,
@@ -139,6 +139,5 @@ def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor,
     mask = None if kind.context else rows
     a, b = _lse_pair(lse, ref_lse, mask)
     bad = int((~torch.isfinite(a) & torch.isfinite(b)).sum().item())
-    err = float(_lse_rel_errors(a, b).max().item()) if a.numel() else 0.0
     checked = int(rows.sum().item()) if mask is not None else int(lse.shape[0])
-    return {"lse_rel_error_fp8_ref": err, "lse_rows_checked": checked, "lse_nonfinite_count": bad}
+    return {"lse_rel_error_fp8_ref": _max_lse_rel_error(a, b), "lse_rows_checked": checked, "lse_nonfinite_count": bad}

@@ -78,14 +78,9 @@ def _sm_clock_mhz(device: torch.device) -> int | None:
 
 def crosscheck(run: Callable[[], object], device: torch.device, *, replays: int = 10, eager_calls: int = 10,
                samples: int = 30) -> dict[str, Any]:
-    """Graph-replay time vs profiler device time for the same call (see module docstring).
-
-    Args:
-        run: a prepared, graph-capturable call.
-        device: a CUDA/ROCm device.
-        replays: profiled graph replays.
-        eager_calls: profiled eager calls.
-        samples: samples of the suite's graph timing.
+    """Graph-replay time vs profiler device time for the same graph-capturable call ``run`` (see module
+    docstring): ``samples`` of the suite's graph timing, ``replays`` profiled graph replays and
+    ``eager_calls`` profiled eager calls.
 
     Returns:
         A JSON-ready dict; ``*_pct`` keys hold differences in percent (None where not measurable).

@@ -17,6 +17,7 @@ can show (``top_left_causal``, ``lse_no_max_subtraction``) are checked on the pr
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import replace
@@ -283,41 +284,36 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
     rows: list[dict[str, Any]] = []
     for f in names:
         targets = [PROBE_ONLY_FAULTS[f]] if f in PROBE_ONLY_FAULTS else list(PREFIX_FAULT_CASES.get(f, cases))
-        done = False
-        for s in seeds:
-            for cid in targets:
-                if f == "unsaturated_cast" and "-cast" not in cid:
-                    continue
-                if cid in PROBES:
-                    if (cid, s) not in probe_refs:
-                        p = make_probe(cid, s)
-                        probe_refs[(cid, s)] = (probe_reference(p), probe_reference(p, dequantized=False))
-                    rec = probe_record(cid, s, FaultyEmulator(normalize_suite_faults(f) & ALL_FAULTS),
-                                       probe_refs[(cid, s)])
-                else:
-                    key = parse_case_id(cid).with_(seed=s).id
-                    if key not in case_data:
-                        case_data[key] = CaseData(parse_case_id(key), pinfo, None)
-                    rec = evaluate_one(FaultyEmulated(faults=f), case_data[key], pinfo, opts).as_dict()
-                viol = check(rec, tolerances)
-                lim, _how = tolerances.lookup("aiter-emulated", tolerance_key(rec))
-                worst = (None, None, None, 0.0)
-                for v in viol:
-                    if v.ratio >= worst[3]:
-                        worst = (v.metric, v.value, v.tolerance, v.ratio)
-                if not viol and lim:
-                    for m, t in lim.items():
-                        val = rec.get(m)
-                        if val is not None and t > 0 and float(val) / t >= worst[3]:
-                            worst = (m, float(val), t, float(val) / t)
-                rows.append({"fault": f, "case": cid, "seed": s, "flagged": bool(viol),
-                             "violations": [str(v) for v in viol], "status": rec.get("status"),
-                             "worst_metric": worst[0], "worst_value": worst[1], "worst_tolerance": worst[2],
-                             "worst_ratio": worst[3]})
-                if viol and stop_at_first:
-                    done = True
-                    break
-            if done:
+        for s, cid in itertools.product(seeds, targets):
+            if f == "unsaturated_cast" and "-cast" not in cid:
+                continue
+            if cid in PROBES:
+                if (cid, s) not in probe_refs:
+                    p = make_probe(cid, s)
+                    probe_refs[(cid, s)] = (probe_reference(p), probe_reference(p, dequantized=False))
+                rec = probe_record(cid, s, FaultyEmulator(normalize_suite_faults(f) & ALL_FAULTS),
+                                   probe_refs[(cid, s)])
+            else:
+                key = parse_case_id(cid).with_(seed=s).id
+                if key not in case_data:
+                    case_data[key] = CaseData(parse_case_id(key), pinfo, None)
+                rec = evaluate_one(FaultyEmulated(faults=f), case_data[key], pinfo, opts).as_dict()
+            viol = check(rec, tolerances)
+            lim, _how = tolerances.lookup("aiter-emulated", tolerance_key(rec))
+            worst = (None, None, None, 0.0)
+            for v in viol:
+                if v.ratio >= worst[3]:
+                    worst = (v.metric, v.value, v.tolerance, v.ratio)
+            if not viol and lim:
+                for m, t in lim.items():
+                    val = rec.get(m)
+                    if val is not None and t > 0 and float(val) / t >= worst[3]:
+                        worst = (m, float(val), t, float(val) / t)
+            rows.append({"fault": f, "case": cid, "seed": s, "flagged": bool(viol),
+                         "violations": [str(v) for v in viol], "status": rec.get("status"),
+                         "worst_metric": worst[0], "worst_value": worst[1], "worst_tolerance": worst[2],
+                         "worst_ratio": worst[3]})
+            if viol and stop_at_first:
                 break
     return rows
 
