@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 import os
 import re
@@ -22,17 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.harness.results import (
-    AsvResult,
-    Measurement,
-    ResultsError,
-    is_cpu_machine,
-    list_result_files,
-    load_machine,
-    machine_dirs,
-    newest_result,
-    run_doc_from_data,
-)
+from mla_fp8_bench.harness import results as R
 from mla_fp8_bench.jsonio import load_json, write_file_atomic
 from mla_fp8_bench.measure import metric_table as MT
 from mla_fp8_bench.problem.cases import CaseError, parse_case_id
@@ -42,6 +33,8 @@ from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 FORMATS = ("png", "svg")
 #: Floor for error values on log axes (asv floors its tracks at 1e-12 too).
 ERROR_FLOOR = MT.ASV_ACCURACY_FLOOR
+#: Latency panels: kernel and emulation latency never share an axis (an emulation's time is PyTorch code).
+LATENCY_SCOPES = ("kernel", "emulation")
 
 
 class PlotError(ValueError):
@@ -85,12 +78,8 @@ class Dataset:
 # ------------------------------------------------------------------------------------- readers
 _LATENCY_DESC = {"host": "host wall-clock", "graph": "device time, CUDA/HIP graph replay",
                  "events": "device time, events"}
-_LAT = MT.metric("latency")
-_ERR8 = MT.metric("max_abs_error")
-_ERR16 = MT.metric("max_abs_error_bf16_ref")
-_TFLOPS = MT.metric("tflops")
-_SPP = MT.metric("seconds_per_pflop")
-_BENCH = "MLAPrefill"
+_LAT, _ERR8, _ERR16, _TFLOPS, _SPP = (MT.metric(n) for n in ("latency", "max_abs_error", "max_abs_error_bf16_ref",
+                                                            "tflops", "seconds_per_pflop"))
 
 
 def _slug(text: str) -> str:
@@ -103,26 +92,20 @@ def _finite(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _on_axis(cid: str) -> tuple[int, str] | str:
-    """``s4096-h128`` -> ``(4096, "-h128")``: a single-sequence case's seq_len and variant (the id's
-    suffixes, grammar :func:`parse_case_id`); else why the case is not drawn against seq_len."""
+def _point(ds: Dataset, points: list[Point], b: str, cid: str, **values: Any) -> Point | None:
+    """Append the :class:`Point` of a single-sequence case ``s<N><variant>`` (grammar :func:`parse_case_id`)
+    to ``points``; for any other case None and a note in ``ds`` saying why it is not drawn."""
     try:
         case = parse_case_id(cid)
     except CaseError as exc:
-        return f"case id not recognised by this suite version ({str(exc).split(':')[0]})"
+        ds.notes.append(f"{b} {cid}: case id not recognised by this suite version ({str(exc).split(':')[0]})")
+        return None
     base = f"s{case.seq_lens[0]}"
     if case.batch_size != 1 or not cid.startswith(base):
-        return "not a single-sequence case (not on the seq_len axis)"
-    return case.seq_lens[0], cid[len(base):]
-
-
-def _point(ds: Dataset, b: str, cid: str, **values: Any) -> Point | None:
-    """A :class:`Point` of a case on the seq_len axis; otherwise None and a note in ``ds`` saying why."""
-    where = _on_axis(cid)
-    if isinstance(where, str):
-        ds.notes.append(f"{b} {cid}: {where}")
+        ds.notes.append(f"{b} {cid}: not a single-sequence case (not on the seq_len axis)")
         return None
-    return Point(b, cid, where[0], variant=where[1], **values)
+    points.append(Point(b, cid, case.seq_lens[0], variant=cid[len(base):], **values))
+    return points[-1]
 
 
 def _select_variant(ds: Dataset, points: list[Point], wanted: str | None) -> None:
@@ -131,9 +114,9 @@ def _select_variant(ds: Dataset, points: list[Point], wanted: str | None) -> Non
     Raises:
         PlotError: ``wanted`` has no points.
     """
-    by: dict[str, list[Point]] = {}
+    by: dict[str, list[Point]] = collections.defaultdict(list)
     for p in points:
-        by.setdefault(p.variant, []).append(p)
+        by[p.variant].append(p)
     if wanted is not None:
         w = wanted if (wanted == "" or wanted.startswith("-")) else "-" + wanted
         if w not in by:
@@ -159,28 +142,26 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
         if isinstance(data, dict) and "records" not in data and "result_columns" in data:
             raise PlotError(f"{path} is one asv result file: pass its results directory "
                             f"({path.parent.parent}) or machine directory ({path.parent}) instead")
-        doc = run_doc_from_data(data, path)
-    except ResultsError as exc:
+        doc = R.run_doc_from_data(data, path)
+    except R.ResultsError as exc:
         raise PlotError(str(exc)) from None
-    env, recs = doc.env, doc.records
-    name = env.get("device_name") or "unknown device"
-    arch = env.get("arch") or "?"
+    env = doc.env
+    name, arch, host = env.get("device_name") or "unknown device", env.get("arch") or "?", env.get("hostname")
     is_cpu = env.get("vendor") == "cpu" or arch == "cpu"
-    host = env.get("hostname")
     device = (f"CPU ({name}" + (f", host {host}" if host else "") + ")") if is_cpu else f"{name} ({arch})"
-    methods = sorted({str(r["latency_method"]) for r in recs if r.get("latency_method")})
+    methods = sorted({str(r["latency_method"]) for r in doc.records if r.get("latency_method")})
     ds = Dataset(device=device, slug=_slug("cpu-" + name if is_cpu else name), source=str(path),
                  latency_desc=", ".join(_LATENCY_DESC.get(m, m) for m in methods) or "latency",
                  ceilings=doc.ceilings, is_cpu=is_cpu)
     pts: list[Point] = []
-    for r in recs:
+    for r in doc.records:
         b, cid, st = r["backend"], r["case"], r.get("status")
         if st != "ok":
             ds.notes.append(f"{b} {cid}: {st} - {r.get('reason', '')}".rstrip(" -"))
             continue
         emu = MT.record_is_emulation(r)
-        p = _point(ds, b, cid, latency_s=_finite(r.get(_LAT.record_key)), err_fp8=_finite(r.get(_ERR8.record_key)),
-                   err_bf16=_finite(r.get(_ERR16.record_key)),
+        p = _point(ds, pts, b, cid, latency_s=_finite(r.get(_LAT.record_key)),
+                   err_fp8=_finite(r.get(_ERR8.record_key)), err_bf16=_finite(r.get(_ERR16.record_key)),
                    tflops=None if emu else _finite(r.get(_TFLOPS.record_key)), emulation=emu,
                    fp8=record_is_fp8(r) is not False)
         if p is None:
@@ -194,15 +175,8 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
         samples = [x for x in (r.get(_LAT.samples_key) or []) if _finite(x) is not None]
         if len(samples) >= 2:
             p.latency_q25, _, p.latency_q75 = statistics.quantiles(samples, n=4, method="inclusive")
-        pts.append(p)
     _select_variant(ds, pts, variant)
     return ds
-
-
-def _by_backend_case(res: AsvResult, method: str) -> dict[tuple[str, str], Measurement]:
-    """(backend, case) -> measurement of ``<module>.MLAPrefill.<method>``; {} when absent."""
-    names = [n for n in res.benchmarks() if n.endswith(f".{_BENCH}.{method}")]
-    return {m.params: m for m in res.measurements(names[0]).values() if len(m.params) == 2} if names else {}
 
 
 def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None = None) -> Dataset:
@@ -214,40 +188,39 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
     from mla_fp8_bench.backends import backend_flag
 
     try:
-        mj = load_machine(mdir)
-        res = newest_result(mdir, commit)
-        lat, e8, e16, spp = (_by_backend_case(res, m.track) for m in (_LAT, _ERR8, _ERR16, _SPP))
-    except ResultsError as exc:
+        mj, res = R.load_machine(mdir), R.newest_result(mdir, commit)
+        tables = []  # per metric: (backend, case) -> measurement of MLAPrefill.<track>
+        for m in (_LAT, _ERR8, _ERR16, _SPP):
+            names = [n for n in res.benchmarks() if n.endswith(f".MLAPrefill.{m.track}")]
+            tables.append({x.params: x for x in res.measurements(names[0]).values() if len(x.params) == 2}
+                          if names else {})
+    except R.ResultsError as exc:
         raise PlotError(str(exc)) from None
+    lat, e8, e16, spp = tables
+    if not lat:
+        raise PlotError(f"asv result file {res.path} has no MLAPrefill.track_latency results: not this suite's "
+                        "results (benchmarks/bench_mla_prefill.py)")
     gpu = mj.get("gpu")
-    has_gpu = bool(gpu) and not is_cpu_machine(mj)
+    has_gpu = bool(gpu) and not R.is_cpu_machine(mj)
     hw = gpu if has_gpu else f"CPU: {mj.get('cpu') or mj.get('arch') or '?'}"
     ds = Dataset(device=f"machine {mj['machine']} ({hw}), commit {res.commit_hash[:8]}",
                  slug=_slug(f"asv-{mj['machine']}"), source=str(res.path),
                  latency_desc="asv track_latency" + (" (device time)" if has_gpu else " (host time)"),
                  is_cpu=not has_gpu)
-    if not lat:
-        raise PlotError(f"asv result file {res.path} has no {_BENCH}.track_latency results: not this suite's "
-                        "results (benchmarks/bench_mla_prefill.py)")
 
-    def val(table: dict[tuple[str, str], Measurement], key: tuple[str, str]) -> float | None:
+    def val(table: dict[tuple[str, str], R.Measurement], key: tuple[str, str]) -> float | None:
         return _finite(table[key].value) if key in table else None
 
-    pts = []
+    pts: list[Point] = []
     for (b, c), m in lat.items():
         if m.status == "failed":
             ds.notes.append(f"{b} {c}: failed in asv (null)")
-            continue
-        if m.status == "skipped":
-            continue  # not available on this machine / beyond its cap
-        emu = bool(backend_flag(b, "emulation"))
-        s = val(spp, (b, c))
-        p = _point(ds, b, c, latency_s=_finite(m.value), latency_q25=m.q25, latency_q75=m.q75,
+        elif m.status != "skipped":  # a skip: not available on this machine / beyond its cap
+            emu, s = bool(backend_flag(b, "emulation")), val(spp, (b, c))
+            _point(ds, pts, b, c, latency_s=_finite(m.value), latency_q25=m.q25, latency_q75=m.q75,
                    err_fp8=val(e8, (b, c)), err_bf16=val(e16, (b, c)),
                    tflops=(1e3 / s) if (s and not emu) else None, emulation=emu,
                    fp8=backend_flag(b, "fp8") is not False)
-        if p is not None:
-            pts.append(p)
     _select_variant(ds, pts, variant)
     ds.notes.append("ceilings: not stored in asv results (plot a run JSON with `ceilings` for the lines)")
     return ds
@@ -265,13 +238,12 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
     skipped_empty: list[str] = []
     seen_machines: set[str] = set()
     any_dir = False
-    for raw in inputs:
-        path = Path(raw)
+    for path in map(Path, inputs):
         if path.is_dir():
             any_dir = True
             try:
-                mdirs = machine_dirs(path)
-            except ResultsError as exc:
+                mdirs = R.machine_dirs(path)
+            except R.ResultsError as exc:
                 raise PlotError(str(exc)) from None
             if not mdirs:
                 raise PlotError(f"{path} is a directory but not an asv results directory: no "
@@ -279,7 +251,7 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
             seen_machines.update(m.name for m in mdirs)
             mdirs = [m for m in mdirs if not machines or m.name in machines]
             for m in mdirs:
-                if not list_result_files(m) and len(mdirs) > 1 and not machines:
+                if not R.list_result_files(m) and len(mdirs) > 1 and not machines:
                     skipped_empty.append(f"{m} (machine.json only, no results yet)")
                     continue  # one runner without results must not stop the others' plots
                 out.append(load_asv_machine(m, commit, variant))
@@ -313,8 +285,6 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
 
 # ------------------------------------------------------------------------------------- drawing
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
-#: Latency panels: kernel and emulation latency never share an axis (an emulation's time is PyTorch code).
-LATENCY_SCOPES = ("kernel", "emulation")
 _OFF_GRID_NOTE = "unconnected markers: lengths off the power-of-two sweep (q-tile edges 255/257, s8175, ...)"
 
 
@@ -322,13 +292,10 @@ def backend_styles(names: list[str]) -> dict[str, dict[str, Any]]:
     """``{backend: {"color": ..., "marker": ...}}`` in registry order, so figures of several devices agree."""
     import matplotlib
 
-    try:
-        from mla_fp8_bench.backends import backend_names
+    from mla_fp8_bench.backends import backend_names
 
-        order = backend_names()
-    except Exception:  # noqa: BLE001
-        order = []
-    order = order + sorted(n for n in names if n not in order)
+    order = backend_names()
+    order += sorted(n for n in names if n not in order)
     cmap = matplotlib.colormaps["tab10"]
     return {n: {"color": cmap(i % 10), "marker": _MARKERS[i % len(_MARKERS)]} for i, n in enumerate(order)}
 
@@ -366,11 +333,13 @@ def _draw_series(ax, xs: list[int], ys: list[float], *, yerr=None, color, marker
     return bool(off)
 
 
-def _setup_x(ax, xs: list[int]) -> None:
+def _finish(ax, ds: Dataset, ylabel: str, title: str, notes: list[str], **title_kw: Any) -> None:
+    """The seq_len axis (log 2, the sweep's lengths labelled), labels, and small grey notes under the x-axis
+    label, where they cannot hide data."""
     from matplotlib.ticker import FixedLocator, NullLocator, StrMethodFormatter
 
     ax.set_xscale("log", base=2)
-    ticks = sorted(set(xs))
+    ticks = sorted({p.seq_len for p in ds.points})
     if ticks:  # label the sweep only: 255/256/257 or 8175/8192 labels would print over each other
         ax.xaxis.set_major_locator(FixedLocator([x for x in ticks if _on_grid(x)] or ticks))
         ax.xaxis.set_minor_locator(NullLocator())
@@ -379,12 +348,10 @@ def _setup_x(ax, xs: list[int]) -> None:
     ax.set_xlabel("seq_len (tokens per sequence, causal prefill)")
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", axis="y", alpha=0.12)
-
-
-def _note(ax, lines: list[str]) -> None:
-    """Small grey notes under the x-axis label, where they cannot hide data."""
-    if lines:
-        ax.annotate("\n".join(lines), xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -34),
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, **title_kw)
+    if notes:
+        ax.annotate("\n".join(notes), xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -34),
                     textcoords="offset points", ha="left", va="top", fontsize=7.5, color="0.3")
 
 
@@ -439,15 +406,12 @@ def draw_latency(ax, ds: Dataset, st: dict[str, dict[str, Any]], scope: str = "k
         _log_y(ax, EngFormatter(unit="s", places=0))
     else:
         ax.text(0.5, 0.5, "no latency to show", transform=ax.transAxes, ha="center", color="0.4")
-    _setup_x(ax, [p.seq_len for p in ds.points])
-    ax.set_ylabel(f"{_LAT.pretty_name} per call (median; bars: IQR)")
-    if emu:
-        ax.set_title("EMULATION latency vs seq_len (PyTorch model of the kernel;\nnot kernel time, never compared)",
-                     fontsize=10)
-    else:
-        ax.set_title("Latency vs seq_len (log-log, lower is better)")
-    _note(ax, [f"timing: {ds.latency_desc}" + ("; CPU host time of PyTorch code, not GPU kernel times"
-                                               if ds.is_cpu else "")] + ([_OFF_GRID_NOTE] if off else []))
+    title = ("EMULATION latency vs seq_len (PyTorch model of the kernel;\nnot kernel time, never compared)" if emu
+             else "Latency vs seq_len (log-log, lower is better)")
+    _finish(ax, ds, f"{_LAT.pretty_name} per call (median; bars: IQR)", title,
+            [f"timing: {ds.latency_desc}" + ("; CPU host time of PyTorch code, not GPU kernel times" if ds.is_cpu
+                                             else "")] + ([_OFF_GRID_NOTE] if off else []),
+            **({"fontsize": 10} if emu else {}))
     return drawn
 
 
@@ -474,13 +438,12 @@ def draw_error(ax, ds: Dataset, st: dict[str, dict[str, Any]], attr: str = "err_
                             **st[b], linestyle="--" if emu else "-", hollow=emu, label=_label(b, emu))
         drawn.append(b)
     _log_y(ax)
-    _setup_x(ax, [p.seq_len for p in ds.points])
-    ax.set_ylabel("max |out - ref| (absolute, output units)")
     m, what = _REFS[attr]
-    ax.set_title(f"{m.pretty_name[:1].upper()}{m.pretty_name[1:]}\n({what}; lower is better)", fontsize=10)
-    _note(ax, ([f"values below {ERROR_FLOOR:g} drawn at {ERROR_FLOOR:g}"] if floored else [])
-          + ([f"not shown: {', '.join(left_out)} (bf16 baseline: it never sees the fp8 inputs)"] if left_out else [])
-          + ([_OFF_GRID_NOTE] if off else []))
+    _finish(ax, ds, "max |out - ref| (absolute, output units)",
+            f"{m.pretty_name[:1].upper()}{m.pretty_name[1:]}\n({what}; lower is better)",
+            ([f"values below {ERROR_FLOOR:g} drawn at {ERROR_FLOOR:g}"] if floored else [])
+            + ([f"not shown: {', '.join(left_out)} (bf16 baseline: it never sees the fp8 inputs)"] if left_out else [])
+            + ([_OFF_GRID_NOTE] if off else []), fontsize=10)
     return drawn
 
 
@@ -535,22 +498,18 @@ def draw_tflops(ax, ds: Dataset, st: dict[str, dict[str, Any]]) -> list[str]:
         _log_y(ax)
     else:
         ax.text(0.5, 0.5, "no kernel throughput to show", transform=ax.transAxes, ha="center", color="0.4")
-    _setup_x(ax, [p.seq_len for p in ds.points])
-    ax.set_ylabel(f"{_TFLOPS.unit} (causal FLOPs = 320·H·S², higher is faster)")
-    ax.set_title("Throughput vs seq_len (informational)")
-    _note(ax, notes)
+    _finish(ax, ds, f"{_TFLOPS.unit} (causal FLOPs = 320·H·S², higher is faster)",
+            "Throughput vs seq_len (informational)", notes)
     return drawn
-
-
-_QUANT_TEXT = {"per_tensor": "per-tensor fp8", "cast": "cast quant"}
 
 
 def _variant_text(ds: Dataset) -> str:
     """The case shape shared by the plotted points, from the case-id grammar (:func:`parse_case_id`)."""
-    case = parse_case_id(ds.points[0].case) if ds.points else None
-    if case is None:
+    if not ds.points:
         return f"variant {ds.variant or '(plain)'}"
-    text = f"{case.num_heads} heads, d_qk={QK_HEAD_DIM}, d_v={V_HEAD_DIM}, {_QUANT_TEXT.get(case.quant, case.quant)}"
+    case = parse_case_id(ds.points[0].case)
+    quant = {"per_tensor": "per-tensor fp8", "cast": "cast quant"}.get(case.quant, case.quant)
+    text = f"{case.num_heads} heads, d_qk={QK_HEAD_DIM}, d_v={V_HEAD_DIM}, {quant}"
     if case.dist != "normal":
         text += f", {case.dist} inputs"
     if case.seed:
@@ -564,8 +523,6 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
     Raises:
         OSError: a figure cannot be written (no half-written file is left).
     """
-    import functools
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -575,7 +532,7 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
     matplotlib.rcParams["svg.hashsalt"] = "mla-fp8-bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     st = backend_styles([p.backend for p in ds.points])
-    sub = f"{ds.device} — {_variant_text(ds)}" + (f"\n{note}" if note else "")
+    title = f"FP8 MLA prefill on {ds.device} — {_variant_text(ds)}" + (f"\n{note}" if note else "")
     emus = {p.backend for p in ds.points if p.emulation}
     handles = [Line2D([], [], **st[b], linestyle="--" if b in emus else "-",
                       markerfacecolor="white" if b in emus else st[b]["color"], label=_label(b, b in emus))
@@ -584,7 +541,8 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
     err = [draw_error, functools.partial(draw_error, attr="err_bf16")]
     written: list[Path] = []
 
-    def save(fig, kind: str, legend_size: float, bottom: float) -> None:
+    def save(fig, kind: str, title_size: float, legend_size: float, bottom: float) -> None:
+        fig.suptitle(title, fontsize=title_size)
         fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=legend_size, frameon=False)
         fig.tight_layout(rect=(0, bottom, 1, 0.97))
         for fmt in formats:
@@ -603,8 +561,7 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
         if kind == "error":
             axes[0][1].set_ylabel("")
             axes[0][1].yaxis.set_tick_params(labelleft=True)
-        fig.suptitle(f"FP8 MLA prefill on {sub}", fontsize=10)
-        save(fig, kind, 8, 0.08)
+        save(fig, kind, 10, 8, 0.08)
     # summary: latency panel(s) and throughput on top, both error panels below
     top = len(lat) + 1
     fig = plt.figure(figsize=(7 * top, 10.5))
@@ -617,8 +574,7 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
     lims = [a.get_ylim() for a in axes]
     for a in axes:  # same scale for both references, so the panels compare at a glance
         a.set_ylim(min(lo for lo, _ in lims), max(hi for _, hi in lims))
-    fig.suptitle(f"FP8 MLA prefill on {sub}", fontsize=13)
-    save(fig, "summary", 10, 0.05)
+    save(fig, "summary", 13, 10, 0.05)
     return written
 
 

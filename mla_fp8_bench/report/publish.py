@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.harness.results import ResultsError, is_cpu_machine, list_result_files, machine_dirs
+from mla_fp8_bench.harness import results as R
 
 #: npm packages (pinned) that hold the files asv's pages load from CDNs.
 ASSET_PACKAGES = ("jquery@3.3.1", "flot@0.8.3", "flot-orderbars@1.0.0", "stupid-table-plugin@1.1.3",
@@ -40,46 +40,37 @@ ASSET_PACKAGES = ("jquery@3.3.1", "flot@0.8.3", "flot-orderbars@1.0.0", "stupid-
 SITE_ASSET_DIR = "_assets"
 #: The file that marks a folder as a site this command wrote: only such a folder is ever replaced.
 SITE_MARKER = ".mla-fp8-bench-site"
-
-
-@dataclass(frozen=True)
-class Asset:
-    """A file a page loads from a CDN: regex on the URL's end, its copy under ``node_modules/``, the
-    copy's SHA-256 in the pinned version, and (file, SHA-256) of files it refers to (copied along)."""
-
-    url_tail: str
-    file: str
-    sha256: str
-    extras: tuple[tuple[str, str], ...] = ()
-
-
-_FONTS = "bootstrap/dist/fonts/glyphicons-halflings-regular"
+#: What a page loads from a CDN: (regex on the URL's end, its copy under ``node_modules/``, the copy's
+#: SHA-256 in the pinned version).
 ASSETS = (
-    Asset(r"/jquery-3\.3\.1\.min\.js$", "jquery/dist/jquery.min.js",
-          "160a426ff2894252cd7cebbdd6d6b7da8fcd319c65b70468f10b6690c45d02ef"),
-    Asset(r"/flot/0\.8\.3/jquery\.flot\.min\.js$", "flot/jquery.flot.js",
-          "b7b931f273c38b1277b9c6c1f4e05c4ec09885a487bddaf3279e2d7e49a38e12"),
-    Asset(r"/flot/0\.8\.3/jquery\.flot\.time\.min\.js$", "flot/jquery.flot.time.js",
-          "a582c832adc7138a6b05aaf61f16ebac274701f1be4afea77e739a1c34b9c41a"),
-    Asset(r"/flot/0\.8\.3/jquery\.flot\.selection\.min\.js$", "flot/jquery.flot.selection.js",
-          "e6c85f6c1ebe4b4da29d8ae238c7c5060283f05f7ef054f6b91817d02c092918"),
-    Asset(r"/flot/0\.8\.3/jquery\.flot\.categories\.min\.js$", "flot/jquery.flot.categories.js",
-          "6e81664b28ea795c734906f4aa15614640a75ac7fbd399a7fb9084040698351a"),
-    Asset(r"/flot-orderbars@1\.0\.0/js/jquery\.flot\.orderBars\.js$", "flot-orderbars/js/jquery.flot.orderBars.js",
-          "39735b4f46f96ff4e082572401f47c55a2767b366fd1d1e821e44a8d830a12bf"),
-    Asset(r"/stupidtable/1\.0\.1/stupidtable\.min\.js$", "stupid-table-plugin/stupidtable.min.js",
-          "4642380f28ebe9ed7cac251793b281ef8620c4386205d92788f9b12f5cceb4e0"),
-    Asset(r"/blueimp-md5/2\.19\.0/js/md5\.min\.js$", "blueimp-md5/js/md5.min.js",
-          "64d7ded388c562e4bde9e58ce205e5fa01b9734fcd434d496eb7b4fbfe9b927d"),
-    Asset(r"/bootstrap@3\.1\.1/dist/js/bootstrap\.min\.js$", "bootstrap/dist/js/bootstrap.min.js",
-          "898d05a17f2cfc5120ddcdba47a885c378c0b466f30f0700e502757e24b403a1"),
-    Asset(r"/bootstrap@3\.1\.1/dist/css/bootstrap\.min\.css$", "bootstrap/dist/css/bootstrap.min.css",
-          "e9503448692b738dd260fbd7f7cabf2e11f09b600fa97e6eb3a56eba5b1a7e9b", (
-              (f"{_FONTS}.eot", "f495f34e4f177cf0115af995bbbfeb3fcabc88502876e76fc51a4ab439bc8431"),
-              (f"{_FONTS}.svg", "d168d50a88c730b4e6830dc0da2a2b51dae4658a77d9619943c27b8ecfc19d1a"),
-              (f"{_FONTS}.ttf", "bd18efd3efd70fec8ad09611a20cdbf99440b2c1d40085c29be036f891d65358"),
-              (f"{_FONTS}.woff", "fc969dc1c6ff531abcf368089dcbaf5775133b0626ff56b52301a059fc0f9e1e"))),
+    (r"/jquery-3\.3\.1\.min\.js$", "jquery/dist/jquery.min.js",
+     "160a426ff2894252cd7cebbdd6d6b7da8fcd319c65b70468f10b6690c45d02ef"),
+    (r"/flot/0\.8\.3/jquery\.flot\.min\.js$", "flot/jquery.flot.js",
+     "b7b931f273c38b1277b9c6c1f4e05c4ec09885a487bddaf3279e2d7e49a38e12"),
+    (r"/flot/0\.8\.3/jquery\.flot\.time\.min\.js$", "flot/jquery.flot.time.js",
+     "a582c832adc7138a6b05aaf61f16ebac274701f1be4afea77e739a1c34b9c41a"),
+    (r"/flot/0\.8\.3/jquery\.flot\.selection\.min\.js$", "flot/jquery.flot.selection.js",
+     "e6c85f6c1ebe4b4da29d8ae238c7c5060283f05f7ef054f6b91817d02c092918"),
+    (r"/flot/0\.8\.3/jquery\.flot\.categories\.min\.js$", "flot/jquery.flot.categories.js",
+     "6e81664b28ea795c734906f4aa15614640a75ac7fbd399a7fb9084040698351a"),
+    (r"/flot-orderbars@1\.0\.0/js/jquery\.flot\.orderBars\.js$", "flot-orderbars/js/jquery.flot.orderBars.js",
+     "39735b4f46f96ff4e082572401f47c55a2767b366fd1d1e821e44a8d830a12bf"),
+    (r"/stupidtable/1\.0\.1/stupidtable\.min\.js$", "stupid-table-plugin/stupidtable.min.js",
+     "4642380f28ebe9ed7cac251793b281ef8620c4386205d92788f9b12f5cceb4e0"),
+    (r"/blueimp-md5/2\.19\.0/js/md5\.min\.js$", "blueimp-md5/js/md5.min.js",
+     "64d7ded388c562e4bde9e58ce205e5fa01b9734fcd434d496eb7b4fbfe9b927d"),
+    (r"/bootstrap@3\.1\.1/dist/js/bootstrap\.min\.js$", "bootstrap/dist/js/bootstrap.min.js",
+     "898d05a17f2cfc5120ddcdba47a885c378c0b466f30f0700e502757e24b403a1"),
+    (r"/bootstrap@3\.1\.1/dist/css/bootstrap\.min\.css$", "bootstrap/dist/css/bootstrap.min.css",
+     "e9503448692b738dd260fbd7f7cabf2e11f09b600fa97e6eb3a56eba5b1a7e9b"),
 )
+#: The fonts bootstrap's stylesheet refers to (copied along): file -> SHA-256.
+_FONTS = {f"bootstrap/dist/fonts/glyphicons-halflings-regular.{ext}": digest for ext, digest in (
+    ("eot", "f495f34e4f177cf0115af995bbbfeb3fcabc88502876e76fc51a4ab439bc8431"),
+    ("svg", "d168d50a88c730b4e6830dc0da2a2b51dae4658a77d9619943c27b8ecfc19d1a"),
+    ("ttf", "bd18efd3efd70fec8ad09611a20cdbf99440b2c1d40085c29be036f891d65358"),
+    ("woff", "fc969dc1c6ff531abcf368089dcbaf5775133b0626ff56b52301a059fc0f9e1e"))}
+_PINNED = {**{file: digest for _, file, digest in ASSETS}, **_FONTS}
 INSTALL_COMMAND = "mla-fp8-bench publish --install-assets"
 
 _TAG_RE = re.compile(r"<(script|link)\b[^>]*?\b(src|href)=[\"']((?:https?:)?//[^\"']+)[\"'][^>]*>", re.S | re.I)
@@ -101,11 +92,10 @@ def asset_problems(cache: Path | None = None) -> list[str]:
     """Files missing from the cache or differing from their pinned SHA-256 (``[]``: all present)."""
     nm = (cache or assets_dir()) / "node_modules"
     out = []
-    for rel, digest in [(a.file, a.sha256) for a in ASSETS] + [e for a in ASSETS for e in a.extras]:
-        f = nm / rel
-        if not f.is_file():
+    for rel, digest in _PINNED.items():
+        if not (nm / rel).is_file():
             out.append(f"{rel} missing")
-        elif hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+        elif hashlib.sha256((nm / rel).read_bytes()).hexdigest() != digest:
             out.append(f"{rel} is not the pinned version (sha256 differs)")
     return out
 
@@ -130,52 +120,18 @@ def install_assets(cache: Path | None = None, timeout: float = 300) -> Path:
         raise PublishError("npm is not installed: install Node.js's npm (Debian: apt-get install -y npm), then run "
                            f"`{INSTALL_COMMAND}` again")
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = [npm, "install", "--no-audit", "--no-fund", "--no-save", "--package-lock=false", "--prefix", str(cache),
-           *ASSET_PACKAGES]
+    what = f"npm install of {' '.join(ASSET_PACKAGES)}"
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--no-save", "--package-lock=false",
+                            "--prefix", str(cache), *ASSET_PACKAGES], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise PublishError(f"npm install of {' '.join(ASSET_PACKAGES)} did not finish in {timeout:.0f} s") from None
+        raise PublishError(f"{what} did not finish in {timeout:.0f} s") from None
     if p.returncode != 0:
-        tail = " ".join((p.stderr or p.stdout).split())[-400:]
-        raise PublishError(f"npm install of {' '.join(ASSET_PACKAGES)} failed (exit {p.returncode}): {tail}")
+        raise PublishError(f"{what} failed (exit {p.returncode}): {' '.join((p.stderr or p.stdout).split())[-400:]}")
     problems = asset_problems(cache)
     if problems:
         raise PublishError(f"after npm install, {cache}: {'; '.join(problems)}")
     return cache
-
-
-def _sri_matches(data: bytes, integrity: str) -> bool:
-    for tok in integrity.split():
-        algo, _, want = tok.partition("-")
-        if algo in ("sha256", "sha384", "sha512"):
-            if base64.b64encode(hashlib.new(algo, data).digest()).decode() == want:
-                return True
-    return False
-
-
-def _copy_asset(nm: Path, site: Path, rel: str, digest: str) -> Path:
-    src, dst = nm / rel, site / SITE_ASSET_DIR / rel
-    data = src.read_bytes()
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise PublishError(f"site asset {src} is not the pinned version (sha256 differs): reinstall with "
-                           f"`{INSTALL_COMMAND}`")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(data)
-    return dst
-
-
-def _is_host_time(entry: list[Any]) -> bool:
-    """A ``regressions.json`` row ``[name, graph, machine params, ...]`` that times the host of a CPU
-    machine: a latency-kind track (metric table) on a machine without a GPU."""
-    from mla_fp8_bench.measure.metric_table import find
-
-    name = str(entry[0]) if entry else ""
-    track = name.split("(", 1)[0].rsplit(".", 1)[-1]
-    m = find(track)
-    latency = m is not None and m.kind in ("kernel_latency", "host_latency")
-    facts = entry[2] if len(entry) > 2 and isinstance(entry[2], dict) else {}
-    return latency and is_cpu_machine(facts)
 
 
 def drop_host_time_regressions(site: Path) -> int:
@@ -183,12 +139,19 @@ def drop_host_time_regressions(site: Path) -> int:
     many rows were removed. A site without the files is left as it is."""
     import xml.etree.ElementTree as ET
 
+    from mla_fp8_bench.measure.metric_table import find
+
+    def host_time(row: list[Any]) -> bool:  # [name, graph, machine params, ...]: a latency track, no GPU
+        m = find(str(row[0] if row else "").split("(", 1)[0].rsplit(".", 1)[-1])
+        facts = row[2] if len(row) > 2 and isinstance(row[2], dict) else {}
+        return m is not None and m.kind in ("kernel_latency", "host_latency") and R.is_cpu_machine(facts)
+
     path = site / "regressions.json"
     if not path.is_file():
         return 0
     doc = json.loads(path.read_text())
     rows = doc.get("regressions", []) if isinstance(doc, dict) else []
-    dropped = [r for r in rows if _is_host_time(r)]
+    dropped = [r for r in rows if host_time(r)]
     if not dropped:
         return 0
     doc["regressions"] = [r for r in rows if r not in dropped]
@@ -215,37 +178,44 @@ def _loads(m: re.Match) -> bool:
 
 
 def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
-    """Point every remote ``<script src>`` / ``<link href>`` of the site's pages at a local copy under
-    ``_assets/``; keep ``integrity`` where the copy matches it. Returns one entry per replaced tag.
+    """Copy every pinned file into the site's ``_assets/`` and point every remote ``<script src>`` /
+    ``<link href>`` of its pages at the local copy; keep ``integrity`` where the copy matches it. Returns
+    one entry per replaced tag.
 
     Raises:
         PublishError: a remote URL with no pinned local copy (asv changed what it loads: extend
             :data:`ASSETS`), or a cached file that is not the pinned version.
     """
     nm = (cache or assets_dir()) / "node_modules"
+    copies: dict[str, bytes] = {}
+    for rel, digest in _PINNED.items():
+        copies[rel] = data = (nm / rel).read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise PublishError(f"site asset {nm / rel} is not the pinned version (sha256 differs): reinstall with "
+                               f"`{INSTALL_COMMAND}`")
+        (site / SITE_ASSET_DIR / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / SITE_ASSET_DIR / rel).write_bytes(data)
     out: list[dict[str, Any]] = []
     for page in sorted(site.rglob("*.html")):
-        text = page.read_text()
         prefix = os.path.relpath(site, page.parent).replace(os.sep, "/")
         prefix = "" if prefix == "." else prefix + "/"
 
         def repl(m: re.Match, page: Path = page, prefix: str = prefix) -> str:
             tag, url = m.group(0), m.group(3)
-            asset = next((a for a in ASSETS if re.search(a.url_tail, url)), None)
-            if asset is None:
+            file = next((f for tail, f, _ in ASSETS if re.search(tail, url)), None)
+            if file is None:
                 if not _loads(m):
                     return tag  # a plain link (e.g. rel=canonical) loads nothing
                 raise PublishError(f"{page.name} loads {url} and no local copy is pinned for it: "
                                    "asv changed what its pages load (extend ASSETS in report/publish.py)")
-            dst = _copy_asset(nm, site, asset.file, asset.sha256)
-            for rel, digest in asset.extras:
-                _copy_asset(nm, site, rel, digest)
-            local = f"{prefix}{SITE_ASSET_DIR}/{asset.file}"
+            local = f"{prefix}{SITE_ASSET_DIR}/{file}"
             new = tag.replace(url, local)
-            integ = re.search(r"\bintegrity=[\"']([^\"']+)[\"']", tag)
             entry = {"page": page.name, "url": url, "local": local, "integrity": "none on the page"}
-            if integ:
-                if _sri_matches(dst.read_bytes(), integ.group(1)):
+            integ = re.search(r"\bintegrity=[\"']([^\"']+)[\"']", tag)
+            if integ:  # Subresource Integrity: "<algo>-<base64 digest>" tokens, one match suffices
+                if any(base64.b64encode(hashlib.new(algo, copies[file]).digest()).decode() == want
+                       for algo, _, want in (t.partition("-") for t in integ.group(1).split())
+                       if algo in ("sha256", "sha384", "sha512")):
                     entry["integrity"] = "verified: the local copy is the CDN's file"
                 else:
                     entry["integrity"] = "differs from the CDN's file (attribute dropped)"
@@ -253,6 +223,7 @@ def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
             out.append(entry)
             return new
 
+        text = page.read_text()
         new_text = _TAG_RE.sub(repl, text)
         if new_text != text:
             page.write_text(new_text)
@@ -281,25 +252,6 @@ class PublishReport:
     wall_s: float
     asv_wall_s: float
     vendored: list[dict[str, Any]] = field(default_factory=list)
-
-
-def load_asv_config(path: Path) -> dict[str, Any]:
-    """An ``asv.conf.json`` (JSON with comments) as a dict, via asv's own loader.
-
-    Raises:
-        PublishError: missing or unparsable file.
-    """
-    from asv import util
-
-    if not path.is_file():
-        raise PublishError(f"asv config {path} does not exist")
-    try:
-        conf = util.load_json(str(path), js_comments=True)
-    except Exception as exc:  # noqa: BLE001 - asv raises its own UserError / ValueError variants
-        raise PublishError(f"asv config {path} cannot be read: {' '.join(str(exc).split())[:300]}") from None
-    if not isinstance(conf, dict):
-        raise PublishError(f"asv config {path} is not a JSON object")
-    return conf
 
 
 def _check_html_dir(html: Path, results: Path) -> None:
@@ -333,24 +285,22 @@ def _check_results(results: Path) -> None:
     Raises:
         PublishError: no result files, or naming each unreadable file (truncated, not JSON, wrong schema).
     """
-    from mla_fp8_bench.harness.results import load_asv_result, load_benchmarks, load_machine
-
     try:
-        mdirs = machine_dirs(results)
-    except ResultsError as exc:
+        mdirs = R.machine_dirs(results)
+    except R.ResultsError as exc:
         raise PublishError(str(exc)) from None
-    files = [f.path for m in mdirs for f in list_result_files(m)]
+    files = [f.path for m in mdirs for f in R.list_result_files(m)]
     if not files:
         raise PublishError(f"results directory {results} holds no asv result files: nothing to publish "
                            "(run `asv run` first)")
-    checks = [(load_machine, m) for m in mdirs] + [(load_asv_result, f) for f in files]
+    checks = [(R.load_machine, m) for m in mdirs] + [(R.load_asv_result, f) for f in files]
     if (results / "benchmarks.json").exists():
-        checks.append((load_benchmarks, results / "benchmarks.json"))
+        checks.append((R.load_benchmarks, results / "benchmarks.json"))
     bad = []
     for load, path in checks:
         try:
             load(path)
-        except ResultsError as exc:
+        except R.ResultsError as exc:
             bad.append(str(exc))
     if bad:
         raise PublishError(f"{len(bad)} file(s) of {results} cannot be read, and asv publish would leave their "
@@ -359,25 +309,24 @@ def _check_results(results: Path) -> None:
 
 def _run_asv_publish(conf: dict[str, Any], config_dir: Path, results: Path, site: Path, work: Path,
                      timeout: float) -> float:
-    conf = dict(conf)
+    """``asv publish`` of ``results`` into ``site`` under a copy of ``conf`` (paths made absolute) written
+    into ``work``; returns its wall time in seconds."""
     repo = conf.get("repo", ".")
     if "://" not in str(repo) and not str(repo).startswith("git@"):
         repo = str((config_dir / repo).resolve())
-    conf.update(repo=repo, results_dir=str(results), html_dir=str(site), env_dir=str(work / "env"),
+    conf = dict(conf, repo=repo, results_dir=str(results), html_dir=str(site), env_dir=str(work / "env"),
                 benchmark_dir=str((config_dir / conf.get("benchmark_dir", "benchmarks")).resolve()))
-    cfg = work / "asv.conf.json"
-    cfg.write_text(json.dumps(conf, indent=2))
+    (work / "asv.conf.json").write_text(json.dumps(conf, indent=2))
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "asv", "publish", "--no-pull", "--config", str(cfg)], cwd=work,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([sys.executable, "-m", "asv", "publish", "--no-pull", "--config",
+                               str(work / "asv.conf.json")], cwd=work, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise PublishError(f"asv publish did not finish in {timeout:.0f} s") from None
-    wall = time.perf_counter() - t0
-    log = (proc.stdout or "") + (proc.stderr or "")
     if proc.returncode != 0 or not (site / "index.html").is_file():
-        raise PublishError(f"asv publish failed (exit {proc.returncode}): {' '.join(log.split())[-600:]}")
-    return wall
+        log = " ".join(((proc.stdout or "") + (proc.stderr or "")).split())
+        raise PublishError(f"asv publish failed (exit {proc.returncode}): {log[-600:]}")
+    return time.perf_counter() - t0
 
 
 def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str | os.PathLike | None = None,
@@ -405,7 +354,16 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
     if problems:
         raise PublishError(missing_assets_message(cache, problems))
     cfg_path = Path(config)
-    conf = load_asv_config(cfg_path)
+    if not cfg_path.is_file():
+        raise PublishError(f"asv config {cfg_path} does not exist")
+    from asv import util
+
+    try:  # asv's own loader: JSON with comments
+        conf = util.load_json(str(cfg_path), js_comments=True)
+    except Exception as exc:  # noqa: BLE001 - asv raises its own UserError / ValueError variants
+        raise PublishError(f"asv config {cfg_path} cannot be read: {' '.join(str(exc).split())[:300]}") from None
+    if not isinstance(conf, dict):
+        raise PublishError(f"asv config {cfg_path} is not a JSON object")
     base = cfg_path.resolve().parent
     results = Path(results_dir) if results_dir else base / conf.get("results_dir", "results")
     html = (Path(html_dir) if html_dir else base / conf.get("html_dir", "html")).absolute()
@@ -461,6 +419,8 @@ def add_parser(subparsers) -> None:
 def cmd_publish(args, console) -> int:
     """Handler of ``publish``: 0 on success; a :class:`PublishError` (refused input, missing assets, a failed
     publish) goes to the CLI (exit 2)."""
+    from mla_fp8_bench.report.site_view import preview_hint
+
     if args.install_assets:
         cache = install_assets(Path(args.assets) if args.assets else None)
         console.print(f"site assets installed and checked in {cache}", highlight=False)
@@ -470,7 +430,5 @@ def cmd_publish(args, console) -> int:
     console.print(f"published {rep.results_dir} to {rep.html_dir} in {rep.wall_s:.1f} s (asv publish "
                   f"{rep.asv_wall_s:.1f} s); {len(rep.vendored)} CDN references made local "
                   f"({exact} byte-identical to the CDN's file, integrity kept)", highlight=False)
-    from mla_fp8_bench.report.site_view import preview_hint
-
     console.print(preview_hint(rep.html_dir), highlight=False, markup=False, soft_wrap=True)
     return 0

@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import errno
 import itertools
+import json
 import math
 import os
 import shutil
@@ -36,16 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.harness.results import (
-    ASV_BENCHMARKS_API_VERSION,
-    AsvResult,
-    ResultsError,
-    list_result_files,
-    load_asv_result,
-    load_benchmarks,
-    load_machine,
-    machine_dirs,
-)
+from mla_fp8_bench.harness import results as R
 from mla_fp8_bench.jsonio import OutputError, locked, write_file_atomic, write_json_atomic
 
 #: Row columns that hold one entry per parameter combination (asv 0.6 ``result_columns``).
@@ -73,89 +65,66 @@ class MergeReport:
     notes: list[str] = field(default_factory=list)
 
 
-# ---------------------------------------------------------------------------------------- reading
 @dataclass
-class MachineDir:
-    name: str
+class _Machine:
     path: Path
-    machine_json: dict[str, Any]
-    result_files: list[Path]
+    facts: dict[str, Any]  # its machine.json
+    results: list[R.AsvResult]
 
 
 @dataclass
-class Source:
+class _Source:
     path: Path
-    machines: list[MachineDir]
+    machines: list[_Machine]
     benchmarks: dict[str, Any] | None
-    age: float
+    age: float  # ms since the epoch
 
 
-def _machine_dir(path: Path) -> MachineDir:
-    mj = load_machine(path)
-    if mj["machine"] != path.name:
-        raise MergeError(f"machine file {path / 'machine.json'} names machine {mj['machine']!r} but lives in "
-                         f"directory {path.name!r}: asv files results under results/<machine>/, rename one of them")
-    return MachineDir(mj["machine"], path, mj, [f.path for f in list_result_files(path)])
-
-
-def check_result_machine(m: MachineDir, res: AsvResult) -> None:
-    """Refuse a result file whose stored machine facts differ from its directory's ``machine.json``.
-
-    Raises:
-        MergeError: naming the file, the differing keys and both values.
-    """
-    keys = sorted(k for k in m.machine_json if k != "version" and k in res.params)
-    diff = [k for k in keys if str(res.params[k]) != str(m.machine_json[k])]
-    if diff:
-        shown = ", ".join(f"{k}={res.params[k]!r} vs {m.machine_json[k]!r}" for k in diff[:4])
-        raise MergeError(f"result file {res.path} was measured on another machine than {m.path / 'machine.json'} "
-                         f"describes ({shown}): refusing to merge it into {m.name!r}'s history; move it to its "
-                         "machine's directory, or pass --allow-machine-mismatch")
-
-
-def scan_source(src: str | os.PathLike, allow_machine_mismatch: bool = False) -> Source:
+def _scan(src: str | os.PathLike, allow_machine_mismatch: bool = False) -> _Source:
     """Read an asv results directory (``<src>/<machine>/machine.json`` + result files, optional
     ``<src>/benchmarks.json``) or one machine's directory (``<src>/machine.json``).
 
     Raises:
-        MergeError: missing directory, no machines, corrupt files (named), a result file of another
-            machine (unless ``allow_machine_mismatch``).
+        MergeError: missing directory, no machines, corrupt files (named), a directory named unlike its
+            machine, a result file of another machine (unless ``allow_machine_mismatch``).
     """
     path = Path(src)
     try:
-        mdirs = [_machine_dir(p) for p in machine_dirs(path)]
-        if not mdirs:
+        machines = []
+        for d in R.machine_dirs(path):
+            facts = R.load_machine(d)
+            if facts["machine"] != d.name:
+                raise MergeError(f"machine file {d / 'machine.json'} names machine {facts['machine']!r} but lives "
+                                 f"in directory {d.name!r}: asv files results under results/<machine>/, rename one "
+                                 "of them")
+            machines.append(_Machine(d, facts, [R.load_asv_result(f.path) for f in R.list_result_files(d)]))
+        if not machines:
             raise MergeError(f"{path} holds no asv results: expected <machine>/machine.json directories "
                              "(an asv results_dir) or a machine.json (one machine's directory)")
-        cand = (path.parent if mdirs[0].path == path else path) / "benchmarks.json"
-        bpath = cand if cand.is_file() else None
-        bench = load_benchmarks(bpath) if bpath is not None else None
-        age = 0.0
-        for m in mdirs:
-            for f in m.result_files:
-                res = load_asv_result(f)
-                if not allow_machine_mismatch:
-                    check_result_machine(m, res)
-                age = max(age, res.started_at())
-    except ResultsError as exc:
+        bpath = (path.parent if machines[0].path == path else path) / "benchmarks.json"
+        bench = R.load_benchmarks(bpath) if bpath.is_file() else None
+    except R.ResultsError as exc:
         raise MergeError(str(exc)) from None
-    if age == 0.0 and bpath is not None:
+    for m in machines:
+        for res in m.results:
+            diff = [k for k in sorted(m.facts) if k != "version" and k in res.params
+                    and str(res.params[k]) != str(m.facts[k])]
+            if diff and not allow_machine_mismatch:
+                shown = ", ".join(f"{k}={res.params[k]!r} vs {m.facts[k]!r}" for k in diff[:4])
+                raise MergeError(f"result file {res.path} was measured on another machine than "
+                                 f"{m.path / 'machine.json'} describes ({shown}): refusing to merge it into "
+                                 f"{m.path.name!r}'s history; move it to its machine's directory, or pass "
+                                 "--allow-machine-mismatch")
+    age = max((r.started_at() for m in machines for r in m.results), default=0.0)
+    if age == 0.0 and bench is not None:
         age = bpath.stat().st_mtime * 1000.0  # asv's started_at is in ms since the epoch
-    return Source(path, mdirs, bench, age)
+    return _Source(path, machines, bench, age)
 
 
 # ---------------------------------------------------------------------------------------- merging
 def _same_json(a: Any, b: Any) -> bool:
-    """Deep equality that treats NaN == NaN (asv stores skips as NaN)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if type(a) is not type(b) and not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
-    return a == b
+    """Equality of two JSON documents, NaN equal to NaN (asv stores skips as NaN)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _is_nan(v: Any) -> bool:
@@ -175,7 +144,7 @@ def _combos(row: dict[str, Any]) -> dict[tuple, int] | None:
     return {c: i for i, c in enumerate(itertools.product(*params))}
 
 
-def merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str = "") -> tuple[list[Any], list[str]]:
+def _merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str) -> tuple[list[Any], list[str]]:
     """Merge two rows of one benchmark (see the module docstring); returns (row, kept), ``kept`` naming the
     parameter combinations whose value came from the older row because the newer one lacked it."""
     o, n = dict(zip(cols, old)), dict(zip(cols, new))
@@ -188,25 +157,24 @@ def merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str = "")
     params = [list(po) + [v for v in pn if v not in po] for po, pn in zip(o["params"], n["params"])]
 
     def at(row: dict[str, Any], col: str, i: int | None) -> Any:
-        c, missing = row.get(col), (float("nan") if col == "result" else None)
+        c = row.get(col)
         if i is not None and col == "result" and not isinstance(c, list):
             return c
-        return c[i] if i is not None and isinstance(c, list) and i < len(c) else missing
+        return c[i] if i is not None and isinstance(c, list) and i < len(c) else (
+            float("nan") if col == "result" else None)
 
-    out = dict(newer, params=params)
     per = [c for c in cols if c in PER_COMBO_COLUMNS]
     merged: dict[str, list[Any]] = {c: [] for c in per}
     kept: list[str] = []
     for combo in itertools.product(*params):
         ni, oi = nc.get(combo), oc.get(combo)
         take_old = _is_nan(at(newer, "result", ni)) and not _is_nan(at(older, "result", oi))
-        src, i = (older, oi) if take_old else (newer, ni)
         if take_old:
             kept.append(f"{where}({', '.join(map(str, combo))})")
         for c in per:
-            merged[c].append(at(src, c, i))
-    for c in per:
-        out[c] = merged[c] if any(v is not None for v in merged[c]) or c == "result" else None
+            merged[c].append(at(older, c, oi) if take_old else at(newer, c, ni))
+    out = dict(newer, params=params)
+    out.update({c: v if any(x is not None for x in v) or c == "result" else None for c, v in merged.items()})
     row = [out.get(c) for c in cols]
     while row and row[-1] is None:  # asv drops trailing empty columns
         row.pop()
@@ -231,165 +199,112 @@ def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str,
             raise MergeError(f"result file {name}: {key} differs between the destination ({old.get(key)!r:.80}) and "
                              f"the source ({new.get(key)!r:.80}); refusing to mix them")
     cols = old["result_columns"]
-    out = dict(old)
     results = dict(old["results"])
     for bench, row in new["results"].items():
         if bench not in results:
             results[bench] = row
             continue
-        results[bench], k = merge_rows(results[bench], row, cols, f"{name}: {bench}")
+        results[bench], k = _merge_rows(results[bench], row, cols, f"{name}: {bench}")
         if kept is not None:
             kept.extend(k)
-    out["results"] = results
     i = cols.index("started_at") if "started_at" in cols else None
 
-    def started(row: Any) -> float:
-        return _num(row[i]) if i is not None and isinstance(row, list) and len(row) > i else 0.0
+    def newest(doc: dict[str, Any]) -> float:
+        return max((_num(r[i]) for r in doc["results"].values() if i is not None and isinstance(r, list)
+                    and len(r) > i), default=0.0)
 
-    new_is_newer = (max(map(started, new["results"].values()), default=0.0)
-                    >= max(map(started, old["results"].values()), default=0.0))
     durations = dict(old.get("durations") or {})
-    for k, v in (new.get("durations") or {}).items():
-        if new_is_newer or k not in durations:
-            durations[k] = v
-    out["durations"] = durations
-    return out
+    new_is_newer = newest(new) >= newest(old)
+    durations.update({k: v for k, v in (new.get("durations") or {}).items() if new_is_newer or k not in durations})
+    return dict(old, results=results, durations=durations)
 
 
 # ---------------------------------------------------------------------------------------- planning
-@dataclass
-class _Plan:
-    """Files to create in the destination: byte copies and JSON documents (paths inside ``dest``)."""
-
-    dest: Path
-    copies: dict[Path, Path] = field(default_factory=dict)
-    writes: dict[Path, Any] = field(default_factory=dict)
-
-
-def _read_sources(sources: list[str | os.PathLike], dest: Path, machines: list[str] | None,
-                  allow_machine_mismatch: bool) -> list[Source]:
-    if not sources:
-        raise MergeError("no source results directory given")
-    srcs: list[Source] = []
-    for s in sources:
-        sp = Path(s)
-        if dest.exists() and sp.exists() and sp.resolve() == dest.resolve():
-            raise MergeError(f"source {sp} is the destination itself")
-        srcs.append(scan_source(sp, allow_machine_mismatch=allow_machine_mismatch))
-    if machines:
-        have = {m.name for s in srcs for m in s.machines}
-        unknown = [m for m in machines if m not in have]
-        if unknown:
-            raise MergeError(f"machine {', '.join(map(repr, unknown))} is in none of the sources: they have "
-                             f"{', '.join(sorted(have))}")
-        for s in srcs:
-            s.machines = [m for m in s.machines if m.name in machines]
-    return srcs
-
-
-def _plan_machines(srcs: list[Source], dest: Path, report: MergeReport) -> None:
-    """Refuse two different ``machine.json`` under one name (between sources, and against ``dest``)."""
-    machine_json: dict[str, tuple[dict[str, Any], str]] = {}
-    if dest.is_dir():
-        for p in machine_dirs(dest):
-            machine_json[p.name] = (load_machine(p), str(p / "machine.json"))
-    for s in srcs:
-        for m in s.machines:
-            if m.name in machine_json and not _same_json(machine_json[m.name][0], m.machine_json):
-                prev, where = machine_json[m.name]
-                diff = sorted(k for k in set(prev) | set(m.machine_json) if prev.get(k) != m.machine_json.get(k))
-                raise MergeError(
-                    f"machine {m.name!r}: {m.path / 'machine.json'} differs from {where} (keys {', '.join(diff)}); "
-                    "two different machines under one name would merge into one history - rename one "
-                    "(asv machine --machine <name>) or fix the file. Nothing was written.")
-            machine_json[m.name] = (m.machine_json, str(m.path / "machine.json"))
-            if m.name not in report.machines:
-                report.machines.append(m.name)
+def _plan_results(srcs: list[_Source], dest: Path, report: MergeReport, copies: dict[Path, Path],
+                  writes: dict[Path, Any]) -> None:
+    """Refuse two different ``machine.json`` under one name (between sources, and against ``dest``);
+    plan byte copies of new result files, merges of ones the destination (or an earlier source) has."""
+    facts = {p.name: (R.load_machine(p), str(p / "machine.json")) for p in R.machine_dirs(dest)} if dest.is_dir() \
+        else {}
+    for m in (m for s in srcs for m in s.machines):
+        name = m.path.name
+        if name in facts and not _same_json(facts[name][0], m.facts):
+            prev, where = facts[name]
+            diff = sorted(k for k in set(prev) | set(m.facts) if prev.get(k) != m.facts.get(k))
+            raise MergeError(
+                f"machine {name!r}: {m.path / 'machine.json'} differs from {where} (keys {', '.join(diff)}); "
+                "two different machines under one name would merge into one history - rename one "
+                "(asv machine --machine <name>) or fix the file. Nothing was written.")
+        facts[name] = (m.facts, str(m.path / "machine.json"))
+        if name not in report.machines:
+            report.machines.append(name)
+    for m in (m for s in srcs for m in s.machines):
+        ddir = dest / m.path.name
+        if not (ddir / "machine.json").exists():
+            copies.setdefault(ddir / "machine.json", m.path / "machine.json")
+        for res in m.results:
+            target, rel = ddir / res.path.name, f"{m.path.name}/{res.path.name}"
+            if target in writes:
+                old = writes[target]
+            elif target in copies or target.exists():
+                old = R.load_asv_result(copies.get(target, target)).raw
+            else:
+                copies[target] = res.path
+                report.copied.append(rel)
+                continue
+            if _same_json(old, res.raw):
+                if rel not in report.copied and rel not in report.merged:
+                    report.unchanged.append(rel)
+                continue
+            writes[target] = merge_result_data(old, res.raw, rel, report.kept)
+            copies.pop(target, None)
+            if rel in report.copied:
+                report.copied.remove(rel)
+            if rel not in report.merged:
+                report.merged.append(rel)
 
 
-def _plan_results(srcs: list[Source], plan: _Plan, report: MergeReport) -> None:
-    """Result files: copy new ones byte for byte, merge ones the destination (or an earlier source) has."""
-    for s in srcs:
-        for m in s.machines:
-            ddir = plan.dest / m.name
-            if not (ddir / "machine.json").exists() and ddir / "machine.json" not in plan.copies:
-                plan.copies[ddir / "machine.json"] = m.path / "machine.json"
-            for f in m.result_files:
-                new = load_asv_result(f).raw
-                target, rel = ddir / f.name, f"{m.name}/{f.name}"
-                if target in plan.writes:
-                    old = plan.writes[target]
-                elif target in plan.copies:
-                    old = load_asv_result(plan.copies[target]).raw
-                elif target.exists():
-                    old = load_asv_result(target).raw
-                else:
-                    plan.copies[target] = f
-                    report.copied.append(rel)
-                    continue
-                if _same_json(old, new):
-                    if rel not in report.copied and rel not in report.merged:
-                        report.unchanged.append(rel)
-                    continue
-                plan.writes[target] = merge_result_data(old, new, rel, report.kept)
-                plan.copies.pop(target, None)
-                if rel in report.copied:
-                    report.copied.remove(rel)
-                if rel not in report.merged:
-                    report.merged.append(rel)
-
-
-def _plan_benchmarks(srcs: list[Source], plan: _Plan, report: MergeReport) -> None:
+def _plan_benchmarks(srcs: list[_Source], dest: Path, report: MergeReport, writes: dict[Path, Any]) -> None:
     """``benchmarks.json``: the union of all definitions, the newest definition of each name wins."""
-    dest_bench = plan.dest / "benchmarks.json"
-    existing: dict[str, Any] | None = None
-    bench_sources: list[tuple[float, int, dict[str, Any]]] = []
-    if dest_bench.is_file():
-        existing = load_benchmarks(dest_bench)
-        dage = scan_source(plan.dest, allow_machine_mismatch=True).age if machine_dirs(plan.dest) else 0.0
-        bench_sources.append((dage or dest_bench.stat().st_mtime * 1000.0, -1, existing))
-    for idx, s in enumerate(srcs):
-        if s.benchmarks is not None:
-            bench_sources.append((s.age, idx, s.benchmarks))
-        else:
+    path = dest / "benchmarks.json"
+    existing = R.load_benchmarks(path) if path.is_file() else None
+    ages: list[tuple[float, int, dict[str, Any]]] = []
+    if existing is not None:
+        dage = _scan(dest, allow_machine_mismatch=True).age if R.machine_dirs(dest) else 0.0
+        ages.append((dage or path.stat().st_mtime * 1000.0, -1, existing))
+    for i, s in enumerate(srcs):
+        if s.benchmarks is None:
             report.notes.append(f"{s.path} has no benchmarks.json: its results render only if another source "
                                 "defines their benchmarks")
-    if not bench_sources:
+        else:
+            ages.append((s.age, i, s.benchmarks))
+    if not ages:
         return
-    merged_bench: dict[str, Any] = {}
-    for _age, _idx, bench in sorted(bench_sources, key=lambda t: (t[0], t[1])):  # oldest first: newer overwrite
-        for name, definition in bench.items():
-            if name != "version":
-                merged_bench[name] = definition
-    old_defs = {k: v for k, v in (existing or {}).items() if k != "version"}
-    for name, definition in merged_bench.items():
-        if name not in old_defs:
-            report.benchmarks_added.append(name)
-        elif not _same_json(old_defs[name], definition):
-            report.benchmarks_replaced.append(name)
-    merged_bench["version"] = ASV_BENCHMARKS_API_VERSION
-    if existing is None or not _same_json(existing, merged_bench):
-        plan.writes[dest_bench] = merged_bench
+    merged: dict[str, Any] = {}
+    for *_, bench in sorted(ages, key=lambda t: t[:2]):  # oldest first: newer definitions overwrite
+        merged.update((k, v) for k, v in bench.items() if k != "version")
+    old = {k: v for k, v in (existing or {}).items() if k != "version"}
+    report.benchmarks_added += [k for k in merged if k not in old]
+    report.benchmarks_replaced += [k for k in merged if k in old and not _same_json(old[k], merged[k])]
+    merged["version"] = R.ASV_BENCHMARKS_API_VERSION
+    if existing is None or not _same_json(existing, merged):
+        writes[path] = merged
 
 
 # ---------------------------------------------------------------------------------------- applying
-_RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
-
-
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    at_fdcwd, rename_exchange = -100, 2  # linux/fcntl.h, linux/fs.h
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False  # ENOSYS / EINVAL / EOPNOTSUPP: the file system cannot exchange
+        return False  # the file system cannot exchange
     raise OSError(err, os.strerror(err), str(b))
 
 
@@ -430,78 +345,73 @@ def _swap_into_place(stage: Path, dest: Path) -> Path | None:
 
 
 def replace_dir(new: Path, dest: Path) -> None:
-    """Put the folder ``new`` at ``dest`` in one step where the OS allows (see :func:`_swap_into_place`)
-    and delete the previous ``dest``."""
+    """Put the folder ``new`` at ``dest`` in one step where the OS allows and delete the previous ``dest``."""
     old = _swap_into_place(new, dest)
     if old is not None:
         remove_tree(old)
 
 
-Snapshot = dict[str, tuple[int, int, int]]
-
-
-def _snapshot(dest: Path) -> Snapshot:
+def _snapshot(dest: Path) -> dict[str, tuple[int, int, int]]:
     """relative path -> (inode, size, mtime_ns) of every file under ``dest`` ({} if absent)."""
-    out: Snapshot = {}
-    if dest.is_dir():
-        for p in dest.rglob("*"):
-            if p.is_file() and not p.is_symlink():
-                st = p.stat()
-                out[str(p.relative_to(dest))] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    out = {}
+    for p in dest.rglob("*") if dest.is_dir() else []:
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            out[str(p.relative_to(dest))] = (st.st_ino, st.st_size, st.st_mtime_ns)
     return out
 
 
-def _rescue(previous: Path, dest: Path, seen: Snapshot, plan: _Plan, report: MergeReport) -> None:
+def _rescue(previous: Path, dest: Path, seen: dict[str, tuple[int, int, int]], targets: set[str],
+            report: MergeReport) -> None:
     """Carry files written into the destination during the merge (new or changed since ``seen``) from the
-    previous tree into the new one; a result file the merge wrote too is merged again."""
-    targets = {str(t.relative_to(plan.dest)) for t in (*plan.copies, *plan.writes)}
+    previous tree into the new one; a result file the merge wrote too (``targets``) is merged again."""
     for rel, now in _snapshot(previous).items():
         if seen.get(rel) == now:
             continue
         src, dst = previous / rel, dest / rel
         if rel in targets and rel.endswith(".json") and "/" in rel and not rel.endswith("machine.json"):
             try:
-                theirs = load_asv_result(src).raw
-                ours = load_asv_result(dst).raw
+                theirs, ours = R.load_asv_result(src).raw, R.load_asv_result(dst).raw
                 write_json_atomic(merge_result_data(ours, theirs, rel, report.kept), dst, indent=4, sort_keys=True)
                 report.notes.append(f"{rel} was written during the merge: merged again with it")
                 continue
-            except (ResultsError, MergeError):
-                dst = dst.with_name(dst.name + ".concurrent")
-        elif rel in targets:
+            except (R.ResultsError, MergeError):
+                pass
+        if rel in targets:
             dst = dst.with_name(dst.name + ".concurrent")
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, dst)
         report.notes.append(f"{rel} was written during the merge: kept as {dst.relative_to(dest)}")
 
 
-def _apply_staged(plan: _Plan, seen: Snapshot, report: MergeReport) -> None:
+def _apply_staged(dest: Path, copies: dict[Path, Path], writes: dict[Path, Any], seen: dict[str, tuple[int, int, int]],
+                  report: MergeReport) -> None:
     """Write the plan into a copy of the destination, then swap the copy into place; files written into
     the destination meanwhile (not in ``seen``) are carried over (:func:`_rescue`).
 
     Raises:
         MergeError: any write failure (the destination is unchanged).
     """
-    dest = plan.dest.absolute()
+    root = dest.absolute()
     stage: Path | None = None
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.merge-", dir=dest.parent))
-        if dest.is_dir():
-            shutil.copytree(dest, stage, symlinks=True, dirs_exist_ok=True)
-            shutil.copystat(dest, stage)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{root.name}.merge-", dir=root.parent))
+        if root.is_dir():
+            shutil.copytree(root, stage, symlinks=True, dirs_exist_ok=True)
+            shutil.copystat(root, stage)
         else:
             os.chmod(stage, umask_dir_mode())
-        for target, src_file in plan.copies.items():
+        for target, src_file in copies.items():
             data = src_file.read_bytes()
-            write_file_atomic(stage / target.relative_to(plan.dest), lambda f, d=data: f.write(d), binary=True)
-        for target, data in plan.writes.items():
-            write_json_atomic(data, stage / target.relative_to(plan.dest), indent=4, sort_keys=True)
-        stage = _swap_into_place(stage, dest)  # now the previous tree, if any
+            write_file_atomic(stage / target.relative_to(dest), lambda f, d=data: f.write(d), binary=True)
+        for target, doc in writes.items():
+            write_json_atomic(doc, stage / target.relative_to(dest), indent=4, sort_keys=True)
+        stage = _swap_into_place(stage, root)  # now the previous tree, if any
         if stage is not None:
-            _rescue(stage, dest, seen, plan, report)
+            _rescue(stage, root, seen, {str(t.relative_to(dest)) for t in (*copies, *writes)}, report)
     except OSError as exc:
-        raise MergeError(f"cannot write the merged results into {plan.dest}: "
+        raise MergeError(f"cannot write the merged results into {dest}: "
                          f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}; "
                          "the destination is unchanged") from None
     finally:
@@ -525,21 +435,34 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
     dest = Path(into)
     if dest.exists() and not dest.is_dir():
         raise MergeError(f"destination {dest} exists and is not a directory")
+    if not sources:
+        raise MergeError("no source results directory given")
     try:
         with locked(dest, "destination"):
             seen = _snapshot(dest)
-            report, plan = MergeReport(), _Plan(dest)
+            report, copies, writes = MergeReport(), {}, {}
+            srcs = []
+            for sp in map(Path, sources):
+                if dest.exists() and sp.exists() and sp.resolve() == dest.resolve():
+                    raise MergeError(f"source {sp} is the destination itself")
+                srcs.append(_scan(sp, allow_machine_mismatch=allow_machine_mismatch))
+            if machines:
+                have = {m.path.name for s in srcs for m in s.machines}
+                unknown = [m for m in machines if m not in have]
+                if unknown:
+                    raise MergeError(f"machine {', '.join(map(repr, unknown))} is in none of the sources: they "
+                                     f"have {', '.join(sorted(have))}")
+                for s in srcs:
+                    s.machines = [m for m in s.machines if m.path.name in machines]
             try:
-                srcs = _read_sources(sources, dest, machines, allow_machine_mismatch)
-                _plan_machines(srcs, dest, report)
-                _plan_results(srcs, plan, report)
-                _plan_benchmarks(srcs, plan, report)
-            except ResultsError as exc:
+                _plan_results(srcs, dest, report, copies, writes)
+                _plan_benchmarks(srcs, dest, report, writes)
+            except R.ResultsError as exc:
                 raise MergeError(str(exc)) from None
             if dry_run:
                 report.notes.append("dry run: nothing written")
-            elif plan.copies or plan.writes:
-                _apply_staged(plan, seen, report)
+            elif copies or writes:
+                _apply_staged(dest, copies, writes, seen, report)
             return report
     except OutputError as exc:
         raise MergeError(str(exc)) from None
