@@ -1,33 +1,19 @@
 """A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill.
 
 :func:`make_standin_aiter` builds a module object named ``"aiter"`` (a package: ``__path__ = []``,
-``__spec__`` set) that exposes the four primitives a backend calls the way an install of the emulated
-AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): the compiled ops are opaque
-``(*args, **kwargs)`` wrappers, as AITER's ``compile_ops`` hands them out, and their real parameter names
-and defaults are only in the op schema registered with torch (``torch.ops.<ns>.<name>.default._schema``,
-``ns = module.aiter_op_namespace``, one namespace per stand-in); the info function is plain Python:
-
-* ``get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256)`` with the sizes of
-  the planner revision (v0.1.22: ``reduce_partial_map = B*T + cpc - 1``); the never-released
-  ``pr3606-ref`` revision adds ``max_kvlen=None, kvlen_granularity=128``;
-* ``get_ps_metadata_v1(seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k,
-  work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map,
-  qhead_granularity=1, qlen_granularity=256, kvlen_granularity=1, block_size=1, is_causal=True)``
-  (the binding's real defaults ``1, 1``, not the stub's ``16, 16``); from v0.1.22 with a last
-  ``need_lse=False`` (True: every tile a partial slot and a reduce group);
-* ``mla_prefill_ps_asm_fwd(Q, K, V, qo_indptr, kv_indptr, kv_page_indices, work_indptr,
-  work_info_set, max_seqlen_q, softmax_scale, is_causal, splitData, splitLse, output,
-  q_scale=None, k_scale=None, v_scale=None)``;
-* ``mla_reduce_v1`` in its 7-, 8- or 9-argument form; from v0.1.22 (and at the PR ref) it reduces a
-  group of one partial too (``num_splits > 1``, or ``== 1`` with a slot other than -1).
+``__spec__`` set) with the four primitives as an install of the emulated AITER version shows them
+(docs/aiter-contract.md#standin, #api, #versions). The compiled ops are opaque ``(*args, **kwargs)``
+wrappers, as AITER's ``compile_ops`` hands them out; their parameter names and defaults are only in the
+op schema registered with torch (``torch.ops.<ns>.<name>.default._schema``, ``ns =
+module.aiter_op_namespace``, one namespace per stand-in), written from :data:`_PARAMS`. The info
+function is plain Python. A call with an argument the emulated revision lacks (``need_lse`` before
+v0.1.22, ``num_kv_splits`` before v0.1.16) is a ``TypeError``, as a Python call is.
 
 Unlike the real primitives (which check almost nothing and fail with garbage, faults or memory
 corruption), every stand-in validates like a strict launcher and raises :class:`StandinContractError`
-(a ``ValueError``) naming what the real one would mishandle. Valid calls delegate to the pure-Python
-planner port (:mod:`mla_fp8_bench.aiter_ps.planner`) and to the emulator
-(:mod:`mla_fp8_bench.aiter_ps.emulator`), so results are those of
-:func:`mla_fp8_bench.aiter_ps.emulator.run_emulated_prefill`. Every call is recorded in
-``module.calls``.
+(a ``ValueError``) naming what the real one would mishandle. Valid calls run the planner port
+(:mod:`mla_fp8_bench.aiter_ps.planner`) and the emulator (:mod:`mla_fp8_bench.aiter_ps.emulator`).
+Every call is recorded in ``module.calls``.
 
 Never import the real ``aiter`` here: this module is for machines without ROCm.
 """
@@ -35,10 +21,11 @@ Never import the real ``aiter`` here: this module is for machines without ROCm.
 from __future__ import annotations
 
 import importlib.machinery
+import inspect
 import itertools
 import math
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,31 +221,6 @@ def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
     return [(int(shape[0]) if len(shape) == 1 else tuple(shape), getattr(torch, dt)) for shape, dt in info.values()]
 
 
-def _make_info_fn(st: _State) -> Callable[..., Any]:
-    """``get_ps_metadata_info_v1`` with the signature of ``st.version``."""
-    if st.revision == PLANNER_PR_3606_REF:
-
-        def get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256, max_kvlen=None,
-                                    kvlen_granularity=128):
-            """Stand-in of ``aiter.get_ps_metadata_info_v1`` at ``refs/pull/3606/merge`` (2026-08-22): six
-            ``(shape, dtype)`` pairs; ``max_kvlen`` (default ``max_qlen``) sizes the KV splits per tile.
-            Raises StandinContractError on bad ints."""
-            a = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen,
-                     qlen_granularity=qlen_granularity, max_kvlen=max_kvlen, kvlen_granularity=kvlen_granularity)
-            return st.record("get_ps_metadata_info_v1", a, lambda: _info_body(st, a))
-
-        return get_ps_metadata_info_v1
-
-    def get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256):
-        """Stand-in of ``aiter.get_ps_metadata_info_v1``: six ``(shape, dtype)`` pairs (work_metadata_ptrs,
-        work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map) at this module's
-        ``cu_num``, sized as the planner revision does. Raises StandinContractError on bad ints."""
-        a = dict(batch_size=batch_size, num_head_k=num_head_k, max_qlen=max_qlen, qlen_granularity=qlen_granularity)
-        return st.record("get_ps_metadata_info_v1", a, lambda: _info_body(st, a))
-
-    return get_ps_metadata_info_v1
-
-
 # ----------------------------------------------------------------------------------------------
 # get_ps_metadata_v1
 
@@ -348,51 +310,6 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
         ck.fail(f"invalid planner input: {exc}")
     _check_plan_fits(ck, a, plan)
     fill_aiter_buffers(plan, *(a[n] for n in BUFFER_NAMES))
-
-
-def _make_planner_fn(st: _State) -> Callable[..., Any]:
-    if st.revision == PLANNER_V0_1_22:
-
-        def get_ps_metadata_v1(
-            seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k, work_metadata_ptrs,
-            work_indptr, work_info, reduce_indptr, reduce_final_map, reduce_partial_map, qhead_granularity=1,
-            qlen_granularity=256, kvlen_granularity=1, block_size=1, is_causal=True, need_lse=False,
-        ):  # fmt: skip
-            """Stand-in of the v0.1.22 ``aiter.get_ps_metadata_v1``: as before, with ``need_lse`` (True: every
-            tile gets a partial slot and a reduce group, so the reduce writes ``final_lse`` on every row)."""
-            a = dict(
-                seqlens_qo_indptr=seqlens_qo_indptr, pages_kv_indptr=pages_kv_indptr, context_lens=context_lens,
-                gqa_ratio=gqa_ratio, num_heads_k=num_heads_k, work_metadata_ptrs=work_metadata_ptrs,
-                work_indptr=work_indptr, work_info=work_info, reduce_indptr=reduce_indptr,
-                reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-                qhead_granularity=qhead_granularity, qlen_granularity=qlen_granularity,
-                kvlen_granularity=kvlen_granularity, block_size=block_size, is_causal=is_causal, need_lse=need_lse,
-            )  # fmt: skip
-            return st.record("get_ps_metadata_v1", a, lambda: _planner_body(st, a))
-
-        return get_ps_metadata_v1
-
-    def get_ps_metadata_v1(
-        seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k, work_metadata_ptrs, work_indptr,
-        work_info, reduce_indptr, reduce_final_map, reduce_partial_map, qhead_granularity=1, qlen_granularity=256,
-        kvlen_granularity=1, block_size=1, is_causal=True,
-    ):  # fmt: skip
-        """Stand-in of ``aiter.get_ps_metadata_v1``: validates, plans with the port and fills the six
-        buffers in place (whole buffers, zero tails). Returns None.
-        Raises StandinContractError for non-int32/non-contiguous inputs, unsupported granularities
-        (including the binding defaults kvlen_granularity=1/block_size=1 left implicit), a
-        work_indptr not sized cu_num+1, or buffers too small for the plan."""
-        a = dict(
-            seqlens_qo_indptr=seqlens_qo_indptr, pages_kv_indptr=pages_kv_indptr, context_lens=context_lens,
-            gqa_ratio=gqa_ratio, num_heads_k=num_heads_k, work_metadata_ptrs=work_metadata_ptrs,
-            work_indptr=work_indptr, work_info=work_info, reduce_indptr=reduce_indptr,
-            reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-            qhead_granularity=qhead_granularity, qlen_granularity=qlen_granularity,
-            kvlen_granularity=kvlen_granularity, block_size=block_size, is_causal=is_causal,
-        )  # fmt: skip
-        return st.record("get_ps_metadata_v1", a, lambda: _planner_body(st, a))
-
-    return get_ps_metadata_v1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -539,30 +456,6 @@ def _kernel_body(st: _State, a: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def _make_kernel_fn(st: _State) -> Callable[..., Any]:
-    def mla_prefill_ps_asm_fwd(
-        Q, K, V, qo_indptr, kv_indptr, kv_page_indices, work_indptr, work_info_set, max_seqlen_q, softmax_scale,
-        is_causal, splitData, splitLse, output, q_scale=None, k_scale=None, v_scale=None,
-    ):  # fmt: skip
-        """Stand-in of ``aiter.mla_prefill_ps_asm_fwd``: validates like a strict launcher, then runs the
-        emulated kernel in place. Returns None.
-        Raises StandinContractError for: Q/K/V not contiguous float8_e4m3fn ``[T, H, 192/192/128]``
-        with equal H; non-int32 or non-contiguous indptrs / page indices / work buffers;
-        ``work_indptr`` None; page indices out of range; splitData/splitLse not fp32 ``[R, H, 128]``
-        / ``[R, H]`` with R covering every partial slot of the plan; output not bf16
-        ``[T, H, 128]``; scales None or not one-element fp32 tensors; 32-bit buffer limits exceeded;
-        works outside their sequence; causal with q_len > kv_len."""
-        a = dict(
-            Q=Q, K=K, V=V, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-            work_indptr=work_indptr, work_info_set=work_info_set, max_seqlen_q=max_seqlen_q,
-            softmax_scale=softmax_scale, is_causal=is_causal, splitData=splitData, splitLse=splitLse,
-            output=output, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
-        return st.record("mla_prefill_ps_asm_fwd", a, lambda: _kernel_body(st, a))
-
-    return mla_prefill_ps_asm_fwd
-
-
 # ----------------------------------------------------------------------------------------------
 # mla_reduce_v1
 
@@ -661,102 +554,79 @@ def _reduce_body(st: _State, a: dict[str, Any]) -> None:
     st.emulator.mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, a["final_lse"], post_3606=st.post_3606)
 
 
-def _make_reduce_fn(st: _State) -> Callable[..., Any]:
-    """``mla_reduce_v1`` in the 7-, 8- or 9-argument form of ``st.variant``."""
-    if st.variant == 7:
-
-        def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-                          final_output, final_lse=None):
-            """Stand-in of the <= v0.1.7 7-argument ``aiter.mla_reduce_v1``."""
-            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
-                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-                     final_output=final_output, final_lse=final_lse)  # fmt: skip
-            return st.record("mla_reduce_v1", a, lambda: _reduce_body(st, a))
-
-    elif st.variant == 8:
-
-        def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-                          max_seqlen_q, final_output, final_lse=None):
-            """Stand-in of the v0.1.8 .. v0.1.15.x 8-argument ``aiter.mla_reduce_v1``."""
-            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
-                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-                     max_seqlen_q=max_seqlen_q, final_output=final_output, final_lse=final_lse)  # fmt: skip
-            return st.record("mla_reduce_v1", a, lambda: _reduce_body(st, a))
-
-    else:
-
-        def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-                          max_seqlen_q, num_kv_splits, final_output, final_lse=None):
-            """Stand-in of the >= v0.1.16 9-argument ``aiter.mla_reduce_v1`` (ROCm/aiter#3391).
-            Prefill call: ``(..., 256, 0, output, final_lse)``."""
-            a = dict(partial_output=partial_output, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
-                     reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-                     max_seqlen_q=max_seqlen_q, num_kv_splits=num_kv_splits, final_output=final_output,
-                     final_lse=final_lse)  # fmt: skip
-            return st.record("mla_reduce_v1", a, lambda: _reduce_body(st, a))
-
-    return mla_reduce_v1
-
-
 # ----------------------------------------------------------------------------------------------
-# opaque wrappers and registered schemas (as AITER's compile_ops / torch_compile_guard expose them)
+# parameters, opaque wrappers and registered schemas (as AITER's compile_ops / torch_compile_guard expose them)
 
 _T, _TM, _TO, _I, _F, _B = "Tensor", "Tensor(a!)", "Tensor?", "SymInt", "float", "bool"
-_PLANNER_SCHEMA = [
-    ("seqlens_qo_indptr", _T), ("pages_kv_indptr", _T), ("context_lens", _T), ("gqa_ratio", _I),
-    ("num_heads_k", _I), ("work_metadata_ptrs", _TM), ("work_indptr", _TM), ("work_info", _TM),
-    ("reduce_indptr", _TM), ("reduce_final_map", _TM), ("reduce_partial_map", _TM), ("qhead_granularity", _I, 1),
-    ("qlen_granularity", _I, 256), ("kvlen_granularity", _I, 16), ("block_size", _I, 16), ("is_causal", _B, "True"),
-]
-_KERNEL_SCHEMA = [
-    ("Q", _T), ("K", _T), ("V", _T), ("qo_indptr", _T), ("kv_indptr", _T), ("kv_page_indices", _T),
-    ("work_indptr", _TO), ("work_info_set", _TO), ("max_seqlen_q", _I), ("softmax_scale", _F), ("is_causal", _B),
-    ("splitData", _TM), ("splitLse", _TM), ("output", _TM), ("q_scale", _TO, "None"), ("k_scale", _TO, "None"),
-    ("v_scale", _TO, "None"),
-]
-_REDUCE_HEAD = [("partial_output", _T), ("partial_lse", _T), ("reduce_indptr", _T), ("reduce_final_map", _TO),
-                ("reduce_partial_map", _T)]
-_REDUCE_TAIL = [("final_output", _TM), ("final_lse", "Tensor(b!)?", "None")]
+_PARAMS: dict[str, list[tuple]] = {  # (name, schema type[, default]) as in AITER's Python stubs; see _params
+    "get_ps_metadata_info_v1": [
+        ("batch_size", _I), ("num_head_k", _I), ("max_qlen", _I), ("qlen_granularity", _I, 256),
+    ],
+    "get_ps_metadata_v1": [
+        ("seqlens_qo_indptr", _T), ("pages_kv_indptr", _T), ("context_lens", _T), ("gqa_ratio", _I),
+        ("num_heads_k", _I), *((name, _TM) for name in BUFFER_NAMES), ("qhead_granularity", _I, 1),
+        ("qlen_granularity", _I, 256), ("kvlen_granularity", _I, 16), ("block_size", _I, 16), ("is_causal", _B, True),
+    ],
+    "mla_prefill_ps_asm_fwd": [
+        ("Q", _T), ("K", _T), ("V", _T), ("qo_indptr", _T), ("kv_indptr", _T), ("kv_page_indices", _T),
+        ("work_indptr", _TO), ("work_info_set", _TO), ("max_seqlen_q", _I), ("softmax_scale", _F), ("is_causal", _B),
+        ("splitData", _TM), ("splitLse", _TM), ("output", _TM), ("q_scale", _TO, None), ("k_scale", _TO, None),
+        ("v_scale", _TO, None),
+    ],
+    "mla_reduce_v1": [  # the 7-argument form
+        ("partial_output", _T), ("partial_lse", _T), ("reduce_indptr", _T), ("reduce_final_map", _TO),
+        ("reduce_partial_map", _T), ("final_output", _TM), ("final_lse", _TM + "?", None),
+    ],
+}
+#: The planner binding's real defaults, which a call gets (its schema shows the stub's 16, 16).
+_CALL_DEFAULTS = {"get_ps_metadata_v1": {"kvlen_granularity": 1, "block_size": 1}}
 _NAMESPACES = itertools.count()
+
+
+def _params(st: _State, name: str) -> list[tuple]:
+    """``name``'s parameters at this stand-in's planner revision and reduce form."""
+    params = list(_PARAMS[name])
+    if name == "get_ps_metadata_v1" and st.revision == PLANNER_V0_1_22:
+        params.append(("need_lse", _B, False))
+    if name == "get_ps_metadata_info_v1" and st.revision == PLANNER_PR_3606_REF:
+        params += [("max_kvlen", _I, None), ("kvlen_granularity", _I, 128)]
+    if name == "mla_reduce_v1":
+        params[5:5] = [("max_seqlen_q", _I), ("num_kv_splits", _I)][: st.variant - 7]
+    return params
 
 
 def _schema(params: list[tuple]) -> str:
     """A torch op schema string from ``(name, type[, default])`` rows (mutable tensors numbered apart)."""
-    parts = []
-    for i, (name, typ, *default) in enumerate(params):
-        typ = typ.replace("(a!)", f"(a{i}!)").replace("(b!)", f"(a{i}!)")
-        parts.append(f"{typ} {name}" + (f"={default[0]}" if default else ""))
+    parts = [f"{typ.replace('(a!)', f'(a{i}!)')} {name}" + (f"={default[0]}" if default else "")
+             for i, (name, typ, *default) in enumerate(params)]
     return f"({', '.join(parts)}) -> ()"
 
 
-def _op_schemas(st: _State) -> dict[str, str]:
-    """The schema of each compiled op of this revision (the Python stub's parameters, as AITER registers them)."""
-    planner = _PLANNER_SCHEMA + ([("need_lse", _B, "False")] if st.revision == PLANNER_V0_1_22 else [])
-    mid = {7: [], 8: [("max_seqlen_q", _I)], 9: [("max_seqlen_q", _I), ("num_kv_splits", _I)]}[st.variant]
-    return {"get_ps_metadata_v1": _schema(planner), "mla_prefill_ps_asm_fwd": _schema(_KERNEL_SCHEMA),
-            "mla_reduce_v1": _schema(_REDUCE_HEAD + mid + _REDUCE_TAIL)}
-
-
-def _opaque(impl: Callable[..., Any]) -> Callable[..., Any]:
-    """``impl`` behind a ``(*args, **kwargs)`` wrapper without ``functools.wraps``, as AITER hands out ops."""
+def _op(st: _State, name: str, body: Callable[[_State, dict[str, Any]], Any], plain: bool = False) -> Callable:
+    """``name`` as AITER hands it out: a ``(*args, **kwargs)`` wrapper (``plain``: with the signature of a
+    Python function) that binds its arguments to :func:`_params` (a ``TypeError`` as for a Python call),
+    then records the call and runs ``body``."""
+    defaults = _CALL_DEFAULTS.get(name, {})
+    sig = inspect.Signature([
+        inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                          default=defaults.get(pname, d[0]) if d else inspect.Parameter.empty)
+        for pname, _typ, *d in _params(st, name)])
 
     def wrapper(*args, **kwargs):
-        return impl(*args, **kwargs)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{name}() {exc}") from None
+        bound.apply_defaults()
+        a = dict(bound.arguments)
+        return st.record(name, a, lambda: body(st, a))
 
-    wrapper.__name__ = wrapper.__qualname__ = impl.__name__
+    wrapper.__name__ = wrapper.__qualname__ = name
     wrapper.__module__ = "aiter"
-    wrapper.__doc__ = impl.__doc__
+    wrapper.__doc__ = f"Stand-in of ``aiter.{name}``: validates (StandinContractError), then emulates it."
+    if plain:
+        wrapper.__signature__ = sig
     return wrapper
-
-
-def _register_schemas(st: _State, names: Iterable[str]) -> tuple[str, Any]:
-    """Define this stand-in's ops (schemas only) in a fresh torch namespace; returns ``(namespace, library)``."""
-    ns = f"aiter_standin_{next(_NAMESPACES)}"
-    lib = torch.library.Library(ns, "DEF")
-    schemas = _op_schemas(st)
-    for name in names:
-        lib.define(name + schemas[name])
-    return ns, lib
 
 
 # ----------------------------------------------------------------------------------------------
@@ -823,13 +693,13 @@ def make_standin_aiter(
     mod.cu_num, mod.aiter_version, mod.reduce_variant = cu_num, ver, variant
     mod.accepted_reduce_heads, mod.post_3606 = st.heads_ok, st.post_3606
     mod.planner_revision = st.revision
-    info, planner, kernel, reduce = _make_info_fn(st), _make_planner_fn(st), _make_kernel_fn(st), _make_reduce_fn(st)
-    info.__module__ = "aiter"
-    compiled = {"mla_reduce_v1": reduce}
+    compiled = {"mla_reduce_v1": _reduce_body}
     if ver >= PS_PREFILL_FIRST_VERSION:
-        compiled.update(get_ps_metadata_v1=planner, mla_prefill_ps_asm_fwd=kernel)
-        mod.get_ps_metadata_info_v1 = info
-    mod.aiter_op_namespace, mod._torch_library = _register_schemas(st, compiled)
-    for name, impl in compiled.items():
-        setattr(mod, name, _opaque(impl))
+        compiled.update(get_ps_metadata_v1=_planner_body, mla_prefill_ps_asm_fwd=_kernel_body)
+        mod.get_ps_metadata_info_v1 = _op(st, "get_ps_metadata_info_v1", _info_body, plain=True)
+    mod.aiter_op_namespace = f"aiter_standin_{next(_NAMESPACES)}"
+    mod._torch_library = torch.library.Library(mod.aiter_op_namespace, "DEF")
+    for name, body in compiled.items():
+        mod._torch_library.define(name + _schema(_params(st, name)))
+        setattr(mod, name, _op(st, name, body))
     return mod
