@@ -21,58 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "AITER_DIST",
-    "AiterVersionError",
-    "BLOCK_SIZE",
-    "BUFFER_NAMES",
-    "KV_TILE",
-    "KVLEN_GRANULARITY",
-    "NEWEST_MODELLED_VERSION",
-    "POST_3606_FIRST_VERSION",
-    "POST_3606_MARKER",
-    "PRIMITIVES",
-    "PS_PREFILL_FIRST_VERSION",
-    "QHEAD_GRANULARITY",
-    "Q_TILE",
-    "REDUCE_9_ARG_VERSION",
-    "REDUCE_8_ARG_VERSION",
-    "REDUCE_HEADS_BY_VERSION",
-    "SPLIT_DATA_MAX_BYTES",
-    "WORK_INFO_FIELDS",
-    "WORK_INFO_COLS",
-    "WI",
-    "AITER_OP_NAMESPACE",
-    "Detected",
-    "NEED_LSE_FIRST_VERSION",
-    "PLANNER_PRE_3606",
-    "PLANNER_PR_3606_REF",
-    "PLANNER_REVISIONS",
-    "PLANNER_V0_1_22",
-    "aiter_version_of",
-    "detect_planner_revision",
-    "detect_reduce_arity",
-    "effective_version",
-    "op_params",
-    "dist_version",
-    "format_version",
-    "import_aiter",
-    "is_post_3606",
-    "kvlen_granularity_for",
-    "pack_q_head_range",
-    "parse_aiter_version",
-    "parse_aiter_version_or_none",
-    "planner_markers",
-    "planner_revision_for",
-    "reduce_arity_for_version",
-    "reduce_heads_for",
-    "unpack_q_head_range",
-]
-
-# ----------------------------------------------------------------------------------------------
-# revisions
-# ----------------------------------------------------------------------------------------------
-
 AITER_DIST = "amd-aiter"
 """Distribution name of AITER (``importlib.metadata.version(AITER_DIST)``)."""
 
@@ -164,16 +112,11 @@ REDUCE_9_ARG_VERSION: Version = (0, 1, 16)
 """``mla_reduce_v1`` gains ``num_kv_splits`` (9 arguments, ROCm/aiter#3391); vLLM needs it (vLLM #46760)."""
 
 POST_3606_FIRST_VERSION: Version = (0, 1, 22)
-"""First release with ROCm/aiter#3606 semantics (every tile gets a partial slot, the reduce writes
-``final_lse`` for every row, ``get_ps_metadata_info_v1`` takes ``max_kvlen``)."""
+"""First release with ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` takes ``need_lse`` (True: every tile
+gets a partial slot and the reduce writes ``final_lse`` for every row)."""
 
 NEWEST_MODELLED_VERSION: Version = (0, 1, 22)
 """Newest AITER release the suite models (the default emulated version)."""
-
-POST_3606_MARKER = ("get_ps_metadata_info_v1", "max_kvlen")
-"""``(function, parameter)`` of the ``refs/pull/3606/merge`` revision of 2026-08-22 (the pre-merge PR): a
-``max_kvlen`` parameter of the pure-Python ``get_ps_metadata_info_v1``. The merged #3606 (v0.1.22) has no
-such parameter; its marker is ``need_lse`` in the ``get_ps_metadata_v1`` op schema."""
 
 PLANNER_PRE_3606 = "pre-3606"
 """Planner up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group;
@@ -191,9 +134,6 @@ parameter (``False`` keeps the pre-#3606 plan, ``True`` gives every tile a slot 
 
 PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22)
 """The planner revisions the suite models (docs/aiter-contract.md#pr-3606)."""
-
-NEED_LSE_FIRST_VERSION: Version = (0, 1, 22)
-"""First release whose ``get_ps_metadata_v1`` takes ``need_lse``."""
 
 AITER_OP_NAMESPACE = "aiter"
 """``torch.ops`` namespace AITER registers its compiled ops in (``torch_compile_guard``)."""
@@ -294,7 +234,7 @@ class Detected:
 def planner_revision_for(version: str | Iterable[int]) -> str:
     """The released planner revision at ``version``: :data:`PLANNER_V0_1_22` from 0.1.22, else
     :data:`PLANNER_PRE_3606` (the pre-merge :data:`PLANNER_PR_3606_REF` was never released)."""
-    return PLANNER_V0_1_22 if parse_aiter_version(version) >= NEED_LSE_FIRST_VERSION else PLANNER_PRE_3606
+    return PLANNER_V0_1_22 if parse_aiter_version(version) >= POST_3606_FIRST_VERSION else PLANNER_PRE_3606
 
 
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
@@ -342,14 +282,15 @@ def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
     return Detected(None, f"mla_reduce_v1's form cannot be told: {src} and {vsrc}")
 
 
-def _plain_params(fn: Any) -> tuple[str, ...] | None:
-    """Parameter names of a plain Python function; None for a ``(*args, **kwargs)`` wrapper or unreadable."""
+def _info_params(module: Any) -> tuple[str, ...]:
+    """Parameter names of the pure-Python ``get_ps_metadata_info_v1``; ``()`` when absent, unreadable or a
+    ``(*args, **kwargs)`` wrapper."""
     try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return None
+        params = list(inspect.signature(module.get_ps_metadata_info_v1).parameters.values())
+    except (AttributeError, TypeError, ValueError):
+        return ()
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return None
+        return ()
     return tuple(p.name for p in params)
 
 
@@ -368,8 +309,7 @@ def detect_planner_revision(module: Any, version: Any = None) -> Detected:
         return Detected(planner_revision_for(ver), f"{vsrc} ({src})")
     if "need_lse" in params:
         return Detected(PLANNER_V0_1_22, src)
-    info = _plain_params(getattr(module, POST_3606_MARKER[0], None))
-    if info is not None and POST_3606_MARKER[1] in info:
+    if "max_kvlen" in _info_params(module):
         return Detected(PLANNER_PR_3606_REF, f"{src}; max_kvlen in get_ps_metadata_info_v1")
     return Detected(PLANNER_PRE_3606, src)
 
@@ -389,7 +329,7 @@ def effective_version(version: Version | None, reduce_arity: int | None,
     if planner_revision == PLANNER_PR_3606_REF:
         floor.append((0, 1, 20))  # the PR ref sits on main after v0.1.20.post1
     if planner_revision == PLANNER_V0_1_22:
-        floor.append(NEED_LSE_FIRST_VERSION)
+        floor.append(POST_3606_FIRST_VERSION)
     cands = [v for v in [version, *floor] if v is not None]
     return max(cands) if cands else None
 
@@ -398,9 +338,9 @@ def planner_markers(module: Any) -> dict[str, bool]:
     """Optional planner parameters ``module`` exposes: ``need_lse`` (the ``get_ps_metadata_v1`` op schema)
     and ``max_kvlen`` / ``kvlen_granularity`` (the pure-Python ``get_ps_metadata_info_v1``). Unreadable: False."""
     params, _ = op_params(module, "get_ps_metadata_v1")
-    info = _plain_params(getattr(module, "get_ps_metadata_info_v1", None)) or ()
+    info = _info_params(module)
     return {"max_kvlen": "max_kvlen" in info, "kvlen_granularity": "kvlen_granularity" in info,
-            "need_lse": bool(params) and "need_lse" in params}
+            "need_lse": "need_lse" in (params or ())}
 
 
 def is_post_3606(x: Any) -> bool:

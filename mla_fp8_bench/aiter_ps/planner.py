@@ -1,34 +1,19 @@
-"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, three revisions.
+"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, at three revisions.
 
-Ports two AITER functions so that the suite can plan, inspect and emulate the FP8 MLA prefill
-without ROCm:
+* ``get_ps_metadata_info_v1`` (``aiter/ops/attention.py``) -> :func:`ps_metadata_info`: the six buffer
+  ``(shape, dtype)`` pairs;
+* ``get_ps_metadata_v1`` (host code ``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in
+  ``csrc/include/ps.h``) -> :func:`plan_ps_prefill` (a :class:`PsPlan`) and :func:`fill_aiter_buffers`
+  (writes a plan into caller-provided buffers, as the real host function does).
 
-* ``get_ps_metadata_info_v1`` (``aiter/ops/attention.py``) -> :func:`ps_metadata_info`, the six
-  buffer ``(shape, dtype)`` pairs used to pre-allocate the planner's outputs;
-* ``get_ps_metadata_v1`` (host code in ``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in
-  ``csrc/include/ps.h``) -> :func:`plan_ps_prefill` (returns a :class:`PsPlan`) and
-  :func:`fill_aiter_buffers` (writes a plan into caller-provided buffers, as the real host function does).
+The revisions (``revision=``, :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`, each described
+there) share the schedule: ``work_indptr`` and every ``work_info`` field but ``partial_o_loc``. The
+algorithm, the buffers and the revisions: ``docs/aiter-contract.md`` ``#planner-io``,
+``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. ``tests/test_planner.py`` checks the port element
+by element against AITER's own planner outputs (``tests/data``).
 
-Three revisions (``revision=``, :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`; detected on an
-install by :func:`mla_fp8_bench.aiter_ps.facts.detect_planner_revision`):
-
-* ``pre-3606`` (AITER up to v0.1.21, reference commit ``e4048607a535``): a tile computed by a single
-  work gets ``partial_o_loc = -1`` and no reduce group;
-* ``v0.1.22`` (ROCm/aiter#3606 as merged): ``need_lse=False`` plans exactly as ``pre-3606``;
-  ``need_lse=True`` gives every work a partial slot and every tile a reduce group. The info function
-  keeps its four parameters; ``reduce_partial_map`` holds ``B*T + cpc - 1`` slots;
-* ``pr3606-ref`` (``refs/pull/3606/merge`` of 2026-08-22, never released): every work gets a slot
-  (no ``need_lse``), and the info function takes ``max_kvlen`` and ``kvlen_granularity``.
-
-The schedule (``work_indptr`` and every ``work_info`` field but ``partial_o_loc``) is the same in all three.
-The algorithm, the buffers and the revisions are described in ``docs/aiter-contract.md``
-(sections ``#planner-io``, ``#planner-algorithm``, ``#info-sizes`` and ``#pr-3606``). The port is
-checked element by element against AITER's own planner outputs in ``tests/data``
-(``tests/test_planner.py``).
-
-Everything here is plain Python integers (truncating, C-style division where AITER divides signed
-ints) with one ``torch.tensor`` build per buffer at the end, so planning is cheap even for
-``B=16 x 16k`` tokens at 128 heads.
+Plain Python integers throughout (C-style truncating division where AITER divides signed ints), one
+``torch.tensor`` build per buffer at the end, so planning is cheap even for ``B=16 x 16k`` tokens.
 """
 
 from __future__ import annotations
@@ -75,6 +60,7 @@ BUFFER_LENGTH_KEYS = (
     "reduce_partial_map",
 )
 """Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``)."""
+_LENGTH_KEY = dict(zip(BUFFER_NAMES, BUFFER_LENGTH_KEYS))  # buffer name -> its key (also an accepted alias)
 
 _INT32_MAX = 2**31 - 1
 _MAX_HEADS = 0xFFFF  # q_head_range packs first/end head as two 16-bit fields
@@ -186,49 +172,34 @@ def ps_metadata_info(
     max_kvlen: int | None = None,
     kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Buffer shapes and dtypes for the PS planner (port of AITER ``get_ps_metadata_info_v1``).
+    """Buffer shapes and dtypes for the PS planner (port of AITER ``get_ps_metadata_info_v1``;
+    ``docs/aiter-contract.md#info-sizes``).
 
-    AITER reads ``cu_num`` from the current device's ``multi_processor_count`` (256 on MI355X);
-    here it is an explicit keyword so layouts for any device can be computed on a CPU.
+    AITER reads ``cu_num`` from the current device (256 on MI355X); here it is an explicit keyword. With
+    ``cpc = cu_num // gcd(num_heads_k, cu_num)``, ``mqs = ceil(max_qlen / qlen_granularity)`` and
+    ``tiles = batch_size * mqs``: ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``,
+    ``work_info (max_works, 8)``, ``reduce_indptr (tiles + 1,)``, ``reduce_final_map (tiles, 2)`` and
+    ``reduce_partial_map (max_partials,)`` (int32), where
 
-    With ``C = gcd(num_heads_k, cu_num)``, ``cpc = cu_num // C`` (TGs per cluster),
-    ``mqs = ceil(max_qlen / qlen_granularity)`` and ``tiles = batch_size * mqs``, every revision gives
-    ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``, ``reduce_indptr (tiles + 1,)``
-    and ``reduce_final_map (tiles, 2)`` (int32). They differ in ``work_info`` ``(max_works, 8)`` and
-    ``reduce_partial_map`` ``(max_partials,)``:
-
-    * ``pre-3606`` (``batch_size, num_head_k, max_qlen, qlen_granularity=256``):
-      ``max_works = (batch_size + cpc - 1) * mqs * num_heads_k``,
+    * ``pre-3606``: ``max_works = (batch_size + cpc - 1) * mqs * num_heads_k``,
       ``max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs``;
-    * ``v0.1.22`` (same parameters): ``max_works`` as pre-3606, ``max_partials = tiles + cpc - 1``
-      (AITER's ``_legacy_info`` in ``op_tests/test_ps_metadata_sizing.py``: the v0.1.22 sizes before
-      ``total_qlen`` existed);
-    * ``pr3606-ref`` (adds ``max_kvlen=None, kvlen_granularity=128``):
-      ``kv_splits = max(1, ceil((max_kvlen or max_qlen) / kvlen_granularity))``,
+    * ``v0.1.22``: ``max_works`` as pre-3606, ``max_partials = tiles + cpc - 1`` (AITER's ``_legacy_info``
+      in ``op_tests/test_ps_metadata_sizing.py``);
+    * ``pr3606-ref`` (only it takes ``max_kvlen`` and ``kvlen_granularity``; AITER uses ``max_kvlen or
+      max_qlen``): ``kv_splits = max(1, ceil((max_kvlen or max_qlen) / kvlen_granularity))``,
       ``max_partials = tiles * (kv_splits + cpc)``, ``max_works = num_heads_k * max_partials``.
 
-    These are upper bounds and can be very loose (``docs/aiter-contract.md#info-sizes``); a plan's
-    live sizes are :attr:`PsPlan.num_works`, :attr:`PsPlan.num_reduce_groups` and
-    :attr:`PsPlan.num_partials`.
-
-    Args:
-        batch_size: number of sequences B (>= 0).
-        num_heads_k: KV heads (>= 1).
-        max_qlen: longest q length (>= 0).
-        qlen_granularity: q-tile rows (>= 1; the PS kernel uses 256).
-        cu_num: device CU count (>= 1).
-        revision: the planner revision (:data:`PLANNER_REVISIONS`).
-        max_kvlen: ``pr3606-ref`` only: the longest KV length (>= 0) or None (then ``max_qlen`` is used,
-            as is 0: AITER takes ``max_kvlen or max_qlen``).
-        kvlen_granularity: ``pr3606-ref`` only: KV split granularity (>= 1; 128).
+    These are upper bounds; a plan's live sizes are :attr:`PsPlan.num_works`,
+    :attr:`PsPlan.num_reduce_groups` and :attr:`PsPlan.num_partials`.
 
     Returns:
-        ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order;
-        dtype names are ``"uint64"`` / ``"int32"`` (``getattr(torch, name)`` gives the dtype).
+        ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order
+        (``"uint64"`` / ``"int32"``; ``getattr(torch, name)`` gives the dtype).
 
     Raises:
-        PsPlanError (a ValueError): a non-integer or out-of-range argument, an unknown ``revision``, or
-        ``max_kvlen`` / a non-default ``kvlen_granularity`` given to a revision without those parameters.
+        PsPlanError (a ValueError): a non-integer or out-of-range argument (``batch_size``/``max_qlen``/
+        ``max_kvlen`` >= 0, ``num_heads_k``/``qlen_granularity``/``cu_num``/``kvlen_granularity`` >= 1), an
+        unknown ``revision``, or ``max_kvlen`` / a non-default ``kvlen_granularity`` for another revision.
     """
     batch_size = _as_int("batch_size", batch_size, minimum=0, allowed="must be an integer >= 0")
     num_heads_k = _as_int("num_heads_k", num_heads_k, minimum=1, allowed="must be an integer >= 1")
@@ -273,23 +244,13 @@ def ps_metadata_info(
 
 def buffer_lengths_from_info(info: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, int]:
     """Leading dims of :func:`ps_metadata_info`'s shapes, keyed as in :data:`BUFFER_LENGTH_KEYS`."""
-    return {
-        "work_metadata_ptrs": info["work_metadata_ptrs"][0][0],
-        "work_indptr": info["work_indptr"][0][0],
-        "work_info_rows": info["work_info"][0][0],
-        "reduce_indptr": info["reduce_indptr"][0][0],
-        "reduce_final_map_rows": info["reduce_final_map"][0][0],
-        "reduce_partial_map": info["reduce_partial_map"][0][0],
-    }
-
-
-_LENGTH_ALIASES = {"work_info": "work_info_rows", "reduce_final_map": "reduce_final_map_rows"}
+    return {_LENGTH_KEY[name]: info[name][0][0] for name in BUFFER_NAMES}
 
 
 def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int]) -> dict[str, int]:
     out = dict(default)
     for key, val in given.items():
-        canon = _LENGTH_ALIASES.get(key, key)
+        canon = _LENGTH_KEY.get(key, key)
         if canon not in out:
             raise PsPlanError(
                 f"buffer_lengths has unknown key {key!r}: allowed {', '.join(BUFFER_LENGTH_KEYS)}"
@@ -312,37 +273,27 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
-    """Output of :func:`plan_ps_prefill`: AITER's PS metadata, as int32 CPU tensors.
+    """Output of :func:`plan_ps_prefill`: AITER's PS metadata, as int32 CPU tensors
+    (``docs/aiter-contract.md#planner-io``, ``#work-info``).
 
-    Every tensor has the full length of the buffer the real planner would fill (by default the
-    :func:`ps_metadata_info` sizes of the plan's revision, else the ``buffer_lengths`` given to
-    :func:`plan_ps_prefill`), with the tails exactly as the real planner leaves them (it zero-fills
-    its host vectors and copies the whole buffers back):
+    Every tensor has the full length of the buffer the real planner would fill (the ``buffer_lengths``
+    given to :func:`plan_ps_prefill`, by default the revision's :func:`ps_metadata_info` sizes), with the
+    tails as the real planner leaves them (it zero-fills its host vectors and copies whole buffers back):
 
-    * ``work_indptr`` ``[cu_num + 1]`` int32: workgroup ``g`` runs
-      ``work_info[work_indptr[g]:work_indptr[g + 1]]`` in order; ``work_indptr[-1] == num_works``
-      (entries past ``cu_num`` in a longer buffer are 0).
-    * ``work_info`` ``[max_works, 8]`` int32; rows past ``num_works`` are 0. Columns are
-      :data:`WORK_INFO_FIELDS` (``docs/aiter-contract.md#work-info``): ``batch_idx``,
-      ``partial_o_loc`` (-1: unsplit, bf16 straight to ``output``, pre-#3606 only; else a row offset,
-      a multiple of 256, into ``splitData``/``splitLse``), ``qo_start``/``qo_end`` (global q rows,
-      end exclusive), ``kv_start``/``kv_end`` (global indices into ``kv_page_indices``),
-      ``kv_offset`` (KV tokens left after a split piece's ``kv_end``, else 0) and ``q_head_range``
-      (``first_head | (end_head << 16)``).
-    * ``reduce_indptr`` ``[tiles + 1]`` int32: reduce group ``g`` merges the partial slots
-      ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g + 1]]``; entries after
-      ``num_reduce_groups`` all equal ``num_partials`` (= ``reduce_indptr[-1]``).
-    * ``reduce_final_map`` ``[tiles, 2]`` int32: group ``g``'s ``[qo_start, qo_end)``; unused rows 0.
-    * ``reduce_partial_map`` ``[n]`` int32: each group's partial row offsets (multiples of 256),
-      ascending; entries past ``num_partials`` are 0.
+    * ``work_indptr`` ``[cu_num + 1]``: workgroup ``g`` runs ``work_info[work_indptr[g]:work_indptr[g + 1]]``
+      in order; ``work_indptr[-1] == num_works`` (entries past ``cu_num`` in a longer buffer are 0).
+    * ``work_info`` ``[max_works, 8]``, columns :data:`WORK_INFO_FIELDS`; rows past ``num_works`` are 0.
+    * ``reduce_indptr`` ``[tiles + 1]``: group ``g`` merges the slots
+      ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g + 1]]``; entries after ``num_reduce_groups``
+      equal ``num_partials``.
+    * ``reduce_final_map`` ``[tiles, 2]``: group ``g``'s ``[qo_start, qo_end)``; unused rows 0.
+    * ``reduce_partial_map`` ``[n]``: each group's slot row offsets (multiples of 256), ascending; the
+      tail is 0.
 
-    Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups`` (tiles with a reduce
-    group), ``num_partials`` (distinct partial slots; ``splitData``/``splitLse`` need
-    ``256 * num_partials`` rows, see :attr:`partial_rows`), ``cu_num``, ``num_heads_k`` and
-    ``revision`` (:data:`PLANNER_REVISIONS`) and ``need_lse`` (whether every tile got a slot and a reduce
-    group: False for ``pre-3606``, True for ``pr3606-ref``, the flag for ``v0.1.22``).
-
-    The dataclass is frozen, but the tensors are ordinary tensors: do not modify them in place.
+    Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups``, ``num_partials`` (distinct
+    slots: ``splitData``/``splitLse`` need :attr:`partial_rows` rows), ``cu_num``, ``num_heads_k``,
+    ``revision`` and ``need_lse`` (whether every tile got a slot: False for ``pre-3606``, True for
+    ``pr3606-ref``, the flag for ``v0.1.22``). Frozen, but the tensors must not be modified in place.
     """
 
     work_indptr: torch.Tensor
@@ -404,14 +355,8 @@ class PsPlan:
     @property
     def buffer_lengths(self) -> dict[str, int]:
         """Leading dims of the buffers, keyed as in :data:`BUFFER_LENGTH_KEYS`."""
-        return {
-            "work_metadata_ptrs": 2,
-            "work_indptr": int(self.work_indptr.shape[0]),
-            "work_info_rows": int(self.work_info.shape[0]),
-            "reduce_indptr": int(self.reduce_indptr.shape[0]),
-            "reduce_final_map_rows": int(self.reduce_final_map.shape[0]),
-            "reduce_partial_map": int(self.reduce_partial_map.shape[0]),
-        }
+        tensors = (self.work_indptr, self.work_info, self.reduce_indptr, self.reduce_final_map, self.reduce_partial_map)
+        return {"work_metadata_ptrs": 2, **{k: int(t.shape[0]) for k, t in zip(BUFFER_LENGTH_KEYS[1:], tensors)}}
 
     def works_of(self, tg: int) -> torch.Tensor:
         """The ``work_info`` rows workgroup ``tg`` (0 <= tg < cu_num) runs, in order (a view)."""
@@ -720,7 +665,7 @@ def plan_ps_prefill(
     revision: str = PLANNER_PRE_3606,
     need_lse: bool | None = None,
 ) -> PsPlan:
-    """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does (either revision).
+    """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does (any revision).
 
     Steps (``docs/aiter-contract.md#planner-algorithm``): validate; cut every sequence into 256-row
     q-tiles in ping-pong order with their KV cost (:func:`_q_tiles`); tile one cluster
@@ -756,15 +701,10 @@ def plan_ps_prefill(
         A :class:`PsPlan` with buffers of exactly the requested lengths.
 
     Raises:
-        PsPlanError (a ValueError) naming the bad value, for: a non-integer or wrongly shaped
-        input; indptrs not starting at 0, decreasing, of different lengths, or with fewer than 2
-        entries; ``len(context_lens) != B``; negative or inconsistent ``context_lens``;
-        ``num_heads_k`` outside 1..65535; ``cu_num < 1``; ``gqa_ratio``/``qhead_granularity`` != 1;
-        ``qlen_granularity != 256``; a bad ``kvlen_granularity`` or ``block_size``; an unknown
-        ``revision`` or ``need_lse`` given to a revision without it; causal with
-        ``q_len > kv_len`` (AITER's unit count goes negative there: undefined behaviour); values
-        beyond int32; a ``buffer_lengths`` entry too small for the plan (the real planner would
-        overrun host memory there).
+        PsPlanError (a ValueError) naming the bad value: an argument outside what is allowed above
+        (``need_lse`` given to a revision without it), indptrs not starting at 0, decreasing, of
+        different lengths or with fewer than 2 entries, values beyond int32, or a ``buffer_lengths``
+        entry too small for the plan (the real planner would overrun host memory there).
     """
     heads, cus, kv_gran, bs, causal = _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity,
                                                      qlen_granularity, kvlen_granularity, block_size, is_causal)

@@ -41,6 +41,7 @@ from mla_fp8_bench.aiter_ps.facts import (
     PLANNER_V0_1_22,
     PS_PREFILL_FIRST_VERSION,
     Q_TILE,
+    SPLIT_DATA_MAX_BYTES,
     WORK_INFO_COLS,
     format_version,
     kvlen_granularity_for,
@@ -404,8 +405,8 @@ def _check_kernel_ranges(ck: _Checker, T: int, num_page: int, H: int, split_rows
     for name, n_tok, width in (("Q", T, 192), ("K", num_page, 192), ("output", T, 256)):
         if n_tok * H * width >= 2**32:
             ck.fail(f"{name} spans {n_tok * H * width} bytes: the kernel's 32-bit buffer range needs < 2**32")
-    if split_rows * H * 512 >= 2**31:
-        ck.fail(f"splitData spans {split_rows * H * 512} bytes: must be < 2**31 (32-bit signed range)")
+    if split_rows * H * _V_DIM * 4 >= SPLIT_DATA_MAX_BYTES:
+        ck.fail(f"splitData spans {split_rows * H * _V_DIM * 4} bytes: must be < 2**31 (32-bit signed range)")
 
 
 def _check_kernel_works(ck: _Checker, rows: list[list[int]], qo: list[int], kvp: list[int], H: int, causal: bool,
