@@ -46,15 +46,6 @@ import torch
 
 from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpack_q_head_range
 
-__all__ = [
-    "Emulator",
-    "EMULATOR",
-    "emulate_mla_prefill_ps_asm_fwd",
-    "emulate_mla_reduce_v1",
-    "plan_emulated",
-    "run_emulated_prefill",
-]
-
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
 
@@ -136,8 +127,11 @@ def _indptr_lists(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> tuple[lis
     return qo, kvp
 
 
-def _work_list(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> list[tuple[int, ...]]:
-    """The works in execution order: workgroup 0's works, then workgroup 1's, ..."""
+def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor, batch: int, H: int, total_q: int,
+                  out_rows: int, n_split_rows: int) -> list[_Work]:
+    """The works in execution order (workgroup 0's, then workgroup 1's, ...), decoded (head range =
+    ``first | end << 16``), every destination checked to lie inside the buffers (the hardware would corrupt
+    memory). Empty head ranges are dropped."""
     wi = [int(v) for v in work_indptr.reshape(-1).tolist()]
     nrows = int(work_info_set.shape[0]) if work_info_set.dim() == 2 else 0
     if work_info_set.dim() != 2 or (nrows and work_info_set.shape[1] != 8):
@@ -146,19 +140,8 @@ def _work_list(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> list[t
     if hi > nrows:
         raise ValueError(f"work_indptr reaches work {hi} but work_info_set has only {nrows} rows")
     rows = work_info_set[:hi].tolist() if hi else []
-    works = []
-    for g in range(len(wi) - 1):
-        for w in range(max(wi[g], 0), wi[g + 1]):
-            works.append(tuple(int(v) for v in rows[w]))
-    return works
-
-
-def _decode_works(works: list[tuple[int, ...]], batch: int, H: int, total_q: int, out_rows: int,
-                  n_split_rows: int) -> list[_Work]:
-    """Decode ``WorkInfo`` rows (head range = ``first | end << 16``) and check that every destination
-    lies inside the buffers (the hardware would corrupt memory). Empty head ranges are dropped."""
     decoded = []
-    for w in works:
+    for w in (tuple(int(v) for v in rows[n]) for g in range(len(wi) - 1) for n in range(max(wi[g], 0), wi[g + 1])):
         b, loc, q0, q1, k0, k1, _kv_off, hr = w
         h_lo, h_hi = unpack_q_head_range(hr & 0xFFFFFFFF)
         if not 0 <= b < batch:
@@ -257,13 +240,6 @@ def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: t
     return m, l_sum, acc
 
 
-def _epilogue(m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, cs: SoftmaxConsts,
-              em: Emulator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``O = acc * v_scale/l`` (0 where ``l == 0``) and the partial LSE (:meth:`Emulator.partial_lse`)."""
-    inv = torch.where(l_sum == 0, torch.zeros((), dtype=torch.float32, device=l_sum.device), cs.v_scale / l_sum)
-    return acc * inv[..., None], em.partial_lse(m, l_sum, cs)
-
-
 def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
               pages: torch.Tensor, qo: list[int], kvp: list[int], causal: bool, cs: SoftmaxConsts,
               em: Emulator, bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
@@ -282,15 +258,14 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     qt = torch.where((rows < total_q)[:, None, None], qt.double(), 0.0).permute(1, 0, 2)  # [nh, nr, Dqk]
     lim = em.row_limits(rows, qo[w.b], qo[w.b + 1] - qo[w.b], kvp[w.b + 1] - kvp[w.b], k_lim, causal)
     m, l_sum, acc = _online_softmax(qt, K, V, pages, hs, kvp[w.b], k0l, k1l, lim, cs)
-    o, lse = _epilogue(m, l_sum, acc, cs, em)
+    inv = torch.where(l_sum == 0, torch.zeros((), dtype=torch.float32, device=dev), cs.v_scale / l_sum)
+    o, lse = acc * inv[..., None], em.partial_lse(m, l_sum, cs)  # epilogue: O * v_scale/l (0 where l == 0)
     if w.loc == -1:
         output[w.q0 : w.q1, dst] = o.permute(1, 0, 2).to(output.dtype)
         return
     nfit = min(Q_TILE, int(split_data.shape[0]) - w.loc)
     split_data[w.loc : w.loc + nfit, dst] = o[:, :nfit].permute(1, 0, 2).to(split_data.dtype)
     split_lse[w.loc : w.loc + nfit, dst] = lse[:, :nfit].T.to(split_lse.dtype)
-
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,8 +304,6 @@ def _merge_partials(lses: list[torch.Tensor], partials: list[torch.Tensor],
     for x, o in zip(lses, partials):
         acc = acc + torch.exp(x - lse_star)[..., None] * o
     return lse_star, acc
-
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -470,47 +443,27 @@ class Emulator:
     ) -> None:
         """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes).
 
-        Source: docs/aiter-contract.md#kernel-args, #work-info, #kernel; AITER
-        ``e4048607a535``, kernel objects ``mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``. The kernel is
-        the same before and after ROCm/aiter#3606: the plan decides which works write ``output`` directly
-        (``partial_o_loc == -1``, pre-#3606 unsplit tiles) and which write a partial slot (every work
-        post-#3606).
-
-        For each workgroup ``g`` and each work ``(b, loc, q0, q1, k0, k1, kv_off, heads)`` of
-        ``work_info_set[work_indptr[g]:work_indptr[g+1]]`` in order, and for each 128-key tile of
-        ``[k0, k1)``: ``s = Q8 @ K8^T`` (raw fp8 values, fp32), keys at or past the row limit
-        (bottom-right causal ``kv_len - q_len + i + 1``, capped at the work's end) get ``-inf``; base-2
-        online softmax with ``c = softmax_scale*q_scale*k_scale``, ``c2 = c*log2(e)``, running max ``m`` on
-        the raw scores from ``-FLT_MAX``, ``p = exp2(s*c2 - m_new*c2)``, ``l += sum(p)`` (fp32 p),
-        ``O = alpha*O + e4m3fn(p) @ V8`` (RNE, unscaled). Epilogue: ``O *= v_scale/l`` (0 if ``l == 0``);
-        ``loc == -1`` writes ``bf16(O)`` to ``output[q0:q1, h]`` (no LSE); otherwise ``splitData[loc+t, h]``
-        (fp32) and ``splitLse[loc+t, h] = m*c + ln(l)`` for all 256 tile rows ``t``. ``kv_off`` is ignored,
-        as by the kernel; q_len < kv_len (context chunks) works for both masks.
-
-        K/V rows are read through ``kv_page_indices``; tile keys past ``len(kv_page_indices)`` read page 0,
-        page indices outside ``[0, num_page)`` read zeros (buffer-descriptor semantics). Works that share
-        ``(b, loc, q0, q1, k0, k1)`` are batched across heads; if any (row, head) destination is written
-        twice the works run strictly one by one in order instead.
+        Source: docs/aiter-contract.md#kernel-args, #work-info, #kernel (the steps, in that order) and the
+        arithmetic model of the module docstring; the kernel is the same before and after ROCm/aiter#3606.
+        Works run workgroup by workgroup, in order. ``loc == -1`` writes ``bf16(O)`` to ``output[q0:q1]``
+        (no LSE); otherwise all 256 rows of the slot go to ``splitData``/``splitLse``. ``kv_offset`` and
+        ``max_seqlen_q`` are ignored, as by the kernel. K/V rows are read through ``kv_page_indices``; tile
+        keys past its end read page 0, page indices outside ``[0, num_page)`` read zeros (buffer-descriptor
+        semantics). Works that differ only in their head are batched; if a (row, head) destination is
+        written twice, the works run one by one in order instead.
 
         Args:
             Q: ``[total_q, H, Dqk]`` float8_e4m3fn (Dqk = 192 on hardware), contiguous or not.
             K: ``[num_page, H, Dqk]`` float8_e4m3fn, one token per page.
             V: ``[num_page, H, Dv]`` float8_e4m3fn (Dv = 128 on hardware).
-            qo_indptr: ``[B+1]`` integer cumulative q lengths (token rows of Q/output).
-            kv_indptr: ``[B+1]`` integer cumulative KV lengths, indexing ``kv_page_indices``.
-            kv_page_indices: ``[num_used_page]`` integer, position -> K/V row.
-            work_indptr: ``[num_wg+1]`` integer (planner output; one workgroup per entry).
-            work_info_set: ``[max_works, 8]`` integer (planner output; ``WorkInfo`` rows).
-            max_seqlen_q: ignored (as by the host and kernel).
-            softmax_scale: softmax scale in natural-log units (``1/sqrt(192)`` for MLA), Python float.
+            qo_indptr, kv_indptr: ``[B+1]`` integer cumulative q rows / KV positions (``kv_indptr``
+                indexes ``kv_page_indices``, ``[num_used_page]`` integer position -> K/V row).
+            work_indptr, work_info_set: the planner's ``[num_wg+1]`` and ``[max_works, 8]`` integer buffers.
+            softmax_scale: natural-log softmax scale (``1/sqrt(192)`` for MLA), Python float.
             is_causal: bottom-right causal masking.
-            splitData: ``[R, H, Dv]`` fp32, written for works with a partial slot.
-            splitLse: ``[R, H]`` fp32, natural-log LSE of the partials.
-            output: ``[total_q, H, Dv]`` (bf16 on hardware), written for works with ``loc == -1``.
+            splitData, splitLse: ``[R, H, Dv]`` / ``[R, H]`` fp32 partials and their natural-log LSE.
+            output: ``[total_q, H, Dv]`` (bf16 on hardware).
             q_scale, k_scale, v_scale: one-element fp32 dequant multipliers (real = fp8 * scale).
-
-        Returns:
-            None; ``output``, ``splitData`` and ``splitLse`` are written in place.
 
         Raises:
             ValueError: a scale is None or not one element; head/row/dim mismatch between tensors; a work
@@ -520,11 +473,11 @@ class Emulator:
         cs = self.softmax_consts(softmax_scale, *(_scalar_f32(x, n, Q.device) for x, n in
                                                   ((q_scale, "q_scale"), (k_scale, "k_scale"), (v_scale, "v_scale"))))
         qo, kvp = _indptr_lists(qo_indptr, kv_indptr)
-        works = _work_list(work_indptr, work_info_set)
-        if not works:
-            return
         n_split_rows = int(splitData.shape[0]) if splitData is not None else 0
-        decoded = _decode_works(works, len(qo) - 1, H, total_q, int(output.shape[0]), n_split_rows)
+        decoded = _decode_works(work_indptr, work_info_set, len(qo) - 1, H, total_q, int(output.shape[0]),
+                                n_split_rows)
+        if not decoded:
+            return
         dest_head = self.dest_heads(H)
         pages = kv_page_indices.reshape(-1).to(device=Q.device, dtype=torch.long)
         for w, heads in _batch_across_heads(decoded, total_q, H, n_split_rows):
@@ -545,31 +498,20 @@ class Emulator:
     ) -> None:
         """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
 
-        Source: docs/aiter-contract.md#reduce, #pr-3606; AITER
-        ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
-
-        For each group ``g`` with ``n = reduce_indptr[g+1] - reduce_indptr[g]`` partials at locations
-        ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g+1]]`` and rows
-        ``[qo_start, qo_end) = reduce_final_map[g]``, for every head and row ``s`` (``t = s - qo_start``):
-        ``M = max_i lse_i``, ``S = sum_i exp(lse_i - M)``, ``lse* = M + ln S`` (``+inf`` if S is 0 or NaN),
-        ``final_output[s, h] = cast(sum_i exp(lse_i - lse*) * O_i)``, ``final_lse[s, h] = lse*``. All in
-        fp32, natural exp/log, partials accumulated in map order. The reduce runs for ``n >= 2`` before
-        #3606 (groups with 0 or 1 partials are skipped: neither output nor LSE is written) and for
-        ``n >= 1`` from #3606 on (AITER v0.1.22; the planner then gives every tile a group, so
-        ``final_lse`` is written for every row).
+        Source: docs/aiter-contract.md#reduce, #pr-3606; AITER ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
+        Per group, head and row, in fp32 with natural exp/log and partials in map order: ``M = max lse_i``,
+        ``S = sum exp(lse_i - M)``, ``lse* = M + ln S`` (``+inf`` if S is 0 or NaN), ``final_output =
+        cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``. Groups of fewer than 2 partials are
+        skipped before #3606 (neither output nor LSE written), of fewer than 1 from #3606 on.
 
         Args:
             partial_output: ``[R, H, Dv]`` fp32 partials (``splitData``).
             partial_lse: ``[R, H]`` fp32 natural-log LSE (``splitLse``).
-            reduce_indptr: ``[tiles+1]`` integer group pointers into ``reduce_partial_map``.
-            reduce_final_map: ``[tiles, 2]`` integer ``[qo_start, qo_end)`` per group.
-            reduce_partial_map: ``[slots]`` integer partial row offsets.
+            reduce_indptr, reduce_final_map, reduce_partial_map: the planner's ``[tiles+1]``, ``[tiles, 2]``
+                and ``[slots]`` integer buffers.
             final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for the reduced rows.
             final_lse: optional ``[total_q, H]`` fp32, written for the reduced rows.
             post_3606: reduce groups of a single partial too (ROCm/aiter#3606 semantics).
-
-        Returns:
-            None (in-place).
 
         Raises:
             ValueError: a group references partial rows or output rows outside the buffers.
@@ -612,31 +554,26 @@ class Emulator:
         cu_seqlens_kv: torch.Tensor | None = None,
         post_3606: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Plan, run the emulated kernel and reduce: an emulated AITER PS FP8 MLA prefill.
+        """Plan (:func:`plan_emulated`, identity ``kv_page_indices``), then run the emulated kernel and reduce
+        with ``splitData``/``splitLse`` sized from the live partial count: an emulated AITER PS FP8 MLA prefill.
 
         Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
 
-        Plans with :func:`plan_emulated` (``kv_indptr = cu_seqlens_kv``, identity ``kv_page_indices``),
-        allocates ``splitData``/``splitLse`` from the *live* partial count (``num_partials * 256`` rows),
-        runs :func:`emulate_mla_prefill_ps_asm_fwd` then :func:`emulate_mla_reduce_v1`.
-
         Args:
-            q8: ``[T, H, 192]`` float8_e4m3fn queries (real = q8 * q_scale).
-            k8: ``[P, H, 192]`` float8_e4m3fn keys (P = T unless ``cu_seqlens_kv`` is given).
-            v8: ``[P, H, 128]`` float8_e4m3fn values.
+            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn (P = T unless
+                ``cu_seqlens_kv`` is given); real = fp8 * scale.
             q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
             cu_seqlens: int32 ``[B+1]`` cumulative q lengths (``cu_seqlens[-1] == T``).
             softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
-            causal: bottom-right causal masking (query i of a sequence sees key j iff
-                ``j <= kv_len - q_len + i``); False for a context chunk.
+            causal: bottom-right causal masking (query i sees key j iff ``j <= kv_len - q_len + i``);
+                False for a context chunk.
             cu_num: CU count the plan is made for (256 on MI355X).
-            return_lse: also return the ``[T, H]`` fp32 final LSE (natural log). Post-#3606 every row is
-                written; pre-#3606 only rows of split tiles (others NaN when ``poison``, else undefined).
+            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE: every row post-#3606, only
+                rows of split tiles pre-#3606 (others NaN when ``poison``, else undefined).
             poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
-            cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``
-                (q_len == kv_len). A context chunk has q_len < kv_len.
-            post_3606: the v0.1.22 planner with ``need_lse=True`` (ROCm/aiter#3606): every work gets a partial
-                slot and the reduce runs for every tile; False plans as AITER <= v0.1.21 (= ``need_lse=False``).
+            cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``.
+            post_3606: the v0.1.22 planner with ``need_lse=True`` and its reduce; False plans as AITER
+                <= v0.1.21 (= ``need_lse=False``).
 
         Returns:
             ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.

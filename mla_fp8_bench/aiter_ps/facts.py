@@ -119,9 +119,7 @@ NEWEST_MODELLED_VERSION: Version = (0, 1, 22)
 """Newest AITER release the suite models (the default emulated version)."""
 
 PLANNER_PRE_3606 = "pre-3606"
-"""Planner up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group;
-``get_ps_metadata_info_v1(batch_size, num_head_k, max_qlen, qlen_granularity=256)`` sizes
-``reduce_partial_map`` as ``min(B + cpc - 1, 2 * (cpc - 1)) * T`` slots."""
+"""Planner up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group."""
 
 PLANNER_PR_3606_REF = "pr3606-ref"
 """``refs/pull/3606/merge`` of 2026-08-22 (``b97d239``), never released: every work gets a slot, there is
@@ -129,8 +127,8 @@ no ``need_lse``, and ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_g
 
 PLANNER_V0_1_22 = "v0.1.22"
 """ROCm/aiter#3606 as merged (v0.1.22, v0.1.22.post1): ``get_ps_metadata_v1`` gains ``need_lse`` as its last
-parameter (``False`` keeps the pre-#3606 plan, ``True`` gives every tile a slot and a reduce group), and
-``get_ps_metadata_info_v1`` keeps its four parameters, sizing ``reduce_partial_map`` as ``B * T + cpc - 1``."""
+parameter (``False`` keeps the pre-#3606 plan, ``True`` gives every tile a slot and a reduce group);
+``get_ps_metadata_info_v1`` keeps its four parameters (with other sizes)."""
 
 PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22)
 """The planner revisions the suite models (docs/aiter-contract.md#pr-3606)."""

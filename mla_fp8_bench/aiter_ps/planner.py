@@ -35,21 +35,7 @@ from mla_fp8_bench.aiter_ps.facts import (
     PLANNER_V0_1_22,
     Q_TILE,
     WORK_INFO_COLS,
-    WORK_INFO_FIELDS,
 )
-
-__all__ = [
-    "BUFFER_NAMES",
-    "BUFFER_LENGTH_KEYS",
-    "Q_TILE",
-    "WORK_INFO_FIELDS",
-    "PsPlan",
-    "PsPlanError",
-    "buffer_lengths_from_info",
-    "fill_aiter_buffers",
-    "plan_ps_prefill",
-    "ps_metadata_info",
-]
 
 BUFFER_LENGTH_KEYS = (
     "work_metadata_ptrs",

@@ -1,16 +1,11 @@
 """Workspace bytes of the PS FP8 prefill: what a plan uses and what callers reserve.
 
 One call of ``mla_prefill_ps_asm_fwd`` + ``mla_reduce_v1`` needs three fp32 scratch buffers
-(``docs/aiter-contract.md#workspace``):
-
-* ``splitData`` (vLLM: ``logits``) ``[slots * 256, H, v_head_dim]`` fp32: the partial outputs;
-* ``splitLse`` (vLLM: ``attn_lse``) ``[slots * 256, H]`` fp32: the partial LSE;
-* ``final_lse`` ``[rows, H]`` fp32: the merged LSE of every q row.
-
-``slots`` is the live partial count ``reduce_indptr[-1]`` of a plan (what is *used*), or a bound
-(what is *reserved*): the ``reduce_partial_map`` size from ``get_ps_metadata_info_v1``, or vLLM's
-budget formula (``docs/aiter-contract.md#vllm-entry``). :func:`workspace_bytes` computes every one of
-these from the slot count; :func:`vllm_partial_tiles` gives vLLM's slot count by version.
+(``docs/aiter-contract.md#workspace``): ``splitData`` (vLLM: ``logits``) ``[slots * 256, H, v_head_dim]``,
+``splitLse`` (vLLM: ``attn_lse``) ``[slots * 256, H]`` and ``final_lse`` ``[rows, H]``. ``slots`` is the
+live partial count ``reduce_indptr[-1]`` of a plan (*used*) or a bound (*reserved*): the info function's
+``reduce_partial_map`` size, or vLLM's budget formula (:func:`vllm_partial_tiles`,
+``docs/aiter-contract.md#vllm-entry``).
 """
 
 from __future__ import annotations
@@ -50,22 +45,16 @@ def _round_up(n: int, align: int) -> int:
 
 def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_head_dim: int = V_HEAD_DIM, *,
                     align: int = 1, extra: int = 0) -> WorkspaceBytes:
-    """fp32 scratch for ``partial_slots`` 256-row partial slots and ``final_lse_rows`` q rows.
-
-    Args:
-        partial_slots: slots (live ``num_partials``, or a reserved bound), >= 0.
-        final_lse_rows: rows of ``final_lse`` (total q tokens, or vLLM's ``max_num_batched_tokens``), >= 0.
-        num_heads: heads H (vLLM: the padded count), >= 1.
-        v_head_dim: ``v_head_dim`` (128).
-        align: each buffer rounded up to a multiple of this many bytes (vLLM: 256).
-        extra: bytes of any further buffer reserved with them (not rounded).
+    """fp32 scratch for ``partial_slots`` 256-row partial slots and ``final_lse_rows`` q rows (``num_heads``
+    heads, vLLM: the padded count), each buffer rounded up to a multiple of ``align`` bytes (vLLM: 256);
+    ``extra``: bytes of a further buffer reserved with them (not rounded).
 
     Returns:
         :class:`WorkspaceBytes`: ``partial_output = slots*256*H*dv*4``, ``partial_lse = slots*256*H*4``,
-        ``final_lse = rows*H*4`` (each rounded up to ``align``).
+        ``final_lse = rows*H*4``.
 
     Raises:
-        ValueError: a negative count, ``num_heads < 1``, ``v_head_dim < 1`` or ``align < 1``.
+        ValueError: a non-integer or negative count, ``num_heads``, ``v_head_dim`` or ``align`` below 1.
     """
     for name, v, lo in (("partial_slots", partial_slots, 0), ("final_lse_rows", final_lse_rows, 0),
                         ("num_heads", num_heads, 1), ("v_head_dim", v_head_dim, 1), ("align", align, 1),
