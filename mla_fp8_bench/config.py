@@ -186,20 +186,15 @@ def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
     """
     if not raw.strip():
         return None
-    from mla_fp8_bench.aiter_ps.facts import (
-        NEWEST_MODELLED_VERSION,
-        PS_PREFILL_FIRST_VERSION,
-        AiterVersionError,
-        format_version,
-        parse_aiter_version,
-    )
+    from mla_fp8_bench.aiter_ps import facts
 
     try:
-        ver = parse_aiter_version(raw)
-    except AiterVersionError:
+        ver = facts.parse_aiter_version(raw)
+    except facts.AiterVersionError:
         ver = None
-    if ver is None or not PS_PREFILL_FIRST_VERSION <= ver <= NEWEST_MODELLED_VERSION:
-        lo, hi = format_version(PS_PREFILL_FIRST_VERSION), format_version(NEWEST_MODELLED_VERSION)
+    lo, hi = facts.PS_PREFILL_FIRST_VERSION, facts.NEWEST_MODELLED_VERSION
+    if ver is None or not lo <= ver <= hi:
+        lo, hi = facts.format_version(lo), facts.format_version(hi)
         raise ValueError(f"{what}={raw!r} is invalid: an AITER version MAJOR.MINOR.PATCH[.postN] "
                          f"from {lo} to {hi} (e.g. 0.1.20, 0.1.20.post1, v0.1.22)")
     return ver

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -28,6 +30,8 @@ from typing import IO, Any
 MAX_JSON_BYTES = 256 * 1024 * 1024
 #: Deepest nesting of arrays/objects accepted in a JSON file (asv's files nest 4 deep).
 MAX_JSON_DEPTH = 64
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 class OutputError(OSError, ValueError):
@@ -42,36 +46,14 @@ class OutputError(OSError, ValueError):
 
 
 def _json_depth(text: str) -> int:
-    """Deepest nesting of ``[``/``{`` outside strings (a linear scan, no recursion)."""
-    depth = best = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif ch in "]}":
-            depth -= 1
-    return best
+    """Deepest nesting of ``[``/``{`` outside strings (no recursion)."""
+    steps = (1 if m.group() in "[{" else -1 for m in _BRACKET.finditer(_STRING.sub("", text)))
+    return max(itertools.accumulate(steps, initial=0))
 
 
 def load_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError, hint: str = "") -> Any:
-    """Parse the JSON file ``path``; any failure raises ``error`` naming ``what`` and ``path``.
-
-    Args:
-        path: the file.
-        what: what the file should be (``"run JSON"``, ``"asv result file"``), used in messages.
-        error: exception class to raise (the caller's own error type).
-        hint: appended to the invalid-JSON message (e.g. how to regenerate the file).
-    """
+    """Parse the JSON file ``path``; any failure raises ``error`` (the caller's own type) naming ``what``
+    (what the file should be: ``"run JSON"``) and ``path``; ``hint`` ends the invalid-JSON message."""
     path = Path(path)
     try:
         if path.is_file() and path.stat().st_size > MAX_JSON_BYTES:
@@ -112,16 +94,12 @@ def check_output_path(path: str | os.PathLike | None, what: str = "output file")
         raise ValueError(f"{what} {p} is a directory: give a file path inside it, e.g. {p / 'out.json'}")
     if p.exists() and not p.is_file():
         raise ValueError(f"{what} {p} exists and is not a regular file")
-    for anc in p.parents:
-        if anc.exists():
-            if not anc.is_dir():
-                raise ValueError(f"{what} {p} lies under {anc}, which is a file, not a directory")
-            break
+    anc = next((a for a in p.parents if a.exists()), None)
+    if anc is not None and not anc.is_dir():
+        raise ValueError(f"{what} {p} lies under {anc}, which is a file, not a directory")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=_tmp_prefix(p), suffix=".probe", dir=p.parent)
-        os.close(fd)
-        os.unlink(probe)
+        tempfile.NamedTemporaryFile(prefix=_tmp_prefix(p), suffix=".probe", dir=p.parent).close()
     except OSError as exc:
         raise ValueError(f"{what} {p} cannot be written: {exc.strerror or exc} ({p.parent})") from None
     return p
@@ -155,11 +133,7 @@ def _check_name_length(p: Path, what: str) -> None:
     if len(os.fsencode(str(p.absolute()))) >= 4096:
         raise OutputError(errno.ENAMETOOLONG, f"{what} {str(p)[:80]}...: the path is over 4095 bytes (PATH_MAX)")
     try:
-        anc = next((a for a in p.parents if a.is_dir()), Path("."))
-    except OSError:
-        anc = Path(".")
-    try:
-        name_max = os.pathconf(anc, "PC_NAME_MAX")
+        name_max = os.pathconf(next((a for a in p.parents if a.is_dir()), Path(".")), "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
     for part in (p.name, *(a.name for a in p.parents)):
@@ -180,15 +154,19 @@ def _write_error(path: Path, exc: OSError) -> OutputError:
     return OutputError(exc.errno, f"cannot write {path}: {why}; the previous file, if any, is unchanged")
 
 
+def _umask_mode() -> int:
+    old = os.umask(0)
+    try:
+        return 0o666 & ~old
+    finally:
+        os.umask(old)
+
+
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) -> Iterator[None]:
-    """Hold an exclusive lock of ``path``'s writers (``fcntl.flock`` of ``.<name>.lock`` beside it; the
-    lock file exists only while it is held).
-
-    Args:
-        path: the file or folder written.
-        what: its name in messages.
-        wait: block until the other writer is done (default), or refuse at once.
+    """Hold an exclusive lock of the writers of ``path`` (a file or folder; ``what`` names it in messages):
+    ``fcntl.flock`` of ``.<name>.lock`` beside it, a file that exists only while it is held. ``wait``: block
+    until the other writer is done (default), or refuse at once.
 
     Raises:
         OutputError: ``wait=False`` and another process holds the lock (its pid named), or the lock file
@@ -209,12 +187,9 @@ def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) ->
             os.close(fd)
             raise OutputError(errno.EBUSY, f"{what} {p} is being written by another process (pid {holder}): wait "
                               "for it to finish, or choose another path") from None
-        try:
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-        except OSError:
-            same = False
-        if same:
-            break
+        with contextlib.suppress(OSError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
         os.close(fd)  # the holder before us removed that lock file: lock the current one
     try:
         with contextlib.suppress(OSError):
@@ -225,14 +200,6 @@ def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) ->
         with contextlib.suppress(OSError):
             os.unlink(lock)  # removed while held, so no file is left behind; waiters re-check the inode
         os.close(fd)
-
-
-def _umask_mode() -> int:
-    old = os.umask(0)
-    try:
-        return 0o666 & ~old
-    finally:
-        os.umask(old)
 
 
 def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = False) -> None:
@@ -259,10 +226,8 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, b
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException as exc:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(exc, OSError) and not isinstance(exc, OutputError):
             raise _write_error(path, exc) from None
         raise

@@ -1,18 +1,10 @@
-"""Output a person reads in a terminal and in a CI log.
-
-* :func:`make_console` - a rich console that never wraps a table off a terminal: when stdout is not a
-  terminal (a CI log, ``| cat``, a file), tables and lines print at their natural width (``COLUMNS``,
-  when set, still wins).
-* :class:`CaseProgress` - one line per finished (backend, case) with its elapsed time and the running
-  total: ``[3/30] aiter-emulated s512: ok (4.1 s; 12.8 s so far)``. On a terminal a rich progress bar
-  runs under those lines; off a terminal the lines alone are printed, each flushed as it happens.
-* :func:`case_line` - that line, the one format the CLI and the asv grid (``setup_cache``, on stderr so
-  ``asv run --show-stderr`` shows it) both print.
-* :func:`fmt_seconds` - a duration in s / ms / us, the one format of every table.
+"""Output a person reads in a terminal and in a CI log (not a TTY): tables never wrapped, a progress line
+per finished (backend, case) that the CLI and the asv grid both print, one duration format.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -37,23 +29,15 @@ def fmt_seconds(x: float | None) -> str:
     return f"{x * 1e6:.4g} us"
 
 
-def is_terminal(file: TextIO | None = None) -> bool:
-    """Whether ``file`` (default stdout) is an interactive terminal."""
-    f = file if file is not None else sys.stdout
-    try:
-        return bool(f.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
 def make_console(file: TextIO | None = None) -> Console:
     """A rich console for ``file`` (default stdout).
 
-    On a terminal: rich's own width detection. Off a terminal: ``COLUMNS`` if set, else
-    :data:`LOG_WIDTH`, so tables are never folded into fragments at 80 columns.
+    On a terminal: rich's own width detection. Off a terminal (a CI log, ``| cat``, a file): ``COLUMNS``
+    if set, else :data:`LOG_WIDTH`, so tables are never folded into fragments at 80 columns.
     """
-    if is_terminal(file):
-        return Console(file=file)
+    with contextlib.suppress(AttributeError, ValueError):
+        if (file if file is not None else sys.stdout).isatty():
+            return Console(file=file)
     cols = os.environ.get("COLUMNS", "")
     width = int(cols) if cols.isdigit() and int(cols) > 0 else LOG_WIDTH
     return Console(file=file, width=width, force_terminal=False, highlight=False)
@@ -89,22 +73,17 @@ def open_parent_stderr() -> TextIO | None:
 
 
 class CaseProgress:
-    """Progress over ``total`` (backend, case) pairs; a context manager whose :meth:`step` takes each
-    finished record (anything with ``backend``, ``case``, ``status``, ``reason`` attributes).
+    """Progress over ``total`` (backend, case) pairs: a context manager whose :meth:`step` takes each
+    finished record (anything with ``backend``, ``case``, ``status``, ``reason`` attributes) and prints
+    its :func:`case_line`; on a terminal a rich progress bar runs under those lines.
 
-    Args:
-        total: pairs planned.
-        console: the rich console of a CLI command; None writes plain lines to ``stream``.
-        stream: where plain lines go without a console (default stderr); a tuple writes to each.
+    ``console``: the rich console of a CLI command; None writes plain lines to ``stream`` (default
+    stderr; a tuple writes to each), each flushed as it happens.
     """
 
     def __init__(self, total: int, console: Console | None = None,
                  stream: TextIO | tuple[TextIO, ...] | None = None) -> None:
-        self.total = total
-        self.console = console
-        self.stream = stream
-        self.done = 0
-        self._t0 = self._last = time.perf_counter()
+        self.total, self.console, self.stream, self.done = total, console, stream, 0
         self._prog: Any = None
         self._task: Any = None
 

@@ -54,10 +54,10 @@ def results_dir_of(config: str, conf: dict[str, Any] | None = None) -> str:
 def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[str, float | None, str]:
     """(selected name, value, status) of the one benchmark combination matching ``regex``.
 
-    Read with :mod:`mla_fp8_bench.harness.results` (the suite's one reader of asv results). The value is
-    what asv stored: a ``track_`` float, or for samples the median. status is ``ok``, ``failed`` (asv
-    stored null), ``skipped`` (NaN) or ``missing`` (no result file). Names are asv's, as ``asv run -b``
-    and ``asv find`` match them: ``bench_mla_prefill.MLAPrefill.track_latency('aiter', 's512')``.
+    The value is what asv stored (a ``track_`` float, or for samples the median); status is a
+    :class:`~mla_fp8_bench.harness.results.Measurement`'s, or ``missing`` (no result file). Names are
+    asv's, as ``asv run -b`` and ``asv find`` match them: ``bench_mla_prefill.MLAPrefill.track_latency('aiter',
+    's512')``.
 
     Raises:
         BisectUsageError: the regex selects zero or several combinations in the result file.
@@ -93,13 +93,10 @@ def probe_selection(regex: str) -> dict[str, str]:
     from mla_fp8_bench.harness.asv_support import ASV_CASES, asv_backends
 
     grid, rx = asv_backends(), re.compile(regex)
-    hit_b: set[str] = set()
-    hit_c: set[str] = set()
-    for cls, metric in itertools.product(("MLAPrefill", "AiterPlan"), (*METRICS, "track_planner_time")):
-        for b, c in itertools.product(grid, ASV_CASES):
-            if rx.search(f"bench_mla_prefill.{cls}.{metric}({b!r}, {c!r})"):
-                hit_b.add(b)
-                hit_c.add(c)
+    hits = [(b, c) for cls, metric, b, c in itertools.product(("MLAPrefill", "AiterPlan"),
+                                                               (*METRICS, "track_planner_time"), grid, ASV_CASES)
+            if rx.search(f"bench_mla_prefill.{cls}.{metric}({b!r}, {c!r})")]
+    hit_b, hit_c = {b for b, _ in hits}, {c for _, c in hits}
     out: dict[str, str] = {}
     if hit_b and len(hit_b) < len(grid):
         out["MLA_FP8_BENCH_BACKENDS"] = ",".join(b for b in grid if b in hit_b)

@@ -35,34 +35,31 @@ class ToleranceFileError(ValueError):
     """A tolerance file is missing, unreadable or malformed; the message names the file and the problem."""
 
 
+def _case(case_id: Any):
+    try:
+        return parse_case_id(str(case_id))
+    except (CaseError, TypeError, ValueError):
+        return None
+
+
 def tolerance_key(record: dict[str, Any]) -> str | None:
     """The key a record's tolerances are stored under: its ``tolerance_key`` field (a fault probe), else
     the case id without the seed suffix."""
     if record.get("tolerance_key"):
         return str(record["tolerance_key"])
-    try:
-        return parse_case_id(str(record.get("case"))).with_(seed=0).id
-    except (CaseError, TypeError, ValueError):
-        return None
+    c = _case(record.get("case"))
+    return c.with_(seed=0).id if c else None
 
 
 def group_of(key: str) -> str | None:
     """``"<quant>/<dist>"`` of a tolerance key (None for probes and unparsable ids)."""
-    try:
-        c = parse_case_id(key)
-    except (CaseError, TypeError, ValueError):
-        return None
-    return f"{c.quant}/{c.dist}"
+    c = _case(key)
+    return f"{c.quant}/{c.dist}" if c else None
 
 
 @dataclass
 class Tolerances:
-    """A loaded tolerance file.
-
-    Attributes:
-        path: where it came from.
-        data: the JSON document (validated).
-    """
+    """A loaded tolerance file: where it came from and its validated JSON document."""
 
     path: str
     data: dict[str, Any]

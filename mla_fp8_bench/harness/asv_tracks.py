@@ -1,12 +1,8 @@
 """asv ``track_*`` methods generated from the metric table (:mod:`mla_fp8_bench.measure.metric_table`).
 
-An asv class in ``benchmarks/`` sets ``self.rec`` (the cached record of its (backend, case)) in ``setup``
-and is decorated with :func:`with_tracks`; every metric of the table whose ``asv_class`` is the class's
-name becomes a ``track_<...>`` method with the metric's ``unit``, ``pretty_name`` and docstring. The
-benchmark name asv derives is ``<module>.<class>.<track>`` (the attribute name), so names and params
-stay those of the hand-written methods; the class's ``version`` string is the benchmark version, except
-for tracks whose samples are rounds (:meth:`Metric.asv_version`).
-
+:func:`with_tracks` gives an asv class (whose ``setup`` sets ``self.rec``, the cached record of its
+(backend, case)) one ``track_<...>`` method per metric of its ``asv_class``, named as asv names it
+(``<module>.<class>.<track>``), versioned by the class's ``version`` (:meth:`Metric.asv_version`).
 :func:`asv_regression_config` derives the asv configs' ``regressions_thresholds`` and
 ``regressions_first_commits`` from the same table (``python -m mla_fp8_bench.harness.asv_tracks --write
 asv.conf.json`` rewrites them in place).
@@ -91,13 +87,6 @@ def _asv_regex(m: Metric) -> str:
     return "^" + re.escape(m.asv_name) + r"(\(|$)"
 
 
-def emulation_backends() -> tuple[str, ...]:
-    """Backends of the asv grid whose latency is an emulation's (``asv_support.emulation_backends``)."""
-    from mla_fp8_bench.harness import asv_support
-
-    return asv_support.emulation_backends()
-
-
 def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
     """asv.conf.json's ``regressions_thresholds`` and ``regressions_first_commits``, from the table.
 
@@ -109,6 +98,8 @@ def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str,
     Returns:
         ``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}``.
     """
+    from mla_fp8_bench.harness.asv_support import emulation_backends
+
     thresholds: dict[str, float] = {}
     off: dict[str, None] = {}
     for m in asv_metrics():

@@ -47,7 +47,7 @@ def _graph_files(site: Path, benchmark: str) -> list[Path]:
 def drop_emulation_from_kernel_latency(site: Path) -> int:
     """Null the values of emulation backends in the per-machine ``track_latency`` graphs; returns how many
     values were removed."""
-    from mla_fp8_bench.harness.asv_tracks import emulation_backends
+    from mla_fp8_bench.harness.asv_support import emulation_backends
 
     lat = find("track_latency")
     index = json.loads((site / "index.json").read_text())
