@@ -188,10 +188,7 @@ def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
         return None
     from mla_fp8_bench.aiter_ps import facts
 
-    try:
-        ver = facts.parse_aiter_version(raw)
-    except facts.AiterVersionError:
-        ver = None
+    ver = facts.parse_aiter_version_or_none(raw)
     lo, hi = facts.PS_PREFILL_FIRST_VERSION, facts.NEWEST_MODELLED_VERSION
     if ver is None or not lo <= ver <= hi:
         lo, hi = facts.format_version(lo), facts.format_version(hi)

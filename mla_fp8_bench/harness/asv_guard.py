@@ -86,11 +86,8 @@ def _option(argv: list[str], name: str) -> str | None:
 
 def check_overrides(cfg: RunConfig, argv: list[str] | None = None) -> None:
     """Refuse ``MLA_FP8_BENCH_MACHINE`` / ``MLA_FP8_BENCH_EXPECT_COMMIT`` values that contradict asv's own
-    ``--machine`` / ``--set-commit-hash`` (or ``ASV_COMMIT``): the stored values kept would be another
-    machine's or commit's, and the file asv writes is the one its own arguments name.
-
-    Args:
-        argv: the ``asv run`` command line (default: the parent process's, when it is ``asv run``).
+    ``--machine`` / ``--set-commit-hash`` (or ``ASV_COMMIT``) in ``argv`` (default: the parent ``asv run``
+    process's): the stored values kept would be another machine's or commit's.
 
     Raises:
         AsvRunRefused: naming both values.
@@ -150,14 +147,13 @@ def result_file(cfg: RunConfig) -> Path | None:
 
 
 def check_asv_run(cfg: RunConfig) -> None:
-    """Refuse a run that would measure the wrong code or lose data, before asv writes anything (the asv
-    benchmark module calls it when asv discovers the benchmarks). Does nothing outside ``asv run``.
+    """Refuse a run that would measure the wrong code or lose data, before asv writes anything. Does
+    nothing outside ``asv run``.
 
     Raises:
-        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit` and :func:`result_file`; or the
-            run measures part of the grid (``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` / ``_MAX_TOKENS``) and
-            its commit cannot be found (so its stored values could not be kept); or the stored result
-            file it would overwrite is not readable asv JSON.
+        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit` and :func:`result_file`; a run
+            narrowed to part of the grid whose commit is unknown (its stored values could not be kept); a
+            stored result file it would overwrite that is not readable asv JSON.
     """
     ctx = asv_context(cfg)
     if ctx is None:
@@ -177,11 +173,7 @@ def check_asv_run(cfg: RunConfig) -> None:
 
 
 def _read_results(path: Path) -> AsvResult:
-    """The stored asv result file a run would overwrite (:mod:`mla_fp8_bench.harness.results`).
-
-    Raises:
-        AsvRunRefused: naming the file, when it is not readable asv result JSON.
-    """
+    """The stored asv result file a run would overwrite; AsvRunRefused naming it when it is unreadable."""
     try:
         return load_asv_result(path)
     except ResultsError as exc:
@@ -191,14 +183,9 @@ def _read_results(path: Path) -> AsvResult:
 
 def stored_records(cfg: RunConfig, class_name: str, version: str, keys: list[tuple[str, str]]
                    ) -> dict[str, dict[str, Any]]:
-    """Records rebuilt from the stored asv results of ``class_name`` for the (backend, case) ``keys``.
-
-    Only values stored under the same benchmark ``version`` are used; a param whose stored values are
-    all missing or n/a gets no record (it stays n/a).
-
-    Returns:
-        ``{"backend|case": record}`` with ``status="ok"`` and ``stored_from`` naming the file.
-    """
+    """``{"backend|case": record}`` rebuilt from the stored asv results of ``class_name`` for the (backend,
+    case) ``keys``: ``status="ok"``, ``stored_from`` naming the file. Only values stored under the same
+    benchmark ``version`` are used; a param whose stored values are all missing or n/a gets no record."""
     path = result_file(cfg)
     if path is None or not keys:
         return {}
