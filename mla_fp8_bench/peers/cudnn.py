@@ -98,9 +98,6 @@ def _short(exc: BaseException) -> str:
 class _CudnnBase(Backend):
     """Shared cuDNN plumbing; subclasses build the attention node."""
 
-    use_fp8: ClassVar[bool] = True
-    #: ctx/prefix cases need the LSE of every row (cuDNN's ``Stats`` output, ragged ``[B, H, S_q, 1]``)
-    #: for the vLLM-style merge; that output is not wired and not measured yet.
     context_chunks: ClassVar[Verdict] = Verdict.no("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats "
                                                    "output is not wired), which ctx and prefix cases need")
 
@@ -159,7 +156,7 @@ class _CudnnBase(Backend):
     def _build(self, cudnn, handle, q, k, v, inputs, batch, max_q, max_kv, cu_q, cu_kv, state):
         """The cuDNN graph and the output tensor (``[T_q, H, 128]``, bf16 or e4m3)."""
         dev = inputs.device
-        io = cudnn.data_type.FP8_E4M3 if self.use_fp8 else cudnn.data_type.BFLOAT16
+        io = cudnn.data_type.FP8_E4M3 if self.fp8 else cudnn.data_type.BFLOAT16
         graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         pack = state["pack"]
@@ -228,7 +225,6 @@ class CudnnFp8(_CudnnBase):
     name = "cudnn-fp8"
     description = "cuDNN fused FP8 SDPA (nvidia-cudnn-frontend sdpa_fp8): e4m3 in, per-tensor descales (Hopper peer)"
     fp8 = True
-    use_fp8 = True
 
     def supports(self, case, platform: PlatformInfo) -> Verdict:
         if platform.fp8_dtype != torch.float8_e4m3fn:
@@ -265,7 +261,6 @@ class CudnnBf16(_CudnnBase):
     name = "cudnn-bf16"
     description = "cuDNN fused SDPA bf16 (nvidia-cudnn-frontend sdpa) on the bf16 inputs"
     fp8 = False
-    use_fp8 = False
 
     def _tensors(self, inputs: CaseInputs):
         return tuple(x.to(torch.bfloat16).contiguous() for x in (inputs.q, inputs.k, inputs.v))

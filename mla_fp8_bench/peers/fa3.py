@@ -108,14 +108,13 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 class _Fa3Base(Backend):
     """Shared FA3 plumbing; subclasses choose the input precision."""
 
-    use_fp8: ClassVar[bool] = True
     context_chunks: ClassVar[Verdict] = Verdict.yes()
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         return fa3_availability(platform)
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
-        if self.use_fp8 and platform.fp8_dtype != torch.float8_e4m3fn:
+        if self.fp8 and platform.fp8_dtype != torch.float8_e4m3fn:
             return Verdict.no(f"FA3 FP8 takes float8_e4m3fn only, not {platform.fp8_dtype}")
         return Verdict.yes()
 
@@ -187,7 +186,6 @@ class Fa3Fp8(_Fa3Base):
     name = "fa3-fp8"
     description = "FlashAttention-3 FP8 (fa3-fwd 0.0.3): e4m3 in, per-tensor descales, bf16 out (Hopper peer)"
     fp8 = True
-    use_fp8 = True
 
     def _tensors(self, inputs: CaseInputs):
         if inputs.fp8_dtype != torch.float8_e4m3fn:
@@ -205,7 +203,6 @@ class Fa3Bf16(_Fa3Base):
     name = "fa3-bf16"
     description = "FlashAttention-3 bf16 (fa3-fwd 0.0.3) on the bf16 inputs (Hopper non-FP8 baseline)"
     fp8 = False
-    use_fp8 = False
 
     def _tensors(self, inputs: CaseInputs):
         q, k, v = (_last_dim_contiguous(x.to(torch.bfloat16)) for x in (inputs.q, inputs.k, inputs.v))
