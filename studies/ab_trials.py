@@ -19,7 +19,8 @@ the repository root on the device::
     python3 studies/ab_trials.py --work /tmp/abt --out $OUT/ab_trials.json --trials 5 --rounds 4
 
 ``--summarize A.json B.json ...`` pools trial files (two machine starts) and recomputes every verdict
-with the gate's rounds rule at ``--factor`` / ``--noise-k`` from the stored per-round values.
+with ``ab``'s rule (:func:`mla_fp8_bench.analysis.ab.judge`) at ``--factor`` / ``--noise-k`` from the stored
+per-round values.
 """
 
 from __future__ import annotations
@@ -174,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factor", type=float, default=None)
     ap.add_argument("--noise-k", type=float, default=None)
     a = ap.parse_args(argv)
-    from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_NOISE_K
+    from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_AB_NOISE_K
 
     factor = a.factor or DEFAULT_AB_FACTOR
-    k = DEFAULT_NOISE_K if a.noise_k is None else a.noise_k
+    k = DEFAULT_AB_NOISE_K if a.noise_k is None else a.noise_k
     if a.summarize:
         res = summarize(a.summarize, factor, k)
         if a.out:

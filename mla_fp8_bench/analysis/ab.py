@@ -123,7 +123,7 @@ def side_document(measured: dict[str, Any], side: str) -> dict[str, Any]:
 def judge(measured: dict[str, Any], factor: float, noise_k: float, base_label: str = "BASE",
           head_label: str = "HEAD") -> tuple[dict[str, dict[str, Any]], list[Any]]:
     """The two side documents of a :func:`measure_ab` result and the gate's rows for them (the
-    interleaved rule: time, ratio of round means, threshold ``max(factor, 1 + noise_k x round spread)``)."""
+    interleaved rule, :func:`mla_fp8_bench.analysis.gate.interleaved_ratio`)."""
     from mla_fp8_bench.analysis import gate as G
 
     docs = {s: side_document(measured, s) for s in ("base", "head")}
@@ -193,7 +193,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
                            "rows": [r.__dict__ for r in lat]}, args.json)
     bad = [r for r in rows if r.gating]
     settings = (f"{args.rounds} rounds per side in alternating processes; latency threshold max({args.factor}, "
-                f"1 + {args.noise_k} x round spread) on the ratio of round means of time")
+                f"1 + {args.noise_k} x the ratio's standard error) on the ratio of outlier-clipped round means of time")
     if args.summary:
         from mla_fp8_bench.jsonio import write_file_atomic
 
@@ -219,7 +219,7 @@ def _handler(args: argparse.Namespace, console) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_NOISE_K
+    from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_AB_NOISE_K
 
     p = subparsers.add_parser("ab", help="PR mode: BASE and HEAD installs in alternating processes, then the gate")
     p.add_argument("base", metavar="BASE", help="Python interpreter of the base environment, or a directory "
@@ -230,9 +230,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=4, help="rounds (processes) per side (default 4)")
     p.add_argument("--factor", type=float, default=DEFAULT_AB_FACTOR,
                    help=f"least latency growth that fails (default {DEFAULT_AB_FACTOR}; the per-param "
-                        "threshold is max(factor, 1 + k x spread))")
-    p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,
-                   help=f"k of the threshold (default {DEFAULT_NOISE_K})")
+                        "threshold is max(factor, 1 + k x standard error of the ratio))")
+    p.add_argument("--noise-k", type=float, default=DEFAULT_AB_NOISE_K,
+                   help=f"k of the threshold max(factor, 1 + k x standard error of the ratio) (default "
+                        f"{DEFAULT_AB_NOISE_K})")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled case order")
     p.add_argument("--device", default="auto")
     p.add_argument("--spawn", action="store_true", help="a new interpreter per round instead of a forking server")

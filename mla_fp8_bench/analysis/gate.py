@@ -46,6 +46,8 @@ DEFAULT_NOISE_K = 1.0
 #: Default factor of ``mla-fp8-bench ab`` (both sides measured in alternating processes on one machine,
 #: so machine-start drift cancels and a smaller factor holds).
 DEFAULT_AB_FACTOR = 1.02
+#: k of ``ab``'s threshold ``max(factor, 1 + k x standard error of the ratio)`` (:func:`interleaved_ratio`).
+DEFAULT_AB_NOISE_K = 3.0
 #: A param's SM clock is off its plateau when its median lies more than this fraction below the
 #: highest median SM clock of its side (the clock a lightly loaded case holds; 1980 MHz on the H200).
 OFF_PLATEAU_REL = 0.015
@@ -579,6 +581,43 @@ def noise_threshold(bm: Measure, hm: Measure, factor: float, k: float, history: 
     return t, f"{src} {noise * 100:.2f}%"
 
 
+#: A round further than this many robust SDs from its side's median is left out of the interleaved mean.
+CLIP_SDS = 3.0
+#: Least robust SD the clipping assumes, relative to the median (rounds that agree to the last digit).
+CLIP_FLOOR_REL = 0.005
+
+
+def robust_sd(values: list[float]) -> float:
+    """``1.4826 x MAD``: the standard deviation of normal data, insensitive to a few outlying values."""
+    med = float(np.median(values))
+    return 1.4826 * float(np.median(np.abs(np.asarray(values) - med)))
+
+
+def clipped_mean(values: list[float]) -> float:
+    """Mean of the values within :data:`CLIP_SDS` robust SDs (at least :data:`CLIP_FLOOR_REL` of the
+    median) of the median: one odd round (a process 5-10 % slow) moves it by nothing, a per-process mode
+    (two values ~1 % apart) by its share, where a median of few rounds jumps a whole mode."""
+    med = float(np.median(values))
+    tol = CLIP_SDS * max(robust_sd(values), CLIP_FLOOR_REL * med)
+    return float(np.mean([v for v in values if abs(v - med) <= tol]))
+
+
+def interleaved_ratio(base: list[float], head: list[float], factor: float, k: float
+                      ) -> tuple[float, float, str]:
+    """The interleaved (``ab``) latency rule: ratio of the :func:`clipped_mean` of HEAD's rounds to BASE's,
+    threshold ``max(factor, 1 + k x se)``, ``se`` the ratio's relative standard error
+    ``sqrt(sd_b^2 / n_b + sd_h^2 / n_h)`` from each side's relative :func:`robust_sd`.
+
+    Returns:
+        ``(ratio, threshold, where the threshold came from)``.
+    """
+    mb, mh = clipped_mean(base), clipped_mean(head)
+    ratio = mh / mb if mb > 0 else math.inf
+    rel = [(robust_sd(v) / float(np.median(v))) ** 2 / len(v) for v in (base, head)]
+    se = math.sqrt(sum(rel))
+    return ratio, max(factor, 1 + k * se), f"standard error {se * 100:.2f}%"
+
+
 def history_spreads(machine_dir: str, exclude: tuple[str, ...] = (), least: int = 3
                     ) -> dict[tuple[str, str, str], float]:
     """Relative spread ``(max - min) / median`` of each kernel-latency param over the stored asv results of
@@ -620,9 +659,9 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
     thr, src = noise_threshold(gb, gh, opts.factor, opts.noise_k, history)
     both_rounds = bool(gb.rounds and gh.rounds)
     if both_rounds and opts.interleaved:
-        mb, mh = float(np.mean(gb.rounds)), float(np.mean(gh.rounds))
-        ratio = mh / mb if mb > 0 else math.inf
-        lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}, ratio of means")
+        ratio, thr, src = interleaved_ratio(gb.rounds, gh.rounds, opts.factor, opts.noise_k)
+        lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}, "
+                            "ratio of outlier-clipped means")
     elif both_rounds:
         ratio = gh.center() / gb.center() if gb.center() else math.inf
         lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}")
