@@ -458,7 +458,7 @@ def do_order(c) -> None:
     runs = [(jd / f"order_p{i}_{order}.json",
              ["--order", order, "--seed", str(i + 1), "--backends", args.order_backends, "--cases", args.order_cases,
               *tracked])
-            for i, order in enumerate(ORDERS * args.order_rounds)]
+            for i, order in enumerate(args.orders.split(",") * args.order_rounds)]
     _process_rounds(s, "order", "studies/order_check.py", runs, 150, jd / "order_summary.json")
 
 
@@ -485,7 +485,8 @@ def do_abtrials(c) -> None:
     s, args, jd = c.s, c.args, c.jd
     rc, w = s.sh("abtrials", [py(), "studies/ab_trials.py", "--work", "/tmp/ab_trials", "--out",
                               str(jd / "ab_trials.json"), "--trials", str(args.ab_trials), "--rounds",
-                              str(args.ab_rounds), "--deadline", str(max(20.0, s.left() - 60))], s.left() - 10)
+                              str(args.ab_rounds), "--deadline", str(max(20.0, s.left() - args.ab_reserve))],
+                 s.left() - args.ab_reserve + 50)
     s.step("abtrials", rc, w)
 
 
@@ -534,11 +535,13 @@ def main() -> int:
     ap.add_argument("--order-tracked-rounds", type=int, default=0,
                     help="order: compare the tracked figure (median over this many rounds) per order")
     ap.add_argument("--order-backends", default=ORDER_BACKENDS)
+    ap.add_argument("--orders", default=",".join(ORDERS), help="order: the orders, one process each")
     ap.add_argument("--order-cases", default=ORDER_CASES)
     ap.add_argument("--sbs-procs", type=int, default=5, help="side-by-side processes (alternating order)")
     ap.add_argument("--ab-case", default="s8192", help="case of the sensitivity trials")
     ap.add_argument("--ab-trials", type=int, default=5, help="abtrials: trials of each kind (A/A, +3 %%)")
-    ap.add_argument("--ab-rounds", type=int, default=5, help="abtrials: rounds per side of each ab run")
+    ap.add_argument("--ab-rounds", type=int, default=4, help="abtrials: rounds per side of each ab run")
+    ap.add_argument("--ab-reserve", type=float, default=60.0, help="abtrials: seconds left for the steps after it")
     ap.add_argument("--asv-backends", default="", help="asv: only these backends (comma-separated)")
     ap.add_argument("--asv-cases", default="", help="asv: only these case ids (MLA_FP8_BENCH_CASES)")
     args = ap.parse_args()
