@@ -1,40 +1,26 @@
-"""Faithful PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill (kernel + reduce).
-
-What is emulated (docs/aiter-contract.md#work-info, #kernel, #reduce, #pr-3606, #emulation;
-AITER main ``e4048607a535`` and ROCm/aiter#3606):
-
-* :func:`emulate_mla_prefill_ps_asm_fwd` - the ASM kernel ``mla_prefill_ps_asm_fwd`` (objects
-  ``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``, unchanged since v0.1.10.post1):
-  it walks the planner's ``work_indptr`` / ``work_info`` exactly like the hardware (workgroup by workgroup,
-  works in order, 128-key tiles), keeps a base-2 online softmax on the *raw* fp8 scores starting from ``-FLT_MAX``,
-  rounds P to ``float8_e4m3fn`` before ``P @ V`` while ``l`` sums the fp32 P, and writes either bf16
-  rows (``partial_o_loc == -1``) or fp32 partials plus a natural-log LSE.
-* :func:`emulate_mla_reduce_v1` - ``mla_reduce_v1``: merges each reduce group with natural exp/log.
-  Before #3606 groups of fewer than 2 partials are skipped (``final_lse`` is defined only for rows of
-  split tiles: the LSE gap); from #3606 on (v0.1.22) the reduce runs for every group of >= 1 partial.
-* :func:`run_emulated_prefill` - plans with the pure-Python planner port
-  (:mod:`mla_fp8_bench.aiter_ps.planner`) for either revision, sizes the partials from the live
-  partial count and runs kernel + reduce; q_len < kv_len (context chunks) with both masks.
+"""Faithful PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill: the ASM kernel
+``mla_prefill_ps_asm_fwd`` (``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``, unchanged
+since v0.1.10.post1), ``mla_reduce_v1``, and the whole path (:func:`run_emulated_prefill`: the planner
+port's plan, then kernel and reduce). Source: docs/aiter-contract.md#work-info, #kernel, #reduce,
+#pr-3606, #emulation; AITER main ``e4048607a535`` and ROCm/aiter#3606.
 
 Arithmetic model (choices where the hardware is not observable):
 
 * ``Q8 @ K8^T`` and ``P8 @ V8`` are evaluated *exactly* (in float64: every product of two e4m3
   values is a multiple of 2^-18 below 2^18, and sums of <= 192 of them fit in 53 bits) and rounded
   once to fp32; the ``P8 @ V8`` product is added to the rescaled accumulator ``alpha * O`` with a single
-  rounding. This is the order-independent model of an fp32-accumulating MFMA; it makes the result
-  independent of how heads/works are batched here.
+  rounding: the order-independent model of an fp32-accumulating MFMA, so batching heads/works here
+  cannot change a result.
 * ``p = exp2(s*c2 - m_new*c2)`` uses a fused multiply-add (``m_new*c2`` is rounded to fp32 first, as a
   separate multiply); ``l`` sums the fp32 ``p`` of a tile in float64 and rounds once.
 * ``exp2`` / ``log2`` are torch's fp32 functions, not the hardware ``v_exp_f32``/``v_log_f32``.
 * The wrong non-causal LSE of v0.1.19 that #3606 also fixed is not modelled (its form is not
   documented); pre-#3606 emulation differs from post-#3606 only by the plan and the reduce.
 
-The same code runs on CPU and CUDA tensors (all work stays on the input device; the metadata is read
-to the host once). Results on different devices may differ in the last ulp of exp2/log2 only.
-
-The arithmetic steps that a kernel or reduce bug would change (softmax constants, key limit, causal
-row limits, partial LSE, destination heads, the groups reduced, the merge) are methods of
-:class:`Emulator`; :data:`EMULATOR` is the faithful one and the module functions are its methods.
+The same code runs on CPU and CUDA tensors (the metadata is read to the host once); results on different
+devices may differ in the last ulp of exp2/log2 only. Each arithmetic step a kernel or reduce bug would
+change is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one, the module functions are
+its methods.
 """
 
 from __future__ import annotations
@@ -349,24 +335,9 @@ def _check_lengths(cu_q: torch.Tensor, cu_kv: torch.Tensor, causal: bool) -> Non
     if cu_q.numel() != cu_kv.numel():
         raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
     q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_kv[1:] - cu_kv[:-1]).tolist()
-    bad = [b for b, (a, k) in enumerate(zip(q_lens, kv_lens)) if causal and a > k]
-    if bad:
-        b = bad[0]
-        raise ValueError(f"sequence {b}: q_len {q_lens[b]} > kv_len {kv_lens[b]} with causal=True (undefined)")
-
-
-def plan_emulated(cu_q: torch.Tensor, cu_kv: torch.Tensor, *, num_heads: int, cu_num: int, causal: bool,
-                  post_3606: bool):
-    """The v0.1.22 planner port's plan for a prefill or context chunk, with the kernel's fixed keywords
-    (``qlen_granularity=256``, ``kvlen_granularity=128``, ``block_size=1``, ``qhead_granularity=1``,
-    ``gqa_ratio=1``, ``context_lens`` = kv lengths) and ``need_lse=post_3606`` (False plans as the
-    pre-#3606 planner does)."""
-    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
-
-    kv_lens = (cu_kv[1:] - cu_kv[:-1]).to(torch.int32).contiguous()
-    return plan_ps_prefill(cu_q, cu_kv, kv_lens, num_heads_k=num_heads, cu_num=int(cu_num), gqa_ratio=1,
-                           qhead_granularity=1, qlen_granularity=Q_TILE, kvlen_granularity=KV_TILE, block_size=1,
-                           is_causal=bool(causal), revision=PLANNER_V0_1_22, need_lse=bool(post_3606))
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+        if causal and q_len > kv_len:
+            raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -554,8 +525,9 @@ class Emulator:
         cu_seqlens_kv: torch.Tensor | None = None,
         post_3606: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Plan (:func:`plan_emulated`, identity ``kv_page_indices``), then run the emulated kernel and reduce
-        with ``splitData``/``splitLse`` sized from the live partial count: an emulated AITER PS FP8 MLA prefill.
+        """Plan with the v0.1.22 planner port (the kernel's fixed keywords, ``need_lse=post_3606``, identity
+        ``kv_page_indices``), then run the emulated kernel and reduce with ``splitData``/``splitLse`` sized
+        from the live partial count: an emulated AITER PS FP8 MLA prefill.
 
         Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
 
@@ -593,7 +565,11 @@ class Emulator:
         final_lse = torch.full((T, H), fill, dtype=torch.float32, device=dev)
         if cu_q.numel() < 2 or T == 0:
             return (output, final_lse) if return_lse else output
-        plan = plan_emulated(cu_q, cu_kv, num_heads=H, cu_num=cu_num, causal=causal, post_3606=post_3606)
+        from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
+
+        plan = plan_ps_prefill(cu_q, cu_kv, (cu_kv[1:] - cu_kv[:-1]).to(torch.int32), num_heads_k=H,
+                               cu_num=int(cu_num), kvlen_granularity=KV_TILE, block_size=1, is_causal=bool(causal),
+                               revision=PLANNER_V0_1_22, need_lse=bool(post_3606))
         n_rows = int(plan.num_partials) * Q_TILE
         split_data = torch.full((n_rows, H, dv), fill, dtype=torch.float32, device=dev)
         split_lse = torch.full((n_rows, H), fill, dtype=torch.float32, device=dev)

@@ -317,18 +317,11 @@ def effective_version(version: Version | None, reduce_arity: int | None,
     """The version to key version-only facts (reduce head sets) on: the larger of the reported ``version``
     and the first release with the detected features (a source build reports 0.1.0, so its version alone
     under-reports). None when nothing is known."""
-    floor: list[Version] = []
-    if reduce_arity == 9:
-        floor.append(REDUCE_9_ARG_VERSION)
-    elif reduce_arity == 8:
-        floor.append(REDUCE_8_ARG_VERSION)
-    if planner_revision is not None:
-        floor.append(PS_PREFILL_FIRST_VERSION)
-    if planner_revision == PLANNER_PR_3606_REF:
-        floor.append((0, 1, 20))  # the PR ref sits on main after v0.1.20.post1
-    if planner_revision == PLANNER_V0_1_22:
-        floor.append(POST_3606_FIRST_VERSION)
-    cands = [v for v in [version, *floor] if v is not None]
+    arity_floor = {9: REDUCE_9_ARG_VERSION, 8: REDUCE_8_ARG_VERSION}.get(reduce_arity)
+    # any planner: the PS prefill exists; the PR ref sits on main after v0.1.20.post1
+    revision_floor = {None: None, PLANNER_PR_3606_REF: (0, 1, 20), PLANNER_V0_1_22: POST_3606_FIRST_VERSION}.get(
+        planner_revision, PS_PREFILL_FIRST_VERSION)
+    cands = [v for v in (version, arity_floor, revision_floor) if v is not None]
     return max(cands) if cands else None
 
 

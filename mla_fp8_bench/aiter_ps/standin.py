@@ -113,19 +113,13 @@ class _Checker:
         if t.dim() != n:
             self.fail(f"{name} has shape {tuple(t.shape)}: must be {want}")
 
-    def int_vec(self, name: str, t: Any, what: str = "int32 1-D") -> torch.Tensor:
+    def ints(self, name: str, t: Any, cols: int | None = None) -> torch.Tensor:
+        """A contiguous int32 tensor, 1-D or ``[n, cols]``."""
         t = self.tensor(name, t)
         self.dtype(name, t, torch.int32, why=" (the binding reads int32)")
-        self.ndim(name, t, 1, what)
-        self.contiguous(name, t, "read as raw contiguous int32 memory")
-        return t
-
-    def int_mat(self, name: str, t: Any, cols: int) -> torch.Tensor:
-        t = self.tensor(name, t)
-        self.dtype(name, t, torch.int32, why=" (the binding reads int32)")
-        self.ndim(name, t, 2, f"[n, {cols}] int32")
-        if t.shape[1] != cols:
-            self.fail(f"{name} has shape {tuple(t.shape)}: must be [n, {cols}] int32")
+        want = "int32 1-D" if cols is None else f"[n, {cols}] int32"
+        if t.dim() != (1 if cols is None else 2) or (cols is not None and t.shape[1] != cols):
+            self.fail(f"{name} has shape {tuple(t.shape)}: must be {want}")
         self.contiguous(name, t, "read as raw contiguous int32 memory")
         return t
 
@@ -139,8 +133,9 @@ class _Checker:
             self.fail(f"{name} must be a bool, got {type(v).__name__} {v!r:.40}")
         return v
 
-    def indptr(self, name: str, t: torch.Tensor) -> list[int]:
-        vals = t.tolist()
+    def indptr(self, name: str, t: Any) -> list[int]:
+        """A valid int32 indptr tensor's values (``[B+1]``, from 0, non-decreasing)."""
+        vals = self.ints(name, t).tolist()
         if len(vals) < 2:
             self.fail(f"{name} has {len(vals)} entries: needs B+1 >= 2")
         if vals[0] != 0 or any(b < a for a, b in zip(vals, vals[1:])):
@@ -254,17 +249,17 @@ def _check_planner_buffers(ck: _Checker, a: dict[str, Any], cu_num: int) -> None
     ck.tensor("work_metadata_ptrs", a["work_metadata_ptrs"])
     if a["work_metadata_ptrs"].numel() < 2:
         ck.fail(f"work_metadata_ptrs has {a['work_metadata_ptrs'].numel()} elements: must be uint64 [2]")
-    wi = ck.int_vec("work_indptr", a["work_indptr"])
+    wi = ck.ints("work_indptr", a["work_indptr"])
     if wi.numel() != cu_num + 1:
         ck.fail(
             f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
             f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
             "(no CU masking)"
         )
-    ck.int_mat("work_info", a["work_info"], WORK_INFO_COLS)
-    ck.int_vec("reduce_indptr", a["reduce_indptr"])
-    ck.int_mat("reduce_final_map", a["reduce_final_map"], 2)
-    ck.int_vec("reduce_partial_map", a["reduce_partial_map"])
+    ck.ints("work_info", a["work_info"], WORK_INFO_COLS)
+    ck.ints("reduce_indptr", a["reduce_indptr"])
+    ck.ints("reduce_final_map", a["reduce_final_map"], 2)
+    ck.ints("reduce_partial_map", a["reduce_partial_map"])
 
 
 def _check_plan_fits(ck: _Checker, a: dict[str, Any], plan: Any) -> None:
@@ -290,9 +285,9 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     from mla_fp8_bench.aiter_ps.planner import PsPlanError, fill_aiter_buffers, plan_ps_prefill
 
     ck = _Checker("get_ps_metadata_v1")
-    qo = ck.indptr("seqlens_qo_indptr", ck.int_vec("seqlens_qo_indptr", a["seqlens_qo_indptr"]))
-    kv = ck.indptr("pages_kv_indptr", ck.int_vec("pages_kv_indptr", a["pages_kv_indptr"]))
-    ctx = ck.int_vec("context_lens", a["context_lens"]).tolist()
+    qo = ck.indptr("seqlens_qo_indptr", a["seqlens_qo_indptr"])
+    kv = ck.indptr("pages_kv_indptr", a["pages_kv_indptr"])
+    ctx = ck.ints("context_lens", a["context_lens"]).tolist()
     if len(kv) != len(qo) or len(ctx) != len(qo) - 1:
         ck.fail(
             f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
@@ -342,21 +337,21 @@ def _check_kernel_qkv(ck: _Checker, Q: Any, K: Any, V: Any) -> tuple[int, int]:
 
 def _check_kernel_metadata(ck: _Checker, a: dict[str, Any], T: int, num_page: int) -> tuple[list[int], ...]:
     """Index pointers, page indices and the work buffers; returns ``(qo, kvp, work_indptr)`` as lists."""
-    qo = ck.indptr("qo_indptr", ck.int_vec("qo_indptr", a["qo_indptr"]))
-    kvp = ck.indptr("kv_indptr", ck.int_vec("kv_indptr", a["kv_indptr"]))
+    qo = ck.indptr("qo_indptr", a["qo_indptr"])
+    kvp = ck.indptr("kv_indptr", a["kv_indptr"])
     if len(qo) != len(kvp):
         ck.fail(f"qo_indptr has {len(qo)} entries, kv_indptr {len(kvp)}: both must be B+1")
     if qo[-1] > T:
         ck.fail(f"qo_indptr[-1]={qo[-1]} exceeds Q's {T} rows")
-    pages = ck.int_vec("kv_page_indices", a["kv_page_indices"])
+    pages = ck.ints("kv_page_indices", a["kv_page_indices"])
     if kvp[-1] > pages.numel():
         ck.fail(f"kv_indptr[-1]={kvp[-1]} exceeds kv_page_indices' {pages.numel()} entries")
     if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_page):
         ck.fail(f"kv_page_indices has values outside [0, {num_page}) (K/V pages)")
     if a["work_indptr"] is None:
         ck.fail("work_indptr is None: the grid is work_indptr.size(0)-1 with no null check")
-    wi = ck.indptr("work_indptr", ck.int_vec("work_indptr", a["work_indptr"]))
-    winfo = ck.int_mat("work_info_set", a["work_info_set"], WORK_INFO_COLS)
+    wi = ck.indptr("work_indptr", a["work_indptr"])
+    winfo = ck.ints("work_info_set", a["work_info_set"], WORK_INFO_COLS)
     if wi[-1] > winfo.shape[0]:
         ck.fail(f"work_indptr reaches work {wi[-1]} but work_info_set has {winfo.shape[0]} rows")
     return qo, kvp, wi
@@ -472,9 +467,9 @@ def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple
     ck.ndim("partial_lse", pl, 2, "[R, H]")
     ck.contiguous("partial_output", po, "partials are addressed as raw contiguous rows")
     ck.contiguous("partial_lse", pl, "partials are addressed as raw contiguous rows")
-    ri = ck.indptr("reduce_indptr", ck.int_vec("reduce_indptr", a["reduce_indptr"]))
-    fmap = ck.int_mat("reduce_final_map", a["reduce_final_map"], 2)
-    pmap = ck.int_vec("reduce_partial_map", a["reduce_partial_map"])
+    ri = ck.indptr("reduce_indptr", a["reduce_indptr"])
+    fmap = ck.ints("reduce_final_map", a["reduce_final_map"], 2)
+    pmap = ck.ints("reduce_partial_map", a["reduce_partial_map"])
     for k in ("max_seqlen_q", "num_kv_splits"):
         if k in a:
             v = a[k]
@@ -647,27 +642,23 @@ def make_standin_aiter(
     Source: docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin.
 
     Args:
-        reduce_variant: 7, 8 or 9 - the ``mla_reduce_v1`` form to expose. ``None`` (default) derives
-            it from ``aiter_version`` (9 from 0.1.16); an explicit value overrides the version (to model
-            a mixed install).
+        reduce_variant: 7, 8 or 9, the ``mla_reduce_v1`` form; ``None`` derives it from ``aiter_version``
+            (an explicit value models a mixed install).
         cu_num: the device CU count the planner and the info call read (256 on MI355X).
         emulator: the kernel and reduce emulation (default the faithful
             :data:`~mla_fp8_bench.aiter_ps.emulator.EMULATOR`).
         aiter_version: emulated AITER version (``(0, 1, 20)``, ``"0.1.20.post1"``; default the newest
-            modelled, 0.1.22): the accepted reduce head counts, the default reduce variant, the #3606
-            semantics and info signature from 0.1.22, and, below 0.1.10, no PS prefill symbols (only
-            ``mla_reduce_v1``).
-        planner_revision: a planner revision of :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS` to
-            expose instead of the version's released one (``"pr3606-ref"``: the pre-merge PR).
+            modelled): the reduce head counts and form, the planner revision, and, below 0.1.10, no PS
+            prefill symbols (only ``mla_reduce_v1``).
+        planner_revision: a revision of :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS` to expose
+            instead of the version's released one (``"pr3606-ref"``: the pre-merge PR).
 
     Returns:
-        A ``types.ModuleType`` named ``"aiter"`` (``__spec__`` a package spec, ``__path__ == []``,
-        ``__version__``) with the primitives, ``StandinContractError``, ``calls`` (list of
-        ``{"name", "args", "ok", "error"}`` dicts, one per call, args summarised as shapes, dtypes,
-        devices, contiguity and scalar values), and the attributes ``cu_num``, ``aiter_version``,
-        ``reduce_variant``, ``accepted_reduce_heads``, ``post_3606``, ``planner_revision``,
-        ``aiter_op_namespace`` (where the op schemas are registered), ``is_standin = True``.
-        It is not inserted into ``sys.modules``: tests do that (e.g. ``monkeypatch.setitem``).
+        A module named ``"aiter"`` (a package spec, ``__path__ == []``, ``__version__``), not inserted into
+        ``sys.modules``, with the primitives, ``StandinContractError``, ``calls`` (one ``{"name", "args",
+        "ok", "error"}`` dict per call, args summarised as shapes, dtypes, devices, contiguity and scalar
+        values), ``cu_num``, ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``,
+        ``post_3606``, ``planner_revision``, ``aiter_op_namespace`` and ``is_standin = True``.
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an
