@@ -35,7 +35,6 @@ from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpac
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
 
-# ----------------------------------------------------------------------------------------------
 # helpers
 
 
@@ -55,7 +54,6 @@ def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
-# ----------------------------------------------------------------------------------------------
 # kernel: argument decoding (one step each)
 
 
@@ -176,7 +174,6 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
     return order
 
 
-# ----------------------------------------------------------------------------------------------
 # kernel: one work (row limits, online softmax over 128-key tiles, epilogue)
 
 
@@ -254,7 +251,6 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     split_lse[w.loc : w.loc + nfit, dst] = lse[:, :nfit].T.to(split_lse.dtype)
 
 
-# ----------------------------------------------------------------------------------------------
 # reduce
 
 
@@ -292,7 +288,6 @@ def _merge_partials(lses: list[torch.Tensor], partials: list[torch.Tensor],
     return lse_star, acc
 
 
-# ----------------------------------------------------------------------------------------------
 # whole path: plan, kernel, reduce
 
 
@@ -340,7 +335,6 @@ def _check_lengths(cu_q: torch.Tensor, cu_kv: torch.Tensor, causal: bool) -> Non
             raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
 
 
-# ----------------------------------------------------------------------------------------------
 # the emulator object
 
 

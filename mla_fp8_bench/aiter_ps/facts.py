@@ -24,9 +24,7 @@ from typing import Any
 AITER_DIST = "amd-aiter"
 """Distribution name of AITER (``importlib.metadata.version(AITER_DIST)``)."""
 
-# ----------------------------------------------------------------------------------------------
 # tiles and buffers
-# ----------------------------------------------------------------------------------------------
 
 Q_TILE = 256
 """Rows of one q-tile: the planner's ``qlen_granularity``, the kernel's ``m32x8`` tile, the row
@@ -96,9 +94,7 @@ def unpack_q_head_range(value: int) -> tuple[int, int]:
     return value & 0xFFFF, (value >> 16) & 0xFFFF
 
 
-# ----------------------------------------------------------------------------------------------
 # versions
-# ----------------------------------------------------------------------------------------------
 
 Version = tuple[int, int, int]
 
@@ -214,9 +210,7 @@ def reduce_arity_for_version(version: str | Iterable[int]) -> int:
     return 7
 
 
-# ----------------------------------------------------------------------------------------------
 # feature detection on an installed aiter (real or stand-in)
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -353,9 +347,7 @@ def is_post_3606(x: Any) -> bool:
     return det.value != PLANNER_PRE_3606
 
 
-# ----------------------------------------------------------------------------------------------
 # the installed aiter
-# ----------------------------------------------------------------------------------------------
 
 
 def dist_version(dist: str) -> str | None:

@@ -131,13 +131,7 @@ def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: in
 
 def _check_vllm(q: tuple[int, ...], kv: tuple[int, ...], seqs: int, tokens: int, model_len: int) -> None:
     """Refuse vLLM settings under which vLLM would never run this batch (its reservation would then be
-    printed for a case that cannot happen).
-
-    Raises:
-        ValueError: ``max_num_batched_tokens < max_num_seqs`` (vLLM's SchedulerConfig refuses it), more
-            sequences than ``max_num_seqs``, more new tokens than ``max_num_batched_tokens`` in one step,
-            or a kv_len above ``max_model_len``.
-    """
+    printed for a case that cannot happen); ``ValueError`` naming the setting."""
     if tokens < seqs:
         raise ValueError(f"--vllm-max-num-batched-tokens={tokens} < --vllm-max-num-seqs={seqs}: vLLM refuses it "
                          "(max_num_batched_tokens must be >= max_num_seqs)")
@@ -153,13 +147,8 @@ def _check_vllm(q: tuple[int, ...], kv: tuple[int, ...], seqs: int, tokens: int,
 
 
 def plan_request(args: argparse.Namespace) -> PlanRequest:
-    """Validate ``plan``'s arguments, before any work.
-
-    Raises:
-        ValueError: one line naming the bad value and the allowed ones (mismatched lengths, q_len > kv_len,
-            negative or non-integer values, heads/cu_num out of range, absurd sizes, a bad or too old
-            ``--aiter`` version, an unwritable ``--json`` path).
-    """
+    """Validate ``plan``'s arguments, before any work; ``ValueError``: one line naming the bad value and the
+    allowed ones."""
     q = _lens("--qo-lens", args.qo_lens)
     kv = _lens("--kv-lens", args.kv_lens)
     heads = _int("--heads", args.heads, 1, MAX_HEADS)
@@ -193,9 +182,7 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
                        need_lse)
 
 
-# ----------------------------------------------------------------------------------------------
 # planning and the golden-file record
-# ----------------------------------------------------------------------------------------------
 
 
 def _info_args(req: PlanRequest) -> dict[str, Any]:
@@ -260,9 +247,7 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
     return {"config": config, "info_args": _info_args(req), "info_shapes": _shapes(info), "outputs": outputs}
 
 
-# ----------------------------------------------------------------------------------------------
 # sizes: used vs reserved
-# ----------------------------------------------------------------------------------------------
 
 
 def _vllm_info_slots(req: PlanRequest) -> int:
@@ -293,9 +278,7 @@ def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int
     return rows
 
 
-# ----------------------------------------------------------------------------------------------
 # printing
-# ----------------------------------------------------------------------------------------------
 
 
 def _gib(n: int) -> str:

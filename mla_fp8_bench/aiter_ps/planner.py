@@ -56,9 +56,7 @@ class PsPlanError(ValueError):
     """Invalid planner input, or a buffer too small for a plan (a ``ValueError``)."""
 
 
-# ----------------------------------------------------------------------------------------------
 # small integer helpers
-# ----------------------------------------------------------------------------------------------
 
 
 def _c_div(a: int, b: int) -> int:
@@ -142,9 +140,7 @@ def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
         raise PsPlanError(f"{name}[-1]={p[-1]} does not fit in int32 (max {_INT32_MAX})")
 
 
-# ----------------------------------------------------------------------------------------------
 # get_ps_metadata_info_v1
-# ----------------------------------------------------------------------------------------------
 
 
 def ps_metadata_info(
@@ -252,9 +248,7 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
     return out
 
 
-# ----------------------------------------------------------------------------------------------
 # the plan
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -353,9 +347,7 @@ class PsPlan:
         return self.work_info[lo:hi]
 
 
-# ----------------------------------------------------------------------------------------------
 # get_ps_metadata_v1, step 0: validated inputs
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -440,9 +432,7 @@ def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_cau
     return qo, kv, ctx
 
 
-# ----------------------------------------------------------------------------------------------
 # get_ps_metadata_v1, steps 1-3: q-tiles, the tiling of one cluster, reduce info
-# ----------------------------------------------------------------------------------------------
 
 
 def _ping_pong(n: int) -> list[int]:
@@ -548,9 +538,7 @@ def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
     return keys, indptr, partial_map
 
 
-# ----------------------------------------------------------------------------------------------
 # get_ps_metadata_v1, step 4: the buffers
-# ----------------------------------------------------------------------------------------------
 
 
 def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_groups: int, num_partials: int) -> None:
@@ -725,9 +713,7 @@ def plan_ps_prefill(
     )
 
 
-# ----------------------------------------------------------------------------------------------
 # writing a plan into AITER-style buffers
-# ----------------------------------------------------------------------------------------------
 
 
 def _check_buffer(name: str, buf: Any, ndim: int, last: int | None, need: int) -> None:
@@ -764,21 +750,12 @@ def fill_aiter_buffers(
 ) -> None:
     """Write ``plan`` into caller-provided buffers in place, like AITER's ``get_ps_metadata_v1``.
 
-    The buffers are the six of :func:`ps_metadata_info` (any device; typically allocated from
-    those shapes). As the real planner does, the *whole* of each buffer is written: the used part
-    from the plan and the tail as AITER leaves it (0, except ``reduce_indptr``, whose tail holds
-    ``num_partials``). The plan's content does not depend on the buffer sizes, so buffers of other
-    lengths than the plan's are fine as long as the used parts fit. ``work_metadata_ptrs`` (uint64
-    ``[2]``, unused by PS) is only size-checked, never written.
-
-    Args:
-        plan: from :func:`plan_ps_prefill`.
-        work_metadata_ptrs: >= 2 elements, any dtype.
-        work_indptr: int32 ``[>= cu_num + 1]``.
-        work_info: int32 ``[>= num_works, 8]``.
-        reduce_indptr: int32 ``[>= num_reduce_groups + 1]``.
-        reduce_final_map: int32 ``[>= num_reduce_groups, 2]``.
-        reduce_partial_map: int32 ``[>= num_partials]``.
+    The buffers are the six of :func:`ps_metadata_info` (any device): ``work_metadata_ptrs`` (>= 2
+    elements, any dtype; only size-checked, never written, as PS does not use it) and int32
+    ``work_indptr [>= cu_num + 1]``, ``work_info [>= num_works, 8]``, ``reduce_indptr [>= num_reduce_groups
+    + 1]``, ``reduce_final_map [>= num_reduce_groups, 2]``, ``reduce_partial_map [>= num_partials]``. As the
+    real planner does, the *whole* of each buffer is written: the used part from the plan, the tail as
+    AITER leaves it (0, except ``reduce_indptr``'s, which holds ``num_partials``).
 
     Raises:
         PsPlanError (a ValueError): a buffer that is not a contiguous int32 tensor of the right rank,

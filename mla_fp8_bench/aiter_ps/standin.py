@@ -65,7 +65,6 @@ class StandinContractError(ValueError):
     dispatch error). The message names the function, the argument and the contract."""
 
 
-# ----------------------------------------------------------------------------------------------
 # argument checks (each raises StandinContractError naming fn + argument)
 
 
@@ -157,7 +156,6 @@ class _Checker:
 
 
 
-# ----------------------------------------------------------------------------------------------
 # module state and call recording
 
 
@@ -191,7 +189,6 @@ class _State:
         return out
 
 
-# ----------------------------------------------------------------------------------------------
 # get_ps_metadata_info_v1
 
 
@@ -217,7 +214,6 @@ def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
     return [(int(shape[0]) if len(shape) == 1 else tuple(shape), getattr(torch, dt)) for shape, dt in info.values()]
 
 
-# ----------------------------------------------------------------------------------------------
 # get_ps_metadata_v1
 
 
@@ -308,7 +304,6 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     fill_aiter_buffers(plan, *(a[n] for n in BUFFER_NAMES))
 
 
-# ----------------------------------------------------------------------------------------------
 # mla_prefill_ps_asm_fwd
 
 
@@ -452,7 +447,6 @@ def _kernel_body(st: _State, a: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------
 # mla_reduce_v1
 
 
@@ -550,7 +544,6 @@ def _reduce_body(st: _State, a: dict[str, Any]) -> None:
     st.emulator.mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, a["final_lse"], post_3606=st.post_3606)
 
 
-# ----------------------------------------------------------------------------------------------
 # parameters, opaque wrappers and registered schemas (as AITER's compile_ops / torch_compile_guard expose them)
 
 _T, _TM, _TO, _I, _F, _B = "Tensor", "Tensor(a!)", "Tensor?", "SymInt", "float", "bool"
@@ -625,7 +618,6 @@ def _op(st: _State, name: str, body: Callable[[_State, dict[str, Any]], Any], pl
     return wrapper
 
 
-# ----------------------------------------------------------------------------------------------
 # factory
 
 
