@@ -332,23 +332,23 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
     plan = make_plan(args)
     md = args.format == "markdown"
     echo(_header(plan, False))
+    if not args.dry_run:
+        for cmd in plan.setup:
+            if _run_streamed(cmd, echo, tail=6000).returncode != 0:
+                raise NightlyError(f"could not register asv machine {plan.machine}")
+        p = _run_streamed(plan.run, echo, plan.run_env)
+        if not _stored(plan.results_dir, plan.machine, plan.lib.commit):
+            echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
+            return EXIT_NO_RESULT
+    prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
     if args.dry_run:
         for cmd in plan.setup:
             echo(shlex.join(cmd))
         echo(_env_prefix(plan.run_env) + shlex.join(plan.run))
-        prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
         echo(shlex.join(gate_command(plan, prev or "<previous stored commit>", args.tolerances)))
         if plan.publish:
             echo(shlex.join(plan.publish))
         return EXIT_OK
-    for cmd in plan.setup:
-        if _run_streamed(cmd, echo, tail=6000).returncode != 0:
-            raise NightlyError(f"could not register asv machine {plan.machine}")
-    p = _run_streamed(plan.run, echo, plan.run_env)
-    if not _stored(plan.results_dir, plan.machine, plan.lib.commit):
-        echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
-        return EXIT_NO_RESULT
-    prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
     if prev is None:
         summary, rc = _header(plan, md) + "\nfirst result on this machine: nothing to gate against\n", EXIT_OK
     else:

@@ -84,7 +84,6 @@ class RunDoc:
     env: dict[str, Any]  # the run's environment (device, versions); {} when absent
     records: list[dict[str, Any]]  # one per (backend, case), each with ``backend`` and ``case`` strings
     ceilings: dict[str, Any] | None  # measured GEMM ceilings / datasheet peaks
-    raw: dict[str, Any]  # the whole document
 
 
 def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
@@ -103,7 +102,7 @@ def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
     if env is not None and not isinstance(env, dict):
         raise ResultsError(f"run JSON {path}: 'env' is a {type(env).__name__}, not an object")
     ceilings = data.get("ceilings")
-    return RunDoc(path, env or {}, recs, ceilings if isinstance(ceilings, dict) else None, data)
+    return RunDoc(path, env or {}, recs, ceilings if isinstance(ceilings, dict) else None)
 
 
 def load_run_json(path: str | os.PathLike) -> RunDoc:
