@@ -78,8 +78,11 @@ class Dataset:
 # ------------------------------------------------------------------------------------- readers
 _LATENCY_DESC = {"host": "host wall-clock", "graph": "device time, CUDA/HIP graph replay",
                  "events": "device time, events"}
-_LAT, _ERR8, _ERR16, _TFLOPS, _SPP = (MT.metric(n) for n in ("latency", "max_abs_error", "max_abs_error_bf16_ref",
-                                                            "tflops", "seconds_per_pflop"))
+_LAT = MT.metric("latency")
+_ERR8 = MT.metric("max_abs_error")
+_ERR16 = MT.metric("max_abs_error_bf16_ref")
+_TFLOPS = MT.metric("tflops")
+_SPP = MT.metric("seconds_per_pflop")
 
 
 def _slug(text: str) -> str:
@@ -146,7 +149,9 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
     except R.ResultsError as exc:
         raise PlotError(str(exc)) from None
     env = doc.env
-    name, arch, host = env.get("device_name") or "unknown device", env.get("arch") or "?", env.get("hostname")
+    name = env.get("device_name") or "unknown device"
+    arch = env.get("arch") or "?"
+    host = env.get("hostname")
     is_cpu = env.get("vendor") == "cpu" or arch == "cpu"
     device = (f"CPU ({name}" + (f", host {host}" if host else "") + ")") if is_cpu else f"{name} ({arch})"
     methods = sorted({str(r["latency_method"]) for r in doc.records if r.get("latency_method")})
@@ -188,7 +193,8 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
     from mla_fp8_bench.backends import backend_flag
 
     try:
-        mj, res = R.load_machine(mdir), R.newest_result(mdir, commit)
+        mj = R.load_machine(mdir)
+        res = R.newest_result(mdir, commit)
         tables = []  # per metric: (backend, case) -> measurement of MLAPrefill.<track>
         for m in (_LAT, _ERR8, _ERR16, _SPP):
             names = [n for n in res.benchmarks() if n.endswith(f".MLAPrefill.{m.track}")]
@@ -216,7 +222,8 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
         if m.status == "failed":
             ds.notes.append(f"{b} {c}: failed in asv (null)")
         elif m.status != "skipped":  # a skip: not available on this machine / beyond its cap
-            emu, s = bool(backend_flag(b, "emulation")), val(spp, (b, c))
+            emu = bool(backend_flag(b, "emulation"))
+            s = val(spp, (b, c))
             _point(ds, pts, b, c, latency_s=_finite(m.value), latency_q25=m.q25, latency_q75=m.q75,
                    err_fp8=val(e8, (b, c)), err_bf16=val(e16, (b, c)),
                    tflops=(1e3 / s) if (s and not emu) else None, emulation=emu,

@@ -224,8 +224,8 @@ def _plan_results(srcs: list[_Source], dest: Path, report: MergeReport, copies: 
                   writes: dict[Path, Any]) -> None:
     """Refuse two different ``machine.json`` under one name (between sources, and against ``dest``);
     plan byte copies of new result files, merges of ones the destination (or an earlier source) has."""
-    facts = {p.name: (R.load_machine(p), str(p / "machine.json")) for p in R.machine_dirs(dest)} if dest.is_dir() \
-        else {}
+    mdirs = R.machine_dirs(dest) if dest.is_dir() else []
+    facts = {p.name: (R.load_machine(p), str(p / "machine.json")) for p in mdirs}
     for m in (m for s in srcs for m in s.machines):
         name = m.path.name
         if name in facts and not _same_json(facts[name][0], m.facts):
@@ -292,6 +292,8 @@ def _plan_benchmarks(srcs: list[_Source], dest: Path, report: MergeReport, write
 
 
 # ---------------------------------------------------------------------------------------- applying
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     try:
@@ -299,8 +301,7 @@ def _exchange(a: Path, b: Path) -> bool:
     except (OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2  # linux/fcntl.h, linux/fs.h
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
@@ -371,7 +372,8 @@ def _rescue(previous: Path, dest: Path, seen: dict[str, tuple[int, int, int]], t
         src, dst = previous / rel, dest / rel
         if rel in targets and rel.endswith(".json") and "/" in rel and not rel.endswith("machine.json"):
             try:
-                theirs, ours = R.load_asv_result(src).raw, R.load_asv_result(dst).raw
+                theirs = R.load_asv_result(src).raw
+                ours = R.load_asv_result(dst).raw
                 write_json_atomic(merge_result_data(ours, theirs, rel, report.kept), dst, indent=4, sort_keys=True)
                 report.notes.append(f"{rel} was written during the merge: merged again with it")
                 continue
@@ -440,7 +442,9 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
     try:
         with locked(dest, "destination"):
             seen = _snapshot(dest)
-            report, copies, writes = MergeReport(), {}, {}
+            report = MergeReport()
+            copies: dict[Path, Path] = {}
+            writes: dict[Path, Any] = {}
             srcs = []
             for sp in map(Path, sources):
                 if dest.exists() and sp.exists() and sp.resolve() == dest.resolve():
