@@ -255,17 +255,10 @@ def _format_base(case: Case) -> str:
 
 def format_case_id(case: Case) -> str:
     """Build the id of ``case``; :func:`parse_case_id` inverts it."""
-    base = _format_base(case)
-    sfx = []
-    if case.num_heads != DEFAULT_NUM_HEADS:
-        sfx.append(f"h{case.num_heads}")
-    if case.quant != "per_tensor":
-        sfx.append(case.quant)
-    if case.dist != "normal":
-        sfx.append(case.dist)
-    if case.seed != 0:
-        sfx.append(f"seed{case.seed}")
-    return "-".join([base, *sfx])
+    sfx = (f"h{case.num_heads}" if case.num_heads != DEFAULT_NUM_HEADS else "",
+           case.quant if case.quant != "per_tensor" else "", case.dist if case.dist != "normal" else "",
+           f"seed{case.seed}" if case.seed != 0 else "")
+    return "-".join([_format_base(case), *filter(None, sfx)])
 
 
 _ID_HELP = (
