@@ -13,6 +13,7 @@ from mla_fp8_bench.analysis import gate as G
 from mla_fp8_bench.harness import rounds as R
 from mla_fp8_bench.harness.asv_tracks import track_value
 from mla_fp8_bench.measure.metric_table import find
+from mla_fp8_bench.terminal import fmt_seconds
 
 
 # ------------------------------------------------------------------------------------------ rounds
@@ -152,6 +153,7 @@ def test_interleaved_rule_gates_time_on_the_ratio_of_round_means():
     v = _verdicts(base, slow, factor=1.02, noise_k=1.0, interleaved=True)
     r = v[("k", "s8192")]
     assert r.verdict == "REGRESSION" and r.ratio == pytest.approx(397.04 / 387.825, rel=1e-4)
+    assert (r.base, r.head) == (fmt_seconds(387.825), fmt_seconds(397.04))  # the clipped means, not the medians
     assert "gated on time (BASE and HEAD interleaved on one machine)" in r.detail
     assert "ratio of outlier-clipped means" in r.detail
     assert v[("k", "s512")].verdict == "ok"

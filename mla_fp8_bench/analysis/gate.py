@@ -660,6 +660,7 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
     both_rounds = bool(gb.rounds and gh.rounds)
     if both_rounds and opts.interleaved:
         ratio, thr, src = interleaved_ratio(gb.rounds, gh.rounds, opts.factor, opts.noise_k)
+        row.base, row.head = (fmt_seconds(clipped_mean(x.rounds)) for x in (gb, gh))  # the values the rule compared
         lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}, "
                             "ratio of outlier-clipped means")
     elif both_rounds:
