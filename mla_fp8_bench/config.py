@@ -23,6 +23,8 @@ DEFAULT_EMU_CU_NUM = 256
 DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
 #: Most latency samples per (backend, case) (a list of them is kept in every record).
 MAX_SAMPLES = 1_000_000
+#: Most latency rounds a run (``_ROUNDS``) or ``ab`` (``--rounds``) accepts.
+MAX_ROUNDS = 100
 #: Environment variables that make an asv run measure part of the grid.
 NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
 
@@ -86,13 +88,13 @@ class RunConfig:
             backends=_names(get("BACKENDS"), "BACKENDS", grid and grid[0], "backends"),
             cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
             samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
-            rounds=_int(get("ROUNDS"), "ROUNDS"),
+            rounds=_int(get("ROUNDS"), "ROUNDS", 1, f"an integer from 1 to {MAX_ROUNDS}", MAX_ROUNDS),
             emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, "a positive integer (256 = MI355X)")
             or DEFAULT_EMU_CU_NUM,
             emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, "an integer >= 0 (0 = no cap)"),
             emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
             aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
-            ceilings=get("CEILINGS").strip() not in ("0", "false", "no", "off"))
+            ceilings=_switch(get("CEILINGS"), "CEILINGS"))
 
     @classmethod
     def locating(cls, environ: Mapping[str, str] | None = None) -> RunConfig:
@@ -134,13 +136,17 @@ def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
     return (cwd, argv) if is_asv and "run" in argv else None
 
 
-def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None) -> int | None:
-    """The integer in ``raw`` (None when empty); with ``allowed``, any bad value reads
-    ``<VAR>=<raw> is invalid: <allowed>``."""
+def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maximum: int | None = None
+         ) -> int | None:
+    """The integer in ``raw`` (None when empty); with ``allowed``, any bad value (also one above
+    ``maximum``) reads ``<VAR>=<raw> is invalid: <allowed>``."""
     if not raw.strip():
         return None
     try:
-        return int(parse_number(raw, int, PREFIX + name, minimum, strict=False))
+        v = int(parse_number(raw, int, PREFIX + name, minimum, strict=False))
+        if maximum is not None and v > maximum:
+            raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: at most {maximum}")
+        return v
     except ValueError:
         if allowed is None:
             raise
@@ -195,6 +201,14 @@ def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
         raise ValueError(f"{what}={raw!r} is invalid: an AITER version MAJOR.MINOR.PATCH[.postN] "
                          f"from {lo} to {hi} (e.g. 0.1.20, 0.1.20.post1, v0.1.22)")
     return ver
+
+
+def _switch(raw: str, name: str) -> bool:
+    """An on/off knob: unset, ``1``/``true``/``yes``/``on`` (any case) is on, ``0``/``false``/``no``/``off`` off."""
+    v = raw.strip().lower()
+    if v not in ("", "1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: 1/true/yes/on or 0/false/no/off (unset: on)")
+    return v not in ("0", "false", "no", "off")
 
 
 def _any_device(raw: str) -> bool:

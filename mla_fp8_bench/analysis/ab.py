@@ -11,7 +11,9 @@ rounds rule judges the per-round records (docs/methodology.md, PR mode). Exit st
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +62,32 @@ def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
                        "holding an install of the library under test")
 
 
+#: What a side's interpreter must import and resolve for a round (:func:`probe_side`); prints ``ok``.
+_PROBE = ("import sys, torch, mla_fp8_bench.harness.rounds\n"
+          "from mla_fp8_bench.measure.devices import normalize_device\n"
+          "sys.argv[1] == 'auto' or normalize_device(sys.argv[1])\nprint('ok')")
+
+
+def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0) -> None:
+    """Check, before any round, that ``side`` can run one: its interpreter starts, imports torch and this
+    suite (as its environment puts them on ``sys.path``) and resolves ``device``.
+
+    Raises:
+        AbUsageError: naming the side, its spec and the interpreter's last line of error output.
+    """
+    try:
+        p = subprocess.run([side.python, "-c", _PROBE, device], env=side.env(), capture_output=True, text=True,
+                           timeout=timeout)
+        ok = p.returncode == 0 and p.stdout.strip().splitlines()[-1:] == ["ok"]
+        why = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, why = False, str(exc)
+    if not ok:
+        raise AbUsageError(f"{side.label} {side.spec!r} cannot run a round ({why[:300]}): give a Python interpreter "
+                           "with torch and this suite importable, or a directory of an install, and a --device "
+                           "it has")
+
+
 class RoundRunner(Protocol):
     """Runs one round of one side; returns the round document (``{"order", "rows": [...]}``)."""
 
@@ -96,15 +124,21 @@ def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: S
     out: dict[str, Any] = {s: {"spec": sides[s].spec, "label": sides[s].label, "rounds": []} for s in sides}
     plan = schedule(rounds)
     with tempfile.TemporaryDirectory(prefix="mla_fp8_ab_") as tmp:
-        for k, (i, s) in enumerate(plan):
-            path = os.path.join(tmp, f"{s}_round{i}.json")
-            doc = runner(sides[s], backends, cases, round_order(i), seed + i, path)
-            doc.update(round=i, position=k)
-            out[s]["rounds"].append(doc)
-            if log is not None:
-                ok = sum(1 for r in doc.get("rows", []) if "latency_s" in r)
-                log(f"[{k + 1}/{len(plan)}] {s} round {i} ({round_order(i)}): "
-                    + (doc["error"] if doc.get("error") else f"{ok} pairs"))
+        try:
+            for k, (i, s) in enumerate(plan):
+                path = os.path.join(tmp, f"{s}_round{i}.json")
+                doc = runner(sides[s], backends, cases, round_order(i), seed + i, path)
+                doc.update(round=i, position=k)
+                out[s]["rounds"].append(doc)
+                if log is not None:
+                    ok = sum(1 for r in doc.get("rows", []) if "latency_s" in r)
+                    log(f"[{k + 1}/{len(plan)}] {s} round {i} ({round_order(i)}): "
+                        + (doc["error"] if doc.get("error") else f"{ok} pairs"))
+        except BaseException:  # interrupted: no round child may write into tmp after it is removed
+            kill = getattr(runner, "kill", None)
+            if callable(kill):
+                kill()
+            raise
     out["schedule"] = [list(x) for x in plan]
     out["wall_s"] = time.perf_counter() - t0
     return out
@@ -159,10 +193,16 @@ class ServerRunner:
         for s in self.servers.values():
             s.close()
 
+    def kill(self) -> None:
+        """End every server and its running round child now."""
+        for s in self.servers.values():
+            s.kill()
+
 
 def cmd_ab(args: argparse.Namespace, console) -> int:
     from mla_fp8_bench.analysis import gate as G
     from mla_fp8_bench.backends import backend_names
+    from mla_fp8_bench.config import MAX_ROUNDS
     from mla_fp8_bench.jsonio import check_output_path, write_json_atomic
     from mla_fp8_bench.problem.cases import resolve_cases
 
@@ -173,11 +213,20 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     if unknown or not backends:
         raise AbUsageError(f"--backends {args.backends!r}: unknown {unknown}; allowed {', '.join(backend_names())}")
     cases = [c.id for c in resolve_cases([c for c in args.cases.split(",") if c])]
-    if args.rounds < 2:
-        raise AbUsageError(f"--rounds {args.rounds} is invalid: an integer >= 2 (the spread needs two rounds)")
+    if not cases:
+        raise AbUsageError(f"--cases {args.cases!r} names no case: give comma-separated case ids or suite names")
+    if not 2 <= args.rounds <= MAX_ROUNDS:
+        raise AbUsageError(f"--rounds {args.rounds} is invalid: an integer from 2 (the spread needs two rounds) "
+                           f"to {MAX_ROUNDS}")
+    for flag, v, least, want in (("--factor", args.factor, 1.0, "a finite ratio >= 1.0 (e.g. 1.02)"),
+                                 ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 3.0)")):
+        if not (math.isfinite(v) and v >= least):
+            raise AbUsageError(f"{flag} {v} is invalid: {want}")
     for path in (args.json, args.summary):
         if path:
             check_output_path(path)
+    for side in (base, head):
+        probe_side(side, args.device)
     runner = SpawnRunner(args.device) if args.spawn else ServerRunner(backends, args.device)
     try:
         measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,

@@ -135,7 +135,11 @@ def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None,
     (e.g. a negative error) is kept as it is, so the comparison can report it."""
     fv = m.floored(v) if m is not None and m.possible(v) else v
     smp = [float(x) for x in samples] if isinstance(samples, list) and samples else None
-    rnd = [float(x) for x in rounds if isinstance(x, (int, float))] if isinstance(rounds, list) else None
+    bad = [x for x in rounds if _number(x) == "invalid"] if isinstance(rounds, list) else []
+    if bad or (rounds is not None and not isinstance(rounds, list)):
+        what = repr(bad[0])[:40] if bad else f"{type(rounds).__name__} {repr(rounds)[:40]}"
+        return Measure("invalid", reason=f"rounds hold {what}, not a number: a list of latencies in seconds")
+    rnd = [float(x) for x in rounds if x is not None] if isinstance(rounds, list) else None
     return Measure("ok", fv, smp, ci, version, scope=scope, rounds=rnd if rnd and len(rnd) >= 2 else None)
 
 

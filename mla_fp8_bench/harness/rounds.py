@@ -251,15 +251,19 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
     srv = RoundServer(python or sys.executable, suite_env(base=env), preload=backends)
     try:
         with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
-            for i in range(first, first + rounds):
-                doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
-                                device, timeout=timeout)
-                doc["round"] = i
-                docs.append(doc)
-                if log is not None:
-                    ok = sum(1 for r in doc["rows"] if "latency_s" in r)
-                    log(f"round {i} ({round_order(i)}): " + (doc["error"] if doc.get("error") else
-                        f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
+            try:
+                for i in range(first, first + rounds):
+                    doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
+                                    device, timeout=timeout)
+                    doc["round"] = i
+                    docs.append(doc)
+                    if log is not None:
+                        ok = sum(1 for r in doc["rows"] if "latency_s" in r)
+                        log(f"round {i} ({round_order(i)}): " + (doc["error"] if doc.get("error") else
+                            f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
+            except BaseException:  # interrupted: no round child may write into tmp after it is removed
+                srv.kill()
+                raise
     finally:
         srv.close()
     return docs
@@ -391,11 +395,17 @@ class RoundServer:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1, start_new_session=True)
 
-    def stderr_tail(self, n: int = 400) -> str:
-        """The last ``n`` characters the server and its children wrote to stderr."""
+    def stderr_tail(self, n: int = 400, since: int = 0) -> str:
+        """The last ``n`` characters the server and its children wrote to stderr after byte ``since``."""
         self._err.flush()
-        self._err.seek(0)
-        return self._err.read()[-n:]
+        fd = self._err.fileno()
+        size = os.fstat(fd).st_size
+        return os.pread(fd, max(size - since, 0), since).decode(errors="replace")[-n:]
+
+    def _stderr_size(self) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            return os.fstat(self._err.fileno()).st_size
+        return 0
 
     def round(self, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, out: str,
               device: str = "auto", timeout: float | None = None) -> dict[str, Any]:
@@ -404,6 +414,7 @@ class RoundServer:
         t0 = time.perf_counter()
         req = {"backends": list(backends), "cases": list(cases), "order": order, "seed": seed, "device": device,
                "json": out}
+        since = self._stderr_size()  # this round's messages only, not an earlier round's
         try:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(req) + "\n")
@@ -415,11 +426,16 @@ class RoundServer:
         except (BrokenPipeError, OSError, ValueError) as exc:
             return {"error": f"round server is gone: {exc}", "rows": []}
         if not answer:
-            self.proc.wait()
-            return {"error": f"round server exited: {self.stderr_tail().strip()}", "rows": []}
-        rc = json.loads(answer).get("rc")
+            code = self.proc.wait()
+            return {"error": f"round server exited {code}: {self.stderr_tail(since=since).strip()}", "rows": []}
+        try:
+            rc = json.loads(answer).get("rc")
+        except (ValueError, AttributeError):
+            self.kill()
+            return {"error": f"round server answered {answer.strip()[:100]!r}, not a round server's answer: "
+                             f"{self.stderr_tail(300, since).strip()}", "rows": []}
         if rc != 0 or not os.path.isfile(out):
-            return {"error": f"round child exited {rc}: {self.stderr_tail(300).strip()}", "rows": []}
+            return {"error": f"round child exited {rc}: {self.stderr_tail(300, since).strip()}", "rows": []}
         with open(out) as f:
             doc = json.load(f)
         doc["process_wall_s"] = time.perf_counter() - t0

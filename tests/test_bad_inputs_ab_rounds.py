@@ -1,0 +1,167 @@
+"""Hostile inputs to ``ab``, the round server and the rounds knobs: bad sides and numbers refused before any
+round, a round's error naming only that round, an interrupt leaving no server, child or temp directory, and
+round lists of the gate holding what is not a number."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from mla_fp8_bench.analysis import ab
+from mla_fp8_bench.cli import main
+from mla_fp8_bench.config import MAX_ROUNDS, RunConfig
+from mla_fp8_bench.harness import rounds as R
+
+CPU = ["-b", "torch-sdpa-bf16", "-c", "s64", "--device", "cpu"]
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """``ab`` may validate but never measure."""
+    def refuse(*a, **k):
+        raise AssertionError("a round was started")
+    monkeypatch.setattr(ab, "measure_ab", refuse)
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--factor", "nan"], "--factor nan"), (["--factor", "inf"], "--factor inf"), (["--factor", "0"], "--factor 0.0"),
+    (["--factor", "-1"], "--factor -1.0"), (["--noise-k", "nan"], "--noise-k nan"),
+    (["--noise-k", "-1"], "--noise-k -1.0"), (["--noise-k", "inf"], "--noise-k inf"),
+    (["--rounds", str(MAX_ROUNDS + 1)], f"--rounds {MAX_ROUNDS + 1}"), (["--rounds", "99999999999"], "--rounds 99999"),
+    (["-c", ","], "--cases ','"),
+])
+def test_ab_refuses_bad_numbers_and_empty_cases_before_work(tmp_path, capsys, no_work, extra, named):
+    args = ["ab", str(tmp_path), str(tmp_path), *CPU, "--rounds", "2", *extra]
+    assert main(args) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("error:") and named in out
+
+
+def _script(path: Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_ab_refuses_a_side_that_cannot_run_a_round(tmp_path, capsys, no_work):
+    not_python = _script(tmp_path / "not_python", "#!/bin/sh\necho hi\n")
+    shadow = tmp_path / "shadow"
+    (shadow / "torch").mkdir(parents=True)
+    (shadow / "torch" / "__init__.py").write_text("raise ImportError('broken torch of the install')\n")
+    cases = [([not_python, str(tmp_path)], "BASE '" + not_python), ([str(tmp_path), str(shadow)], "broken torch")]
+    if shutil.which("python3") and os.path.realpath(shutil.which("python3")) != os.path.realpath(sys.executable):
+        cases.append(([str(tmp_path), shutil.which("python3")], "HEAD"))  # another interpreter, maybe no torch
+    for sides, named in cases:
+        rc = main(["ab", *sides, *CPU])
+        out = " ".join(capsys.readouterr().out.split())
+        if sides[1] == shutil.which("python3") and rc != 2:
+            continue  # that interpreter has torch and the suite: a valid side
+        assert rc == 2 and out.startswith("error:") and named in out and "cannot run a round" in out, out
+    assert main(["ab", str(tmp_path), str(tmp_path), *CPU[:4], "--device", "nosuch"]) == 2
+    assert "'nosuch'" in capsys.readouterr().out
+
+
+def test_round_server_that_answers_garbage_is_an_error_round(tmp_path):
+    fake = _script(tmp_path / "fake_python", "#!/bin/sh\necho hi\nsleep 30\n")
+    srv = R.RoundServer(fake, None)
+    try:
+        doc = srv.round(["torch-sdpa-bf16"], ["s64"], "sorted", 0, str(tmp_path / "r.json"), "cpu", timeout=60)
+    finally:
+        srv.close()
+    assert doc["rows"] == [] and "'hi'" in doc["error"]
+    assert srv.proc.poll() is not None
+
+
+def test_round_errors_name_their_own_round_and_a_killed_server_its_signal(tmp_path):
+    srv = R.RoundServer(sys.executable, R.suite_env(), ["torch-sdpa-bf16"])
+    try:
+        first = srv.round(["torch-sdpa-bf16"], ["s64"], "bogus-order", 0, str(tmp_path / "a.json"), "cpu", timeout=300)
+        second = srv.round(["torch-sdpa-bf16"], ["s64"], "sorted", 0, str(tmp_path / "b.json"), "nosuch", timeout=300)
+        os.killpg(srv.proc.pid, signal.SIGKILL)
+        third = srv.round(["torch-sdpa-bf16"], ["s64"], "sorted", 0, str(tmp_path / "c.json"), "cpu", timeout=300)
+    finally:
+        srv.close()
+    assert "bogus-order" in first["error"]
+    assert "'nosuch'" in second["error"] and "bogus-order" not in second["error"]
+    assert "exited -9" in third["error"] and "nosuch" not in third["error"]
+
+
+class _Interrupt:
+    """``select.select`` that raises KeyboardInterrupt (Ctrl-C while a round runs) and records the servers."""
+
+    def __init__(self, monkeypatch):
+        self.servers: list[R.RoundServer] = []
+        real = R.RoundServer.__init__
+
+        def init(srv, *a, **k):
+            real(srv, *a, **k)
+            self.servers.append(srv)
+
+        def select(*a, **k):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(R.RoundServer, "__init__", init)
+        monkeypatch.setattr(R.select, "select", select)
+
+
+def _left(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("mla_fp8_"))
+
+
+def test_interrupted_run_rounds_leaves_no_server_child_or_temp_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    spy = _Interrupt(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        R.run_rounds(["torch-sdpa-bf16"], ["s64"], 2, device="cpu", timeout=300)
+    assert len(spy.servers) == 1 and spy.servers[0].proc.poll() is not None
+    assert _left(tmp_path) == []
+
+
+def test_interrupted_ab_leaves_no_server_child_or_temp_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    spy = _Interrupt(monkeypatch)
+    side = ab.parse_side(sys.executable, "BASE")
+    runner = ab.ServerRunner(["torch-sdpa-bf16"], "cpu", timeout=300)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ab.measure_ab(side, ab.parse_side(sys.executable, "HEAD"), ["torch-sdpa-bf16"], ["s64"], 2, runner)
+    finally:
+        runner.close()
+    assert len(spy.servers) == 1 and spy.servers[0].proc.poll() is not None
+    assert _left(tmp_path) == []
+
+
+@pytest.mark.parametrize("raw", [str(MAX_ROUNDS + 1), "99999999999999999999"])
+def test_rounds_knob_above_the_most_is_refused(raw):
+    with pytest.raises(ValueError, match=f"MLA_FP8_BENCH_ROUNDS='{raw}' is invalid: .*{MAX_ROUNDS}"):
+        RunConfig.from_env({"MLA_FP8_BENCH_ROUNDS": raw})
+    assert RunConfig.from_env({"MLA_FP8_BENCH_ROUNDS": str(MAX_ROUNDS)}).rounds == MAX_ROUNDS
+
+
+def test_ceilings_knob_is_an_on_off_switch():
+    with pytest.raises(ValueError, match="MLA_FP8_BENCH_CEILINGS='maybe' is invalid: 1/true"):
+        RunConfig.from_env({"MLA_FP8_BENCH_CEILINGS": "maybe"})
+    assert [RunConfig.from_env({"MLA_FP8_BENCH_CEILINGS": v}).ceilings for v in ("", "1", "On", "False", "0", "NO")] \
+        == [True, True, True, False, False, False]
+
+
+GPU_ENV = {"vendor": "nvidia", "device": "cuda:0", "device_name": "NVIDIA H200", "arch": "sm_90"}
+
+
+@pytest.mark.parametrize("bad", [[True, False, True], ["a", "b", 1e-4], [[1e-4], [1e-4]], {"a": 1e-4}])
+@pytest.mark.parametrize("on", ["base", "head"])
+def test_gate_round_lists_holding_non_numbers_are_invalid(tmp_path, capsys, bad, on):
+    rec = {"backend": "fa3-fp8", "case": "s1024", "status": "ok", "reason": "", "timing_scope": "kernel",
+           "latency_s": 1e-4, "latency_rounds_s": [1e-4, 1.001e-4, 0.999e-4]}
+    for side in ("base", "head"):
+        r = dict(rec, latency_rounds_s=bad) if side == on else rec
+        (tmp_path / f"{side}.json").write_text(json.dumps({"env": GPU_ENV, "records": [r]}))
+    assert main(["gate", str(tmp_path / "base.json"), str(tmp_path / "head.json")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "INVALID: fa3-fp8 s1024 latency_s" in out and "not a number" in out
