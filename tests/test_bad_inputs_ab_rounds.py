@@ -165,3 +165,37 @@ def test_gate_round_lists_holding_non_numbers_are_invalid(tmp_path, capsys, bad,
     assert main(["gate", str(tmp_path / "base.json"), str(tmp_path / "head.json")]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "INVALID: fa3-fp8 s1024 latency_s" in out and "not a number" in out
+
+
+def test_sigterm_during_ab_kills_the_rounds_and_exits_143(tmp_path, monkeypatch, capsys):
+    """A cancelled CI job (SIGTERM) ends ``ab`` as Ctrl-C does: servers killed, temp dir gone, no verdict."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    killed: list[bool] = []
+
+    class Terminated:
+        def __init__(self, *a, **k):
+            pass
+
+        def __call__(self, side, backends, cases, order, seed, out):
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise AssertionError("SIGTERM did not interrupt the round")
+
+        def kill(self):
+            killed.append(True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(ab, "ServerRunner", Terminated)
+    monkeypatch.setattr(ab, "probe_side", lambda side, device="auto": None)
+    def outside(signum, frame):  # what a SIGTERM that ab does not handle reaches (instead of ending pytest)
+        raise AssertionError("ab left SIGTERM unhandled")
+
+    old = signal.signal(signal.SIGTERM, outside)
+    try:
+        assert main(["ab", str(tmp_path), str(tmp_path), *CPU]) == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is outside
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert killed == [True] and _left(tmp_path) == []
+    assert "interrupted (SIGTERM): no verdict" in capsys.readouterr().out

@@ -258,13 +258,21 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
 
 
 def _handler(args: argparse.Namespace, console) -> int:
+    import signal
+
     from mla_fp8_bench.analysis.gate import EXIT_USAGE
+    from mla_fp8_bench.cli import _signals_interrupt
 
     try:
-        return cmd_ab(args, console)
+        with _signals_interrupt() as signals:  # SIGTERM/SIGHUP (a cancelled CI job) end the rounds as Ctrl-C does
+            return cmd_ab(args, console)
     except (AbUsageError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        sig = signals[0] if signals else signal.SIGINT
+        console.print(f"[red]interrupted[/red] ({signal.Signals(sig).name}): no verdict", highlight=False)
+        return 128 + sig
 
 
 def add_parser(subparsers) -> None:
