@@ -5,6 +5,7 @@ round lists of the gate holding what is not a number."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -199,3 +200,28 @@ def test_sigterm_during_ab_kills_the_rounds_and_exits_143(tmp_path, monkeypatch,
         signal.signal(signal.SIGTERM, old)
     assert killed == [True] and _left(tmp_path) == []
     assert "interrupted (SIGTERM): no verdict" in capsys.readouterr().out
+
+
+def test_interleaved_rule_refuses_degenerate_rounds_and_keeps_other_rows():
+    from mla_fp8_bench.analysis import gate as G
+
+    assert G.interleaved_ratio([2.0, 2.0], [2.0, 2.0], 1.02, 3.0)[:2] == (1.0, 1.02)  # all equal: the factor
+    assert G.interleaved_ratio([2.0], [3.0], 1.02, 3.0)[:2] == (1.5, 1.02)            # one round a side
+    for base, head in (([0.0, 0.0], [1.0, 1.0]), ([1.0, 1.0], [0.0, 0.0]), ([], [1.0]), ([1.0, 1.0], [math.inf, 1.0]),
+                       ([math.nan, 1.0], [1.0, 1.0]), ([-1.0, -1.0], [-1.0, -1.0])):
+        with pytest.raises(ValueError, match="every round must be a finite latency > 0"):
+            G.interleaved_ratio(base, head, 1.02, 3.0)
+
+    def doc(rounds_s128):
+        recs = [{"backend": "fa3-fp8", "case": c, "status": "ok", "reason": "", "timing_scope": "kernel",
+                 "latency_s": 1e-4, "latency_rounds_s": r} for c, r in
+                (("s128", rounds_s128), ("s256", [1e-4, 1.001e-4, 0.999e-4]))]
+        return {"env": GPU_ENV, "records": recs}
+
+    good = [1e-4, 1.001e-4, 0.999e-4]
+    for head in ([0.0, 0.0, 0.0], [math.inf, math.inf, 1e-4]):
+        rows = G.compare(G.side_from_run_json(doc(good), "B"), G.side_from_run_json(doc(head), "H"),
+                         factor=1.02, noise_k=3.0, interleaved=True)
+        lat = {r.case: r for r in rows if r.metric == "latency_s"}
+        assert lat["s128"].verdict == "INVALID" and "finite latency > 0" in lat["s128"].detail
+        assert lat["s256"].verdict == "ok"

@@ -614,7 +614,15 @@ def interleaved_ratio(base: list[float], head: list[float], factor: float, k: fl
 
     Returns:
         ``(ratio, threshold, where the threshold came from)``.
+
+    Raises:
+        ValueError: a side without rounds, or a round that is not a finite latency > 0.
     """
+    for name, v in (("BASE", base), ("HEAD", head)):
+        bad = [x for x in v if not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0)]
+        if not v or bad:
+            raise ValueError(f"{name} rounds {list(v)[:6]!r} cannot be judged: every round must be a finite "
+                             f"latency > 0 (bad: {bad[:3]!r})")
     mb, mh = clipped_mean(base), clipped_mean(head)
     ratio = mh / mb if mb > 0 else math.inf
     rel = [(robust_sd(v) / float(np.median(v))) ** 2 / len(v) for v in (base, head)]
@@ -663,7 +671,11 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
     thr, src = noise_threshold(gb, gh, opts.factor, opts.noise_k, history)
     both_rounds = bool(gb.rounds and gh.rounds)
     if both_rounds and opts.interleaved:
-        ratio, thr, src = interleaved_ratio(gb.rounds, gh.rounds, opts.factor, opts.noise_k)
+        try:
+            ratio, thr, src = interleaved_ratio(gb.rounds, gh.rounds, opts.factor, opts.noise_k)
+        except ValueError as exc:
+            row.verdict, row.detail = "INVALID", str(exc)
+            return
         row.base, row.head = (fmt_seconds(clipped_mean(x.rounds)) for x in (gb, gh))  # the values the rule compared
         lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}, "
                             "ratio of outlier-clipped means")
