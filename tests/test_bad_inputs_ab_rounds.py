@@ -225,3 +225,28 @@ def test_interleaved_rule_refuses_degenerate_rounds_and_keeps_other_rows():
         lat = {r.case: r for r in rows if r.metric == "latency_s"}
         assert lat["s128"].verdict == "INVALID" and "finite latency > 0" in lat["s128"].detail
         assert lat["s256"].verdict == "ok"
+
+
+def test_ab_that_measured_nothing_keeps_the_stored_json(tmp_path, monkeypatch, capsys):
+    """Every round failed (the device is gone): the earlier --json stays, this run's document goes beside it."""
+    class Failing:
+        def __init__(self, *a, **k):
+            pass
+
+        def __call__(self, side, backends, cases, order, seed, out):
+            return {"error": "round server exited 1: no device", "rows": []}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(ab, "ServerRunner", Failing)
+    monkeypatch.setattr(ab, "probe_side", lambda side, device="auto": None)
+    stored = tmp_path / "ab.json"
+    stored.write_text('{"rows": ["an earlier, complete result"]}')
+    assert main(["ab", str(tmp_path), str(tmp_path), *CPU, "--json", str(stored)]) == 2
+    assert json.loads(stored.read_text()) == {"rows": ["an earlier, complete result"]}
+    failed = json.loads((tmp_path / "ab.failed.json").read_text())
+    assert failed["rows"] == [] and failed["measured"]["base"]["rounds"][0]["error"].startswith("round server")
+    assert "no latency was measured on both sides" in capsys.readouterr().out
+    fresh = tmp_path / "new.json"  # no earlier file: the document goes where asked
+    assert main(["ab", str(tmp_path), str(tmp_path), *CPU, "--json", str(fresh)]) == 2 and fresh.exists()

@@ -236,10 +236,17 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
             runner.close()
     docs, rows = judge(measured, args.factor, args.noise_k, f"BASE {args.base}", f"HEAD {args.head}")
     lat = [r for r in rows if r.kind == "kernel_latency"]
+    both = any(r.base not in ("-", "skipped", "failed") and r.head not in ("-", "skipped", "failed") for r in lat)
     if args.json:
+        out = args.json
+        if not both and os.path.exists(out):  # a run that measured nothing never replaces a stored result
+            root, ext = os.path.splitext(out)
+            out = f"{root}.failed{ext or '.json'}"
+            console.print(f"nothing measured on both sides: {args.json} kept, this run's document goes to {out}",
+                          highlight=False, markup=False)
         write_json_atomic({"measured": measured, "base": docs["base"], "head": docs["head"],
                            "settings": {"factor": args.factor, "noise_k": args.noise_k, "rounds": args.rounds},
-                           "rows": [r.__dict__ for r in lat]}, args.json)
+                           "rows": [r.__dict__ for r in lat]}, out)
     bad = [r for r in rows if r.gating]
     settings = (f"{args.rounds} rounds per side in alternating processes; latency threshold max({args.factor}, "
                 f"1 + {args.noise_k} x the ratio's standard error) on the ratio of outlier-clipped round means of time")
@@ -250,7 +257,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
                                plots=None).replace("## mla-fp8-bench gate", "## mla-fp8-bench ab", 1)
         write_file_atomic(args.summary, lambda f: f.write(md))
     G.render_text(lat, f"ab: BASE {args.base} vs HEAD {args.head} ({settings})", console, show_all=True)
-    if not any(r.base not in ("-", "skipped", "failed") and r.head not in ("-", "skipped", "failed") for r in lat):
+    if not both:
         console.print("[red]error:[/red] no latency was measured on both sides", highlight=False)
         return G.EXIT_USAGE
     console.print("[bold red]AB FAILED[/bold red]" if bad else "[green]AB PASSED[/green]")
