@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from mla_fp8_bench.terminal import fmt_seconds
+from mla_fp8_bench.terminal import fmt_seconds, signals_interrupt
 
 EXIT_USAGE = 2
 #: Third-party modules of the optional parts -> the pyproject extra that installs them.
@@ -121,27 +121,6 @@ def _records_table(data: dict) -> Table:
     return t
 
 
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGTERM and SIGHUP interrupt like Ctrl-C (``KeyboardInterrupt``) inside the block; the handlers
-    are restored in ``finally``. Yields a list that receives the signal number."""
-    got: list[int] = []
-
-    def handler(signum, _frame):
-        got.append(signum)
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    old = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError, OSError):  # not the main thread
-            old[sig] = signal.signal(sig, handler)
-    try:
-        yield got
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
 def _interrupted_path(path: str, data: dict) -> str:
     """Where an interrupted run's records go: ``path``, unless a file there holds as many records or
     more (a file that is not a run JSON counts as none): then ``<stem>.interrupted<suffix>`` beside it,
@@ -185,7 +164,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
                           flush_l2=args.flush_l2)
         interrupted = False
-        with _signals_interrupt() as signals, CaseProgress(len(names) * len(cases), console) as prog:
+        with signals_interrupt() as signals, CaseProgress(len(names) * len(cases), console) as prog:
             try:
                 data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=prog.step)
             except RunInterrupted as exc:

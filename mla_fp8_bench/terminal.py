@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import sys
 import time
 from typing import Any, TextIO
@@ -123,3 +124,24 @@ class CaseProgress:
                 except (OSError, ValueError):  # a closed or broken log must not stop the measurement
                     continue
         return line
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """SIGTERM and SIGHUP interrupt like Ctrl-C (``KeyboardInterrupt``) inside the block; the handlers
+    are restored in ``finally``. Yields a list that receives the signal number."""
+    got: list[int] = []
+
+    def handler(signum, _frame):
+        got.append(signum)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield got
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)

@@ -268,10 +268,10 @@ def _handler(args: argparse.Namespace, console) -> int:
     import signal
 
     from mla_fp8_bench.analysis.gate import EXIT_USAGE
-    from mla_fp8_bench.cli import _signals_interrupt
+    from mla_fp8_bench.terminal import signals_interrupt
 
     try:
-        with _signals_interrupt() as signals:  # SIGTERM/SIGHUP (a cancelled CI job) end the rounds as Ctrl-C does
+        with signals_interrupt() as signals:  # SIGTERM/SIGHUP (a cancelled CI job) end the rounds as Ctrl-C does
             return cmd_ab(args, console)
     except (AbUsageError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
