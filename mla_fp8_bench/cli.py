@@ -273,7 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.config import MAX_SAMPLES
     from mla_fp8_bench.report import plot, publish, results_merge, site_view
 
-    p = argparse.ArgumentParser(prog="mla-fp8-bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
+                                "prefill attention; one subcommand per task (mla-fp8-bench SUBCOMMAND --help).",
+                                epilog="Exit status: 0 success, 2 bad usage (one line naming the bad value); "
+                                       "gate and ab exit 1 on a regression (their --help says more).")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("env", help="platform, versions and each backend's availability with the reason")

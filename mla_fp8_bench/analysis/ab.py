@@ -285,7 +285,12 @@ def _handler(args: argparse.Namespace, console) -> int:
 def add_parser(subparsers) -> None:
     from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_AB_NOISE_K
 
-    p = subparsers.add_parser("ab", help="PR mode: BASE and HEAD installs in alternating processes, then the gate")
+    p = subparsers.add_parser("ab", help="PR mode: BASE and HEAD installs in alternating processes, then the gate",
+                              description="Measure two installs of the library under test on this machine in "
+                                          "alternating processes and gate HEAD's kernel time against BASE's.",
+                              epilog="Exit status: 0 passed, 1 a regression (or a round set that cannot be "
+                                     "judged), 2 bad usage or nothing measured on both sides; 128 + N when "
+                                     "signal N ended it.")
     p.add_argument("base", metavar="BASE", help="Python interpreter of the base environment, or a directory "
                    "holding the base install of the library under test")
     p.add_argument("head", metavar="HEAD", help="the same for the head")
@@ -299,7 +304,7 @@ def add_parser(subparsers) -> None:
                    help=f"k of the threshold max(factor, 1 + k x standard error of the ratio) (default "
                         f"{DEFAULT_AB_NOISE_K})")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled case order")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cuda or cuda:N, cpu (default auto)")
     p.add_argument("--spawn", action="store_true", help="a new interpreter per round instead of a forking server")
     p.add_argument("--json", help="write both sides' rounds, documents and verdicts here")
     p.add_argument("--summary", metavar="MD", help="write the verdict as markdown (a PR comment) here")

@@ -1007,7 +1007,11 @@ def _handler(args: argparse.Namespace, console) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("gate", help="PR gate: HEAD vs BASE (accuracy vs tolerances, latency with statistics)")
+    p = subparsers.add_parser("gate", help="PR gate: HEAD vs BASE (accuracy vs tolerances, latency with statistics)",
+                              description="Compare HEAD with BASE per (backend, case, metric): accuracy against "
+                                          "calibrated tolerances, latency with a noise-aware threshold.",
+                              epilog="Exit status: 0 passed, 1 a REGRESSION, FAILED, INVALID, LOST or nothing "
+                                     "compared, 2 bad usage.")
     p.add_argument("base", metavar="BASE", help="run JSON, asv result file, or commit hash (prefix) in --results-dir")
     p.add_argument("head", metavar="HEAD", help="run JSON, asv result file, or commit hash (prefix) in --results-dir")
     p.add_argument("--results-dir", default="results", help="asv results directory (default: results)")
