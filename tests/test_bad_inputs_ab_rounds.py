@@ -250,3 +250,19 @@ def test_ab_that_measured_nothing_keeps_the_stored_json(tmp_path, monkeypatch, c
     assert "no latency was measured on both sides" in capsys.readouterr().out
     fresh = tmp_path / "new.json"  # no earlier file: the document goes where asked
     assert main(["ab", str(tmp_path), str(tmp_path), *CPU, "--json", str(fresh)]) == 2 and fresh.exists()
+
+
+def test_ab_measures_a_backend_named_twice_once_and_refuses_one_file_for_two_outputs(tmp_path, monkeypatch, no_work):
+    seen: list[list[str]] = []
+
+    def measure(base, head, backends, cases, rounds, runner, seed=0, log=None):
+        seen.append(list(backends))
+        raise KeyboardInterrupt  # stop here: only the arguments matter
+
+    monkeypatch.setattr(ab, "measure_ab", measure)
+    monkeypatch.setattr(ab, "probe_side", lambda side, device="auto": None)
+    args = ["ab", str(tmp_path), str(tmp_path), "-c", "s64", "--device", "cpu"]
+    assert main([*args, "-b", "torch-sdpa-bf16,torch-fp8-ref,torch-sdpa-bf16"]) == 130
+    assert seen == [["torch-sdpa-bf16", "torch-fp8-ref"]]
+    out = str(tmp_path / "x.json")
+    assert main([*args, "-b", "torch-sdpa-bf16", "--json", out, "--summary", out]) == 2 and len(seen) == 1

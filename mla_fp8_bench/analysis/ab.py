@@ -208,7 +208,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
 
     base = parse_side(args.base, "BASE")
     head = parse_side(args.head, "HEAD")
-    backends = [b for b in args.backends.split(",") if b]
+    backends = list(dict.fromkeys(b for b in args.backends.split(",") if b))  # a pair twice would be two rounds
     unknown = [b for b in backends if b not in backend_names()]
     if unknown or not backends:
         raise AbUsageError(f"--backends {args.backends!r}: unknown {unknown}; allowed {', '.join(backend_names())}")
@@ -225,6 +225,8 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     for path in (args.json, args.summary):
         if path:
             check_output_path(path)
+    if args.json and args.summary and os.path.realpath(args.json) == os.path.realpath(args.summary):
+        raise AbUsageError(f"--json and --summary are both {args.json!r}: give two different files")
     for side in (base, head):
         probe_side(side, args.device)
     runner = SpawnRunner(args.device) if args.spawn else ServerRunner(backends, args.device)
