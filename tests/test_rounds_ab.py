@@ -349,3 +349,10 @@ def test_a_round_past_its_timeout_ends_with_an_error_and_the_next_round_says_so(
         assert nxt["rows"] == [] and "round server is gone" in nxt["error"]
     finally:
         srv.close()
+
+
+def test_run_rounds_starts_a_new_server_after_a_round_timed_out():
+    docs = R.run_rounds(["torch-sdpa-bf16"], ["s4096"], 2, device="cpu", timeout=0.01)
+    # each round timed out on its own server: none reads "round server is gone"
+    assert [d["error"] for d in docs] == ["round timed out after 0 s"] * 2
+

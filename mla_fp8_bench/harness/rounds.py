@@ -238,7 +238,8 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
                ) -> list[dict[str, Any]]:
     """Rounds ``first .. first + rounds - 1``, one after the other, each in a fresh child of one
     :class:`RoundServer` of ``python`` (default: this interpreter) in :func:`round_order` of its index;
-    a round that fails or outlasts ``timeout`` seconds is a document with ``error``.
+    a round that fails or outlasts ``timeout`` seconds is a document with ``error``, and a server that
+    ended (a timeout kills it) is replaced for the next round.
 
     Raises:
         ValueError: ``rounds`` < 0.
@@ -248,11 +249,15 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
     docs: list[dict[str, Any]] = []
     if rounds == 0:
         return docs
-    srv = RoundServer(python or sys.executable, suite_env(base=env), preload=backends)
+    start = lambda: RoundServer(python or sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
+    srv = start()
     try:
         with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
             try:
                 for i in range(first, first + rounds):
+                    if srv.proc.poll() is not None:  # a timed-out or crashed server: the next round gets a new one
+                        srv.close()
+                        srv = start()
                     doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
                                     device, timeout=timeout)
                     doc["round"] = i
