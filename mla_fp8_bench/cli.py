@@ -169,6 +169,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=prog.step)
             except RunInterrupted as exc:
                 data, interrupted = exc.data, True
+        rounds_cut = None
+        if args.rounds > 1 and not args.no_timing and not interrupted:
+            rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
         if not args.no_timing and not interrupted:
             from mla_fp8_bench.peers.ceilings import attach
 
@@ -185,10 +188,37 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]interrupted:[/red] {len(data['records'])} of {data['planned']} (backend, case) "
                       f"records completed; stopped at {data['interrupted_before']}", highlight=False)
         return 128 + (signals[0] if signals else signal.SIGINT)
+    if rounds_cut is not None:
+        console.print(f"[red]interrupted:[/red] the latency rounds were stopped ({signal.Signals(rounds_cut).name});"
+                      " the records carry the first round's latency", highlight=False)
+        return 128 + rounds_cut
     errors = sum(r["status"] == "error" for r in data["records"])
     if errors:
         console.print(f"{errors} of {len(data['records'])} records are errors (see note)")
     return 1 if errors and args.strict else 0
+
+
+def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console: Console) -> int | None:
+    """``run --rounds N``: rounds 1 .. N-1 in forked processes folded into ``data``'s records (the run's
+    own timing is round 0; the flags that set the configuration reach the round processes through their
+    environment). Returns None, or the number of the signal that stopped the rounds (Ctrl-C, SIGTERM,
+    SIGHUP: the records keep round 0 and ``data["rounds"]`` says so)."""
+    from mla_fp8_bench.config import PREFIX
+    from mla_fp8_bench.harness.rounds import fold_rounds
+
+    env = dict(os.environ)
+    if args.aiter_any_device:
+        env[PREFIX + "AITER_ANY_DEVICE"] = "1"
+    if args.emu_aiter_version:
+        env[PREFIX + "EMU_AITER_VERSION"] = args.emu_aiter_version
+    with signals_interrupt() as got:
+        try:
+            data["rounds"] = fold_rounds(data["records"], args.rounds, device, env=env,
+                                         log=lambda m: console.print(m, highlight=False, markup=False))
+        except KeyboardInterrupt as exc:
+            data["rounds"] = {"rounds": 1, "extra": [], "interrupted": str(exc) or "KeyboardInterrupt"}
+            return got[0] if got else int(signal.SIGINT)
+    return None
 
 
 def _this_machine(name: str, device: str) -> dict[str, str]:
@@ -270,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.aiter_ps import plan_cli
     from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
     from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
-    from mla_fp8_bench.config import MAX_SAMPLES
+    from mla_fp8_bench.config import MAX_ROUNDS, MAX_SAMPLES
     from mla_fp8_bench.report import plot, publish, results_merge, site_view
 
     p = argparse.ArgumentParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
@@ -302,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--time-budget", type=positive_float, default=20.0,
                    help="seconds of latency sampling per (backend, case)")
     r.add_argument("--no-timing", action="store_true", help="accuracy only")
+    r.add_argument("--rounds", type=int_in(1, MAX_ROUNDS), default=1,
+                   help="latency rounds: the run's own timing, then N-1 latency-only passes in fresh processes; "
+                        "the latency is the median over rounds, each round kept in the record (default 1)")
     r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
     r.add_argument("--aiter-any-device", action="store_true", help=any_device_help)

@@ -356,3 +356,31 @@ def test_run_rounds_starts_a_new_server_after_a_round_timed_out():
     # each round timed out on its own server: none reads "round server is gone"
     assert [d["error"] for d in docs] == ["round timed out after 0 s"] * 2
 
+
+
+def test_run_rounds_flag_folds_latency_rounds_into_the_run_json(tmp_path, capsys):
+    import json
+
+    from mla_fp8_bench.cli import main
+
+    out = tmp_path / "r.json"
+    argv = ["--device", "cpu", "run", "-b", "torch-sdpa-bf16", "-c", "s64", "--rounds", "3", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "round 1 (reversed): 1/1 pairs in " in printed and "round 2 (shuffled): 1/1 pairs in " in printed
+    d = json.loads(out.read_text())
+    rec = d["records"][0]
+    assert rec["latency_round_orders"] == ["sorted", "reversed", "shuffled"] and len(rec["latency_rounds_s"]) == 3
+    assert rec["latency_s"] == sorted(rec["latency_rounds_s"])[1]  # the median of three
+    assert d["rounds"]["rounds"] == 3 and [x["round"] for x in d["rounds"]["extra"]] == [1, 2]
+
+
+@pytest.mark.parametrize("bad", ["0", "101", "x"])
+def test_run_rounds_flag_refuses_a_bad_count_before_work(bad, tmp_path, capsys):
+    from mla_fp8_bench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--device", "cpu", "run", "-b", "torch-sdpa-bf16", "-c", "s64", "--rounds", bad,
+              "--json", str(tmp_path / "r.json")])
+    assert e.value.code == 2 and "--rounds" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

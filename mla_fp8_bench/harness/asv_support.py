@@ -206,6 +206,7 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
     Returns:
         ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
     """
+    from mla_fp8_bench.harness.rounds import fold_rounds
     from mla_fp8_bench.harness.runner import RunOptions
 
     cfg = config or check_knobs()
@@ -217,7 +218,8 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
 
     attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
-    data["rounds"] = _extra_rounds(data["records"], n_rounds, str(pinfo.device))
+    data["rounds"] = fold_rounds(data["records"], n_rounds, str(pinfo.device),
+                                 log=lambda m: print(f"[mla_fp8_bench] {m}", flush=True))
     records = {f"{r['backend']}|{r['case']}": emulation_apart({k: v for k, v in r.items() if k != "traceback"})
                for r in data["records"]}
     grid = asv_backends()
@@ -231,29 +233,6 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
 
 #: Latency rounds of the asv grid on a GPU (round 0 in the accuracy pass, the rest in separate processes).
 DEFAULT_GPU_ROUNDS = 3
-
-
-def _extra_rounds(records: list[dict[str, Any]], rounds: int, device: str) -> dict[str, Any]:
-    """Rounds 1 .. ``rounds - 1`` of the kernel records' (backend, case) pairs in separate processes,
-    folded into ``records`` (:func:`mla_fp8_bench.harness.rounds.merge_rounds`); returns what ran
-    (orders, wall time, errors) for the cache."""
-    import time
-
-    from mla_fp8_bench.harness.rounds import merge_rounds, run_rounds
-
-    kernel = [r for r in records
-              if r.get("status") == "ok" and r.get("latency_s") and r.get("timing_scope") != "emulation"]
-    backends = list(dict.fromkeys(r["backend"] for r in kernel))
-    cases = list(dict.fromkeys(r["case"] for r in kernel))
-    if rounds <= 1 or not kernel:
-        return {"rounds": 1, "extra": []}
-    t0 = time.perf_counter()
-    docs = run_rounds(backends, cases, rounds - 1, device=device,
-                      log=lambda m: print(f"[mla_fp8_bench] {m}", flush=True))
-    merge_rounds(records, docs)
-    return {"rounds": rounds, "wall_s": time.perf_counter() - t0,
-            "extra": [{"round": d.get("round"), "order": d.get("order"), "wall_s": d.get("process_wall_s"),
-                       "error": d.get("error")} for d in docs]}
 
 
 def measure_plans(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:

@@ -337,6 +337,28 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return records
 
 
+def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: dict[str, str] | None = None,
+                log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' (backend, case) pairs (:func:`run_rounds`, the
+    records' own timing being round 0), folded into ``records`` (:func:`merge_rounds`).
+
+    Returns:
+        what ran, for the run document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s",
+        "error"}]}`` (``{"rounds": 1, "extra": []}`` when nothing ran).
+    """
+    kernel = [r for r in records
+              if r.get("status") == "ok" and r.get("latency_s") and r.get("timing_scope") != "emulation"]
+    if rounds <= 1 or not kernel:
+        return {"rounds": 1, "extra": []}
+    t0 = time.perf_counter()
+    docs = run_rounds(list(dict.fromkeys(r["backend"] for r in kernel)), list(dict.fromkeys(r["case"] for r in kernel)),
+                      rounds - 1, device=device, env=env, log=log)
+    merge_rounds(records, docs)
+    return {"rounds": rounds, "wall_s": time.perf_counter() - t0,
+            "extra": [{"round": d.get("round"), "order": d.get("order"), "wall_s": d.get("process_wall_s"),
+                       "error": d.get("error")} for d in docs]}
+
+
 # ------------------------------------------------------------------------------------------ forking server
 def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
     """A round server: import torch and the named backends once, then fork one child per request.
