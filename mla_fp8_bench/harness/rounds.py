@@ -131,8 +131,12 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     row with ``error``; one failing pair never loses the others.
 
     Returns:
-        ``{"order", "seed", "pid", "wall_s", "device", "clock_policy", "heat_up", "rows": [{"backend",
-        "case", ...:data:`ROUND_FIELDS`} or {"backend", "case", "error"}]}``.
+        ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "clock_policy", "heat_up", "rows":
+        [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {"backend", "case", "phases_s",
+        "error"}]}``; ``setup_s``: seconds to the device and the backends, ``phases_s``: seconds of the
+        pair's ``inputs`` (0 when the case's inputs were made for an earlier backend), ``prepare`` and
+        ``timing`` (the first pair's includes the once-per-process heat-up), where the wall time of a
+        round goes.
     """
     import torch
 
@@ -152,11 +156,13 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
         except Exception as exc:  # noqa: BLE001
             load_error[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
     avail = {b: bk.availability(pinfo) for b, bk in bks.items()}
+    setup_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     inputs: dict[str, Any] = {}
     for b, c in ordered([(b, c) for c in cases for b in backends], order, seed):
         row: dict[str, Any] = {"backend": b, "case": c}
         prep = None
+        phases = row["phases_s"] = {}
         try:
             if b in load_error:
                 raise RuntimeError(f"backend failed to load: {load_error[b]}")
@@ -166,14 +172,18 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             sup = bks[b].supports(case, pinfo)
             if not sup:
                 raise RuntimeError(f"unsupported: {sup.reason}")
+            t1 = time.perf_counter()
             if c not in inputs:
                 inputs.clear()
                 if pinfo.device.type == "cuda":
                     torch.cuda.empty_cache()
                 inputs[c] = make_inputs(case, pinfo.device, pinfo.fp8_dtype)
+            t2 = time.perf_counter()
             prep = bks[b].prepare_case(inputs[c])
+            t3 = time.perf_counter()
             kw = {} if pinfo.device.type == "cuda" else {"warmup": False}
             tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
+            phases.update(inputs=t2 - t1, prepare=t3 - t2, timing=time.perf_counter() - t3)
             row.update(round_row(tr, clock_fields(tr)))
         except Exception as exc:  # noqa: BLE001 - one failing pair never loses the others
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -186,7 +196,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             progress(f"{b} {c}: " + (f"{row['latency_s'] * 1e6:.2f} us" if "latency_s" in row else row["error"]))
     st = next(iter(_PROCESS_STATE.values()), {})
     return {"order": order, "seed": seed, "pid": os.getpid(), "wall_s": time.perf_counter() - t0,
-            "device": pinfo.name, "vendor": pinfo.vendor, "clock_policy": st.get("policy"),
+            "setup_s": setup_s, "device": pinfo.name, "vendor": pinfo.vendor, "clock_policy": st.get("policy"),
             "heat_up": st.get("heat_up"), "rows": rows}
 
 
