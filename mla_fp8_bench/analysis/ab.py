@@ -113,7 +113,8 @@ def schedule(rounds: int) -> list[tuple[int, str]]:
 def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: Sequence[str], rounds: int,
                runner: RoundRunner, seed: int = 0, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Both sides, ``rounds`` rounds each, in :func:`schedule` order; round ``i`` of both sides uses the
-    case order :func:`round_order(i) <mla_fp8_bench.harness.rounds.round_order>` and shuffle seed
+    order :func:`round_order(i) <mla_fp8_bench.harness.rounds.round_order>` (of the backends within a
+    case; cases go small to large, :func:`~mla_fp8_bench.harness.rounds.ordered`) and shuffle seed
     ``seed + i``.
 
     Returns:

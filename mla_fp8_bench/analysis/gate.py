@@ -17,6 +17,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from mla_fp8_bench.harness.results import (
     asv_result_from_data,
     find_result,
     is_cpu_machine,
+    is_machine_dir,
     list_result_files,
     load_any,
     run_doc_from_data,
@@ -260,11 +262,16 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
 
 
 # ------------------------------------------------------------------------------------------ loading
+def machine_names(results_dir: str) -> list[str]:
+    """The asv machine directories directly below ``results_dir`` (each holds ``machine.json``), sorted."""
+    return sorted(q.name for q in Path(results_dir).iterdir() if q.is_dir() and is_machine_dir(q))
+
+
 def resolve_machine(results_dir: str, machine: str | None) -> str:
     """The machine directory to read: ``--machine`` or the only one present."""
     if not os.path.isdir(results_dir):
         raise GateUsageError(f"results directory {results_dir} does not exist")
-    machines = sorted(p for p in os.listdir(results_dir) if os.path.isdir(os.path.join(results_dir, p)))
+    machines = machine_names(results_dir)
     if machine:
         if machine not in machines:
             raise GateUsageError(f"machine {machine!r} has no results in {results_dir}: found "
@@ -285,9 +292,7 @@ def machine_holding(results_dir: str, specs: tuple[str, ...], env: str | None) -
     if not prefixes:
         return None
     found = []
-    for name in sorted(os.listdir(results_dir)):
-        if not os.path.isdir(os.path.join(results_dir, name)):
-            continue
+    for name in machine_names(results_dir):
         try:
             for s in prefixes:
                 find_result(results_dir, name, s, env)

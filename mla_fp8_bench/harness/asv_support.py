@@ -7,8 +7,9 @@ cases count their total, ctx/prefix cases their keys; ``MLA_FP8_BENCH_MAX_TOKENS
 case the CPU sweep of ``mla-fp8-bench run`` has), 30 latency samples within :data:`GRID_TIME_BUDGET_S`
 (2 s on CPU, where latency is host time and informational, 10 s on GPUs), and
 :data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU): round 0 is the accuracy pass's own
-timing, each further round a latency-only pass in a separate process in alternating case order
-(:mod:`mla_fp8_bench.harness.rounds`); the tracked latency is the median over rounds.
+timing, each further round a latency-only pass in a forked process, cases small to large and the
+backend order alternating (:mod:`mla_fp8_bench.harness.rounds`); the tracked latency is the median over
+rounds.
 ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` narrow the grid (``mla-fp8-bench bisect`` sets them to the
 probed params); in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the SHA you pass to
 ``--set-commit-hash`` as ``MLA_FP8_BENCH_EXPECT_COMMIT`` and the measurement refuses other code.
