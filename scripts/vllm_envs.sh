@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the CPU-only vLLM environments of the real-vLLM test tier (tests/vllm_tier, docs/vllm-tier.md).
 #
-# One venv per vLLM release under $VLLM_ENVS_DIR (default /work/.cache/vllm-envs):
+# One venv per vLLM release under $VLLM_ENVS_DIR (default ${XDG_CACHE_HOME:-~/.cache}/mla_fp8_bench/vllm-envs):
 #   vllm-<ver>/  Python 3.11, torch==2.13.0 (CPU), numpy, `pip install --no-deps vllm==<ver>`, the
 #                small packages vLLM's import chain needs, xgrammar + apache-tvm-ffi (--no-deps, so
 #                triton is not pulled), and vLLM's CUDA .so files deleted (they never load on CPU).
-# Recipe: /work/shared/docs/vllm-on-cpu.md. pip reports conflicts with vLLM's declared pins (torch,
+# pip reports conflicts with vLLM's declared pins (torch,
 # transformers, xgrammar, ...) and exits 0: expected, the import works.
 #
 # A healthy env (marker file written last + a smoke import) is reused; anything else is rebuilt.
@@ -13,15 +13,16 @@
 # cached env never imports a stale checkout.
 #
 # Environment:
-#   VLLM_ENVS_DIR        where the envs live (default /work/.cache/vllm-envs)
+#   VLLM_ENVS_DIR        where the envs live (default ${XDG_CACHE_HOME:-~/.cache}/mla_fp8_bench/vllm-envs)
 #   VLLM_TIER_VERSIONS   space-separated releases (default "0.28.0 0.33.0")
 #   VLLM_TIER_PYTHON     base interpreter (default python3.11)
 #   VLLM_TIER_SERIAL=1   build one env at a time (default: in parallel)
 #
-# Usage: bash scripts/vllm_envs.sh [--rebuild]
+# Usage: bash scripts/vllm_envs.sh [--rebuild | --print-dir]  (--print-dir: where the envs live, nothing built)
 set -euo pipefail
 
-ENVS_DIR="${VLLM_ENVS_DIR:-/work/.cache/vllm-envs}"
+ENVS_DIR="${VLLM_ENVS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mla_fp8_bench/vllm-envs}"
+[[ "${1:-}" == "--print-dir" ]] && { echo "$ENVS_DIR"; exit 0; }
 VERSIONS="${VLLM_TIER_VERSIONS:-0.28.0 0.33.0}"
 PY="${VLLM_TIER_PYTHON:-python3.11}"
 REBUILD=0

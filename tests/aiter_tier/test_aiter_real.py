@@ -30,7 +30,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SRC_ENV = "AITER_SRC_DIR"
 TIMEOUT_S = 300
-VLLM_ENVS_DIR = Path(os.environ.get("VLLM_ENVS_DIR", "/work/.cache/vllm-envs"))
+
+
+def _vllm_envs_dir() -> Path:
+    """Where ``scripts/vllm_envs.sh`` keeps the vLLM envs (it alone defines the default)."""
+    out = subprocess.run(["bash", str(REPO / "scripts" / "vllm_envs.sh"), "--print-dir"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    return Path(out)
+
+
+VLLM_ENVS_DIR = _vllm_envs_dir()
 VLLM_VERSIONS = os.environ.get("VLLM_TIER_VERSIONS", "0.28.0 0.33.0").split()
 VLLM_CASES = ("s257-cast", "ragged-255-1-300-257-cast", "s300-h24-cast")
 #: facts of the five archived revisions, read in AITER's sources at those revisions

@@ -1,7 +1,7 @@
 """Real-vLLM tier: the suite's ``vllm-aiter`` adapter against vLLM's REAL classes.
 
 For each vLLM release with an environment from ``scripts/vllm_envs.sh`` (default 0.28.0 and 0.33.0
-under ``$VLLM_ENVS_DIR``, default ``/work/.cache/vllm-envs``), ``drive_vllm.py`` runs in that env's
+under ``$VLLM_ENVS_DIR``, default as ``scripts/vllm_envs.sh --print-dir`` says), ``drive_vllm.py`` runs in that env's
 Python with the stand-in ``aiter`` and reports; these tests assert on the report:
 
 * the adapter feature-detects each release as documented (attn_out_dtype, padding, sizing, staging,
@@ -36,7 +36,16 @@ pytestmark = pytest.mark.vllm
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DRIVER = HERE / "drive_vllm.py"
-ENVS_DIR = Path(os.environ.get("VLLM_ENVS_DIR", "/work/.cache/vllm-envs"))
+
+
+def _vllm_envs_dir() -> Path:
+    """Where ``scripts/vllm_envs.sh`` keeps the vLLM envs (it alone defines the default)."""
+    out = subprocess.run(["bash", str(REPO / "scripts" / "vllm_envs.sh"), "--print-dir"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    return Path(out)
+
+
+ENVS_DIR = _vllm_envs_dir()
 VERSIONS = os.environ.get("VLLM_TIER_VERSIONS", "0.28.0 0.33.0").split()
 TIMEOUT_S = 300
 
