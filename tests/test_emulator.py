@@ -24,7 +24,8 @@ from mla_fp8_bench.aiter_ps.emulator import (
 from mla_fp8_bench.aiter_ps.facts import reduce_arity_for_version, reduce_heads_for
 from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
-from mla_fp8_bench.testing.emulator_faults import (
+
+from support.emulator_faults import (
     ALL_FAULTS,
     FAULT_DESCRIPTIONS,
     KERNEL_FAULTS,

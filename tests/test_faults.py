@@ -6,8 +6,8 @@ Fault cases: the default calibration shapes (per_tensor/normal, seed 0) cheapest
 first flagged one; ``unsaturated_cast`` needs ``s257-cast-outlier``; ``top_left_causal`` and
 ``lse_no_max_subtraction`` cannot show on q_len == kv_len prefill inputs and are checked on their probes;
 the prefix-cached-prefill faults (``PREFIX_FAULT_CASES``) are tried on context-chunk and prefix cases
-(see :mod:`mla_fp8_bench.testing.faults`). The full per-case numbers are in docs/regressions.md
-(``python -m mla_fp8_bench.testing.faults --seeds 0,1,2``).
+(see :mod:`support.faults`). The full per-case numbers are in docs/regressions.md
+(``python -m tests.support.faults --seeds 0,1,2``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from mla_fp8_bench.analysis.calibrate import MIN_SEEDS, check, load_tolerances
-from mla_fp8_bench.testing.emulator_faults import ALL_FAULTS
-from mla_fp8_bench.testing.faults import (
+
+from support.emulator_faults import ALL_FAULTS
+from support.faults import (
     INPUT_FAULTS,
     PREFIX_FAULT_CASES,
     PROBE_ONLY_FAULTS,

@@ -49,7 +49,7 @@ INIT = '''"""A fake AITER (test library): the four PS prefill primitives over ml
 import time as _time
 
 from mla_fp8_bench.aiter_ps.standin import make_standin_aiter as _make
-from mla_fp8_bench.testing.emulator_faults import FaultyEmulator as _Faulty
+from support.emulator_faults import FaultyEmulator as _Faulty
 
 from aiter._settings import FAULTS, SLEEP_S
 

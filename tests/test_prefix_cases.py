@@ -251,7 +251,7 @@ def test_run_command_on_ctx_and_prefix_cases(monkeypatch):
 
 @pytest.mark.parametrize("version, broken", [("0.1.20", True), ("0.1.22", False)])
 def test_lse_gap_cases_break_before_3606_only(monkeypatch, version, broken):
-    from mla_fp8_bench.testing.faults import unsplit_rows
+    from support.faults import unsplit_rows
 
     monkeypatch.setenv("MLA_FP8_BENCH_EMU_AITER_VERSION", version)
     for cid in SUITES["lse-gap"]:  # every lse-gap case has an unsplit tile at 16 heads on 256 CUs
@@ -274,7 +274,7 @@ def test_lse_gap_cases_break_before_3606_only(monkeypatch, version, broken):
 def test_a_caller_forgetting_need_lse_at_0_1_22_reproduces_the_gap_and_is_caught(monkeypatch):
     """v0.1.22 fixes the gap only for callers that pass need_lse=True: the omit_need_lse fault (need_lse left
     at its default False) leaves the unsplit rows' final_lse unwritten again, and the record says so."""
-    from mla_fp8_bench.testing.faults import FaultyEmulated
+    from support.faults import FaultyEmulated
 
     monkeypatch.setenv("MLA_FP8_BENCH_EMU_AITER_VERSION", "0.1.22")
     for cid in ("ctx100-q64", "prefix256-q100"):

@@ -94,7 +94,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", ("mla_fp8_bench.harness",)),
     ("analysis", ("mla_fp8_bench.analysis",)),
     ("report", ("mla_fp8_bench.report",)),
-    ("testing", ("mla_fp8_bench.testing",)),
     ("cli", ("mla_fp8_bench.cli",)),
 )
 

@@ -42,7 +42,8 @@ from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import parse_case_id
 from mla_fp8_bench.problem.fp8 import quantize
 from mla_fp8_bench.problem.inputs import make_inputs
-from mla_fp8_bench.testing.vllm_faults import ADAPTER_FAULTS, FaultyVllmAiter, for_testing
+
+from support.vllm_faults import ADAPTER_FAULTS, FaultyVllmAiter, for_testing
 
 CU = 32  # a small CU count keeps the emulator fast; the tier uses MI355X's 256
 TILE = 256

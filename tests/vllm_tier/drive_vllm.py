@@ -23,7 +23,7 @@ Modes:
 
 * default: every check, JSON to ``--out``; exit 0 unless the driver itself broke;
 * ``--fault NAME``: the per-case tier check with a deliberately wrong adapter
-  (:data:`~mla_fp8_bench.testing.vllm_faults.ADAPTER_FAULTS`); exits 1 with a line
+  (:data:`support.vllm_faults.ADAPTER_FAULTS`, ``tests/support``); exits 1 with a line
   ``VLLM TIER FAILURE ...`` on stderr when the tier catches it, 0 when it does not.
 """
 
@@ -334,7 +334,9 @@ def main(argv=None) -> int:
 
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
     from mla_fp8_bench.backends import vllm_aiter
-    from mla_fp8_bench.testing import vllm_faults
+
+    sys.path.insert(0, str(Path(args.repo) / "tests"))
+    from support import vllm_faults
 
     feats = vllm_aiter.detect_features(vmod)
     shims: list[str] = []

@@ -1,6 +1,6 @@
 """Injected faults that the accuracy check must catch (docs/regressions.md, "Injected faults").
 
-* **Emulator faults** (:data:`mla_fp8_bench.testing.emulator_faults.ALL_FAULTS`): bugs inside the kernel or
+* **Emulator faults** (:data:`support.emulator_faults.ALL_FAULTS`): bugs inside the kernel or
   the reduce (dropped/doubled scale, missing causal mask, wrong LSE merge, off-by-one tile, ...).
 * **Input-side faults** (:data:`INPUT_FAULTS`, one line each), implemented here around the emulated
   backend: quantisation, planning (``stale_plan``: the stream-ordering race of vLLM #58886, run on the
@@ -35,7 +35,8 @@ from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.fp8 import Quantized, fp8_max
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
-from mla_fp8_bench.testing.emulator_faults import ALL_FAULTS, FAULT_DESCRIPTIONS, FaultyEmulator
+
+from .emulator_faults import ALL_FAULTS, FAULT_DESCRIPTIONS, FaultyEmulator
 
 #: Faults of the steps around the kernel (quantisation, planning, the prefix composition; implemented here).
 INPUT_FAULTS: dict[str, str] = {
@@ -324,7 +325,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     from mla_fp8_bench.analysis.tolerances import load_tolerances
 
-    ap = argparse.ArgumentParser(prog="python -m mla_fp8_bench.testing.faults",
+    ap = argparse.ArgumentParser(prog="python -m tests.support.faults",
                                  description="run every injected fault on the report cases; print the fault table")
     ap.add_argument("--tolerances", default="tolerances/cpu-emulated-v1.json")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")

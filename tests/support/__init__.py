@@ -1,2 +1,2 @@
 """Test machinery: injected faults and the faulty stand-ins that prove the accuracy checks catch them.
-Nothing on the measuring path imports this package."""
+Tests import it as ``support`` (pytest puts ``tests/`` on ``sys.path``); the library never does."""
