@@ -20,7 +20,7 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``smoke``     ``cli run`` of fa3-fp8 and fa3-bf16 on s2048 (JSON), aiter-emulated on s512 (cost probe)
 ``pytest``    ``pytest tests/test_gpu.py``
 ``ceilings``  :func:`mla_fp8_bench.peers.ceilings.measure_ceilings` (fp8/bf16 GEMM 8192^3, copy)
-``cv``        ``--cv-procs`` separate processes of ``python -m mla_fp8_bench.peers.profcheck`` for fa3-fp8
+``cv``        ``--cv-procs`` separate processes of ``studies/profcheck.py`` for fa3-fp8
               at s128/s2048/s8192/s32768 (graph timing + profiler cross-check), then the CV summary;
               one process each for fa3-bf16 and torch-sdpa-bf16 (profiler cross-check)
 ``sweep``     ``cli run --json`` over the sweep s128..s32768 for fa3-fp8, fa3-bf16, torch-sdpa-bf16 with
@@ -360,7 +360,7 @@ def do_cv(c) -> None:
             s.log("cv: stopping early, deadline")
             break
         f = jd / f"cv_fa3-fp8_p{i}.json"
-        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.peers.profcheck", "--backend", "fa3-fp8", "--cases",
+        rc, w = s.sh("cv", [py(), "studies/profcheck.py", "--backend", "fa3-fp8", "--cases",
                             CV_CASES, "--json", str(f)], 150)
         rcs.append(rc)
         t_cv += w
@@ -369,11 +369,11 @@ def do_cv(c) -> None:
     for bk in ("fa3-bf16", "torch-sdpa-bf16"):
         if s.left() < 60:
             break
-        rc, w = s.sh("cv", [py(), "-m", "mla_fp8_bench.peers.profcheck", "--backend", bk, "--cases", CV_CASES,
+        rc, w = s.sh("cv", [py(), "studies/profcheck.py", "--backend", bk, "--cases", CV_CASES,
                             "--json", str(jd / f"cv_{bk}_p0.json")], 150)
         t_cv += w
     if files:
-        s.sh("cv", [py(), "-m", "mla_fp8_bench.peers.profcheck", "--summarize", *files, "--json",
+        s.sh("cv", [py(), "studies/profcheck.py", "--summarize", *files, "--json",
                     str(jd / "cv_summary.json")], 60)
     s.step("cv", max(rcs) if rcs else -1, t_cv, processes=len(files))
 

@@ -54,10 +54,10 @@ def _timed(fn):
 def _profiler_span_s(run, device, launches: int, replays: int = 10) -> float | None:
     """Per-launch device span of ``launches`` captured calls, ``replays`` replays under the profiler."""
     import torch
+    from profcheck import _device_events, _summ  # studies/profcheck.py, beside this script
     from torch.profiler import ProfilerActivity, profile
 
     from mla_fp8_bench.measure.timing import _capture
-    from mla_fp8_bench.peers.profcheck import _device_events, _summ
 
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     g = _capture(run, launches, torch.cuda.current_stream(device), sync)

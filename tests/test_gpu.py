@@ -12,7 +12,9 @@ rel-L2 < 0.03. Against the bf16 inputs (input quantisation included): 0.156-0.25
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,11 @@ import torch
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.peers import fa3 as fa3mod
+
+_spec = importlib.util.spec_from_file_location("profcheck", Path(__file__).resolve().parents[1] / "studies"
+                                               / "profcheck.py")
+profcheck = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(profcheck)
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA/ROCm GPU; this machine has none (torch "
@@ -164,16 +171,14 @@ def test_annotate_records_fractions():
 
 
 def test_profcheck_summary_cv():
-    from mla_fp8_bench.peers.profcheck import format_cv_table, summarize_cv
-
     runs = [{"records": [{"backend": "fa3-fp8", "case": "s2048", "status": "ok", "graph_s": t, "graph_cv": 0.001,
                           "tflops": 500.0, "diff_same_window_pct": d}]}
             for t, d in ((1.00e-5, 1.0), (1.01e-5, 2.0), (0.99e-5, 3.0))]
-    rows = summarize_cv(runs)
+    rows = profcheck.summarize_cv(runs)
     assert len(rows) == 1 and rows[0]["n"] == 3
     assert rows[0]["cv"] == pytest.approx(0.01, rel=1e-6)
     assert rows[0]["diff_same_window_pct"]["median"] == 2.0
-    assert "s2048" in format_cv_table(rows)
+    assert "s2048" in profcheck.format_cv_table(rows)
 
 
 # ---------------------------------------------------------------- GPU
@@ -296,9 +301,7 @@ def test_fa3_fp8_graph_replay_matches_eager_output():
 
 @needs_fa3
 def test_profcheck_on_fa3():
-    from mla_fp8_bench.peers.profcheck import measure
-
-    res = measure("fa3-fp8", ["s2048"], samples=10)
+    res = profcheck.measure("fa3-fp8", ["s2048"], samples=10)
     r = res["records"][0]
     assert r["status"] == "ok", r
     assert r["graph_method"] == "graph" and r["graph_s"] > 0

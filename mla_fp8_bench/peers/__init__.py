@@ -1,6 +1,6 @@
-"""Optional peers of the AITER path: FA3 and cuDNN backends, measured GPU ceilings, the profiler
-cross-check. The core reaches them only through the backend registry's names and lazy imports;
-their third-party packages come with ``pip install -e '.[peers]'``."""
+"""Optional peers of the AITER path: FA3 and cuDNN backends, measured GPU ceilings. The core reaches
+them only through the backend registry's names and lazy imports; their third-party packages come with
+``pip install -e '.[peers]'``."""
 
 from __future__ import annotations
 

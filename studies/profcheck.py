@@ -12,9 +12,9 @@ replays), ``diff_graph_vs_profiled_graph_pct`` and ``diff_graph_vs_eager_pct``.
 
 Command line (one process)::
 
-    python -m mla_fp8_bench.peers.profcheck --backend fa3-fp8 --cases s128,s2048 --json out.json
+    python3 studies/profcheck.py --backend fa3-fp8 --cases s128,s2048 --json out.json
 
-and ``python -m mla_fp8_bench.peers.profcheck --summarize a.json b.json ...`` prints the run-to-run CV of
+and ``python3 studies/profcheck.py --summarize a.json b.json ...`` prints the run-to-run CV of
 ``graph_s`` across those processes.
 """
 
@@ -28,11 +28,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from mla_fp8_bench.peers import first_line
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mla_fp8_bench.peers import first_line  # noqa: E402
 
 
 def _device_events(prof) -> list[tuple[str, int, int]]:
@@ -256,7 +258,7 @@ def format_cv_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mla_fp8_bench.peers.profcheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 studies/profcheck.py", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="fa3-fp8")
     p.add_argument("--cases", default="s128,s2048,s8192,s32768", help="comma-separated case ids")
     p.add_argument("--device", default="auto")
