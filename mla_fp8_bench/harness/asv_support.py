@@ -1,22 +1,15 @@
 """What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement.
 
 The asv boundary: :func:`check_knobs` builds the run's :class:`~mla_fp8_bench.config.RunConfig` from
-the environment (the knobs are listed in :mod:`mla_fp8_bench.config`); everything below it gets the
-configuration passed. Defaults: the token cap :data:`GRID_CAPS` (1536 on CPU, 32768 on GPUs; ragged
-cases count their total, ctx/prefix cases their keys; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures every
-case the CPU sweep of ``mla-fp8-bench run`` has), 30 latency samples within :data:`GRID_TIME_BUDGET_S`
-(2 s on CPU, where latency is host time and informational, 10 s on GPUs), and
-:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU): round 0 is the accuracy pass's own
-timing, each further round a latency-only pass in a forked process, cases small to large and the
-backend order alternating (:mod:`mla_fp8_bench.harness.rounds`); the tracked latency is the median over
-rounds.
-``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` narrow the grid (``mla-fp8-bench bisect`` sets them to the
-probed params); in ``-E existing`` runs asv sets no ``ASV_COMMIT``: export the SHA you pass to
-``--set-commit-hash`` as ``MLA_FP8_BENCH_EXPECT_COMMIT`` and the measurement refuses other code.
+the environment (the knobs: :mod:`mla_fp8_bench.config`, docs/usage.md); everything below it gets the
+configuration passed. Defaults: the token cap :data:`GRID_CAPS` (ragged cases count their total,
+ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S` and
+:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (:mod:`mla_fp8_bench.harness.rounds`; 1 on CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +30,11 @@ ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
 #: O(seq_len^2): 1536 keeps every CPU case but s2048 (about a quarter of the CPU grid's time) and keeps
 #: the main job within minutes; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures it too.
 GRID_CAPS = {"cpu": 1536, "cuda": SWEEP_CAPS["cuda"]}
-#: Default seconds of latency sampling per (backend, case) of the asv grid, per device type.
+#: Default seconds of latency sampling per (backend, case) of the asv grid, per device type (on CPU
+#: latency is host time and informational).
 GRID_TIME_BUDGET_S = {"cpu": 2.0, "cuda": 10.0}
+#: Latency rounds of the asv grid on a GPU (round 0 in the accuracy pass, the rest in separate processes).
+DEFAULT_GPU_ROUNDS = 3
 
 
 def asv_backends() -> tuple[str, ...]:
@@ -77,12 +73,9 @@ def emulation_backends() -> tuple[str, ...]:
 
 
 def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
-    """``rec`` of an emulation backend (:func:`emulation_backends`, e.g. ``aiter-emulated``) with its
-    latency moved from ``latency_s`` / ``latency_samples_s`` (asv's ``track_latency``, kernel latencies) to
-    ``emulation_latency_s`` / ``emulation_latency_samples_s`` (``track_emulation_latency``), so asv never
-    draws the two on one axis. Other records unchanged. Keyed by the backend, not the record: an asv
-    series is one backend's, and the asv configs switch the same backends' kernel-latency regressions off.
-    """
+    """``rec`` of an emulation backend (:func:`emulation_backends`) with its latency and samples moved from
+    ``track_latency``'s record keys to ``track_emulation_latency``'s, so asv never draws the two on one
+    axis; other records unchanged. Keyed by the backend, not the record: an asv series is one backend's."""
     from mla_fp8_bench.measure.metric_table import find
 
     if rec.get("backend") not in emulation_backends():
@@ -184,10 +177,8 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
             f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
     try:
         for s in streams:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 print(("\n" if s is parent else "") + head, file=s, flush=True)
-            except (OSError, ValueError):
-                continue
         with CaseProgress(len(backends) * len(cases), stream=streams) as prog:
             return evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=prog.step)
     finally:
@@ -196,13 +187,9 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
 
 
 def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
-    """Measure every (backend, case) of the asv grid once; return plain-Python (picklable) records.
-
-    ``config``: the run configuration (default :func:`check_knobs`, from the environment).
-
-    With ``version`` (the asv benchmark version), params this run does not measure (narrowed by
-    ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` / ``_MAX_TOKENS``) get the values stored for this commit
-    (:func:`mla_fp8_bench.harness.asv_guard.stored_records`) instead of becoming n/a.
+    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`);
+    return plain-Python (picklable) records. With ``version`` (the asv benchmark version), params this run
+    does not measure keep the values stored for this commit (:func:`_keep_stored`).
 
     Returns:
         ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
@@ -232,16 +219,10 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
             "rounds": data["rounds"]}
 
 
-#: Latency rounds of the asv grid on a GPU (round 0 in the accuracy pass, the rest in separate processes).
-DEFAULT_GPU_ROUNDS = 3
-
-
 def measure_plans(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
-    """Planner time, live partial slots and workspace bytes of the AITER PS path for the asv grid.
-
-    ``version``, ``config``: as for :func:`measure_grid` (params not measured keep their stored values).
-
-    Each backend of :func:`plan_backends` that is available provides ``plan_stats(case, platform)``.
+    """Planner time, live partial slots and workspace bytes (``plan_stats(case, platform)`` of each
+    available backend of :func:`plan_backends`) for the asv grid; ``version``, ``config`` as for
+    :func:`measure_grid`.
 
     Returns:
         ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``,

@@ -1,12 +1,8 @@
 """Latency rounds: the same (backend, case) grid timed again in separate processes.
 
-One process samples one draw of every per-process effect (on the H200: a per-process offset of up to
-~5 % at small seq_len, the clock a power-capped case settles at after the previous second of load;
-docs/methodology.md §8). A *round* is one latency-only pass over the grid in a fresh process (a child
-forked from a :class:`RoundServer`, or a new interpreter); the figure a user compares is the median
-over rounds, and the per-round values stay in the record so the noise of every parameter is visible
-and stored. Inside a round cases go from least to most work and the backends of a case alternate
-their order from round to round (:func:`ordered`).
+A *round* is one latency-only pass over the grid in a fresh process (a child forked from a
+:class:`RoundServer`, or a new interpreter), so each samples the per-process effects afresh; the figure
+compared is the median over rounds, the per-round values stay in the record (docs/methodology.md §8, §9).
 
 Worker::
 
@@ -109,17 +105,6 @@ def spread(values: Sequence[float]) -> float:
 
 
 # ------------------------------------------------------------------------------------------ one round
-def round_row(tr, clock: dict[str, Any]) -> dict[str, Any]:
-    """The round fields of one timing result (:class:`~mla_fp8_bench.measure.timing.TimingResult`) and
-    its :func:`~mla_fp8_bench.measure.timing.clock_fields`."""
-    n = len(tr.samples_s)
-    off = clock.get("clock_off_plateau_samples")
-    return {"latency_s": tr.median_s, "latency_sm_cycles": clock.get("latency_sm_cycles"),
-            "sm_clock_mhz": clock.get("sm_clock_mhz"), "gpu_power_w": clock.get("gpu_power_w"),
-            "off_plateau_fraction": (len(off) / n) if off is not None and n else None, "samples": n,
-            "method": tr.method, "launches_per_sample": tr.launches_per_sample}
-
-
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
@@ -184,7 +169,11 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             kw = {} if pinfo.device.type == "cuda" else {"warmup": False}
             tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
             phases.update(inputs=t2 - t1, prepare=t3 - t2, timing=time.perf_counter() - t3)
-            row.update(round_row(tr, clock_fields(tr)))
+            clock, n = clock_fields(tr), len(tr.samples_s)
+            off = clock.get("clock_off_plateau_samples")
+            row.update(latency_s=tr.median_s, **{k: clock.get(k) for k in ROUND_FIELDS[1:4]},
+                       off_plateau_fraction=(len(off) / n) if off is not None and n else None, samples=n,
+                       method=tr.method, launches_per_sample=tr.launches_per_sample)
         except Exception as exc:  # noqa: BLE001 - one failing pair never loses the others
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
@@ -219,27 +208,34 @@ def worker_command(python: str, backends: Sequence[str], cases: Sequence[str], o
             ",".join(cases), "--order", order, "--seed", str(seed), "--device", device, "--json", out]
 
 
-def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, timeout: float = 600.0,
-               log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def _failed(error: str) -> dict[str, Any]:
+    """The document of a round that produced none."""
+    return {"error": error, "rows": []}
+
+
+def _read_round(out: str, t0: float) -> dict[str, Any]:
+    """The round document a worker wrote to ``out``, with ``process_wall_s`` since ``t0``."""
+    with open(out) as f:
+        doc = json.load(f)
+    doc["process_wall_s"] = time.perf_counter() - t0
+    return doc
+
+
+def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, timeout: float = 600.0
+               ) -> dict[str, Any]:
     """Run one round worker; returns its round document, or ``{"error": ..., "rows": []}`` on failure
     (a failed round never stops the others)."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"round worker timed out after {timeout:.0f} s", "rows": []}
+        return _failed(f"round worker timed out after {timeout:.0f} s")
     except OSError as exc:
-        return {"error": f"round worker could not start: {exc}", "rows": []}
+        return _failed(f"round worker could not start: {exc}")
     if p.returncode != 0 or not os.path.isfile(out):
         tail = (p.stderr or p.stdout or "").strip().splitlines()[-3:]
-        return {"error": f"round worker exited {p.returncode}: {' | '.join(tail)[:400]}", "rows": []}
-    with open(out) as f:
-        doc = json.load(f)
-    doc["process_wall_s"] = time.perf_counter() - t0
-    if log is not None:
-        ok = sum(1 for r in doc["rows"] if "latency_s" in r)
-        log(f"round ({doc['order']}): {ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s")
-    return doc
+        return _failed(f"round worker exited {p.returncode}: {' | '.join(tail)[:400]}")
+    return _read_round(out, t0)
 
 
 def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, first: int = 1,
@@ -274,7 +270,7 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
                     docs.append(doc)
                     if log is not None:
                         ok = sum(1 for r in doc["rows"] if "latency_s" in r)
-                        log(f"round {i} ({round_order(i)}): " + (doc["error"] if doc.get("error") else
+                        log(f"round {i} ({round_order(i)}): " + (doc.get("error") or
                             f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
             except BaseException:  # interrupted: no round child may write into tmp after it is removed
                 srv.kill()
@@ -370,6 +366,16 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
 
 
 # ------------------------------------------------------------------------------------------ forking server
+def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, device: str,
+                 stream) -> None:
+    """:func:`measure_round` with its progress on ``stream``, the backends configured from the environment
+    inherited; the round document is written to ``path``."""
+    from mla_fp8_bench.jsonio import write_json_atomic
+
+    write_json_atomic(measure_round(backends, cases, order, seed, device, config=RunConfig.from_env(),
+                                    progress=lambda s: print(s, file=stream, flush=True)), path)
+
+
 def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
     """A round server: import torch and the named backends once, then fork one child per request.
 
@@ -386,10 +392,8 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
     from mla_fp8_bench.backends import get_backend
 
     for b in preload:
-        try:
+        with contextlib.suppress(Exception):  # a backend that cannot load fails in the child, with its reason
             get_backend(b)
-        except Exception:  # noqa: BLE001 - a backend that cannot load fails in the child, with its reason
-            pass
     fin, fout = stdin or sys.stdin, stdout or sys.stdout
     for line in fin:
         line = line.strip()
@@ -404,12 +408,8 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
             rc = 1
             try:
                 os.dup2(2, 1)
-                from mla_fp8_bench.jsonio import write_json_atomic
-
-                doc = measure_round(req["backends"], req["cases"], req.get("order", "sorted"), int(req.get("seed", 0)),
-                                    req.get("device", "auto"), progress=lambda s: print(s, file=sys.stderr, flush=True),
-                                    config=RunConfig.from_env())
-                write_json_atomic(doc, req["json"])
+                _write_round(req["json"], req["backends"], req["cases"], req.get("order", "sorted"),
+                             int(req.get("seed", 0)), req.get("device", "auto"), sys.stderr)
                 rc = 0
             except BaseException as exc:  # noqa: BLE001 - the child must never return into the server loop
                 print(f"round child failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -436,8 +436,7 @@ class RoundServer:
         """The last ``n`` characters the server and its children wrote to stderr after byte ``since``."""
         self._err.flush()
         fd = self._err.fileno()
-        size = os.fstat(fd).st_size
-        return os.pread(fd, max(size - since, 0), since).decode(errors="replace")[-n:]
+        return os.pread(fd, max(os.fstat(fd).st_size - since, 0), since).decode(errors="replace")[-n:]
 
     def _stderr_size(self) -> int:
         with contextlib.suppress(OSError, ValueError):
@@ -458,25 +457,21 @@ class RoundServer:
             self.proc.stdin.flush()
             if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
                 self.kill()
-                return {"error": f"round timed out after {timeout:.0f} s", "rows": []}
+                return _failed(f"round timed out after {timeout:.0f} s")
             answer = self.proc.stdout.readline()
         except (BrokenPipeError, OSError, ValueError) as exc:
-            return {"error": f"round server is gone: {exc}", "rows": []}
+            return _failed(f"round server is gone: {exc}")
         if not answer:
-            code = self.proc.wait()
-            return {"error": f"round server exited {code}: {self.stderr_tail(since=since).strip()}", "rows": []}
+            return _failed(f"round server exited {self.proc.wait()}: {self.stderr_tail(since=since).strip()}")
         try:
             rc = json.loads(answer).get("rc")
         except (ValueError, AttributeError):
             self.kill()
-            return {"error": f"round server answered {answer.strip()[:100]!r}, not a round server's answer: "
-                             f"{self.stderr_tail(300, since).strip()}", "rows": []}
+            return _failed(f"round server answered {answer.strip()[:100]!r}, not a round server's answer: "
+                           f"{self.stderr_tail(300, since).strip()}")
         if rc != 0 or not os.path.isfile(out):
-            return {"error": f"round child exited {rc}: {self.stderr_tail(300, since).strip()}", "rows": []}
-        with open(out) as f:
-            doc = json.load(f)
-        doc["process_wall_s"] = time.perf_counter() - t0
-        return doc
+            return _failed(f"round child exited {rc}: {self.stderr_tail(300, since).strip()}")
+        return _read_round(out, t0)
 
     def kill(self) -> None:
         """End the server and its running child now (its process group)."""
@@ -511,11 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve([b for b in a.preload.split(",") if b])
     if not (a.backends and a.cases and a.json):
         ap.error("--backends, --cases and --json are required (or --serve)")
-    from mla_fp8_bench.jsonio import write_json_atomic
-
-    doc = measure_round([b for b in a.backends.split(",") if b], [c for c in a.cases.split(",") if c], a.order,
-                        a.seed, a.device, progress=lambda s: print(s, flush=True), config=RunConfig.from_env())
-    write_json_atomic(doc, a.json)
+    _write_round(a.json, [b for b in a.backends.split(",") if b], [c for c in a.cases.split(",") if c], a.order,
+                 a.seed, a.device, sys.stdout)
     return 0
 
 

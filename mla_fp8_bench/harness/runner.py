@@ -116,19 +116,6 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}"
 
 
-class _Unloadable(Backend):
-    """Placeholder for a registered backend whose module failed to import."""
-
-    def __init__(self, name: str):
-        self.name = name  # type: ignore[misc]
-
-    def availability(self, platform: PlatformInfo) -> Verdict:  # pragma: no cover - never consulted
-        return Verdict.no("failed to load")
-
-    def prepare(self, inputs: CaseInputs):  # pragma: no cover - never called
-        raise BackendUnavailable("failed to load")
-
-
 class CaseData:
     """Inputs and lazily computed references of one case, shared by all backends."""
 
@@ -245,31 +232,22 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
 
 
 def _load_backends(names: list[str], pinfo: PlatformInfo, config: RunConfig | None
-                   ) -> tuple[list[Backend], dict[str, Verdict]]:
-    """Backends by name (with ``config``) and their availability; one that cannot load is a placeholder
-    with a verdict."""
-    bks: list[Backend] = []
-    avail: dict[str, Verdict] = {}
+                   ) -> dict[str, tuple[Backend | None, Verdict]]:
+    """Backends by name (with ``config``) and their availability; one that cannot load is None."""
+    out: dict[str, tuple[Backend | None, Verdict]] = {}
     for n in names:
         try:
             b = get_backend(n, config)
         except UnknownBackendError:
             raise
         except Exception as exc:  # noqa: BLE001 - a backend that cannot even load is a skip, not a crash
-            b = _Unloadable(n)
-            avail[n] = Verdict.no(f"backend {n} failed to load: {_short(exc)}")
-        bks.append(b)
-        if n not in avail:
-            try:
-                avail[n] = b.availability(pinfo)
-            except Exception as exc:  # noqa: BLE001
-                avail[n] = Verdict.no(f"availability check failed: {_short(exc)}")
-    return bks, avail
-
-
-def _unique(items: list, key: Callable[[Any], Any]) -> list:
-    seen: set = set()
-    return [x for x in items if not (key(x) in seen or seen.add(key(x)))]
+            out[n] = (None, Verdict.no(f"backend {n} failed to load: {_short(exc)}"))
+            continue
+        try:
+            out[n] = (b, b.availability(pinfo))
+        except Exception as exc:  # noqa: BLE001
+            out[n] = (b, Verdict.no(f"availability check failed: {_short(exc)}"))
+    return out
 
 
 def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
@@ -289,18 +267,20 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     """
     opts = options or RunOptions()
     pinfo = platform_info(device)
-    bks, avail = _load_backends(_unique(list(backends), str), pinfo, config)
-    cases = _unique(list(cases), lambda c: c.id)
+    bks = _load_backends(list(dict.fromkeys(backends)), pinfo, config)
+    by_id: dict[str, Case] = {}
+    for c in cases:
+        by_id.setdefault(c.id, c)
     records: list[dict[str, Any]] = []
     current = ("", "")
     try:
-        for case in cases:
+        for case in by_id.values():
             case_data: CaseData | None = None
             inputs_error: str | None = None
-            for b in bks:
-                current = (b.name, case.id)
-                if not avail[b.name]:
-                    rec = Record(b.name, case.id, "skipped", avail[b.name].reason)
+            for name, (b, verdict) in bks.items():
+                current = (name, case.id)
+                if not verdict:
+                    rec = Record(name, case.id, "skipped", verdict.reason)
                 else:
                     if case_data is None and inputs_error is None:
                         try:
@@ -309,7 +289,7 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
                             inputs_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
                                             f"inputs for {case.id} failed: {_short(exc)}")
                     if inputs_error is not None:
-                        rec = Record(b.name, case.id, "skipped" if "out of memory" in inputs_error else "error",
+                        rec = Record(name, case.id, "skipped" if "out of memory" in inputs_error else "error",
                                      inputs_error)
                     else:
                         rec = evaluate_one(b, case_data, pinfo, opts)
@@ -321,6 +301,6 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     except KeyboardInterrupt as exc:
         data = {"env": environment(pinfo), "records": records, "interrupted": True,
                 "interrupted_before": {"backend": current[0], "case": current[1]},
-                "planned": len(bks) * len(cases)}
+                "planned": len(bks) * len(by_id)}
         raise RunInterrupted(data) from exc
     return {"env": environment(pinfo), "records": records}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +71,8 @@ class ClockReading:
 class ClockReader:
     """Reads one GPU's clocks through NVML or amdsmi; ``available`` False (with ``reason``) otherwise.
 
-    Use :func:`open_reader` to build one. ``read()`` never raises: a failed query gives ``None`` fields.
+    Use :func:`open_reader` to build one. ``read()`` and ``policy()`` never raise: a failed query gives
+    ``None`` fields.
     """
 
     backend: str = "none"
@@ -84,9 +86,7 @@ class ClockReader:
         """The current SM clock and event reasons; with ``full`` also memory clock, temperature, power."""
         if not self.available:
             return ClockReading()
-        if self.backend == "nvml":
-            return self._read_nvml(full)
-        return self._read_amdsmi(full)
+        return self._read_nvml(full) if self.backend == "nvml" else self._read_amdsmi(full)
 
     def _try(self, key: str, fn, *args):
         try:
@@ -122,8 +122,62 @@ class ClockReader:
                             power_w=_num(power))
 
     def policy(self) -> dict[str, Any]:
-        """Whether clocks are locked, and the evidence (see :func:`clock_policy`)."""
-        return clock_policy(self)
+        """Clock lock state of the device, read only (never set).
+
+        NVIDIA: ``locked`` is True when the applications-clock target differs from its default (set with
+        ``nvidia-smi -ac``) or when the applications-clocks-setting event reason is active (it is also
+        raised by ``nvidia-smi -lgc`` locked clocks); the max and default clocks are recorded.
+        AMD: the performance level, the power cap (W; amdsmi reports microwatts) and the graphics target
+        are recorded; ``locked`` is True when the level is ``DETERMINISM``, ``MANUAL`` or a ``STABLE_*``
+        profile. ``recommendation`` never asks for a clock mode (MI350/MI355 do not support performance
+        determinism); it says how the suite copes with floating clocks.
+
+        Returns:
+            ``{"backend", "available", "locked" (bool or None), "evidence": {...}, "recommendation"}``.
+        """
+        out: dict[str, Any] = {"backend": self.backend, "available": self.available, "locked": None,
+                               "evidence": {}, "recommendation": ""}
+        if not self.available:
+            out["evidence"]["reason"] = self.reason
+            return out
+        ev = out["evidence"]
+        if self.backend == "nvml":
+            n, h = self._lib, self._handle
+            ev["app_sm_mhz"] = self._try("app", n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_SM)
+            ev["default_app_sm_mhz"] = self._try("dapp", n.nvmlDeviceGetDefaultApplicationsClock, h, n.NVML_CLOCK_SM)
+            ev["max_sm_mhz"] = self._try("max", n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM)
+            ev["power_limit_w"] = _num(self._try("plim", n.nvmlDeviceGetEnforcedPowerLimit, h))
+            if ev["power_limit_w"] is not None:
+                ev["power_limit_w"] /= 1000.0
+            r = self.read()
+            ev["reasons_now"] = reason_names(r.reasons)
+            app_set = ev["app_sm_mhz"] is not None and ev["default_app_sm_mhz"] is not None and \
+                ev["app_sm_mhz"] != ev["default_app_sm_mhz"]
+            out["locked"] = bool(app_set or (r.reasons or 0) & 0x2)
+            out["recommendation"] = ("clocks float (boost and power cap); the suite measures at the sustained-load "
+                                     "plateau and records the SM clock of every sample" if not out["locked"] else
+                                     "clocks are locked: samples are clock-deterministic")
+            return out
+        a, h = self._lib, self._handle
+        level = self._try("perf_level", a.amdsmi_get_gpu_perf_level, h)
+        ev["perf_level"] = str(level) if level is not None else None
+        cap = self._try("power_cap", getattr(a, "amdsmi_get_power_cap_info", lambda _h: None), h)
+        if isinstance(cap, dict):
+            for key in ("power_cap", "default_power_cap", "min_power_cap", "max_power_cap"):
+                if _num(cap.get(key)) is not None:
+                    ev[key + "_w"] = _num(cap[key]) / 1e6
+        asic = self._try("asic", getattr(a, "amdsmi_get_gpu_asic_info", lambda _h: None), h)
+        if isinstance(asic, dict):
+            ev["target_graphics_version"] = asic.get("target_graphics_version")
+            ev["market_name"] = asic.get("market_name")
+        lv = str(level or "").upper()
+        out["locked"] = any(k in lv for k in ("DETERMINISM", "MANUAL", "STABLE")) if level is not None else None
+        out["recommendation"] = ("" if out["locked"] else
+                                 "clocks float under the power cap (performance determinism is not supported on "
+                                 "MI350/MI355): the suite records the level and the power cap, times in rounds of "
+                                 "separate processes and gates SM cycles where the clock is off its plateau; it never "
+                                 "changes clocks or power limits")
+        return out
 
 
 def _num(v: Any) -> float | None:
@@ -140,8 +194,6 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
     ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES`` reorders devices (the reader then maps the first
     visible id when it is a plain integer).
     """
-    import os
-
     reasons = []
     if vendor in (None, "cuda"):
         vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
@@ -164,66 +216,6 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
         except Exception as exc:  # noqa: BLE001
             reasons.append(f"amdsmi: {type(exc).__name__}: {str(exc)[:120]}")
     return ClockReader("none", False, "; ".join(reasons) or f"no management library for vendor {vendor}")
-
-
-def clock_policy(reader: ClockReader) -> dict[str, Any]:
-    """Clock lock state of the device, read only (never set).
-
-    NVIDIA: ``locked`` is True when the applications-clock target differs from its default (set with
-    ``nvidia-smi -ac``) or when the applications-clocks-setting event reason is active (it is also
-    raised by ``nvidia-smi -lgc`` locked clocks); the max and default clocks are recorded.
-    AMD: the performance level, the power cap (W; amdsmi reports microwatts) and the graphics target
-    are recorded; ``locked`` is True when the level is ``DETERMINISM``, ``MANUAL`` or a ``STABLE_*``
-    profile. ``recommendation`` never asks for a clock mode (MI350/MI355 do not support performance
-    determinism); it says how the suite copes with floating clocks.
-
-    Returns:
-        ``{"backend", "available", "locked" (bool or None), "evidence": {...}, "recommendation"}``.
-    """
-    out: dict[str, Any] = {"backend": reader.backend, "available": reader.available, "locked": None,
-                           "evidence": {}, "recommendation": ""}
-    if not reader.available:
-        out["evidence"]["reason"] = reader.reason
-        return out
-    if reader.backend == "nvml":
-        n, h = reader._lib, reader._handle
-        ev = out["evidence"]
-        ev["app_sm_mhz"] = reader._try("app", n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_SM)
-        ev["default_app_sm_mhz"] = reader._try("dapp", n.nvmlDeviceGetDefaultApplicationsClock, h, n.NVML_CLOCK_SM)
-        ev["max_sm_mhz"] = reader._try("max", n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM)
-        ev["power_limit_w"] = _num(reader._try("plim", n.nvmlDeviceGetEnforcedPowerLimit, h))
-        if ev["power_limit_w"] is not None:
-            ev["power_limit_w"] /= 1000.0
-        r = reader.read()
-        ev["reasons_now"] = reason_names(r.reasons)
-        app_set = ev["app_sm_mhz"] is not None and ev["default_app_sm_mhz"] is not None and \
-            ev["app_sm_mhz"] != ev["default_app_sm_mhz"]
-        out["locked"] = bool(app_set or (r.reasons or 0) & 0x2)
-        out["recommendation"] = ("clocks float (boost and power cap); the suite measures at the sustained-load "
-                                 "plateau and records the SM clock of every sample" if not out["locked"] else
-                                 "clocks are locked: samples are clock-deterministic")
-        return out
-    a, h = reader._lib, reader._handle
-    ev = out["evidence"]
-    level = reader._try("perf_level", a.amdsmi_get_gpu_perf_level, h)
-    ev["perf_level"] = str(level) if level is not None else None
-    cap = reader._try("power_cap", getattr(a, "amdsmi_get_power_cap_info", lambda _h: None), h)
-    if isinstance(cap, dict):
-        for key in ("power_cap", "default_power_cap", "min_power_cap", "max_power_cap"):
-            if _num(cap.get(key)) is not None:
-                ev[key + "_w"] = _num(cap[key]) / 1e6
-    asic = reader._try("asic", getattr(a, "amdsmi_get_gpu_asic_info", lambda _h: None), h)
-    if isinstance(asic, dict):
-        ev["target_graphics_version"] = asic.get("target_graphics_version")
-        ev["market_name"] = asic.get("market_name")
-    lv = str(level or "").upper()
-    out["locked"] = any(k in lv for k in ("DETERMINISM", "MANUAL", "STABLE")) if level is not None else None
-    out["recommendation"] = ("" if out["locked"] else
-                             "clocks float under the power cap (performance determinism is not supported on "
-                             "MI350/MI355): the suite records the level and the power cap, times in rounds of "
-                             "separate processes and gates SM cycles where the clock is off its plateau; it never "
-                             "changes clocks or power limits")
-    return out
 
 
 def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_REL) -> dict[str, Any]:

@@ -1,34 +1,17 @@
-"""Latency measurement: kernel-only device time and host-inclusive call latency.
+"""Latency measurement: kernel-only device time and host-inclusive call latency, in seconds.
 
-Methods, in order of preference on a GPU (CUDA and ROCm share the ``torch.cuda`` code path):
-
-* ``graph`` - the prepared call is captured ``launches`` times back to back in one CUDA/HIP graph;
-  a sample is ``elapsed(replay) / launches`` between two device events. Python and launch overhead
-  vanish; what remains is device time including the gaps between kernels of one call. ``launches``
-  comes from a 4-launch probe graph (device time, not host time, so tiny kernels get enough launches
-  per sample). Once per process an idle GPU is heated to its sustained-load clock (:func:`heat_up`);
-  before each case an adaptive, clock-aware warm-up of untimed replays (at least 150 ms of device
-  time, until the per-launch time and the SM clock stop moving, at most 1 s) precedes the samples, so
-  samples see the sustained-load clock of the case's own load rather than the boost clock of an idle
-  GPU. Every sample carries the SM clock read while it ran (:mod:`mla_fp8_bench.measure.clocks`).
-* ``events`` - when capture is impossible (host-side planning or a sync inside the call), the call
-  runs ``launches`` times back to back between one event pair. Host overhead that exceeds device time
-  shows up here; the method is recorded with every result.
-* ``host`` - CPU devices: ``time.perf_counter`` around each call.
-
-Caches: by default samples are L2-warm (the same buffers each launch; in production q/k/v come
-straight out of the ``kv_b_proj`` GEMM). ``flush_l2=True`` writes a buffer of twice the L2 size before
-each sample and times a single launch per sample (cold L2 for that launch).
-
-Call latency (:func:`time_call`) is the host-inclusive time of one call as a user sees it:
-``perf_counter`` around ``run(); synchronize()``.
-
-Statistics: median and IQR of samples, in seconds. The measured behaviour on an H200 (clock plateaus,
-CV across processes, comparison with nvbench and Triton) is in docs/methodology.md §2 and §8.
+Methods (CUDA and ROCm share the ``torch.cuda`` code path): ``graph`` (``launches`` back-to-back calls
+captured in one CUDA/HIP graph, a sample is ``elapsed(replay) / launches`` between two device events),
+``events`` (the same launches run eagerly between one event pair, when capture fails) and ``host``
+(CPU: ``perf_counter`` per call); :func:`time_call` is ``perf_counter`` around ``run(); synchronize()``.
+The procedure (heat-up, probe, clock-aware settle, samples with their SM clock, L2 flush) and the H200
+measurements behind it: docs/methodology.md §1, §2 and §8.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -106,13 +89,21 @@ def _warmup(run: Callable[[], object], sync: Callable[[], None], max_calls: int 
     return calls
 
 
-def _events_elapsed_s(run: Callable[[], object], n: int, stream, sync: Callable[[], None]) -> float:
-    """Device time of ``n`` back-to-back ``run()`` calls between one event pair, seconds."""
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def _events() -> tuple:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _chunk(work: Callable[[], object], n: int, events: tuple, stream, sync: Callable[[], None], reader=None,
+           sm: list | None = None) -> float:
+    """Device time of ``n`` back-to-back ``work()`` calls between the event pair ``events``, seconds; with
+    ``reader`` the SM clock read while they run (the clock under this load) is appended to ``sm``."""
+    e0, e1 = events
     e0.record(stream)
     for _ in range(n):
-        run()
+        work()
     e1.record(stream)
+    if reader is not None:
+        sm.append(reader.read(full=False).sm_mhz)
     sync()
     return e0.elapsed_time(e1) / 1e3
 
@@ -146,23 +137,16 @@ def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Calla
         ``{"replays": calls of sample, "device_s": device time spent, "settled": bool,
         "sm_mhz": [clock after each chunk]}``.
     """
-    if per_sample_s >= 4 * chunk_s:  # long samples (emulations, huge cases) are their own warm-up
+    if per_sample_s >= 4 * chunk_s or not min_s > 0:  # none asked for; long samples are their own warm-up
         return {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
     n = int(min(10_000, max(1, round(chunk_s / max(per_sample_s, 1e-9)))))
     per: list[float] = []
     sm: list[float | None] = []
     total, calls = 0.0, 0
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = _events()
     settled = False
     while total < max_s:
-        e0.record(stream)
-        for _ in range(n):
-            sample()
-        e1.record(stream)
-        if reader is not None:  # read while the chunk runs: the clock under this load
-            sm.append(reader.read(full=False).sm_mhz)
-        sync()
-        dt = e0.elapsed_time(e1) / 1e3
+        dt = _chunk(sample, n, events, stream, sync, reader, sm)
         total += dt
         calls += n
         per.append(dt / n)
@@ -175,34 +159,25 @@ def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Calla
 
 
 def heat_up(device: torch.device, reader=None, min_s: float = 0.5, max_s: float = 3.0) -> dict:
-    """Bring an idle GPU to its sustained-load state: bf16 GEMMs (4096^3) back to back, in chunks of
-    about 50 ms, for at least ``min_s`` and until the SM clock read after each chunk is on a plateau
-    (three readings within 15 MHz), at most ``max_s``. Runs once per process (:func:`time_device`
-    calls it before the first case), so the first case of a fresh machine does not start from the
-    idle clock; each case then settles on its own load (:func:`_settle`).
+    """Bring an idle GPU to its sustained-load state once per process (docs/methodology.md §2, step 0):
+    bf16 4096^3 GEMMs in chunks of about 55 ms, at least ``min_s`` and until four SM clock readings lie
+    within 15 MHz, at most ``max_s`` seconds of device time.
 
     Returns:
         ``{"device_s", "sm_mhz": [readings], "plateau": bool}``.
     """
-    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    b = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    gemm = functools.partial(torch.matmul, *(torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+                                             for _ in range(2)))
     stream = torch.cuda.current_stream(device)
     sm: list[float | None] = []
     total, plateau = 0.0, False
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    while total < max_s:
-        e0.record(stream)
-        for _ in range(300):  # about 55 ms at 750 TFLOP/s
-            torch.matmul(a, b)
-        e1.record(stream)
-        if reader is not None:
-            sm.append(reader.read(full=False).sm_mhz)
-        torch.cuda.synchronize(device)
-        total += e0.elapsed_time(e1) / 1e3
+    events = _events()
+    while total < max_s:  # 300 GEMMs: about 55 ms at 750 TFLOP/s
+        total += _chunk(gemm, 300, events, stream, lambda: torch.cuda.synchronize(device), reader, sm)
         if total >= min_s and plateau_reached(sm, window=4):
             plateau = True
             break
-    del a, b
+    del gemm
     return {"device_s": total, "sm_mhz": sm, "plateau": plateau}
 
 
@@ -214,8 +189,7 @@ def process_clock_state(device: torch.device, heat_up_gpu: bool = True) -> dict:
     heat-up. Returns ``{"reader", "policy", "heat_up"}``."""
     key = str(device)
     if key not in _PROCESS_STATE:
-        vendor = "rocm" if getattr(torch.version, "hip", None) else "cuda"
-        reader = open_reader(device.index or 0, vendor)
+        reader = open_reader(device.index or 0, "rocm" if getattr(torch.version, "hip", None) else "cuda")
         st = {"reader": reader, "policy": reader.policy(), "heat_up": None}
         _PROCESS_STATE[key] = st
         if heat_up_gpu:
@@ -225,10 +199,8 @@ def process_clock_state(device: torch.device, heat_up_gpu: bool = True) -> dict:
 
 def _capture_failed(exc: BaseException, device: torch.device) -> str:
     """Drain the device after a failed capture; the note recorded with the events fallback."""
-    try:
+    with contextlib.suppress(Exception):  # the capture error is the one to report
         torch.cuda.synchronize(device)
-    except Exception:  # noqa: BLE001 - the capture error is the one to report
-        pass
     return f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
 
 
@@ -242,21 +214,13 @@ def _probe_launch_s(run: Callable[[], object], device: torch.device, stream, syn
     """
     note = ""
     if graph_capturable:
-        probe_n = 4
         try:
-            probe = _capture(run, probe_n, stream, sync)
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record(stream)
-            for _ in range(3):
-                probe.replay()
-            e1.record(stream)
-            sync()
-            del probe
-            return max(e0.elapsed_time(e1) / 1e3 / (3 * probe_n), 1e-7), True, note
+            probe = _capture(run, 4, stream, sync)
+            return max(_chunk(probe.replay, 3, _events(), stream, sync) / (3 * 4), 1e-7), True, note
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
             graph_capturable = False
             note = _capture_failed(exc, device)
-    return max(_events_elapsed_s(run, 3, stream, sync) / 3, 1e-7), graph_capturable, note
+    return max(_chunk(run, 3, _events(), stream, sync) / 3, 1e-7), graph_capturable, note
 
 
 def _sample_loop(one_sample: Callable[[], None], samples: int, stream, flush_buf, time_budget_s: float,
@@ -271,7 +235,7 @@ def _sample_loop(one_sample: Callable[[], None], samples: int, stream, flush_buf
     for i in range(samples):
         if flush_buf is not None:
             flush_buf.zero_()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0, e1 = _events()
         e0.record(stream)
         one_sample()
         e1.record(stream)
@@ -290,19 +254,10 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
                 flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
                 warmup_max_s: float = 1.0, warmup_tol: float = 0.005, min_window_s: float = 0.1,
                 clocks: bool = True) -> TimingResult:
-    """Kernel-only latency of ``run`` on a CUDA/ROCm device.
-
-    Procedure (docs/methodology.md): once per process, :func:`process_clock_state` opens the clock
-    reader (NVML / amdsmi, optional) and heats an idle GPU to its sustained-load clock; host-timed
-    warm-up calls until two agree within 5% (module load, JIT, handles); an estimate of one launch's
-    *device* time (:func:`_probe_launch_s`); capture of ``launches`` back-to-back calls in one graph
-    (``launches`` chosen so a sample lasts about ``target_sample_s``); an adaptive device-side warm-up
-    (:func:`_settle`: chunks of about 25 ms of replays until at least ``warmup_s`` of device time has
-    run, the last three chunks agree within ``warmup_tol`` and the SM clock is on its plateau, at most
-    ``warmup_max_s``), so the samples see the sustained-load clock of this case's own load; then
-    ``samples`` samples (more if needed so they span at least ``min_window_s`` of device time, which
-    averages the power controller's clock steps), each ``elapsed(replay) / launches``, each with the SM
-    clock read while it runs.
+    """Kernel-only latency of ``run`` on a CUDA/ROCm device: :func:`process_clock_state` (once per
+    process), host warm-up (:func:`_warmup`), the device time of one launch (:func:`_probe_launch_s`),
+    capture of ``launches`` calls, the clock-aware settle (:func:`_settle`), then the samples
+    (:func:`_sample_loop`); step by step in docs/methodology.md §2.
 
     Args:
         run: the prepared call (launches device work, no host sync).
@@ -343,7 +298,6 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             graph = _capture(run, launches, stream, sync)
             method = "graph"
         except Exception as exc:  # noqa: BLE001
-            graph = None
             note = _capture_failed(exc, device)
 
     def one_sample() -> None:
@@ -353,8 +307,7 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             for _ in range(launches):
                 run()
 
-    settle = _settle(one_sample, one * launches, stream, sync, warmup_s, warmup_max_s, warmup_tol, reader=reader) \
-        if warmup_s > 0 else {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
+    settle = _settle(one_sample, one * launches, stream, sync, warmup_s, warmup_max_s, warmup_tol, reader=reader)
     n = min(4 * samples, max(samples, int(min_window_s / max(one * launches, 1e-9)) + 1))
     pairs, readings = _sample_loop(one_sample, n, stream, flush_buf, time_budget_s, reader)
     sync()
