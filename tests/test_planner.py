@@ -621,19 +621,27 @@ def test_contract_examples():
     assert info["reduce_partial_map"] == ((min(3 + 19, 38) * 4,), "int32")
 
 
+def _works_of(plan, tg):
+    """The ``work_info`` rows workgroup ``tg`` runs, in order."""
+    if not 0 <= tg < plan.cu_num:
+        raise ValueError(f"tg={tg} is out of range: 0 <= tg < cu_num={plan.cu_num}")
+    return plan.work_info[int(plan.work_indptr[tg]):int(plan.work_indptr[tg + 1])]
+
+
 def test_plan_helpers():
     qo = [0, 700, 1000]
     plan = plan_ps_prefill(qo, qo, [700, 300], num_heads_k=12, cu_num=80)
-    assert plan.num_clusters == 4 and plan.tgs_per_cluster == 20
+    num_clusters = math.gcd(plan.num_heads_k, plan.cu_num)
+    assert num_clusters == 4 and plan.cu_num // num_clusters == 20
     total = 0
     for g in range(80):
-        w = plan.works_of(g)
+        w = _works_of(plan, g)
         assert w.shape[1] == 8
         total += w.shape[0]
     assert total == plan.num_works
     assert plan.used_reduce_indptr.tolist() == plan.reduce_indptr[: plan.num_reduce_groups + 1].tolist()
     with pytest.raises(ValueError, match="tg=80"):
-        plan.works_of(80)
+        _works_of(plan, 80)
 
 
 def test_tensor_inputs_match_lists():

@@ -1,19 +1,10 @@
-"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, at three revisions.
-
-* ``get_ps_metadata_info_v1`` (``aiter/ops/attention.py``) -> :func:`ps_metadata_info`: the six buffer
-  ``(shape, dtype)`` pairs;
-* ``get_ps_metadata_v1`` (host code ``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in
-  ``csrc/include/ps.h``) -> :func:`plan_ps_prefill` (a :class:`PsPlan`) and :func:`fill_aiter_buffers`
-  (writes a plan into caller-provided buffers, as the real host function does).
-
-The revisions (``revision=``, :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`, each described
-there) share the schedule: ``work_indptr`` and every ``work_info`` field but ``partial_o_loc``. The
-algorithm, the buffers and the revisions: ``docs/aiter-contract.md`` ``#planner-io``,
-``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. ``tests/test_planner.py`` checks the port element
-by element against AITER's own planner outputs (``tests/data``).
-
-Plain Python integers throughout (C-style truncating division where AITER divides signed ints), one
-``torch.tensor`` build per buffer at the end, so planning is cheap even for ``B=16 x 16k`` tokens.
+"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, at the three revisions of
+:data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`: ``get_ps_metadata_info_v1``
+(``aiter/ops/attention.py``) is :func:`ps_metadata_info`; ``get_ps_metadata_v1`` (host code
+``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in ``csrc/include/ps.h``) is :func:`plan_ps_prefill`
+and :func:`fill_aiter_buffers`. Algorithm, buffers and revisions: ``docs/aiter-contract.md`` ``#planner-io``,
+``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. Plain Python integers (C-style truncating division
+where AITER divides signed ints), one ``torch.tensor`` per buffer at the end.
 """
 
 from __future__ import annotations
@@ -154,10 +145,8 @@ def ps_metadata_info(
     max_kvlen: int | None = None,
     kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Buffer shapes and dtypes for the PS planner (port of AITER ``get_ps_metadata_info_v1``;
-    ``docs/aiter-contract.md#info-sizes``).
-
-    AITER reads ``cu_num`` from the current device (256 on MI355X); here it is an explicit keyword. With
+    """Buffer shapes and dtypes for the PS planner (``docs/aiter-contract.md#info-sizes``); AITER reads
+    ``cu_num`` from the current device (256 on MI355X), here it is a keyword. With
     ``cpc = cu_num // gcd(num_heads_k, cu_num)``, ``mqs = ceil(max_qlen / qlen_granularity)`` and
     ``tiles = batch_size * mqs``: ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``,
     ``work_info (max_works, 8)``, ``reduce_indptr (tiles + 1,)``, ``reduce_final_map (tiles, 2)`` and
@@ -170,9 +159,6 @@ def ps_metadata_info(
     * ``pr3606-ref`` (only it takes ``max_kvlen`` and ``kvlen_granularity``; AITER uses ``max_kvlen or
       max_qlen``): ``kv_splits = max(1, ceil((max_kvlen or max_qlen) / kvlen_granularity))``,
       ``max_partials = tiles * (kv_splits + cpc)``, ``max_works = num_heads_k * max_partials``.
-
-    These are upper bounds; a plan's live sizes are :attr:`PsPlan.num_works`,
-    :attr:`PsPlan.num_reduce_groups` and :attr:`PsPlan.num_partials`.
 
     Returns:
         ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order
@@ -253,12 +239,8 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
-    """Output of :func:`plan_ps_prefill`: AITER's PS metadata, as int32 CPU tensors
-    (``docs/aiter-contract.md#planner-io``, ``#work-info``).
-
-    Every tensor has the full length of the buffer the real planner would fill (the ``buffer_lengths``
-    given to :func:`plan_ps_prefill`, by default the revision's :func:`ps_metadata_info` sizes), with the
-    tails as the real planner leaves them (it zero-fills its host vectors and copies whole buffers back):
+    """Output of :func:`plan_ps_prefill`: AITER's PS metadata as int32 CPU tensors of the full buffer
+    lengths, tails as the real planner leaves them (``docs/aiter-contract.md#planner-io``, ``#work-info``):
 
     * ``work_indptr`` ``[cu_num + 1]``: workgroup ``g`` runs ``work_info[work_indptr[g]:work_indptr[g + 1]]``
       in order; ``work_indptr[-1] == num_works`` (entries past ``cu_num`` in a longer buffer are 0).
@@ -271,9 +253,8 @@ class PsPlan:
       tail is 0.
 
     Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups``, ``num_partials`` (distinct
-    slots: ``splitData``/``splitLse`` need :attr:`partial_rows` rows), ``cu_num``, ``num_heads_k``,
-    ``revision`` and ``need_lse`` (whether every tile got a slot: False for ``pre-3606``, True for
-    ``pr3606-ref``, the flag for ``v0.1.22``). Frozen, but the tensors must not be modified in place.
+    slots), ``cu_num``, ``num_heads_k``, ``revision`` and ``need_lse`` (whether every tile got a slot).
+    The tensors must not be modified in place.
     """
 
     work_indptr: torch.Tensor
@@ -296,16 +277,6 @@ class PsPlan:
             f" num_works={self.num_works}, num_reduce_groups={self.num_reduce_groups},"
             f" num_partials={self.num_partials}, buffer_lengths={self.buffer_lengths})"
         )
-
-    @property
-    def num_clusters(self) -> int:
-        """``gcd(num_heads_k, cu_num)``: clusters of TGs, each serving ``num_heads_k // C`` heads."""
-        return math.gcd(self.num_heads_k, self.cu_num)
-
-    @property
-    def tgs_per_cluster(self) -> int:
-        """``cu_num // num_clusters``: workgroups (TGs) per cluster."""
-        return self.cu_num // self.num_clusters
 
     @property
     def used_work_info(self) -> torch.Tensor:
@@ -337,14 +308,6 @@ class PsPlan:
         """Leading dims of the buffers, keyed as in :data:`BUFFER_LENGTH_KEYS`."""
         tensors = (self.work_indptr, self.work_info, self.reduce_indptr, self.reduce_final_map, self.reduce_partial_map)
         return {"work_metadata_ptrs": 2, **{k: int(t.shape[0]) for k, t in zip(BUFFER_LENGTH_KEYS[1:], tensors)}}
-
-    def works_of(self, tg: int) -> torch.Tensor:
-        """The ``work_info`` rows workgroup ``tg`` (0 <= tg < cu_num) runs, in order (a view)."""
-        tg = _as_int("tg", tg)
-        if not 0 <= tg < self.cu_num:
-            raise PsPlanError(f"tg={tg} is out of range: 0 <= tg < cu_num={self.cu_num}")
-        lo, hi = int(self.work_indptr[tg]), int(self.work_indptr[tg + 1])
-        return self.work_info[lo:hi]
 
 
 # get_ps_metadata_v1, step 0: validated inputs
@@ -449,13 +412,9 @@ def _ping_pong(n: int) -> list[int]:
 
 
 def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
-    """Step 1: every sequence's 256-row q-tiles in ping-pong order, with their cost.
-
-    Returns ``(tiles, total_units)``; a tile is ``(batch, qs, qe, eff_kv, blocks)`` with local rows
-    ``[qs, qe)``, ``eff_kv`` the KV tokens its last row sees (bottom-right causal, else all) and
-    ``blocks = units * kvlen_granularity // block_size``, ``units = ceil(eff_kv / kvlen_granularity)``
-    (C-style truncating division, as AITER's signed ints).
-    """
+    """Step 1: ``(tiles, total_units)``; a tile is ``(batch, qs, qe, eff_kv, blocks)`` with local rows
+    ``[qs, qe)``, ``eff_kv`` the KV tokens its last row sees and ``blocks = units * kvlen_granularity //
+    block_size``, ``units = ceil(eff_kv / kvlen_granularity)``."""
     g = inp.kvlen_granularity
     blocks_per_unit = g // inp.block_size
     tiles: list[tuple[int, int, int, int, int]] = []
@@ -473,19 +432,13 @@ def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
 
 
 def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse: bool, revision: str):
-    """Step 2: deal the units out to the ``tgs`` TGs of one cluster and split tiles at the capacity.
-
-    TG ``t`` gets ``avg + (t < rem)`` units (``avg, rem = divmod(total_units, tgs)``), counted in
-    blocks. A tile whose remainder fits is finished (``partial_o_loc = -1`` if it was not split before and
-    ``need_lse`` is False, or at ``v0.1.22`` if the work consumes no KV blocks; otherwise a new partial
-    slot); otherwise it is split at the capacity and the
-    piece gets a new slot ``256 * p``. Every head of a TG and every cluster repeat this tiling
-    (AITER restores the cursors per head and restarts ``p`` per cluster), so one pass gives them all.
+    """Steps 2-3: the units dealt out to the ``tgs`` TGs of one cluster, tiles split at the capacity
+    (every head and cluster repeats this tiling, so one pass gives them all). A finished tile gets
+    ``partial_o_loc = -1`` if it was never split and ``need_lse`` is False, or at ``v0.1.22`` if it
+    consumes no KV blocks; every other piece a new slot ``256 * p``.
 
     Returns ``(rows, tg_bounds)``: per-head rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)``
-    and the row range ``[tg_bounds[t], tg_bounds[t + 1])`` of each TG. At ``block_size > 1`` the
-    comparison is in tokens, a piece's ``kv_end`` is clipped to the sequence and ``kv_offset`` is in
-    tokens, as in AITER's host source.
+    and the row range ``[tg_bounds[t], tg_bounds[t + 1])`` of each TG.
     """
     qo, kv, ctx, bs = inp.qo, inp.kv, inp.ctx, inp.block_size
     blocks_per_unit = inp.kvlen_granularity // bs
@@ -520,11 +473,8 @@ def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse:
 
 
 def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """Step 3: reduce groups = works with a partial slot grouped by ``(qo_start, qo_end)``.
-
-    Returns ``(keys, indptr, partial_map)``: groups in lexicographic order of their rows, the prefix
-    sums of their sizes, and each group's slots ascending and de-duplicated.
-    """
+    """Step 4: ``(keys, indptr, partial_map)`` of the reduce groups (works with a slot, by ``(qo_start,
+    qo_end)``): the sorted keys, the prefix sums of the group sizes, each group's slots ascending."""
     groups: dict[tuple[int, int], set[int]] = {}
     for r in rows:
         if r[1] != -1:
@@ -560,11 +510,8 @@ def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_gro
 
 
 def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[str, int]):
-    """``work_indptr`` and ``work_info``: one cluster's rows repeated per head of each TG, stamped per cluster.
-
-    Cluster ``c`` (of ``C = gcd(num_heads_k, cu_num)``) serves heads ``[c*hpc, (c+1)*hpc)``; TG ``t`` of
-    cluster ``c`` is workgroup ``c*T + t`` and runs its rows once per head, head-major.
-    """
+    """``work_indptr`` and ``work_info``: TG ``t`` of cluster ``c`` is workgroup ``c*T + t`` and runs its
+    rows once per head of ``[c*hpc, (c+1)*hpc)``, head-major."""
     num_clusters = math.gcd(num_heads_k, cu_num)
     tgs = cu_num // num_clusters
     hpc = num_heads_k // num_clusters
@@ -593,7 +540,7 @@ def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[
         used = work_info[:num_works].view(num_clusters, works_per_cluster, WORK_INFO_COLS)
         used[:, :, :7] = block.to(torch.int32).unsqueeze(0)
         used[:, :, 7] = q_head_range.to(torch.int32)
-    return torch.tensor(wind, dtype=torch.int32), work_info, num_works
+    return torch.tensor(wind, dtype=torch.int32), work_info
 
 
 def _reduce_buffers(keys, indptr, partial_map, lengths: dict[str, int]):
@@ -639,12 +586,8 @@ def plan_ps_prefill(
     revision: str = PLANNER_PRE_3606,
     need_lse: bool | None = None,
 ) -> PsPlan:
-    """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does (any revision).
-
-    Steps (``docs/aiter-contract.md#planner-algorithm``): validate; cut every sequence into 256-row
-    q-tiles in ping-pong order with their KV cost (:func:`_q_tiles`); tile one cluster
-    (:func:`_tile_one_cluster`); group the partial slots into reduce groups (:func:`_reduce_info`);
-    write the buffers (:func:`_work_buffers`, :func:`_reduce_buffers`).
+    """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does
+    (``docs/aiter-contract.md#planner-algorithm``).
 
     Args:
         qo_indptr: ``seqlens_qo_indptr`` ``[B+1]``: cumulative q lengths (starts at 0,
@@ -695,7 +638,7 @@ def plan_ps_prefill(
     num_works = heads * len(rows)  # every head of every cluster repeats the rows
     _check_lengths(lengths, cus, num_works, len(keys), len(partial_map))
 
-    work_indptr, work_info, _ = _work_buffers(rows, tg_bounds, heads, cus, lengths)
+    work_indptr, work_info = _work_buffers(rows, tg_bounds, heads, cus, lengths)
     reduce_indptr, reduce_final_map, reduce_partial_map = _reduce_buffers(keys, indptr, partial_map, lengths)
     return PsPlan(
         work_indptr=work_indptr,
