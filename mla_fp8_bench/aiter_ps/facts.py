@@ -1,15 +1,8 @@
 """AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, markers.
 
-Everything else (planner port, emulator, stand-in ``aiter``, the ``aiter`` driver, the vLLM adapter)
-derives from these names. The facts are explained in ``docs/aiter-contract.md``:
-
-* tiles and buffers: section "Planner inputs and outputs" (``#planner-io``) and "work_info" (``#work-info``);
-* versions, signature markers and the ROCm/aiter#3606 split: "Versions and feature detection"
-  (``#versions``) and "Revision semantics: before and after #3606" (``#pr-3606``);
-* reduce head-count dispatch: "mla_reduce_v1" (``#reduce``).
-
-Importing this module never imports ``aiter`` (its import runs ``rocminfo``); :func:`import_aiter`
-does, and only callers gated on a ROCm device call it.
+Explained in ``docs/aiter-contract.md``: ``#planner-io`` and ``#work-info`` (tiles, buffers), ``#versions``
+and ``#pr-3606`` (versions, markers, the ROCm/aiter#3606 split), ``#reduce`` (head-count dispatch).
+Importing this module never imports ``aiter`` (its import runs ``rocminfo``); :func:`import_aiter` does.
 """
 
 from __future__ import annotations
@@ -17,7 +10,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,11 +224,8 @@ def planner_revision_for(version: str | Iterable[int]) -> str:
 
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
     """Parameter names of op ``name`` as registered with torch (``torch.ops.<ns>.<name>.default._schema``,
-    ``ns`` = ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`), and where they were read.
-
-    AITER's Python objects are ``(*args, **kwargs)`` wrappers (``compile_ops`` / ``torch_compile_guard``), so
-    their ``inspect.signature`` says nothing; the registered schema carries the binding's real names. The
-    leading ``dummy`` tensor AITER adds to ops whose first parameter is not a tensor is dropped.
+    ``ns`` = ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`; AITER's ``(*args, **kwargs)``
+    wrappers say nothing), without the leading ``dummy`` tensor AITER adds to some ops.
 
     Returns:
         ``(names, "op schema ns::name")``, or ``(None, reason)`` when no such op is registered.
@@ -253,9 +243,12 @@ def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
     return names, f"op schema {ns}::{name}"
 
 
-def _version_source(version: Any) -> tuple[Version | None, str]:
+def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: str) -> Detected:
+    """``fact`` at ``version`` from the facts tables (``src``: why no schema told it), or ``Detected(None, why)``."""
     ver = parse_aiter_version_or_none(version)
-    return ver, (f"facts table at AITER {format_version(ver)}" if ver is not None else "no readable AITER version")
+    if ver is None:
+        return Detected(None, f"{what} cannot be told: {src} and no readable AITER version")
+    return Detected(fact(ver), f"facts table at AITER {format_version(ver)} ({src})")
 
 
 def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
@@ -266,12 +259,9 @@ def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
     Never from the wrapper's ``inspect.signature``.
     """
     params, src = op_params(module, "mla_reduce_v1")
-    if params is not None:
-        return Detected(9 if "num_kv_splits" in params else 8 if "max_seqlen_q" in params else 7, src)
-    ver, vsrc = _version_source(version)
-    if ver is not None:
-        return Detected(reduce_arity_for_version(ver), f"{vsrc} ({src})")
-    return Detected(None, f"mla_reduce_v1's form cannot be told: {src} and {vsrc}")
+    if params is None:
+        return _by_version(version, reduce_arity_for_version, src, "mla_reduce_v1's form")
+    return Detected(9 if "num_kv_splits" in params else 8 if "max_seqlen_q" in params else 7, src)
 
 
 def _info_params(module: Any) -> tuple[str, ...]:
@@ -295,10 +285,7 @@ def detect_planner_revision(module: Any, version: Any = None) -> Detected:
     """
     params, src = op_params(module, "get_ps_metadata_v1")
     if params is None:
-        ver, vsrc = _version_source(version)
-        if ver is None:
-            return Detected(None, f"the planner revision cannot be told: {src} and {vsrc}")
-        return Detected(planner_revision_for(ver), f"{vsrc} ({src})")
+        return _by_version(version, planner_revision_for, src, "the planner revision")
     if "need_lse" in params:
         return Detected(PLANNER_V0_1_22, src)
     if "max_kvlen" in _info_params(module):

@@ -1,21 +1,13 @@
 """A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill.
 
-:func:`make_standin_aiter` builds a module object named ``"aiter"`` (a package: ``__path__ = []``,
-``__spec__`` set) with the four primitives as an install of the emulated AITER version shows them
-(docs/aiter-contract.md#standin, #api, #versions). The compiled ops are opaque ``(*args, **kwargs)``
-wrappers, as AITER's ``compile_ops`` hands them out; their parameter names and defaults are only in the
-op schema registered with torch (``torch.ops.<ns>.<name>.default._schema``, ``ns =
-module.aiter_op_namespace``, one namespace per stand-in), written from :data:`_PARAMS`. The info
-function is plain Python. A call with an argument the emulated revision lacks (``need_lse`` before
-v0.1.22, ``num_kv_splits`` before v0.1.16) is a ``TypeError``, as a Python call is.
-
-Unlike the real primitives (which check almost nothing and fail with garbage, faults or memory
-corruption), every stand-in validates like a strict launcher and raises :class:`StandinContractError`
-(a ``ValueError``) naming what the real one would mishandle. Valid calls run the planner port
-(:mod:`mla_fp8_bench.aiter_ps.planner`) and the emulator (:mod:`mla_fp8_bench.aiter_ps.emulator`).
-Every call is recorded in ``module.calls``.
-
-Never import the real ``aiter`` here: this module is for machines without ROCm.
+:func:`make_standin_aiter` builds a module named ``"aiter"`` with the four primitives as an install of the
+emulated AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): the compiled ops are
+opaque ``(*args, **kwargs)`` wrappers whose parameters are only in the op schema registered with torch
+(written from :data:`_PARAMS`); the info function is plain Python. An argument the emulated revision lacks
+is a ``TypeError``. Unlike the real primitives (which check almost nothing), every stand-in validates like
+a strict launcher and raises :class:`StandinContractError` naming what the real one would mishandle; valid
+calls run the planner port and the emulator. Every call is recorded in ``module.calls``. Never import the
+real ``aiter`` here: this module is for machines without ROCm.
 """
 
 from __future__ import annotations
@@ -111,6 +103,17 @@ class _Checker:
     def ndim(self, name: str, t: torch.Tensor, n: int, want: str) -> None:
         if t.dim() != n:
             self.fail(f"{name} has shape {tuple(t.shape)}: must be {want}")
+
+    def array(self, name: str, t: Any, dtypes: tuple[torch.dtype, ...], want: str, why: str = "",
+              contiguous: str | None = None) -> torch.Tensor:
+        """A tensor of one of ``dtypes`` (``why`` follows the dtype message) and the rank of ``want``
+        (``"[R, H]"``), contiguous unless ``contiguous`` (the reason named otherwise) is None."""
+        t = self.tensor(name, t)
+        self.dtype(name, t, *dtypes, why=why)
+        self.ndim(name, t, want.count(",") + 1, want)
+        if contiguous is not None:
+            self.contiguous(name, t, contiguous)
+        return t
 
     def ints(self, name: str, t: Any, cols: int | None = None) -> torch.Tensor:
         """A contiguous int32 tensor, 1-D or ``[n, cols]``."""
@@ -310,11 +313,9 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
 def _check_kernel_qkv(ck: _Checker, Q: Any, K: Any, V: Any) -> tuple[int, int]:
     """Q/K/V contiguous float8_e4m3fn ``[T, H, 192]`` / ``[P, H, 192]`` / ``[P, H, 128]`` on one device."""
     for name, t, d in (("Q", Q, _QK_DIM), ("K", K, _QK_DIM), ("V", V, _V_DIM)):
-        ck.tensor(name, t)
-        if t.dtype == torch.float8_e4m3fnuz:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fnuz:
             ck.fail(f"{name} is float8_e4m3fnuz (the gfx942 format, max 240): gfx950 needs float8_e4m3fn")
-        ck.dtype(name, t, _FP8)
-        ck.ndim(name, t, 3, f"[tokens, H, {d}]")
+        ck.array(name, t, (_FP8,), f"[tokens, H, {d}]")
         if t.shape[-1] != d:
             ck.fail(f"{name} head dim is {t.shape[-1]}: must be {d} (hard-wired H*{d} byte strides)")
         why = "no strides reach the kernel"
@@ -365,23 +366,17 @@ def _check_kernel_scalars(ck: _Checker, a: dict[str, Any]) -> bool:
 
 def _check_kernel_outputs(ck: _Checker, a: dict[str, Any], T: int, H: int, dev: torch.device) -> None:
     """splitData/splitLse fp32 ``[R, H, 128]``/``[R, H]``, output bf16 ``[T, H, 128]``, scales, devices."""
-    sd, sl, out = a["splitData"], a["splitLse"], a["output"]
-    for name, t in (("splitData", sd), ("splitLse", sl), ("output", out)):
-        ck.tensor(name, t)
-    ck.dtype("splitData", sd, torch.float32, why=" (fp32 partials)")
-    ck.dtype("splitLse", sl, torch.float32, why=" (fp32 partial LSE)")
-    ck.dtype("output", out, torch.bfloat16, why=" (the kernel packs bf16 itself)")
-    ck.ndim("splitData", sd, 3, f"[R, {H}, {_V_DIM}]")
-    ck.ndim("splitLse", sl, 2, f"[R, {H}]")
-    ck.ndim("output", out, 3, f"[{T}, {H}, {_V_DIM}]")
+    strides = "no strides reach the kernel"
+    sd = ck.array("splitData", a["splitData"], (torch.float32,), f"[R, {H}, {_V_DIM}]", " (fp32 partials)", strides)
+    sl = ck.array("splitLse", a["splitLse"], (torch.float32,), f"[R, {H}]", " (fp32 partial LSE)", strides)
+    out = ck.array("output", a["output"], (torch.bfloat16,), f"[{T}, {H}, {_V_DIM}]",
+                   " (the kernel packs bf16 itself)", strides)
     if tuple(sd.shape[1:]) != (H, _V_DIM) or tuple(sl.shape[1:]) != (H,):
         ck.fail(f"splitData {tuple(sd.shape)} / splitLse {tuple(sl.shape)}: must be [R, {H}, {_V_DIM}] / [R, {H}]")
     if sd.shape[0] != sl.shape[0]:
         ck.fail(f"splitData has {sd.shape[0]} rows but splitLse {sl.shape[0]}")
     if tuple(out.shape) != (T, H, _V_DIM):
         ck.fail(f"output has shape {tuple(out.shape)}: must be [{T}, {H}, {_V_DIM}]")
-    for name, t in (("splitData", sd), ("splitLse", sl), ("output", out)):
-        ck.contiguous(name, t)
     for name in ("q_scale", "k_scale", "v_scale"):
         ck.scale(name, a[name], dev)
     for name in ("qo_indptr", "kv_indptr", "kv_page_indices", "work_indptr", "work_info_set", "splitData",
@@ -453,14 +448,9 @@ def _kernel_body(st: _State, a: dict[str, Any]) -> None:
 def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple[Any, ...]:
     """Partials fp32 contiguous, int32 maps, the int slots of this ``variant`` really ints (a tensor there
     is the vLLM #46760 positional shift). Returns ``(po, pl, ri, fmap, pmap)``."""
-    po = ck.tensor("partial_output", a["partial_output"])
-    pl = ck.tensor("partial_lse", a["partial_lse"])
-    ck.dtype("partial_output", po, torch.float32, why=" (fp32 partials)")
-    ck.dtype("partial_lse", pl, torch.float32, why=" (fp32 partial LSE)")
-    ck.ndim("partial_output", po, 3, "[R, H, dv]")
-    ck.ndim("partial_lse", pl, 2, "[R, H]")
-    ck.contiguous("partial_output", po, "partials are addressed as raw contiguous rows")
-    ck.contiguous("partial_lse", pl, "partials are addressed as raw contiguous rows")
+    rows = "partials are addressed as raw contiguous rows"
+    po = ck.array("partial_output", a["partial_output"], (torch.float32,), "[R, H, dv]", " (fp32 partials)", rows)
+    pl = ck.array("partial_lse", a["partial_lse"], (torch.float32,), "[R, H]", " (fp32 partial LSE)", rows)
     ri = ck.indptr("reduce_indptr", a["reduce_indptr"])
     fmap = ck.ints("reduce_final_map", a["reduce_final_map"], 2)
     pmap = ck.ints("reduce_partial_map", a["reduce_partial_map"])
@@ -480,9 +470,7 @@ def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple
 def _check_reduce_outputs(ck: _Checker, a: dict[str, Any], po: torch.Tensor, pl: torch.Tensor) -> torch.Tensor:
     """final_output bf16/fp16 ``[total_q, H, dv]`` (last dim contiguous), final_lse fp32 ``[total_q, H]``
     contiguous or None, everything on partial_output's device. Returns final_output."""
-    fo = ck.tensor("final_output", a["final_output"])
-    ck.dtype("final_output", fo, torch.bfloat16, torch.float16)
-    ck.ndim("final_output", fo, 3, "[total_q, H, dv]")
+    fo = ck.array("final_output", a["final_output"], (torch.bfloat16, torch.float16), "[total_q, H, dv]")
     if fo.stride(-1) != 1:
         ck.fail(f"final_output's last dim is not contiguous (strides {tuple(fo.stride())})")
     H, dv = int(po.shape[-2]), int(fo.shape[-1])
