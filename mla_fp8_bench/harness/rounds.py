@@ -108,20 +108,16 @@ def spread(values: Sequence[float]) -> float:
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
-    """One latency-only pass over (backend, case) in ``order`` in this process; the backends get
-    ``config`` (the worker's entry points build it from the environment they inherit).
-
-    Only kernel timing is run (:func:`~mla_fp8_bench.measure.timing.measure_latency` with the
-    run's defaults): no references, no call latency, no determinism run. A pair that cannot run is a
-    row with ``error``; one failing pair never loses the others.
+    """One latency-only pass over (backend, case) in ``order`` in this process, with ``config``: kernel
+    timing only (:func:`~mla_fp8_bench.measure.timing.measure_latency` with its defaults), no references,
+    call latency or determinism run. A pair that cannot run is a row with ``error``, the others go on.
 
     Returns:
-        ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "clock_policy", "heat_up", "rows":
-        [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {"backend", "case", "phases_s",
-        "error"}]}``; ``setup_s``: seconds to the device and the backends, ``phases_s``: seconds of the
-        pair's ``inputs`` (0 when the case's inputs were made for an earlier backend), ``prepare`` and
-        ``timing`` (the first pair's includes the once-per-process heat-up), where the wall time of a
-        round goes.
+        ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
+        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {"backend", "case",
+        "phases_s", "error"}]}``; ``setup_s``: seconds to the device and the backends, ``phases_s``: seconds
+        of the pair's ``inputs`` (0 when made for an earlier backend), ``prepare`` and ``timing`` (the
+        first pair's includes the once-per-process heat-up).
     """
     import torch
 
@@ -242,10 +238,9 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
                python: str | None = None, env: dict[str, str] | None = None, device: str = "auto",
                seed: int = 0, timeout: float = 600.0, log: Callable[[str], None] | None = None
                ) -> list[dict[str, Any]]:
-    """Rounds ``first .. first + rounds - 1``, one after the other, each in a fresh child of one
-    :class:`RoundServer` of ``python`` (default: this interpreter) in :func:`round_order` of its index;
-    a round that fails or outlasts ``timeout`` seconds is a document with ``error``, and a server that
-    ended (a timeout kills it) is replaced for the next round.
+    """Rounds ``first .. first + rounds - 1`` in :func:`round_order` of their index, each in a fresh child
+    of one :class:`RoundServer` of ``python`` (default: this interpreter); a round that fails or outlasts
+    ``timeout`` seconds is a document with ``error``, and an ended server is replaced for the next round.
 
     Raises:
         ValueError: ``rounds`` < 0.
@@ -281,31 +276,31 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
 
 
 # ------------------------------------------------------------------------------------------ merging
-def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
-    """Fold extra rounds into ok run records that carry a latency (in place).
+def _measured(row: dict[str, Any]) -> bool:
+    lat = row.get("latency_s")
+    return isinstance(lat, (int, float)) and lat > 0
 
-    For every such record: ``latency_rounds_s`` = [the record's own latency (round 0)] + the value of
-    each round that measured the pair; ``latency_sm_cycles_rounds``, ``sm_clock_rounds_mhz``,
-    ``gpu_power_rounds_w`` likewise (absent values skipped); ``latency_round_orders``;
-    ``latency_round0_s`` (the in-process figure, the old ``latency_s``); then ``latency_s``,
-    ``latency_sm_cycles``, ``sm_clock_mhz`` become the medians over rounds and
-    ``latency_round_spread`` = :func:`spread` of ``latency_rounds_s``. Throughput fields
-    (``tflops``, ``gb_s``) follow the new ``latency_s``. Records without a latency are left alone.
+
+def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
+    """Fold extra rounds into the ok run records that carry a latency (in place; others are left alone).
+
+    ``latency_rounds_s`` = [the record's own latency (round 0)] + the value of each round that measured the
+    pair; ``latency_sm_cycles_rounds``, ``sm_clock_rounds_mhz``, ``gpu_power_rounds_w`` likewise (absent
+    values skipped); ``latency_round_orders``; ``latency_round0_s`` (the in-process figure); then
+    ``latency_s``, ``latency_sm_cycles``, ``sm_clock_mhz``, ``gpu_power_w`` become the medians over rounds,
+    ``latency_round_spread`` = :func:`spread` of ``latency_rounds_s``, ``tflops`` and ``gb_s`` follow.
     """
     by: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for doc in rounds:
         for row in doc.get("rows", []):
-            if isinstance(row.get("latency_s"), (int, float)) and row["latency_s"] > 0:
+            if _measured(row):
                 by.setdefault((row["backend"], row["case"]), []).append((doc.get("order", "?"), row))
     for rec in records:
-        lat = rec.get("latency_s")
-        if rec.get("status") != "ok" or not isinstance(lat, (int, float)) or not lat > 0:
+        if rec.get("status") != "ok" or not _measured(rec):
             continue
         extra = by.get((rec["backend"], rec["case"]), [])
-        own = {"latency_s": lat, "latency_sm_cycles": rec.get("latency_sm_cycles"),
-               "sm_clock_mhz": rec.get("sm_clock_mhz"), "gpu_power_w": rec.get("gpu_power_w")}
-        rows = [own] + [r for _o, r in extra]
-        rec["latency_round0_s"] = lat
+        rows = [rec] + [r for _o, r in extra]  # the record's own values are round 0
+        rec["latency_round0_s"] = rec["latency_s"]
         rec["latency_round_orders"] = [rec.get("latency_round0_order", "sorted")] + [o for o, _r in extra]
         rec["latency_rounds_s"] = [float(r["latency_s"]) for r in rows]
         for key, out in (("latency_sm_cycles", "latency_sm_cycles_rounds"), ("sm_clock_mhz", "sm_clock_rounds_mhz"),
@@ -331,7 +326,7 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
         rows_left = []
         for row in doc.get("rows", []):
             key = (row["backend"], row["case"])
-            if key not in first and isinstance(row.get("latency_s"), (int, float)) and row["latency_s"] > 0:
+            if key not in first and _measured(row):
                 first[key] = {"backend": key[0], "case": key[1], "status": "ok", "reason": "",
                               "timing_scope": "kernel", "latency_round0_order": doc.get("order", "?"),
                               **{k: row.get(k) for k in ROUND_FIELDS}}
@@ -377,15 +372,14 @@ def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order
 
 
 def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
-    """A round server: import torch and the named backends once, then fork one child per request.
+    """A round server: import torch and the named backends once (seconds saved per round), then fork one
+    child per request.
 
     Each request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device",
-    "json"}``); the child initialises the GPU afresh (a new process and a new device context: the
-    per-process state a round must sample), runs :func:`measure_round`, writes the round document to
-    ``json`` and exits; the server answers one JSON line ``{"rc": exit status}`` on ``stdout``. EOF or
-    ``"quit"`` ends it. Forking is safe because nothing here initialises CUDA/HIP before the fork (torch
-    initialises the device lazily). Saves the interpreter start and ``import torch`` of every round
-    (seconds each).
+    "json"}``); the child (a new process and device context: the per-process state a round must sample)
+    writes the round document to ``json`` and exits; the server answers one JSON line ``{"rc": exit
+    status}`` on ``stdout``. EOF or ``"quit"`` ends it. Forking is safe: nothing here initialises CUDA/HIP
+    before the fork (torch initialises the device lazily).
     """
     import torch  # noqa: F401 - the import is the point: children inherit it
 

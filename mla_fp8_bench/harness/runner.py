@@ -42,25 +42,15 @@ RECORD_KEYS = ("backend", "case", "status", "reason", "latency_method", "timing_
 
 @dataclass
 class RunOptions:
-    """How to measure.
+    """How to measure."""
 
-    Attributes:
-        timing: measure latency (False: accuracy only).
-        samples: latency samples per (backend, case).
-        time_budget_s: wall-clock budget for one (backend, case)'s latency samples.
-        call_latency: also measure host-inclusive call latency on GPUs.
-        flush_l2: flush L2 before each sample (GPU).
-        determinism: run twice and record the largest difference (``nondeterminism_max_abs``).
-        ref_dtype: reference dtype (default float64 on CPU, float32 on GPU).
-    """
-
-    timing: bool = True
-    samples: int = 30
-    time_budget_s: float = 20.0
-    call_latency: bool = True
-    flush_l2: bool = False
-    determinism: bool = True
-    ref_dtype: torch.dtype | None = None
+    timing: bool = True  # measure latency (False: accuracy only)
+    samples: int = 30  # latency samples per (backend, case)
+    time_budget_s: float = 20.0  # wall-clock budget of one (backend, case)'s latency samples
+    call_latency: bool = True  # also host-inclusive call latency on GPUs
+    flush_l2: bool = False  # flush L2 before each sample (GPU)
+    determinism: bool = True  # run twice, record the largest difference (``nondeterminism_max_abs``)
+    ref_dtype: torch.dtype | None = None  # reference dtype (None: float64 on CPU, float32 on GPU)
 
     def __post_init__(self) -> None:
         """Refuse values that would fail every record only after its accuracy was computed.

@@ -46,21 +46,13 @@ def reason_names(mask: int | None) -> list[str]:
 
 @dataclass
 class ClockReading:
-    """One reading of the device state. ``None`` where the library gives no value.
+    """One reading of the device state. ``None`` where the library gives no value."""
 
-    Attributes:
-        sm_mhz: SM (NVIDIA) / GFX (AMD) clock, MHz.
-        mem_mhz: memory clock, MHz.
-        temp_c: die temperature, deg C.
-        power_w: board power, W.
-        reasons: NVML clock event reason mask (NVIDIA only).
-    """
-
-    sm_mhz: float | None = None
-    mem_mhz: float | None = None
-    temp_c: float | None = None
-    power_w: float | None = None
-    reasons: int | None = None
+    sm_mhz: float | None = None  # SM (NVIDIA) / GFX (AMD) clock, MHz
+    mem_mhz: float | None = None  # memory clock, MHz
+    temp_c: float | None = None  # die temperature, deg C
+    power_w: float | None = None  # board power, W
+    reasons: int | None = None  # NVML clock event reason mask (NVIDIA only)
 
     @property
     def throttled(self) -> bool:

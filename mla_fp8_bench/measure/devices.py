@@ -28,27 +28,17 @@ class DeviceError(ValueError):
 
 @dataclass(frozen=True)
 class PlatformInfo:
-    """What the suite runs on.
+    """What the suite runs on."""
 
-    Attributes:
-        vendor: ``"cuda"`` (NVIDIA), ``"rocm"`` (AMD) or ``"cpu"``.
-        device: normalised torch device (``cuda:0`` style, never bare ``cuda``).
-        arch: ``"sm_90"``, ``"gfx950"``, ... or ``"cpu"``.
-        name: the device's marketing name (``NVIDIA H200``) or the CPU's.
-        fp8_dtype: the platform fp8 dtype: ``torch.float8_e4m3fn``; ``float8_e4m3fnuz`` on gfx942.
-        torch_version / cuda_version / hip_version: build facts.
-        multi_processor_count: SMs / CUs (0 on CPU).
-    """
-
-    vendor: str
-    device: torch.device
-    arch: str
-    name: str
-    fp8_dtype: torch.dtype
+    vendor: str  # "cuda" (NVIDIA), "rocm" (AMD) or "cpu"
+    device: torch.device  # normalised: ``cuda:0`` style, never bare ``cuda``
+    arch: str  # "sm_90", "gfx950", ... or "cpu"
+    name: str  # the device's marketing name (``NVIDIA H200``) or the CPU's
+    fp8_dtype: torch.dtype  # ``torch.float8_e4m3fn``; ``float8_e4m3fnuz`` on gfx942
     torch_version: str
     cuda_version: str | None
     hip_version: str | None
-    multi_processor_count: int
+    multi_processor_count: int  # SMs / CUs (0 on CPU)
 
     @property
     def device_type(self) -> str:

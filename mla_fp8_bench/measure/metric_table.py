@@ -50,49 +50,28 @@ GATED_KINDS = ("accuracy", "kernel_latency", "resource")
 
 @dataclass(frozen=True)
 class Metric:
-    """One recorded figure.
+    """One recorded figure. ``rounds_key``: where a record holds two or more rounds (one value per process,
+    :mod:`mla_fp8_bench.harness.rounds`), asv gets them as the samples (its value is then their median) and
+    the gate applies its rounds rule. ``bounds``: a value outside them is impossible (the gate reports it
+    as INVALID, never as an improvement)."""
 
-    Attributes:
-        name: short id (``latency``, ``max_abs_error``); unique.
-        record_key: key in run records (``mla-fp8-bench run --json``); unique.
-        track: asv method name (``track_latency``) or None when asv does not track it.
-        asv_class: asv class of the track (one of :data:`ASV_CLASSES`) or None.
-        unit: unit string shown by asv and plots (``seconds``, ``bytes``).
-        pretty_name: human label (asv's ``pretty_name``, plot axis labels).
-        kind: one of :data:`KINDS`.
-        floor: asv floor (value tracked = ``max(value, floor)``) or None; the gate applies it to both sides.
-        better: ``"lower"`` or ``"higher"``.
-        calibrated: calibrate measures it and the tolerance file holds a limit for it.
-        gate: one of :data:`GATES`.
-        samples_key: record key of the raw samples (asv gets ``{"samples": ...}``) or None.
-        rounds_key: record key of the per-round values (one per process,
-            :mod:`mla_fp8_bench.harness.rounds`) or None; where a record holds two or more rounds, asv
-            gets them as the samples (its value is then their median) and the gate applies its rounds
-            rule.
-        tolerance_floor: smallest calibrated tolerance (calibrated metrics only).
-        derive: computes the value from a record when the record does not store ``record_key``.
-        doc: one-line description (the asv method's docstring).
-        bounds: the closed range of possible values; a value outside it is impossible (the gate
-            reports it as INVALID, never as an improvement).
-    """
-
-    name: str
-    record_key: str
-    track: str | None
-    asv_class: str | None
-    unit: str
-    pretty_name: str
-    kind: str
-    floor: float | None = None
-    better: str = "lower"
-    calibrated: bool = False
-    gate: str = "none"
-    samples_key: str | None = None
-    rounds_key: str | None = None
-    tolerance_floor: float | None = None
-    derive: Callable[[dict[str, Any]], float | None] | None = None
-    doc: str = ""
-    bounds: tuple[float, float] = (0.0, math.inf)
+    name: str  # short id (``latency``, ``max_abs_error``); unique
+    record_key: str  # key in run records (``mla-fp8-bench run --json``); unique
+    track: str | None  # asv method name (``track_latency``), None when asv does not track it
+    asv_class: str | None  # asv class of the track (one of :data:`ASV_CLASSES`) or None
+    unit: str  # shown by asv and plots (``seconds``, ``bytes``)
+    pretty_name: str  # human label (asv's ``pretty_name``, plot axis labels)
+    kind: str  # one of :data:`KINDS`
+    floor: float | None = None  # asv tracks ``max(value, floor)``; the gate applies it to both sides
+    better: str = "lower"  # or "higher"
+    calibrated: bool = False  # calibrate measures it and the tolerance file holds a limit for it
+    gate: str = "none"  # one of :data:`GATES`
+    samples_key: str | None = None  # record key of the raw samples (asv gets ``{"samples": ...}``)
+    rounds_key: str | None = None  # record key of the per-round values
+    tolerance_floor: float | None = None  # smallest calibrated tolerance (calibrated metrics only)
+    derive: Callable[[dict[str, Any]], float | None] | None = None  # the value when ``record_key`` is absent
+    doc: str = ""  # one-line description (the asv method's docstring)
+    bounds: tuple[float, float] = (0.0, math.inf)  # the closed range of possible values
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -117,12 +96,9 @@ class Metric:
         return f"{ASV_MODULE}.{self.asv_class}.{self.track}" if self.track else None
 
     def asv_version(self, class_version: str) -> str:
-        """The asv benchmark version of this metric's track in a class whose ``version`` is ``class_version``.
-
-        A metric with per-round values (``rounds_key``) stores one value per round (process) as its asv
-        samples, a method of its own: its track's version is ``class_version + "+rounds"``, so only that
-        track starts a new series; every other track keeps the class version and its published history.
-        """
+        """The asv version of this metric's track in a class of version ``class_version``: with per-round
+        samples (``rounds_key``, a method of its own) ``class_version + "+rounds"``, so only that track
+        starts a new series; every other track keeps the class version and its published history."""
         return class_version + "+rounds" if self.rounds_key else class_version
 
     def value(self, record: dict[str, Any]) -> float | None:

@@ -25,27 +25,17 @@ MISMATCH_RTOL = 5e-2
 
 @dataclass(frozen=True)
 class ErrorMetrics:
-    """Errors of ``out`` vs ``ref``; all floats except ``nonfinite_count``.
+    """Errors of ``out`` vs ``ref``. ``rel_l2_error`` of an all-zero reference (``||ref||_2`` below
+    ``sqrt(numel)`` times the smallest normal float64) divides by ``REL_ERROR_FLOOR * sqrt(numel)``, the
+    floor ``max_rel_error`` uses per element (0 when out == ref)."""
 
-    Attributes:
-        max_abs_error: ``max |out - ref|`` over finite elements (inf if any output is non-finite).
-        mean_abs_error: mean of ``|out - ref|`` over finite elements.
-        rel_l2_error: ``||out - ref||_2 / ||ref||_2``; for an all-zero reference (``||ref||_2`` below
-            ``sqrt(numel)`` times the smallest normal float64) the denominator is
-            ``REL_ERROR_FLOOR * sqrt(numel)``, the floor ``max_rel_error`` uses per element (0 when out == ref).
-        max_rel_error: ``max |out - ref| / max(|ref|, REL_ERROR_FLOOR)``.
-        mismatch_fraction: AITER ``checkAllclose`` failing fraction at (atol, rtol).
-        nonfinite_count: NaN/Inf elements in ``out``.
-        numel: elements compared.
-    """
-
-    max_abs_error: float
-    mean_abs_error: float
-    rel_l2_error: float
-    max_rel_error: float
-    mismatch_fraction: float
-    nonfinite_count: int
-    numel: int
+    max_abs_error: float  # max |out - ref| over finite elements (inf if any output is non-finite)
+    mean_abs_error: float  # mean of |out - ref| over finite elements
+    rel_l2_error: float  # ||out - ref||_2 / ||ref||_2
+    max_rel_error: float  # max |out - ref| / max(|ref|, REL_ERROR_FLOOR)
+    mismatch_fraction: float  # AITER checkAllclose failing fraction at (atol, rtol)
+    nonfinite_count: int  # NaN/Inf elements in ``out``
+    numel: int  # elements compared
 
     def as_dict(self, suffix: str = "") -> dict[str, float]:
         """Fields as a dict, keys suffixed (e.g. ``max_abs_error_fp8_ref``)."""
@@ -91,10 +81,21 @@ def _lse_pair(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
     return a, b
 
 
-def _max_lse_rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Max of ``|a - b| / max(|b|, 1)`` (0 when empty); where the reference is -inf (a row that sees no key)
-    an infinite ``a`` of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a
-    non-finite ``a`` against a finite reference is inf."""
+def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None = None) -> float:
+    """Max relative LSE error ``|lse - ref| / max(|ref|, 1)`` over ``rows`` (bool ``[T]`` mask) or all rows
+    (0 when none). Where the reference is -inf (a row that sees no key) an infinite ``lse`` of either sign
+    is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a non-finite ``lse`` against a
+    finite reference is inf.
+
+    Args:
+        lse: ``[T, H]`` natural-log LSE, any float dtype.
+        ref_lse: ``[T, H]`` reference LSE (-inf on rows that see no key).
+        rows: optional bool ``[T]`` mask of the rows to compare.
+
+    Raises:
+        ValueError: if the shapes differ.
+    """
+    a, b = _lse_pair(lse, ref_lse, rows)
     if a.numel() == 0:
         return 0.0
     empty = torch.isneginf(b)
@@ -104,22 +105,6 @@ def _max_lse_rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     err = torch.where(empty, torch.where(torch.isinf(a), torch.zeros_like(err), torch.full_like(err, float("inf"))),
                       err)
     return float(err.max().item())
-
-
-def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None = None) -> float:
-    """Max relative LSE error ``|lse - ref| / max(|ref|, 1)`` over ``rows`` (bool ``[T]`` mask) or all rows.
-
-    Args:
-        lse: ``[T, H]`` natural-log LSE, any float dtype.
-        ref_lse: ``[T, H]`` reference LSE (-inf on rows that see no key).
-        rows: optional bool ``[T]`` mask of the rows to compare.
-
-    Non-finite LSE values in the compared rows give ``inf``, except +-inf where the reference is -inf.
-
-    Raises:
-        ValueError: if the shapes differ.
-    """
-    return _max_lse_rel_error(*_lse_pair(lse, ref_lse, rows))
 
 
 def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor,
@@ -140,4 +125,5 @@ def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor,
     a, b = _lse_pair(lse, ref_lse, mask)
     bad = int((~torch.isfinite(a) & torch.isfinite(b)).sum().item())
     checked = int(rows.sum().item()) if mask is not None else int(lse.shape[0])
-    return {"lse_rel_error_fp8_ref": _max_lse_rel_error(a, b), "lse_rows_checked": checked, "lse_nonfinite_count": bad}
+    return {"lse_rel_error_fp8_ref": lse_error(lse, ref_lse, mask), "lse_rows_checked": checked,
+            "lse_nonfinite_count": bad}

@@ -24,24 +24,15 @@ from mla_fp8_bench.measure.clocks import mark_samples, open_reader, plateau_reac
 
 @dataclass
 class TimingResult:
-    """Latency samples of one prepared call.
+    """Latency samples of one prepared call."""
 
-    Attributes:
-        samples_s: per-launch latency samples, seconds.
-        method: ``"graph"``, ``"events"`` or ``"host"``.
-        launches_per_sample: launches averaged into one sample.
-        warmup_calls: calls run before sampling.
-        flush_l2: whether L2 was flushed before each sample.
-        note: why a fallback happened, if one did.
-    """
-
-    samples_s: list[float]
-    method: str
-    launches_per_sample: int
-    warmup_calls: int
-    flush_l2: bool = False
-    note: str = ""
-    extra: dict = field(default_factory=dict)
+    samples_s: list[float]  # per-launch latency samples, seconds
+    method: str  # "graph", "events", "host" or "host-sync" (:func:`time_call`)
+    launches_per_sample: int  # launches averaged into one sample
+    warmup_calls: int  # calls run before sampling
+    flush_l2: bool = False  # whether L2 was flushed before each sample
+    note: str = ""  # why a fallback happened, if one did
+    extra: dict = field(default_factory=dict)  # :func:`time_device`'s warm-up and clock details
 
     @property
     def median_s(self) -> float:
