@@ -1,14 +1,11 @@
 """Guards of an asv run: the code measured is the commit named, and values already stored for params
-this run does not measure are kept (asv replaces a benchmark's whole result row when it saves, so a
-param left out by ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` / ``_MAX_TOKENS`` would turn a stored value
-into n/a: :func:`stored_records` gives those their stored values back).
+this run does not measure are kept (asv replaces a benchmark's whole result row when it saves:
+:func:`stored_records` gives a param left out its stored values back).
 
-The result file is found from asv's ``ASV_CONF_DIR``, ``ASV_ENV_NAME`` and ``ASV_COMMIT``, or in ``-E
-existing`` runs (where asv exports none) from the parent ``asv run`` process; ``MLA_FP8_BENCH_EXPECT_COMMIT``
-and ``MLA_FP8_BENCH_MACHINE`` override the commit and the machine. All travel in the run's
-:class:`~mla_fp8_bench.config.RunConfig`. :func:`check_asv_run` runs when asv discovers the benchmarks: a
-refusal there stops asv before it writes anything (a failure in ``setup_cache`` would be stored over the
-old values).
+The result file is found from asv's ``ASV_*`` variables, or in ``-E existing`` runs (where asv exports
+none) from the parent ``asv run`` process, as the run's :class:`~mla_fp8_bench.config.RunConfig` holds
+them. :func:`check_asv_run` runs when asv discovers the benchmarks, so a refusal stops asv before it
+writes anything.
 """
 
 from __future__ import annotations
@@ -109,7 +106,7 @@ def check_overrides(cfg: RunConfig, argv: list[str] | None = None) -> None:
 
 def asv_context(cfg: RunConfig) -> dict[str, Any] | None:
     """Where this asv benchmark process's results go: ``conf_dir``, ``commit``, ``machine``, ``env``
-    (each may be None), or None outside an ``asv run``."""
+    (each may be None) and ``dry_run``, or None outside an ``asv run``."""
     parent = cfg.asv_parent
     conf = cfg.asv.get("ASV_CONF_DIR") or (parent[0] if parent else None)
     if not conf:

@@ -1,12 +1,6 @@
-"""asv ``track_*`` methods generated from the metric table (:mod:`mla_fp8_bench.measure.metric_table`).
-
-:func:`with_tracks` gives an asv class (whose ``setup`` sets ``self.rec``, the cached record of its
-(backend, case)) one ``track_<...>`` method per metric of its ``asv_class``, named as asv names it
-(``<module>.<class>.<track>``), versioned by the class's ``version`` (:meth:`Metric.asv_version`).
-:func:`asv_regression_config` derives the asv configs' ``regressions_thresholds`` and
-``regressions_first_commits`` from the same table (``python -m mla_fp8_bench.harness.asv_tracks --write
-asv.conf.json`` rewrites them in place).
-"""
+"""asv ``track_*`` methods and the asv configs' regression keys, generated from the metric table
+(:mod:`mla_fp8_bench.measure.metric_table`); ``python -m mla_fp8_bench.harness.asv_tracks --write
+asv.conf.json`` rewrites the keys in place."""
 
 from __future__ import annotations
 
@@ -68,7 +62,9 @@ def _make_track(m: Metric, class_version: str | None):
 
 
 def with_tracks(cls: type) -> type:
-    """Class decorator: add the ``track_*`` methods of every metric whose ``asv_class`` is ``cls.__name__``.
+    """Class decorator: add the ``track_*`` method of every metric whose ``asv_class`` is ``cls.__name__``
+    (its ``setup`` sets ``self.rec``, the cached record of the param), versioned by :meth:`Metric.asv_version`
+    of the class's ``version``.
 
     Raises:
         ValueError: the table has no metric for this class, or the class already defines one of the methods.
@@ -103,11 +99,10 @@ def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str,
     thresholds: dict[str, float] = {}
     off: dict[str, None] = {}
     for m in asv_metrics():
-        rx = _asv_regex(m)
         if m.regression_factor is not None:
-            thresholds[rx] = round(m.regression_factor - 1.0, 12)
+            thresholds[_asv_regex(m)] = round(m.regression_factor - 1.0, 12)
         else:
-            off[rx] = None
+            off[_asv_regex(m)] = None
         if m.kind == "kernel_latency":
             for b in emulation_backends() if emulation is None else emulation:
                 off["^" + re.escape(m.asv_name) + re.escape(f"('{b}'")] = None

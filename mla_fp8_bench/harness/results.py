@@ -153,11 +153,8 @@ def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def is_cpu_machine(facts: dict[str, Any]) -> bool:
-    """True when asv machine facts (``machine.json`` or a result file's ``params``) name no GPU.
-
-    The suite's machine files carry ``"gpu"``: a GPU's name, or ``"none"`` on a CPU machine; a machine
-    without the key counts as a GPU machine (latency there is gated; see docs/extending.md).
-    """
+    """True when asv machine facts (``machine.json`` or a result file's ``params``) name no GPU: their
+    ``"gpu"`` is ``"none"`` (a machine without the key counts as a GPU machine; docs/extending.md)."""
     gpu = facts.get("gpu")
     return isinstance(gpu, str) and gpu.strip().lower() in ("none", "", "cpu")
 
@@ -194,7 +191,7 @@ class ResultFileName:
 
 
 def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
-    """The result files of one machine directory (by name; contents are not read), sorted by path.
+    """The result files of one machine directory, sorted by path (contents are not read).
 
     Raises:
         ResultsError: ``machine_dir`` is not a directory.
@@ -221,7 +218,7 @@ def list_envs(machine_dir: str | os.PathLike) -> list[str]:
 
 
 def _check_commit_prefix(prefix: str) -> str:
-    if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
+    if not re.fullmatch(r"[0-9a-fA-F]{4,}", prefix):
         raise ResultsError(f"{prefix!r} is not a commit hash prefix (>= 4 hex digits)")
     return prefix.lower()
 

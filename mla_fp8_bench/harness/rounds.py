@@ -63,9 +63,8 @@ def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list
     ties by id), and within one case the backends as given (``sorted``), ``reversed`` or ``shuffled``
     (``seed``).
 
-    Cases always go small to large because a large case leaves the GPU slower for a small case measured
-    right after it (on the H200, s512 +5-10 % after s8192, back after ~2 s idle; docs/methodology.md §9),
-    so a process that measured in the order a user listed would fold that order into the figure.
+    Cases always go small to large: a large case leaves the GPU slower for a small case measured right
+    after it (docs/methodology.md §9), so the order a user listed would fold into the figure.
 
     Raises:
         ValueError: for another order name.
@@ -82,7 +81,6 @@ def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list
         if order == "reversed":
             bs = bs[::-1]
         elif order == "shuffled":
-            bs = list(bs)
             rng.shuffle(bs)
         out.extend((b, c) for b in bs)
     return out

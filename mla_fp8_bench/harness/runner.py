@@ -133,12 +133,10 @@ def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunO
     if tr.note:
         v["latency_note"] = tr.note
     v.update(clock_fields(tr))
-    v["tflops"] = tflops(v["flops"], tr.median_s)
-    v["gb_s"] = v["bytes"] / tr.median_s / 1e9
+    v.update(tflops=tflops(v["flops"], tr.median_s), gb_s=v["bytes"] / tr.median_s / 1e9)
     if opts.call_latency and pinfo.device.type == "cuda":
         cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
-        v["call_latency_s"] = cl.median_s
-        v["call_latency_samples_s"] = cl.samples_s
+        v.update(call_latency_s=cl.median_s, call_latency_samples_s=cl.samples_s)
 
 
 #: Error values of a record that must be finite numbers for the record to count as measured.
@@ -154,13 +152,11 @@ def _check_finite(rec: Record) -> None:
     v = rec.values
     bad_out = max(int(v.get("nonfinite_count_fp8_ref") or 0), int(v.get("nonfinite_count_bf16_ref") or 0))
     undefined = [k for k in _ERROR_KEYS if isinstance(v.get(k), float) and math.isnan(v[k])]
-    if bad_out:
+    if bad_out or undefined:
         rec.status = "error"
         rec.reason = (f"non-finite result: {bad_out} of {v.get('numel_fp8_ref', '?')} outputs are NaN/Inf "
-                      "(values kept in this record)")
-    elif undefined:
-        rec.status = "error"
-        rec.reason = (f"non-finite result: {', '.join(undefined)} undefined (NaN): the reference is NaN/Inf, "
+                      "(values kept in this record)" if bad_out else
+                      f"non-finite result: {', '.join(undefined)} undefined (NaN): the reference is NaN/Inf, "
                       "the inputs are not finite")
 
 
@@ -179,9 +175,7 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         synchronize(pinfo.device)
         out_snapshot = out.detach().clone()
         v = rec.values
-        v["timing_scope"] = prepared.timing_scope
-        v["emulation"] = backend.emulation
-        v["fp8"] = backend.fp8
+        v.update(timing_scope=prepared.timing_scope, emulation=backend.emulation, fp8=backend.fp8)
         fp8m = error_metrics(out_snapshot, case_data.fp8_ref[0])
         bfm = error_metrics(out_snapshot, case_data.bf16_ref[0])
         v.update(fp8m.as_dict("_fp8_ref"))
@@ -196,8 +190,7 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
             v["nondeterminism_max_abs"] = float((out2.detach().double() - out_snapshot.double()).abs().nan_to_num(
                 nan=float("inf")).max().item())
         del out_snapshot
-        v["flops"] = case_flops(case)
-        v["bytes"] = case_min_bytes(case)
+        v.update(flops=case_flops(case), bytes=case_min_bytes(case))
         _check_finite(rec)
         if opts.timing and rec.status == "ok":
             _measure_timing(v, prepared, pinfo, opts)
