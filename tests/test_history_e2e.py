@@ -260,7 +260,7 @@ def test_bisect_command_names_each_faulty_commit(world, bench, metric, threshold
 
     r = load_asv_result(find_result(str(world["root"] / "results"), "bisect", res["probes"][0]["sha"][:8],
                                     env="existing"))
-    measured = {m.params for m in r.all_measurements() if m.status == "ok"}
+    measured = {m.params for name in r.benchmarks() for m in r.measurements(name).values() if m.status == "ok"}
     assert measured == {("aiter", CASE)}, measured
     assert _git(world["lib"], "rev-parse", "HEAD") == world["shas"][-1]
 

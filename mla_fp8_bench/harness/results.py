@@ -29,7 +29,6 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,11 +211,6 @@ def list_commits(machine_dir: str | os.PathLike) -> list[str]:
     return sorted({r.commit for r in list_result_files(machine_dir) if r.commit})
 
 
-def list_envs(machine_dir: str | os.PathLike) -> list[str]:
-    """Environment names with a result file in ``machine_dir``, sorted."""
-    return sorted({r.env for r in list_result_files(machine_dir)})
-
-
 def _check_commit_prefix(prefix: str) -> str:
     if not re.fullmatch(r"[0-9a-fA-F]{4,}", prefix):
         raise ResultsError(f"{prefix!r} is not a commit hash prefix (>= 4 hex digits)")
@@ -355,11 +349,6 @@ class AsvResult:
                 [float(x) for x in smp if _finite_or_none(x) is not None] if isinstance(smp, list) else None,
                 d.get("version"), _finite_or_none(d.get("started_at")))
         return out
-
-    def all_measurements(self) -> Iterator[Measurement]:
-        """Every stored measurement of every benchmark."""
-        for name in self.results:
-            yield from self.measurements(name).values()
 
 
 def asv_result_from_data(data: Any, path: str | os.PathLike) -> AsvResult:
