@@ -11,7 +11,7 @@ import torch
 from mla_fp8_bench.measure.metrics import error_metrics, lse_error
 from mla_fp8_bench.measure.reference import causal_attention, reference_bf16, reference_fp8_dequant
 from mla_fp8_bench.problem.cases import Case, CaseError, default_sweep, parse_case_id, resolve_cases
-from mla_fp8_bench.problem.flops import causal_flops, min_bytes, tflops
+from mla_fp8_bench.problem.flops import case_min_bytes, causal_flops, tflops
 from mla_fp8_bench.problem.fp8 import QuantError, fp8_max, quantize
 from mla_fp8_bench.problem.inputs import make_inputs
 
@@ -225,7 +225,7 @@ def test_flops_match_brute_force_pair_count(lens, heads):
 
 def test_flops_bytes_and_tflops():
     assert causal_flops([4096], 16) == pytest.approx(8.59e10, rel=1e-3)  # docs/reference-facts.md#flops table
-    assert min_bytes([100], 16) == 768 * 16 * 100
+    assert case_min_bytes(Case((100,), num_heads=16)) == 768 * 16 * 100
     assert tflops(1e12, 0.5) == 2.0
     assert math.isnan(tflops(1.0, 0.0))
     with pytest.raises(ValueError, match="empty"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -64,10 +65,10 @@ class SoftmaxConsts:
     v_scale: torch.Tensor  # epilogue multiplier
 
 
-@dataclass(frozen=True)
-class _Work:
+class _Work(NamedTuple):
     """One decoded ``work_info`` row: sequence ``b``, partial slot ``loc`` (-1 = write ``output``),
-    global q rows ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``."""
+    global q rows ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``; ``[:6]`` is
+    what works differing only in their head share."""
 
     b: int
     loc: int
@@ -77,10 +78,6 @@ class _Work:
     k1: int
     h_lo: int
     h_hi: int
-
-    @property
-    def key(self) -> tuple[int, ...]:
-        return (self.b, self.loc, self.q0, self.q1, self.k0, self.k1)
 
 
 def _check_kernel_tensors(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, output: torch.Tensor) -> tuple[int, ...]:
@@ -164,10 +161,10 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
         heads = list(range(w.h_lo, w.h_hi))
         if sequential:
             order.append((w, heads))
-        elif w.key in groups:
-            groups[w.key].extend(heads)
+        elif w[:6] in groups:
+            groups[w[:6]].extend(heads)
         else:
-            groups[w.key] = heads
+            groups[w[:6]] = heads
             order.append((w, heads))
     return order
 
@@ -357,16 +354,10 @@ class Emulator:
         k_scale: torch.Tensor,
         v_scale: torch.Tensor,
     ) -> None:
-        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes).
-
-        Source: docs/aiter-contract.md#kernel-args, #work-info, #kernel (the steps, in that order) and the
-        arithmetic model of the module docstring; the kernel is the same before and after ROCm/aiter#3606.
-        Works run workgroup by workgroup, in order. ``loc == -1`` writes ``bf16(O)`` to ``output[q0:q1]``
-        (no LSE); otherwise all 256 rows of the slot go to ``splitData``/``splitLse``. ``kv_offset`` and
-        ``max_seqlen_q`` are ignored, as by the kernel. K/V rows are read through ``kv_page_indices``; tile
-        keys past its end read page 0, page indices outside ``[0, num_page)`` read zeros (buffer-descriptor
-        semantics). Works that differ only in their head are batched; if a (row, head) destination is
-        written twice, the works run one by one in order instead.
+        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes), the same
+        kernel before and after ROCm/aiter#3606 (docs/aiter-contract.md#kernel-args, #work-info, #kernel).
+        Works run workgroup by workgroup, in order; ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the
+        kernel; tile keys past ``kv_page_indices``' end read page 0, pages outside ``[0, num_page)`` zeros.
 
         Args:
             Q: ``[total_q, H, Dqk]`` float8_e4m3fn (Dqk = 192 on hardware), contiguous or not.
@@ -415,10 +406,8 @@ class Emulator:
         """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
 
         Source: docs/aiter-contract.md#reduce, #pr-3606; AITER ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
-        Per group, head and row, in fp32 with natural exp/log and partials in map order: ``M = max lse_i``,
-        ``S = sum exp(lse_i - M)``, ``lse* = M + ln S`` (``+inf`` if S is 0 or NaN), ``final_output =
-        cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``. Groups of fewer than 2 partials are
-        skipped before #3606 (neither output nor LSE written), of fewer than 1 from #3606 on.
+        Per group, head and row, in fp32, partials in map order: ``lse*`` of :meth:`merged_lse` (``+inf``
+        if S is 0 or NaN), ``final_output = cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``.
 
         Args:
             partial_output: ``[R, H, Dv]`` fp32 partials (``splitData``).
@@ -427,7 +416,7 @@ class Emulator:
                 and ``[slots]`` integer buffers.
             final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for the reduced rows.
             final_lse: optional ``[total_q, H]`` fp32, written for the reduced rows.
-            post_3606: reduce groups of a single partial too (ROCm/aiter#3606 semantics).
+            post_3606: reduce groups of a single partial too (ROCm/aiter#3606); before, only groups of >= 2.
 
         Raises:
             ValueError: a group references partial rows or output rows outside the buffers.

@@ -1,13 +1,9 @@
 """``mla-fp8-bench plan``: inspect AITER's PS prefill plan for a batch, without a GPU.
 
-Runs the planner port (:mod:`mla_fp8_bench.aiter_ps.planner`) for the AITER release of ``--aiter``
-(below 0.1.22: the pre-#3606 planner; from 0.1.22: the merged #3606 planner with ``need_lse``,
-``docs/aiter-contract.md#pr-3606``) and prints the works, the reduce groups, the partial slots used
-against those reserved by the info bound, and the workspace bytes used against those reserved (by the
-info bound, and as vLLM's metadata builder reserves them, ``docs/aiter-contract.md#workspace``).
-``need_lse`` defaults to what the callers pass (causal: False, vLLM's prefill path; non-causal context
-chunk: True); ``--need-lse 0|1`` sets it. ``--json`` writes the plan in the layout of the planner golden
-files (``tests/data/README.md``): ``{"config", "info_args", "info_shapes", "outputs"}``.
+Runs the planner port for the AITER release of ``--aiter`` (``docs/aiter-contract.md#pr-3606``) and prints
+the works, the reduce groups, and the partial slots and workspace bytes used against those reserved by the
+info bound and by vLLM's metadata builder (``docs/aiter-contract.md#workspace``). ``--json`` writes the
+plan in the layout of the planner golden files (``tests/data/README.md``).
 
 Example (vLLM #57923: the reservation of vLLM's <= 0.30 builder at max_num_seqs 1024)::
 
@@ -42,8 +38,6 @@ from mla_fp8_bench.aiter_ps.workspace import (
     workspace_bytes,
 )
 from mla_fp8_bench.problem.shapes import V_HEAD_DIM, cu_seqlens_of
-
-__all__ = ["PlanRequest", "add_parser", "cmd_plan", "plan_record", "plan_request", "run_plan"]
 
 EXIT_USAGE = 2
 INT32_MAX = 2**31 - 1
@@ -191,9 +185,7 @@ def _info_args(req: PlanRequest) -> dict[str, Any]:
 
 
 def _info(req: PlanRequest) -> dict[str, tuple[tuple[int, ...], str]]:
-    a = _info_args(req)
-    return ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], Q_TILE, cu_num=req.cu_num,
-                            revision=req.revision)
+    return ps_metadata_info(*_info_args(req).values(), cu_num=req.cu_num, revision=req.revision)
 
 
 def _shapes(info) -> dict[str, dict[str, Any]]:

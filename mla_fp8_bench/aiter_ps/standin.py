@@ -45,8 +45,6 @@ from mla_fp8_bench.aiter_ps.facts import (
 )
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 
-__all__ = ["StandinContractError", "make_standin_aiter"]
-
 _QK_DIM = QK_HEAD_DIM  # the kernel's hard-wired H*192 / H*128 byte strides
 _V_DIM = V_HEAD_DIM
 _FP8 = torch.float8_e4m3fn

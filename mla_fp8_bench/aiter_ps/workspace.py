@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from mla_fp8_bench.aiter_ps.facts import Q_TILE
 from mla_fp8_bench.problem.shapes import V_HEAD_DIM
 
-__all__ = ["FP32_BYTES", "VLLM_WORKSPACE_ALIGN", "WorkspaceBytes", "vllm_partial_tiles", "vllm_padded_heads",
-           "workspace_bytes"]
-
 FP32_BYTES = 4
 VLLM_WORKSPACE_ALIGN = 256
 """vLLM's ``WorkspaceManager.get_simultaneous`` rounds every slice up to 256 bytes."""

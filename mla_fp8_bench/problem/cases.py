@@ -1,26 +1,11 @@
-"""Benchmark cases: a ragged prefill batch plus quantisation, distribution and seed.
+"""Benchmark cases: a ragged prefill batch, a context chunk or a prefix-cached prefill, plus quantisation,
+distribution and seed, named by a short stable id usable as an asv parameter and on the command line.
 
-A case id is a short stable string usable as an asv parameter and on the command line:
-
-* ``s4096`` - one sequence of 4096 tokens at the defaults (16 heads, ``per_tensor``
-  quantisation, ``normal`` inputs, seed 0): causal prefill, q_len == kv_len;
-* ``ragged-6992-6896-2495`` - a ragged batch, one length per sequence; ``ragged-4096x4`` repeats a
-  length (``ragged-1x120-8000`` is 120 sequences of length 1 then one of 8000);
-* ``ctx1024-q256`` - a context chunk: 256 new queries attending *non-causally* to 1024 cached context
-  keys (q_len < kv_len; vLLM's context-chunk attention of a prefix-cached prefill);
-* ``prefix1024-q300`` - a whole prefix-cached prefill: 300 new tokens over 1024 cached ones, i.e.
-  bottom-right causal attention of 300 queries over 1324 keys, computed the way vLLM computes it
-  (causal new-vs-new, non-causal new-vs-context, merged by LSE; see
-  :mod:`mla_fp8_bench.problem.prefix`);
-* ragged forms ``ctx-ragged-<C>q<Q>[x<n>]-...`` and ``prefix-ragged-<C>q<Q>[x<n>]-...`` (one context
-  length C >= 0 and query length Q >= 1 per sequence; at least one C >= 1), e.g.
-  ``prefix-ragged-1024q256-0q300``;
-* non-defaults add suffixes, in this order: ``-h<heads>``, ``-cast`` (vLLM's unit-scale cast instead
-  of the amax/448 per-tensor scale), ``-outlier`` / ``-mla`` / ``-const`` (input distribution),
-  ``-seed<n>``. Example: ``s4096-h128-cast-mla-seed3``, ``prefix1024-q300-cast-seed2``.
-
-Ids that have published results are never changed or reused: add new ids, never edit the meaning of
-an old one (the asv history of an id must stay one series).
+The id grammar is in docs/usage.md, "Cases": ``s4096``, ``ragged-6992-6896-2495``, ``ragged-4096x4``,
+``ctx1024-q256``, ``prefix1024-q300``, ``ctx-ragged-<C>q<Q>[x<n>]-...``, ``prefix-ragged-...``, then the
+non-default suffixes in this order: ``-h<heads>``, ``-cast``, ``-outlier`` / ``-mla`` / ``-const``,
+``-seed<n>``. Ids that have published results are never changed or reused (an id's asv history is one
+series).
 """
 
 from __future__ import annotations
@@ -165,7 +150,6 @@ class Case:
             raise CaseError(f"a {self.family} case needs at least one context_len >= 1; got {list(ctx)} "
                             "(without cached context it is a plain prefill: s<Q> / ragged-...)")
 
-    # ------------------------------------------------------------------ derived sizes
     @property
     def kind(self) -> CaseKind:
         """The case's kind (layout, mask, composition)."""
@@ -226,7 +210,6 @@ class Case:
                             f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
         return cu_seqlens_of(self.seq_lens)
 
-    # ------------------------------------------------------------------ ids
     @property
     def id(self) -> str:
         """The stable short id (see module docstring)."""
@@ -365,7 +348,7 @@ def parse_case_id(case_id: str) -> Case:
     return case
 
 
-# ---------------------------------------------------------------------- named suites
+# named suites
 #: The default seq_len sweep. Devices cap it: see :func:`default_sweep`.
 SWEEP_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 #: Largest seq_len of the default sweep per device kind. The CPU cap keeps a full asv run within

@@ -41,17 +41,6 @@ def causal_flops(seq_lens: Sequence[int], num_heads: int, qk_head_dim: int = QK_
     return 2.0 * num_heads * (qk_head_dim + v_head_dim) * sum(causal_pairs(s, exact) for s in seq_lens)
 
 
-def min_bytes(seq_lens: Sequence[int], num_heads: int, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM,
-              in_bytes: int = 1, out_bytes: int = 2) -> int:
-    """Fewest bytes the kernel must move: fp8 q, k, v read once, bf16 output written once.
-
-    ``T * H * ((2*D_qk + D_v) * in_bytes + D_v * out_bytes)`` (768 * H * T for MLA fp8 -> bf16).
-    """
-    _check(seq_lens, num_heads)
-    t = sum(seq_lens)
-    return t * num_heads * ((2 * qk_head_dim + v_head_dim) * in_bytes + v_head_dim * out_bytes)
-
-
 def case_flops(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM) -> float:
     """FLOPs of a case of any family: ``2 * H * (D_qk + D_v) * sum(pairs_i)`` with pairs per sequence
     ``q*kv`` (``ctx``, non-causal) or ``q*(kv - q) + q^2/2`` (``prefill``/``prefix``, bottom-right causal)."""

@@ -1,7 +1,5 @@
-"""Deterministic inputs for a case: bf16 q/k/v, their fp8 quantisations and descales.
-
-Inputs are drawn on the CPU from a seeded ``torch.Generator`` (so every machine sees the same
-values for a given case) and then moved to the target device.
+"""Deterministic inputs for a case: bf16 q/k/v drawn on the CPU from a seeded ``torch.Generator`` (the
+same values on every machine), moved to the device, their fp8 quantisations and descales.
 
 Distributions:
 
@@ -31,34 +29,20 @@ from mla_fp8_bench.problem.shapes import MLA_DIMS, MLADims
 class CaseInputs:
     """Everything a backend and the references need for one case.
 
-    T_q is the number of query tokens (``case.total_tokens``), T_kv the number of key tokens
-    (``case.total_kv_tokens``; == T_q for ``prefill`` cases). For ``prefix`` cases each sequence's keys
-    are laid out as its context keys followed by its new tokens' keys.
-
     Attributes:
-        case: the case.
-        q: ``[T_q, H, 192]`` bf16.
-        k: ``[T_kv, H, 192]`` bf16.
+        q: ``[T_q, H, 192]`` bf16 (``T_q = case.total_tokens``).
+        k: ``[T_kv, H, 192]`` bf16 (``T_kv = case.total_kv_tokens``; per sequence its context keys, then
+            its new tokens' keys).
         v: ``[T_kv, H, 128]`` bf16 (a strided view for ``mla`` inputs).
         q8, k8, v8: :class:`~mla_fp8_bench.problem.fp8.Quantized` (fp8 data contiguous, fp32 ``[1]`` descale).
-        cu_seqlens_q: ``[B+1]`` int32 query starts (qo_indptr) on the device.
-        cu_seqlens_q_cpu: the same on the CPU.
-        cu_seqlens_kv: ``[B+1]`` int32 key starts (kv_indptr) on the device.
-        cu_seqlens_kv_cpu: the same on the CPU.
-        max_seqlen_q: longest query sequence.
-        max_seqlen_kv: longest key sequence.
-        causal: causal masking, bottom-right aligned when q_len < kv_len (query ``i`` of a sequence sees
-            key ``j`` iff ``j <= kv_len - q_len + i``); False for context chunks.
+        cu_seqlens_q, cu_seqlens_kv: ``[B+1]`` int32 query / key starts on the device (``*_cpu``: on the
+            CPU); ``cu_seqlens`` / ``cu_seqlens_cpu`` / ``max_seqlen`` exist for ``prefill`` cases only.
+        causal: bottom-right causal (query ``i`` sees key ``j`` iff ``j <= kv_len - q_len + i``); False
+            for context chunks.
         softmax_scale: ``1/sqrt(192)``.
-        fp8_dtype: the fp8 dtype used.
-        device: the torch device.
-        dims: head dimensions.
-        has_context: this ``prefill`` piece is the new-token chunk of a prefix-cached prefill whose
-            sequences have cached context (:func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs`); a
-            caller merging it by LSE asks the planner for an LSE on every row (``need_lse``).
-
-    ``cu_seqlens`` / ``cu_seqlens_cpu`` / ``max_seqlen`` (qo_indptr == kv_indptr) exist for ``prefill``
-    cases only; ``qo_indptr`` / ``kv_indptr`` are the device starts under AITER's names.
+        has_context: a ``prefill`` piece that is the new-token chunk of a prefix-cached prefill with cached
+            context (:func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs`): merged by LSE, it asks
+            the planner for an LSE on every row (``need_lse``).
     """
 
     case: Case
