@@ -50,6 +50,25 @@ def test_reduce_arity():
 def _opaque(*args, **kwargs): ...
 
 
+def _planner_markers(module):
+    """Optional planner parameters ``module`` exposes: ``need_lse`` (the planner's op schema), ``max_kvlen`` /
+    ``kvlen_granularity`` (the pure-Python info function's signature)."""
+    params, _ = facts.op_params(module, "get_ps_metadata_v1")
+    info = inspect.signature(module.get_ps_metadata_info_v1).parameters
+    return {"max_kvlen": "max_kvlen" in info, "kvlen_granularity": "kvlen_granularity" in info,
+            "need_lse": "need_lse" in (params or ())}
+
+
+def _is_post_3606(x):
+    """Whether a version or an ``aiter`` module has a planner that can give every tile a partial slot."""
+    if isinstance(x, (str, tuple, list)):
+        return facts.parse_aiter_version(x) >= facts.POST_3606_FIRST_VERSION
+    det = facts.detect_planner_revision(x)
+    if det.value is None:
+        raise ValueError(det.source)
+    return det.value != "pre-3606"
+
+
 def test_detection_reads_registered_schemas_not_wrapper_signatures():
     """The stand-in hands out (*args, **kwargs) wrappers, as AITER does; the forms come from the op schemas."""
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
@@ -64,7 +83,7 @@ def test_detection_reads_registered_schemas_not_wrapper_signatures():
         assert det.value == rev and det.source.startswith("op schema")
     ref = make_standin_aiter(aiter_version="0.1.20", planner_revision="pr3606-ref")
     assert facts.detect_planner_revision(ref).value == "pr3606-ref"
-    assert facts.planner_markers(make_standin_aiter()) == {"max_kvlen": False, "kvlen_granularity": False,
+    assert _planner_markers(make_standin_aiter()) == {"max_kvlen": False, "kvlen_granularity": False,
                                                            "need_lse": True}
 
 
@@ -77,7 +96,7 @@ def test_detection_falls_back_to_the_version_then_names_what_is_missing():
     assert det.value is None and "no registered op no_such_ns::mla_reduce_v1" in det.source
     assert "no readable AITER version" in det.source
     with pytest.raises(ValueError, match="the planner revision cannot be told"):
-        facts.is_post_3606(mod)
+        _is_post_3606(mod)
 
 
 def test_effective_version_from_features():
@@ -91,7 +110,7 @@ def test_effective_version_from_features():
 
 def test_post_3606_by_version_and_marker():
     assert facts.POST_3606_FIRST_VERSION == (0, 1, 22)
-    assert not facts.is_post_3606("0.1.21") and facts.is_post_3606("0.1.22") and facts.is_post_3606((0, 2, 0))
+    assert not _is_post_3606("0.1.21") and _is_post_3606("0.1.22") and _is_post_3606((0, 2, 0))
     assert facts.planner_revision_for("0.1.21") == "pre-3606"
     assert facts.planner_revision_for("0.1.22.post1") == "v0.1.22"
 

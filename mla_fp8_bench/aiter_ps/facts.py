@@ -77,8 +77,9 @@ SPLIT_DATA_MAX_BYTES = 2**31
 kernel's disassembly)."""
 
 
-def pack_q_head_range(first_head: int, end_head: int) -> int:
-    """``q_head_range`` of a work: ``first_head | (end_head << 16)`` (end exclusive, 16 bits each)."""
+def pack_q_head_range(first_head: Any, end_head: Any) -> Any:
+    """``q_head_range`` of a work: ``first_head | (end_head << 16)`` (end exclusive, 16 bits each; ints or
+    integer tensors)."""
     return first_head | (end_head << 16)
 
 
@@ -304,34 +305,6 @@ def effective_version(version: Version | None, reduce_arity: int | None,
         planner_revision, PS_PREFILL_FIRST_VERSION)
     cands = [v for v in (version, arity_floor, revision_floor) if v is not None]
     return max(cands) if cands else None
-
-
-def planner_markers(module: Any) -> dict[str, bool]:
-    """Optional planner parameters ``module`` exposes: ``need_lse`` (the ``get_ps_metadata_v1`` op schema)
-    and ``max_kvlen`` / ``kvlen_granularity`` (the pure-Python ``get_ps_metadata_info_v1``). Unreadable: False."""
-    params, _ = op_params(module, "get_ps_metadata_v1")
-    info = _info_params(module)
-    return {"max_kvlen": "max_kvlen" in info, "kvlen_granularity": "kvlen_granularity" in info,
-            "need_lse": "need_lse" in (params or ())}
-
-
-def is_post_3606(x: Any) -> bool:
-    """Whether ``x`` has a planner that can give every tile a partial slot (ROCm/aiter#3606).
-
-    ``x`` is a version (``"0.1.22"``, ``(0, 1, 20)``): True from :data:`POST_3606_FIRST_VERSION`; or an
-    ``aiter`` module (real or stand-in): True when :func:`detect_planner_revision` finds the merged or the
-    pre-merge #3606 planner.
-
-    Raises:
-        AiterVersionError: ``x`` is a string or tuple that is not a version.
-        ValueError: a module whose planner revision cannot be told (the message says what was missing).
-    """
-    if isinstance(x, (str, tuple, list)):
-        return parse_aiter_version(x) >= POST_3606_FIRST_VERSION
-    det = detect_planner_revision(x)
-    if det.value is None:
-        raise ValueError(det.source)
-    return det.value != PLANNER_PRE_3606
 
 
 # the installed aiter

@@ -26,6 +26,7 @@ from mla_fp8_bench.aiter_ps.facts import (
     PLANNER_V0_1_22,
     Q_TILE,
     WORK_INFO_COLS,
+    pack_q_head_range,
 )
 
 BUFFER_LENGTH_KEYS = (
@@ -534,7 +535,7 @@ def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[
         heads = torch.tensor(head_local, dtype=torch.int64)[None, :] + (
             torch.arange(num_clusters, dtype=torch.int64) * hpc
         )[:, None]  # [C, works_per_cluster]
-        q_head_range = heads | ((heads + 1) << 16)
+        q_head_range = pack_q_head_range(heads, heads + 1)
         if num_heads_k >= 2**15:  # end head >= 32768: int32 two's complement, as in C++
             q_head_range = (q_head_range + 2**31) % 2**32 - 2**31
         used = work_info[:num_works].view(num_clusters, works_per_cluster, WORK_INFO_COLS)
