@@ -692,19 +692,16 @@ def fill_aiter_buffers(
     reduce_final_map: torch.Tensor,
     reduce_partial_map: torch.Tensor,
 ) -> None:
-    """Write ``plan`` into caller-provided buffers in place, like AITER's ``get_ps_metadata_v1``.
-
-    The buffers are the six of :func:`ps_metadata_info` (any device): ``work_metadata_ptrs`` (>= 2
-    elements, any dtype; only size-checked, never written, as PS does not use it) and int32
-    ``work_indptr [>= cu_num + 1]``, ``work_info [>= num_works, 8]``, ``reduce_indptr [>= num_reduce_groups
-    + 1]``, ``reduce_final_map [>= num_reduce_groups, 2]``, ``reduce_partial_map [>= num_partials]``. As the
-    real planner does, the *whole* of each buffer is written: the used part from the plan, the tail as
-    AITER leaves it (0, except ``reduce_indptr``'s, which holds ``num_partials``).
+    """Write ``plan`` into the six buffers of :func:`ps_metadata_info` in place (any device), the *whole*
+    of each as the real planner does: the used part from the plan, the tail as AITER leaves it (0, except
+    ``reduce_indptr``'s: ``num_partials``). ``work_metadata_ptrs`` (>= 2 elements, any dtype) is only
+    size-checked; the others are int32 ``work_indptr [>= cu_num + 1]``, ``work_info [>= num_works, 8]``,
+    ``reduce_indptr [>= num_reduce_groups + 1]``, ``reduce_final_map [>= num_reduce_groups, 2]``,
+    ``reduce_partial_map [>= num_partials]``.
 
     Raises:
-        PsPlanError (a ValueError): a buffer that is not a contiguous int32 tensor of the right rank,
-        or too small for the plan (AITER does not check and silently corrupts host memory; this
-        port rejects instead). Nothing is written when an error is raised.
+        PsPlanError (a ValueError): a buffer that is not a contiguous int32 tensor of the right rank, or
+        too small for the plan (AITER would corrupt host memory). Nothing is written then.
     """
     if not isinstance(plan, PsPlan):
         raise PsPlanError(f"plan must be a PsPlan, got {type(plan).__name__}")

@@ -615,16 +615,13 @@ def make_standin_aiter(
     aiter_version: Any = NEWEST_MODELLED_VERSION,
     planner_revision: str | None = None,
 ) -> types.ModuleType:
-    """Build a stand-in ``aiter`` module (CPU; backed by the planner port and the emulator).
-
-    Source: docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin.
+    """Build a stand-in ``aiter`` module (docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin).
 
     Args:
         reduce_variant: 7, 8 or 9, the ``mla_reduce_v1`` form; ``None`` derives it from ``aiter_version``
             (an explicit value models a mixed install).
         cu_num: the device CU count the planner and the info call read (256 on MI355X).
-        emulator: the kernel and reduce emulation (default the faithful
-            :data:`~mla_fp8_bench.aiter_ps.emulator.EMULATOR`).
+        emulator: the kernel and reduce emulation (default the faithful one).
         aiter_version: emulated AITER version (``(0, 1, 20)``, ``"0.1.20.post1"``; default the newest
             modelled): the reduce head counts and form, the planner revision, and, below 0.1.10, no PS
             prefill symbols (only ``mla_reduce_v1``).
@@ -634,9 +631,9 @@ def make_standin_aiter(
     Returns:
         A module named ``"aiter"`` (a package spec, ``__path__ == []``, ``__version__``), not inserted into
         ``sys.modules``, with the primitives, ``StandinContractError``, ``calls`` (one ``{"name", "args",
-        "ok", "error"}`` dict per call, args summarised as shapes, dtypes, devices, contiguity and scalar
-        values), ``cu_num``, ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``,
-        ``post_3606``, ``planner_revision``, ``aiter_op_namespace`` and ``is_standin = True``.
+        "ok", "error"}`` dict per call, args summarised), ``cu_num``, ``aiter_version``, ``reduce_variant``,
+        ``accepted_reduce_heads``, ``post_3606``, ``planner_revision``, ``aiter_op_namespace`` and
+        ``is_standin = True``.
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an

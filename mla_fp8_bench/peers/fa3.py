@@ -119,7 +119,7 @@ class _Fa3Base(Backend):
         return Verdict.yes()
 
     def _check_dims(self, inputs: CaseInputs) -> None:
-        dqk, dv = inputs.dims.qk_head_dim, inputs.dims.v_head_dim
+        dqk, dv = int(inputs.q.shape[-1]), int(inputs.v.shape[-1])
         if not (_QK_RANGE[0] < dqk <= _QK_RANGE[1] and _V_RANGE[0] < dv <= _V_RANGE[1]) and dqk != dv:
             raise CaseUnsupported(f"FA3 with d_qk != d_v needs d_qk in (128, 192] and d_v in (96, 128]; got "
                                   f"{dqk}/{dv}")

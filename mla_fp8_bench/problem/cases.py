@@ -390,14 +390,8 @@ SUITES: dict[str, tuple[str, ...]] = {
 
 
 def default_sweep(device_type: str, cap: int | None = None) -> tuple[tuple[str, ...], str]:
-    """The default seq_len sweep for a device type, capped.
-
-    Args:
-        device_type: ``"cpu"`` or ``"cuda"`` (ROCm devices are ``"cuda"`` in PyTorch).
-        cap: overrides the per-device cap (tokens).
-
-    Returns:
-        (case ids, a sentence saying where the sweep stops and why).
+    """``(case ids, a sentence saying where it stops and why)`` of the default sweep on ``device_type``
+    (``"cpu"`` or ``"cuda"``, ROCm included), capped at :data:`SWEEP_CAPS` or ``cap`` tokens.
 
     Raises:
         CaseError: on an unknown device type.

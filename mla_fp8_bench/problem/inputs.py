@@ -22,7 +22,13 @@ import torch
 
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.fp8 import Quantized, quantize
-from mla_fp8_bench.problem.shapes import MLA_DIMS, MLADims
+from mla_fp8_bench.problem.shapes import (
+    DEFAULT_SOFTMAX_SCALE,
+    QK_HEAD_DIM,
+    QK_NOPE_HEAD_DIM,
+    QK_ROPE_HEAD_DIM,
+    V_HEAD_DIM,
+)
 
 
 @dataclass
@@ -62,7 +68,6 @@ class CaseInputs:
     softmax_scale: float
     fp8_dtype: torch.dtype
     device: torch.device
-    dims: MLADims = MLA_DIMS
     has_context: bool = False
 
     def _same_q_kv(self, name: str) -> None:
@@ -107,14 +112,14 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float32)
 
 
-def make_bf16_qkv(case: Case, dims: MLADims = MLA_DIMS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_bf16_qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Draw the case's bf16 q ``[T_q,H,192]``, k ``[T_kv,H,192]``, v ``[T_kv,H,128]`` on the CPU (seeded).
 
     Draw order q, k, v (``mla``: q, kv, k_pe), so prefill cases (T_q == T_kv) keep their values.
     """
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
     t, tk, h = case.total_tokens, case.total_kv_tokens, case.num_heads
-    dqk, dv, dn, dr = dims.qk_head_dim, dims.v_head_dim, dims.qk_nope_head_dim, dims.qk_rope_head_dim
+    dqk, dv, dn, dr = QK_HEAD_DIM, V_HEAD_DIM, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM
     if case.dist == "const":
         q = torch.full((t, h, dqk), 0.5)
         k = torch.full((tk, h, dqk), 0.25)
@@ -136,8 +141,8 @@ def make_bf16_qkv(case: Case, dims: MLADims = MLA_DIMS) -> tuple[torch.Tensor, t
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 
-def make_inputs(case: Case, device: torch.device | str = "cpu", fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-                dims: MLADims = MLA_DIMS) -> CaseInputs:
+def make_inputs(case: Case, device: torch.device | str = "cpu",
+                fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> CaseInputs:
     """Build the deterministic inputs of ``case`` on ``device``.
 
     Raises:
@@ -145,11 +150,11 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", fp8_dtype: torch
         torch.OutOfMemoryError: if the device cannot hold them (callers record it as a skip).
     """
     device = torch.device(device)
-    q, k, v = make_bf16_qkv(case, dims)
+    q, k, v = make_bf16_qkv(case)
     if device.type != "cpu":
         q, k = q.to(device), k.to(device)
         # mla: the whole kv_b_proj-like output moves, so v stays a strided view of it on the device too
-        v = v._base.to(device)[..., dims.qk_nope_head_dim:] if case.dist == "mla" else v.to(device)
+        v = v._base.to(device)[..., QK_NOPE_HEAD_DIM:] if case.dist == "mla" else v.to(device)
     cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
     cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
     return CaseInputs(
@@ -158,5 +163,5 @@ def make_inputs(case: Case, device: torch.device | str = "cpu", fp8_dtype: torch
         v8=quantize(v, case.quant, fp8_dtype),
         cu_seqlens_q=cu_q.to(device), cu_seqlens_q_cpu=cu_q, cu_seqlens_kv=cu_kv.to(device), cu_seqlens_kv_cpu=cu_kv,
         max_seqlen_q=case.max_seq_len, max_seqlen_kv=case.max_kv_len, causal=case.causal,
-        softmax_scale=dims.softmax_scale, fp8_dtype=fp8_dtype, device=device, dims=dims,
+        softmax_scale=DEFAULT_SOFTMAX_SCALE, fp8_dtype=fp8_dtype, device=device,
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 QK_NOPE_HEAD_DIM = 128
 QK_ROPE_HEAD_DIM = 64
@@ -18,34 +17,6 @@ V_HEAD_DIM = 128
 DEFAULT_NUM_HEADS = 16  # DeepSeek-V3 (128 heads) at TP8
 #: Softmax scale 1/sqrt(192) (no YaRN mscale), as vLLM's ``AiterMLAImpl.scale``.
 DEFAULT_SOFTMAX_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
-
-
-@dataclass(frozen=True)
-class MLADims:
-    """Head dimensions of MLA prefill attention.
-
-    Attributes:
-        qk_nope_head_dim: non-rotary part of the q/k head dim (128).
-        qk_rope_head_dim: rotary part, shared by all heads in k (64).
-        v_head_dim: value/output head dim (128).
-    """
-
-    qk_nope_head_dim: int = QK_NOPE_HEAD_DIM
-    qk_rope_head_dim: int = QK_ROPE_HEAD_DIM
-    v_head_dim: int = V_HEAD_DIM
-
-    @property
-    def qk_head_dim(self) -> int:
-        """q/k head dim (nope + rope), 192 for DeepSeek."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def softmax_scale(self) -> float:
-        """``1/sqrt(qk_head_dim)``."""
-        return 1.0 / math.sqrt(self.qk_head_dim)
-
-
-MLA_DIMS = MLADims()
 
 
 def cu_seqlens_of(lens: Iterable[int]) -> list[int]:
