@@ -64,31 +64,29 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
     return val
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        return int(parse_number(text, int, "value", 1, strict=False))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
-
-
-def int_in(lo: int, hi: int):
-    """argparse type factory: an integer from ``lo`` to ``hi``."""
-    def parse(text: str) -> int:
-        v = positive_int(text) if lo >= 1 else int(parse_number(text, int, "value", lo, strict=False))
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed {lo}..{hi}")
-        return v
-    parse.__name__ = "integer"
+def _argtype(kind: type, minimum: float, strict: bool):
+    """argparse type: ``kind(text)`` checked by :func:`parse_number` (``>= minimum``, ``>`` when ``strict``)."""
+    def parse(text: str):
+        try:
+            return kind(parse_number(text, kind, "value", minimum, strict))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
     return parse
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        return float(parse_number(text, float, "value", 0.0, strict=True))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
+#: argparse types: an integer >= 1; a finite number > 0.
+positive_int = _argtype(int, 1, strict=False)
+positive_float = _argtype(float, 0.0, strict=True)
+
+
+def int_in(lo: int, hi: int):
+    """argparse type factory: an integer from ``lo`` (at least 1) to ``hi``."""
+    def parse(text: str) -> int:
+        v = positive_int(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed {lo}..{hi}")
+        return v
+    return parse
 
 
 def safe_name(what: str):
@@ -98,5 +96,4 @@ def safe_name(what: str):
             return check_name(text, what)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-    parse.__name__ = what.replace(" ", "_")
     return parse

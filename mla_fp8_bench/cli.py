@@ -51,12 +51,8 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
               "from torch.version.hip / torch.version.cuda")
     t.add_row("fp8 cast saturates", str(cast_saturates(pinfo.fp8_dtype)))
     console.print(t)
-    bt = Table(title="backends")
-    for col in ("backend", "available", "reason / description"):
-        bt.add_column(col)
-    detected = Table(title="detected on the installed library")
-    for col in ("backend", "what", "form (where it was read)"):
-        detected.add_column(col)
+    bt = Table("backend", "available", "reason / description", title="backends")
+    detected = Table("backend", "what", "form (where it was read)", title="detected on the installed library")
     for name in backend_names():
         try:
             b = get_backend(name, RunConfig(aiter_any_device=args.aiter_any_device))
@@ -75,9 +71,7 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
 def cmd_cases(args: argparse.Namespace, console: Console) -> int:
     from mla_fp8_bench.problem.cases import SUITES, default_sweep
 
-    t = Table(title="named suites")
-    t.add_column("suite")
-    t.add_column("case ids")
+    t = Table("suite", "case ids", title="named suites")
     for k, v in SUITES.items():
         t.add_row(k, " ".join(v))
     console.print(t)

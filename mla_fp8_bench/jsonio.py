@@ -1,14 +1,8 @@
-"""JSON files written atomically and read with errors that name the file.
+"""JSON files written atomically and read with errors that name the file (docs/robustness.md, P4, P10).
 
 Every writer in the suite (run JSONs, tolerances, merged asv results) goes through
-:func:`write_file_atomic`: a temp file in the target's folder, then ``os.replace``, so an interrupted
-write never leaves a truncated file, and the file gets the usual umask-derived mode (``mkstemp`` alone
-would leave it 0600). A symlink is followed: its target is replaced and the link stays. A write that
-fails (disk full, file-size limit, read-only file system) raises :class:`OutputError` naming the file;
-the previous file is unchanged. Writers that read, modify and write one file (or one folder) hold
+:func:`write_file_atomic`; writers that read, modify and write one file (or one folder) hold
 :func:`locked` around it, so two at once are serialised instead of one losing the other's change.
-Reading refuses files over :data:`MAX_JSON_BYTES` and documents nested deeper than
-:data:`MAX_JSON_DEPTH` with one line, not a ``MemoryError`` or ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -53,7 +47,8 @@ def _json_depth(text: str) -> int:
 
 def load_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError, hint: str = "") -> Any:
     """Parse the JSON file ``path``; any failure raises ``error`` (the caller's own type) naming ``what``
-    (what the file should be: ``"run JSON"``) and ``path``; ``hint`` ends the invalid-JSON message."""
+    (what the file should be: ``"run JSON"``) and ``path``; ``hint`` ends the invalid-JSON message. Files
+    over :data:`MAX_JSON_BYTES` or nested deeper than :data:`MAX_JSON_DEPTH` are refused the same way."""
     path = Path(path)
     try:
         if path.is_file() and path.stat().st_size > MAX_JSON_BYTES:
@@ -223,7 +218,7 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, b
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _umask_mode())
+        os.chmod(tmp, _umask_mode())  # the usual mode; mkstemp alone leaves 0600
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -1,18 +1,10 @@
-"""The device's own ceilings, measured once per run: FP8 GEMM, bf16 GEMM and copy bandwidth.
+"""The device's own ceilings, measured once per run in the run's process: FP8 GEMM, bf16 GEMM and copy
+bandwidth (what each measures and why: docs/methodology.md, section 4). GPU only (on CPU:
+``status="skipped"`` with the reason).
 
-Attention throughput is reported against the datasheet peak (:data:`mla_fp8_bench.problem.flops.DATASHEET_PEAKS_TFLOPS`)
-and against ceilings measured on the same machine in the same process, because ceilings vary between
-machines of one kind and between runs (docs/methodology.md, sections 4 and 5). GPU only (on CPU:
-``status="skipped"`` with the reason):
-
-* ``fp8_gemm_tflops``: ``torch._scaled_mm`` on ``float8_e4m3fn`` 8192^3 (b column-major, as cuBLASLt
-  requires; fp32 unit scales, bf16 out); ``bf16_gemm_tflops``: ``torch.matmul`` on bf16 8192^3. FLOPs =
-  2 M N K, on random data, never zeros (a bf16 GEMM ran 13% faster on zeros on an H200).
-* ``copy_tb_s``: a device-to-device ``copy_`` of 2 GiB, bytes read + written, the faster of eager launches
-  and graph replay (:func:`_copy`).
-
-Each is timed with :func:`mla_fp8_bench.measure.timing.time_device` (the same warm-up as the attention
-numbers). :func:`attach` adds ``data["ceilings"]`` and the per-record fractions to a runner result.
+``fp8_gemm_tflops`` / ``bf16_gemm_tflops``: TFLOP/s of an ``n x n x n`` GEMM (2 n^3 FLOPs per call) on
+random data, never zeros (a bf16 GEMM ran 13% faster on zeros on an H200); ``copy_tb_s``: TB/s, bytes
+read + written. :func:`attach` adds ``data["ceilings"]`` and the per-record fractions to a runner result.
 """
 
 from __future__ import annotations
@@ -41,7 +33,7 @@ def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, generator=gen).clamp_(-fmax, fmax).to(fp8)
     bt = torch.randn(n, n, device=device, generator=gen).clamp_(-fmax, fmax).to(fp8)
-    b = bt.t()  # column-major [K, N]
+    b = bt.t()  # column-major [K, N], as cuBLASLt requires
     one = torch.ones((), device=device, dtype=torch.float32)
 
     def run():

@@ -24,11 +24,7 @@ The graph (one per prepared case):
   which, and why.
 * ``cudnn-bf16``: ``pygraph(io_data_type=BFLOAT16)``; ``sdpa(q, k, v, attn_scale=...)`` on the bf16 inputs.
 
-``run()`` binds the cuDNN handle to the current stream and executes the graph (host-sync free, so CUDA
-graph capture works; if capture fails the timing falls back to events and records why).
-
-Errors: every cuDNN refusal (no engine for d_qk 192 / d_v 128, ragged FP8, bottom-right causal on
-Hopper) becomes :class:`CaseUnsupported` whose message quotes cuDNN's error.
+``run()`` executes the graph on the current stream, host-sync free (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -96,7 +92,8 @@ def _short(exc: BaseException) -> str:
 
 
 class _CudnnBase(Backend):
-    """Shared cuDNN plumbing; subclasses build the attention node."""
+    """Shared cuDNN plumbing; subclasses give the inputs (``_tensors(inputs) -> q, k, v``) and build the
+    attention node (``_node(cudnn, graph, tq, tk, tv, mask_kw, inputs, state) -> o``)."""
 
     context_chunks: ClassVar[Verdict] = Verdict.no("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats "
                                                    "output is not wired), which ctx and prefix cases need")
@@ -108,18 +105,13 @@ class _CudnnBase(Backend):
             return Verdict.no(f"needs an NVIDIA Hopper (sm_90) or newer GPU; found {platform.describe()}")
         return loadable(load_cudnn)
 
-    def _tensors(self, inputs: CaseInputs):
-        raise NotImplementedError
-
-    def _node(self, cudnn, graph, tq, tk, tv, mask_kw: dict, inputs: CaseInputs, state: dict):
-        raise NotImplementedError
-
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Build and plan the cuDNN graph (outside the timed region).
 
         Raises:
             BackendUnavailable: not a CUDA device or the frontend missing.
-            CaseUnsupported: cuDNN has no engine for this case (its error quoted).
+            CaseUnsupported: cuDNN refuses the case (no engine for d_qk 192 / d_v 128, ragged FP8,
+                bottom-right causal on Hopper); the message quotes cuDNN's error.
         """
         if inputs.device.type != "cuda":
             raise BackendUnavailable(f"needs an NVIDIA GPU; found {inputs.device.type}")

@@ -1,12 +1,8 @@
 """FlashAttention-3 on Hopper: the full-FP8 peer (``fa3-fp8``) and its bf16 twin (``fa3-bf16``).
 
-Source: the PyPI wheel ``fa3-fwd`` 0.0.3 (a forward-only third-party build of upstream ``hopper/`` with
-FP8, varlen and head dims 192/128; module ``fa3_fwd_interface``), imported lazily; install, signature and
-semantics: docs/reference-facts.md#fa3. ``run()`` is one call, host-sync free and CUDA-graph capturable::
-
-    flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale=..., causal=..., q_descale=..., k_descale=..., v_descale=...,
-                           return_attn_probs=True)                     # -> (out, lse); descales fp8 only
+Source: the PyPI wheel ``fa3-fwd`` 0.0.3 (module ``fa3_fwd_interface``), imported lazily; install, the
+entry point ``flash_attn_varlen_func`` and its semantics: docs/reference-facts.md#fa3. ``run()`` is one
+call with ``return_attn_probs=True`` (descales for fp8 only), host-sync free and CUDA-graph capturable.
 
 * q ``[T, H, 192]``, k ``[T_kv, H, 192]``, v ``[T_kv, H, 128]``: ``float8_e4m3fn`` (fa3-fp8) or bf16
   (fa3-bf16), last dim contiguous (else the wrapper would copy v inside the timed call); the bf16 ``mla``
@@ -17,8 +13,6 @@ semantics: docs/reference-facts.md#fa3. ``run()`` is one call, host-sync free an
   causally with q_len != kv_len here.
 * descales: fp32 ``(B, H_kv)``, the per-tensor descale ``[1]`` as a stride-0 expanded view.
 * out ``[T, H, 128]`` bf16; lse ``[H, T]`` fp32 (natural log of the scaled scores), returned as ``[T, H]``.
-
-Casts, contiguity, descale views and the cu_seqlens copy happen in :meth:`_Fa3Base.prepare`.
 """
 
 from __future__ import annotations
@@ -84,13 +78,6 @@ def _load() -> Any:
     return mod
 
 
-def fa3_availability(platform: PlatformInfo) -> Verdict:
-    """FA3 runs on NVIDIA Hopper (sm_90) with ``fa3-fwd`` importable; otherwise a precise reason."""
-    if platform.vendor != "cuda" or platform.arch != "sm_90":
-        return Verdict.no(f"needs an NVIDIA Hopper (sm_90) GPU; found {platform.describe()}")
-    return loadable(load_fa3)
-
-
 def split_out_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``flash_attn_varlen_func`` returns ``out`` or ``(out, lse, ...)`` depending on build and flags."""
     if isinstance(result, torch.Tensor):
@@ -106,12 +93,15 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Fa3Base(Backend):
-    """Shared FA3 plumbing; subclasses choose the input precision."""
+    """Shared FA3 plumbing; subclasses choose the input precision (``_tensors(inputs) -> q, k, v, kwargs``)."""
 
     context_chunks: ClassVar[Verdict] = Verdict.yes()
 
     def availability(self, platform: PlatformInfo) -> Verdict:
-        return fa3_availability(platform)
+        """NVIDIA Hopper (sm_90) with ``fa3-fwd`` importable; otherwise a precise reason."""
+        if platform.vendor != "cuda" or platform.arch != "sm_90":
+            return Verdict.no(f"needs an NVIDIA Hopper (sm_90) GPU; found {platform.describe()}")
+        return loadable(load_fa3)
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
         if self.fp8 and platform.fp8_dtype != torch.float8_e4m3fn:
@@ -125,9 +115,6 @@ class _Fa3Base(Backend):
                                   f"{dqk}/{dv}")
         if dqk % 16 or dv % 16:
             raise CaseUnsupported(f"FA3 needs head dims that are multiples of 16; got {dqk}/{dv}")
-
-    def _tensors(self, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
-        raise NotImplementedError
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Casts, contiguity and descale views happen here, outside the timed ``run``.
