@@ -271,18 +271,6 @@ def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, 
     return out
 
 
-def _merge_partials(lses: list[torch.Tensor], partials: list[torch.Tensor],
-                    em: Emulator) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 LSE merge: ``lse*`` of :meth:`Emulator.merged_lse` (+inf where S is 0 or NaN),
-    ``O = sum exp(lse_i - lse*) * O_i``."""
-    lse_star, ssum = em.merged_lse(lses)
-    lse_star = torch.where((ssum == 0) | torch.isnan(ssum), float("inf"), lse_star)
-    acc = torch.zeros_like(partials[0])
-    for x, o in zip(lses, partials):
-        acc = acc + torch.exp(x - lse_star)[..., None] * o
-    return lse_star, acc
-
-
 # the emulator object
 
 
@@ -434,9 +422,12 @@ class Emulator:
                     raise ValueError(
                         f"reduce group {g}: partial rows [{p}, {p + nr}) outside partial buffers ({n_rows} rows)"
                     )
-            lse_star, acc = _merge_partials([partial_lse[p : p + nr].float() for p in locs],
-                                            [partial_output[p : p + nr].float() for p in locs],
-                                            self)
+            lses = [partial_lse[p : p + nr].float() for p in locs]
+            lse_star, ssum = self.merged_lse(lses)
+            lse_star = torch.where((ssum == 0) | torch.isnan(ssum), float("inf"), lse_star)
+            acc = partial_output.new_zeros((nr, *partial_output.shape[1:]), dtype=torch.float32)
+            for x, p in zip(lses, locs):
+                acc = acc + torch.exp(x - lse_star)[..., None] * partial_output[p : p + nr].float()
             final_output[q0:q1] = acc.to(final_output.dtype)
             if final_lse is not None:
                 final_lse[q0:q1] = lse_star.to(final_lse.dtype)
