@@ -264,9 +264,8 @@ def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int
         p = vllm_partial_tiles(budget_sizing=budget, info_partial_slots=_vllm_info_slots(req),
                                max_num_batched_tokens=vt, max_num_reqs=req.vllm_max_num_seqs,
                                num_compute_units=req.cu_num)
-        extra = -(-pad // VLLM_WORKSPACE_ALIGN) * VLLM_WORKSPACE_ALIGN
         rows.append((f"reserved: {label}, H={hp}", p,
-                     workspace_bytes(p, vt, hp, align=VLLM_WORKSPACE_ALIGN, extra=extra)))
+                     workspace_bytes(p, vt, hp, align=VLLM_WORKSPACE_ALIGN, extra=pad)))
     return rows
 
 

@@ -43,8 +43,8 @@ def _round_up(n: int, align: int) -> int:
 def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_head_dim: int = V_HEAD_DIM, *,
                     align: int = 1, extra: int = 0) -> WorkspaceBytes:
     """fp32 scratch for ``partial_slots`` 256-row partial slots and ``final_lse_rows`` q rows (``num_heads``
-    heads, vLLM: the padded count), each buffer rounded up to a multiple of ``align`` bytes (vLLM: 256);
-    ``extra``: bytes of a further buffer reserved with them (not rounded).
+    heads, vLLM: the padded count) and ``extra`` bytes of a further buffer reserved with them, each buffer
+    rounded up to a multiple of ``align`` bytes (vLLM: 256).
 
     Returns:
         :class:`WorkspaceBytes`: ``partial_output = slots*256*H*dv*4``, ``partial_lse = slots*256*H*4``,
@@ -63,7 +63,7 @@ def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_h
         partial_output=_round_up(rows * num_heads * v_head_dim * FP32_BYTES, align),
         partial_lse=_round_up(rows * num_heads * FP32_BYTES, align),
         final_lse=_round_up(final_lse_rows * num_heads * FP32_BYTES, align),
-        extra=extra,
+        extra=_round_up(extra, align),
     )
 
 

@@ -204,8 +204,7 @@ def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, 
                            num_compute_units=num_compute_units)
     extra = 0
     if features.pads_heads and num_heads < num_head_k:
-        align = VLLM_WORKSPACE_ALIGN
-        extra = -(-max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize // align) * align
+        extra = max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize
     return workspace_bytes(p, max_num_batched_tokens, num_head_k, v_head_dim, align=VLLM_WORKSPACE_ALIGN,
                            extra=extra).total
 
