@@ -146,20 +146,12 @@ def ps_metadata_info(
     max_kvlen: int | None = None,
     kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Buffer shapes and dtypes for the PS planner (``docs/aiter-contract.md#info-sizes``); AITER reads
-    ``cu_num`` from the current device (256 on MI355X), here it is a keyword. With
-    ``cpc = cu_num // gcd(num_heads_k, cu_num)``, ``mqs = ceil(max_qlen / qlen_granularity)`` and
-    ``tiles = batch_size * mqs``: ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``,
-    ``work_info (max_works, 8)``, ``reduce_indptr (tiles + 1,)``, ``reduce_final_map (tiles, 2)`` and
-    ``reduce_partial_map (max_partials,)`` (int32), where
-
-    * ``pre-3606``: ``max_works = (batch_size + cpc - 1) * mqs * num_heads_k``,
-      ``max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs``;
-    * ``v0.1.22``: ``max_works`` as pre-3606, ``max_partials = tiles + cpc - 1`` (AITER's ``_legacy_info``
-      in ``op_tests/test_ps_metadata_sizing.py``);
-    * ``pr3606-ref`` (only it takes ``max_kvlen`` and ``kvlen_granularity``; AITER uses ``max_kvlen or
-      max_qlen``): ``kv_splits = max(1, ceil((max_kvlen or max_qlen) / kvlen_granularity))``,
-      ``max_partials = tiles * (kv_splits + cpc)``, ``max_works = num_heads_k * max_partials``.
+    """Buffer shapes and dtypes for the PS planner, by revision (the formulas and their AITER sources:
+    ``docs/aiter-contract.md#info-sizes``); AITER reads ``cu_num`` from the current device, here it is a
+    keyword. ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``, ``work_info (max_works, 8)``,
+    ``reduce_indptr (tiles + 1,)``, ``reduce_final_map (tiles, 2)``, ``reduce_partial_map (max_partials,)``
+    (int32); ``tiles = batch_size * ceil(max_qlen / qlen_granularity)``. Only ``pr3606-ref`` takes
+    ``max_kvlen`` and ``kvlen_granularity``.
 
     Returns:
         ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order
@@ -241,17 +233,10 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
     """Output of :func:`plan_ps_prefill`: AITER's PS metadata as int32 CPU tensors of the full buffer
-    lengths, tails as the real planner leaves them (``docs/aiter-contract.md#planner-io``, ``#work-info``):
-
-    * ``work_indptr`` ``[cu_num + 1]``: workgroup ``g`` runs ``work_info[work_indptr[g]:work_indptr[g + 1]]``
-      in order; ``work_indptr[-1] == num_works`` (entries past ``cu_num`` in a longer buffer are 0).
-    * ``work_info`` ``[max_works, 8]``, columns :data:`WORK_INFO_FIELDS`; rows past ``num_works`` are 0.
-    * ``reduce_indptr`` ``[tiles + 1]``: group ``g`` merges the slots
-      ``reduce_partial_map[reduce_indptr[g]:reduce_indptr[g + 1]]``; entries after ``num_reduce_groups``
-      equal ``num_partials``.
-    * ``reduce_final_map`` ``[tiles, 2]``: group ``g``'s ``[qo_start, qo_end)``; unused rows 0.
-    * ``reduce_partial_map`` ``[n]``: each group's slot row offsets (multiples of 256), ascending; the
-      tail is 0.
+    lengths, tails as the real planner leaves them (what each holds: ``docs/aiter-contract.md#planner-io``,
+    ``#work-info``): ``work_indptr [cu_num + 1]`` (entries past ``cu_num`` in a longer buffer 0),
+    ``work_info [max_works, 8]``, ``reduce_indptr [tiles + 1]``, ``reduce_final_map [tiles, 2]``,
+    ``reduce_partial_map [n]`` (slot row offsets, multiples of 256).
 
     Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups``, ``num_partials`` (distinct
     slots), ``cu_num``, ``num_heads_k``, ``revision`` and ``need_lse`` (whether every tile got a slot).

@@ -1,4 +1,4 @@
-"""FLOPs and bytes of causal MLA prefill, and achieved throughput.
+"""FLOPs and bytes of MLA prefill cases, and achieved throughput.
 
 Convention (FA3 ``hopper/benchmark_attn.py``, FlashInfer ``testing/utils.py``, AITER's op test, the
 Triton tutorial; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D`` each, halved for the
@@ -12,15 +12,6 @@ from collections.abc import Sequence
 
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
-
-
-def _check(seq_lens: Sequence[int], num_heads: int) -> None:
-    if not seq_lens:
-        raise ValueError("seq_lens is empty: a batch needs at least one sequence")
-    if any((not isinstance(s, int)) or s < 0 for s in seq_lens):
-        raise ValueError(f"seq_lens {list(seq_lens)} must be integers >= 0")
-    if num_heads < 1:
-        raise ValueError(f"num_heads {num_heads} must be >= 1")
 
 
 def causal_pairs(seq_len: int, exact: bool = False) -> float:
@@ -37,7 +28,12 @@ def causal_flops(seq_lens: Sequence[int], num_heads: int, qk_head_dim: int = QK_
     Raises:
         ValueError: empty batch, negative lengths, num_heads < 1.
     """
-    _check(seq_lens, num_heads)
+    if not seq_lens:
+        raise ValueError("seq_lens is empty: a batch needs at least one sequence")
+    if any((not isinstance(s, int)) or s < 0 for s in seq_lens):
+        raise ValueError(f"seq_lens {list(seq_lens)} must be integers >= 0")
+    if num_heads < 1:
+        raise ValueError(f"num_heads {num_heads} must be >= 1")
     return 2.0 * num_heads * (qk_head_dim + v_head_dim) * sum(causal_pairs(s, exact) for s in seq_lens)
 
 
