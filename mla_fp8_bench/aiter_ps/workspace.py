@@ -1,11 +1,5 @@
-"""Workspace bytes of the PS FP8 prefill: what a plan uses and what callers reserve.
-
-One call of ``mla_prefill_ps_asm_fwd`` + ``mla_reduce_v1`` needs three fp32 scratch buffers
-(``docs/aiter-contract.md#workspace``): ``splitData`` (vLLM: ``logits``) ``[slots * 256, H, v_head_dim]``,
-``splitLse`` (vLLM: ``attn_lse``) ``[slots * 256, H]`` and ``final_lse`` ``[rows, H]``. ``slots`` is the
-live partial count ``reduce_indptr[-1]`` of a plan (*used*) or a bound (*reserved*): the info function's
-``reduce_partial_map`` size, or vLLM's budget formula (:func:`vllm_partial_tiles`,
-``docs/aiter-contract.md#vllm-entry``).
+"""Workspace bytes of the PS FP8 prefill: what a plan uses (its live partial count) and what callers
+reserve (a bound: the info function's, or vLLM's budget formula); ``docs/aiter-contract.md#workspace``.
 """
 
 from __future__ import annotations
@@ -23,7 +17,9 @@ VLLM_WORKSPACE_ALIGN = 256
 
 @dataclass(frozen=True)
 class WorkspaceBytes:
-    """Bytes of each scratch buffer (see the module docstring); ``extra``: vLLM's padded-head output scratch."""
+    """Bytes of the fp32 scratch buffers of one call: ``partial_output`` (``splitData``, vLLM ``logits``),
+    ``partial_lse`` (``splitLse``, vLLM ``attn_lse``), ``final_lse``; ``extra``: vLLM's padded-head output
+    scratch."""
 
     partial_output: int
     partial_lse: int
