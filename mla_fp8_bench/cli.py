@@ -145,7 +145,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from mla_fp8_bench.config import PREFIX, RunConfig, check_emu_aiter_version
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import check_output_path, locked, write_json_or_rescue
-    from mla_fp8_bench.terminal import CaseProgress
+    from mla_fp8_bench.terminal import case_progress
 
     config = RunConfig(emu_aiter_version=check_emu_aiter_version(args.emu_aiter_version or "",
                                                                  f"{PREFIX}EMU_AITER_VERSION"),
@@ -158,9 +158,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
                           flush_l2=args.flush_l2)
         interrupted = False
-        with signals_interrupt() as signals, CaseProgress(len(names) * len(cases), console) as prog:
+        with signals_interrupt() as signals, case_progress(len(names) * len(cases), console) as step:
             try:
-                data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=prog.step)
+                data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=step)
             except RunInterrupted as exc:
                 data, interrupted = exc.data, True
         rounds_cut = None

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -73,57 +74,51 @@ def open_parent_stderr() -> TextIO | None:
         return None
 
 
-class CaseProgress:
-    """Progress over ``total`` (backend, case) pairs: a context manager whose :meth:`step` takes each
-    finished record (anything with ``backend``, ``case``, ``status``, ``reason`` attributes) and prints
-    its :func:`case_line`; on a terminal a rich progress bar runs under those lines.
+@contextlib.contextmanager
+def case_progress(total: int, console: Console | None = None,
+                  stream: TextIO | tuple[TextIO, ...] | None = None) -> Iterator[Callable[[Any], str]]:
+    """Progress over ``total`` (backend, case) pairs: yields ``step(rec)``, which takes each finished record
+    (anything with ``backend``, ``case``, ``status``, ``reason`` attributes), prints its :func:`case_line`
+    and returns it; on a terminal a rich progress bar runs under those lines.
 
     ``console``: the rich console of a CLI command; None writes plain lines to ``stream`` (default
     stderr; a tuple writes to each), each flushed as it happens.
     """
+    t0 = last = time.perf_counter()
+    done = 0
+    streams = stream if isinstance(stream, tuple) else (stream or sys.stderr,)
+    bar = None
+    if console is not None and console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def __init__(self, total: int, console: Console | None = None,
-                 stream: TextIO | tuple[TextIO, ...] | None = None) -> None:
-        self.total, self.console, self.stream, self.done = total, console, stream, 0
-        self._prog: Any = None
-        self._task: Any = None
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=console, transient=True)
 
-    def __enter__(self) -> CaseProgress:
-        self._t0 = self._last = time.perf_counter()
-        if self.console is not None and self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), console=self.console, transient=True)
-            self._prog.__enter__()
-            self._task = self._prog.add_task("measuring", total=self.total)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._prog is not None:
-            self._prog.__exit__(*exc)
-            self._prog = None
-
-    def step(self, rec: Any) -> str:
-        """Report one finished (backend, case); returns the line printed."""
+    def step(rec: Any) -> str:
+        nonlocal done, last
         now = time.perf_counter()
-        self.done += 1
-        line = case_line(self.done, self.total, rec.backend, rec.case, rec.status, now - self._last, now - self._t0,
+        done += 1
+        line = case_line(done, total, rec.backend, rec.case, rec.status, now - last, now - t0,
                          getattr(rec, "reason", ""))
-        self._last = now
-        if self._prog is not None:
-            self._prog.console.print(line, markup=False, highlight=False, soft_wrap=True)
-            self._prog.update(self._task, advance=1, description=f"{rec.backend} {rec.case}")
-        elif self.console is not None:
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        else:
-            streams = self.stream if isinstance(self.stream, tuple) else (self.stream or sys.stderr,)
-            for stream in streams:
-                try:
-                    print(line, file=stream, flush=True)
-                except (OSError, ValueError):  # a closed or broken log must not stop the measurement
-                    continue
+        last = now
+        if console is not None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            if bar is not None:
+                bar.update(task, advance=1, description=f"{rec.backend} {rec.case}")
+            return line
+        for s in streams:
+            try:
+                print(line, file=s, flush=True)
+            except (OSError, ValueError):  # a closed or broken log must not stop the measurement
+                continue
         return line
+
+    if bar is None:
+        yield step
+        return
+    with bar:
+        task = bar.add_task("measuring", total=total)
+        yield step
 
 
 @contextlib.contextmanager

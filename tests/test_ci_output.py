@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from mla_fp8_bench.terminal import LOG_WIDTH, CaseProgress, case_line, make_console
+from mla_fp8_bench.terminal import LOG_WIDTH, case_line, case_progress, make_console
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = "ragged-6992-6896-2495-cast"
@@ -62,17 +62,17 @@ def _rec(b, c, status="ok", reason=""):
 def test_case_progress_prints_one_line_per_case(terminal):
     buf = io.StringIO()
     con = Console(file=buf, force_terminal=terminal, width=200)
-    with CaseProgress(2, con) as prog:
-        prog.step(_rec("torch-fp8-ref", "s128"))
-        prog.step(_rec("aiter", "s128", "skipped", "needs gfx950"))
+    with case_progress(2, con) as step:
+        step(_rec("torch-fp8-ref", "s128"))
+        step(_rec("aiter", "s128", "skipped", "needs gfx950"))
     out = buf.getvalue()
     assert "[1/2] torch-fp8-ref s128: ok (" in out
     assert "[2/2] aiter s128: skipped (" in out and "needs gfx950" in out
 
 
 def test_case_progress_without_console_writes_plain_lines_to_stderr(capsys):
-    with CaseProgress(1) as prog:
-        prog.step(_rec("torch-fp8-ref", "s128"))
+    with case_progress(1) as step:
+        step(_rec("torch-fp8-ref", "s128"))
     err = capsys.readouterr().err
     assert err.startswith("[1/1] torch-fp8-ref s128: ok (") and err.endswith("so far)\n")
 

@@ -169,7 +169,7 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
 
     from mla_fp8_bench.harness.asv_guard import asv_context
     from mla_fp8_bench.harness.runner import evaluate
-    from mla_fp8_bench.terminal import CaseProgress, open_parent_stderr
+    from mla_fp8_bench.terminal import case_progress, open_parent_stderr
 
     parent = open_parent_stderr() if asv_context(cfg) is not None else None
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())
@@ -179,8 +179,8 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
         for s in streams:
             with contextlib.suppress(OSError, ValueError):
                 print(("\n" if s is parent else "") + head, file=s, flush=True)
-        with CaseProgress(len(backends) * len(cases), stream=streams) as prog:
-            return evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=prog.step)
+        with case_progress(len(backends) * len(cases), stream=streams) as step:
+            return evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
     finally:
         if parent is not None:
             parent.close()
