@@ -203,7 +203,6 @@ def worker_command(python: str, backends: Sequence[str], cases: Sequence[str], o
 
 
 def _failed(error: str) -> dict[str, Any]:
-    """The document of a round that produced none."""
     return {"error": error, "rows": []}
 
 
