@@ -10,6 +10,7 @@ writes anything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -65,10 +66,8 @@ def _results_dirs(conf_dir: Path) -> list[Path]:
     """Results directories named by the asv config files in ``conf_dir``."""
     dirs = []
     for cfg in sorted(conf_dir.glob("asv*.json")):
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             dirs.append(conf_dir / load_asv_conf(cfg).get("results_dir", "results"))
-        except (ValueError, AttributeError):
-            continue
     return list(dict.fromkeys(dirs)) or [conf_dir / "results"]
 
 

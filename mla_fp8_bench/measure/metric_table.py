@@ -310,10 +310,5 @@ def zero_metrics() -> tuple[Metric, ...]:
 def record_keys() -> tuple[str, ...]:
     """Metric keys every run record holds (None when not measured): the stored metrics of the
     per-(backend, case) asv class ``MLAPrefill`` with their samples keys, and the stored informational figures."""
-    keys: list[str] = []
-    for m in METRICS:
-        if m.derive is None and (m.asv_class == "MLAPrefill" or m.kind == "informational"):
-            keys.append(m.record_key)
-            if m.samples_key:
-                keys.append(m.samples_key)
-    return tuple(keys)
+    return tuple(k for m in METRICS if m.derive is None and (m.asv_class == "MLAPrefill" or m.kind == "informational")
+                 for k in (m.record_key, m.samples_key) if k)
