@@ -74,12 +74,10 @@ class Metric:
     bounds: tuple[float, float] = (0.0, math.inf)  # the closed range of possible values
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"metric {self.name}: kind {self.kind!r} is unknown: allowed {', '.join(KINDS)}")
-        if self.gate not in GATES:
-            raise ValueError(f"metric {self.name}: gate {self.gate!r} is unknown: allowed {', '.join(GATES)}")
-        if self.better not in ("lower", "higher"):
-            raise ValueError(f"metric {self.name}: better {self.better!r} is unknown: allowed lower, higher")
+        for what, allowed in (("kind", KINDS), ("gate", GATES), ("better", ("lower", "higher"))):
+            if getattr(self, what) not in allowed:
+                raise ValueError(f"metric {self.name}: {what} {getattr(self, what)!r} is unknown: "
+                                 f"allowed {', '.join(allowed)}")
         if (self.track is None) != (self.asv_class is None):
             raise ValueError(f"metric {self.name}: track and asv_class go together")
         if self.asv_class is not None and self.asv_class not in ASV_CLASSES:
