@@ -149,10 +149,12 @@ def _write_error(path: Path, exc: OSError) -> OutputError:
     return OutputError(exc.errno, f"cannot write {path}: {why}; the previous file, if any, is unchanged")
 
 
-def _umask_mode() -> int:
+def umask_mode(full: int = 0o666) -> int:
+    """The mode a new file (``full`` 0o666) or folder (0o777) gets under the current umask (``mkstemp`` and
+    ``mkdtemp`` alone give 0600 / 0700)."""
     old = os.umask(0)
     try:
-        return 0o666 & ~old
+        return full & ~old
     finally:
         os.umask(old)
 
@@ -218,7 +220,7 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, b
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _umask_mode())  # the usual mode; mkstemp alone leaves 0600
+        os.chmod(tmp, umask_mode())  # the usual mode; mkstemp alone leaves 0600
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -36,13 +36,13 @@ def test_a_newly_registered_backend_joins_the_grid_without_other_edits():
         def prepare(self, inputs):
             raise registry.BackendUnavailable("test only")
 
-    registry.register_backend(Extra.name, Extra)
+    registry._REGISTRY[Extra.name] = Extra
     try:
         grid = importlib.reload(asv_support)
         assert grid.asv_backends()[-1] == "extra-test-backend"
         assert "extra-test-backend" not in grid.plan_backends()
         assert grid.asv_backends()[:len(PUBLISHED_MLAPREFILL_BACKENDS)] == PUBLISHED_MLAPREFILL_BACKENDS
     finally:
-        registry.unregister_backend(Extra.name)
+        del registry._REGISTRY[Extra.name]
         importlib.reload(asv_support)
     assert "extra-test-backend" not in asv_support.asv_backends()

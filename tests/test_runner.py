@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from mla_fp8_bench.backends import Backend, Prepared, Verdict, register_backend, unregister_backend
+from mla_fp8_bench import backends
+from mla_fp8_bench.backends import Backend, Prepared, Verdict
 from mla_fp8_bench.cli import main
 from mla_fp8_bench.harness.runner import RECORD_KEYS, RunOptions, evaluate, write_json_atomic
 from mla_fp8_bench.problem.cases import resolve_cases
@@ -64,12 +65,9 @@ class _Restores(Backend):
 
 
 @pytest.fixture(autouse=True)
-def _fakes():
+def _fakes(monkeypatch):
     for cls in (_Boom, _Missing, _Restores):
-        register_backend(cls.name, cls)
-    yield
-    for cls in (_Boom, _Missing, _Restores):
-        unregister_backend(cls.name)
+        monkeypatch.setitem(backends._REGISTRY, cls.name, cls)
 
 
 def test_failing_backend_loses_no_other_result():

@@ -10,7 +10,7 @@ from typing import Any
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.config import RunConfig
 
-#: name -> "module:Class" (relative to this package).
+#: name -> a Backend subclass, ``"package.module:Class"`` (absolute) or ``"module:Class"`` (in this package).
 _REGISTRY: dict[str, str | type[Backend]] = {
     "aiter-emulated": "aiter_emulated:AiterEmulated",
     "aiter": "aiter_real:AiterReal",
@@ -34,17 +34,6 @@ class UnknownBackendError(ValueError):
 def backend_names() -> list[str]:
     """All registered backend names."""
     return list(_REGISTRY)
-
-
-def register_backend(name: str, target: str | type[Backend]) -> None:
-    """Register ``name`` -> a Backend subclass, ``"package.module:Class"`` (absolute) or ``"module:Class"``
-    (in this package)."""
-    _REGISTRY[name] = target
-
-
-def unregister_backend(name: str) -> None:
-    """Remove ``name`` from the registry (no error if absent)."""
-    _REGISTRY.pop(name, None)
 
 
 def get_backend(name: str, config: RunConfig | None = None) -> Backend:
@@ -85,6 +74,5 @@ def record_is_fp8(rec: Mapping[str, Any]) -> bool | None:
 
 __all__ = [
     "Backend", "BackendUnavailable", "CaseUnsupported", "Prepared", "Verdict", "UnknownBackendError",
-    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_fp8", "register_backend",
-    "unregister_backend",
+    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_fp8",
 ]

@@ -1,12 +1,9 @@
 """``aiter-emulated``: the AITER PS FP8 prefill path with the kernel and reduce emulated in PyTorch.
 
-The :class:`~mla_fp8_bench.backends.aiter_real.AiterPsDriver` that drives the real ``aiter`` on gfx950
-drives here a stand-in ``aiter`` (:mod:`mla_fp8_bench.aiter_ps.standin`: the planner port, the emulator's
-kernel and reduce), planned for the run configuration's ``emu_cu_num`` CUs (default 256, MI355X) and
-``emu_aiter_version`` (default the newest modelled, 0.1.22; the version selects the reduce's head-count
-dispatch and the ROCm/aiter#3606 semantics). Its latency is an emulation's (``timing_scope="emulation"``),
-never compared with kernels. It is the default AITER backend on machines without gfx950
-(docs/aiter-contract.md#driver).
+The :class:`~mla_fp8_bench.backends.aiter_real.AiterPsDriver` drives a stand-in ``aiter``
+(:mod:`mla_fp8_bench.aiter_ps.standin`) planned for the run configuration's ``emu_cu_num`` CUs and
+``emu_aiter_version`` (docs/aiter-contract.md#driver). Its latency is an emulation's, never compared with
+kernels. It is the default AITER backend on machines without gfx950.
 """
 
 from __future__ import annotations

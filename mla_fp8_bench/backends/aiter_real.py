@@ -1,22 +1,12 @@
 """The AITER persistent-scheduled FP8 MLA prefill, called through its three primitives.
 
 ``get_ps_metadata_v1`` (host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1``
-(merge of partials), called as docs/aiter-contract.md specifies (#api, #versions, #pr-3606,
-#context-chunks; the driver's rules: #driver):
-
-* every planner keyword passed explicitly (the stub's defaults are wrong): ``qhead_granularity=1,
-  qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal``;
-* q/k/v contiguous ``float8_e4m3fn``, K/V rows reached through ``kv_page_indices``; scales one-element
-  fp32 *device* tensors (``None`` is a null dereference in the kernel);
-* partial buffers sized from the live partial count ``reduce_indptr[-1]`` (one sync, untimed);
-* ``mla_reduce_v1``'s form (7/8/9 arguments) and the planner revision read from the registered op
-  schemas, never from the ``(*args, **kwargs)`` wrappers' signatures (:mod:`mla_fp8_bench.aiter_ps.facts`);
-* ``need_lse`` (v0.1.22 planner) passed as the imitated caller passes it (:func:`case_calls`);
-* head counts outside the reduce's dispatch set reported unsupported instead of crashing.
-
-The same driver (:class:`AiterPsDriver`) runs over the real ``aiter`` module on gfx950 and over the
-emulator-backed stand-in (:mod:`mla_fp8_bench.aiter_ps.standin`) everywhere else (backend
-``aiter-emulated``), so the code that will meet a gfx950 runner is the code tested in CI.
+(merge of partials), called as docs/aiter-contract.md specifies: every planner keyword explicit, fp8 q/k/v,
+scales as one-element fp32 device tensors, partial buffers sized from the live count, the reduce form and
+planner revision read from the op schemas (#api, #versions, #pr-3606, #context-chunks; the driver: #driver).
+One driver (:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in
+(:mod:`mla_fp8_bench.aiter_ps.standin`, backend ``aiter-emulated``) everywhere else, so the code that will
+meet a gfx950 runner is the code tested in CI.
 """
 
 from __future__ import annotations
@@ -68,12 +58,10 @@ def numel(shape: Any) -> int:
 
 @dataclass
 class _Piece:
-    """One kernel + reduce call (a prefill, a context chunk, or one piece of a prefix-cached prefill):
-    its index pointers (device), K/V page indices, plan and buffers.
+    """One kernel + reduce call (a prefill, a context chunk, or one piece of a prefix-cached prefill).
 
-    ``valid`` marks the q rows whose ``final_lse`` the call writes (the rows of the reduce groups the
-    reduce runs). ``empty`` (device bool ``[T]``, or None) marks the rows of sequences with kv_len 0: the
-    kernel may leave them untouched, so they are set to attention over nothing (output 0, LSE -inf).
+    ``valid`` (bool ``[T]``): the q rows whose ``final_lse`` the call writes. ``empty`` (device bool ``[T]``,
+    or None): rows of sequences with kv_len 0, which the kernel may leave untouched: set to output 0, LSE -inf.
     """
 
     qo_indptr: torch.Tensor
@@ -106,15 +94,11 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
                device: torch.device, has_context: bool = False
                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
     """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
-    int32 on the CPU, page indices int32 on ``device``): one call (``causal`` as given) for
-    ``prefill``/``ctx``; for a composed kind (``prefix``: per sequence the K/V pool holds the context keys,
-    then the new keys) the causal new-vs-new call and the non-causal new-vs-context call, both reading the
-    pool through page indices (nothing is copied). ``cu_q``/``cu_kv``: query/key starts ``[B+1]``.
-
-    ``need_lse`` is what the imitated caller passes the v0.1.22 planner: ``False`` for a causal prefill
-    (vLLM's ``_mla_fp8_prefill_attn``), ``True`` for a context chunk, ``has_context`` for the new-token
-    chunk of a prefix case (vLLM's AITER_ASM prefill backend, vLLM #44544); ``has_context`` marks a
-    ``prefill`` call that is such a chunk, cut out by the caller (``CaseInputs.has_context``)."""
+    int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``):
+    one call for ``prefill``/``ctx``; for ``prefix`` (per sequence the K/V pool holds the context keys, then
+    the new keys) the causal new-vs-new and the non-causal new-vs-context call, both reading the pool
+    through page indices. ``need_lse`` as the imitated caller passes it (docs/aiter-contract.md#driver);
+    ``has_context`` marks a ``prefill`` call that is the new-token chunk of a prefix case."""
 
     def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
@@ -134,18 +118,13 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
 
 
 class AiterPsDriver:
-    """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in).
-
-    Args:
-        module: an object exposing :data:`~mla_fp8_bench.aiter_ps.facts.PRIMITIVES`.
-        version: the AITER version (for the reduce's head-count dispatch), None if unknown.
+    """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in, exposing
+    :data:`~mla_fp8_bench.aiter_ps.facts.PRIMITIVES`); ``version``: the AITER version, None if unknown.
 
     Attributes:
-        reduce_arity, planner_revision: the detected ``mla_reduce_v1`` form (8 or 9) and planner revision;
-            ``reduce_source`` / ``planner_source`` say where each was read.
-        post_3606: the planner can give every tile a slot (the merged or the pre-merge #3606).
-        effective_version: the version the reduce's head set is keyed on (the reported one, raised to
-            the first release with the detected features).
+        reduce_arity, planner_revision: the detected ``mla_reduce_v1`` form (8 or 9) and planner revision
+            (``reduce_source`` / ``planner_source``: where each was read); ``post_3606``: the planner can
+            give every tile a slot; ``effective_version``: the version the reduce's head set is keyed on.
         pass_need_lse: pass ``need_lse`` to a planner that takes it (False: the caller fault of leaving it out).
 
     Raises:
@@ -198,19 +177,14 @@ class AiterPsDriver:
     def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device, *,
              cu_seqlens_kv_cpu: torch.Tensor | None = None, causal: bool = True,
              need_lse: bool = False) -> dict[str, Any]:
-        """Allocate the six planner buffers on ``device`` (sized by the info call) and run the host
-        planner (timed).
-
-        Args:
-            cu_seqlens_cpu: ``[B+1]`` int32 query starts (``seqlens_qo_indptr``).
-            cu_seqlens_kv_cpu: ``[B+1]`` int32 key starts (``pages_kv_indptr``); default the query starts.
-            causal: bottom-right causal (False for a context chunk).
-            need_lse: passed to a v0.1.22 planner (when :attr:`pass_need_lse`); other revisions take none.
+        """Allocate the six planner buffers on ``device`` (sized by the info call) and run the host planner
+        on ``[B+1]`` int32 query / key starts (key starts default to the query starts; ``causal``:
+        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`).
 
         Returns:
             dict with the six buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``),
-            ``info_partial_slots`` (the ``reduce_partial_map`` bound of the info call), ``post_3606`` and
-            ``need_lse`` (what was passed; None when not passed).
+            ``info_partial_slots`` (the info call's ``reduce_partial_map`` bound), ``post_3606`` and
+            ``need_lse`` (None when not passed).
         """
         cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
         cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
@@ -303,9 +277,9 @@ class AiterPsDriver:
                         extras=self.plan_extras([p.plan for p in pieces], case))
 
     def plan_extras(self, plans: list[dict[str, Any]], case: Case) -> dict[str, Any]:
-        """Record extras of a case's plans: planner time, live partial slots, live and reserved workspace
-        bytes (reserved = sized from the info bound's ``reduce_partial_map``, as a caller reserving from
-        the bounds holds it), the reduce form, the planner revision and the ``need_lse`` of each call."""
+        """Record extras of a case's plans: planner seconds, live partial slots, live and reserved workspace
+        bytes (docs/aiter-contract.md#workspace), the reduce form, the planner revision and each call's
+        ``need_lse``."""
         t, h = case.total_tokens, case.num_heads
         live = sum(workspace_bytes(max(1, p["num_partials"]), t, h).total for p in plans)
         reserved = sum(workspace_bytes(p["info_partial_slots"], t, h).total for p in plans)

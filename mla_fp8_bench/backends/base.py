@@ -154,8 +154,7 @@ def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_
         CaseUnsupported: a piece returns no LSE.
     """
     new_in, ctx_in = split_prefix_inputs(inputs)
-    p_ctx = backend.prepare(ctx_in)
-    pieces = [p_ctx]
+    pieces: list[Prepared] = []
 
     def cleanup() -> None:
         for p in reversed(pieces):
@@ -163,14 +162,14 @@ def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_
                 p.cleanup()
 
     try:
-        p_new = backend.prepare(new_in)
+        pieces.append(backend.prepare(ctx_in))
+        pieces.append(backend.prepare(new_in))
+        p_ctx, p_new = pieces
+        if p_new.lse is None or p_ctx.lse is None:
+            raise CaseUnsupported(f"{backend.name} returns no LSE, so prefix case {inputs.case.id} cannot be merged")
     except BaseException:
         cleanup()
         raise
-    pieces.append(p_new)
-    if p_new.lse is None or p_ctx.lse is None:
-        cleanup()
-        raise CaseUnsupported(f"{backend.name} returns no LSE, so prefix case {inputs.case.id} cannot be merged")
     state: dict[str, torch.Tensor] = {}
     t = int(inputs.q.shape[0])
 

@@ -1,15 +1,10 @@
-"""PyTorch SDPA backends: the bf16 baseline and the fp8-dequantised reference path.
+"""PyTorch SDPA backends: ``torch-sdpa-bf16`` on the bf16 inputs (what a non-FP8 prefill costs and how
+accurate it is) and ``torch-fp8-ref`` on the dequantised fp8 inputs (``fp8 * descale``, bf16 on GPU, fp32 on
+CPU: the input rounding of FP8 without an FP8 kernel).
 
-* ``torch-sdpa-bf16`` - ``F.scaled_dot_product_attention`` per sequence on the bf16 inputs: what a
-  non-FP8 prefill costs and how accurate it is.
-* ``torch-fp8-ref`` - the same SDPA on the dequantised fp8 inputs (``fp8 * descale`` in bf16 on GPU,
-  fp32 on CPU): input rounding of FP8 without an FP8 kernel.
-
-Both loop over sequences in Python (a ragged batch is a list of dense ``[1, H, S, D]`` problems), so
-their timings include per-sequence launch overhead; they are baselines, not peers. Context chunks
-(``ctx`` cases) run non-causally with kv_len != q_len. SDPA returns no LSE: ``lse()`` computes it outside
-the timed call (exact attention in float32 on the same inputs), so both backends also
-run ``prefix`` cases through :func:`mla_fp8_bench.backends.base.compose_prefix`.
+Both loop over sequences in Python, so their timings include per-sequence launch overhead: baselines, not
+peers. SDPA returns no LSE: ``lse()`` computes it outside the timed call (float32 attention on the same
+inputs), so ``prefix`` cases run through :func:`mla_fp8_bench.backends.base.compose_prefix`.
 """
 
 from __future__ import annotations

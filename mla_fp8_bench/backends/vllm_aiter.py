@@ -1,18 +1,10 @@
 """``vllm-aiter``: the FP8 MLA prefill as vLLM enters it, through vLLM's own code.
 
-The timed call is the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)`` of
-``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``, set up as vLLM's seed test (PR #51457) does
-(docs/aiter-contract.md#vllm-entry): impl and metadata builder made with ``object.__new__`` and given only
-what the path reads, the real ``_init_fp8_prefill_ps_buffers`` and ``_build_fp8_prefill_ps_metadata``
-(``SimpleNamespace`` stand-ins for the prefill metadata), and vLLM's global workspace manager initialised
-before the reservation, locked after the build (a forward that needs more than vLLM reserved fails loudly,
-as in production, #42978) and reset in ``Prepared.cleanup`` and on any set-up failure.
-
-Timing scope is ``"call"``: bf16 q/k/v go in, so the three fp8 casts (and, from 0.29, vLLM's head padding)
-are timed, as in ``forward_mha``; planning, buffers and the reservation are not. Release differences are
-feature-detected from vLLM's code, never from version strings (:class:`VllmFeatures`; docs/vllm-tier.md
-lists them). Only ``quant="cast"`` prefill cases run: vLLM always casts at unit scale, and it skips the
-FP8 PS path for batches with cached context (:data:`CHUNKED_CONTEXT_SKIP`).
+The timed call is the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)``, set up as
+vLLM's seed test (PR #51457) does: docs/aiter-contract.md#vllm-entry says what vLLM calls, docs/vllm-tier.md
+how the adapter builds it and which release does what (detected from vLLM's code, :class:`VllmFeatures`).
+Timing scope ``"call"``: bf16 q/k/v go in, so the fp8 casts (and, from 0.29, the head padding) are timed;
+planning, buffers and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
 """
 
 from __future__ import annotations
@@ -82,20 +74,18 @@ class VllmFeatures:
 
 @dataclass
 class VllmEntry:
-    """The vLLM classes and functions the adapter drives."""
+    """vLLM's ``rocm_aiter_mla`` module (``AiterMLAImpl``, ``AiterMLAMetadataBuilder``, ``AiterMLAHelper``),
+    its workspace module and what they do."""
 
     module: types.ModuleType
     workspace: types.ModuleType
-    impl_cls: type
-    builder_cls: type
-    helper_cls: type | None
     features: VllmFeatures
 
     def fp8_heads(self, num_heads: int) -> tuple[Verdict, int]:
         """(does vLLM run the FP8 prefill at ``num_heads``, the head count the kernel is handed)."""
         f = self.features
         if f.pads_heads:
-            helper = self.helper_cls
+            helper = self.module.AiterMLAHelper
             valid = (helper.is_valid_num_heads(num_heads) if hasattr(helper, "is_valid_num_heads")
                      else num_heads > 0 and (num_heads <= 128 or num_heads % 16 == 0))
             if not valid:
@@ -180,25 +170,17 @@ def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
                            "current_workspace_manager") if not hasattr(ws, n)]
     if missing:
         raise VllmAdapterError(f"{workspace_module} lacks {', '.join(missing)} (vLLM's workspace manager, #42978)")
-    feats = detect_features(mod)
-    return VllmEntry(mod, ws, mod.AiterMLAImpl, mod.AiterMLAMetadataBuilder, getattr(mod, "AiterMLAHelper", None),
-                     feats)
+    return VllmEntry(mod, ws, detect_features(mod))
 
 
 def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, max_num_batched_tokens: int,
                                   num_heads: int, num_head_k: int, num_compute_units: int,
                                   info_partial_slots: int, v_head_dim: int = V_HEAD_DIM,
                                   out_itemsize: int = 2) -> int:
-    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace
-    (docs/aiter-contract.md#workspace, #vllm-entry).
-
-    P partial tiles (:func:`~mla_fp8_bench.aiter_ps.workspace.vllm_partial_tiles`): AITER's
-    ``reduce_partial_map`` size (``info_partial_slots``) up to 0.30; from 0.31
-    ``ceil(max_num_batched_tokens/256) + max_num_reqs - 1 + num_compute_units``. Reserved: logits
-    ``[P*256, H, dv]`` fp32 + attn_lse ``[P*256, H]`` fp32 + final_lse ``[tokens, H]`` fp32, plus (>= 0.29,
-    padded heads only) a ``[tokens, H, dv]`` output scratch in the model dtype; each slice rounded up to
-    256 bytes as ``get_simultaneous`` does. H is the padded count.
-    """
+    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace: the partial tiles of
+    :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_partial_tiles` at the padded head count ``num_head_k``,
+    plus (>= 0.29, padded heads only) the output scratch in the model dtype (``out_itemsize`` bytes); the
+    formula and its sources: docs/aiter-contract.md#workspace."""
     p = vllm_partial_tiles(budget_sizing=features.budget_sizing, info_partial_slots=info_partial_slots,
                            max_num_batched_tokens=max_num_batched_tokens, max_num_reqs=max_num_reqs,
                            num_compute_units=num_compute_units)
@@ -210,7 +192,7 @@ def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, 
 
 
 def _reserved_bytes(ws: types.ModuleType) -> int | None:
-    """Bytes the workspace manager holds now (reads a private list; None if it changed)."""
+    """Bytes vLLM's workspace manager holds now (reads a private list; None if it changed)."""
     try:
         bufs = ws.current_workspace_manager()._current_workspaces
         return int(sum(b.numel() * b.element_size() for b in bufs if b is not None))
@@ -418,15 +400,13 @@ class VllmAiter(Backend):
         try:
             st = self._setup(entry, aiter, case.num_heads, inputs.softmax_scale, inputs.cu_seqlens_cpu, dev)
             out = torch.empty(t, h * V_HEAD_DIM, dtype=torch.bfloat16, device=dev)
-            q, k, v = inputs.q, inputs.k, inputs.v
-            impl, md = st.impl, st.metadata
         except BaseException:
             ws.reset_workspace_manager()
             raise
         state = {"clean": False}
 
         def run() -> torch.Tensor:
-            impl._mla_fp8_prefill_attn(q, k, v, md, out)
+            st.impl._mla_fp8_prefill_attn(inputs.q, inputs.k, inputs.v, st.metadata, out)
             return out.view(t, h, V_HEAD_DIM)
 
         def cleanup() -> None:
@@ -438,9 +418,9 @@ class VllmAiter(Backend):
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
                         extras={"planner_s": st.build_s, "num_partials": st.num_partials,
                                 "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
-                                "num_head_k": st.num_head_k,
-                                "workspace_locked": _workspace_locked(ws), "vllm_version": feats.version,
-                                "vllm_fp8_path": fp8_path_condition(entry.builder_cls),
+                                "num_head_k": st.num_head_k, "workspace_locked": _workspace_locked(ws),
+                                "vllm_version": feats.version,
+                                "vllm_fp8_path": fp8_path_condition(entry.module.AiterMLAMetadataBuilder),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
     # ------------------------------------------------------------------ set-up (not timed)
@@ -454,12 +434,13 @@ class VllmAiter(Backend):
         b, t, max_q = int(lens.numel()), int(cu_cpu[-1]), int(lens.max())
         _, num_head_k = entry.fp8_heads(num_heads)
 
-        builder = object.__new__(entry.builder_cls)
+        builder_cls = entry.module.AiterMLAMetadataBuilder
+        builder = object.__new__(builder_cls)
         builder.num_heads = num_heads
         builder.mla_dims = SimpleNamespace(v_head_dim=V_HEAD_DIM)
         kw = self._buffer_kwargs(feats, dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t))
         kw["device"] = device
-        _bind_or_explain(entry.builder_cls._init_fp8_prefill_ps_buffers,
+        _bind_or_explain(builder_cls._init_fp8_prefill_ps_buffers,
                          "AiterMLAMetadataBuilder._init_fp8_prefill_ps_buffers", kw)
         with _aiter_installed(self._aiter_given):
             builder._init_fp8_prefill_ps_buffers(**kw)
@@ -469,7 +450,7 @@ class VllmAiter(Backend):
         if lock:
             self._lock(entry.workspace)
 
-        impl = object.__new__(entry.impl_cls)
+        impl = object.__new__(entry.module.AiterMLAImpl)
         impl.num_heads = num_heads
         impl.v_head_dim = V_HEAD_DIM
         impl.scale = float(scale)
@@ -498,14 +479,11 @@ class VllmAiter(Backend):
             impl._fp8_prefill_one_scale = None
 
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
-        """vLLM's per-step metadata build time, live partial tiles, and the workspace vLLM reserves.
-
-        ``planner_samples_s`` times the real ``_build_fp8_prefill_ps_metadata`` (host planner plus
-        vLLM's copies: up to 0.31 a blocking write and a ``.item()`` sync, from 0.32 pinned staging and
-        a stream-ordered copy), which vLLM runs once per step. ``workspace_bytes`` follows
-        :func:`vllm_reserved_workspace_bytes` for this release (sizes as in the seed test: max_num_reqs
-        = batch, max_prefill_qlen = longest sequence, max_num_batched_tokens = total tokens);
-        ``workspace_bytes_reserved`` is what the manager actually holds after the reservation.
+        """vLLM's per-step metadata build time (``planner_samples_s``, seconds: the real
+        ``_build_fp8_prefill_ps_metadata``, host planner and vLLM's copies), live partial tiles, and the
+        workspace vLLM reserves: ``workspace_bytes`` by :func:`vllm_reserved_workspace_bytes` (max_num_reqs =
+        batch, max_num_batched_tokens = total tokens, as the seed test sizes it), ``workspace_bytes_reserved``
+        what the manager holds after the reservation.
 
         Raises:
             NotImplementedError: the case is unsupported (recorded as an asv skip).

@@ -319,18 +319,21 @@ def _on_grid(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def _draw_series(ax, xs: list[int], ys: list[float], *, yerr=None, color, marker, linestyle="-", hollow=False,
-                 label=None) -> bool:
-    """A line through the power-of-two (sweep) points, unconnected markers for the others (tile edges
-    255/257, s8175), so near-equal x values do not zig-zag. Returns True if off-sweep points were drawn."""
+def _draw_series(ax, b: str, style: dict[str, Any], pts: list[Point], ys: list[float], emu: bool = False,
+                 yerr=None) -> bool:
+    """Backend ``b``'s ``ys`` over the seq_len of ``pts`` (an emulation dashed, hollow): a line through the
+    power-of-two (sweep) points, unconnected markers for the others (tile edges 255/257, s8175), so
+    near-equal x values do not zig-zag. Returns True if off-sweep points were drawn."""
+    xs = [p.seq_len for p in pts]
     on = [i for i, x in enumerate(xs) if _on_grid(x)]
     off = [i for i, x in enumerate(xs) if not _on_grid(x)]
     if len(on) < 2:  # no sweep to join: join everything
         on, off = list(range(len(xs))), []
-    for idx, ls, lab, ms in ((on, linestyle, label, 6), (off, "none", None, 5)):
+    color = style["color"]
+    for idx, ls, lab, ms in ((on, "--" if emu else "-", _label(b, emu), 6), (off, "none", None, 5)):
         if not idx:
             continue
-        kw = dict(color=color, linestyle=ls, marker=marker, markerfacecolor="white" if hollow else color,
+        kw = dict(color=color, linestyle=ls, marker=style["marker"], markerfacecolor="white" if emu else color,
                   markersize=ms, linewidth=1.6, label=lab)
         px, py = [xs[i] for i in idx], [ys[i] for i in idx]
         if yerr is not None:
@@ -400,13 +403,12 @@ def draw_latency(ax, ds: Dataset, st: dict[str, dict[str, Any]], scope: str = "k
         pts = [p for p in pts if p.latency_s and p.emulation == emu]
         if not pts:
             continue
-        xs, ys = [p.seq_len for p in pts], [p.latency_s for p in pts]
+        ys = [p.latency_s for p in pts]
         lo = [max(0.0, y - (p.latency_q25 if p.latency_q25 is not None else y)) for p, y in zip(pts, ys)]
         hi = [max(0.0, (p.latency_q75 if p.latency_q75 is not None else y) - y) for p, y in zip(pts, ys)]
-        off |= _draw_series(ax, xs, ys, yerr=[lo, hi], **st[b], linestyle="--" if emu else "-", hollow=emu,
-                            label=_label(b, emu))
+        off |= _draw_series(ax, b, st[b], pts, ys, emu, yerr=[lo, hi])
         if emu:
-            ax.annotate("emulation", (xs[-1], ys[-1]), textcoords="offset points", xytext=(-4, 6), ha="right",
+            ax.annotate("emulation", (pts[-1].seq_len, ys[-1]), textcoords="offset points", xytext=(-4, 6), ha="right",
                         fontsize=8, color=st[b]["color"], style="italic")
         drawn.append(b)
     if drawn:
@@ -441,8 +443,7 @@ def draw_error(ax, ds: Dataset, st: dict[str, dict[str, Any]], attr: str = "err_
         if not sel:
             continue
         floored |= any(getattr(p, attr) < ERROR_FLOOR for p in sel)
-        off |= _draw_series(ax, [p.seq_len for p in sel], [max(getattr(p, attr), ERROR_FLOOR) for p in sel],
-                            **st[b], linestyle="--" if emu else "-", hollow=emu, label=_label(b, emu))
+        off |= _draw_series(ax, b, st[b], sel, [max(getattr(p, attr), ERROR_FLOOR) for p in sel], emu)
         drawn.append(b)
     _log_y(ax)
     m, what = _REFS[attr]
@@ -486,7 +487,7 @@ def draw_tflops(ax, ds: Dataset, st: dict[str, dict[str, Any]]) -> list[str]:
         sel = [p for p in pts if p.tflops and not p.emulation]
         if sel:
             ys_all += [p.tflops for p in sel]
-            off |= _draw_series(ax, [p.seq_len for p in sel], [p.tflops for p in sel], **st[b], label=b)
+            off |= _draw_series(ax, b, st[b], sel, [p.tflops for p in sel])
             drawn.append(b)
     lines, notes = _ceiling_lines(ds)
     handles = [ax.axhline(v, color=col, linestyle=ls, linewidth=1.1, label=lab) for lab, v, col, ls in lines]
@@ -606,9 +607,7 @@ def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, .
     try:
         try:
             out.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".plot-probe", dir=out)
-            os.close(fd)
-            os.unlink(probe)
+            tempfile.TemporaryFile(dir=out).close()
         except OSError as exc:
             raise PlotError(f"--out {out} is not a writable directory: {exc.strerror or exc}") from None
         datasets = load_inputs(inputs, machines=machines, commit=commit, variant=variant)

@@ -341,8 +341,8 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
             html or results directory, a failing ``asv publish``, or a remote reference left. All checks
             on the inputs run before ``asv publish``; the previous site stays as it was on any failure.
     """
-    from mla_fp8_bench.jsonio import OutputError, locked
-    from mla_fp8_bench.report.results_merge import remove_tree, replace_dir, umask_dir_mode
+    from mla_fp8_bench.jsonio import OutputError, locked, umask_mode
+    from mla_fp8_bench.report.results_merge import remove_tree, replace_dir
     from mla_fp8_bench.report.site_view import present
 
     t0 = time.perf_counter()
@@ -390,7 +390,7 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
                 try:
                     (site / SITE_MARKER).write_text("written by mla-fp8-bench publish; a folder with this file may "
                                                     "be replaced by the next publish\n")
-                    os.chmod(site, umask_dir_mode())
+                    os.chmod(site, umask_mode(0o777))
                     replace_dir(site, html)
                 except OSError as exc:
                     raise PublishError(f"cannot put the site into {html}: {exc.strerror or exc}") from None

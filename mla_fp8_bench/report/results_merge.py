@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mla_fp8_bench.harness import results as R
-from mla_fp8_bench.jsonio import OutputError, locked, write_file_atomic, write_json_atomic
+from mla_fp8_bench.jsonio import OutputError, locked, umask_mode, write_file_atomic, write_json_atomic
 
 #: Row columns that hold one entry per parameter combination (asv 0.6 ``result_columns``).
 PER_COMBO_COLUMNS = ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75", "stats_number",
@@ -320,13 +320,6 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=onerror)
 
 
-def umask_dir_mode() -> int:
-    """The mode a new folder gets under the current umask (``mkdtemp`` alone gives 0700)."""
-    old = os.umask(0)
-    os.umask(old)
-    return 0o777 & ~old
-
-
 def _swap_into_place(stage: Path, dest: Path) -> Path | None:
     """Put ``stage`` at ``dest``; returns the path now holding the previous tree (to delete), if any."""
     if not dest.exists():
@@ -403,7 +396,7 @@ def _apply_staged(dest: Path, copies: dict[Path, Path], writes: dict[Path, Any],
             shutil.copytree(root, stage, symlinks=True, dirs_exist_ok=True)
             shutil.copystat(root, stage)
         else:
-            os.chmod(stage, umask_dir_mode())
+            os.chmod(stage, umask_mode(0o777))
         for target, src_file in copies.items():
             data = src_file.read_bytes()
             write_file_atomic(stage / target.relative_to(dest), lambda f, d=data: f.write(d), binary=True)
