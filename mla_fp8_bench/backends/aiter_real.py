@@ -51,6 +51,23 @@ def _as_dtype(d: Any) -> torch.dtype:
     return dt
 
 
+def load_aiter() -> Any:
+    """The installed ``aiter`` module; :class:`BackendUnavailable` if it does not import or lacks a primitive."""
+    try:
+        module = import_aiter()
+    except Exception as exc:  # noqa: BLE001
+        raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
+    return check_primitives(module)
+
+
+def check_primitives(module: Any) -> Any:
+    """``module`` if it has every PS prefill primitive, else :class:`BackendUnavailable` naming the missing."""
+    missing = [p for p in PRIMITIVES if not hasattr(module, p)]
+    if missing:
+        raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
+    return module
+
+
 def numel(shape: Any) -> int:
     """Elements of a ``get_ps_metadata_info_v1`` shape: real AITER gives 1-D sizes as bare ints, 2-D as tuples."""
     return int(shape) if isinstance(shape, int) else math.prod(int(s) for s in shape)
@@ -133,10 +150,7 @@ class AiterPsDriver:
     """
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
-        missing = [p for p in PRIMITIVES if not hasattr(module, p)]
-        if missing:
-            raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
-        self.m = module
+        self.m = check_primitives(module)
         self.version = version
         reduce, planner = detect_reduce_arity(module, version), detect_planner_revision(module, version)
         for det in (reduce, planner):
@@ -349,10 +363,7 @@ class AiterReal(AiterPsBackend):
     description = "AITER mla_prefill_ps_asm_fwd + mla_reduce_v1 (gfx950), planner outside the timed region"
 
     def make_driver(self) -> AiterPsDriver:
-        try:
-            module = import_aiter()
-        except Exception as exc:  # noqa: BLE001
-            raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
+        module = load_aiter()
         return AiterPsDriver(module, aiter_version_of(module))
 
     def availability(self, platform: PlatformInfo) -> Verdict:

@@ -174,12 +174,9 @@ def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_
     t = int(inputs.q.shape[0])
 
     def run() -> torch.Tensor:
-        ctx_out = p_ctx.run()
-        ctx_lse = p_ctx.lse()[0]
-        new_out = p_new.run()
-        new_lse = p_new.lse()[0]
-        out, lse = merge(ctx_out, ctx_lse, new_out, new_lse)
-        state["lse"] = lse
+        ctx_out, ctx_lse = p_ctx.run(), p_ctx.lse()[0]
+        new_out, new_lse = p_new.run(), p_new.lse()[0]
+        out, state["lse"] = merge(ctx_out, ctx_lse, new_out, new_lse)
         return out
 
     def lse() -> tuple[torch.Tensor, torch.Tensor]:

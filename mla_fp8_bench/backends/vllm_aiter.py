@@ -25,17 +25,15 @@ from typing import Any
 import torch
 
 from mla_fp8_bench.aiter_ps.facts import (
-    PRIMITIVES,
     Q_TILE,
     aiter_version_of,
     detect_planner_revision,
     detect_reduce_arity,
     effective_version,
-    import_aiter,
     reduce_heads_for,
 )
 from mla_fp8_bench.aiter_ps.workspace import VLLM_WORKSPACE_ALIGN, vllm_partial_tiles, workspace_bytes
-from mla_fp8_bench.backends.aiter_real import aiter_gate, numel
+from mla_fp8_bench.backends.aiter_real import aiter_gate, check_primitives, load_aiter, numel
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
@@ -271,7 +269,6 @@ class VllmAiter(Backend):
             vLLM's builder imports from it. With it, the platform gate is bypassed.
         vllm_module / workspace_module: import paths of vLLM's ``rocm_aiter_mla`` and workspace
             modules (tests pass stand-ins).
-        bypass_gate: skip the ROCm/gfx950 and ``_fp8_mla_prefill_supported()`` checks (tests only).
     """
 
     name = "vllm-aiter"
@@ -280,11 +277,11 @@ class VllmAiter(Backend):
     context_chunks = Verdict.no(CHUNKED_CONTEXT_SKIP)
 
     def __init__(self, *, aiter_module: types.ModuleType | None = None, vllm_module: str = DEFAULT_VLLM_MODULE,
-                 workspace_module: str = DEFAULT_WORKSPACE_MODULE, bypass_gate: bool = False) -> None:
+                 workspace_module: str = DEFAULT_WORKSPACE_MODULE) -> None:
         self._aiter_given = aiter_module
         self.vllm_module = vllm_module
         self.workspace_module = workspace_module
-        self.bypass_gate = bypass_gate or aiter_module is not None
+        self.bypass_gate = aiter_module is not None
         self._entry: VllmEntry | None = None
         self._aiter: types.ModuleType | None = aiter_module
         self._aiter_version: tuple[int, int, int] | None = None
@@ -309,13 +306,8 @@ class VllmAiter(Backend):
                 9-argument form vLLM calls.
         """
         if self._aiter is None:
-            try:
-                self._aiter = import_aiter()  # only reached on ROCm (availability gates it)
-            except Exception as exc:  # noqa: BLE001
-                raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
-        missing = [p for p in PRIMITIVES if not hasattr(self._aiter, p)]
-        if missing:
-            raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
+            self._aiter = load_aiter()  # only reached on ROCm (availability gates it)
+        check_primitives(self._aiter)
         if self._aiter_version is None:
             self._aiter_version = aiter_version_of(self._aiter)
         form = detect_reduce_arity(self._aiter, self._aiter_version)
@@ -359,8 +351,7 @@ class VllmAiter(Backend):
             if gate_fn is not None and not gate_fn():
                 return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False "
                                   "(vllm.platforms.rocm.on_gfx950() or `from aiter import mla_prefill_ps_asm_fwd, "
-                                  "mla_reduce_v1` failed): vLLM would not "
-                                  "take the FP8 prefill here")
+                                  "mla_reduce_v1` failed): vLLM would not take the FP8 prefill here")
         return Verdict.yes()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:

@@ -607,7 +607,9 @@ def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, .
     try:
         try:
             out.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=out).close()
+            fd, probe = tempfile.mkstemp(prefix=".plot-probe", dir=out)
+            os.close(fd)
+            os.unlink(probe)
         except OSError as exc:
             raise PlotError(f"--out {out} is not a writable directory: {exc.strerror or exc}") from None
         datasets = load_inputs(inputs, machines=machines, commit=commit, variant=variant)

@@ -1,18 +1,11 @@
-"""``mla-fp8-bench publish``: the asv site, self-contained (it renders with no network).
+"""``mla-fp8-bench publish``: the asv site, self-contained (it renders with no network; docs/usage.md).
 
-asv 0.6.6's pages load jQuery, flot, stupidtable, blueimp-md5 and bootstrap from public CDNs; offline
-(firewalled GPU lab machines) every page shows "Can not determine continental origin of swallow".
-``publish`` runs ``asv publish`` into a staging folder, points every remote ``<script src>`` / ``<link
-href>`` at a local copy under ``_assets/`` (with the fonts bootstrap's stylesheet refers to), checks that
-no remote script or stylesheet is left, drops CPU-machine latency steps from the Regressions page
-(:func:`drop_host_time_regressions`), and swaps the staged site into place (a failed publish leaves the
-previous site as it was).
-
-The copies come from the pinned npm packages :data:`ASSET_PACKAGES`, installed once into a cache
-(``--assets``, default :func:`assets_dir`) by ``publish --install-assets``; every file is checked against
-its SHA-256 (:data:`ASSETS`). Where a copy is the CDN's file (the page's ``integrity`` hash matches) the
-attribute is kept, else dropped (npm's flot 0.8.3 is unminified; stupidtable 1.0.1 is not on npm, 1.1.3
-has the same API).
+``asv publish`` runs into a staging folder; every remote ``<script src>`` / ``<link href>`` is pointed at a
+pinned local copy under ``_assets/`` (:data:`ASSETS`, from the npm packages :data:`ASSET_PACKAGES` that
+``publish --install-assets`` installs into :func:`assets_dir`, each file checked against its SHA-256), the
+``integrity`` attribute kept where the copy is the CDN's file, else dropped (npm's flot 0.8.3 is
+unminified; stupidtable 1.0.1 is not on npm, 1.1.3 has the same API). The staged site then replaces the
+previous one in one step: a failed publish leaves it as it was.
 """
 
 from __future__ import annotations

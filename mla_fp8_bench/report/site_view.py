@@ -64,10 +64,9 @@ def drop_emulation_from_kernel_latency(site: Path) -> int:
             vals = row[1] if isinstance(row, list) and len(row) > 1 else None
             if not isinstance(vals, list) or len(vals) != len(combos):
                 continue
+            removed += sum(vals[i] is not None for i in drop)
             for i in drop:
-                if vals[i] is not None:
-                    vals[i] = None
-                    removed += 1
+                vals[i] = None
         rows = [r for r in rows if not (isinstance(r, list) and isinstance(r[1], list)
                                         and all(v is None for v in r[1]))]
         f.write_text(json.dumps(rows))

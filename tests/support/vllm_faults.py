@@ -69,5 +69,5 @@ def for_testing(aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_
     """The ``vllm-aiter`` adapter over a given ``aiter`` module (e.g. the stand-in) and vLLM module
     paths, with the platform gate bypassed - so the adapter's own code runs on a CPU machine; with
     ``adapter_fault``, the deliberately wrong variant."""
-    kw = dict(aiter_module=aiter_module, vllm_module=vllm_module, workspace_module=workspace_module, bypass_gate=True)
+    kw = dict(aiter_module=aiter_module, vllm_module=vllm_module, workspace_module=workspace_module)
     return VllmAiter(**kw) if adapter_fault is None else FaultyVllmAiter(adapter_fault=adapter_fault, **kw)
