@@ -161,7 +161,7 @@ def measure(backend: str, case_ids: list[str], *, device: str = "auto", profile:
     from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.measure.devices import environment, platform_info
     from mla_fp8_bench.problem.cases import resolve_cases
-    from mla_fp8_bench.problem.flops import causal_flops, tflops
+    from mla_fp8_bench.problem.flops import case_flops, tflops
     from mla_fp8_bench.problem.inputs import make_inputs
 
     pinfo = platform_info(device)
@@ -189,7 +189,7 @@ def measure(backend: str, case_ids: list[str], *, device: str = "auto", profile:
 
                 rec.update(_graph_fields(time_device(prepared.run, pinfo.device,
                                                      graph_capturable=prepared.graph_capturable, samples=samples)))
-            rec["flops"] = causal_flops(case.seq_lens, case.num_heads)
+            rec["flops"] = case_flops(case)  # the runner's count, for every case family
             rec["tflops"] = tflops(rec["flops"], rec["graph_s"])
             rec["status"] = "ok"
         except Exception as exc:  # noqa: BLE001 - one case failing must not lose the others
