@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from mla_fp8_bench.terminal import case_progress
 
     config = RunConfig(emu_aiter_version=check_emu_aiter_version(args.emu_aiter_version or "",
-                                                                 f"{PREFIX}EMU_AITER_VERSION"),
+                                                                 "--emu-aiter-version"),
                        aiter_any_device=args.aiter_any_device)
     with (contextlib.nullcontext() if args.json is None
           else locked(check_output_path(args.json, "--json"), "--json", wait=False)):

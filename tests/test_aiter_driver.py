@@ -247,7 +247,7 @@ def test_run_flag_sets_the_emulated_version_for_one_run(tmp_path, monkeypatch, c
     capsys.readouterr()
     assert main(["run", "-b", "aiter-emulated", "-c", "s40-h2", "--emu-aiter-version", "newest"]) != 0
     msg = " ".join(capsys.readouterr().out.split())
-    assert "MLA_FP8_BENCH_EMU_AITER_VERSION='newest' is invalid" in msg and "0.1.20" in msg
+    assert "--emu-aiter-version='newest' is invalid" in msg and "0.1.20" in msg
 
 
 # ----------------------------------------------------------------------------------------------
