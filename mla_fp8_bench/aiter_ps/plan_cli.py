@@ -77,14 +77,6 @@ class PlanRequest:
             return None
         return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
 
-    @property
-    def qo_indptr(self) -> list[int]:
-        return cu_seqlens_of(self.q_lens)
-
-    @property
-    def kv_indptr(self) -> list[int]:
-        return cu_seqlens_of(self.kv_lens)
-
 
 def _int(name: str, text: Any, lo: int, hi: int) -> int:
     s = str(text).strip()
@@ -97,7 +89,7 @@ def _int(name: str, text: Any, lo: int, hi: int) -> int:
 
 
 def _lens(name: str, text: str) -> tuple[int, ...]:
-    parts = [p for p in str(text).split(",")]
+    parts = str(text).split(",")
     if not parts or any(p.strip() == "" for p in parts):
         raise ValueError(f"{name}={text!r} is not a comma-separated list of integers (e.g. 256,300)")
     if len(parts) > MAX_SEQUENCES:
@@ -204,10 +196,10 @@ def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
     tgs = req.cu_num // math.gcd(req.num_heads, req.cu_num)
     roomy = dict(lengths, work_info_rows=max(lengths["work_info_rows"], req.num_heads * (tiles + tgs)),
                  reduce_partial_map=max(lengths["reduce_partial_map"], tiles + tgs))
-    plan = plan_ps_prefill(req.qo_indptr, req.kv_indptr, list(req.kv_lens), num_heads_k=req.num_heads,
-                           cu_num=req.cu_num, qlen_granularity=Q_TILE, kvlen_granularity=KVLEN_GRANULARITY,
-                           block_size=1, is_causal=req.is_causal, buffer_lengths=roomy, revision=req.revision,
-                           need_lse=req.need_lse)
+    plan = plan_ps_prefill(cu_seqlens_of(req.q_lens), cu_seqlens_of(req.kv_lens), list(req.kv_lens),
+                           num_heads_k=req.num_heads, cu_num=req.cu_num, qlen_granularity=Q_TILE,
+                           kvlen_granularity=KVLEN_GRANULARITY, block_size=1, is_causal=req.is_causal,
+                           buffer_lengths=roomy, revision=req.revision, need_lse=req.need_lse)
     return plan, info
 
 
@@ -219,7 +211,7 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
               "qlen_granularity": Q_TILE, "kvlen_granularity": KVLEN_GRANULARITY, "block_size": 1,
               "is_causal": req.is_causal, "batch_size": len(req.q_lens), "seq_lens_q": list(req.q_lens),
               "seq_lens_kv": list(req.kv_lens), "max_qlen": max(req.q_lens), "max_kvlen": max(req.kv_lens),
-              "seqlens_qo_indptr": req.qo_indptr, "pages_kv_indptr": req.kv_indptr,
+              "seqlens_qo_indptr": cu_seqlens_of(req.q_lens), "pages_kv_indptr": cu_seqlens_of(req.kv_lens),
               "context_lens": list(req.kv_lens), "aiter_version": format_version(req.aiter_version),
               "planner_revision": req.revision}
     if req.need_lse is not None:
