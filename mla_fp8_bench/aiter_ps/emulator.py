@@ -98,14 +98,6 @@ def _check_kernel_tensors(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, out
     return total_q, H, num_page, dv
 
 
-def _indptr_lists(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> tuple[list[int], list[int]]:
-    qo = [int(v) for v in qo_indptr.reshape(-1).tolist()]
-    kvp = [int(v) for v in kv_indptr.reshape(-1).tolist()]
-    if len(qo) != len(kvp):
-        raise ValueError(f"qo_indptr has {len(qo)} entries but kv_indptr has {len(kvp)}")
-    return qo, kvp
-
-
 def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor, batch: int, H: int, total_q: int,
                   out_rows: int, n_split_rows: int) -> list[_Work]:
     """The works in execution order (workgroup 0's, then workgroup 1's, ...), decoded (head range =
@@ -367,7 +359,9 @@ class Emulator:
         total_q, H, _num_page, _dv = _check_kernel_tensors(Q, K, V, output)
         cs = self.softmax_consts(softmax_scale, *(_scalar_f32(x, n, Q.device) for x, n in
                                                   ((q_scale, "q_scale"), (k_scale, "k_scale"), (v_scale, "v_scale"))))
-        qo, kvp = _indptr_lists(qo_indptr, kv_indptr)
+        qo, kvp = ([int(v) for v in t.reshape(-1).tolist()] for t in (qo_indptr, kv_indptr))
+        if len(qo) != len(kvp):
+            raise ValueError(f"qo_indptr has {len(qo)} entries but kv_indptr has {len(kvp)}")
         n_split_rows = int(splitData.shape[0]) if splitData is not None else 0
         decoded = _decode_works(work_indptr, work_info_set, len(qo) - 1, H, total_q, int(output.shape[0]),
                                 n_split_rows)
