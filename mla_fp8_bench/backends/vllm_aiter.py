@@ -17,7 +17,6 @@ import re
 import sys
 import time
 import types
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -205,23 +204,6 @@ def _workspace_locked(ws: types.ModuleType) -> bool | None:
         return None
 
 
-@contextlib.contextmanager
-def _aiter_installed(module: types.ModuleType | None) -> Iterator[None]:
-    """Make ``from aiter import ...`` inside vLLM see ``module`` (no-op for the real aiter)."""
-    if module is None or sys.modules.get("aiter") is module:
-        yield
-        return
-    had, old = "aiter" in sys.modules, sys.modules.get("aiter")
-    sys.modules["aiter"] = module
-    try:
-        yield
-    finally:
-        if had:
-            sys.modules["aiter"] = old  # type: ignore[assignment]
-        else:
-            sys.modules.pop("aiter", None)
-
-
 def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
     """Fail with a clear message when vLLM's signature does not take the adapter's arguments."""
     try:
@@ -263,28 +245,26 @@ class _Setup:
 class VllmAiter(Backend):
     """vLLM's ``AiterMLAImpl._mla_fp8_prefill_attn`` on AITER (gfx950), set up as vLLM's seed test does.
 
-    Args:
-        aiter_module: an ``aiter`` module to use instead of importing the real one (the CPU stand-in
-            of :mod:`mla_fp8_bench.aiter_ps.standin`); it is placed in ``sys.modules["aiter"]`` while
-            vLLM's builder imports from it. With it, the platform gate is bypassed.
-        vllm_module / workspace_module: import paths of vLLM's ``rocm_aiter_mla`` and workspace
-            modules (tests pass stand-ins).
+    The CPU tests drive it over the stand-in ``aiter`` and stand-in vLLM modules (``tests/support``) through
+    :attr:`vllm_module`, :attr:`workspace_module`, :attr:`bypass_gate` and :meth:`_aiter_for_vllm`.
     """
 
     name = "vllm-aiter"
     description = "vLLM AiterMLAImpl._mla_fp8_prefill_attn (real vLLM code; bf16 in, casts/padding timed)"
     fp8 = True
     context_chunks = Verdict.no(CHUNKED_CONTEXT_SKIP)
+    #: Import paths of vLLM's ``rocm_aiter_mla`` and workspace modules.
+    vllm_module: str = DEFAULT_VLLM_MODULE
+    workspace_module: str = DEFAULT_WORKSPACE_MODULE
+    #: Skip the ROCm/gfx950 and ``_fp8_mla_prefill_supported()`` checks (an adapter over a given ``aiter``).
+    bypass_gate: bool = False
+    _entry: VllmEntry | None = None
+    _aiter: types.ModuleType | None = None
+    _aiter_version: tuple[int, int, int] | None = None
 
-    def __init__(self, *, aiter_module: types.ModuleType | None = None, vllm_module: str = DEFAULT_VLLM_MODULE,
-                 workspace_module: str = DEFAULT_WORKSPACE_MODULE) -> None:
-        self._aiter_given = aiter_module
-        self.vllm_module = vllm_module
-        self.workspace_module = workspace_module
-        self.bypass_gate = aiter_module is not None
-        self._entry: VllmEntry | None = None
-        self._aiter: types.ModuleType | None = aiter_module
-        self._aiter_version: tuple[int, int, int] | None = None
+    def _aiter_for_vllm(self) -> contextlib.AbstractContextManager:
+        """Held while vLLM's builder imports ``from aiter``: the installed ``aiter`` needs nothing."""
+        return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ resolution
     def entry(self) -> VllmEntry:
@@ -433,7 +413,7 @@ class VllmAiter(Backend):
         kw["device"] = device
         _bind_or_explain(builder_cls._init_fp8_prefill_ps_buffers,
                          "AiterMLAMetadataBuilder._init_fp8_prefill_ps_buffers", kw)
-        with _aiter_installed(self._aiter_given):
+        with self._aiter_for_vllm():
             builder._init_fp8_prefill_ps_buffers(**kw)
             reserved = _reserved_bytes(entry.workspace)
             metadata, common = _step_metadata(cu_cpu, device, max_q)
@@ -494,7 +474,7 @@ class VllmAiter(Backend):
             st = self._setup(entry, aiter, case.num_heads, 1.0, cu, device, lock=False)
             samples.append(st.build_s)
             md, common = _step_metadata(cu, device, case.max_seq_len)
-            with _aiter_installed(self._aiter_given):
+            with self._aiter_for_vllm():
                 samples += [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
                 info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
                                                      max_qlen=case.max_seq_len, qlen_granularity=Q_TILE)

@@ -243,11 +243,9 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
     """
     out: list[Dataset] = []
     skipped_empty: list[str] = []
-    seen_machines: set[str] = set()
-    any_dir = False
+    seen_machines: set[str] = set()  # non-empty once a results directory was read
     for path in map(Path, inputs):
         if path.is_dir():
-            any_dir = True
             try:
                 mdirs = R.machine_dirs(path)
             except R.ResultsError as exc:
@@ -268,7 +266,7 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
             raise PlotError(f"input {path} does not exist: give a run JSON (`mla-fp8-bench run --json`) or an asv "
                             "results directory")
     if machines:
-        if not any_dir:
+        if not seen_machines:
             raise PlotError("--machine selects machines of an asv results directory, but no directory was given")
         unknown = [m for m in machines if m not in seen_machines]
         if unknown:

@@ -126,14 +126,18 @@ def summaries_from_one_machine(site: Path) -> dict[str, str]:
     return used
 
 
+def _unpatched(f: Path) -> str | None:
+    """The text of ``f``; None when it is missing or already rewritten."""
+    text = f.read_text() if f.is_file() else _MARK
+    return None if _MARK in text else text
+
+
 def _patch_summary_grid(site: Path) -> bool:
     """Thumbnails of one or two points draw them as dots (a line needs two)."""
     f = site / "summarygrid.js"
-    if not f.is_file():
-        return False
-    text = f.read_text()
+    text = _unpatched(f)
     anchor = "                        shadowSize: 0\n"
-    if _MARK in text or text.count(anchor) != 1:
+    if text is None or text.count(anchor) != 1:
         return False
     f.write_text("/* " + _MARK + " */\n" + text.replace(
         anchor, "                        points: { show: data.length < 3, radius: 3 },\n" + anchor))
@@ -171,10 +175,8 @@ _FACTOR_JS = ("/* " + _MARK + ": factor text: a step from a floored 0 is new, no
 
 def _patch_regressions_js(site: Path) -> bool:
     f = site / "regressions.js"
-    if not f.is_file():
-        return False
-    text = f.read_text()
-    if _MARK in text:
+    text = _unpatched(f)
+    if text is None:
         return False
     new = text.replace("$('<td/>').text(factor.toFixed(2) + 'x')",
                        "$('<td/>').text(mlaFactorText(revs[2], revs[3]))")
@@ -208,13 +210,11 @@ def _patch_graph_display(site: Path, defaults: dict[str, str]) -> bool:
     benchmark (``defaults``: benchmark -> machine; else the first with a GPU), the others one click away
     in the sidebar; a machine named in the page's address is kept."""
     f = site / "graphdisplay.js"
-    if not f.is_file():
-        return False
-    text = f.read_text()
+    text = _unpatched(f)
     rx = re.compile(r"legend:\s*\{\s*show:\s*show_legend,\s*position:\s*\"nw\",")
     default = "                state[param] = values;\n"
     anchor = "        /*\n          Benchmark-specific parameter selections"
-    if _MARK in text or not rx.search(text) or text.count(default) != 1 or text.count(anchor) != 1:
+    if text is None or not rx.search(text) or text.count(default) != 1 or text.count(anchor) != 1:
         return False
     container = ("legend: { show: show_legend, container: (function () {"
                  " var c = $('#mla-legend'); if (!c.length) { c = $('<div id=\"mla-legend\"/>');"
@@ -231,8 +231,8 @@ def _patch_pages(site: Path) -> int:
     n = 0
     page = json.dumps(_FILE_PAGE)
     for f in sorted(site.glob("*.html")):
-        text = f.read_text()
-        if _MARK in text or "</body>" not in text:
+        text = _unpatched(f)
+        if text is None or "</body>" not in text:
             continue
         text = text.replace("</head>", _LEGEND_CSS.format() + "</head>", 1)
         text = text.replace("</body>", _FILE_SCRIPT.format(page=page) + "</body>", 1)
@@ -241,15 +241,15 @@ def _patch_pages(site: Path) -> int:
     return n
 
 
-def present(site: Path) -> dict[str, Any]:
-    """Apply every rewrite of the module docstring to the published ``site``; returns what was done."""
-    done: dict[str, Any] = {"emulation_values_removed": drop_emulation_from_kernel_latency(site),
-                            "empty_benchmarks_removed": drop_empty_benchmarks(site)}
-    done["default_machine"] = summaries_from_one_machine(site)
-    return {**done, "thumbnail_points": _patch_summary_grid(site),
-            "regression_factors": _patch_regressions_js(site),
-            "graph_display": _patch_graph_display(site, done["default_machine"]),
-            "pages": _patch_pages(site)}
+def present(site: Path) -> None:
+    """Apply every rewrite of the module docstring to the published ``site``."""
+    drop_emulation_from_kernel_latency(site)
+    drop_empty_benchmarks(site)
+    defaults = summaries_from_one_machine(site)
+    _patch_summary_grid(site)
+    _patch_regressions_js(site)
+    _patch_graph_display(site, defaults)
+    _patch_pages(site)
 
 
 # ------------------------------------------------------------------------------------------ preview

@@ -1,5 +1,6 @@
-"""The ``vllm-aiter`` adapter for tests: over a given ``aiter`` module with the platform gate bypassed,
-and deliberately wrong variants that the vLLM tier must catch, each with a clear message.
+"""The ``vllm-aiter`` adapter for tests: over a given ``aiter`` module with the platform gate bypassed
+(:class:`GivenAiterVllmAiter`), and deliberately wrong variants that the vLLM tier must catch, each with a
+clear message.
 
 :data:`ADAPTER_FAULTS`: ``reduce-8-arg`` hands vLLM an ``mla_reduce_v1`` that forwards the pre-v0.1.16
 8-argument form (vLLM #46760); ``omit-attn-out-dtype`` leaves ``attn_out_dtype`` out on >= 0.29;
@@ -8,7 +9,10 @@ and deliberately wrong variants that the vLLM tier must catch, each with a clear
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from mla_fp8_bench.backends.vllm_aiter import (
@@ -32,8 +36,39 @@ def _reduce_8_arg_form(reduce_9: Any) -> Any:
     return mla_reduce_v1
 
 
-class FaultyVllmAiter(VllmAiter):
-    """:class:`~mla_fp8_bench.backends.vllm_aiter.VllmAiter` with one of :data:`ADAPTER_FAULTS`. It keeps
+class GivenAiterVllmAiter(VllmAiter):
+    """:class:`~mla_fp8_bench.backends.vllm_aiter.VllmAiter` over ``aiter_module`` (the CPU stand-in of
+    :mod:`mla_fp8_bench.aiter_ps.standin`) instead of the installed ``aiter``, placed in
+    ``sys.modules["aiter"]`` while vLLM's builder imports from it, the platform gate bypassed, and vLLM's
+    modules imported from ``vllm_module`` / ``workspace_module`` (stand-ins in the unit tests)."""
+
+    bypass_gate = True
+
+    def __init__(self, *, aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_MODULE,
+                 workspace_module: str = DEFAULT_WORKSPACE_MODULE) -> None:
+        self._aiter = aiter_module
+        self.vllm_module = vllm_module
+        self.workspace_module = workspace_module
+
+    @contextlib.contextmanager
+    def _aiter_for_vllm(self) -> Iterator[None]:
+        module = self._aiter
+        if sys.modules.get("aiter") is module:
+            yield
+            return
+        had, old = "aiter" in sys.modules, sys.modules.get("aiter")
+        sys.modules["aiter"] = module
+        try:
+            yield
+        finally:
+            if had:
+                sys.modules["aiter"] = old  # type: ignore[assignment]
+            else:
+                sys.modules.pop("aiter", None)
+
+
+class FaultyVllmAiter(GivenAiterVllmAiter):
+    """:class:`GivenAiterVllmAiter` with one of :data:`ADAPTER_FAULTS`. It keeps
     the name ``vllm-aiter``: a wrong adapter still reports as the adapter.
 
     Raises:
@@ -70,4 +105,4 @@ def for_testing(aiter_module: types.ModuleType, vllm_module: str = DEFAULT_VLLM_
     paths, with the platform gate bypassed - so the adapter's own code runs on a CPU machine; with
     ``adapter_fault``, the deliberately wrong variant."""
     kw = dict(aiter_module=aiter_module, vllm_module=vllm_module, workspace_module=workspace_module)
-    return VllmAiter(**kw) if adapter_fault is None else FaultyVllmAiter(adapter_fault=adapter_fault, **kw)
+    return GivenAiterVllmAiter(**kw) if adapter_fault is None else FaultyVllmAiter(adapter_fault=adapter_fault, **kw)
