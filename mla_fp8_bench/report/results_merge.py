@@ -183,13 +183,9 @@ def _merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str) -> 
 
 def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str,
                       kept: list[str] | None = None) -> dict[str, Any]:
-    """Merge two asv result files of one (machine, commit, env) per benchmark and parameter combination
-    (see the module docstring); benchmarks present in one only are kept.
-
-    Args:
-        old, new: the parsed files (the destination's and the incoming one).
-        name: the file's name for messages.
-        kept: if given, receives ``"<name>: <benchmark>(<params>)"`` for each value kept from the older row.
+    """Merge the parsed asv result files ``old`` (the destination's) and ``new`` of one (machine, commit,
+    env) per benchmark and parameter combination (see the module docstring); ``name`` names the file in
+    messages; ``kept``, if given, receives ``"<name>: <benchmark>(<params>)"`` per value kept from the older row.
 
     Raises:
         MergeError: the headers (commit, env, params, columns) differ.
