@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     130 (128 + the signal's number): to ``--json``, or beside it when the file there holds as many records
     or more. A second run writing the same ``--json`` at the same time is refused before measuring.
     """
-    from mla_fp8_bench.config import PREFIX, RunConfig, check_emu_aiter_version
+    from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import check_output_path, locked, write_json_or_rescue
     from mla_fp8_bench.terminal import case_progress

@@ -388,3 +388,31 @@ def test_run_rounds_flag_refuses_a_bad_count_before_work(bad, tmp_path, capsys):
               "--json", str(tmp_path / "r.json")])
     assert e.value.code == 2 and "--rounds" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_backend_whose_availability_raises_fails_its_own_rows_only(monkeypatch):
+    from mla_fp8_bench import backends
+    from mla_fp8_bench.backends.torch_ref import TorchSdpaBf16
+
+    class Broken(TorchSdpaBf16):
+        name = "broken-availability"
+
+        def availability(self, pinfo):
+            raise OSError("driver query failed")
+
+    monkeypatch.setitem(backends._REGISTRY, Broken.name, Broken)
+    doc = R.measure_round(["broken-availability", "torch-sdpa-bf16"], ["s64"], device="cpu")
+    rows = {r["backend"]: r for r in doc["rows"]}
+    assert "OSError: driver query failed" in rows["broken-availability"]["error"]
+    assert "error" not in rows["torch-sdpa-bf16"] and rows["torch-sdpa-bf16"]["latency_s"] > 0
+
+
+def test_fold_rounds_leaves_an_emulation_record_out_by_its_emulation_field(monkeypatch):
+    ran = []
+    monkeypatch.setattr(R, "run_rounds", lambda b, c, n, **kw: ran.append((b, c, n)) or [])
+    emu = {"backend": "aiter-emulated", "case": "s64", "status": "ok", "latency_s": 1e-3, "emulation": True,
+           "timing_scope": "kernel"}
+    assert R.fold_rounds([emu], 3, "cpu") == {"rounds": 1, "extra": []} and ran == []
+    kern = {"backend": "torch-sdpa-bf16", "case": "s64", "status": "ok", "latency_s": 1e-5, "timing_scope": "kernel"}
+    R.fold_rounds([emu, kern], 3, "cpu")
+    assert ran == [(["torch-sdpa-bf16"], ["s64"], 2)]

@@ -129,12 +129,13 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     pinfo = platform_info(device)
     bks: dict[str, Any] = {}
     load_error: dict[str, str] = {}
-    for b in backends:  # a backend that cannot load fails its own rows only
+    avail: dict[str, Any] = {}
+    for b in backends:  # a backend that cannot load, or cannot say whether it is available, fails its own rows only
         try:
             bks[b] = get_backend(b, config)
+            avail[b] = bks[b].availability(pinfo)
         except Exception as exc:  # noqa: BLE001
             load_error[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    avail = {b: bk.availability(pinfo) for b, bk in bks.items()}
     setup_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     inputs: dict[str, Any] = {}
@@ -344,8 +345,9 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
         what ran, for the run document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s",
         "error"}]}`` (``{"rounds": 1, "extra": []}`` when nothing ran).
     """
-    kernel = [r for r in records
-              if r.get("status") == "ok" and r.get("latency_s") and r.get("timing_scope") != "emulation"]
+    from mla_fp8_bench.measure.metric_table import record_is_emulation
+
+    kernel = [r for r in records if r.get("status") == "ok" and r.get("latency_s") and not record_is_emulation(r)]
     if rounds <= 1 or not kernel:
         return {"rounds": 1, "extra": []}
     t0 = time.perf_counter()
