@@ -11,7 +11,7 @@ import torch
 from mla_fp8_bench.measure.metrics import error_metrics, lse_error
 from mla_fp8_bench.measure.reference import causal_attention, reference_bf16, reference_fp8_dequant
 from mla_fp8_bench.problem.cases import Case, CaseError, default_sweep, parse_case_id, resolve_cases
-from mla_fp8_bench.problem.flops import case_min_bytes, causal_flops, tflops
+from mla_fp8_bench.problem.flops import case_flops, case_min_bytes, tflops
 from mla_fp8_bench.problem.fp8 import QuantError, fp8_max, quantize
 from mla_fp8_bench.problem.inputs import make_inputs
 
@@ -214,6 +214,14 @@ def test_metrics_nonfinite_and_shape_errors():
 
 
 # ----------------------------------------------------------------------------- flops
+def causal_flops(seq_lens, num_heads, *, exact=False):
+    """FLOPs of causal attention over a ragged prefill batch: ``2 * H * (192 + 128) * sum(pairs_i)``, pairs
+    ``S^2/2`` (the field's convention) or ``S(S+1)/2`` (exact)."""
+    if not seq_lens:
+        raise ValueError("seq_lens is empty: a batch needs at least one sequence")
+    return 2.0 * num_heads * (192 + 128) * sum(s * (s + 1) / 2 if exact else s * s / 2 for s in seq_lens)
+
+
 @pytest.mark.parametrize("lens,heads", [([1], 1), ([7, 3], 2), ([256, 257, 1], 16)])
 def test_flops_match_brute_force_pair_count(lens, heads):
     pairs = sum(1 for s in lens for i, j in itertools.product(range(s), range(s)) if j <= i)
@@ -221,6 +229,7 @@ def test_flops_match_brute_force_pair_count(lens, heads):
     assert exact == 2 * heads * (192 + 128) * pairs
     conv = causal_flops(lens, heads)
     assert conv == sum(heads * s * s * 320 for s in lens)  # the field's H*S^2*(Dqk+Dv)
+    assert case_flops(Case(tuple(lens), num_heads=heads)) == conv  # the runner's count on prefill cases
 
 
 def test_flops_bytes_and_tflops():

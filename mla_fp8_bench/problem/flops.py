@@ -8,33 +8,8 @@ for 192/128); softmax work is not counted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
-
-
-def causal_pairs(seq_len: int, exact: bool = False) -> float:
-    """Causally valid (query, key) pairs of one prefill sequence: ``S^2/2`` (convention) or ``S(S+1)/2``."""
-    return seq_len * (seq_len + 1) / 2 if exact else seq_len * seq_len / 2
-
-
-def causal_flops(seq_lens: Sequence[int], num_heads: int, qk_head_dim: int = QK_HEAD_DIM,
-                 v_head_dim: int = V_HEAD_DIM, *, exact: bool = False) -> float:
-    """Floating-point operations of causal attention over a ragged prefill batch.
-
-    ``2 * H * (D_qk + D_v) * sum(pairs_i)``, pairs per :func:`causal_pairs`.
-
-    Raises:
-        ValueError: empty batch, negative lengths, num_heads < 1.
-    """
-    if not seq_lens:
-        raise ValueError("seq_lens is empty: a batch needs at least one sequence")
-    if any((not isinstance(s, int)) or s < 0 for s in seq_lens):
-        raise ValueError(f"seq_lens {list(seq_lens)} must be integers >= 0")
-    if num_heads < 1:
-        raise ValueError(f"num_heads {num_heads} must be >= 1")
-    return 2.0 * num_heads * (qk_head_dim + v_head_dim) * sum(causal_pairs(s, exact) for s in seq_lens)
 
 
 def case_flops(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM) -> float:
@@ -42,7 +17,7 @@ def case_flops(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_H
     ``q*kv`` (``ctx``, non-causal) or ``q*(kv - q) + q^2/2`` (``prefill``/``prefix``, bottom-right causal)."""
     pairs = 0.0
     for q, kv in zip(case.seq_lens, case.kv_lens):
-        pairs += q * kv if not case.causal else q * (kv - q) + causal_pairs(q)
+        pairs += q * kv if not case.causal else q * (kv - q) + q * q / 2
     return 2.0 * case.num_heads * (qk_head_dim + v_head_dim) * pairs
 
 
