@@ -72,6 +72,8 @@ WORK_INFO_COLS = len(WORK_INFO_FIELDS)
 WI = types.SimpleNamespace(**{name.upper(): i for i, name in enumerate(WORK_INFO_FIELDS)})
 """Column indices by name: ``WI.BATCH_IDX`` = 0 ... ``WI.Q_HEAD_RANGE`` = 7."""
 
+MAX_HEADS = 0xFFFF  # q_head_range packs the first and the end head into 16 bits each
+INT32_MAX = 2**31 - 1  # the planner's buffers and indptrs are int32
 SPLIT_DATA_MAX_BYTES = 2**31
 """``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (from the
 kernel's disassembly)."""

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mla_fp8_bench.aiter_ps.facts import (
+    INT32_MAX,
     KVLEN_GRANULARITY,
+    MAX_HEADS,
     PLANNER_V0_1_22,
     PS_PREFILL_FIRST_VERSION,
     Q_TILE,
@@ -40,9 +42,7 @@ from mla_fp8_bench.aiter_ps.workspace import (
 from mla_fp8_bench.problem.shapes import V_HEAD_DIM, cu_seqlens_of
 
 EXIT_USAGE = 2
-INT32_MAX = 2**31 - 1
 MAX_SEQUENCES = 65536
-MAX_HEADS = 0xFFFF  # q_head_range packs head indices into 16 bits
 MAX_CU_NUM = 65536
 MAX_TILES = 1_000_000  # 256-row q-tiles: 256M query tokens
 MAX_WORKS = 10_000_000  # work_info rows held in memory (320 MB of int32)

@@ -19,7 +19,9 @@ import torch
 
 from mla_fp8_bench.aiter_ps.facts import (
     BUFFER_NAMES,
+    INT32_MAX,
     KV_TILE,
+    MAX_HEADS,
     PLANNER_PR_3606_REF,
     PLANNER_PRE_3606,
     PLANNER_REVISIONS,
@@ -40,8 +42,6 @@ BUFFER_LENGTH_KEYS = (
 """Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``)."""
 _LENGTH_KEY = dict(zip(BUFFER_NAMES, BUFFER_LENGTH_KEYS))  # buffer name -> its key (also an accepted alias)
 
-_INT32_MAX = 2**31 - 1
-_MAX_HEADS = 0xFFFF  # q_head_range packs first/end head as two 16-bit fields
 
 
 class PsPlanError(ValueError):
@@ -128,8 +128,8 @@ def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
             raise PsPlanError(
                 f"{name}[{i + 1}]={p[i + 1]} < {name}[{i}]={p[i]}: an indptr must be non-decreasing"
             )
-    if p[-1] > _INT32_MAX:
-        raise PsPlanError(f"{name}[-1]={p[-1]} does not fit in int32 (max {_INT32_MAX})")
+    if p[-1] > INT32_MAX:
+        raise PsPlanError(f"{name}[-1]={p[-1]} does not fit in int32 (max {INT32_MAX})")
 
 
 # get_ps_metadata_info_v1
@@ -319,9 +319,9 @@ def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granu
                    block_size, is_causal) -> tuple[int, int, int, int, bool]:
     """Validated ``(num_heads_k, cu_num, kvlen_granularity, block_size, is_causal)``; PsPlanError otherwise."""
     num_heads_k = _as_int("num_heads_k", num_heads_k)
-    if not 1 <= num_heads_k <= _MAX_HEADS:
+    if not 1 <= num_heads_k <= MAX_HEADS:
         raise PsPlanError(
-            f"num_heads_k={num_heads_k} is invalid: must be in 1..{_MAX_HEADS}"
+            f"num_heads_k={num_heads_k} is invalid: must be in 1..{MAX_HEADS}"
             " (q_head_range packs head indices into 16 bits)"
         )
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
@@ -491,7 +491,7 @@ def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_gro
                 f"buffer_lengths[{key!r}]={lengths[key]} is too small: this plan needs {need}"
                 " (AITER would write past the buffer)"
             )
-    if num_works > _INT32_MAX:
+    if num_works > INT32_MAX:
         raise PsPlanError(f"num_works={num_works} does not fit in int32")
 
 
