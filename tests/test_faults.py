@@ -12,6 +12,7 @@ the prefix-cached-prefill faults (``PREFIX_FAULT_CASES``) are tried on context-c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def test_healthy_path_raises_no_alarm_over_fresh_seeds(tol):
     n = 0
     for seed in range(HELD_OUT_SEED0, HELD_OUT_SEED0 + MIN_SEEDS):
         for cid in ("s128", "s128-cast-outlier"):
-            case_data = CaseData(parse_case_id(cid).with_(seed=seed), pinfo, None)
+            case_data = CaseData(dataclasses.replace(parse_case_id(cid), seed=seed), pinfo, None)
             for backend in (FaultyEmulated(), get_backend("torch-fp8-ref")):
                 rec = evaluate_one(backend, case_data, pinfo, opts).as_dict()
                 alarms += [str(v) for v in check(rec, tol)]

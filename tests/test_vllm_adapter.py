@@ -308,7 +308,7 @@ def _emulated(inputs, pad_to: int | None = None):
                     else x.repeat(1, -(-pad_to // n), 1)[:, :pad_to].contiguous())
 
         q, k, v = pad(inputs.q), pad(inputs.k), pad(inputs.v)
-        inputs = replace(inputs, case=inputs.case.with_(num_heads=pad_to), q=q, k=k, v=v,
+        inputs = replace(inputs, case=replace(inputs.case, num_heads=pad_to), q=q, k=k, v=v,
                          q8=quantize(q, "cast"), k8=quantize(k, "cast"), v8=quantize(v, "cast"))
     return AiterEmulated(cu_num=CU).prepare(inputs).run().clone()
 

@@ -19,6 +19,7 @@ import os
 import platform as _platform
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from mla_fp8_bench.analysis.stats import summary
@@ -108,7 +109,7 @@ def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], s
     from mla_fp8_bench.problem.cases import parse_case_id
 
     seeds = list(seeds)
-    tasks = [("case", base.with_(quant=qm, dist=d, seed=s).id, backends, cu_num)
+    tasks = [("case", replace(base, quant=qm, dist=d, seed=s).id, backends, cu_num)
              for base, qm, d, s in itertools.product(map(parse_case_id, shapes), quants, dists, seeds)]
     return tasks + ([("probe", name, s) for name in PROBES for s in seeds] if probes else [])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def tolerance_key(record: dict[str, Any]) -> str | None:
     if record.get("tolerance_key"):
         return str(record["tolerance_key"])
     c = _case(record.get("case"))
-    return c.with_(seed=0).id if c else None
+    return replace(c, seed=0).id if c else None
 
 
 def group_of(key: str) -> str | None:

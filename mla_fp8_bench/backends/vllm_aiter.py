@@ -17,7 +17,7 @@ import re
 import sys
 import time
 import types
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -340,7 +340,7 @@ class VllmAiter(Backend):
         if case.quant != "cast":
             return Verdict.no(f"vLLM's _mla_fp8_prefill_attn always casts bf16 to fp8 at unit scale (quant 'cast'); "
                               f"this case quantises {case.quant} (amax/448), which vLLM cannot run: use "
-                              f"{case.with_(quant='cast').id!r}")
+                              f"{replace(case, quant='cast').id!r}")
         try:
             entry = self.entry()
             heads_ok = self._reduce_heads()
@@ -460,7 +460,7 @@ class VllmAiter(Backend):
             NotImplementedError: the case is unsupported (recorded as an asv skip).
         """
         if case.quant != "cast":
-            case = case.with_(quant="cast")  # the plan does not depend on the quantisation
+            case = replace(case, quant="cast")  # the plan does not depend on the quantisation
         sup = self.supports(case, platform)
         if not sup:
             raise NotImplementedError(sup.reason)

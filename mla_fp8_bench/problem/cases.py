@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS, cu_seqlens_of
 
@@ -214,10 +214,6 @@ class Case:
     def id(self) -> str:
         """The stable short id (see module docstring)."""
         return format_case_id(self)
-
-    def with_(self, **changes) -> Case:
-        """A copy with fields replaced (validated)."""
-        return replace(self, **changes)
 
 
 def _format_runs(items: tuple) -> str:

@@ -295,7 +295,7 @@ def fault_report(tolerances, seeds: Iterable[int] = (0,), faults: Iterable[str] 
                 rec = probe_record(cid, s, FaultyEmulator(normalize_suite_faults(f) & ALL_FAULTS),
                                    probe_refs[(cid, s)])
             else:
-                key = parse_case_id(cid).with_(seed=s).id
+                key = replace(parse_case_id(cid), seed=s).id
                 if key not in case_data:
                     case_data[key] = CaseData(parse_case_id(key), pinfo, None)
                 rec = evaluate_one(FaultyEmulated(faults=f), case_data[key], pinfo, opts).as_dict()

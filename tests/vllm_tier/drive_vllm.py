@@ -158,7 +158,7 @@ def emulated_output(inputs, padded: int) -> tuple[torch.Tensor, bool | None]:
     dup = None
     if padded != real:
         q, k, v = (_pad_like_vllm(x, real, padded) for x in (inputs.q, inputs.k, inputs.v))
-        inputs = replace(inputs, case=inputs.case.with_(num_heads=padded), q=q, k=k, v=v,
+        inputs = replace(inputs, case=replace(inputs.case, num_heads=padded), q=q, k=k, v=v,
                          q8=quantize(q, "cast"), k8=quantize(k, "cast"), v8=quantize(v, "cast"))
     out = AiterEmulated(cu_num=CU_NUM).prepare(inputs).run().clone()
     if padded != real:
