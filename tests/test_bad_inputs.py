@@ -318,7 +318,7 @@ def test_missing_backends_are_skips_in_a_run_and_lose_nothing():
 
 # ============================================================================ F. corrupt files
 def test_corrupt_tolerance_file(tmp_path):
-    from mla_fp8_bench.analysis.calibrate import ToleranceFileError, load_tolerances
+    from mla_fp8_bench.analysis.tolerances import ToleranceFileError, load_tolerances
 
     p = tmp_path / "tol.json"
     p.write_text('{"schema": "mla_fp8_bench.tolerances", "version": 1, "toler')

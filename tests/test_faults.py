@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_fp8_bench.analysis.calibrate import MIN_SEEDS, check, load_tolerances
+from mla_fp8_bench.analysis.calibrate import MIN_SEEDS
+from mla_fp8_bench.analysis.tolerances import check, load_tolerances
 
 from support.emulator_faults import ALL_FAULTS
 from support.faults import (

@@ -97,7 +97,7 @@ def test_accuracy_small_growth_passes_without_tolerances(tmp_path):
 
 @pytest.mark.skipif(not TOL.exists(), reason="tolerances/cpu-emulated-v1.json not generated yet")
 def test_accuracy_exceeding_calibrated_tolerance_fails(tmp_path, capsys):
-    from mla_fp8_bench.analysis.calibrate import load_tolerances
+    from mla_fp8_bench.analysis.tolerances import load_tolerances
 
     lim = load_tolerances(TOL).lookup("aiter-emulated", "s257")[0]["max_abs_error_fp8_ref"]
     # within the growth factor of BASE, but over the calibrated tolerance: only the tolerance catches it

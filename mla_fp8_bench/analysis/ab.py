@@ -11,7 +11,7 @@ rounds rule judges the per-round records (docs/methodology.md, PR mode). Exit st
 from __future__ import annotations
 
 import argparse
-import math
+import functools
 import os
 import subprocess
 import sys
@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from mla_fp8_bench.harness.rounds import (
     RoundServer,
@@ -88,13 +88,6 @@ def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0) -> 
                            "it has")
 
 
-class RoundRunner(Protocol):
-    """Runs one round of one side; returns the round document (``{"order", "rows": [...]}``)."""
-
-    def __call__(self, side: SideSpec, backends: Sequence[str], cases: Sequence[str], order: str, seed: int,
-                 out: str) -> dict[str, Any]: ...
-
-
 def schedule(rounds: int) -> list[tuple[int, str]]:
     """(round index, side) in measuring order: BASE HEAD, HEAD BASE, BASE HEAD, ...
 
@@ -103,19 +96,17 @@ def schedule(rounds: int) -> list[tuple[int, str]]:
     """
     if rounds < 1:
         raise ValueError(f"rounds={rounds} is invalid: an integer >= 1")
-    out: list[tuple[int, str]] = []
-    for i in range(rounds):
-        pair = ("base", "head") if i % 2 == 0 else ("head", "base")
-        out.extend((i, s) for s in pair)
-    return out
+    return [(i, s) for i in range(rounds) for s in (("base", "head") if i % 2 == 0 else ("head", "base"))]
 
 
 def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: Sequence[str], rounds: int,
-               runner: RoundRunner, seed: int = 0, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+               runner: Callable[..., dict[str, Any]], seed: int = 0, log: Callable[[str], None] | None = None
+               ) -> dict[str, Any]:
     """Both sides, ``rounds`` rounds each, in :func:`schedule` order; round ``i`` of both sides uses the
     order :func:`round_order(i) <mla_fp8_bench.harness.rounds.round_order>` (of the backends within a
     case; cases go small to large, :func:`~mla_fp8_bench.harness.rounds.ordered`) and shuffle seed
-    ``seed + i``.
+    ``seed + i``. ``runner(side, backends, cases, order, seed, out)`` runs one round of one side and
+    returns its round document (``{"order", "rows": [...]}``).
 
     Returns:
         ``{"base": {"spec", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...], "wall_s"}``.
@@ -167,19 +158,13 @@ def judge(measured: dict[str, Any], factor: float, noise_k: float, base_label: s
     return docs, rows
 
 
-class SpawnRunner:
-    """A :class:`RoundRunner` that starts a new interpreter per round (:func:`run_worker`)."""
-
-    def __init__(self, device: str = "auto", timeout: float = 600.0):
-        self.device, self.timeout = device, timeout
-
-    def __call__(self, side, backends, cases, order, seed, out):
-        cmd = worker_command(side.python, backends, cases, order, seed, out, self.device)
-        return run_worker(cmd, out, side.env(), self.timeout)
+def spawn_round(side, backends, cases, order, seed, out, device: str = "auto", timeout: float = 600.0):
+    """A round runner of :func:`measure_ab` that starts a new interpreter per round (:func:`run_worker`)."""
+    return run_worker(worker_command(side.python, backends, cases, order, seed, out, device), out, side.env(), timeout)
 
 
 class ServerRunner:
-    """A :class:`RoundRunner` with one :class:`RoundServer` per side (a forked child per round)."""
+    """A round runner of :func:`measure_ab` with one :class:`RoundServer` per side (a forked child per round)."""
 
     def __init__(self, preload: Sequence[str], device: str = "auto", timeout: float = 600.0):
         self.preload, self.device, self.timeout = tuple(preload), device, timeout
@@ -219,10 +204,8 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     if not 2 <= args.rounds <= MAX_ROUNDS:
         raise AbUsageError(f"--rounds {args.rounds} is invalid: an integer from 2 (the spread needs two rounds) "
                            f"to {MAX_ROUNDS}")
-    for flag, v, least, want in (("--factor", args.factor, 1.0, "a finite ratio >= 1.0 (e.g. 1.02)"),
-                                 ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 3.0)")):
-        if not (math.isfinite(v) and v >= least):
-            raise AbUsageError(f"{flag} {v} is invalid: {want}")
+    G.check_flags(("--factor", args.factor, 1.0, "a finite ratio >= 1.0 (e.g. 1.02)"),
+                  ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 3.0)"))
     for path in (args.json, args.summary):
         if path:
             check_output_path(path)
@@ -230,7 +213,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
         raise AbUsageError(f"--json and --summary are both {args.json!r}: give two different files")
     for side in (base, head):
         probe_side(side, args.device)
-    runner = SpawnRunner(args.device) if args.spawn else ServerRunner(backends, args.device)
+    runner = functools.partial(spawn_round, device=args.device) if args.spawn else ServerRunner(backends, args.device)
     try:
         measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
                               log=lambda s: console.print(s, highlight=False, markup=False))
@@ -270,15 +253,11 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
 def _handler(args: argparse.Namespace, console) -> int:
     import signal
 
-    from mla_fp8_bench.analysis.gate import EXIT_USAGE
     from mla_fp8_bench.terminal import signals_interrupt
 
     try:
         with signals_interrupt() as signals:  # SIGTERM/SIGHUP (a cancelled CI job) end the rounds as Ctrl-C does
             return cmd_ab(args, console)
-    except (AbUsageError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         sig = signals[0] if signals else signal.SIGINT
         console.print(f"[red]interrupted[/red] ({signal.Signals(sig).name}): no verdict", highlight=False)

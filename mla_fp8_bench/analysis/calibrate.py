@@ -22,22 +22,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from mla_fp8_bench.analysis import tolerances
 from mla_fp8_bench.analysis.stats import summary
-from mla_fp8_bench.analysis.tolerances import (  # noqa: F401 - re-exported: callers of the calibrate API
-    FLOORS,
-    METRICS,
-    SCHEMA,
-    SCHEMA_VERSION,
-    ZERO_METRICS,
-    ToleranceFileError,
-    Tolerances,
-    check,
-    group_of,
-    load_tolerances,
-    ratios,
-    tolerance_key,
-    validate_tolerances,
-)
+from mla_fp8_bench.analysis.tolerances import FLOORS, METRICS, ZERO_METRICS
 from mla_fp8_bench.config import DEFAULT_EMU_CU_NUM, RunConfig
 
 METHOD = "max_over_seeds_times_margin"
@@ -147,7 +134,7 @@ def _collect(results: list[tuple[tuple, dict]]) -> dict[str, dict[str, dict[str,
                 failures.append(f"{b} {rec['case']}: {rec['status']} {rec.get('reason', '')} "
                                 f"nonfinite={rec.get('nonfinite_count_fp8_ref')}")
                 continue
-            key = tolerance_key(rec)
+            key = tolerances.tolerance_key(rec)
             for m in METRICS:
                 if rec.get(m) is not None:  # e.g. no LSE from a backend that does not return one
                     values.setdefault(b, {}).setdefault(key, {}).setdefault(m, []).append(float(rec[m]))
@@ -166,7 +153,7 @@ def _derive(values: dict[str, dict[str, dict[str, list[float]]]], margin: float)
         for key, mets in sorted(by_key.items()):
             dists_out.setdefault(b, {})[key] = {m: summary(v) for m, v in mets.items()}
             tol_out.setdefault(b, {})[key] = {m: max(FLOORS[m], max(v) * margin) for m, v in mets.items()}
-            grp = group_of(key)
+            grp = tolerances.group_of(key)
             if grp:
                 g = groups.setdefault(b, {}).setdefault(grp, {})
                 for m, lim in tol_out[b][key].items():
@@ -174,18 +161,18 @@ def _derive(values: dict[str, dict[str, dict[str, list[float]]]], margin: float)
     return dists_out, tol_out, groups
 
 
-def _validation_summary(results: list[tuple[tuple, dict]], tol: Tolerances) -> dict[str, Any]:
+def _validation_summary(results: list[tuple[tuple, dict]], tol: tolerances.Tolerances) -> dict[str, Any]:
     """Per backend: held-out records, false alarms (with up to 3 violations each), worst value/tolerance."""
     out: dict[str, Any] = {}
     for _task, recs in results:
         for b, rec in recs.items():
             s = out.setdefault(b, {"records": 0, "false_alarms": 0, "alarms": [], "worst_ratio": 0.0, "worst": None})
             s["records"] += 1
-            viol = check(rec, tol)
+            viol = tolerances.check(rec, tol)
             if viol:
                 s["false_alarms"] += 1
                 s["alarms"].extend(str(v) for v in viol[:3])
-            r, _how = ratios(rec, tol)
+            r, _how = tolerances.ratios(rec, tol)
             for m, x in r.items():
                 if x > s["worst_ratio"]:
                     s["worst_ratio"], s["worst"] = x, f"{rec['case']} {m} = {rec[m]:.4g}"
@@ -215,7 +202,8 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
     cal_s = time.perf_counter() - t0
     dists_out, tol_out, groups = _derive(_collect(cal), margin)
     doc: dict[str, Any] = {
-        "schema": SCHEMA, "version": SCHEMA_VERSION, "name": name, "method": METHOD, "margin": margin,
+        "schema": tolerances.SCHEMA, "version": tolerances.SCHEMA_VERSION, "name": name, "method": METHOD,
+        "margin": margin,
         "method_text": (f"tolerance = max(floor, max over {seeds} calibration seeds x {margin}) per (backend, case "
                         "case, metric); case = case id without seed; groups = max over a (quant, dist) "
                         "group's shapes, used for shapes that were not calibrated"),
@@ -230,7 +218,7 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
         "timing_s": {"calibration": round(cal_s, 1)},
     }
     if validate_seeds:
-        tol = Tolerances("<calibrating>", validate_tolerances(doc))
+        tol = tolerances.Tolerances("<calibrating>", tolerances.validate_tolerances(doc))
         t1 = time.perf_counter()
         val = _run_tasks(_tasks(shapes, quants, dists, range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds),
                                 backends, cu_num, probes), jobs, progress)

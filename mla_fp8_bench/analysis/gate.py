@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from mla_fp8_bench.analysis.stats import mann_whitney_greater, min_attainable_p  # noqa: F401 - re-exported
-from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, load_tolerances, tolerance_key
+from mla_fp8_bench.analysis.tolerances import Tolerances, load_tolerances, tolerance_key
 from mla_fp8_bench.harness.results import (
     AsvResult,
     ResultsError,
@@ -37,6 +37,7 @@ from mla_fp8_bench.harness.results import (
     run_doc_from_data,
 )
 from mla_fp8_bench.measure import metric_table
+from mla_fp8_bench.measure.clocks import OFF_PLATEAU_REL
 from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, find, record_is_emulation
 from mla_fp8_bench.terminal import fmt_seconds
 
@@ -50,9 +51,6 @@ DEFAULT_NOISE_K = 1.0
 DEFAULT_AB_FACTOR = 1.02
 #: k of ``ab``'s threshold ``max(factor, 1 + k x standard error of the ratio)`` (:func:`interleaved_ratio`).
 DEFAULT_AB_NOISE_K = 3.0
-#: A param's SM clock is off its plateau when its median lies more than this fraction below the
-#: highest median SM clock of its side (the clock a lightly loaded case holds; 1980 MHz on the H200).
-OFF_PLATEAU_REL = 0.015
 #: asv benchmark versions whose latency samples are within-process samples, not rounds.
 LEGACY_SAMPLE_VERSIONS = ("mla-prefill-v1",)
 #: Growth below this absolute change is never an accuracy regression (deterministic values that move
@@ -179,15 +177,15 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
             _ambiguous(side, b, c, recs)
             continue
         r = recs[0]
-        st = r.get("status")
-        status = "ok" if st == "ok" else "skipped" if st == "skipped" else "failed"
-        side.params[(b, c)] = (status, str(r.get("reason") or ""))
+        status = r.get("status") if r.get("status") in ("ok", "skipped") else "failed"
+        reason = str(r.get("reason") or "")
+        side.params[(b, c)] = (status, reason)
         scope = _run_scope(r, env)
         for m in metric_table.METRICS:
             key = (b, c, m.record_key)
             side.kinds[m.record_key] = m.kind
             if status != "ok":
-                side.data[key] = Measure(status, reason=str(r.get("reason") or ""))
+                side.data[key] = Measure(status, reason=reason)
                 continue
             v = _number(m.value(r))
             if v is None:
@@ -377,9 +375,7 @@ def latency_verdict(base: Measure, head: Measure, factor: float = DEFAULT_FACTOR
 def _sig_faster(bm: Measure, hm: Measure, alpha: float) -> bool:
     if bm.samples and hm.samples and len(bm.samples) >= 2 and len(hm.samples) >= 2:
         return mann_whitney_greater(bm.samples, hm.samples)[1] < alpha
-    if bm.ci and hm.ci:
-        return bm.ci[0] > hm.ci[1]
-    return True
+    return bm.ci[0] > hm.ci[1] if bm.ci and hm.ci else True
 
 
 # ------------------------------------------------------------------------------------------ comparing
@@ -415,7 +411,8 @@ class GateOptions:
     noise_k: float = DEFAULT_NOISE_K
     #: (backend, case, metric) -> relative spread of the param in the machine's stored history
     history: dict[tuple[str, str, str], float] = field(default_factory=dict)
-    #: BASE and HEAD rounds alternate on one machine (``ab``): time is gated, on the ratio of round means
+    #: BASE and HEAD rounds alternate on one machine (``ab``): time is gated, on the ratio of the
+    #: :func:`clipped_mean` of the rounds
     interleaved: bool = False
 
 
@@ -534,7 +531,8 @@ def _plateau_mhz(side: Side) -> float | None:
 
 
 def off_plateau(side: Side, backend: str, case: str, plateau: float | None) -> bool:
-    """Whether the param's median SM clock lies more than :data:`OFF_PLATEAU_REL` below ``plateau``."""
+    """Whether the param's median SM clock lies more than ``OFF_PLATEAU_REL`` (the clock reader's) below
+    ``plateau``, the highest median SM clock of its side (the clock a lightly loaded case holds)."""
     x = side.data.get((backend, case, "sm_clock_mhz"))
     v = x.center() if x is not None and x.status == "ok" else None
     return bool(v and plateau and v < plateau * (1 - OFF_PLATEAU_REL))
@@ -668,10 +666,8 @@ def history_spreads(machine_dir: str, exclude: tuple[str, ...] = (), least: int 
     return out
 
 
-def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFigure | None = None,
-             history: float | None = None) -> None:
+def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFigure, history: float | None) -> None:
     scope = next((s for s in (hm.scope, bm.scope) if s != "kernel"), "kernel")
-    fig = fig or GatedFigure("time", bm, hm, "")
     gb, gh = fig.base, fig.head
     thr, src = noise_threshold(gb, gh, opts.factor, opts.noise_k, history)
     both_rounds = bool(gb.rounds and gh.rounds)
@@ -714,7 +710,8 @@ def _grew(bv: float, hv: float, floor: float | None, limit: float) -> str:
 
 def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions, tol_detail: str) -> None:
     """Verdict of two ok, comparable values by the metric's gate rule (latency excluded)."""
-    rule = m.gate if m is not None else ("grow" if row.kind == "accuracy" else "none")
+    acc = row.kind == "accuracy"
+    rule = m.gate if m is not None else ("grow" if acc else "none")
     row.ratio = (hv / bv) if bv else (math.inf if hv else 1.0)
     floor = m.floor if m is not None else None
     if (floor is not None and bv <= floor < hv) or (not bv and hv):
@@ -725,20 +722,16 @@ def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions
     elif rule == "exact":
         if hv != bv:
             row.verdict, row.detail = "REGRESSION", f"changed {bv:.6g} -> {hv:.6g} (must not change)"
-    elif rule in ("grow", "tolerance") and row.kind == "accuracy":
-        if hv > bv * opts.acc_factor and hv - bv > ACC_ABS_FLOOR:
-            row.verdict, row.detail = "REGRESSION", (
-                f"{_grew(bv, hv, floor, opts.acc_factor)} over BASE") + (
-                f"; {tol_detail}" if tol_detail else "")
+    elif rule == "grow" or (rule == "tolerance" and acc):
+        limit = opts.acc_factor if acc else opts.factor
+        if hv > bv * limit and (not acc or hv - bv > ACC_ABS_FLOOR):
+            row.verdict = "REGRESSION"
+            row.detail = _grew(bv, hv, floor, limit) + (" over BASE" if acc else "")
+            row.detail += f"; {tol_detail}" if tol_detail else ""
         else:
             row.detail = tol_detail
-            if hv < bv / opts.acc_factor:
+            if hv < bv / limit:
                 row.verdict = "improved"
-    elif rule == "grow":
-        if hv > bv * opts.factor:
-            row.verdict, row.detail = "REGRESSION", _grew(bv, hv, floor, opts.factor)
-        elif hv < bv / opts.factor:
-            row.verdict = "improved"
     else:
         row.verdict = "info"
 
@@ -799,16 +792,10 @@ def lost_params(base: Side, head: Side) -> list[Row]:
     return rows
 
 
-def compare(base: Side, head: Side, *, factor: float = DEFAULT_FACTOR, acc_factor: float = DEFAULT_ACC_FACTOR,
-            alpha: float = DEFAULT_ALPHA, tolerances: Tolerances | None = None,
-            gate_host_latency: bool = False, noise_k: float = DEFAULT_NOISE_K,
-            history: dict[tuple[str, str, str], float] | None = None, interleaved: bool = False) -> list[Row]:
-    """Every (backend, case, metric) of either side with its verdict, then the LOST parameters.
-
-    ``interleaved``: BASE's and HEAD's rounds alternate on one machine (``ab``): latency is gated on time,
-    on the ratio of the round means (a per-process mode - two values ~1 % apart at s8192 on the H200 - moves
-    a median of few rounds by a whole mode, a mean by its share)."""
-    opts = GateOptions(factor, acc_factor, alpha, tolerances, gate_host_latency, noise_k, history or {}, interleaved)
+def compare(base: Side, head: Side, **options: Any) -> list[Row]:
+    """Every (backend, case, metric) of either side with its verdict, then the LOST parameters;
+    ``options``: the fields of :class:`GateOptions`."""
+    opts = GateOptions(**options)
     rows = [compare_one(key, base, head, opts) for key in sorted(set(base.data) | set(head.data))]
     rows += lost_params(base, head)
     if not any(r.compared for r in rows):
@@ -851,10 +838,13 @@ def _gating(rows: list[Row], allow_missing: bool) -> list[Row]:
     return [r for r in rows if r.gating and not (allow_missing and r.verdict == "LOST")]
 
 
-def _ratio_text(r: Row) -> str:
-    if r.ratio_note:
-        return r.ratio_note
-    return "-" if r.ratio is None or not math.isfinite(r.ratio) else ratio_str(r.ratio)
+_COLUMNS = ("verdict", "backend", "case", "metric", "BASE", "HEAD", "ratio", "detail")
+
+
+def _cells(r: Row) -> tuple[str, ...]:
+    """A row's cells in :data:`_COLUMNS` order."""
+    ratio = r.ratio_note or ("-" if r.ratio is None or not math.isfinite(r.ratio) else ratio_str(r.ratio))
+    return r.verdict, r.backend, r.case, r.metric, r.base, r.head, ratio, r.detail
 
 
 def _skipped_summary(rows: list[Row]) -> dict[str, dict[str, str]]:
@@ -875,38 +865,37 @@ def render_text(rows: list[Row], title: str, console, *, show_all: bool = False)
     """The rich table of notable rows, one grep-able line per notable row, skips and counts."""
     from rich.table import Table
 
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
+
     shown = rows if show_all else [r for r in rows if r.verdict not in _QUIET]
     t = Table()
-    for col in ("verdict", "backend", "case", "metric", "BASE", "HEAD", "ratio", "detail"):
+    for col in _COLUMNS:
         t.add_column(col, overflow="fold")
     for r in shown:
         st = _STYLE.get(r.verdict, "")
-        t.add_row(f"[{st}]{r.verdict}[/{st}]" if st else r.verdict, r.backend, r.case, r.metric, r.base, r.head,
-                  _ratio_text(r), r.detail)
-    console.print(title, highlight=False, markup=False, soft_wrap=True)
+        t.add_row(f"[{st}]{r.verdict}[/{st}]" if st else r.verdict, *_cells(r)[1:])
+    say(title)
     if shown:
         console.print(t)
     # one unfolded line per notable row, so CI logs and greps see every name whatever the terminal width
     for r in shown:
         if r.verdict not in ("ok", "info", "new"):
             what = f"{r.backend} {r.case}" + (f" {r.metric}" if r.metric != "-" else "")
-            console.print(f"{r.verdict}: {what}: BASE {r.base} -> HEAD {r.head}"
-                          + (f" ({r.detail})" if r.detail else ""), highlight=False, soft_wrap=True, markup=False)
+            say(f"{r.verdict}: {what}: BASE {r.base} -> HEAD {r.head}" + (f" ({r.detail})" if r.detail else ""))
     for b, cases in sorted(_skipped_summary(rows).items()):
         reasons = sorted({x for x in cases.values() if x})
-        console.print(f"skipped on HEAD: {b}: {len(cases)} case(s) ({', '.join(sorted(cases))})"
-                      + (f": {reasons[0][:160]}" if reasons else ""), highlight=False, soft_wrap=True, markup=False)
+        say(f"skipped on HEAD: {b}: {len(cases)} case(s) ({', '.join(sorted(cases))})"
+            + (f": {reasons[0][:160]}" if reasons else ""))
     removed = [r for r in rows if r.verdict == "removed" and r.base not in ("skipped", "failed")]
     if removed and not show_all:
-        console.print(f"absent on HEAD (measured on BASE): {len(removed)} row(s), metrics "
-                      f"{', '.join(sorted({r.metric for r in removed}))} (--all lists them)", highlight=False,
-                      soft_wrap=True)
+        say(f"absent on HEAD (measured on BASE): {len(removed)} row(s), metrics "
+            f"{', '.join(sorted({r.metric for r in removed}))} (--all lists them)")
     info = [r for r in rows if r.verdict == "info" and r.detail]
     if info and not show_all:
         kinds = sorted({r.detail.split(":")[0] for r in info})
-        console.print(f"informational, never gating: {len(info)} row(s) ({'; '.join(kinds)})", highlight=False,
-                      soft_wrap=True)
-    console.print("compared (backend, case, metric) rows: " + _verdict_counts(rows), highlight=False)
+        say(f"informational, never gating: {len(info)} row(s) ({'; '.join(kinds)})")
+    say("compared (backend, case, metric) rows: " + _verdict_counts(rows))
 
 
 #: Rows per markdown table: a GitHub comment holds at most 65,536 characters.
@@ -914,9 +903,9 @@ MD_MAX_ROWS = 50
 
 
 def _md_table(rows: list[Row]) -> list[str]:
-    out = ["| verdict | backend | case | metric | BASE | HEAD | ratio | detail |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     for r in rows[:MD_MAX_ROWS]:
-        cells = (r.verdict, r.backend, r.case, r.metric, r.base, r.head, _ratio_text(r), r.detail[:200])
+        cells = (*_cells(r)[:-1], r.detail[:200])
         out.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
     if len(rows) > MD_MAX_ROWS:
         out.append(f"\n... and {len(rows) - MD_MAX_ROWS} more (the text report lists every row)")
@@ -948,18 +937,23 @@ def render_markdown(rows: list[Row], *, base_src: str, head_src: str, settings: 
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def _check_args(args: argparse.Namespace) -> None:
-    for flag, v, least, want in (("--factor", args.factor, 1.0, "a ratio >= 1.0 (e.g. 1.05)"),
-                                 ("--acc-factor", args.acc_factor, 1.0, "a ratio >= 1.0"),
-                                 ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 1.0)")):
+def check_flags(*checks: tuple[str, float, float, str]) -> None:
+    """Each ``(flag, value, least, what is allowed)``: the value must be finite and >= least.
+
+    Raises:
+        GateUsageError: naming the first bad flag, its value and what is allowed.
+    """
+    for flag, v, least, want in checks:
         if not (math.isfinite(v) and v >= least):
             raise GateUsageError(f"{flag} {v} is invalid: {want}")
-    if not 0 < args.alpha < 1:
-        raise GateUsageError(f"--alpha {args.alpha} is invalid: in (0, 1)")
 
 
 def cmd_gate(args: argparse.Namespace, console) -> int:
-    _check_args(args)
+    check_flags(("--factor", args.factor, 1.0, "a ratio >= 1.0 (e.g. 1.05)"),
+                ("--acc-factor", args.acc_factor, 1.0, "a ratio >= 1.0"),
+                ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 1.0)"))
+    if not 0 < args.alpha < 1:
+        raise GateUsageError(f"--alpha {args.alpha} is invalid: in (0, 1)")
     tol = load_tolerances(args.tolerances) if args.tolerances else None
     if args.machine is None:  # several machines: the one that holds both commits, if only one does
         args.machine = machine_holding(args.results_dir, (args.base, args.head), args.env)
@@ -967,7 +961,7 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
     head, hsrc = load_side(args.head, "HEAD", args.results_dir, args.machine, args.env)
     if not args.allow_cross_machine:
         check_same_machine(base, head)
-    history = None
+    history = {}
     if args.history:
         mdir = os.path.join(args.results_dir, resolve_machine(args.results_dir, args.machine))
         history = history_spreads(mdir, exclude=(hsrc,))  # HEAD is under test; BASE is history
@@ -1003,14 +997,6 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
     return EXIT_OK
 
 
-def _handler(args: argparse.Namespace, console) -> int:
-    try:
-        return cmd_gate(args, console)
-    except (GateUsageError, ToleranceFileError, ResultsError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        return EXIT_USAGE
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("gate", help="PR gate: HEAD vs BASE (accuracy vs tolerances, latency with statistics)",
                               description="Compare HEAD with BASE per (backend, case, metric): accuracy against "
@@ -1044,4 +1030,4 @@ def add_parser(subparsers) -> None:
                    help="list (backend, case) results that BASE had and HEAD lost without failing the gate")
     p.add_argument("--allow-cross-machine", action="store_true",
                    help="compare BASE and HEAD from different machines (refused by default: exit 2)")
-    p.set_defaults(handler=_handler)
+    p.set_defaults(handler=cmd_gate)
