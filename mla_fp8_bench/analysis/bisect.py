@@ -211,10 +211,8 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
 
 def _read_log(log: str) -> list[dict[str, Any]]:
     """The probes' JSON lines (``sha``, ``verdict``, ``value`` or ``why``, ...); [] without a log."""
-    if not os.path.exists(log):
-        return []
-    with open(log) as f:
-        return [json.loads(x) for x in f if x.strip()]
+    p = Path(log)
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
 
 
 def measure_end(wt: str, sha: str, step_cmd: list[str], env: dict[str, str]) -> int:

@@ -1,12 +1,9 @@
 """PR gate: compare HEAD with BASE on accuracy (against calibrated tolerances) and latency (with statistics).
 
-``mla-fp8-bench gate BASE HEAD``: BASE and HEAD are each a run JSON, an asv result file or a commit
-hash prefix read from ``<results-dir>/<machine>/`` (through :mod:`mla_fp8_bench.harness.results`); how
-each metric gates comes from :mod:`mla_fp8_bench.measure.metric_table`. The rules - exit codes 0 (pass),
-1 (REGRESSION, FAILED, INVALID, LOST, ...), 2 (usage); what is only informational (emulation latency, CPU
-host time, host-side latency unless ``--gate-call-latency``); floors; the one-sided Mann-Whitney U test
-with ratio of medians > ``--factor``, asv's disjoint 99 % CIs without samples - are those of
-docs/regressions.md, section 3.
+``mla-fp8-bench gate BASE HEAD``: each side a run JSON, an asv result file or a commit hash prefix read
+from ``<results-dir>/<machine>/`` (through :mod:`mla_fp8_bench.harness.results`); how each metric gates
+comes from :mod:`mla_fp8_bench.measure.metric_table`. The rules, the exit statuses and what is only
+informational: docs/regressions.md, section 3.
 """
 
 from __future__ import annotations
@@ -462,41 +459,33 @@ def growth_text(bv: float, hv: float, floor: float | None, against: float | None
 
 
 def _head_not_ok(row: Row, bm: Measure | None, hm: Measure) -> None:
-    """Verdict of a HEAD measure that is not ok (failed, skipped, invalid, missing)."""
+    """Verdict of a HEAD measure that is not ok (failed, skipped, invalid, missing: an ok record whose
+    accuracy value is null)."""
+    b_ok = bm is not None and bm.status == "ok"
     if hm.status == "failed":
-        if bm is not None and bm.status == "ok":
-            row.verdict, row.detail = "FAILED", f"failed on HEAD, OK on BASE {hm.reason}".strip()
-        else:
-            row.verdict, row.detail = "failed", ("still failing" if bm is not None else "new, failed")
-    elif hm.status == "skipped":
-        row.verdict, row.detail = "skipped", hm.reason
-    elif hm.status == "invalid":
-        row.verdict, row.detail = "INVALID", hm.reason
-    else:  # missing: an ok record whose accuracy value is null
-        row.verdict, row.detail = "LOST", hm.reason + (" (measured on BASE)" if bm is not None and bm.status == "ok"
-                                                      else "")
+        row.verdict = "FAILED" if b_ok else "failed"
+        row.detail = (f"failed on HEAD, OK on BASE {hm.reason}".strip() if b_ok
+                      else "still failing" if bm is not None else "new, failed")
+    else:
+        row.verdict = {"skipped": "skipped", "invalid": "INVALID"}.get(hm.status, "LOST")
+        row.detail = hm.reason + (" (measured on BASE)" if b_ok and row.verdict == "LOST" else "")
 
 
-def _impossible(row: Row, m: Metric | None, bm: Measure | None, hm: Measure) -> bool:
-    """Set the verdict for a non-finite or impossible HEAD value, or an impossible BASE value; True if set."""
+def _impossible(kind: str, m: Metric | None, bm: Measure | None, hm: Measure) -> tuple[str, str] | None:
+    """(verdict, detail) of a non-finite or impossible HEAD value, or an impossible BASE value; None if neither."""
     hv = hm.center()
-    if row.kind == "accuracy" and (hv is None or not math.isfinite(hv)):
-        row.verdict, row.detail = "REGRESSION", "non-finite on HEAD"
-        return True
+    if kind == "accuracy" and (hv is None or not math.isfinite(hv)):
+        return "REGRESSION", "non-finite on HEAD"
     if m is not None and hv is not None and not m.possible(hv):
-        row.verdict, row.detail = "INVALID", f"impossible value {hv:.4g} on HEAD (possible: {list(m.bounds)})"
-        return True
+        return "INVALID", f"impossible value {hv:.4g} on HEAD (possible: {list(m.bounds)})"
     bv = bm.center() if bm is not None and bm.status == "ok" else None
     if bv is not None and (not math.isfinite(bv) or (m is not None and not m.possible(bv))):
         what = "non-finite" if not math.isfinite(bv) else "impossible"
-        row.verdict = "INVALID"
-        row.detail = (f"{what} value {bv:.4g} on BASE" + (f" (possible: {list(m.bounds)})" if m is not None else "")
-                      + f": HEAD's {hv:.4g} cannot be judged against it")
-        return True
+        return "INVALID", (f"{what} value {bv:.4g} on BASE" + (f" (possible: {list(m.bounds)})" if m is not None
+                           else "") + f": HEAD's {hv:.4g} cannot be judged against it")
     if bm is not None and bm.status in ("invalid", "missing"):
-        row.verdict, row.detail = "INVALID", f"BASE: {bm.reason}: HEAD's {hv:.4g} cannot be judged against it"
-        return True
-    return False
+        return "INVALID", f"BASE: {bm.reason}: HEAD's {hv:.4g} cannot be judged against it"
+    return None
 
 
 def _tolerance(row: Row, m: Metric | None, bm: Measure | None, hm: Measure, opts: GateOptions) -> str:
@@ -755,7 +744,9 @@ def compare_one(key: tuple[str, str, str], base: Side, head: Side, opts: GateOpt
     if hm.status != "ok":
         _head_not_ok(row, bm, hm)
         return row
-    if _impossible(row, m, bm, hm):
+    bad = _impossible(kind, m, bm, hm)
+    if bad is not None:
+        row.verdict, row.detail = bad
         return row
     tol_detail = _tolerance(row, m, bm, hm, opts)
     if row.verdict == "REGRESSION":

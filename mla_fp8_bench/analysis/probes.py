@@ -90,26 +90,13 @@ def probe_reference(p: ProbeInputs, *, dequantized: bool = True) -> torch.Tensor
 
 
 def run_probe(p: ProbeInputs, emulator: Emulator = EMULATOR, cu_num: int | None = None) -> torch.Tensor:
-    """The emulated AITER PS path (planner port + ``emulator``'s kernel + reduce) on a probe."""
-    from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
-
-    cu_num = cu_num or DEFAULT_EMU_CU_NUM
-    h = p.q.shape[1]
-    cu_q = torch.tensor(cu_seqlens_of(p.q_lens), dtype=torch.int32)
-    cu_kv = torch.tensor(cu_seqlens_of(p.kv_lens), dtype=torch.int32)
-    plan = plan_ps_prefill(cu_q, cu_kv, torch.tensor(p.kv_lens, dtype=torch.int32), num_heads_k=h, cu_num=cu_num,
-                           qlen_granularity=256, kvlen_granularity=128, block_size=1, is_causal=True)
-    t, pk = p.q.shape[0], p.k.shape[0]
-    out = torch.full((t, h, 128), float("nan"), dtype=torch.bfloat16)
-    lse = torch.full((t, h), float("nan"))
-    rows = max(1, plan.num_partials) * 256
-    sd = torch.full((rows, h, 128), float("nan"))
-    sl = torch.full((rows, h), float("nan"))
-    emulator.mla_prefill_ps_asm_fwd(p.q8.data, p.k8.data, p.v8.data, cu_q, cu_kv, torch.arange(pk, dtype=torch.int32),
-                                    plan.work_indptr, plan.work_info, max(p.q_lens), DEFAULT_SOFTMAX_SCALE, True, sd,
-                                    sl, out, p.q8.descale, p.k8.descale, p.v8.descale)
-    emulator.mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse)
-    return out
+    """The emulated AITER PS path (``emulator``'s :meth:`~mla_fp8_bench.aiter_ps.emulator.Emulator.run_prefill`:
+    the planner port as AITER <= v0.1.21 plans, kernel + reduce) on a probe."""
+    return emulator.run_prefill(p.q8.data, p.k8.data, p.v8.data, p.q8.descale, p.k8.descale, p.v8.descale,
+                                torch.tensor(cu_seqlens_of(p.q_lens), dtype=torch.int32),
+                                cu_seqlens_kv=torch.tensor(cu_seqlens_of(p.kv_lens), dtype=torch.int32),
+                                softmax_scale=DEFAULT_SOFTMAX_SCALE, cu_num=cu_num or DEFAULT_EMU_CU_NUM,
+                                post_3606=False)
 
 
 def probe_record(name: str, seed: int, emulator: Emulator = EMULATOR,
