@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from mla_fp8_bench.aiter_ps.emulator import EMULATOR, Emulator
+from mla_fp8_bench.aiter_ps.emulator import EMULATOR
 from mla_fp8_bench.aiter_ps.facts import reduce_arity_for_version, reduce_heads_for
 from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
@@ -98,51 +98,10 @@ def _ref64(d, causal=True):
     return torch.cat(outs), torch.cat(lses)
 
 
-def _check_cu(name, cu, total, label):
-    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(cu, 'dtype', type(cu))}")
-    vals = cu.tolist()
-    if not vals or vals[0] != 0 or vals[-1] != total or any(a > b for a, b in zip(vals, vals[1:])):
-        raise ValueError(f"{name} must rise from 0 to {label}={total}, got {vals[:8]}")
-    return cu
-
-
-def run_emulated_prefill(q8, k8, v8, q_scale, k_scale, v_scale, cu_seqlens, *, softmax_scale, causal=True,
-                         cu_num=256, return_lse=False, cu_seqlens_kv=None, post_3606=True, em: Emulator = EMULATOR):
-    """The whole emulated path, written here independently of the stand-in: the v0.1.22 planner port
-    (``need_lse=post_3606``), then ``em``'s kernel and reduce on NaN-filled buffers (unwritten rows show)."""
-    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
-        if not isinstance(t, torch.Tensor) or t.dtype != FP8 or t.dim() != 3:
-            raise ValueError(f"{name} must be a 3-D float8_e4m3fn tensor, got {getattr(t, 'dtype', type(t))}")
-    for name, sc in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
-        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or sc.numel() != 1:
-            raise ValueError(f"{name} must be a one-element fp32 tensor, got {sc!r:.80}")
-    (T, H, _), P = q8.shape, k8.shape[0]
-    cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
-    cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, P, "P")
-    q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_kv[1:] - cu_kv[:-1]).tolist()
-    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
-        if causal and q_len > kv_len:
-            raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
-    plan = plan_ps_prefill(cu_q, cu_kv, (cu_kv[1:] - cu_kv[:-1]).to(torch.int32), num_heads_k=H, cu_num=cu_num,
-                           kvlen_granularity=128, block_size=1, is_causal=causal, revision="v0.1.22",
-                           need_lse=post_3606)
-    out = torch.full((T, H, 128), float("nan"), dtype=torch.bfloat16)
-    lse = torch.full((T, H), float("nan"))
-    sd = torch.full((plan.partial_rows, H, 128), float("nan"))
-    sl = torch.full((plan.partial_rows, H), float("nan"))
-    em.mla_prefill_ps_asm_fwd(q8, k8, v8, cu_q, cu_kv, torch.arange(P, dtype=torch.int32), plan.work_indptr,
-                              plan.work_info, max(q_lens), softmax_scale, causal, sd, sl, out, q_scale, k_scale,
-                              v_scale)
-    em.mla_reduce_v1(sd, sl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, out, lse,
-                     post_3606=post_3606)
-    return (out, lse) if return_lse else out
-
-
 def _run(d, cu_num, faults=None, **kw):
-    em = EMULATOR if faults is None else FaultyEmulator(faults)
-    return run_emulated_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"],
-                                softmax_scale=SM_SCALE, cu_num=cu_num, em=em, **kw)
+    run = EMULATOR.run_prefill if faults is None else FaultyEmulator(faults).run_prefill
+    return run(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"], softmax_scale=SM_SCALE, cu_num=cu_num,
+               **kw)
 
 
 def _plan(d, cu_num, causal=True, post_3606=False):
@@ -596,17 +555,17 @@ def test_fault_sets_and_unknown_fault():
 def test_run_emulated_prefill_rejects_bad_inputs():
     d = _inputs([16], H=1)
     with pytest.raises(ValueError, match="q8 must be a 3-D float8_e4m3fn"):
-        run_emulated_prefill(d["q8"].float(), d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"],
+        EMULATOR.run_prefill(d["q8"].float(), d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"],
                              softmax_scale=SM_SCALE)
     with pytest.raises(ValueError, match="v_scale must be a one-element fp32"):
-        run_emulated_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], None, d["cu"], softmax_scale=SM_SCALE)
+        EMULATOR.run_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], None, d["cu"], softmax_scale=SM_SCALE)
     with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to T=16"):
-        run_emulated_prefill(
+        EMULATOR.run_prefill(
             d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], torch.tensor([0, 15], dtype=torch.int32),
             softmax_scale=SM_SCALE,
         )  # fmt: skip
     with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32"):
-        run_emulated_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"].long(),
+        EMULATOR.run_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"].long(),
                              softmax_scale=SM_SCALE)
 
 

@@ -1,6 +1,7 @@
 """Faithful PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill: the ASM kernel
 ``mla_prefill_ps_asm_fwd`` (``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``, unchanged
-since v0.1.10.post1) and ``mla_reduce_v1``. Source: docs/aiter-contract.md#work-info, #kernel, #reduce,
+since v0.1.10.post1), ``mla_reduce_v1``, and the whole path (:meth:`Emulator.run_prefill`: the planner
+port's plan, then kernel and reduce). Source: docs/aiter-contract.md#work-info, #kernel, #reduce,
 #pr-3606, #emulation; AITER main ``e4048607a535`` and ROCm/aiter#3606.
 
 Arithmetic model (choices where the hardware is not observable):
@@ -29,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from mla_fp8_bench.aiter_ps.facts import KV_TILE, Q_TILE, unpack_q_head_range
+from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpack_q_head_range
 
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
@@ -263,11 +264,58 @@ def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, 
     return out
 
 
+# whole path: plan, kernel, reduce
+
+
+def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: tuple) -> None:
+    """q8 ``[T, H, Dqk]``, k8 ``[P, H, Dqk]``, v8 ``[P, H, Dv]`` float8_e4m3fn on one device; one-element
+    fp32 scales. ValueError naming the bad argument otherwise."""
+    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
+            raise ValueError(
+                f"{name} must be a 3-D float8_e4m3fn tensor, got "
+                f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
+            )
+    T, H, dqk = (int(v) for v in q8.shape)
+    P = int(k8.shape[0])
+    if tuple(k8.shape[1:]) != (H, dqk) or v8.shape[0] != P or v8.shape[1] != H:
+        raise ValueError(
+            f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: got k8 {tuple(k8.shape)}, "
+            f"v8 {tuple(v8.shape)}"
+        )
+    if k8.device != q8.device or v8.device != q8.device:
+        raise ValueError(f"q8/k8/v8 must share a device: {q8.device}, {k8.device}, {v8.device}")
+    for name, sc in zip(("q_scale", "k_scale", "v_scale"), scales):
+        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or sc.numel() != 1:
+            raise ValueError(f"{name} must be a one-element fp32 tensor, got {sc!r:.80}")
+
+
+def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tensor:
+    """``cu`` as a contiguous CPU int32 tensor rising from 0 to ``total``; ValueError otherwise."""
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(cu, 'dtype', type(cu))}")
+    cu_cpu = cu.detach().cpu().contiguous()
+    vals = cu_cpu.tolist()
+    if len(vals) < 1 or vals[0] != 0 or vals[-1] != total or any(a > b for a, b in zip(vals, vals[1:])):
+        raise ValueError(f"{name} must rise from 0 to {label}={total}, got {vals[:8]}{'...' if len(vals) > 8 else ''}")
+    return cu_cpu
+
+
+def _check_lengths(cu_q: torch.Tensor, cu_kv: torch.Tensor, causal: bool) -> None:
+    """Same batch size; with ``causal`` every q_len <= kv_len (bottom-right alignment needs it)."""
+    if cu_q.numel() != cu_kv.numel():
+        raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
+    q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_kv[1:] - cu_kv[:-1]).tolist()
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+        if causal and q_len > kv_len:
+            raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
+
+
 # the emulator object
 
 
 class Emulator:
-    """AITER's PS FP8 prefill kernel and reduce, emulated in PyTorch.
+    """AITER's PS FP8 prefill kernel and reduce, and the whole path, emulated in PyTorch.
 
     Each arithmetic step that a kernel or reduce bug would change is one small method; a subclass
     that overrides one models that bug. :data:`EMULATOR` is the faithful instance.
@@ -425,6 +473,81 @@ class Emulator:
             final_output[q0:q1] = acc.to(final_output.dtype)
             if final_lse is not None:
                 final_lse[q0:q1] = lse_star.to(final_lse.dtype)
+
+    def run_prefill(
+        self,
+        q8: torch.Tensor,
+        k8: torch.Tensor,
+        v8: torch.Tensor,
+        q_scale: torch.Tensor,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        *,
+        softmax_scale: float,
+        causal: bool = True,
+        cu_num: int = 256,
+        return_lse: bool = False,
+        poison: bool = True,
+        cu_seqlens_kv: torch.Tensor | None = None,
+        post_3606: bool = True,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Plan with the v0.1.22 planner port (the kernel's fixed keywords, ``need_lse=post_3606``, identity
+        ``kv_page_indices``), then run the emulated kernel and reduce with ``splitData``/``splitLse`` sized
+        from the live partial count: an emulated AITER PS FP8 MLA prefill.
+
+        Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
+
+        Args:
+            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn (P = T unless
+                ``cu_seqlens_kv`` is given); real = fp8 * scale.
+            q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
+            cu_seqlens: int32 ``[B+1]`` cumulative q lengths (``cu_seqlens[-1] == T``).
+            softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
+            causal: bottom-right causal masking (query i sees key j iff ``j <= kv_len - q_len + i``);
+                False for a context chunk.
+            cu_num: CU count the plan is made for (256 on MI355X).
+            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE: every row post-#3606, only
+                rows of split tiles pre-#3606 (others NaN when ``poison``, else undefined).
+            poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
+            cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``.
+            post_3606: the v0.1.22 planner with ``need_lse=True`` and its reduce; False plans as AITER
+                <= v0.1.21 (= ``need_lse=False``).
+
+        Returns:
+            ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
+
+        Raises:
+            ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with
+                ``causal``, or a scale that is None or not one element.
+        """
+        _check_fp8_qkv(q8, k8, v8, (q_scale, k_scale, v_scale))
+        T, H = int(q8.shape[0]), int(q8.shape[1])
+        cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
+        cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
+        _check_lengths(cu_q, cu_kv, bool(causal))
+        dev, dv = q8.device, int(v8.shape[-1])
+        fill = float("nan") if poison else 0.0
+        output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)
+        final_lse = torch.full((T, H), fill, dtype=torch.float32, device=dev)
+        if cu_q.numel() < 2 or T == 0:
+            return (output, final_lse) if return_lse else output
+        from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
+
+        plan = plan_ps_prefill(cu_q, cu_kv, (cu_kv[1:] - cu_kv[:-1]).to(torch.int32), num_heads_k=H,
+                               cu_num=int(cu_num), kvlen_granularity=KV_TILE, block_size=1, is_causal=bool(causal),
+                               revision=PLANNER_V0_1_22, need_lse=bool(post_3606))
+        n_rows = int(plan.num_partials) * Q_TILE
+        split_data = torch.full((n_rows, H, dv), fill, dtype=torch.float32, device=dev)
+        split_lse = torch.full((n_rows, H), fill, dtype=torch.float32, device=dev)
+        pages = torch.arange(int(k8.shape[0]), dtype=torch.int32, device=dev)
+        max_q = int((cu_q[1:] - cu_q[:-1]).max())
+        self.mla_prefill_ps_asm_fwd(q8, k8, v8, cu_q.to(dev), cu_kv.to(dev), pages, plan.work_indptr, plan.work_info,
+                                    max_q, float(softmax_scale), bool(causal), split_data, split_lse, output, q_scale,
+                                    k_scale, v_scale)
+        self.mla_reduce_v1(split_data, split_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                           output, final_lse, post_3606=post_3606)
+        return (output, final_lse) if return_lse else output
 
 
 #: The faithful emulator.
