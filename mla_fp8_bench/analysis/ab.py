@@ -189,7 +189,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     from mla_fp8_bench.analysis import gate as G
     from mla_fp8_bench.backends import backend_names
     from mla_fp8_bench.config import MAX_ROUNDS
-    from mla_fp8_bench.jsonio import check_output_path, write_json_atomic
+    from mla_fp8_bench.jsonio import check_output_path, write_file_atomic, write_json_atomic
     from mla_fp8_bench.problem.cases import resolve_cases
 
     base = parse_side(args.base, "BASE")
@@ -237,8 +237,6 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     settings = (f"{args.rounds} rounds per side in alternating processes; latency threshold max({args.factor}, "
                 f"1 + {args.noise_k} x the ratio's standard error) on the ratio of outlier-clipped round means of time")
     if args.summary:
-        from mla_fp8_bench.jsonio import write_file_atomic
-
         md = G.render_markdown(rows, base_src=args.base, head_src=args.head, settings=settings, allow_missing=False,
                                plots=None).replace("## mla-fp8-bench gate", "## mla-fp8-bench ab", 1)
         write_file_atomic(args.summary, lambda f: f.write(md))

@@ -9,7 +9,9 @@ informational: docs/regressions.md, section 3.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
+import functools
 import math
 import os
 from collections import Counter
@@ -224,7 +226,7 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
                 when=("commit date", res.date / 1000.0) if isinstance(res.date, (int, float)) and res.date else None)
     from mla_fp8_bench.backends import backend_flag
 
-    emu: dict[str, bool | None] = {}
+    emulation = functools.cache(functools.partial(backend_flag, flag="emulation"))
     for name in res.benchmarks():
         method = name.rsplit(".", 1)[-1]
         m = find(method)
@@ -242,9 +244,7 @@ def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
             if x.status != "ok":
                 side.data[key] = Measure(x.status, version=x.version)
                 continue
-            if backend not in emu:
-                emu[backend] = backend_flag(backend, "emulation")
-            scope = "emulation" if emu[backend] else "cpu" if cpu else "kernel"
+            scope = "emulation" if emulation(backend) else "cpu" if cpu else "kernel"
             ci = (x.ci_99_a, x.ci_99_b) if x.ci_99_a is not None and x.ci_99_b is not None else None
             as_rounds = m is not None and m.rounds_key is not None and x.version not in LEGACY_SAMPLE_VERSIONS
             side.data[key] = _ok_measure(m, x.value, None if as_rounds else x.samples, ci, x.version, scope,
@@ -281,19 +281,15 @@ def resolve_machine(results_dir: str, machine: str | None) -> str:
 def machine_holding(results_dir: str, specs: tuple[str, ...], env: str | None) -> str | None:
     """The one machine of ``results_dir`` with results for every commit prefix in ``specs`` (files are
     skipped), or None when there is no such machine or several (``--machine`` then decides)."""
-    if not os.path.isdir(results_dir):
-        return None
     prefixes = [s for s in specs if not os.path.isfile(s)]
-    if not prefixes:
+    if not prefixes or not os.path.isdir(results_dir):
         return None
     found = []
     for name in machine_names(results_dir):
-        try:
+        with contextlib.suppress(ResultsError):
             for s in prefixes:
                 find_result(results_dir, name, s, env)
-        except ResultsError:
-            continue
-        found.append(name)
+            found.append(name)
     return found[0] if len(found) == 1 else None
 
 
@@ -809,14 +805,11 @@ def _verdict_counts(rows: list[Row]) -> str:
 
 def side_notes(base: Side, head: Side) -> list[str]:
     """Facts about the two sides a reader must know: BASE measured after HEAD (swapped arguments?)."""
-    out = []
-    if base.when and head.when and base.when[1] > head.when[1]:
-        def iso(t: float) -> str:
-            return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
-
-        out.append(f"BASE is newer than HEAD ({base.when[0]} {iso(base.when[1])} vs {head.when[0]} "
-                   f"{iso(head.when[1])}): are BASE and HEAD swapped?")
-    return out
+    if not (base.when and head.when and base.when[1] > head.when[1]):
+        return []
+    (b_what, b_t), (h_what, h_t) = base.when, head.when
+    b_iso, h_iso = (_dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds") for t in (b_t, h_t))
+    return [f"BASE is newer than HEAD ({b_what} {b_iso} vs {h_what} {h_iso}): are BASE and HEAD swapped?"]
 
 
 # ------------------------------------------------------------------------------------------ reports
