@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mla_fp8_bench.aiter_ps import facts
-from mla_fp8_bench.aiter_ps.workspace import vllm_padded_heads, vllm_partial_tiles, workspace_bytes
+from mla_fp8_bench.aiter_ps.workspace import vllm_padded_heads, vllm_partial_tiles, vllm_reserved, workspace_bytes
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -150,6 +150,18 @@ def test_vllm_reservation():
     assert [vllm_padded_heads(h) for h in (8, 12, 16, 24, 128)] == [16, 16, 16, 32, 128]
     gib = workspace_bytes(1311, 8192, 16).partial_output / 2**30
     assert 2.55 < gib < 2.57  # "about 2.56 GiB of logits"
+
+
+def test_vllm_reserved_bytes_by_hand():
+    # 8192 tokens / 256 + 4 seqs - 1 + 256 CUs = 291 slots = 74,496 rows, at 16 padded heads, dv 128, fp32
+    kw = dict(budget_sizing=True, info_partial_slots=9, max_num_batched_tokens=8192, max_num_reqs=4,
+              num_compute_units=256, num_head_k=16)
+    p, wb = vllm_reserved(pads_heads=True, num_heads=8, **kw)
+    assert p == 291
+    assert (wb.partial_output, wb.partial_lse, wb.final_lse) == (610_271_232, 4_767_744, 524_288)
+    assert wb.extra == 8192 * 16 * 128 * 2  # bf16 output scratch for the 8 padded heads
+    assert vllm_reserved(pads_heads=False, num_heads=8, **kw)[1].extra == 0  # vLLM < 0.29 does not pad
+    assert vllm_reserved(pads_heads=True, num_heads=16, **kw)[1].extra == 0  # nothing to pad
 
 
 def test_contract_anchors_referenced_in_the_repo_exist():

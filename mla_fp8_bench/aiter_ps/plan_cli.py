@@ -33,13 +33,12 @@ from mla_fp8_bench.aiter_ps.facts import (
 )
 from mla_fp8_bench.aiter_ps.planner import PsPlan, buffer_lengths_from_info, plan_ps_prefill, ps_metadata_info
 from mla_fp8_bench.aiter_ps.workspace import (
-    VLLM_WORKSPACE_ALIGN,
     WorkspaceBytes,
     vllm_padded_heads,
-    vllm_partial_tiles,
+    vllm_reserved,
     workspace_bytes,
 )
-from mla_fp8_bench.problem.shapes import V_HEAD_DIM, cu_seqlens_of
+from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
 EXIT_USAGE = 2
 MAX_SEQUENCES = 65536
@@ -250,14 +249,12 @@ def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int
     bound = info["reduce_partial_map"][0][0]
     rows.append(("reserved: info bound", bound, workspace_bytes(bound, tokens, h)))
     hp = vllm_padded_heads(h)
-    vt = req.vllm_max_num_batched_tokens
-    pad = vt * hp * V_HEAD_DIM * 2 if hp != h else 0  # bf16 output scratch for padded heads
     for label, budget in (("vLLM <= 0.30 builder (info bound)", False), ("vLLM >= 0.31 builder (budget)", True)):
-        p = vllm_partial_tiles(budget_sizing=budget, info_partial_slots=_vllm_info_slots(req),
-                               max_num_batched_tokens=vt, max_num_reqs=req.vllm_max_num_seqs,
-                               num_compute_units=req.cu_num)
-        rows.append((f"reserved: {label}, H={hp}", p,
-                     workspace_bytes(p, vt, hp, align=VLLM_WORKSPACE_ALIGN, extra=pad)))
+        p, wb = vllm_reserved(budget_sizing=budget, pads_heads=True, info_partial_slots=_vllm_info_slots(req),
+                              max_num_batched_tokens=req.vllm_max_num_batched_tokens,
+                              max_num_reqs=req.vllm_max_num_seqs, num_compute_units=req.cu_num, num_heads=h,
+                              num_head_k=hp)
+        rows.append((f"reserved: {label}, H={hp}", p, wb))
     return rows
 
 

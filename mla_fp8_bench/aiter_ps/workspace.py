@@ -80,3 +80,20 @@ def vllm_partial_tiles(*, budget_sizing: bool, info_partial_slots: int, max_num_
     if budget_sizing:
         return math.ceil(max_num_batched_tokens / Q_TILE) + max_num_reqs - 1 + num_compute_units
     return info_partial_slots
+
+
+def vllm_reserved(*, budget_sizing: bool, pads_heads: bool, info_partial_slots: int, max_num_batched_tokens: int,
+                  max_num_reqs: int, num_compute_units: int, num_heads: int, num_head_k: int,
+                  v_head_dim: int = V_HEAD_DIM, out_itemsize: int = 2) -> tuple[int, WorkspaceBytes]:
+    """What vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: ``(partial slots, bytes)``, the slots of
+    :func:`vllm_partial_tiles` at the padded head count ``num_head_k``, each buffer rounded to
+    :data:`VLLM_WORKSPACE_ALIGN`, plus (``pads_heads``: vLLM >= 0.29, and only when ``num_heads <
+    num_head_k``) the output scratch ``max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize``
+    bytes in the model dtype; docs/aiter-contract.md#workspace."""
+    p = vllm_partial_tiles(budget_sizing=budget_sizing, info_partial_slots=info_partial_slots,
+                           max_num_batched_tokens=max_num_batched_tokens, max_num_reqs=max_num_reqs,
+                           num_compute_units=num_compute_units)
+    padded = pads_heads and num_heads < num_head_k
+    extra = max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize if padded else 0
+    return p, workspace_bytes(p, max_num_batched_tokens, num_head_k, v_head_dim, align=VLLM_WORKSPACE_ALIGN,
+                              extra=extra)

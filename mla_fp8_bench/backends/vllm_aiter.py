@@ -31,7 +31,7 @@ from mla_fp8_bench.aiter_ps.facts import (
     effective_version,
     reduce_heads_for,
 )
-from mla_fp8_bench.aiter_ps.workspace import VLLM_WORKSPACE_ALIGN, vllm_partial_tiles, workspace_bytes
+from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
 from mla_fp8_bench.backends.aiter_real import aiter_gate, check_primitives, load_aiter, numel
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
@@ -168,24 +168,6 @@ def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
     if missing:
         raise VllmAdapterError(f"{workspace_module} lacks {', '.join(missing)} (vLLM's workspace manager, #42978)")
     return VllmEntry(mod, ws, detect_features(mod))
-
-
-def vllm_reserved_workspace_bytes(features: VllmFeatures, *, max_num_reqs: int, max_num_batched_tokens: int,
-                                  num_heads: int, num_head_k: int, num_compute_units: int,
-                                  info_partial_slots: int, v_head_dim: int = V_HEAD_DIM,
-                                  out_itemsize: int = 2) -> int:
-    """Bytes vLLM's ``_init_fp8_prefill_ps_buffers`` reserves in the workspace: the partial tiles of
-    :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_partial_tiles` at the padded head count ``num_head_k``,
-    plus (>= 0.29, padded heads only) the output scratch in the model dtype (``out_itemsize`` bytes); the
-    formula and its sources: docs/aiter-contract.md#workspace."""
-    p = vllm_partial_tiles(budget_sizing=features.budget_sizing, info_partial_slots=info_partial_slots,
-                           max_num_batched_tokens=max_num_batched_tokens, max_num_reqs=max_num_reqs,
-                           num_compute_units=num_compute_units)
-    extra = 0
-    if features.pads_heads and num_heads < num_head_k:
-        extra = max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize
-    return workspace_bytes(p, max_num_batched_tokens, num_head_k, v_head_dim, align=VLLM_WORKSPACE_ALIGN,
-                           extra=extra).total
 
 
 def _reserved_bytes(ws: types.ModuleType) -> int | None:
@@ -452,9 +434,9 @@ class VllmAiter(Backend):
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
         """vLLM's per-step metadata build time (``planner_samples_s``, seconds: the real
         ``_build_fp8_prefill_ps_metadata``, host planner and vLLM's copies), live partial tiles, and the
-        workspace vLLM reserves: ``workspace_bytes`` by :func:`vllm_reserved_workspace_bytes` (max_num_reqs =
-        batch, max_num_batched_tokens = total tokens, as the seed test sizes it), ``workspace_bytes_reserved``
-        what the manager holds after the reservation.
+        workspace vLLM reserves: ``workspace_bytes`` by :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved`
+        (max_num_reqs = batch, max_num_batched_tokens = total tokens, as the seed test sizes it),
+        ``workspace_bytes_reserved`` what the manager holds after the reservation.
 
         Raises:
             NotImplementedError: the case is unsupported (recorded as an asv skip).
@@ -481,10 +463,10 @@ class VllmAiter(Backend):
         finally:
             ws.reset_workspace_manager()
         cus = getattr(aiter, "cu_num", None) or platform.multi_processor_count
-        formula = vllm_reserved_workspace_bytes(
-            entry.features, max_num_reqs=case.batch_size, max_num_batched_tokens=case.total_tokens,
-            num_heads=case.num_heads, num_head_k=st.num_head_k, num_compute_units=int(cus),
-            info_partial_slots=numel(info[5][0]))
+        formula = vllm_reserved(
+            budget_sizing=entry.features.budget_sizing, pads_heads=entry.features.pads_heads,
+            max_num_reqs=case.batch_size, max_num_batched_tokens=case.total_tokens, num_heads=case.num_heads,
+            num_head_k=st.num_head_k, num_compute_units=int(cus), info_partial_slots=numel(info[5][0]))[1].total
         return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": formula,
                 "reserved_workspace_bytes": formula, "workspace_bytes_reserved": st.reserved_bytes,
                 "num_head_k": st.num_head_k}
