@@ -188,6 +188,20 @@ def test_negative_latency_is_invalid(tmp_path, capsys):
     assert "INVALID: fa3-fp8 s1024 latency_s" in capsys.readouterr().out
 
 
+def test_zero_latency_is_invalid_not_improved(tmp_path, capsys):
+    """A latency of exactly 0 s is impossible (a timer that read nothing), on either side."""
+    h_rec = _rec(seed=1)
+    h_rec["latency_samples_s"] = [0.0] * 30
+    h_rec["latency_s"] = 0.0
+    b = _write(tmp_path, "b.json", [_rec()])
+    h = _write(tmp_path, "h.json", [h_rec])
+    assert _gate(b, h) == 1
+    out = capsys.readouterr().out
+    assert "INVALID: fa3-fp8 s1024 latency_s" in out and "improved" not in out
+    assert "possible: (0, inf]" in " ".join(out.split())
+    assert _gate(h, b) == 1 and "impossible value 0 on BASE" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------- figures that are not a kernel's
 def test_cpu_run_latency_x3_passes_but_accuracy_x3_fails(tmp_path, capsys):
     recs = [_rec(backend="torch-sdpa-bf16", case=c, scope="call", latency=2e-3) for c in ("s128", "s512")]

@@ -473,11 +473,11 @@ def _impossible(kind: str, m: Metric | None, bm: Measure | None, hm: Measure) ->
     if kind == "accuracy" and (hv is None or not math.isfinite(hv)):
         return "REGRESSION", "non-finite on HEAD"
     if m is not None and hv is not None and not m.possible(hv):
-        return "INVALID", f"impossible value {hv:.4g} on HEAD (possible: {list(m.bounds)})"
+        return "INVALID", f"impossible value {hv:.4g} on HEAD (possible: {m.bounds_text})"
     bv = bm.center() if bm is not None and bm.status == "ok" else None
     if bv is not None and (not math.isfinite(bv) or (m is not None and not m.possible(bv))):
         what = "non-finite" if not math.isfinite(bv) else "impossible"
-        return "INVALID", (f"{what} value {bv:.4g} on BASE" + (f" (possible: {list(m.bounds)})" if m is not None
+        return "INVALID", (f"{what} value {bv:.4g} on BASE" + (f" (possible: {m.bounds_text})" if m is not None
                            else "") + f": HEAD's {hv:.4g} cannot be judged against it")
     if bm is not None and bm.status in ("invalid", "missing"):
         return "INVALID", f"BASE: {bm.reason}: HEAD's {hv:.4g} cannot be judged against it"

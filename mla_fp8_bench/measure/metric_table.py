@@ -71,7 +71,8 @@ class Metric:
     tolerance_floor: float | None = None  # smallest calibrated tolerance (calibrated metrics only)
     derive: Callable[[dict[str, Any]], float | None] | None = None  # the value when ``record_key`` is absent
     doc: str = ""  # one-line description (the asv method's docstring)
-    bounds: tuple[float, float] = (0.0, math.inf)  # the closed range of possible values
+    bounds: tuple[float, float] = (0.0, math.inf)  # the range of possible values, closed but for low_open
+    low_open: bool = False  # the lower bound itself is impossible (a time of exactly 0: a timer that read nothing)
 
     def __post_init__(self) -> None:
         for what, allowed in (("kind", KINDS), ("gate", GATES), ("better", ("lower", "higher"))):
@@ -121,7 +122,13 @@ class Metric:
     def possible(self, v: float) -> bool:
         """Whether ``v`` lies in :attr:`bounds` (NaN: False; +inf counts as within an open upper end)."""
         lo, hi = self.bounds
-        return not math.isnan(v) and lo <= v <= hi
+        return not math.isnan(v) and (lo < v if self.low_open else lo <= v) and v <= hi
+
+    @property
+    def bounds_text(self) -> str:
+        """:attr:`bounds` as an interval, ``(0, inf]`` or ``[0, 1]``."""
+        lo, hi = self.bounds
+        return f"{'(' if self.low_open else '['}{lo:g}, {hi:g}]"
 
     def floored(self, v: float) -> float:
         """``max(v, floor)`` (NaN stays NaN); the value asv stores for ``v``."""
@@ -157,14 +164,14 @@ def _accuracy(name: str, key: str, track: str | None, unit: str, pretty: str, *,
 METRICS: tuple[Metric, ...] = (
     Metric("latency", "latency_s", "track_latency", "MLAPrefill", "seconds", "MLA prefill latency",
            "kernel_latency", gate="latency", samples_key="latency_samples_s", rounds_key="latency_rounds_s",
-           doc="Kernel-only device time (CUDA/HIP graph replay) on GPUs; host time on CPU; seconds."),
+           low_open=True, doc="Kernel-only device time (CUDA/HIP graph replay) on GPUs; host time on CPU; seconds."),
     Metric("call_latency", "call_latency_s", "track_call_latency", "MLAPrefill", "seconds",
            "MLA prefill call latency (host-inclusive)", "host_latency", gate="latency",
            samples_key="call_latency_samples_s",
-           doc="Host-inclusive latency of one call (run + synchronize), seconds (GPU only)."),
+           low_open=True, doc="Host-inclusive latency of one call (run + synchronize), seconds (GPU only)."),
     Metric("emulation_latency", "emulation_latency_s", "track_emulation_latency", "MLAPrefill", "seconds",
            "emulated MLA prefill latency (host time of the emulation, not a kernel's)", "informational",
-           samples_key="emulation_latency_samples_s",
+           samples_key="emulation_latency_samples_s", low_open=True,
            doc="Host time of an emulation of the kernel (PyTorch code), seconds: informational, never a kernel's. "
                "Its own track, so asv never draws it on the axis of kernel latencies (track_latency is n/a "
                "for emulation records)."),
@@ -188,7 +195,7 @@ METRICS: tuple[Metric, ...] = (
            "seconds per PFLOP (informational)", "informational", derive=_seconds_per_pflop,
            doc="Informational throughput as seconds per PFLOP (asv treats larger as worse; TFLOP/s would invert)."),
     Metric("planner_time", "planner_s", "track_planner_time", "AiterPlan", "seconds", "AITER PS planner time",
-           "host_latency", gate="latency", samples_key="planner_samples_s",
+           "host_latency", gate="latency", samples_key="planner_samples_s", low_open=True,
            doc="get_ps_metadata_v1 host planning time (the real planner on gfx950, the port elsewhere), seconds."),
     Metric("workspace_bytes", "workspace_bytes", "track_workspace_bytes", "AiterPlan", "bytes",
            "partial + LSE workspace", "resource", gate="grow",
