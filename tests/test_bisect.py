@@ -102,3 +102,29 @@ def test_read_value_selects_one_combination(tmp_path):
     with pytest.raises(BisectUsageError, match="selects 2 benchmark combinations"):
         read_value(rd, "m", sha, r"\('aiter', ")
     assert read_value(rd, "m", "fedcba98" + sha[8:], "x") == ("", None, "missing")
+
+
+def test_refused_ends_leave_no_probe_log_or_worktree(repo, tmp_path, monkeypatch):
+    """When the ends do not measure good and bad, the bisection is refused and leaves nothing behind."""
+    import tempfile
+
+    from mla_fp8_bench.analysis import bisect as B
+
+    lib, (good, bad) = repo
+    conf = tmp_path / "asv.conf.json"
+    conf.write_text(json.dumps({"version": 1, "repo": str(lib)}))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def both_good(wt, sha, step_cmd, env):
+        log = step_cmd[step_cmd.index("--log") + 1]
+        with open(log, "a") as f:
+            f.write(json.dumps({"sha": sha, "verdict": "good", "value": 1.0, "name": "x"}) + "\n")
+        return B.EXIT_GOOD
+
+    monkeypatch.setattr(B, "measure_end", both_good)
+    with pytest.raises(BisectUsageError, match=r"--bad \w+ measures good \(x = 1\)"):
+        B.run_bisect(repo=str(lib), good=good, bad=bad, benchmark="fa3-fp8", metric="track_latency",
+                     threshold=2.0, config=str(conf), python="python3", echo=lambda *a: None)
+    assert list(scratch.iterdir()) == []

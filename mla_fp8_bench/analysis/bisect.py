@@ -203,8 +203,8 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
         if not keep_worktree:
             subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", wt], capture_output=True)
             shutil.rmtree(wt, ignore_errors=True)
-    probes = _read_log(log)
-    Path(log).unlink(missing_ok=True)
+        probes = _read_log(log)
+        Path(log).unlink(missing_ok=True)
     return {"first_bad": first_bad, "probes": probes, "log": blog, "output": output, "benchmark": benchmark,
             "ends": ends}
 
