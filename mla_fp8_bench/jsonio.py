@@ -74,6 +74,17 @@ def load_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
         raise error(f"{what} {path} cannot be read as JSON: {exc}") from None
 
 
+def json_number(x: Any) -> float | None:
+    """A JSON number as a float (NaN and +-inf kept); None for anything else: null, a bool, a string, a
+    list, and an integer beyond the float range (``1`` followed by 400 zeros is valid JSON)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        return float(x)
+    except OverflowError:
+        return None
+
+
 def check_output_path(path: str | os.PathLike | None, what: str = "output file") -> Path:
     """Check, before any work, that :func:`write_file_atomic` can create ``path``; return it as a Path.
 

@@ -35,6 +35,7 @@ from mla_fp8_bench.harness.results import (
     load_any,
     run_doc_from_data,
 )
+from mla_fp8_bench.jsonio import json_number
 from mla_fp8_bench.measure import metric_table
 from mla_fp8_bench.measure.clocks import OFF_PLATEAU_REL
 from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, find, record_is_emulation
@@ -120,12 +121,12 @@ def _metric_kind(m: Metric | None, name: str) -> str:
 
 
 def _number(x: Any) -> float | None | str:
-    """A stored value as float; None when absent; the string ``"invalid"`` when not a number."""
+    """A stored value as float; None when absent; the string ``"invalid"`` when not a number (or an
+    integer beyond the float range)."""
     if x is None:
         return None
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return "invalid"
-    return float(x)
+    v = json_number(x)
+    return "invalid" if v is None else v
 
 
 def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None, scope="kernel",
@@ -133,11 +134,12 @@ def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None,
     """An ok Measure with the metric's floor applied (asv stores floored values); an impossible value
     (e.g. a negative error) is kept as it is, so the comparison can report it."""
     fv = m.floored(v) if m is not None and m.possible(v) else v
+    for name, vals, absent in (("samples", samples, ()), ("rounds", rounds, (None,))):
+        bad = [x for x in vals if x not in absent and _number(x) in ("invalid", None)] if isinstance(vals, list) else []
+        if bad or (name == "rounds" and vals is not None and not isinstance(vals, list)):
+            what = repr(bad[0])[:40] if bad else f"{type(vals).__name__} {repr(vals)[:40]}"
+            return Measure("invalid", reason=f"{name} hold {what}, not a number: a list of latencies in seconds")
     smp = [float(x) for x in samples] if isinstance(samples, list) and samples else None
-    bad = [x for x in rounds if _number(x) == "invalid"] if isinstance(rounds, list) else []
-    if bad or (rounds is not None and not isinstance(rounds, list)):
-        what = repr(bad[0])[:40] if bad else f"{type(rounds).__name__} {repr(rounds)[:40]}"
-        return Measure("invalid", reason=f"rounds hold {what}, not a number: a list of latencies in seconds")
     rnd = [float(x) for x in rounds if x is not None] if isinstance(rounds, list) else None
     return Measure("ok", fv, smp, ci, version, scope=scope, rounds=rnd if rnd and len(rnd) >= 2 else None)
 
@@ -192,7 +194,8 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
                     side.data[key] = Measure("missing", reason=f"{m.record_key} is null")
                 continue  # not measured for this backend (e.g. no timing, no LSE)
             if v == "invalid":
-                side.data[key] = Measure("invalid", reason=f"{m.record_key} = {r.get(m.record_key)!r} is not a number")
+                shown = repr(r.get(m.record_key))[:40]
+                side.data[key] = Measure("invalid", reason=f"{m.record_key} = {shown} is not a number")
                 continue
             side.data[key] = _ok_measure(m, v, r.get(m.samples_key) if m.samples_key else None, scope=scope,
                                          rounds=r.get(m.rounds_key) if m.rounds_key else None)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.jsonio import json_number
 from mla_fp8_bench.measure.metric_table import calibrated_metrics, zero_metrics
 from mla_fp8_bench.problem.cases import CaseError, parse_case_id
 
@@ -87,8 +88,9 @@ def _bad(path: str, msg: str) -> ToleranceFileError:
 
 
 def _check_number(path: str, where: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise _bad(path, f"{where} is {v!r}: must be a finite number >= 0")
+    x = json_number(v)
+    if x is None or not math.isfinite(x) or x < 0:
+        raise _bad(path, f"{where} is {repr(v)[:40]}: must be a finite number >= 0")
 
 
 def validate_tolerances(data: Any, path: str = "<memory>") -> dict[str, Any]:
@@ -132,8 +134,8 @@ def load_tolerances(path: str | os.PathLike) -> Tolerances:
     """Read and validate a tolerance file.
 
     Raises:
-        ToleranceFileError: missing file, invalid JSON (with line/column), wrong schema/version, or a
-            bad value (with its JSON path).
+        ToleranceFileError: missing or unreadable file, not UTF-8 text, invalid JSON (with line/column) or
+            nested too deep to parse, wrong schema/version, or a bad value (with its JSON path).
     """
     p = str(path)
     try:
@@ -142,10 +144,14 @@ def load_tolerances(path: str | os.PathLike) -> Tolerances:
         raise _bad(p, "not found") from None
     except OSError as exc:
         raise _bad(p, f"cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise _bad(p, f"is not text (byte {exc.start} is not UTF-8): not a JSON file") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _bad(p, f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except (RecursionError, ValueError) as exc:  # nested too deep; an integer of more than 4300 digits
+        raise _bad(p, f"cannot be read as JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     return Tolerances(p, validate_tolerances(data, p))
 
 

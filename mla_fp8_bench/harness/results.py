@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.jsonio import load_json
+from mla_fp8_bench.jsonio import json_number, load_json
 
 #: asv 0.6.x api versions of the three files.
 ASV_RESULTS_API_VERSION = 2
@@ -54,9 +54,8 @@ def _load(path: Path, what: str) -> Any:
 
 
 def _finite_or_none(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
+    v = json_number(x)
+    return v if v is not None and math.isfinite(v) else None
 
 
 def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
@@ -340,8 +339,9 @@ class AsvResult:
         out: dict[tuple[str, ...], Measurement] = {}
         for i, (combo, v) in enumerate(zip(combos, vals)):
             status = "failed" if v is None else "skipped" if (isinstance(v, float) and math.isnan(v)) else "ok"
-            if status == "ok" and _finite_or_none(v) is None and not (isinstance(v, float) and math.isinf(v)):
-                raise ResultsError(f"asv result file {self.path}: {benchmark}{combo} has a non-numeric value {v!r}")
+            if status == "ok" and json_number(v) is None:
+                raise ResultsError(f"asv result file {self.path}: {benchmark}{combo} has a non-numeric value "
+                                   f"{repr(v)[:60]} (a number in the float range is needed)")
             smp = col("samples", i)
             out[combo] = Measurement(
                 benchmark, combo, status, float(v) if status == "ok" else None,

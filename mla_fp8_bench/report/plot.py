@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mla_fp8_bench.harness import results as R
-from mla_fp8_bench.jsonio import load_json, write_file_atomic
+from mla_fp8_bench.jsonio import json_number, load_json, write_file_atomic
 from mla_fp8_bench.measure import metric_table as MT
 from mla_fp8_bench.problem.cases import CaseError, parse_case_id
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
@@ -90,9 +90,8 @@ def _slug(text: str) -> str:
 
 
 def _finite(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
+    v = json_number(x)
+    return v if v is not None and math.isfinite(v) else None
 
 
 def _point(ds: Dataset, points: list[Point], b: str, cid: str, **values: Any) -> Point | None:
@@ -172,12 +171,13 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
         if p is None:
             continue
         for key in (_ERR8.record_key, _ERR16.record_key, _LAT.record_key):  # stored but not drawable: named
-            v = r.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            v, x = r.get(key), json_number(r.get(key))
+            if v is not None and x is None:
                 ds.notes.append(f"{b} {cid}: {key} is {v!r:.40}, not a number; not drawn")
-            elif v is not None and not math.isfinite(v):
+            elif x is not None and not math.isfinite(x):
                 ds.notes.append(f"{b} {cid}: {key} is {v} (non-finite output), not drawn")
-        samples = [x for x in (r.get(_LAT.samples_key) or []) if _finite(x) is not None]
+        stored = r.get(_LAT.samples_key)
+        samples = [x for x in (stored if isinstance(stored, list) else []) if _finite(x) is not None]
         if len(samples) >= 2:
             p.latency_q25, _, p.latency_q75 = statistics.quantiles(samples, n=4, method="inclusive")
     _select_variant(ds, pts, variant)

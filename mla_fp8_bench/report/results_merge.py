@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mla_fp8_bench.harness import results as R
-from mla_fp8_bench.jsonio import OutputError, locked, umask_mode, write_file_atomic, write_json_atomic
+from mla_fp8_bench.jsonio import OutputError, json_number, locked, umask_mode, write_file_atomic, write_json_atomic
 
 #: Row columns that hold one entry per parameter combination (asv 0.6 ``result_columns``).
 PER_COMBO_COLUMNS = ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75", "stats_number",
@@ -133,7 +133,8 @@ def _is_nan(v: Any) -> bool:
 
 def _num(v: Any) -> float:
     """A ``started_at`` value as a number (0 when absent or malformed)."""
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+    v = json_number(v)
+    return 0.0 if v is None else v
 
 
 def _combos(row: dict[str, Any]) -> dict[tuple, int] | None:

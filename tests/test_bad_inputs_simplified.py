@@ -1,0 +1,122 @@
+"""Hostile inputs the simplified library must still refuse with one line (or judge as INVALID): integers
+beyond the float range in stored files, non-numbers among latency samples, tolerance files that are not
+text or nest too deep, and numbers beyond what a run can hold."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mla_fp8_bench.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+ASV_FILE = REPO / "results" / "cpu-2core" / "37625ef1-virtualenv-py3.11-torch2.13.0.json"
+#: Valid JSON whose value no float holds (float(HUGE) raises OverflowError).
+HUGE = 10 ** 400
+ACC = {"max_abs_error_fp8_ref": 0.0077, "mean_abs_error_fp8_ref": 0.0004, "rel_l2_error_fp8_ref": 0.0016,
+       "max_abs_error_bf16_ref": 0.19, "mean_abs_error_bf16_ref": 0.01, "rel_l2_error_bf16_ref": 0.038,
+       "mismatch_fraction": 0.001, "nonfinite_count_fp8_ref": 0}
+CPU_ENV = {"vendor": "cpu", "device": "cpu", "device_name": "x86_64", "arch": "cpu"}
+
+
+def _run_json(path: Path, **changes) -> str:
+    rec = {"backend": "torch-fp8-ref", "case": "s64", "status": "ok", "reason": "", **ACC, **changes}
+    path.write_text(json.dumps({"env": CPU_ENV, "records": [rec]}))
+    return str(path)
+
+
+def _no_traceback(capsys) -> str:
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.out + cap.err
+    return " ".join((cap.out + cap.err).split())
+
+
+def test_gate_judges_an_integer_beyond_the_float_range_invalid(tmp_path, capsys):
+    """A run JSON value of 400 digits is valid JSON but no float: INVALID (exit 1), not an OverflowError."""
+    base = _run_json(tmp_path / "b.json")
+    head = _run_json(tmp_path / "h.json", max_abs_error_fp8_ref=HUGE)
+    assert main(["gate", base, head]) == 1
+    out = _no_traceback(capsys)
+    assert "INVALID: torch-fp8-ref s64 max_abs_error_fp8_ref" in out and "is not a number" in out
+    assert "0" * 60 not in out  # the value is shown shortened
+
+
+def test_gate_judges_non_numbers_among_latency_samples_invalid(tmp_path, capsys):
+    """Samples holding a string: the param is INVALID naming the value, not 'could not convert string'."""
+    base = _run_json(tmp_path / "b.json", latency_s=1e-3, latency_samples_s=[1e-3, 1.1e-3])
+    head = _run_json(tmp_path / "h.json", latency_s=1e-3, latency_samples_s=[1e-3, "fast", 1.2e-3])
+    assert main(["gate", base, head]) == 1
+    out = _no_traceback(capsys)
+    assert "INVALID: torch-fp8-ref s64 latency_s" in out and "samples hold 'fast', not a number" in out
+
+
+@pytest.mark.parametrize("where", ["value", "date", "started_at"])
+def test_asv_result_with_an_integer_beyond_the_float_range(tmp_path, capsys, where):
+    """An asv result file with a 400-digit integer (a value, the commit date, a started_at): gate and
+    plot give one line or skip it; merge-results takes the file without an OverflowError."""
+    data = json.loads(ASV_FILE.read_text())
+    name = next(k for k in data["results"] if k.endswith("MLAPrefill.track_max_abs_error"))
+    if where == "value":
+        data["results"][name][0][0] = HUGE
+    elif where == "date":
+        data["date"] = HUGE
+    else:
+        data["results"][name][3] = HUGE
+    src = tmp_path / "src"
+    (src / "cpu-2core").mkdir(parents=True)
+    shutil.copy(REPO / "results" / "cpu-2core" / "machine.json", src / "cpu-2core")
+    shutil.copy(REPO / "results" / "benchmarks.json", src)
+    bad = src / "cpu-2core" / ASV_FILE.name
+    bad.write_text(json.dumps(data))
+    rc = main(["gate", str(ASV_FILE), str(bad)])
+    out = _no_traceback(capsys)
+    if where == "value":
+        assert rc == 2 and "has a non-numeric value 1000" in out and "float range" in out
+    else:
+        assert rc in (0, 1)
+    if where != "value":
+        pytest.importorskip("matplotlib")
+        assert main(["plot", str(src), "--out", str(tmp_path / "plots"), "--format", "svg"]) == 0
+        _no_traceback(capsys)
+    assert main(["merge-results", str(src), "--into", str(tmp_path / "into")]) in (0, 2)
+    _no_traceback(capsys)
+
+
+def test_plot_run_json_with_an_integer_beyond_the_float_range(tmp_path, capsys):
+    """plot of a run JSON whose error is a 400-digit integer and whose samples are not a list: drawn
+    without that value, with a note, instead of an OverflowError / TypeError."""
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "run.json"
+    _run_json(path, max_abs_error_fp8_ref=HUGE, latency_s=1e-3, latency_samples_s=5)
+    assert main(["plot", str(path), "--out", str(tmp_path / "plots"), "--format", "svg"]) == 0
+    _no_traceback(capsys)
+
+
+@pytest.mark.parametrize("content, want", [
+    (b"\xff\xfe{}", "is not text (byte 0 is not UTF-8)"),
+    (b"[" * 100_000 + b"]" * 100_000, "cannot be read as JSON (RecursionError"),
+])
+def test_tolerance_file_not_text_or_too_deep(tmp_path, capsys, content, want):
+    """--tolerances naming a binary file or one nested 100000 deep: one line naming the file (exit 2),
+    not a bare 'utf-8 codec' message or a RecursionError traceback."""
+    tol = tmp_path / "tol.json"
+    tol.write_bytes(content)
+    base = _run_json(tmp_path / "b.json")
+    assert main(["gate", base, base, "--tolerances", str(tol)]) == 2
+    out = _no_traceback(capsys)
+    assert f"tolerance file {tol}: {want}" in out
+
+
+def test_tolerance_margin_beyond_the_float_range(tmp_path, capsys):
+    """A tolerance file whose margin is a 400-digit integer: refused naming the key, shortened."""
+    doc = json.loads((REPO / "tolerances" / "cpu-emulated-v1.json").read_text())
+    tol = tmp_path / "tol.json"
+    tol.write_text(json.dumps(doc).replace(f'"margin": {json.dumps(doc["margin"])}', f'"margin": {HUGE}', 1))
+    base = _run_json(tmp_path / "b.json")
+    assert main(["gate", base, base, "--tolerances", str(tol)]) == 2
+    out = _no_traceback(capsys)
+    assert f"tolerance file {tol}: margin is 1000" in out and "must be a finite number >= 0" in out
+    assert "0" * 60 not in out
