@@ -100,6 +100,34 @@ def test_asv_results_directory(tmp_path):
     assert main(["plot", str(tmp_path / "results"), "--commit", "cafe", "--out", str(tmp_path / "img")]) == 2
 
 
+def test_asv_results_with_the_emulation_on_its_own_track(tmp_path):
+    """As the suite stores it: an emulation's track_latency is n/a (skipped, NaN) and its host time is
+    track_emulation_latency; its points are drawn (on the emulation axis) with its errors."""
+    m = tmp_path / "results" / "cpu"
+    m.mkdir(parents=True)
+    (m / "machine.json").write_text(json.dumps({"machine": "cpu", "cpu": "x86_64", "version": 1}))
+    cols = ["result", "params", "version", "started_at", "duration"]
+    nan = float("nan")
+
+    def row(vals):
+        return [vals, [["'torch-sdpa-bf16'", "'aiter-emulated'"], ["'s128'", "'s256'"]], "v1", 1, 1.0]
+
+    res = {"commit_hash": "c" * 40, "env_name": "e", "date": 2, "params": {"machine": "cpu"}, "python": "3.11",
+           "requirements": {}, "env_vars": {}, "result_columns": cols, "durations": {}, "version": 2, "results": {
+               "bench_mla_prefill.MLAPrefill.track_latency": row([1e-3, 2e-3, nan, nan]),
+               "bench_mla_prefill.MLAPrefill.track_emulation_latency": row([nan, nan, 0.3, 0.6]),
+               "bench_mla_prefill.MLAPrefill.track_max_abs_error": row([0.01, 0.01, 0.04, 0.05]),
+               "bench_mla_prefill.MLAPrefill.track_max_abs_error_bf16_ref": row([0.02, 0.02, 0.2, 0.3]),
+           }}
+    (m / "cccccccc-e.json").write_text(json.dumps(res))
+    (ds,) = load_inputs([str(tmp_path / "results")])
+    pts = {(p.backend, p.seq_len): p for p in ds.points}
+    assert set(pts) == {(b, s) for b in ("torch-sdpa-bf16", "aiter-emulated") for s in (128, 256)}
+    emu = pts[("aiter-emulated", 256)]
+    assert emu.emulation and emu.latency_s == 0.6 and emu.err_fp8 == 0.05 and emu.err_bf16 == 0.3
+    assert not pts[("torch-sdpa-bf16", 128)].emulation and pts[("torch-sdpa-bf16", 128)].latency_s == 1e-3
+
+
 def test_variant_selection(tmp_path):
     recs = [_rec("fa3-fp8", f"s{s}-h128", 1e-5, 0.05, 0.2, 1.0) for s in (128, 256)]
     p = tmp_path / "v.json"

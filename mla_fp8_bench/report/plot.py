@@ -83,6 +83,7 @@ _ERR8 = MT.metric("max_abs_error")
 _ERR16 = MT.metric("max_abs_error_bf16_ref")
 _TFLOPS = MT.metric("tflops")
 _SPP = MT.metric("seconds_per_pflop")
+_EMU_LAT = MT.metric("emulation_latency")
 
 
 def _slug(text: str) -> str:
@@ -196,13 +197,13 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
         mj = R.load_machine(mdir)
         res = R.newest_result(mdir, commit)
         tables = []  # per metric: (backend, case) -> measurement of MLAPrefill.<track>
-        for m in (_LAT, _ERR8, _ERR16, _SPP):
+        for m in (_LAT, _ERR8, _ERR16, _SPP, _EMU_LAT):
             names = [n for n in res.benchmarks() if n.endswith(f".MLAPrefill.{m.track}")]
             tables.append({x.params: x for x in res.measurements(names[0]).values() if len(x.params) == 2}
                           if names else {})
     except R.ResultsError as exc:
         raise PlotError(str(exc)) from None
-    lat, e8, e16, spp = tables
+    lat, e8, e16, spp, emu_lat = tables
     if not lat:
         raise PlotError(f"asv result file {res.path} has no MLAPrefill.track_latency results: not this suite's "
                         "results (benchmarks/bench_mla_prefill.py)")
@@ -218,11 +219,16 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
         return _finite(table[key].value) if key in table else None
 
     pts: list[Point] = []
-    for (b, c), m in lat.items():
+    for b, c in dict.fromkeys([*lat, *emu_lat]):
+        emu = bool(backend_flag(b, "emulation"))
+        # an emulation's time has its own track (results stored before it had one: track_latency)
+        tracks = (emu_lat.get((b, c)), lat.get((b, c))) if emu else (lat.get((b, c)),)
+        m = next((x for x in tracks if x is not None and x.status != "skipped"), None)
+        if m is None:  # a skip: not available on this machine / beyond its cap
+            continue
         if m.status == "failed":
             ds.notes.append(f"{b} {c}: failed in asv (null)")
-        elif m.status != "skipped":  # a skip: not available on this machine / beyond its cap
-            emu = bool(backend_flag(b, "emulation"))
+        else:
             s = val(spp, (b, c))
             _point(ds, pts, b, c, latency_s=_finite(m.value), latency_q25=m.q25, latency_q75=m.q75,
                    err_fp8=val(e8, (b, c)), err_bf16=val(e16, (b, c)),
@@ -410,7 +416,7 @@ def draw_latency(ax, ds: Dataset, st: dict[str, dict[str, Any]], scope: str = "k
                         fontsize=8, color=st[b]["color"], style="italic")
         drawn.append(b)
     if drawn:
-        _log_y(ax, EngFormatter(unit="s", places=0))
+        _log_y(ax, EngFormatter(unit="s"))
     else:
         ax.text(0.5, 0.5, "no latency to show", transform=ax.transAxes, ha="center", color="0.4")
     title = ("EMULATION latency vs seq_len (PyTorch model of the kernel;\nnot kernel time, never compared)" if emu
