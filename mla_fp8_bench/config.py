@@ -18,6 +18,9 @@ from mla_fp8_bench.argtypes import parse_number
 PREFIX = "MLA_FP8_BENCH_"
 #: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
 DEFAULT_EMU_CU_NUM = 256
+#: Largest CU count a plan is made for (``EMU_CU_NUM``, ``plan --cu-num``, ``calibrate --cu-num``): the
+#: planner allocates per-CU work lists, so a typo of many digits would exhaust memory in every case.
+MAX_CU_NUM = 65536
 #: Default token cap of the emulation per device type (0 = none). On an H200 it measured 127 ms per call
 #: at S=2048 and 437 ms at S=4096 (docs/methodology.md); beyond 4096 it would dominate a run.
 DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
@@ -89,8 +92,8 @@ class RunConfig:
             cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
             samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
             rounds=_int(get("ROUNDS"), "ROUNDS", 1, f"an integer from 1 to {MAX_ROUNDS}", MAX_ROUNDS),
-            emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, "a positive integer (256 = MI355X)")
-            or DEFAULT_EMU_CU_NUM,
+            emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, f"an integer from 1 to {MAX_CU_NUM} (256 = MI355X)",
+                            MAX_CU_NUM) or DEFAULT_EMU_CU_NUM,
             emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, "an integer >= 0 (0 = no cap)"),
             emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
             aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),

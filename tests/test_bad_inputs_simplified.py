@@ -120,3 +120,66 @@ def test_tolerance_margin_beyond_the_float_range(tmp_path, capsys):
     out = _no_traceback(capsys)
     assert f"tolerance file {tol}: margin is 1000" in out and "must be a finite number >= 0" in out
     assert "0" * 60 not in out
+
+
+# ------------------------------------------------------------------ numbers beyond what a run can hold
+@pytest.mark.parametrize("flag, value, want", [
+    ("--seeds", "99999999999", "--seeds 99999999999 is too many: at most 1000"),
+    ("--seeds", "1001", "--seeds 1001 is too many: at most 1000 (the held-out seeds start at 1000)"),
+    ("--validate-seeds", "-1", "--validate-seeds -1 is invalid: an integer from 0 (skip) to 100000"),
+    ("--validate-seeds", "99999999999", "--validate-seeds 99999999999 is invalid"),
+    ("--backends", "fa3-fp8", "backend 'fa3-fp8' cannot be calibrated on this CPU (needs an NVIDIA"),
+    ("--backends", "torch-fp8-ref,cudnn-fp8", "backend 'cudnn-fp8' cannot be calibrated on this CPU"),
+])
+def test_calibrate_refuses_before_measuring(tmp_path, capsys, flag, value, want):
+    """calibrate with a seed count that exhausts memory (a MemoryError before), calibration seeds that
+    reach the held-out ones, a negative held-out count (silently an empty validation before), or a
+    backend this CPU cannot run (a RuntimeError traceback after measuring the others before): one line,
+    exit 2, nothing written."""
+    out = tmp_path / "tol.json"
+    args = ["calibrate", "--out", str(out), "--no-probes", "-b", "torch-fp8-ref", "-c", "s64", flag, value]
+    assert main(args) == 2
+    assert want in _no_traceback(capsys)
+    assert not out.exists()
+
+
+def test_emulated_cu_count_is_bounded_everywhere(tmp_path, capsys):
+    """MLA_FP8_BENCH_EMU_CU_NUM and calibrate --cu-num take the plan command's bound (65536) instead of
+    letting every aiter-emulated case fail allocating per-CU lists (10**12 CUs: 4 TB)."""
+    from mla_fp8_bench.config import PREFIX, RunConfig
+
+    with pytest.raises(ValueError, match=r"EMU_CU_NUM='1000000000000' is invalid: an integer from 1 to 65536"):
+        RunConfig.from_env({PREFIX + "EMU_CU_NUM": "1000000000000"})
+    assert RunConfig.from_env({PREFIX + "EMU_CU_NUM": "65536"}).emu_cu_num == 65536
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--out", str(tmp_path / "t.json"), "--cu-num", "1000000000000"])
+    assert exc.value.code == 2 and "'1000000000000' is out of range: allowed 1..65536" in capsys.readouterr().err
+    assert main(["plan", "--qo-lens", "64", "--kv-lens", "64", "--heads", "16", "--cu-num", "65537"]) == 2
+    assert "--cu-num=65537 is out of range: allowed 1..65536" in _no_traceback(capsys)
+
+
+def test_ab_that_measured_nothing_keeps_the_stored_summary(tmp_path, capsys):
+    """ab whose rounds measured nothing on both sides (fa3-fp8 on a CPU) keeps a stored --summary as it
+    keeps a stored --json (the summary was replaced by a 'nothing compared' one before); its own
+    documents go beside them."""
+    base, head = tmp_path / "base", tmp_path / "head"
+    base.mkdir()
+    head.mkdir()
+    js, md = tmp_path / "ab.json", tmp_path / "ab.md"
+    js.write_text('{"stored": true}')
+    md.write_text("## stored verdict\n")
+    rc = main(["ab", str(base), str(head), "-b", "fa3-fp8", "-c", "s64", "--rounds", "2", "--device", "cpu",
+               "--json", str(js), "--summary", str(md)])
+    assert rc == 2
+    out = _no_traceback(capsys)
+    assert js.read_text() == '{"stored": true}' and md.read_text() == "## stored verdict\n"
+    assert (tmp_path / "ab.failed.json").is_file() and (tmp_path / "ab.failed.md").is_file()
+    assert f"{md} kept, this run's document goes to {tmp_path / 'ab.failed.md'}" in out
+
+
+@pytest.mark.parametrize("flag", ["--json", "--summary"])
+def test_ab_output_that_is_a_directory_names_the_flag(tmp_path, capsys, flag):
+    """ab --json / --summary naming a directory: the one line names the flag (it said 'output file')."""
+    assert main(["ab", str(tmp_path), str(tmp_path), "-b", "torch-fp8-ref", "-c", "s64", "--rounds", "2",
+                 "--device", "cpu", flag, str(tmp_path)]) == 2
+    assert f"{flag} {tmp_path} is a directory" in _no_traceback(capsys)

@@ -38,11 +38,11 @@ from mla_fp8_bench.aiter_ps.workspace import (
     vllm_reserved,
     workspace_bytes,
 )
+from mla_fp8_bench.config import MAX_CU_NUM
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
 EXIT_USAGE = 2
 MAX_SEQUENCES = 65536
-MAX_CU_NUM = 65536
 MAX_TILES = 1_000_000  # 256-row q-tiles: 256M query tokens
 MAX_WORKS = 10_000_000  # work_info rows held in memory (320 MB of int32)
 

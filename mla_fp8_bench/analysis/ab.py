@@ -206,9 +206,9 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
                            f"to {MAX_ROUNDS}")
     G.check_flags(("--factor", args.factor, 1.0, "a finite ratio >= 1.0 (e.g. 1.02)"),
                   ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 3.0)"))
-    for path in (args.json, args.summary):
+    for flag, path in (("--json", args.json), ("--summary", args.summary)):
         if path:
-            check_output_path(path)
+            check_output_path(path, flag)
     if args.json and args.summary and os.path.realpath(args.json) == os.path.realpath(args.summary):
         raise AbUsageError(f"--json and --summary are both {args.json!r}: give two different files")
     for side in (base, head):
@@ -223,13 +223,18 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     docs, rows = judge(measured, args.factor, args.noise_k, f"BASE {args.base}", f"HEAD {args.head}")
     lat = [r for r in rows if r.kind == "kernel_latency"]
     both = any(r.base not in ("-", "skipped", "failed") and r.head not in ("-", "skipped", "failed") for r in lat)
+    def kept(path: str, ext: str) -> str:
+        """Where this run's ``path`` goes: beside a stored file when the run measured nothing on both sides."""
+        if both or not os.path.exists(path):
+            return path
+        root, own = os.path.splitext(path)
+        out = f"{root}.failed{own or ext}"
+        console.print(f"nothing measured on both sides: {path} kept, this run's document goes to {out}",
+                      highlight=False, markup=False)
+        return out
+
     if args.json:
-        out = args.json
-        if not both and os.path.exists(out):  # a run that measured nothing never replaces a stored result
-            root, ext = os.path.splitext(out)
-            out = f"{root}.failed{ext or '.json'}"
-            console.print(f"nothing measured on both sides: {args.json} kept, this run's document goes to {out}",
-                          highlight=False, markup=False)
+        out = kept(args.json, ".json")
         write_json_atomic({"measured": measured, "base": docs["base"], "head": docs["head"],
                            "settings": {"factor": args.factor, "noise_k": args.noise_k, "rounds": args.rounds},
                            "rows": [r.__dict__ for r in lat]}, out)
@@ -239,7 +244,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     if args.summary:
         md = G.render_markdown(rows, base_src=args.base, head_src=args.head, settings=settings, allow_missing=False,
                                plots=None).replace("## mla-fp8-bench gate", "## mla-fp8-bench ab", 1)
-        write_file_atomic(args.summary, lambda f: f.write(md))
+        write_file_atomic(kept(args.summary, ".md"), lambda f: f.write(md))
     G.render_text(lat, f"ab: BASE {args.base} vs HEAD {args.head} ({settings})", console, show_all=True)
     if not both:
         console.print("[red]error:[/red] no latency was measured on both sides", highlight=False)

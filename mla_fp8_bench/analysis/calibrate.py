@@ -31,6 +31,8 @@ METHOD = "max_over_seeds_times_margin"
 DEFAULT_MARGIN = 2.0
 MIN_SEEDS = 20
 VALIDATION_SEED0 = 1000
+#: Most held-out seeds (``--validate-seeds``); calibration seeds stop below :data:`VALIDATION_SEED0`.
+MAX_VALIDATION_SEEDS = 100_000
 DEFAULT_NAME = "cpu-emulated-v1"
 DEFAULT_CASES = ("s128", "s257", "s512", "ragged-255-257", "s512-h8",
                  # context chunk and prefix-cached prefill: unsplit tiles (lse-gap) and split ones
@@ -101,18 +103,33 @@ def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], s
     return tasks + ([("probe", name, s) for name in PROBES for s in seeds] if probes else [])
 
 
-def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, margin: float) -> None:
-    """Refuse bad calibrate arguments before any measuring (ValueError naming the value)."""
+def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, margin: float,
+                validate_seeds: int = MIN_SEEDS) -> None:
+    """Refuse bad calibrate arguments before any measuring (ValueError naming the value): seed counts
+    outside ``MIN_SEEDS .. VALIDATION_SEED0`` (the held-out seeds must stay held out) and
+    ``0 .. MAX_VALIDATION_SEEDS``, a margin < 1, unknown names, and a backend that cannot run on this
+    CPU (its every run would fail after the others were measured)."""
     from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
     if seeds < MIN_SEEDS:
         raise ValueError(f"--seeds {seeds} is too few: at least {MIN_SEEDS} (a tolerance from fewer seeds "
                          "says little about the tail)")
+    if seeds > VALIDATION_SEED0:
+        raise ValueError(f"--seeds {seeds} is too many: at most {VALIDATION_SEED0} (the held-out seeds start at "
+                         f"{VALIDATION_SEED0})")
+    if not 0 <= validate_seeds <= MAX_VALIDATION_SEEDS:
+        raise ValueError(f"--validate-seeds {validate_seeds} is invalid: an integer from 0 (skip) to "
+                         f"{MAX_VALIDATION_SEEDS}")
     if not (margin >= 1.0 and math.isfinite(margin)):
         raise ValueError(f"--margin {margin} is invalid: a finite factor >= 1")
+    pinfo = platform_info("cpu")
     for b in backends:
-        get_backend(b)
+        verdict = get_backend(b).availability(pinfo)
+        if not verdict:
+            raise ValueError(f"backend {b!r} cannot be calibrated on this CPU ({verdict.reason}): calibrate runs "
+                             f"on the CPU; e.g. --backends {','.join(DEFAULT_BACKENDS)}")
     for s in shapes:
         c = parse_case_id(s)
         if (c.quant, c.dist, c.seed) != ("per_tensor", "normal", 0):
@@ -194,7 +211,7 @@ def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str
     """
     from mla_fp8_bench.analysis.probes import PROBES
 
-    _check_args(backends, shapes, seeds, margin)
+    _check_args(backends, shapes, seeds, margin, validate_seeds)
     probes = probes and "aiter-emulated" in backends
     progress = progress or (lambda t: None)
     t0 = time.perf_counter()
@@ -259,7 +276,7 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
                 raise ValueError(f"{what} {v!r} is unknown: allowed {', '.join(allowed)}")
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs} is invalid: >= 1")
-    _check_args(backends, shapes, args.seeds, args.margin)
+    _check_args(backends, shapes, args.seeds, args.margin, args.validate_seeds)
     out = args.out or f"tolerances/{args.name}.json"
     check_output_path(out, "--out")  # before hours of measuring
     n_tasks = len(shapes) * len(quants) * len(dists) * (args.seeds + args.validate_seeds)
@@ -297,7 +314,8 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from mla_fp8_bench.argtypes import positive_int, safe_name
+    from mla_fp8_bench.argtypes import int_in, safe_name
+    from mla_fp8_bench.config import MAX_CU_NUM
 
     p = subparsers.add_parser("calibrate", help="measure error distributions over seeds and write tolerances JSON")
     p.add_argument("--seeds", type=int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
@@ -313,6 +331,7 @@ def add_parser(subparsers) -> None:
                    help="tolerance set name (file tolerances/<name>.json)")
     p.add_argument("--out", help="output JSON path (default tolerances/<name>.json)")
     p.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (1 torch thread each)")
-    p.add_argument("--cu-num", type=positive_int, default=None, help="CU count of the emulated plan (default 256)")
+    p.add_argument("--cu-num", type=int_in(1, MAX_CU_NUM), default=None,
+                   help="CU count of the emulated plan (default 256)")
     p.add_argument("--no-probes", action="store_true", help="skip the chunked-context / hot-LSE probes")
     p.set_defaults(handler=cmd_calibrate)
