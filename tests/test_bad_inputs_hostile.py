@@ -213,6 +213,7 @@ def test_the_same_file_twice_is_named_and_fails(tmp_path, capsys):
     assert main(["gate", b, b]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "NOTHING COMPARED" in out and "are the same file" in out
+    assert "GATE FAILED: NOTHING COMPARED 1;" in out and "ok" not in out.split("are the same file")[-1]
 
 
 def test_base_newer_than_head_is_named(tmp_path, capsys):

@@ -955,10 +955,10 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
     rows = compare(base, head, factor=args.factor, acc_factor=args.acc_factor, alpha=args.alpha, tolerances=tol,
                    gate_host_latency=args.gate_call_latency, noise_k=args.noise_k, history=history)
     if os.path.realpath(bsrc) == os.path.realpath(hsrc):
-        rows = [r for r in rows if r.verdict != "NOTHING COMPARED"] + [Row(
+        rows = [r for r in rows if r.verdict in GATING and r.verdict != "NOTHING COMPARED"] + [Row(
             "*", "*", "-", "-", bsrc, hsrc, None, "NOTHING COMPARED",
             f"BASE {args.base} and HEAD {args.head} are the same file: give two different runs or commits")]
-        for r in rows:
+        for r in rows:  # nothing was judged: no row reads "ok"
             r.compared = False
     settings = (f"latency threshold per param max({args.factor}, 1 + {args.noise_k} x spread of its rounds"
                 f"{' or stored history' if args.history else ''}), Mann-Whitney alpha {args.alpha}; accuracy: "
@@ -977,8 +977,8 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
     for n in notes:
         console.print(f"note: {n}", highlight=False, markup=False, soft_wrap=True)
     if bad:
-        console.print(f"[bold red]GATE FAILED[/bold red]: {len(bad)} regression(s)/new failure(s)/lost result(s); "
-                      f"{what}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]GATE FAILED[/bold red]: {_verdict_counts(bad)}; {what}", highlight=False,
+                      soft_wrap=True)
         return EXIT_REGRESSION
     console.print(f"[green]GATE PASSED[/green]: {what}", highlight=False, soft_wrap=True)
     return EXIT_OK
