@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.argtypes import check_name
 from mla_fp8_bench.harness.results import ResultsError, find_result, load_asv_conf, load_asv_result
 
 METRICS = ("track_max_abs_error", "track_latency")
@@ -152,15 +153,26 @@ def run_bisect(*, repo: str, good: str, bad: str, benchmark: str, metric: str, t
     """Bisect ``good..bad`` of ``repo``; returns ``{"first_bad", "probes", "log", "output"}``.
 
     Raises:
-        BisectUsageError: not a git repo, unknown commits, good not an ancestor of bad, bad config.
+        BisectUsageError: not a git repo, unknown commits, good the same commit as bad or not its ancestor,
+            a machine name that is not one path component, no such interpreter, bad config.
     """
     repo = str(Path(repo).resolve())
     if not Path(repo, ".git").exists() and _git(repo, "rev-parse", "--is-bare-repository", check=False) != "true":
         raise BisectUsageError(f"--repo {repo} is not a git repository")
     good_sha = _git(repo, "rev-parse", "--verify", f"{good}^{{commit}}")
     bad_sha = _git(repo, "rev-parse", "--verify", f"{bad}^{{commit}}")
+    if good_sha == bad_sha:
+        raise BisectUsageError(f"--good {good} and --bad {bad} are the same commit {good_sha[:12]}: give a bad commit "
+                               "after the good one")
     if subprocess.run(["git", "-C", repo, "merge-base", "--is-ancestor", good_sha, bad_sha]).returncode != 0:
         raise BisectUsageError(f"--good {good} is not an ancestor of --bad {bad}")
+    try:
+        check_name(machine, "--machine")
+    except ValueError as exc:
+        raise BisectUsageError(str(exc)) from None
+    if shutil.which(python) is None:
+        raise BisectUsageError(f"--python {python} is not an executable interpreter: give the python of the "
+                               "environment asv runs in")
     if metric not in METRICS:
         raise BisectUsageError(f"--metric {metric!r} is unknown: allowed {', '.join(METRICS)}")
     if not math.isfinite(threshold):
