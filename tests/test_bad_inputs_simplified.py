@@ -217,3 +217,20 @@ def test_bisect_refuses_before_installing(tmp_path, capsys, extra, want):
     assert want in _no_traceback(capsys)
     worktrees = subprocess.run(["git", "-C", repo, "worktree", "list"], capture_output=True, text=True).stdout
     assert len(worktrees.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ merge-results into a source
+@pytest.mark.parametrize("into, want", [
+    ("src/cpu-2core", "is one machine's directory (it holds machine.json)"),
+    ("src/merged", "lies inside source"),
+])
+def test_merge_refuses_a_destination_inside_a_source(tmp_path, capsys, into, want):
+    """merge-results into a machine's directory of the source (it wrote cpu-2core/, h200/ and a
+    benchmarks.json beside that machine's result files) or into a folder inside the source: one line,
+    exit 2, the source unchanged."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "results", src)
+    before = sorted(str(p.relative_to(src)) for p in src.rglob("*"))
+    assert main(["merge-results", str(src), "--into", str(tmp_path / into)]) == 2
+    assert want in _no_traceback(capsys)
+    assert sorted(str(p.relative_to(src)) for p in src.rglob("*")) == before

@@ -418,7 +418,8 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
     source); ``dry_run``: check and report, write nothing.
 
     Raises:
-        MergeError: conflicting ``machine.json`` for one machine name, a result file of another machine,
+        MergeError: a destination that is a machine's directory or lies inside a source, conflicting
+            ``machine.json`` for one machine name, a result file of another machine,
             incompatible result files, corrupt JSON (named), unknown machine names - all raised before
             anything is written; or a failed write, after which the destination is unchanged.
     """
@@ -427,6 +428,13 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
     dest = Path(into)
     if dest.exists() and not dest.is_dir():
         raise MergeError(f"destination {dest} exists and is not a directory")
+    if (dest / "machine.json").exists():
+        raise MergeError(f"destination {dest} is one machine's directory (it holds machine.json): give the results "
+                         f"directory that holds it, e.g. {dest.parent}")
+    inside = next((sp for sp in map(Path, sources) if sp.resolve() in dest.resolve().parents), None)
+    if inside is not None:
+        raise MergeError(f"destination {dest} lies inside source {inside}: the merge would write into that source; "
+                         "give a destination outside every source")
     if not sources:
         raise MergeError("no source results directory given")
     try:
