@@ -48,10 +48,13 @@ ACC_THRESHOLD = 0.5
 INIT = '''"""A fake AITER (test library): the four PS prefill primitives over mla_fp8_bench's stand-in."""
 import time as _time
 
-from mla_fp8_bench.aiter_ps.standin import make_standin_aiter as _make
-from support.emulator_faults import FaultyEmulator as _Faulty
+import sys as _sys
 
-from aiter._settings import FAULTS, SLEEP_S
+from aiter._settings import FAULTS, SLEEP_S, TESTS_DIR
+
+_sys.path.insert(0, TESTS_DIR)  # the fault tables live with the tests (tests/support)
+from mla_fp8_bench.aiter_ps.standin import make_standin_aiter as _make  # noqa: E402
+from support.emulator_faults import FaultyEmulator as _Faulty  # noqa: E402
 
 __version__ = "0.1.20"
 _m = _make(emulator=_Faulty(FAULTS), cu_num=256, aiter_version=(0, 1, 20))
@@ -98,7 +101,8 @@ def make_fake_aiter(root: Path) -> tuple[Path, list[str]]:
             faults, msg = ("drop_v_descale",), "epilogue: simplify the output scaling"
         elif i == LAT_FAULT:
             sleep, msg = SLEEP_S, "kernel: add a launch-time debug check"
-        (lib / "aiter" / "_settings.py").write_text(f"FAULTS = {faults!r}\nSLEEP_S = {sleep!r}\n")
+        (lib / "aiter" / "_settings.py").write_text(f"FAULTS = {faults!r}\nSLEEP_S = {sleep!r}\n"
+                                                    f"TESTS_DIR = {str(ROOT / 'tests')!r}\n")
         (lib / "NOTES.md").write_text("".join(f"note {j}\n" for j in range(i + 1)))
         _git(lib, "add", "-A")
         # distinct, increasing commit dates: asv orders history and picks "previous" by date
