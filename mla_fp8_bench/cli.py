@@ -102,14 +102,16 @@ def _resolve_run_args(args: argparse.Namespace):
 
 
 def _records_table(data: dict) -> Table:
+    from mla_fp8_bench.measure.metric_table import record_is_emulation
+
     t = Table(title=f"FP8 MLA prefill on {data['env']['device_name']} ({data['env']['arch']})")
     for col in ("backend", "case", "status", "latency", "method", "TFLOP/s", "max-abs vs fp8", "max-abs vs bf16",
                 "rel-L2 vs fp8", "mismatch", "note"):
         t.add_column(col, overflow="fold")
     for r in data["records"]:
         t.add_row(r["backend"], r["case"], r["status"], fmt_seconds(r.get("latency_s")),
-                  (r.get("latency_method") or "-") + (" (emulation)" if r.get("emulation") else ""),
-                  _fmt_f(r.get("tflops"), ".1f") if r.get("timing_scope") != "emulation" else "-",
+                  (r.get("latency_method") or "-") + (" (emulation)" if record_is_emulation(r) else ""),
+                  _fmt_f(r.get("tflops"), ".3g") if not record_is_emulation(r) else "-",
                   _fmt_f(r.get("max_abs_error_fp8_ref")), _fmt_f(r.get("max_abs_error_bf16_ref")),
                   _fmt_f(r.get("rel_l2_error_fp8_ref")), _fmt_f(r.get("mismatch_fraction")), r.get("reason", ""))
     return t
