@@ -234,3 +234,20 @@ def test_merge_refuses_a_destination_inside_a_source(tmp_path, capsys, into, wan
     assert main(["merge-results", str(src), "--into", str(tmp_path / into)]) == 2
     assert want in _no_traceback(capsys)
     assert sorted(str(p.relative_to(src)) for p in src.rglob("*")) == before
+
+
+# ------------------------------------------------------------------ a reason with newlines in a report
+def test_gate_reports_keep_a_multi_line_reason_on_one_line(tmp_path, capsys):
+    """A failure whose reason holds newlines (torch errors do) and a code fence: the markdown table row
+    (a PR comment) and the grep-able text line stay one line each; before, the row broke the table and
+    the fence swallowed the rest of the comment."""
+    base = _run_json(tmp_path / "b.json")
+    head = _run_json(tmp_path / "h.json", status="error", reason="RuntimeError: boom\nsecond line | pipe\n```")
+    assert main(["gate", base, head, "--format", "markdown"]) == 1
+    md = capsys.readouterr().out
+    rows = [line for line in md.splitlines() if line.startswith("| FAILED |")]
+    assert rows and all(line.endswith("second line \\| pipe ``` |") for line in rows)
+    assert not any(line.startswith(("second line", "```")) for line in md.splitlines())
+    assert main(["gate", base, head]) == 1
+    text = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAILED: ")]
+    assert text and all(line.endswith("RuntimeError: boom second line | pipe ```)") for line in text)

@@ -829,9 +829,10 @@ _COLUMNS = ("verdict", "backend", "case", "metric", "BASE", "HEAD", "ratio", "de
 
 
 def _cells(r: Row) -> tuple[str, ...]:
-    """A row's cells in :data:`_COLUMNS` order."""
+    """A row's cells in :data:`_COLUMNS` order, each on one line (a failure's reason may hold newlines)."""
     ratio = r.ratio_note or ("-" if r.ratio is None or not math.isfinite(r.ratio) else ratio_str(r.ratio))
-    return r.verdict, r.backend, r.case, r.metric, r.base, r.head, ratio, r.detail
+    return tuple(" ".join(str(x).split()) for x in (r.verdict, r.backend, r.case, r.metric, r.base, r.head, ratio,
+                                                    r.detail))
 
 
 def _skipped_summary(rows: list[Row]) -> dict[str, dict[str, str]]:
@@ -869,7 +870,8 @@ def render_text(rows: list[Row], title: str, console, *, show_all: bool = False)
     for r in shown:
         if r.verdict not in ("ok", "info", "new"):
             what = f"{r.backend} {r.case}" + (f" {r.metric}" if r.metric != "-" else "")
-            say(f"{r.verdict}: {what}: BASE {r.base} -> HEAD {r.head}" + (f" ({r.detail})" if r.detail else ""))
+            detail = _cells(r)[-1]
+            say(f"{r.verdict}: {what}: BASE {r.base} -> HEAD {r.head}" + (f" ({detail})" if detail else ""))
     for b, cases in sorted(_skipped_summary(rows).items()):
         reasons = sorted({x for x in cases.values() if x})
         say(f"skipped on HEAD: {b}: {len(cases)} case(s) ({', '.join(sorted(cases))})"
@@ -892,7 +894,8 @@ MD_MAX_ROWS = 50
 def _md_table(rows: list[Row]) -> list[str]:
     out = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     for r in rows[:MD_MAX_ROWS]:
-        cells = (*_cells(r)[:-1], r.detail[:200])
+        *cells, detail = _cells(r)
+        cells.append(detail[:200])
         out.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
     if len(rows) > MD_MAX_ROWS:
         out.append(f"\n... and {len(rows) - MD_MAX_ROWS} more (the text report lists every row)")
