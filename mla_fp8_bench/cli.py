@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import platform as _pf
 import signal
@@ -119,22 +120,28 @@ def _records_table(data: dict) -> Table:
 
 def _interrupted_path(path: str, data: dict) -> str:
     """Where an interrupted run's records go: ``path``, unless a file there holds as many records or
-    more (a file that is not a run JSON counts as none): then ``<stem>.interrupted<suffix>`` beside it,
-    so an earlier file is never replaced by fewer records."""
+    more (a file that is not a run JSON counts as none): then the first of ``<stem>.interrupted<suffix>``,
+    ``<stem>.interrupted-2<suffix>``, ... beside it that holds no more, so no earlier file (also an earlier
+    interrupted run's) is ever replaced by fewer records."""
     from mla_fp8_bench.jsonio import load_json, output_target
 
-    target = output_target(path)
-    if not target.exists():
-        return path
-    try:
-        old = load_json(target, "run JSON")
-    except ValueError:
-        old = None
-    n_old = len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
-    if n_old < len(data["records"]):
+    def n_records(candidate: str) -> int:
+        target = output_target(candidate)
+        if not target.exists():
+            return -1
+        try:
+            old = load_json(target, "run JSON")
+        except ValueError:
+            old = None
+        return len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
+
+    n = len(data["records"])
+    if n_records(path) < n:
         return path
     p = Path(path)
-    return str(p.with_name(p.stem + ".interrupted" + (p.suffix or ".json")))
+    beside = (str(p.with_name(p.stem + ".interrupted" + (f"-{i}" if i > 1 else "") + (p.suffix or ".json")))
+              for i in itertools.count(1))
+    return next(c for c in beside if n_records(c) <= n)
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
