@@ -270,3 +270,16 @@ def test_a_second_interrupted_run_keeps_the_first_interrupted_file(tmp_path):
     (tmp_path / "r.interrupted.json").write_text(json.dumps(doc(2)))
     assert _interrupted_path(str(out), doc(1)) == str(tmp_path / "r.interrupted-2.json")
     assert _interrupted_path(str(out), doc(2)) == str(tmp_path / "r.interrupted.json")
+
+
+def test_calibrate_refuses_more_jobs_than_cpus_and_an_empty_out(capsys, monkeypatch):
+    import os
+
+    from mla_fp8_bench.cli import main
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--jobs", "3"])
+    assert exc.value.code == 2 and "'3' is out of range: allowed 1..2" in capsys.readouterr().err
+    assert main(["calibrate", "--out", ""]) == 2
+    assert "--out '' is empty" in capsys.readouterr().out

@@ -277,6 +277,8 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs} is invalid: >= 1")
     _check_args(backends, shapes, args.seeds, args.margin, args.validate_seeds)
+    if args.out == "":
+        raise ValueError("--out '' is empty: give a file path (default tolerances/<name>.json when --out is left out)")
     out = args.out or f"tolerances/{args.name}.json"
     check_output_path(out, "--out")  # before hours of measuring
     n_tasks = len(shapes) * len(quants) * len(dists) * (args.seeds + args.validate_seeds)
@@ -330,7 +332,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--name", default=DEFAULT_NAME, type=safe_name("tolerance set name"),
                    help="tolerance set name (file tolerances/<name>.json)")
     p.add_argument("--out", help="output JSON path (default tolerances/<name>.json)")
-    p.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (1 torch thread each)")
+    cpus = os.cpu_count() or 1
+    p.add_argument("--jobs", "-j", type=int_in(1, cpus), default=1,
+                   help=f"worker processes (1 torch thread each; at most this machine's {cpus} CPUs)")
     p.add_argument("--cu-num", type=int_in(1, MAX_CU_NUM), default=None,
                    help="CU count of the emulated plan (default 256)")
     p.add_argument("--no-probes", action="store_true", help="skip the chunked-context / hot-LSE probes")
