@@ -13,14 +13,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
 from mla_fp8_bench.argtypes import parse_number
 
 PREFIX = "MLA_FP8_BENCH_"
 #: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
 DEFAULT_EMU_CU_NUM = 256
-#: Largest CU count a plan is made for (``EMU_CU_NUM``, ``plan --cu-num``, ``calibrate --cu-num``): the
-#: planner allocates per-CU work lists, so a typo of many digits would exhaust memory in every case.
-MAX_CU_NUM = 65536
 #: Default token cap of the emulation per device type (0 = none). On an H200 it measured 127 ms per call
 #: at S=2048 and 437 ms at S=4096 (docs/methodology.md); beyond 4096 it would dominate a run.
 DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}

@@ -74,6 +74,9 @@ WI = types.SimpleNamespace(**{name.upper(): i for i, name in enumerate(WORK_INFO
 
 MAX_HEADS = 0xFFFF  # q_head_range packs the first and the end head into 16 bits each
 INT32_MAX = 2**31 - 1  # the planner's buffers and indptrs are int32
+#: Largest CU count a plan is made for (``EMU_CU_NUM``, ``plan --cu-num``, ``calibrate --cu-num``): the
+#: planner allocates per-CU work lists, so a typo of many digits would exhaust memory in every case.
+MAX_CU_NUM = 65536
 SPLIT_DATA_MAX_BYTES = 2**31
 """``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (from the
 kernel's disassembly)."""

@@ -20,6 +20,7 @@ from typing import Any
 from mla_fp8_bench.aiter_ps.facts import (
     INT32_MAX,
     KVLEN_GRANULARITY,
+    MAX_CU_NUM,
     MAX_HEADS,
     PLANNER_V0_1_22,
     PS_PREFILL_FIRST_VERSION,
@@ -38,7 +39,6 @@ from mla_fp8_bench.aiter_ps.workspace import (
     vllm_reserved,
     workspace_bytes,
 )
-from mla_fp8_bench.config import MAX_CU_NUM
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
 EXIT_USAGE = 2

@@ -316,8 +316,8 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
 
 
 def add_parser(subparsers) -> None:
+    from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
     from mla_fp8_bench.argtypes import int_in, safe_name
-    from mla_fp8_bench.config import MAX_CU_NUM
 
     p = subparsers.add_parser("calibrate", help="measure error distributions over seeds and write tolerances JSON")
     p.add_argument("--seeds", type=int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
