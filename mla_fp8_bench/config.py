@@ -193,15 +193,9 @@ def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
     """
     if not raw.strip():
         return None
-    from mla_fp8_bench.aiter_ps import facts
+    from mla_fp8_bench.aiter_ps.facts import modelled_version
 
-    ver = facts.parse_aiter_version_or_none(raw)
-    lo, hi = facts.PS_PREFILL_FIRST_VERSION, facts.NEWEST_MODELLED_VERSION
-    if ver is None or not lo <= ver <= hi:
-        lo, hi = facts.format_version(lo), facts.format_version(hi)
-        raise ValueError(f"{what}={raw!r} is invalid: an AITER version MAJOR.MINOR.PATCH[.postN] "
-                         f"from {lo} to {hi} (e.g. 0.1.20, 0.1.20.post1, v0.1.22)")
-    return ver
+    return modelled_version(raw, what)
 
 
 def _switch(raw: str, name: str) -> bool:

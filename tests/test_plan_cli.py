@@ -152,8 +152,9 @@ BAD = {
                      r"total kv tokens 4000000000 do not fit int32"),
     "absurd-works": (["--qo-lens", "100000000", "--kv-lens", "100000000", "--heads", "128"],
                      r"too large to plan here"),
-    "bad-version": (["--aiter", "latest"], r"AITER version 'latest' is not MAJOR\.MINOR\.PATCH"),
-    "old-version": (["--aiter", "0.1.7"], r"AITER 0\.1\.7 has no PS prefill planner"),
+    "bad-version": (["--aiter", "latest"], r"--aiter='latest' is invalid: an AITER version MAJOR\.MINOR\.PATCH"),
+    "old-version": (["--aiter", "0.1.7"], r"--aiter='0\.1\.7' is invalid: .* from 0\.1\.10 to 0\.1\.22"),
+    "future-version": (["--aiter", "9.9.9"], r"--aiter='9\.9\.9' is invalid: .* from 0\.1\.10 to 0\.1\.22"),
     "need-lse-text": (["--need-lse", "yes"], r"--need-lse='yes' is invalid: allowed 0 or 1"),
     "need-lse-old": (["--aiter", "0.1.20", "--need-lse", "1"], r"AITER 0\.1\.20 has no need_lse"),
 }

@@ -181,6 +181,21 @@ def parse_aiter_version_or_none(v: Any) -> Version | None:
         return None
 
 
+
+def modelled_version(raw: str, what: str) -> Version:
+    """The AITER version ``raw`` names, if this suite models its PS prefill planner.
+
+    Raises:
+        ValueError: naming ``what``: not a version like ``0.1.20`` / ``0.1.20.post1`` / ``v0.1.22``, or
+            outside the modelled range (0.1.10, the first with the PS prefill, ... the newest modelled).
+    """
+    ver = parse_aiter_version_or_none(raw)
+    lo, hi = PS_PREFILL_FIRST_VERSION, NEWEST_MODELLED_VERSION
+    if ver is None or not lo <= ver <= hi:
+        raise ValueError(f"{what}={raw!r} is invalid: an AITER version MAJOR.MINOR.PATCH[.postN] "
+                         f"from {format_version(lo)} to {format_version(hi)} (e.g. 0.1.20, 0.1.20.post1, v0.1.22)")
+    return ver
+
 def format_version(v: Version | None) -> str:
     """``(0, 1, 22)`` -> ``"0.1.22"``; None -> ``"unknown"``."""
     return ".".join(map(str, v)) if v is not None else "unknown"

@@ -23,11 +23,10 @@ from mla_fp8_bench.aiter_ps.facts import (
     MAX_CU_NUM,
     MAX_HEADS,
     PLANNER_V0_1_22,
-    PS_PREFILL_FIRST_VERSION,
     Q_TILE,
     WORK_INFO_FIELDS,
     format_version,
-    parse_aiter_version,
+    modelled_version,
     planner_revision_for,
     reduce_heads_for,
     unpack_q_head_range,
@@ -138,10 +137,7 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
     kv = _lens("--kv-lens", args.kv_lens)
     heads = _int("--heads", args.heads, 1, MAX_HEADS)
     cu_num = _int("--cu-num", args.cu_num, 1, MAX_CU_NUM)
-    version = parse_aiter_version(str(args.aiter))
-    if version < PS_PREFILL_FIRST_VERSION:
-        raise ValueError(f"--aiter {args.aiter}: AITER {format_version(version)} has no PS prefill planner"
-                         f" (first: {format_version(PS_PREFILL_FIRST_VERSION)}.post1)")
+    version = modelled_version(str(args.aiter), "--aiter")
     _check_batch(q, kv, heads, cu_num)
     limit = _int("--limit", args.limit, 0, MAX_WORKS)
     seqs = _int("--vllm-max-num-seqs", args.vllm_max_num_seqs, 1, MAX_SEQUENCES) if args.vllm_max_num_seqs else len(q)
