@@ -12,6 +12,7 @@ import errno
 import fcntl
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -83,6 +84,12 @@ def json_number(x: Any) -> float | None:
         return float(x)
     except OverflowError:
         return None
+
+
+def finite_number(x: Any) -> float | None:
+    """:func:`json_number` when finite; None for NaN, +-inf and anything that is not a JSON number."""
+    v = json_number(x)
+    return v if v is not None and math.isfinite(v) else None
 
 
 def check_output_path(path: str | os.PathLike | None, what: str = "output file") -> Path:

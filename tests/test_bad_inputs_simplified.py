@@ -283,3 +283,12 @@ def test_calibrate_refuses_more_jobs_than_cpus_and_an_empty_out(capsys, monkeypa
     assert exc.value.code == 2 and "'3' is out of range: allowed 1..2" in capsys.readouterr().err
     assert main(["calibrate", "--out", ""]) == 2
     assert "--out '' is empty" in capsys.readouterr().out
+
+
+def test_a_number_beyond_the_float_range_is_not_finite_anywhere():
+    from mla_fp8_bench.jsonio import finite_number
+    from mla_fp8_bench.report import site_view
+
+    huge = int("1" + "0" * 400)
+    assert finite_number(huge) is None and finite_number(2.5) == 2.5 and finite_number(float("inf")) is None
+    assert site_view._finite(huge) is False and site_view._finite([huge, 1.0]) is True

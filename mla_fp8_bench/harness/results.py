@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.jsonio import json_number, load_json
+from mla_fp8_bench.jsonio import finite_number, json_number, load_json
 
 #: asv 0.6.x api versions of the three files.
 ASV_RESULTS_API_VERSION = 2
@@ -51,11 +51,6 @@ class ResultsError(ValueError):
 
 def _load(path: Path, what: str) -> Any:
     return load_json(path, what, ResultsError, "it may be truncated or corrupt")
-
-
-def _finite_or_none(x: Any) -> float | None:
-    v = json_number(x)
-    return v if v is not None and math.isfinite(v) else None
 
 
 def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
@@ -314,7 +309,7 @@ class AsvResult:
     def started_at(self, benchmark: str | None = None) -> float:
         """``started_at`` (ms) of one benchmark, or the newest of all; 0.0 when absent."""
         names = [benchmark] if benchmark is not None else self.results
-        vals = [_finite_or_none(self.row(n).get("started_at")) for n in names]
+        vals = [finite_number(self.row(n).get("started_at")) for n in names]
         return max([v for v in vals if v is not None] or [0.0])
 
     def param_combos(self, benchmark: str) -> list[tuple[str, ...]]:
@@ -345,9 +340,9 @@ class AsvResult:
             smp = col("samples", i)
             out[combo] = Measurement(
                 benchmark, combo, status, float(v) if status == "ok" else None,
-                *(_finite_or_none(col(f"stats_{s}", i)) for s in ("q_25", "q_75", "ci_99_a", "ci_99_b")),
-                [float(x) for x in smp if _finite_or_none(x) is not None] if isinstance(smp, list) else None,
-                d.get("version"), _finite_or_none(d.get("started_at")))
+                *(finite_number(col(f"stats_{s}", i)) for s in ("q_25", "q_75", "ci_99_a", "ci_99_b")),
+                [float(x) for x in smp if finite_number(x) is not None] if isinstance(smp, list) else None,
+                d.get("version"), finite_number(d.get("started_at")))
         return out
 
 
@@ -364,7 +359,7 @@ def asv_result_from_data(data: Any, path: str | os.PathLike) -> AsvResult:
     if "result" not in cols or "params" not in cols:
         raise ResultsError(f"asv result file {path}: result_columns {cols} lack 'result'/'params'")
     params = data["params"] if isinstance(data["params"], dict) else {}
-    return AsvResult(path, str(data["commit_hash"]), str(data["env_name"]), _finite_or_none(data.get("date")),
+    return AsvResult(path, str(data["commit_hash"]), str(data["env_name"]), finite_number(data.get("date")),
                      params, cols, res, data)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mla_fp8_bench.harness import results as R
-from mla_fp8_bench.jsonio import json_number, load_json, write_file_atomic
+from mla_fp8_bench.jsonio import finite_number, json_number, load_json, write_file_atomic
 from mla_fp8_bench.measure import metric_table as MT
 from mla_fp8_bench.problem.cases import CaseError, parse_case_id
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
@@ -88,11 +88,6 @@ _EMU_LAT = MT.metric("emulation_latency")
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "device"
-
-
-def _finite(x: Any) -> float | None:
-    v = json_number(x)
-    return v if v is not None and math.isfinite(v) else None
 
 
 def _point(ds: Dataset, points: list[Point], b: str, cid: str, **values: Any) -> Point | None:
@@ -165,9 +160,9 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
             ds.notes.append(f"{b} {cid}: {st} - {r.get('reason', '')}".rstrip(" -"))
             continue
         emu = MT.record_is_emulation(r)
-        p = _point(ds, pts, b, cid, latency_s=_finite(r.get(_LAT.record_key)),
-                   err_fp8=_finite(r.get(_ERR8.record_key)), err_bf16=_finite(r.get(_ERR16.record_key)),
-                   tflops=None if emu else _finite(r.get(_TFLOPS.record_key)), emulation=emu,
+        p = _point(ds, pts, b, cid, latency_s=finite_number(r.get(_LAT.record_key)),
+                   err_fp8=finite_number(r.get(_ERR8.record_key)), err_bf16=finite_number(r.get(_ERR16.record_key)),
+                   tflops=None if emu else finite_number(r.get(_TFLOPS.record_key)), emulation=emu,
                    fp8=record_is_fp8(r) is not False)
         if p is None:
             continue
@@ -178,7 +173,7 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
             elif x is not None and not math.isfinite(x):
                 ds.notes.append(f"{b} {cid}: {key} is {v} (non-finite output), not drawn")
         stored = r.get(_LAT.samples_key)
-        samples = [x for x in (stored if isinstance(stored, list) else []) if _finite(x) is not None]
+        samples = [x for x in (stored if isinstance(stored, list) else []) if finite_number(x) is not None]
         if len(samples) >= 2:
             p.latency_q25, _, p.latency_q75 = statistics.quantiles(samples, n=4, method="inclusive")
     _select_variant(ds, pts, variant)
@@ -216,7 +211,7 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
                  is_cpu=not has_gpu)
 
     def val(table: dict[tuple[str, str], R.Measurement], key: tuple[str, str]) -> float | None:
-        return _finite(table[key].value) if key in table else None
+        return finite_number(table[key].value) if key in table else None
 
     pts: list[Point] = []
     for b, c in dict.fromkeys([*lat, *emu_lat]):
@@ -230,7 +225,7 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
             ds.notes.append(f"{b} {c}: failed in asv (null)")
         else:
             s = val(spp, (b, c))
-            _point(ds, pts, b, c, latency_s=_finite(m.value), latency_q25=m.q25, latency_q75=m.q75,
+            _point(ds, pts, b, c, latency_s=finite_number(m.value), latency_q25=m.q25, latency_q75=m.q75,
                    err_fp8=val(e8, (b, c)), err_bf16=val(e16, (b, c)),
                    tflops=(1e3 / s) if (s and not emu) else None, emulation=emu,
                    fp8=backend_flag(b, "fp8") is not False)
@@ -472,12 +467,12 @@ def _ceiling_lines(ds: Dataset) -> tuple[list[tuple[str, float, str, str]], list
                                    (c, "bf16_gemm_tflops", "bf16 GEMM measured", "tab:purple", "--"),
                                    (peaks, "fp8", "FP8 datasheet peak", "tab:red", ":"),
                                    (peaks, "bf16", "bf16 datasheet peak", "tab:purple", ":")):
-        v = _finite(src.get(key))
+        v = finite_number(src.get(key))
         if v:
             lines.append((f"{lab} {v:,.0f} TFLOP/s", v, col, ls))
-    cp = _finite(c.get("copy_tb_s"))
+    cp = finite_number(c.get("copy_tb_s"))
     if cp:
-        hbm = _finite(peaks.get("hbm_tb_s"))
+        hbm = finite_number(peaks.get("hbm_tb_s"))
         notes.append(f"copy bandwidth measured {cp:.2f} TB/s" + (f" (datasheet {hbm:g} TB/s)" if hbm else ""))
     if not lines:
         notes.append("ceilings present but without TFLOP/s values")

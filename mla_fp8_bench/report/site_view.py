@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 import statistics
 from pathlib import Path
 from typing import Any
 
+from mla_fp8_bench.jsonio import finite_number
 from mla_fp8_bench.measure.metric_table import ASV_ACCURACY_FLOOR, find
 
 #: Host ``preview`` binds to: this machine only.
@@ -76,7 +76,7 @@ def drop_emulation_from_kernel_latency(site: Path) -> int:
 def _finite(x: Any) -> bool:
     if isinstance(x, list):
         return any(_finite(v) for v in x)
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return finite_number(x) is not None
 
 
 def drop_empty_benchmarks(site: Path) -> list[str]:
