@@ -153,9 +153,9 @@ def test_interleaved_rule_gates_time_on_the_ratio_of_round_means():
     v = _verdicts(base, slow, factor=1.02, noise_k=1.0, interleaved=True)
     r = v[("k", "s8192")]
     assert r.verdict == "REGRESSION" and r.ratio == pytest.approx(397.04 / 387.825, rel=1e-4)
-    assert (r.base, r.head) == (fmt_seconds(387.825), fmt_seconds(397.04))  # the clipped means, not the medians
+    assert (r.base, r.head) == (fmt_seconds(387.825), fmt_seconds(397.04))  # the modes' means, not the medians
     assert "gated on time (BASE and HEAD interleaved on one machine)" in r.detail
-    assert "ratio of outlier-clipped means" in r.detail
+    assert "ratio of fastest-mode means" in r.detail
     assert v[("k", "s512")].verdict == "ok"
     # the same values judged as two separate runs: medians, and cycles off the plateau (unchanged: ok)
     v = _verdicts(base, slow, factor=1.02, noise_k=1.0)
@@ -167,23 +167,36 @@ def test_interleaved_rule_gates_time_on_the_ratio_of_round_means():
     assert r.verdict == "ok" and r.ratio == pytest.approx(387.825 / 386.65, rel=1e-4)
 
 
-def test_interleaved_ratio_clips_an_odd_round_and_sets_the_threshold_from_the_standard_error():
-    # H200 s8192 rounds of one trial: BASE in two modes; the +3 % HEAD has one odd process (441.8 us)
+def test_interleaved_ratio_drops_an_odd_round_and_sets_the_threshold_from_the_standard_error():
+    # H200 s8192 rounds of one trial: BASE in two modes ~0.9 % apart; the +3 % HEAD has one odd process (441.8 us)
     base = [386.27, 389.89, 386.36, 389.90]
     head = [406.87, 403.72, 402.13, 441.80]
-    # HEAD: median 405.295, |dev| 1.575 1.575 3.165 36.505 -> MAD 2.37, robust SD 3.5138; 441.8 lies
-    # 36.5 > 3 x 3.5138 from the median and is left out: mean(406.87, 403.72, 402.13) = 404.2400
-    assert G.robust_sd(head) == pytest.approx(1.4826 * 2.37)
-    assert G.clipped_mean(head) == pytest.approx(404.24)
-    # BASE: median 388.125, |dev| 1.855 1.765 1.765 1.775 -> MAD 1.77; robust SD 2.6242; all kept: 388.105
-    assert G.clipped_mean(base) == pytest.approx(388.105)
+    # BASE: fastest 386.27, every round within 2 % (<= 393.9954): all kept, mean 388.105
+    assert G.fastest_mode(base) == base
+    # HEAD: fastest 402.13, cut-off 410.1726: 441.8 left out, mean(406.87, 403.72, 402.13) = 404.24
+    assert G.fastest_mode(head) == [406.87, 403.72, 402.13]
     ratio, thr, src = G.interleaved_ratio(base, head, 1.02, 3.0)
     assert ratio == pytest.approx(404.24 / 388.105)
-    se = ((1.4826 * 1.77 / 388.125) ** 2 / 4 + (1.4826 * 2.37 / 405.295) ** 2 / 4) ** 0.5  # 0.5407 %
+    # robust SDs of the kept rounds: BASE median 388.125, |dev| 1.855 1.765 1.765 1.775 -> MAD 1.77;
+    # HEAD median 403.72, |dev| 3.15 0 1.59 -> MAD 1.59
+    assert G.robust_sd(head[:3]) == pytest.approx(1.4826 * 1.59)
+    se = ((1.4826 * 1.77 / 388.125) ** 2 / 4 + (1.4826 * 1.59 / 403.72) ** 2 / 3) ** 0.5
     assert thr == pytest.approx(max(1.02, 1 + 3 * se)) and src == f"standard error {se * 100:.2f}%"
-    # an A/A pair whose HEAD has one odd round: the clipped ratio stays at 1
+    # an A/A pair whose HEAD has one odd round: the ratio stays at 1
     aa_ratio, _thr, _src = G.interleaved_ratio([15.27, 15.28, 15.27, 15.28], [15.28, 15.27, 16.04, 15.27], 1.02, 3.0)
     assert aa_ratio == pytest.approx((15.28 + 15.27 + 15.27) / 3 / 15.275)
+
+
+def test_interleaved_ratio_compares_the_fastest_per_process_modes():
+    # H200 FA3-FP8 s512 (2026-12-02): each fresh process reads 15.16 or 16.21 us (+6.9 %), the +3 % HEAD
+    # 15.59-15.60 or 16.65. A slowdown trial whose BASE had two high-mode rounds and HEAD none:
+    # means of all rounds 15.5975 / 15.685 = 0.994 (missed); fastest modes 15.5975 / 15.16 = 1.0289
+    ratio, thr, _src = G.interleaved_ratio([15.16, 16.21, 16.21, 15.16], [15.6, 15.6, 15.59, 15.6], 1.02, 3.0)
+    assert ratio == pytest.approx(15.5975 / 15.16) and ratio > thr == pytest.approx(1.02)
+    # an A/A trial with BASE three rounds high and HEAD one: all-round means 15.9475 / 15.4225 would read
+    # 0.967; fastest modes 15.163333 / 15.16 = 1.0002
+    ratio, thr, _src = G.interleaved_ratio([15.16, 16.21, 16.21, 16.21], [15.16, 15.16, 15.17, 16.21], 1.02, 3.0)
+    assert ratio == pytest.approx(15.163333333 / 15.16) and ratio < thr
 
 
 # ------------------------------------------------------------------------------------------ ab

@@ -240,7 +240,8 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
                            "rows": [r.__dict__ for r in lat]}, out)
     bad = [r for r in rows if r.gating]
     settings = (f"{args.rounds} rounds per side in alternating processes; latency threshold max({args.factor}, "
-                f"1 + {args.noise_k} x the ratio's standard error) on the ratio of outlier-clipped round means of time")
+                f"1 + {args.noise_k} x the ratio's standard error) on the ratio of the rounds' fastest-mode means "
+                "of time")
     if args.summary:
         md = G.render_markdown(rows, base_src=args.base, head_src=args.head, settings=settings, allow_missing=False,
                                plots=None).replace("## mla-fp8-bench gate", "## mla-fp8-bench ab", 1)
