@@ -3,8 +3,8 @@
 (``aiter/ops/attention.py``) is :func:`ps_metadata_info`; ``get_ps_metadata_v1`` (host code
 ``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in ``csrc/include/ps.h``) is :func:`plan_ps_prefill`
 and :func:`fill_aiter_buffers`. Algorithm, buffers and revisions: ``docs/aiter-contract.md`` ``#planner-io``,
-``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. Plain Python integers (C-style truncating division
-where AITER divides signed ints), one ``torch.tensor`` per buffer at the end.
+``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. Plain Python integers, one ``torch.tensor`` per
+buffer at the end.
 """
 
 from __future__ import annotations
@@ -31,30 +31,14 @@ from mla_fp8_bench.aiter_ps.facts import (
     pack_q_head_range,
 )
 
-BUFFER_LENGTH_KEYS = (
-    "work_metadata_ptrs",
-    "work_indptr",
-    "work_info_rows",
-    "reduce_indptr",
-    "reduce_final_map_rows",
-    "reduce_partial_map",
-)
-"""Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``)."""
+#: Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``).
+BUFFER_LENGTH_KEYS = ("work_metadata_ptrs", "work_indptr", "work_info_rows", "reduce_indptr", "reduce_final_map_rows",
+                      "reduce_partial_map")
 _LENGTH_KEY = dict(zip(BUFFER_NAMES, BUFFER_LENGTH_KEYS))  # buffer name -> its key (also an accepted alias)
-
 
 
 class PsPlanError(ValueError):
     """Invalid planner input, or a buffer too small for a plan (a ``ValueError``)."""
-
-
-# small integer helpers
-
-
-def _c_div(a: int, b: int) -> int:
-    """C/C++ signed integer division: truncates toward zero (unlike Python's ``//``)."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -71,16 +55,14 @@ def _check_revision(revision: Any) -> str:
 def _effective_need_lse(revision: str, need_lse: Any) -> bool:
     """Whether every tile gets a slot: ``pre-3606`` never, ``pr3606-ref`` always (neither takes
     ``need_lse``), ``v0.1.22`` as ``need_lse`` says (default False, the binding's default)."""
-    if revision == PLANNER_V0_1_22:
-        if need_lse is None:
-            return False
-        if not isinstance(need_lse, bool):
-            raise PsPlanError(f"need_lse={need_lse!r} is invalid: must be a bool")
-        return need_lse
-    if need_lse is not None:
-        raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
-                          " (added by the v0.1.22 planner)")
-    return revision == PLANNER_PR_3606_REF
+    if revision != PLANNER_V0_1_22:
+        if need_lse is not None:
+            raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
+                              " (added by the v0.1.22 planner)")
+        return revision == PLANNER_PR_3606_REF
+    if need_lse is not None and not isinstance(need_lse, bool):
+        raise PsPlanError(f"need_lse={need_lse!r} is invalid: must be a bool")
+    return bool(need_lse)
 
 
 def _is_int(v: Any) -> bool:
@@ -103,15 +85,10 @@ def _as_int_list(name: str, x: Any) -> list[int]:
             raise PsPlanError(f"{name} has dtype {x.dtype}: an integer tensor (e.g. torch.int32) is required")
         if x.dim() != 1:
             raise PsPlanError(f"{name} has shape {tuple(x.shape)}: a 1-D tensor is required")
-        return [int(v) for v in x.detach().cpu().tolist()]
+        return x.detach().cpu().tolist()
     if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
         raise PsPlanError(f"{name}={x!r} is not a 1-D sequence of integers (list, tuple or int tensor)")
-    out = []
-    for i, v in enumerate(x):
-        if not _is_int(v):
-            raise PsPlanError(f"{name}[{i}]={v!r} is not an integer")
-        out.append(operator.index(v))
-    return out
+    return [_as_int(f"{name}[{i}]", v) for i, v in enumerate(x)]
 
 
 def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
@@ -123,11 +100,9 @@ def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
         )
     if p[0] != 0:
         raise PsPlanError(f"{name}[0]={p[0]} is invalid: an indptr must start at 0")
-    for i in range(len(p) - 1):
-        if p[i + 1] < p[i]:
-            raise PsPlanError(
-                f"{name}[{i + 1}]={p[i + 1]} < {name}[{i}]={p[i]}: an indptr must be non-decreasing"
-            )
+    i = next((i for i in range(len(p) - 1) if p[i + 1] < p[i]), None)
+    if i is not None:
+        raise PsPlanError(f"{name}[{i + 1}]={p[i + 1]} < {name}[{i}]={p[i]}: an indptr must be non-decreasing")
     if p[-1] > INT32_MAX:
         raise PsPlanError(f"{name}[-1]={p[-1]} does not fit in int32 (max {INT32_MAX})")
 
@@ -136,15 +111,8 @@ def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
 
 
 def ps_metadata_info(
-    batch_size: int,
-    num_heads_k: int,
-    max_qlen: int,
-    qlen_granularity: int = Q_TILE,
-    *,
-    cu_num: int,
-    revision: str = PLANNER_PRE_3606,
-    max_kvlen: int | None = None,
-    kvlen_granularity: int = KV_TILE,
+    batch_size: int, num_heads_k: int, max_qlen: int, qlen_granularity: int = Q_TILE, *, cu_num: int,
+    revision: str = PLANNER_PRE_3606, max_kvlen: int | None = None, kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
     """Buffer shapes and dtypes for the PS planner, by revision (the formulas and their AITER sources:
     ``docs/aiter-contract.md#info-sizes``); AITER reads ``cu_num`` from the current device, here it is a
@@ -233,14 +201,11 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
     """Output of :func:`plan_ps_prefill`: AITER's PS metadata as int32 CPU tensors of the full buffer
-    lengths, tails as the real planner leaves them (what each holds: ``docs/aiter-contract.md#planner-io``,
-    ``#work-info``): ``work_indptr [cu_num + 1]`` (entries past ``cu_num`` in a longer buffer 0),
-    ``work_info [max_works, 8]``, ``reduce_indptr [tiles + 1]``, ``reduce_final_map [tiles, 2]``,
-    ``reduce_partial_map [n]`` (slot row offsets, multiples of 256).
-
-    Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups``, ``num_partials`` (distinct
-    slots), ``cu_num``, ``num_heads_k``, ``revision`` and ``need_lse`` (whether every tile got a slot).
-    The tensors must not be modified in place.
+    lengths, tails as the real planner leaves them (``docs/aiter-contract.md#planner-io``, ``#work-info``):
+    ``work_indptr [cu_num + 1]`` (0 past ``cu_num`` in a longer buffer), ``work_info [max_works, 8]``,
+    ``reduce_indptr [tiles + 1]``, ``reduce_final_map [tiles, 2]``, ``reduce_partial_map [n]`` (slot row
+    offsets, multiples of 256); ``num_works`` is the used ``work_info`` rows, ``num_partials`` the distinct
+    slots, ``need_lse`` whether every tile got a slot. Not to be modified in place.
     """
 
     work_indptr: torch.Tensor
@@ -255,14 +220,6 @@ class PsPlan:
     num_heads_k: int
     revision: str = PLANNER_PRE_3606
     need_lse: bool = False
-
-    def __repr__(self) -> str:
-        return (
-            f"PsPlan(cu_num={self.cu_num}, num_heads_k={self.num_heads_k}, revision={self.revision},"
-            f" need_lse={self.need_lse},"
-            f" num_works={self.num_works}, num_reduce_groups={self.num_reduce_groups},"
-            f" num_partials={self.num_partials}, buffer_lengths={self.buffer_lengths})"
-        )
 
     @property
     def used_work_info(self) -> torch.Tensor:
@@ -386,15 +343,7 @@ def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_cau
 
 def _ping_pong(n: int) -> list[int]:
     """Tile visiting order 0, n-1, 1, n-2, ... (pairs heavy and light causal tiles)."""
-    order = []
-    lo, hi = 0, n - 1
-    while lo <= hi:
-        order.append(lo)
-        if hi != lo:
-            order.append(hi)
-        lo += 1
-        hi -= 1
-    return order
+    return [x for i in range(n // 2) for x in (i, n - 1 - i)] + ([n // 2] if n % 2 else [])
 
 
 def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
@@ -411,7 +360,7 @@ def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
             qs = Q_TILE * i
             qe = min(qs + Q_TILE, qlen)
             eff = min(kvlen - qlen + qe, kvlen) if inp.is_causal else kvlen
-            units = _c_div(eff + g - 1, g)
+            units = _ceil_div(eff, g)  # eff >= 0: C's truncating division agrees
             total_units += units
             tiles.append((b, qs, qe, eff, units * blocks_per_unit))
     return tiles, total_units
@@ -479,13 +428,8 @@ def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
 
 def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_groups: int, num_partials: int) -> None:
     """The real planner writes without bounds checks; refuse a plan that would not fit."""
-    for key, need in (
-        ("work_indptr", cu_num + 1),
-        ("work_info_rows", num_works),
-        ("reduce_indptr", num_groups + 1),
-        ("reduce_final_map_rows", num_groups),
-        ("reduce_partial_map", num_partials),
-    ):
+    for key, need in (("work_indptr", cu_num + 1), ("work_info_rows", num_works), ("reduce_indptr", num_groups + 1),
+                      ("reduce_final_map_rows", num_groups), ("reduce_partial_map", num_partials)):
         if lengths[key] < need:
             raise PsPlanError(
                 f"buffer_lengths[{key!r}]={lengths[key]} is too small: this plan needs {need}"
@@ -556,58 +500,41 @@ def _default_lengths(inp: _Inputs, revision: str, buffer_lengths: Mapping[str, A
 
 
 def plan_ps_prefill(
-    qo_indptr: Sequence[int] | torch.Tensor,
-    kv_indptr: Sequence[int] | torch.Tensor,
-    context_lens: Sequence[int] | torch.Tensor,
-    *,
-    num_heads_k: int,
-    cu_num: int,
-    gqa_ratio: int = 1,
-    qhead_granularity: int = 1,
-    qlen_granularity: int = Q_TILE,
-    kvlen_granularity: int = KV_TILE,
-    block_size: int = 1,
-    is_causal: bool = True,
-    buffer_lengths: Mapping[str, Any] | None = None,
-    revision: str = PLANNER_PRE_3606,
-    need_lse: bool | None = None,
+    qo_indptr: Sequence[int] | torch.Tensor, kv_indptr: Sequence[int] | torch.Tensor,
+    context_lens: Sequence[int] | torch.Tensor, *, num_heads_k: int, cu_num: int, gqa_ratio: int = 1,
+    qhead_granularity: int = 1, qlen_granularity: int = Q_TILE, kvlen_granularity: int = KV_TILE,
+    block_size: int = 1, is_causal: bool = True, buffer_lengths: Mapping[str, Any] | None = None,
+    revision: str = PLANNER_PRE_3606, need_lse: bool | None = None,
 ) -> PsPlan:
     """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does
     (``docs/aiter-contract.md#planner-algorithm``).
 
     Args:
-        qo_indptr: ``seqlens_qo_indptr`` ``[B+1]``: cumulative q lengths (starts at 0,
-            non-decreasing). A list/tuple of ints or a 1-D integer tensor (any device).
-        kv_indptr: ``pages_kv_indptr`` ``[B+1]``: cumulative KV pages (tokens at ``block_size=1``).
-        context_lens: ``[B]`` KV tokens per sequence; at ``block_size=1`` it must equal
-            ``kv_indptr[b+1] - kv_indptr[b]``, otherwise at most ``pages * block_size``.
-            ``q_len < kv_len`` is a context chunk (new queries against cached keys).
-        num_heads_k: KV heads (1 .. 65535; H_q == H_kv for the PS kernel).
-        cu_num: device CU count (``multiProcessorCount``; 256 on MI355X).
-        gqa_ratio, qhead_granularity: only 1 is supported (MHA, one head per work).
-        qlen_granularity: q-tile rows; only 256 is supported (the kernel's tile).
-        kvlen_granularity: KV split granularity in tokens, a power of two >= ``block_size`` and a
-            multiple of it; use ``max(128, block_size)`` = 128 (AITER's binding default is 1).
-        block_size: tokens per KV page (>= 1); the PS kernel runs at 1.
-        is_causal: bottom-right causal (local query i sees key j iff ``j <= kv_len - q_len + i``);
-            requires ``q_len <= kv_len`` for every sequence. False: every row sees all keys.
-        buffer_lengths: leading dims of the buffers the real planner would fill, keyed as in
-            :data:`BUFFER_LENGTH_KEYS` (``work_info``/``reduce_final_map`` accepted as aliases of the
-            ``*_rows`` keys; ints or ``(shape, dtype)`` pairs, so a :func:`ps_metadata_info` dict
-            works). Missing keys default to the revision's :func:`ps_metadata_info` (``pr3606-ref`` with
-            ``max_kvlen = max(context_lens)``).
-        revision: the planner revision (:data:`PLANNER_REVISIONS`, module docstring).
-        need_lse: ``v0.1.22`` only (default False): every work that consumes KV gets a partial
-            slot and every tile a reduce group.
+        qo_indptr, kv_indptr: ``seqlens_qo_indptr`` / ``pages_kv_indptr`` ``[B+1]``: cumulative q lengths /
+            KV pages (tokens at ``block_size=1``), from 0, non-decreasing; int lists or 1-D int tensors.
+        context_lens: ``[B]`` KV tokens per sequence: the page count at ``block_size=1``, else at most
+            ``pages * block_size``; ``q_len < kv_len`` is a context chunk.
+        num_heads_k: KV heads, 1 .. 65535 (H_q == H_kv). cu_num: device CU count (256 on MI355X).
+        gqa_ratio, qhead_granularity, qlen_granularity: only 1, 1 and 256 are supported.
+        kvlen_granularity: KV split granularity in tokens, a power-of-two multiple of ``block_size``
+            (tokens per page, >= 1; the PS kernel runs at 1); use 128 (AITER's binding default is 1).
+        is_causal: bottom-right causal (query i sees key j iff ``j <= kv_len - q_len + i``; needs
+            ``q_len <= kv_len``).
+        buffer_lengths: leading dims of the buffers the real planner fills, keyed as in
+            :data:`BUFFER_LENGTH_KEYS` or by buffer name; ints or ``(shape, dtype)`` pairs (a
+            :func:`ps_metadata_info` dict works). Missing keys: the revision's :func:`ps_metadata_info`
+            (``pr3606-ref`` with ``max_kvlen = max(context_lens)``).
+        revision: one of :data:`PLANNER_REVISIONS`.
+        need_lse: ``v0.1.22`` only (default False): every work that consumes KV gets a partial slot and
+            every tile a reduce group.
 
     Returns:
         A :class:`PsPlan` with buffers of exactly the requested lengths.
 
     Raises:
-        PsPlanError (a ValueError) naming the bad value: an argument outside what is allowed above
-        (``need_lse`` given to a revision without it), indptrs not starting at 0, decreasing, of
-        different lengths or with fewer than 2 entries, values beyond int32, or a ``buffer_lengths``
-        entry too small for the plan (the real planner would overrun host memory there).
+        PsPlanError (a ValueError) naming the bad value: an argument outside what is allowed above,
+        malformed indptrs, values beyond int32, or a ``buffer_lengths`` entry too small for the plan
+        (the real planner would overrun host memory there).
     """
     heads, cus, kv_gran, bs, causal = _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity,
                                                      qlen_granularity, kvlen_granularity, block_size, is_causal)
@@ -625,57 +552,34 @@ def plan_ps_prefill(
     _check_lengths(lengths, cus, num_works, len(keys), len(partial_map))
 
     work_indptr, work_info = _work_buffers(rows, tg_bounds, heads, cus, lengths)
-    reduce_indptr, reduce_final_map, reduce_partial_map = _reduce_buffers(keys, indptr, partial_map, lengths)
-    return PsPlan(
-        work_indptr=work_indptr,
-        work_info=work_info,
-        reduce_indptr=reduce_indptr,
-        reduce_final_map=reduce_final_map,
-        reduce_partial_map=reduce_partial_map,
-        num_works=num_works,
-        num_reduce_groups=len(keys),
-        num_partials=len(partial_map),
-        cu_num=cus,
-        num_heads_k=heads,
-        revision=revision,
-        need_lse=need_lse,
-    )
+    return PsPlan(work_indptr, work_info, *_reduce_buffers(keys, indptr, partial_map, lengths), num_works=num_works,
+                  num_reduce_groups=len(keys), num_partials=len(partial_map), cu_num=cus, num_heads_k=heads,
+                  revision=revision, need_lse=need_lse)
 
 
 # writing a plan into AITER-style buffers
 
 
-def _check_buffer(name: str, buf: Any, ndim: int, last: int | None, need: int) -> None:
+def _check_buffer(name: str, buf: Any, last: int | None, need: int) -> None:
+    """``buf`` a contiguous int32 ``[>= need]`` tensor, or ``[>= need, last]`` unless ``last`` is None."""
     if not isinstance(buf, torch.Tensor):
         raise PsPlanError(f"{name} must be a torch.Tensor, got {type(buf).__name__}")
     if buf.dtype != torch.int32:
         raise PsPlanError(f"{name} has dtype {buf.dtype}: must be torch.int32")
-    if buf.dim() != ndim or (last is not None and buf.shape[-1] != last):
-        want = "[n]" if ndim == 1 else f"[n, {last}]"
-        raise PsPlanError(f"{name} has shape {tuple(buf.shape)}: must be {want}")
+    if buf.dim() != (1 if last is None else 2) or (last is not None and buf.shape[-1] != last):
+        raise PsPlanError(f"{name} has shape {tuple(buf.shape)}: must be {'[n]' if last is None else f'[n, {last}]'}")
     if not buf.is_contiguous():
         raise PsPlanError(f"{name} is not contiguous: AITER writes it as raw contiguous memory")
     if buf.shape[0] < need:
         raise PsPlanError(
-            f"{name} has {buf.shape[0]} {'entries' if ndim == 1 else 'rows'} but the plan needs {need}"
+            f"{name} has {buf.shape[0]} {'entries' if last is None else 'rows'} but the plan needs {need}"
             " (AITER's planner would write past it and corrupt memory)"
         )
 
 
-def _write_with_tail(dst: torch.Tensor, src_used: torch.Tensor, n: int, fill: int = 0) -> None:
-    tmp = torch.full(tuple(dst.shape), fill, dtype=torch.int32)
-    tmp[:n] = src_used[:n]
-    dst.copy_(tmp)
-
-
 def fill_aiter_buffers(
-    plan: PsPlan,
-    work_metadata_ptrs: torch.Tensor,
-    work_indptr: torch.Tensor,
-    work_info: torch.Tensor,
-    reduce_indptr: torch.Tensor,
-    reduce_final_map: torch.Tensor,
-    reduce_partial_map: torch.Tensor,
+    plan: PsPlan, work_metadata_ptrs: torch.Tensor, work_indptr: torch.Tensor, work_info: torch.Tensor,
+    reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor,
 ) -> None:
     """Write ``plan`` into the six buffers of :func:`ps_metadata_info` in place (any device), the *whole*
     of each as the real planner does: the used part from the plan, the tail as AITER leaves it (0, except
@@ -694,14 +598,15 @@ def fill_aiter_buffers(
         raise PsPlanError(f"work_metadata_ptrs must be a torch.Tensor, got {type(work_metadata_ptrs).__name__}")
     if work_metadata_ptrs.numel() < 2:
         raise PsPlanError(f"work_metadata_ptrs has {work_metadata_ptrs.numel()} elements: needs 2 (uint64 [2])")
-    nw, ng, npart = plan.num_works, plan.num_reduce_groups, plan.num_partials
-    _check_buffer("work_indptr", work_indptr, 1, None, plan.cu_num + 1)
-    _check_buffer("work_info", work_info, 2, WORK_INFO_COLS, nw)
-    _check_buffer("reduce_indptr", reduce_indptr, 1, None, ng + 1)
-    _check_buffer("reduce_final_map", reduce_final_map, 2, 2, ng)
-    _check_buffer("reduce_partial_map", reduce_partial_map, 1, None, npart)
-    _write_with_tail(work_indptr, plan.work_indptr, plan.cu_num + 1)
-    _write_with_tail(work_info, plan.work_info, nw)
-    _write_with_tail(reduce_indptr, plan.reduce_indptr, ng + 1, fill=npart)
-    _write_with_tail(reduce_final_map, plan.reduce_final_map, ng)
-    _write_with_tail(reduce_partial_map, plan.reduce_partial_map, npart)
+    ng, npart = plan.num_reduce_groups, plan.num_partials
+    bufs = (("work_indptr", work_indptr, plan.work_indptr, None, plan.cu_num + 1, 0),
+            ("work_info", work_info, plan.work_info, WORK_INFO_COLS, plan.num_works, 0),
+            ("reduce_indptr", reduce_indptr, plan.reduce_indptr, None, ng + 1, npart),
+            ("reduce_final_map", reduce_final_map, plan.reduce_final_map, 2, ng, 0),
+            ("reduce_partial_map", reduce_partial_map, plan.reduce_partial_map, None, npart, 0))
+    for name, dst, _src, last, n, _tail in bufs:
+        _check_buffer(name, dst, last, n)
+    for _name, dst, src, _last, n, tail in bufs:  # the used part, then the tail AITER leaves
+        tmp = torch.full(tuple(dst.shape), tail, dtype=torch.int32)
+        tmp[:n] = src[:n]
+        dst.copy_(tmp)

@@ -1,13 +1,10 @@
 """A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill.
 
 :func:`make_standin_aiter` builds a module named ``"aiter"`` with the four primitives as an install of the
-emulated AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): the compiled ops are
-opaque ``(*args, **kwargs)`` wrappers whose parameters are only in the op schema registered with torch
-(written from :data:`_PARAMS`); the info function is plain Python. An argument the emulated revision lacks
-is a ``TypeError``. Unlike the real primitives (which check almost nothing), every stand-in validates like
-a strict launcher and raises :class:`StandinContractError` naming what the real one would mishandle; valid
-calls run the planner port and the emulator. Every call is recorded in ``module.calls``. Never import the
-real ``aiter`` here: this module is for machines without ROCm.
+emulated AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): opaque
+``(*args, **kwargs)`` compiled ops whose parameters are only in the op schema registered with torch, and the
+plain-Python info function. Every primitive validates like a strict launcher (:class:`StandinContractError`),
+then runs the planner port or the emulator. Never imports the real ``aiter``.
 """
 
 from __future__ import annotations
@@ -43,16 +40,15 @@ from mla_fp8_bench.aiter_ps.facts import (
     reduce_heads_for,
     unpack_q_head_range,
 )
-from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
+from mla_fp8_bench.problem.shapes import QK_HEAD_DIM as _QK_DIM  # the kernel's hard-wired H*192 / H*128 strides
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM as _V_DIM
 
-_QK_DIM = QK_HEAD_DIM  # the kernel's hard-wired H*192 / H*128 byte strides
-_V_DIM = V_HEAD_DIM
 _FP8 = torch.float8_e4m3fn
 
 
 class StandinContractError(ValueError):
     """A call the real AITER primitive would mishandle (garbage, GPU fault, memory corruption or a
-    dispatch error). The message names the function, the argument and the contract."""
+    dispatch error); the message names the function, the argument and the contract."""
 
 
 # argument checks (each raises StandinContractError naming fn + argument)
@@ -60,12 +56,8 @@ class StandinContractError(ValueError):
 
 def _summary(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        d: dict[str, Any] = {
-            "shape": tuple(int(s) for s in v.shape),
-            "dtype": str(v.dtype).replace("torch.", ""),
-            "device": str(v.device),
-            "contiguous": bool(v.is_contiguous()),
-        }
+        d: dict[str, Any] = {"shape": tuple(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
+                             "device": str(v.device), "contiguous": v.is_contiguous()}
         if (v.numel() == 1 and v.dtype in (torch.float32, torch.float64, torch.int32, torch.int64)
                 and v.device.type != "meta"):
             d["value"] = v.item()
@@ -94,13 +86,9 @@ class _Checker:
             allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
             self.fail(f"{name} has dtype {str(t.dtype).replace('torch.', '')}: must be {allowed}{why}")
 
-    def contiguous(self, name: str, t: torch.Tensor, why: str = "no strides reach the kernel") -> None:
+    def contiguous(self, name: str, t: torch.Tensor, why: str) -> None:
         if not t.is_contiguous():
             self.fail(f"{name} is not contiguous (strides {tuple(t.stride())}): {why}")
-
-    def ndim(self, name: str, t: torch.Tensor, n: int, want: str) -> None:
-        if t.dim() != n:
-            self.fail(f"{name} has shape {tuple(t.shape)}: must be {want}")
 
     def array(self, name: str, t: Any, dtypes: tuple[torch.dtype, ...], want: str, why: str = "",
               contiguous: str | None = None) -> torch.Tensor:
@@ -108,7 +96,8 @@ class _Checker:
         (``"[R, H]"``), contiguous unless ``contiguous`` (the reason named otherwise) is None."""
         t = self.tensor(name, t)
         self.dtype(name, t, *dtypes, why=why)
-        self.ndim(name, t, want.count(",") + 1, want)
+        if t.dim() != want.count(",") + 1:
+            self.fail(f"{name} has shape {tuple(t.shape)}: must be {want}")
         if contiguous is not None:
             self.contiguous(name, t, contiguous)
         return t
@@ -138,7 +127,7 @@ class _Checker:
         vals = self.ints(name, t).tolist()
         if len(vals) < 2:
             self.fail(f"{name} has {len(vals)} entries: needs B+1 >= 2")
-        if vals[0] != 0 or any(b < a for a, b in zip(vals, vals[1:])):
+        if vals[0] != 0 or vals != sorted(vals):
             self.fail(f"{name} must start at 0 and be non-decreasing, got {vals[:8]}")
         return vals
 
@@ -154,7 +143,6 @@ class _Checker:
             self.fail(f"{name} has shape {tuple(t.shape)}: must be [1] or [] (one fp32 element)")
         if t.device != device:
             self.fail(f"{name} is on {t.device}: must be a device tensor on {device} like Q")
-
 
 
 # module state and call recording
@@ -261,15 +249,10 @@ def _check_planner_buffers(ck: _Checker, a: dict[str, Any], cu_num: int) -> None
 
 def _check_plan_fits(ck: _Checker, a: dict[str, Any], plan: Any) -> None:
     """Every buffer holds what the plan writes (the real planner writes without bounds checks)."""
-    sizes = {
-        "work_info": (a["work_info"].shape[0], plan.num_works),
-        "reduce_indptr": (a["reduce_indptr"].numel(), plan.num_reduce_groups + 1),
-        "reduce_final_map": (a["reduce_final_map"].shape[0], plan.num_reduce_groups),
-        "reduce_partial_map": (a["reduce_partial_map"].numel(), plan.num_partials),
-    }
-    for name, (have, need) in sizes.items():
-        if have < need:
-            unit = "rows" if name in ("work_info", "reduce_final_map") else "entries"
+    ng = plan.num_reduce_groups
+    for name, need, unit in (("work_info", plan.num_works, "rows"), ("reduce_indptr", ng + 1, "entries"),
+                             ("reduce_final_map", ng, "rows"), ("reduce_partial_map", plan.num_partials, "entries")):
+        if (have := a[name].shape[0]) < need:
             ck.fail(
                 f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
                 "planner writes past it without bounds checks and corrupts host memory "
@@ -608,12 +591,8 @@ def _op(st: _State, name: str, body: Callable[[_State, dict[str, Any]], Any], pl
 
 
 def make_standin_aiter(
-    *,
-    reduce_variant: int | None = None,
-    cu_num: int = 256,
-    emulator: Emulator | None = None,
-    aiter_version: Any = NEWEST_MODELLED_VERSION,
-    planner_revision: str | None = None,
+    *, reduce_variant: int | None = None, cu_num: int = 256, emulator: Emulator | None = None,
+    aiter_version: Any = NEWEST_MODELLED_VERSION, planner_revision: str | None = None,
 ) -> types.ModuleType:
     """Build a stand-in ``aiter`` module (docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin).
 
@@ -629,11 +608,9 @@ def make_standin_aiter(
             instead of the version's released one (``"pr3606-ref"``: the pre-merge PR).
 
     Returns:
-        A module named ``"aiter"`` (a package spec, ``__path__ == []``, ``__version__``), not inserted into
-        ``sys.modules``, with the primitives, ``StandinContractError``, ``calls`` (one ``{"name", "args",
-        "ok", "error"}`` dict per call, args summarised), ``cu_num``, ``aiter_version``, ``reduce_variant``,
-        ``accepted_reduce_heads``, ``post_3606``, ``planner_revision``, ``aiter_op_namespace`` and
-        ``is_standin = True``.
+        A package module named ``"aiter"`` (not in ``sys.modules``) with the primitives, ``__version__``,
+        ``StandinContractError``, ``calls`` (one ``{"name", "args", "ok", "error"}`` dict per call) and the
+        settings as attributes (``is_standin = True``).
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an
@@ -654,12 +631,9 @@ def make_standin_aiter(
     mod.__spec__ = importlib.machinery.ModuleSpec("aiter", None, is_package=True)
     mod.__path__ = []
     mod.__version__ = format_version(ver)
-    mod.is_standin = True
-    mod.StandinContractError = StandinContractError
-    mod.calls = st.calls
+    mod.is_standin, mod.StandinContractError, mod.calls = True, StandinContractError, st.calls
     mod.cu_num, mod.aiter_version, mod.reduce_variant = cu_num, ver, variant
-    mod.accepted_reduce_heads, mod.post_3606 = st.heads_ok, st.post_3606
-    mod.planner_revision = st.revision
+    mod.accepted_reduce_heads, mod.post_3606, mod.planner_revision = st.heads_ok, st.post_3606, st.revision
     compiled = {"mla_reduce_v1": _reduce_body}
     if ver >= PS_PREFILL_FIRST_VERSION:
         compiled.update(get_ps_metadata_v1=_planner_body, mla_prefill_ps_asm_fwd=_kernel_body)
