@@ -208,10 +208,8 @@ def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales:
     fp32 scales. ValueError naming the bad argument otherwise."""
     for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
-            raise ValueError(
-                f"{name} must be a 3-D float8_e4m3fn tensor, got "
-                f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
-            )
+            raise ValueError(f"{name} must be a 3-D float8_e4m3fn tensor, got "
+                             f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
     T, H, dqk = (int(v) for v in q8.shape)
     P = int(k8.shape[0])
     if tuple(k8.shape[1:]) != (H, dqk) or v8.shape[0] != P or v8.shape[1] != H:
@@ -303,20 +301,15 @@ class Emulator:
         Works run workgroup by workgroup, in order; ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the
         kernel; tile keys past ``kv_page_indices``' end read page 0, pages outside ``[0, num_page)`` zeros.
 
-        Args:
-            Q: ``[total_q, H, Dqk]`` float8_e4m3fn (Dqk = 192 on hardware), contiguous or not.
-            K: ``[num_page, H, Dqk]`` float8_e4m3fn, one token per page.
-            V: ``[num_page, H, Dv]`` float8_e4m3fn (Dv = 128 on hardware).
-            qo_indptr, kv_indptr: ``[B+1]`` integer cumulative q rows / KV positions (``kv_indptr``
-                indexes ``kv_page_indices``, ``[num_used_page]`` integer position -> K/V row).
-            work_indptr, work_info_set: the planner's ``[num_wg+1]`` and ``[max_works, 8]`` integer buffers.
-            softmax_scale: natural-log softmax scale (``1/sqrt(192)`` for MLA), Python float.
-            is_causal: bottom-right causal masking.
-            splitData, splitLse: ``[R, H, Dv]`` / ``[R, H]`` fp32 partials and their natural-log LSE.
-            output: ``[total_q, H, Dv]`` (bf16 on hardware).
+        Args (trusted: the stand-in validates them as a strict launcher would):
+            Q, K, V: ``[total_q, H, 192]``, ``[num_page, H, 192]``, ``[num_page, H, 128]`` float8_e4m3fn.
+            qo_indptr, kv_indptr: ``[B+1]`` cumulative q rows / KV positions (indexes of ``kv_page_indices``,
+                ``[num_used_page]`` position -> K/V row).
+            work_indptr, work_info_set: the planner's ``[num_wg+1]`` and ``[max_works, 8]`` int32 buffers.
+            softmax_scale: natural-log softmax scale (``1/sqrt(192)`` for MLA); is_causal: bottom-right.
+            splitData, splitLse, output: ``[R, H, 128]`` / ``[R, H]`` fp32 partials and their natural-log LSE;
+                ``[total_q, H, 128]`` bf16.
             q_scale, k_scale, v_scale: one-element fp32 dequant multipliers (real = fp8 * scale).
-
-        The arguments are trusted (the stand-in validates them as a strict launcher would).
         """
         total_q, H = int(Q.shape[0]), int(Q.shape[1])
         cs = self.softmax_consts(softmax_scale, *(x.detach().reshape(()).to(Q.device, torch.float32)
@@ -343,16 +336,13 @@ class Emulator:
         Per group, head and row, in fp32, partials in map order: ``lse*`` of :meth:`merged_lse` (``+inf``
         if S is 0 or NaN), ``final_output = cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``.
 
-        Args:
-            partial_output: ``[R, H, Dv]`` fp32 partials (``splitData``).
-            partial_lse: ``[R, H]`` fp32 natural-log LSE (``splitLse``).
+        Args (trusted: the stand-in validates them):
+            partial_output, partial_lse: ``[R, H, Dv]`` fp32 partials and ``[R, H]`` their natural-log LSE.
             reduce_indptr, reduce_final_map, reduce_partial_map: the planner's ``[tiles+1]``, ``[tiles, 2]``
-                and ``[slots]`` integer buffers.
-            final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for the reduced rows.
-            final_lse: optional ``[total_q, H]`` fp32, written for the reduced rows.
+                and ``[slots]`` int32 buffers.
+            final_output, final_lse: ``[total_q, H, Dv]`` bf16/fp16 (any strides) and optional ``[total_q, H]``
+                fp32, written for the reduced rows.
             post_3606: reduce groups of a single partial too (ROCm/aiter#3606); before, only groups of >= 2.
-
-        The arguments are trusted (the stand-in validates them).
         """
         groups = _reduce_groups(reduce_indptr, reduce_final_map, reduce_partial_map, 1 if post_3606 else 2, self)
         for q0, q1, locs in groups:
@@ -380,20 +370,17 @@ class Emulator:
         Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
 
         Args:
-            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn (P = T unless
-                ``cu_seqlens_kv`` is given); real = fp8 * scale.
+            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * scale.
             q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
-            cu_seqlens: int32 ``[B+1]`` cumulative q lengths (``cu_seqlens[-1] == T``).
+            cu_seqlens, cu_seqlens_kv: int32 ``[B+1]`` cumulative q / kv lengths ending at T / P (default:
+                ``cu_seqlens``).
             softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
             causal: bottom-right causal masking (query i sees key j iff ``j <= kv_len - q_len + i``);
-                False for a context chunk.
-            cu_num: CU count the plan is made for (256 on MI355X).
+                False for a context chunk. cu_num: CU count the plan is made for (256 on MI355X).
             return_lse: also return the ``[T, H]`` fp32 natural-log final LSE: every row post-#3606, only
                 rows of split tiles pre-#3606 (others NaN when ``poison``, else undefined).
             poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
-            cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``.
-            post_3606: the v0.1.22 planner with ``need_lse=True`` and its reduce; False plans as AITER
-                <= v0.1.21 (= ``need_lse=False``).
+            post_3606: ``need_lse=True`` and the #3606 reduce; False plans as AITER <= v0.1.21.
 
         Returns:
             ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
@@ -415,14 +402,13 @@ class Emulator:
             return (output, final_lse) if return_lse else output
         from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
 
-        plan = plan_ps_prefill(cu_q, cu_kv, (cu_kv[1:] - cu_kv[:-1]).to(torch.int32), num_heads_k=H,
+        plan = plan_ps_prefill(cu_q, cu_kv, cu_kv.diff(), num_heads_k=H,
                                cu_num=int(cu_num), kvlen_granularity=KV_TILE, block_size=1, is_causal=bool(causal),
                                revision=PLANNER_V0_1_22, need_lse=bool(post_3606))
-        n_rows = int(plan.num_partials) * Q_TILE
-        split_data = torch.full((n_rows, H, dv), fill, dtype=torch.float32, device=dev)
-        split_lse = torch.full((n_rows, H), fill, dtype=torch.float32, device=dev)
+        split_data = torch.full((plan.partial_rows, H, dv), fill, dtype=torch.float32, device=dev)
+        split_lse = torch.full((plan.partial_rows, H), fill, dtype=torch.float32, device=dev)
         pages = torch.arange(int(k8.shape[0]), dtype=torch.int32, device=dev)
-        max_q = int((cu_q[1:] - cu_q[:-1]).max())
+        max_q = int(cu_q.diff().max())
         self.mla_prefill_ps_asm_fwd(q8, k8, v8, cu_q.to(dev), cu_kv.to(dev), pages, plan.work_indptr, plan.work_info,
                                     max_q, float(softmax_scale), bool(causal), split_data, split_lse, output, q_scale,
                                     k_scale, v_scale)

@@ -113,9 +113,7 @@ def parse_aiter_version(v: str | Iterable[int]) -> Version:
     if isinstance(v, str):
         m = _VERSION_RE.match(v.strip())
         if not m:
-            raise AiterVersionError(
-                f"AITER version {v!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.20, 0.1.20.post1, 0.1.22)"
-            )
+            raise AiterVersionError(f"AITER version {v!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.20, 0.1.20.post1, 0.1.22)")
         return int(m.group(1)), int(m.group(2)), int(m.group(3))
     try:
         parts = tuple(v)

@@ -139,10 +139,8 @@ def ps_metadata_info(
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
     revision = _check_revision(revision)
     if revision != PLANNER_PR_3606_REF and (max_kvlen is not None or kvlen_granularity != KV_TILE):
-        raise PsPlanError(
-            f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the {revision}"
-            " get_ps_metadata_info_v1 has no such parameters (only the pr3606-ref revision has them)"
-        )
+        raise PsPlanError(f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the {revision}"
+                          " get_ps_metadata_info_v1 has no such parameters (only the pr3606-ref revision has them)")
 
     cpc = cu_num // math.gcd(num_heads_k, cu_num)
     mqs = _ceil_div(max_qlen, qlen_granularity)
@@ -181,10 +179,8 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
     for key, val in given.items():
         canon = _LENGTH_KEY.get(key, key)
         if canon not in out:
-            raise PsPlanError(
-                f"buffer_lengths has unknown key {key!r}: allowed {', '.join(BUFFER_LENGTH_KEYS)}"
-                f" (or the buffer names {', '.join(BUFFER_NAMES)})"
-            )
+            raise PsPlanError(f"buffer_lengths has unknown key {key!r}: allowed {', '.join(BUFFER_LENGTH_KEYS)}"
+                              f" (or the buffer names {', '.join(BUFFER_NAMES)})")
         if isinstance(val, tuple) and len(val) == 2 and isinstance(val[0], (tuple, list)):
             val = val[0]  # a (shape, dtype) pair from ps_metadata_info
         if isinstance(val, (tuple, list, torch.Size)):
@@ -277,17 +273,13 @@ def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granu
     """Validated ``(num_heads_k, cu_num, kvlen_granularity, block_size, is_causal)``; PsPlanError otherwise."""
     num_heads_k = _as_int("num_heads_k", num_heads_k)
     if not 1 <= num_heads_k <= MAX_HEADS:
-        raise PsPlanError(
-            f"num_heads_k={num_heads_k} is invalid: must be in 1..{MAX_HEADS}"
-            " (q_head_range packs head indices into 16 bits)"
-        )
+        raise PsPlanError(f"num_heads_k={num_heads_k} is invalid: must be in 1..{MAX_HEADS}"
+                          " (q_head_range packs head indices into 16 bits)")
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
     for name, val in (("gqa_ratio", gqa_ratio), ("qhead_granularity", qhead_granularity)):
         if _as_int(name, val) != 1:
-            raise PsPlanError(
-                f"{name}={val} is not supported: only {name}=1 is (the PS prefill is MHA, H_q == H_kv,"
-                " one head per work)"
-            )
+            raise PsPlanError(f"{name}={val} is not supported: only {name}=1 is (the PS prefill is MHA, H_q == H_kv,"
+                              " one head per work)")
     if _as_int("qlen_granularity", qlen_granularity) != Q_TILE:
         raise PsPlanError(
             f"qlen_granularity={qlen_granularity} is not supported: only {Q_TILE} is (the PS kernel's q-tile)"
@@ -297,10 +289,8 @@ def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granu
     if kvlen_granularity < 1 or kvlen_granularity & (kvlen_granularity - 1):
         raise PsPlanError(f"kvlen_granularity={kvlen_granularity} is invalid: must be a power of two (use 128)")
     if kvlen_granularity < block_size or kvlen_granularity % block_size:
-        raise PsPlanError(
-            f"kvlen_granularity={kvlen_granularity} is invalid: must be >= block_size={block_size} and a"
-            " multiple of it (use max(128, block_size))"
-        )
+        raise PsPlanError(f"kvlen_granularity={kvlen_granularity} is invalid: must be >= block_size={block_size} and a"
+                          " multiple of it (use max(128, block_size))")
     if not isinstance(is_causal, bool):
         if _is_int(is_causal) and operator.index(is_causal) in (0, 1):
             is_causal = bool(operator.index(is_causal))
@@ -324,17 +314,13 @@ def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_cau
         if c < 0:
             raise PsPlanError(f"context_lens[{b}]={c} is invalid: must be >= 0")
         if block_size == 1 and c != pages:
-            raise PsPlanError(
-                f"context_lens[{b}]={c} != kv_indptr[{b + 1}] - kv_indptr[{b}] = {pages}:"
-                " at block_size=1 they must be equal (one token per page)"
-            )
+            raise PsPlanError(f"context_lens[{b}]={c} != kv_indptr[{b + 1}] - kv_indptr[{b}] = {pages}:"
+                              " at block_size=1 they must be equal (one token per page)")
         if c > pages * block_size:
             raise PsPlanError(f"context_lens[{b}]={c} exceeds the sequence's {pages} pages x block_size={block_size}")
         if is_causal and qlen > c:
-            raise PsPlanError(
-                f"sequence {b}: q_len={qlen} > kv_len={c} with is_causal=True is not supported:"
-                " AITER's planner is undefined there (negative unit count); causal needs q_len <= kv_len"
-            )
+            raise PsPlanError(f"sequence {b}: q_len={qlen} > kv_len={c} with is_causal=True is not supported:"
+                              " AITER's planner is undefined there (negative unit count); causal needs q_len <= kv_len")
     return qo, kv, ctx
 
 
@@ -431,10 +417,8 @@ def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_gro
     for key, need in (("work_indptr", cu_num + 1), ("work_info_rows", num_works), ("reduce_indptr", num_groups + 1),
                       ("reduce_final_map_rows", num_groups), ("reduce_partial_map", num_partials)):
         if lengths[key] < need:
-            raise PsPlanError(
-                f"buffer_lengths[{key!r}]={lengths[key]} is too small: this plan needs {need}"
-                " (AITER would write past the buffer)"
-            )
+            raise PsPlanError(f"buffer_lengths[{key!r}]={lengths[key]} is too small: this plan needs {need}"
+                              " (AITER would write past the buffer)")
     if num_works > INT32_MAX:
         raise PsPlanError(f"num_works={num_works} does not fit in int32")
 
@@ -571,10 +555,8 @@ def _check_buffer(name: str, buf: Any, last: int | None, need: int) -> None:
     if not buf.is_contiguous():
         raise PsPlanError(f"{name} is not contiguous: AITER writes it as raw contiguous memory")
     if buf.shape[0] < need:
-        raise PsPlanError(
-            f"{name} has {buf.shape[0]} {'entries' if last is None else 'rows'} but the plan needs {need}"
-            " (AITER's planner would write past it and corrupt memory)"
-        )
+        raise PsPlanError(f"{name} has {buf.shape[0]} {'entries' if last is None else 'rows'} but the plan needs {need}"
+                          " (AITER's planner would write past it and corrupt memory)")
 
 
 def fill_aiter_buffers(

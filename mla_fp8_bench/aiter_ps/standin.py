@@ -133,10 +133,8 @@ class _Checker:
 
     def scale(self, name: str, t: Any, device: torch.device) -> None:
         if t is None:
-            self.fail(
-                f"{name} is None: the kernel always reads the scale, a null dereference on hardware "
-                "(pass a one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md#kernel-args)"
-            )
+            self.fail(f"{name} is None: the kernel always reads the scale, a null dereference on hardware "
+                      "(pass a one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md#kernel-args)")
         t = self.tensor(name, t)
         self.dtype(name, t, torch.float32, why=" (one-element fp32 dequant multiplier)")
         if t.numel() != 1 or t.dim() > 1:
@@ -221,11 +219,9 @@ def _check_planner_scalars(ck: _Checker, a: dict[str, Any]) -> tuple[int, bool]:
         ck.fail(f"block_size={bs}: the PS prefill runs at page size 1")
     kg = ck.py_int("kvlen_granularity", a["kvlen_granularity"])
     if kg != kvlen_granularity_for(bs):
-        ck.fail(
-            f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
-            "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
-            "kernel's 128-key tiles"
-        )
+        ck.fail(f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
+                "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
+                "kernel's 128-key tiles")
     return kg, ck.py_bool("is_causal", a["is_causal"])
 
 
@@ -236,11 +232,9 @@ def _check_planner_buffers(ck: _Checker, a: dict[str, Any], cu_num: int) -> None
         ck.fail(f"work_metadata_ptrs has {a['work_metadata_ptrs'].numel()} elements: must be uint64 [2]")
     wi = ck.ints("work_indptr", a["work_indptr"])
     if wi.numel() != cu_num + 1:
-        ck.fail(
-            f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
-            f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
-            "(no CU masking)"
-        )
+        ck.fail(f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
+                f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
+                "(no CU masking)")
     ck.ints("work_info", a["work_info"], WORK_INFO_COLS)
     ck.ints("reduce_indptr", a["reduce_indptr"])
     ck.ints("reduce_final_map", a["reduce_final_map"], 2)
@@ -253,11 +247,9 @@ def _check_plan_fits(ck: _Checker, a: dict[str, Any], plan: Any) -> None:
     for name, need, unit in (("work_info", plan.num_works, "rows"), ("reduce_indptr", ng + 1, "entries"),
                              ("reduce_final_map", ng, "rows"), ("reduce_partial_map", plan.num_partials, "entries")):
         if (have := a[name].shape[0]) < need:
-            ck.fail(
-                f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
-                "planner writes past it without bounds checks and corrupts host memory "
-                "(size with get_ps_metadata_info_v1)"
-            )
+            ck.fail(f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
+                    "planner writes past it without bounds checks and corrupts host memory "
+                    "(size with get_ps_metadata_info_v1)")
 
 
 def _planner_body(st: _State, a: dict[str, Any]) -> None:
@@ -269,10 +261,8 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     kv = ck.indptr("pages_kv_indptr", a["pages_kv_indptr"])
     ctx = ck.ints("context_lens", a["context_lens"]).tolist()
     if len(kv) != len(qo) or len(ctx) != len(qo) - 1:
-        ck.fail(
-            f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
-            f"context_lens {len(ctx)} (need B)"
-        )
+        ck.fail(f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
+                f"context_lens {len(ctx)} (need B)")
     kg, causal = _check_planner_scalars(ck, a)
     need_lse = ck.py_bool("need_lse", a["need_lse"]) if "need_lse" in a else None
     _check_planner_buffers(ck, a, st.cu_num)
@@ -398,10 +388,8 @@ def _check_kernel_works(ck: _Checker, rows: list[list[int]], qo: list[int], kvp:
                 ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]} with "
                         "is_causal (undefined: bottom-right alignment needs q_len <= kv_len)")
     if split_rows < need_rows:
-        ck.fail(
-            f"splitData/splitLse have {split_rows} rows but the plan's partial slots need "
-            f"{need_rows} (256 per slot; the kernel writes all 256 rows of a slot without bounds checks)"
-        )
+        ck.fail(f"splitData/splitLse have {split_rows} rows but the plan's partial slots need "
+                f"{need_rows} (256 per slot; the kernel writes all 256 rows of a slot without bounds checks)")
 
 
 def _kernel_body(st: _State, a: dict[str, Any]) -> None:
@@ -439,11 +427,9 @@ def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple
         if k in a:
             v = a[k]
             if isinstance(v, torch.Tensor):
-                ck.fail(
-                    f"{k} got a Tensor {tuple(v.shape)}: an int is expected there - a call written for "
-                    f"the {variant - 1}-argument form puts final_output into the int slot of this "
-                    f"{variant}-argument binding (vLLM #46760)"
-                )
+                ck.fail(f"{k} got a Tensor {tuple(v.shape)}: an int is expected there - a call written for "
+                        f"the {variant - 1}-argument form puts final_output into the int slot of this "
+                        f"{variant}-argument binding (vLLM #46760)")
             ck.py_int(k, v)
     return po, pl, ri, fmap, pmap
 
@@ -480,11 +466,9 @@ def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.T
     """Head-count dispatch of this version; every live group's partial rows and output rows in range."""
     H, dv = int(po.shape[-2]), int(fo.shape[-1])
     if len(ri) > 1 and (dv != _V_DIM or H not in st.heads_ok):
-        ck.fail(
-            f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)} "
-            f"dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, "
-            "since dispatch happens whenever reduce_indptr has more than one element"
-        )
+        ck.fail(f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)} "
+                f"dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, "
+                "since dispatch happens whenever reduce_indptr has more than one element")
     n_slots = ri[-1]
     if n_slots > pmap.numel():
         ck.fail(f"reduce_indptr[-1]={n_slots} exceeds reduce_partial_map's {pmap.numel()} entries")
@@ -597,20 +581,18 @@ def make_standin_aiter(
     """Build a stand-in ``aiter`` module (docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin).
 
     Args:
-        reduce_variant: 7, 8 or 9, the ``mla_reduce_v1`` form; ``None`` derives it from ``aiter_version``
-            (an explicit value models a mixed install).
+        reduce_variant: 7, 8 or 9, the ``mla_reduce_v1`` form (a mixed install); None: ``aiter_version``'s.
         cu_num: the device CU count the planner and the info call read (256 on MI355X).
         emulator: the kernel and reduce emulation (default the faithful one).
         aiter_version: emulated AITER version (``(0, 1, 20)``, ``"0.1.20.post1"``; default the newest
-            modelled): the reduce head counts and form, the planner revision, and, below 0.1.10, no PS
-            prefill symbols (only ``mla_reduce_v1``).
-        planner_revision: a revision of :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS` to expose
-            instead of the version's released one (``"pr3606-ref"``: the pre-merge PR).
+            modelled): reduce head counts and form, planner revision; below 0.1.10 only ``mla_reduce_v1``.
+        planner_revision: a planner revision to expose instead of the version's (``"pr3606-ref"``).
 
     Returns:
         A package module named ``"aiter"`` (not in ``sys.modules``) with the primitives, ``__version__``,
-        ``StandinContractError``, ``calls`` (one ``{"name", "args", "ok", "error"}`` dict per call) and the
-        settings as attributes (``is_standin = True``).
+        ``StandinContractError``, ``calls`` (one ``{"name", "args", "ok", "error"}`` dict per call),
+        ``is_standin = True``, ``cu_num``, ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``,
+        ``post_3606``, ``planner_revision`` and ``aiter_op_namespace``.
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an
