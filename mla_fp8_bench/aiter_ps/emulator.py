@@ -25,8 +25,8 @@ change is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -53,19 +53,10 @@ class SoftmaxConsts:
     v_scale: torch.Tensor  # epilogue multiplier
 
 
-class _Work(NamedTuple):
-    """One decoded ``work_info`` row: sequence ``b``, partial slot ``loc`` (-1 = write ``output``),
-    global q rows ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``; ``[:6]`` is
-    what works differing only in their head share."""
-
-    b: int
-    loc: int
-    q0: int
-    q1: int
-    k0: int
-    k1: int
-    h_lo: int
-    h_hi: int
+#: One decoded ``work_info`` row: sequence ``b``, partial slot ``loc`` (-1 = write ``output``), global q rows
+#: ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``; ``[:6]`` is what works differing
+#: only in their head share have in common.
+_Work = namedtuple("_Work", "b loc q0 q1 k0 k1 h_lo h_hi")
 
 
 def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> list[_Work]:
@@ -111,16 +102,11 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
 
 def _kv_tile(K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
              pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K/V rows ``[128, nh, D]`` (float64) of global KV positions ``pos``, read through the page
-    table: positions past ``len(kv_page_indices)`` read page 0; pages outside the pool read zeros."""
-    n_used, num_page = int(pages.numel()), int(K.shape[0])
-    pos_ok = (pos >= 0) & (pos < n_used)
-    page = torch.where(pos_ok, pages[pos.clamp(0, n_used - 1)], 0) if n_used else torch.zeros_like(pos)
-    page_ok = (page >= 0) & (page < num_page)
-    pidx = page.clamp(0, max(num_page - 1, 0))
-    kt = torch.where(page_ok[:, None, None], K[pidx[:, None], hs[None, :]].double(), 0.0)
-    vt = torch.where(page_ok[:, None, None], V[pidx[:, None], hs[None, :]].double(), 0.0)
-    return kt, vt
+    """K/V rows ``[128, nh, D]`` (float64) of global KV positions ``pos`` (>= 0), read through the page
+    table; positions past ``len(kv_page_indices)`` read page 0."""
+    n_used = int(pages.numel())
+    page = torch.where(pos < n_used, pages[pos.clamp(max=n_used - 1)], 0)[:, None]
+    return K[page, hs[None, :]].double(), V[page, hs[None, :]].double()
 
 
 def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
@@ -210,13 +196,10 @@ def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-D float8_e4m3fn tensor, got "
                              f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
-    T, H, dqk = (int(v) for v in q8.shape)
-    P = int(k8.shape[0])
-    if tuple(k8.shape[1:]) != (H, dqk) or v8.shape[0] != P or v8.shape[1] != H:
-        raise ValueError(
-            f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: got k8 {tuple(k8.shape)}, "
-            f"v8 {tuple(v8.shape)}"
-        )
+    H, dqk = q8.shape[1:]
+    if k8.shape[1:] != (H, dqk) or v8.shape[:2] != (k8.shape[0], H):
+        raise ValueError(f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: "
+                         f"got k8 {tuple(k8.shape)}, v8 {tuple(v8.shape)}")
     if k8.device != q8.device or v8.device != q8.device:
         raise ValueError(f"q8/k8/v8 must share a device: {q8.device}, {k8.device}, {v8.device}")
     for name, sc in zip(("q_scale", "k_scale", "v_scale"), scales):
@@ -233,15 +216,6 @@ def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tens
     if len(vals) < 1 or vals[0] != 0 or vals[-1] != total or vals != sorted(vals):
         raise ValueError(f"{name} must rise from 0 to {label}={total}, got {vals[:8]}{'...' if len(vals) > 8 else ''}")
     return cu_cpu
-
-
-def _check_lengths(cu_q: torch.Tensor, cu_kv: torch.Tensor, causal: bool) -> None:
-    """Same batch size; with ``causal`` every q_len <= kv_len (bottom-right alignment needs it)."""
-    if cu_q.numel() != cu_kv.numel():
-        raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
-    for b, (q_len, kv_len) in enumerate(zip(cu_q.diff().tolist(), cu_kv.diff().tolist())):
-        if causal and q_len > kv_len:
-            raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
 
 
 # the emulator object
@@ -299,7 +273,7 @@ class Emulator:
         """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes; the same
         kernel before and after ROCm/aiter#3606; docs/aiter-contract.md#kernel-args, #work-info, #kernel).
         Works run workgroup by workgroup, in order; ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the
-        kernel; tile keys past ``kv_page_indices``' end read page 0, pages outside ``[0, num_page)`` zeros.
+        kernel; tile keys past ``kv_page_indices``' end read page 0.
 
         Args (trusted: the stand-in validates them as a strict launcher would):
             Q, K, V: ``[total_q, H, 192]``, ``[num_page, H, 192]``, ``[num_page, H, 128]`` float8_e4m3fn.
@@ -393,7 +367,11 @@ class Emulator:
         T, H = int(q8.shape[0]), int(q8.shape[1])
         cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
         cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
-        _check_lengths(cu_q, cu_kv, bool(causal))
+        if cu_q.numel() != cu_kv.numel():
+            raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
+        for b, (q_len, kv_len) in enumerate(zip(cu_q.diff().tolist(), cu_kv.diff().tolist())):
+            if causal and q_len > kv_len:  # bottom-right alignment needs q_len <= kv_len
+                raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
         dev, dv = q8.device, int(v8.shape[-1])
         fill = float("nan") if poison else 0.0
         output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)

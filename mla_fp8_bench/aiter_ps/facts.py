@@ -135,12 +135,8 @@ def parse_aiter_version_or_none(v: Any) -> Version | None:
 
 
 def modelled_version(raw: str, what: str) -> Version:
-    """The AITER version ``raw`` names, if this suite models its PS prefill planner.
-
-    Raises:
-        ValueError: naming ``what``: not a version like ``0.1.20`` / ``0.1.20.post1`` / ``v0.1.22``, or
-            outside the modelled range (0.1.10, the first with the PS prefill, ... the newest modelled).
-    """
+    """The AITER version ``raw`` names, if this suite models its PS prefill planner; ValueError naming
+    ``what`` for anything else (not a version, or outside 0.1.10 ... the newest modelled)."""
     ver = parse_aiter_version_or_none(raw)
     lo, hi = PS_PREFILL_FIRST_VERSION, NEWEST_MODELLED_VERSION
     if ver is None or not lo <= ver <= hi:
@@ -189,13 +185,10 @@ def planner_revision_for(version: str | Iterable[int]) -> str:
 
 
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
-    """Parameter names of op ``name`` as registered with torch (``torch.ops.<ns>.<name>.default._schema``,
-    ``ns`` = ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`; AITER's ``(*args, **kwargs)``
-    wrappers say nothing), without the leading ``dummy`` tensor AITER adds to some ops.
-
-    Returns:
-        ``(names, "op schema ns::name")``, or ``(None, reason)`` when no such op is registered.
-    """
+    """``(names, "op schema ns::name")``: the parameter names of op ``name`` as registered with torch
+    (``torch.ops.<ns>.<name>.default._schema``, ``ns`` = ``module.aiter_op_namespace`` or
+    :data:`AITER_OP_NAMESPACE`) without the leading ``dummy`` tensor AITER adds to some ops; ``(None, reason)``
+    when no such op is registered. (AITER's ``(*args, **kwargs)`` wrappers say nothing.)"""
     import torch
 
     ns = getattr(module, "aiter_op_namespace", AITER_OP_NAMESPACE)
@@ -218,12 +211,9 @@ def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: st
 
 
 def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
-    """The ``mla_reduce_v1`` form of ``module``: 9 (``num_kv_splits``), 8 (``max_seqlen_q`` only) or 7.
-
-    From the registered op schema (:func:`op_params`), else from the facts table at ``version``
-    (:func:`reduce_arity_for_version`), else ``Detected(None, reason)`` naming what could not be read.
-    Never from the wrapper's ``inspect.signature``.
-    """
+    """The ``mla_reduce_v1`` form of ``module``: 9 (``num_kv_splits``), 8 (``max_seqlen_q`` only) or 7, from
+    the registered op schema (never the wrapper's signature), else the facts table at ``version``, else
+    ``Detected(None, reason)``."""
     params, src = op_params(module, "mla_reduce_v1")
     if params is None:
         return _by_version(version, reduce_arity_for_version, src, "mla_reduce_v1's form")
@@ -243,12 +233,10 @@ def _info_params(module: Any) -> tuple[str, ...]:
 
 
 def detect_planner_revision(module: Any, version: Any = None) -> Detected:
-    """Which planner revision ``module`` ships (:data:`PLANNER_REVISIONS`).
-
-    ``need_lse`` in the ``get_ps_metadata_v1`` op schema: :data:`PLANNER_V0_1_22`; else ``max_kvlen`` in the
-    pure-Python ``get_ps_metadata_info_v1``: :data:`PLANNER_PR_3606_REF`; else :data:`PLANNER_PRE_3606`.
-    Without a registered planner op: the facts table at ``version``; else ``Detected(None, reason)``.
-    """
+    """Which planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema:
+    :data:`PLANNER_V0_1_22`; else ``max_kvlen`` in the pure-Python ``get_ps_metadata_info_v1``:
+    :data:`PLANNER_PR_3606_REF`; else :data:`PLANNER_PRE_3606`. Without a registered planner op: the facts
+    table at ``version``; else ``Detected(None, reason)``."""
     params, src = op_params(module, "get_ps_metadata_v1")
     if params is None:
         return _by_version(version, planner_revision_for, src, "the planner revision")
@@ -286,11 +274,8 @@ def dist_version(dist: str) -> str | None:
 
 
 def import_aiter() -> types.ModuleType:
-    """Import the real ``aiter``. Only call on a ROCm machine: its import runs ``rocminfo``.
-
-    Raises:
-        Exception: whatever importing ``aiter`` raises (callers report it as unavailable).
-    """
+    """Import the real ``aiter`` (only on a ROCm machine: its import runs ``rocminfo``); raises whatever
+    importing it raises (callers report it as unavailable)."""
     import aiter
 
     return aiter

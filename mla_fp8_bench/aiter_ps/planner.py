@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,28 +115,23 @@ def ps_metadata_info(
     batch_size: int, num_heads_k: int, max_qlen: int, qlen_granularity: int = Q_TILE, *, cu_num: int,
     revision: str = PLANNER_PRE_3606, max_kvlen: int | None = None, kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Buffer shapes and dtypes for the PS planner, by revision (the formulas and their AITER sources:
-    ``docs/aiter-contract.md#info-sizes``); AITER reads ``cu_num`` from the current device, here it is a
-    keyword. ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``, ``work_info (max_works, 8)``,
-    ``reduce_indptr (tiles + 1,)``, ``reduce_final_map (tiles, 2)``, ``reduce_partial_map (max_partials,)``
-    (int32); ``tiles = batch_size * ceil(max_qlen / qlen_granularity)``. Only ``pr3606-ref`` takes
+    """``get_ps_metadata_info_v1``: ``{name: (shape, dtype_name)}`` for the six :data:`BUFFER_NAMES`, in order
+    (formulas and AITER sources: ``docs/aiter-contract.md#info-sizes``): ``work_metadata_ptrs (2,) uint64``,
+    int32 ``work_indptr (cu_num + 1,)``, ``work_info (max_works, 8)``, ``reduce_indptr (tiles + 1,)``,
+    ``reduce_final_map (tiles, 2)``, ``reduce_partial_map (max_partials,)``, ``tiles = batch_size *
+    ceil(max_qlen / qlen_granularity)``. ``cu_num`` is the device's CU count; only ``pr3606-ref`` takes
     ``max_kvlen`` and ``kvlen_granularity``.
 
-    Returns:
-        ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order
-        (``"uint64"`` / ``"int32"``; ``getattr(torch, name)`` gives the dtype).
-
     Raises:
-        PsPlanError (a ValueError): a non-integer or out-of-range argument (``batch_size``/``max_qlen``/
-        ``max_kvlen`` >= 0, ``num_heads_k``/``qlen_granularity``/``cu_num``/``kvlen_granularity`` >= 1), an
-        unknown ``revision``, or ``max_kvlen`` / a non-default ``kvlen_granularity`` for another revision.
+        PsPlanError (a ValueError): a non-integer or out-of-range argument (>= 0; >= 1 for ``num_heads_k``,
+        ``qlen_granularity``, ``cu_num``, ``kvlen_granularity``), an unknown ``revision``, or ``max_kvlen`` /
+        a non-default ``kvlen_granularity`` for another revision.
     """
     batch_size = _as_int("batch_size", batch_size, minimum=0, allowed="must be an integer >= 0")
     num_heads_k = _as_int("num_heads_k", num_heads_k, minimum=1, allowed="must be an integer >= 1")
     max_qlen = _as_int("max_qlen", max_qlen, minimum=0, allowed="must be an integer >= 0")
-    qlen_granularity = _as_int(
-        "qlen_granularity", qlen_granularity, minimum=1, allowed="must be an integer >= 1 (256 for the PS kernel)"
-    )
+    qlen_granularity = _as_int("qlen_granularity", qlen_granularity, minimum=1,
+                               allowed="must be an integer >= 1 (256 for the PS kernel)")
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
     revision = _check_revision(revision)
     if revision != PLANNER_PR_3606_REF and (max_kvlen is not None or kvlen_granularity != KV_TILE):
@@ -242,30 +238,11 @@ class PsPlan:
         """Rows ``splitData``/``splitLse`` need: ``256 * num_partials`` (all heads share them)."""
         return Q_TILE * self.num_partials
 
-    @property
-    def buffer_lengths(self) -> dict[str, int]:
-        """Leading dims of the buffers, keyed as in :data:`BUFFER_LENGTH_KEYS`."""
-        tensors = (self.work_indptr, self.work_info, self.reduce_indptr, self.reduce_final_map, self.reduce_partial_map)
-        return {"work_metadata_ptrs": 2, **{k: int(t.shape[0]) for k, t in zip(BUFFER_LENGTH_KEYS[1:], tensors)}}
-
 
 # get_ps_metadata_v1, step 0: validated inputs
 
-
-@dataclass(frozen=True)
-class _Inputs:
-    qo: list[int]  # seqlens_qo_indptr [B+1]
-    kv: list[int]  # pages_kv_indptr [B+1]
-    ctx: list[int]  # context_lens [B]
-    num_heads_k: int
-    cu_num: int
-    kvlen_granularity: int
-    block_size: int
-    is_causal: bool
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.qo) - 1
+#: ``qo`` / ``kv``: ``seqlens_qo_indptr`` / ``pages_kv_indptr`` ``[B+1]``, ``ctx``: ``context_lens`` ``[B]``.
+_Inputs = namedtuple("_Inputs", "qo kv ctx num_heads_k cu_num kvlen_granularity block_size is_causal")
 
 
 def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granularity, kvlen_granularity,
@@ -340,7 +317,7 @@ def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
     blocks_per_unit = g // inp.block_size
     tiles: list[tuple[int, int, int, int, int]] = []
     total_units = 0
-    for b in range(inp.batch_size):
+    for b in range(len(inp.qo) - 1):
         qlen, kvlen = inp.qo[b + 1] - inp.qo[b], inp.ctx[b]
         for i in _ping_pong(_ceil_div(qlen, Q_TILE)):
             qs = Q_TILE * i
@@ -353,13 +330,11 @@ def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
 
 
 def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse: bool, revision: str):
-    """Steps 2-3: the units dealt out to the ``tgs`` TGs of one cluster, tiles split at the capacity
-    (every head and cluster repeats this tiling, so one pass gives them all). A finished tile gets
-    ``partial_o_loc = -1`` if it was never split and ``need_lse`` is False, or at ``v0.1.22`` if it
-    consumes no KV blocks; every other piece a new slot ``256 * p``.
-
-    Returns ``(rows, tg_bounds)``: per-head rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)``
-    and the row range ``[tg_bounds[t], tg_bounds[t + 1])`` of each TG.
+    """Steps 2-3: the units dealt out to the ``tgs`` TGs of one cluster (every head and cluster repeats
+    it), tiles split at the capacity. A finished tile gets ``partial_o_loc = -1`` if it was never split and
+    ``need_lse`` is False, or at ``v0.1.22`` if it consumes no KV blocks; every other piece a new slot
+    ``256 * p``. Returns per-head rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)`` and
+    ``tg_bounds``, TG ``t`` owning rows ``[tg_bounds[t], tg_bounds[t + 1])``.
     """
     qo, kv, ctx, bs = inp.qo, inp.kv, inp.ctx, inp.block_size
     blocks_per_unit = inp.kvlen_granularity // bs
@@ -471,7 +446,7 @@ def _reduce_buffers(keys, indptr, partial_map, lengths: dict[str, int]):
 def _default_lengths(inp: _Inputs, revision: str, buffer_lengths: Mapping[str, Any] | None) -> dict[str, int]:
     """Buffer lengths from the revision's info function (``pr3606-ref``: ``max_kvlen`` = the largest
     ``context_lens``), overridden by ``buffer_lengths``."""
-    nb = inp.batch_size
+    nb = len(inp.qo) - 1
     max_qlen = max(inp.qo[b + 1] - inp.qo[b] for b in range(nb))
     extra = {"max_kvlen": max(inp.ctx), "kvlen_granularity": KV_TILE} if revision == PLANNER_PR_3606_REF else {}
     lengths = buffer_lengths_from_info(ps_metadata_info(nb, inp.num_heads_k, max_qlen, Q_TILE, cu_num=inp.cu_num,

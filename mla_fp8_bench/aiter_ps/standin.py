@@ -424,13 +424,12 @@ def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple
     fmap = ck.ints("reduce_final_map", a["reduce_final_map"], 2)
     pmap = ck.ints("reduce_partial_map", a["reduce_partial_map"])
     for k in ("max_seqlen_q", "num_kv_splits"):
+        if isinstance(a.get(k), torch.Tensor):
+            ck.fail(f"{k} got a Tensor {tuple(a[k].shape)}: an int is expected there - a call written for "
+                    f"the {variant - 1}-argument form puts final_output into the int slot of this "
+                    f"{variant}-argument binding (vLLM #46760)")
         if k in a:
-            v = a[k]
-            if isinstance(v, torch.Tensor):
-                ck.fail(f"{k} got a Tensor {tuple(v.shape)}: an int is expected there - a call written for "
-                        f"the {variant - 1}-argument form puts final_output into the int slot of this "
-                        f"{variant}-argument binding (vLLM #46760)")
-            ck.py_int(k, v)
+            ck.py_int(k, a[k])
     return po, pl, ri, fmap, pmap
 
 
@@ -469,13 +468,12 @@ def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.T
         ck.fail(f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)} "
                 f"dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, "
                 "since dispatch happens whenever reduce_indptr has more than one element")
-    n_slots = ri[-1]
-    if n_slots > pmap.numel():
-        ck.fail(f"reduce_indptr[-1]={n_slots} exceeds reduce_partial_map's {pmap.numel()} entries")
-    locs = pmap[:n_slots].tolist()
+    if ri[-1] > pmap.numel():
+        ck.fail(f"reduce_indptr[-1]={ri[-1]} exceeds reduce_partial_map's {pmap.numel()} entries")
+    locs = pmap[: ri[-1]].tolist()
     if any(p < 0 for p in locs):
         ck.fail("reduce_partial_map has negative partial locations")
-    need = max([0] + [p + Q_TILE for p in locs])
+    need = max(locs, default=-Q_TILE) + Q_TILE
     if po.shape[0] < need:
         ck.fail(f"partial_output/partial_lse have {po.shape[0]} rows but reduce_partial_map needs {need} "
                 "(256 rows per partial slot)")
@@ -483,10 +481,8 @@ def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.T
     live = [g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_parts]
     if live and max(live) >= fmap.shape[0]:
         ck.fail(f"reduce_final_map has {fmap.shape[0]} rows but group {max(live)} is live")
-    if live:
-        q1max = max(int(fmap[g, 1]) for g in live)
-        if q1max > fo.shape[0]:
-            ck.fail(f"final_output has {fo.shape[0]} rows but the reduce writes up to row {q1max}")
+    if (q1max := max((int(fmap[g, 1]) for g in live), default=0)) > fo.shape[0]:
+        ck.fail(f"final_output has {fo.shape[0]} rows but the reduce writes up to row {q1max}")
 
 
 def _reduce_body(st: _State, a: dict[str, Any]) -> None:
