@@ -1,13 +1,9 @@
-"""``mla-fp8-bench plan``: inspect AITER's PS prefill plan for a batch, without a GPU.
+"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, without a GPU (docs/usage.md).
 
 Runs the planner port for the AITER release of ``--aiter`` (``docs/aiter-contract.md#pr-3606``) and prints
 the works, the reduce groups, and the partial slots and workspace bytes used against those reserved by the
-info bound and by vLLM's metadata builder (``docs/aiter-contract.md#workspace``). ``--json`` writes the
+info bound and by vLLM's metadata builder (``docs/aiter-contract.md#workspace``); ``--json`` writes the
 plan in the layout of the planner golden files (``tests/data/README.md``).
-
-Example (vLLM #57923: the reservation of vLLM's <= 0.30 builder at max_num_seqs 1024)::
-
-    mla-fp8-bench plan --qo-lens 8192 --kv-lens 8192 --heads 16 --aiter 0.1.22 --vllm-max-num-seqs 1024
 """
 
 from __future__ import annotations
