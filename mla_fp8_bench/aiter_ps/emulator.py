@@ -25,8 +25,8 @@ change is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -35,26 +35,13 @@ from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpac
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
 
-# helpers
-
-
-def _scalar_f32(x: torch.Tensor | float, name: str, device: torch.device) -> torch.Tensor:
-    """A 0-dim fp32 tensor on ``device`` from a one-element scale tensor (or a Python float)."""
-    if x is None:
-        raise ValueError(f"{name} is None: the kernel always reads the scale (a null dereference on hardware)")
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise ValueError(f"{name} must have exactly one element, got shape {tuple(x.shape)}")
-        return x.detach().reshape(()).to(device=device, dtype=torch.float32)
-    return torch.tensor(float(x), dtype=torch.float32, device=device)
-
 
 def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """fp32 ``a*b + c`` with one rounding (emulated in float64; exact product, near-exact sum)."""
     return (a.double() * b.double() + c.double()).float()
 
 
-# kernel: argument decoding (one step each)
+# kernel: argument decoding
 
 
 @dataclass(frozen=True)
@@ -66,73 +53,23 @@ class SoftmaxConsts:
     v_scale: torch.Tensor  # epilogue multiplier
 
 
-class _Work(NamedTuple):
-    """One decoded ``work_info`` row: sequence ``b``, partial slot ``loc`` (-1 = write ``output``),
-    global q rows ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``; ``[:6]`` is
-    what works differing only in their head share."""
-
-    b: int
-    loc: int
-    q0: int
-    q1: int
-    k0: int
-    k1: int
-    h_lo: int
-    h_hi: int
+#: One decoded ``work_info`` row: sequence ``b``, partial slot ``loc`` (-1 = write ``output``), global q rows
+#: ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``; ``[:6]`` is what works differing
+#: only in their head share have in common.
+_Work = namedtuple("_Work", "b loc q0 q1 k0 k1 h_lo h_hi")
 
 
-def _check_kernel_tensors(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, output: torch.Tensor) -> tuple[int, ...]:
-    """``(total_q, H, num_page, Dv)`` of consistent Q/K/V/output; ValueError otherwise."""
-    if Q.dim() != 3 or K.dim() != 3 or V.dim() != 3:
-        raise ValueError(
-            f"Q/K/V must be 3-D [tokens, H, D], got {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}"
-        )
-    total_q, H, dqk = (int(v) for v in Q.shape)
-    num_page, dv = int(K.shape[0]), int(V.shape[-1])
-    if K.shape[1] != H or V.shape[1] != H or K.shape[2] != dqk or V.shape[0] != num_page:
-        raise ValueError(
-            f"inconsistent shapes: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} "
-            "(need K [P, H, Dqk] and V [P, H, Dv] with Q's H and Dqk)"
-        )
-    if tuple(output.shape[1:]) != (H, dv):
-        raise ValueError(f"output must be [total_q, {H}, {dv}], got {tuple(output.shape)}")
-    return total_q, H, num_page, dv
-
-
-def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor, batch: int, H: int, total_q: int,
-                  out_rows: int, n_split_rows: int) -> list[_Work]:
-    """The works in execution order (workgroup 0's, then workgroup 1's, ...), decoded (head range =
-    ``first | end << 16``), every destination checked to lie inside the buffers (the hardware would corrupt
-    memory). Empty head ranges are dropped."""
-    wi = [int(v) for v in work_indptr.reshape(-1).tolist()]
-    nrows = int(work_info_set.shape[0]) if work_info_set.dim() == 2 else 0
-    if work_info_set.dim() != 2 or (nrows and work_info_set.shape[1] != 8):
-        raise ValueError(f"work_info_set must be [max_works, 8] int32, got shape {tuple(work_info_set.shape)}")
-    hi = max([0] + [wi[g + 1] for g in range(len(wi) - 1) if wi[g + 1] > wi[g]])
-    if hi > nrows:
-        raise ValueError(f"work_indptr reaches work {hi} but work_info_set has only {nrows} rows")
-    rows = work_info_set[:hi].tolist() if hi else []
+def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> list[_Work]:
+    """The works in execution order (workgroup 0's, then workgroup 1's, ...), head range decoded from
+    ``first | end << 16``; works with an empty head range are dropped."""
+    wi = work_indptr.reshape(-1).tolist()
+    rows = work_info_set[: max(wi)].tolist() if max(wi) > 0 else []
     decoded = []
-    for w in (tuple(int(v) for v in rows[n]) for g in range(len(wi) - 1) for n in range(max(wi[g], 0), wi[g + 1])):
-        b, loc, q0, q1, k0, k1, _kv_off, hr = w
-        h_lo, h_hi = unpack_q_head_range(hr & 0xFFFFFFFF)
-        if not 0 <= b < batch:
-            raise ValueError(f"work {w}: batch index {b} outside [0, {batch})")
-        if h_hi <= h_lo:
-            continue  # empty head range: nothing to compute
-        if not h_hi <= H:
-            raise ValueError(f"work {w}: head range [{h_lo}, {h_hi}) outside [0, {H})")
-        if not (0 <= q0 <= q1 <= total_q):
-            raise ValueError(f"work {w}: q rows [{q0}, {q1}) outside [0, {total_q})")
-        if loc == -1:
-            if q1 > out_rows:
-                raise ValueError(f"work {w}: output has {out_rows} rows, needs {q1}")
-        elif loc < 0 or loc + (q1 - q0) > n_split_rows:
-            raise ValueError(
-                f"work {w}: partial rows [{loc}, {loc + q1 - q0}) outside splitData/splitLse "
-                f"({n_split_rows} rows; size them as 256 * number of partial slots)"
-            )
-        decoded.append(_Work(b, loc, q0, q1, k0, k1, h_lo, h_hi))
+    for g in range(len(wi) - 1):
+        for b, loc, q0, q1, k0, k1, _kv_off, hr in rows[max(wi[g], 0) : wi[g + 1]]:
+            h_lo, h_hi = unpack_q_head_range(hr & 0xFFFFFFFF)
+            if h_lo < h_hi:
+                decoded.append(_Work(b, loc, q0, q1, k0, k1, h_lo, h_hi))
     return decoded
 
 
@@ -152,13 +89,11 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
     order: list[tuple[_Work, list[int]]] = []
     for w in decoded:
         heads = list(range(w.h_lo, w.h_hi))
-        if sequential:
-            order.append((w, heads))
-        elif w[:6] in groups:
-            groups[w[:6]].extend(heads)
-        else:
+        if sequential or w[:6] not in groups:
             groups[w[:6]] = heads
             order.append((w, heads))
+        else:
+            groups[w[:6]].extend(heads)
     return order
 
 
@@ -167,16 +102,11 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
 
 def _kv_tile(K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
              pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K/V rows ``[128, nh, D]`` (float64) of global KV positions ``pos``, read through the page
-    table: positions past ``len(kv_page_indices)`` read page 0; pages outside the pool read zeros."""
-    n_used, num_page = int(pages.numel()), int(K.shape[0])
-    pos_ok = (pos >= 0) & (pos < n_used)
-    page = torch.where(pos_ok, pages[pos.clamp(0, n_used - 1)], 0) if n_used else torch.zeros_like(pos)
-    page_ok = (page >= 0) & (page < num_page)
-    pidx = page.clamp(0, max(num_page - 1, 0))
-    kt = torch.where(page_ok[:, None, None], K[pidx[:, None], hs[None, :]].double(), 0.0)
-    vt = torch.where(page_ok[:, None, None], V[pidx[:, None], hs[None, :]].double(), 0.0)
-    return kt, vt
+    """K/V rows ``[128, nh, D]`` (float64) of global KV positions ``pos`` (>= 0), read through the page
+    table; positions past ``len(kv_page_indices)`` read page 0."""
+    n_used = int(pages.numel())
+    page = torch.where(pos < n_used, pages[pos.clamp(max=n_used - 1)], 0)[:, None]
+    return K[page, hs[None, :]].double(), V[page, hs[None, :]].double()
 
 
 def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
@@ -243,24 +173,16 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
 
 
 def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor,
-                   min_partials: int, em: Emulator) -> list[tuple[int, int, int, list[int]]]:
-    """The groups the reduce runs: ``(g, qo_start, qo_end, partial locations)`` for every group with at
+                   min_partials: int, em: Emulator) -> list[tuple[int, int, list[int]]]:
+    """The groups the reduce runs: ``(qo_start, qo_end, partial locations)`` for every group with at
     least ``min_partials`` partials (:meth:`Emulator.reduced_groups` of them) and a non-empty row range."""
-    ri = [int(v) for v in reduce_indptr.reshape(-1).tolist()]
-    fmap = reduce_final_map.reshape(-1, 2).tolist() if reduce_final_map.numel() else []
-    pmap = [int(v) for v in reduce_partial_map.reshape(-1).tolist()]
+    ri, fmap, pmap = reduce_indptr.reshape(-1).tolist(), reduce_final_map.tolist(), reduce_partial_map.tolist()
     out = []
     for g in em.reduced_groups([g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_partials]):
         lo, hi = ri[g], ri[g + 1]
-        if g >= len(fmap) or hi > len(pmap):
-            raise ValueError(
-                f"reduce group {g}: maps too short (final_map {len(fmap)} rows, partial_map {len(pmap)})"
-            )
-        q0, q1 = (int(v) for v in fmap[g])
-        if hi - lo == 1 and pmap[lo] == -1:
-            continue  # a group of one runs only with a real slot
-        if q1 > q0:
-            out.append((g, q0, q1, pmap[lo:hi]))
+        q0, q1 = fmap[g]
+        if q1 > q0 and (hi - lo > 1 or pmap[lo] != -1):  # a group of one runs only with a real slot
+            out.append((q0, q1, pmap[lo:hi]))
     return out
 
 
@@ -272,17 +194,12 @@ def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales:
     fp32 scales. ValueError naming the bad argument otherwise."""
     for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
-            raise ValueError(
-                f"{name} must be a 3-D float8_e4m3fn tensor, got "
-                f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}"
-            )
-    T, H, dqk = (int(v) for v in q8.shape)
-    P = int(k8.shape[0])
-    if tuple(k8.shape[1:]) != (H, dqk) or v8.shape[0] != P or v8.shape[1] != H:
-        raise ValueError(
-            f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: got k8 {tuple(k8.shape)}, "
-            f"v8 {tuple(v8.shape)}"
-        )
+            raise ValueError(f"{name} must be a 3-D float8_e4m3fn tensor, got "
+                             f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
+    H, dqk = q8.shape[1:]
+    if k8.shape[1:] != (H, dqk) or v8.shape[:2] != (k8.shape[0], H):
+        raise ValueError(f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: "
+                         f"got k8 {tuple(k8.shape)}, v8 {tuple(v8.shape)}")
     if k8.device != q8.device or v8.device != q8.device:
         raise ValueError(f"q8/k8/v8 must share a device: {q8.device}, {k8.device}, {v8.device}")
     for name, sc in zip(("q_scale", "k_scale", "v_scale"), scales):
@@ -296,30 +213,17 @@ def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tens
         raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(cu, 'dtype', type(cu))}")
     cu_cpu = cu.detach().cpu().contiguous()
     vals = cu_cpu.tolist()
-    if len(vals) < 1 or vals[0] != 0 or vals[-1] != total or any(a > b for a, b in zip(vals, vals[1:])):
+    if len(vals) < 1 or vals[0] != 0 or vals[-1] != total or vals != sorted(vals):
         raise ValueError(f"{name} must rise from 0 to {label}={total}, got {vals[:8]}{'...' if len(vals) > 8 else ''}")
     return cu_cpu
-
-
-def _check_lengths(cu_q: torch.Tensor, cu_kv: torch.Tensor, causal: bool) -> None:
-    """Same batch size; with ``causal`` every q_len <= kv_len (bottom-right alignment needs it)."""
-    if cu_q.numel() != cu_kv.numel():
-        raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
-    q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_kv[1:] - cu_kv[:-1]).tolist()
-    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
-        if causal and q_len > kv_len:
-            raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
 
 
 # the emulator object
 
 
 class Emulator:
-    """AITER's PS FP8 prefill kernel and reduce, and the whole path, emulated in PyTorch.
-
-    Each arithmetic step that a kernel or reduce bug would change is one small method; a subclass
-    that overrides one models that bug. :data:`EMULATOR` is the faithful instance.
-    """
+    """AITER's PS FP8 prefill kernel and reduce, and the whole path, emulated in PyTorch; a subclass that
+    overrides one arithmetic step models that bug."""
 
     def softmax_consts(self, softmax_scale: float, q_scale: torch.Tensor, k_scale: torch.Tensor,
                        v_scale: torch.Tensor) -> SoftmaxConsts:
@@ -354,65 +258,39 @@ class Emulator:
 
     def merged_lse(self, lses: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lse*, S)``: ``M = max lse_i``, ``S = sum exp(lse_i - M)``, ``lse* = M + ln S`` (fp32)."""
-        mx = lses[0]
-        for x in lses[1:]:
-            mx = torch.maximum(mx, x)
+        mx = torch.stack(lses).amax(dim=0)
         ssum = torch.zeros_like(mx)
         for x in lses:
             ssum = ssum + torch.exp(x - mx)
         return mx + torch.log(ssum), ssum
 
     def mla_prefill_ps_asm_fwd(
-        self,
-        Q: torch.Tensor,
-        K: torch.Tensor,
-        V: torch.Tensor,
-        qo_indptr: torch.Tensor,
-        kv_indptr: torch.Tensor,
-        kv_page_indices: torch.Tensor,
-        work_indptr: torch.Tensor,
-        work_info_set: torch.Tensor,
-        max_seqlen_q: int,
-        softmax_scale: float,
-        is_causal: bool,
-        splitData: torch.Tensor,
-        splitLse: torch.Tensor,
-        output: torch.Tensor,
-        q_scale: torch.Tensor,
-        k_scale: torch.Tensor,
-        v_scale: torch.Tensor,
+        self, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+        kv_page_indices: torch.Tensor, work_indptr: torch.Tensor, work_info_set: torch.Tensor, max_seqlen_q: int,
+        softmax_scale: float, is_causal: bool, splitData: torch.Tensor, splitLse: torch.Tensor, output: torch.Tensor,
+        q_scale: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
     ) -> None:
-        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes), the same
-        kernel before and after ROCm/aiter#3606 (docs/aiter-contract.md#kernel-args, #work-info, #kernel).
+        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes; the same
+        kernel before and after ROCm/aiter#3606; docs/aiter-contract.md#kernel-args, #work-info, #kernel).
         Works run workgroup by workgroup, in order; ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the
-        kernel; tile keys past ``kv_page_indices``' end read page 0, pages outside ``[0, num_page)`` zeros.
+        kernel; tile keys past ``kv_page_indices``' end read page 0.
 
-        Args:
-            Q: ``[total_q, H, Dqk]`` float8_e4m3fn (Dqk = 192 on hardware), contiguous or not.
-            K: ``[num_page, H, Dqk]`` float8_e4m3fn, one token per page.
-            V: ``[num_page, H, Dv]`` float8_e4m3fn (Dv = 128 on hardware).
-            qo_indptr, kv_indptr: ``[B+1]`` integer cumulative q rows / KV positions (``kv_indptr``
-                indexes ``kv_page_indices``, ``[num_used_page]`` integer position -> K/V row).
-            work_indptr, work_info_set: the planner's ``[num_wg+1]`` and ``[max_works, 8]`` integer buffers.
-            softmax_scale: natural-log softmax scale (``1/sqrt(192)`` for MLA), Python float.
-            is_causal: bottom-right causal masking.
-            splitData, splitLse: ``[R, H, Dv]`` / ``[R, H]`` fp32 partials and their natural-log LSE.
-            output: ``[total_q, H, Dv]`` (bf16 on hardware).
+        Args (trusted: the stand-in validates them as a strict launcher would):
+            Q, K, V: ``[total_q, H, 192]``, ``[num_page, H, 192]``, ``[num_page, H, 128]`` float8_e4m3fn.
+            qo_indptr, kv_indptr: ``[B+1]`` cumulative q rows / KV positions (indexes of ``kv_page_indices``,
+                ``[num_used_page]`` position -> K/V row).
+            work_indptr, work_info_set: the planner's ``[num_wg+1]`` and ``[max_works, 8]`` int32 buffers.
+            softmax_scale: natural-log softmax scale (``1/sqrt(192)`` for MLA); is_causal: bottom-right.
+            splitData, splitLse, output: ``[R, H, 128]`` / ``[R, H]`` fp32 partials and their natural-log LSE;
+                ``[total_q, H, 128]`` bf16.
             q_scale, k_scale, v_scale: one-element fp32 dequant multipliers (real = fp8 * scale).
-
-        Raises:
-            ValueError: a scale is None or not one element; head/row/dim mismatch between tensors; a work
-                references a sequence, head or rows outside the buffers.
         """
-        total_q, H, _num_page, _dv = _check_kernel_tensors(Q, K, V, output)
-        cs = self.softmax_consts(softmax_scale, *(_scalar_f32(x, n, Q.device) for x, n in
-                                                  ((q_scale, "q_scale"), (k_scale, "k_scale"), (v_scale, "v_scale"))))
-        qo, kvp = ([int(v) for v in t.reshape(-1).tolist()] for t in (qo_indptr, kv_indptr))
-        if len(qo) != len(kvp):
-            raise ValueError(f"qo_indptr has {len(qo)} entries but kv_indptr has {len(kvp)}")
-        n_split_rows = int(splitData.shape[0]) if splitData is not None else 0
-        decoded = _decode_works(work_indptr, work_info_set, len(qo) - 1, H, total_q, int(output.shape[0]),
-                                n_split_rows)
+        total_q, H = int(Q.shape[0]), int(Q.shape[1])
+        cs = self.softmax_consts(softmax_scale, *(x.detach().reshape(()).to(Q.device, torch.float32)
+                                                  for x in (q_scale, k_scale, v_scale)))
+        qo, kvp = (t.reshape(-1).tolist() for t in (qo_indptr, kv_indptr))
+        n_split_rows = int(splitData.shape[0])
+        decoded = _decode_works(work_indptr, work_info_set)
         if not decoded:
             return
         dest_head = self.dest_heads(H)
@@ -422,16 +300,9 @@ class Emulator:
                       (splitData, splitLse, output))
 
     def mla_reduce_v1(
-        self,
-        partial_output: torch.Tensor,
-        partial_lse: torch.Tensor,
-        reduce_indptr: torch.Tensor,
-        reduce_final_map: torch.Tensor,
-        reduce_partial_map: torch.Tensor,
-        final_output: torch.Tensor,
-        final_lse: torch.Tensor | None = None,
-        *,
-        post_3606: bool = False,
+        self, partial_output: torch.Tensor, partial_lse: torch.Tensor, reduce_indptr: torch.Tensor,
+        reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor, final_output: torch.Tensor,
+        final_lse: torch.Tensor | None = None, *, post_3606: bool = False,
     ) -> None:
         """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
 
@@ -439,31 +310,17 @@ class Emulator:
         Per group, head and row, in fp32, partials in map order: ``lse*`` of :meth:`merged_lse` (``+inf``
         if S is 0 or NaN), ``final_output = cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``.
 
-        Args:
-            partial_output: ``[R, H, Dv]`` fp32 partials (``splitData``).
-            partial_lse: ``[R, H]`` fp32 natural-log LSE (``splitLse``).
+        Args (trusted: the stand-in validates them):
+            partial_output, partial_lse: ``[R, H, Dv]`` fp32 partials and ``[R, H]`` their natural-log LSE.
             reduce_indptr, reduce_final_map, reduce_partial_map: the planner's ``[tiles+1]``, ``[tiles, 2]``
-                and ``[slots]`` integer buffers.
-            final_output: ``[total_q, H, Dv]`` bf16/fp16 (any strides), written for the reduced rows.
-            final_lse: optional ``[total_q, H]`` fp32, written for the reduced rows.
+                and ``[slots]`` int32 buffers.
+            final_output, final_lse: ``[total_q, H, Dv]`` bf16/fp16 (any strides) and optional ``[total_q, H]``
+                fp32, written for the reduced rows.
             post_3606: reduce groups of a single partial too (ROCm/aiter#3606); before, only groups of >= 2.
-
-        Raises:
-            ValueError: a group references partial rows or output rows outside the buffers.
         """
         groups = _reduce_groups(reduce_indptr, reduce_final_map, reduce_partial_map, 1 if post_3606 else 2, self)
-        n_rows = int(partial_output.shape[0])
-        for g, q0, q1, locs in groups:
+        for q0, q1, locs in groups:
             nr = q1 - q0
-            if q1 > final_output.shape[0]:
-                raise ValueError(
-                    f"reduce group {g}: rows [{q0}, {q1}) outside final_output ({final_output.shape[0]} rows)"
-                )
-            for p in locs:
-                if p < 0 or p + nr > n_rows:
-                    raise ValueError(
-                        f"reduce group {g}: partial rows [{p}, {p + nr}) outside partial buffers ({n_rows} rows)"
-                    )
             lses = [partial_lse[p : p + nr].float() for p in locs]
             lse_star, ssum = self.merged_lse(lses)
             lse_star = torch.where((ssum == 0) | torch.isnan(ssum), float("inf"), lse_star)
@@ -475,21 +332,9 @@ class Emulator:
                 final_lse[q0:q1] = lse_star.to(final_lse.dtype)
 
     def run_prefill(
-        self,
-        q8: torch.Tensor,
-        k8: torch.Tensor,
-        v8: torch.Tensor,
-        q_scale: torch.Tensor,
-        k_scale: torch.Tensor,
-        v_scale: torch.Tensor,
-        cu_seqlens: torch.Tensor,
-        *,
-        softmax_scale: float,
-        causal: bool = True,
-        cu_num: int = 256,
-        return_lse: bool = False,
-        poison: bool = True,
-        cu_seqlens_kv: torch.Tensor | None = None,
+        self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+        v_scale: torch.Tensor, cu_seqlens: torch.Tensor, *, softmax_scale: float, causal: bool = True,
+        cu_num: int = 256, return_lse: bool = False, poison: bool = True, cu_seqlens_kv: torch.Tensor | None = None,
         post_3606: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Plan with the v0.1.22 planner port (the kernel's fixed keywords, ``need_lse=post_3606``, identity
@@ -499,20 +344,17 @@ class Emulator:
         Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
 
         Args:
-            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn (P = T unless
-                ``cu_seqlens_kv`` is given); real = fp8 * scale.
+            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * scale.
             q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
-            cu_seqlens: int32 ``[B+1]`` cumulative q lengths (``cu_seqlens[-1] == T``).
+            cu_seqlens, cu_seqlens_kv: int32 ``[B+1]`` cumulative q / kv lengths ending at T / P (default:
+                ``cu_seqlens``).
             softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
             causal: bottom-right causal masking (query i sees key j iff ``j <= kv_len - q_len + i``);
-                False for a context chunk.
-            cu_num: CU count the plan is made for (256 on MI355X).
+                False for a context chunk. cu_num: CU count the plan is made for (256 on MI355X).
             return_lse: also return the ``[T, H]`` fp32 natural-log final LSE: every row post-#3606, only
                 rows of split tiles pre-#3606 (others NaN when ``poison``, else undefined).
             poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
-            cu_seqlens_kv: int32 ``[B+1]`` cumulative kv lengths (``[-1] == P``); default ``cu_seqlens``.
-            post_3606: the v0.1.22 planner with ``need_lse=True`` and its reduce; False plans as AITER
-                <= v0.1.21 (= ``need_lse=False``).
+            post_3606: ``need_lse=True`` and the #3606 reduce; False plans as AITER <= v0.1.21.
 
         Returns:
             ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
@@ -525,7 +367,11 @@ class Emulator:
         T, H = int(q8.shape[0]), int(q8.shape[1])
         cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
         cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
-        _check_lengths(cu_q, cu_kv, bool(causal))
+        if cu_q.numel() != cu_kv.numel():
+            raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
+        for b, (q_len, kv_len) in enumerate(zip(cu_q.diff().tolist(), cu_kv.diff().tolist())):
+            if causal and q_len > kv_len:  # bottom-right alignment needs q_len <= kv_len
+                raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
         dev, dv = q8.device, int(v8.shape[-1])
         fill = float("nan") if poison else 0.0
         output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)
@@ -534,14 +380,13 @@ class Emulator:
             return (output, final_lse) if return_lse else output
         from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
 
-        plan = plan_ps_prefill(cu_q, cu_kv, (cu_kv[1:] - cu_kv[:-1]).to(torch.int32), num_heads_k=H,
+        plan = plan_ps_prefill(cu_q, cu_kv, cu_kv.diff(), num_heads_k=H,
                                cu_num=int(cu_num), kvlen_granularity=KV_TILE, block_size=1, is_causal=bool(causal),
                                revision=PLANNER_V0_1_22, need_lse=bool(post_3606))
-        n_rows = int(plan.num_partials) * Q_TILE
-        split_data = torch.full((n_rows, H, dv), fill, dtype=torch.float32, device=dev)
-        split_lse = torch.full((n_rows, H), fill, dtype=torch.float32, device=dev)
+        split_data = torch.full((plan.partial_rows, H, dv), fill, dtype=torch.float32, device=dev)
+        split_lse = torch.full((plan.partial_rows, H), fill, dtype=torch.float32, device=dev)
         pages = torch.arange(int(k8.shape[0]), dtype=torch.int32, device=dev)
-        max_q = int((cu_q[1:] - cu_q[:-1]).max())
+        max_q = int(cu_q.diff().max())
         self.mla_prefill_ps_asm_fwd(q8, k8, v8, cu_q.to(dev), cu_kv.to(dev), pages, plan.work_indptr, plan.work_info,
                                     max_q, float(softmax_scale), bool(causal), split_data, split_lse, output, q_scale,
                                     k_scale, v_scale)

@@ -14,23 +14,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-AITER_DIST = "amd-aiter"
-"""Distribution name of AITER (``importlib.metadata.version(AITER_DIST)``)."""
+AITER_DIST = "amd-aiter"  # the distribution name (importlib.metadata)
 
 # tiles and buffers
 
+#: Rows of one q-tile: the planner's ``qlen_granularity``, the kernel's ``m32x8`` tile, the row stride of one
+#: partial slot in ``splitData``/``splitLse`` and vLLM's ``_FP8_PREFILL_TILE_Q``.
 Q_TILE = 256
-"""Rows of one q-tile: the planner's ``qlen_granularity``, the kernel's ``m32x8`` tile, the row
-stride of one partial slot in ``splitData``/``splitLse`` and vLLM's ``_FP8_PREFILL_TILE_Q``."""
-
-KV_TILE = 128
-"""Keys per inner KV tile of the kernel (``n128x1``); also the planner's KV split granularity."""
-
-QHEAD_GRANULARITY = 1
-"""Heads per work (the PS prefill is MHA: one head per work)."""
-
-BLOCK_SIZE = 1
-"""Tokens per KV page in the PS prefill (page = token)."""
+KV_TILE = 128  # keys per inner KV tile of the kernel (n128x1); also the planner's KV split granularity
+QHEAD_GRANULARITY = 1  # heads per work (the PS prefill is MHA)
+BLOCK_SIZE = 1  # tokens per KV page in the PS prefill (page = token)
 
 
 def kvlen_granularity_for(block_size: int = BLOCK_SIZE) -> int:
@@ -38,48 +31,27 @@ def kvlen_granularity_for(block_size: int = BLOCK_SIZE) -> int:
     return max(KV_TILE, block_size)
 
 
+#: ``kvlen_granularity`` at ``block_size=1``: 128 (AITER's binding default of 1 is wrong for the kernel).
 KVLEN_GRANULARITY = kvlen_granularity_for(BLOCK_SIZE)
-"""``kvlen_granularity`` at ``block_size=1``: 128 (AITER's binding default of 1 is wrong for the kernel)."""
-
+#: The four ``aiter`` exports the PS FP8 prefill path calls.
 PRIMITIVES = ("get_ps_metadata_info_v1", "get_ps_metadata_v1", "mla_prefill_ps_asm_fwd", "mla_reduce_v1")
-"""The four ``aiter`` exports the PS FP8 prefill path calls."""
-
-BUFFER_NAMES = (
-    "work_metadata_ptrs",
-    "work_indptr",
-    "work_info",
-    "reduce_indptr",
-    "reduce_final_map",
-    "reduce_partial_map",
-)
-"""The six planner buffers, in the order ``get_ps_metadata_info_v1`` returns them."""
-
-WORK_INFO_FIELDS = (
-    "batch_idx",
-    "partial_o_loc",
-    "qo_start",
-    "qo_end",
-    "kv_start",
-    "kv_end",
-    "kv_offset",
-    "q_head_range",
-)
-"""Columns of a ``work_info`` row (AITER ``WorkInfo``, ``csrc/include/ps.h``), int32 each."""
-
-WORK_INFO_COLS = len(WORK_INFO_FIELDS)
-"""8: int32 values per ``work_info`` row."""
-
+#: The six planner buffers, in the order ``get_ps_metadata_info_v1`` returns them.
+BUFFER_NAMES = ("work_metadata_ptrs", "work_indptr", "work_info", "reduce_indptr", "reduce_final_map",
+                "reduce_partial_map")
+#: Columns of a ``work_info`` row (AITER ``WorkInfo``, ``csrc/include/ps.h``), int32 each.
+WORK_INFO_FIELDS = ("batch_idx", "partial_o_loc", "qo_start", "qo_end", "kv_start", "kv_end", "kv_offset",
+                    "q_head_range")
+WORK_INFO_COLS = len(WORK_INFO_FIELDS)  # 8
+#: Column indices by name: ``WI.BATCH_IDX`` = 0 ... ``WI.Q_HEAD_RANGE`` = 7.
 WI = types.SimpleNamespace(**{name.upper(): i for i, name in enumerate(WORK_INFO_FIELDS)})
-"""Column indices by name: ``WI.BATCH_IDX`` = 0 ... ``WI.Q_HEAD_RANGE`` = 7."""
 
 MAX_HEADS = 0xFFFF  # q_head_range packs the first and the end head into 16 bits each
 INT32_MAX = 2**31 - 1  # the planner's buffers and indptrs are int32
 #: Largest CU count a plan is made for (``EMU_CU_NUM``, ``plan --cu-num``, ``calibrate --cu-num``): the
 #: planner allocates per-CU work lists, so a typo of many digits would exhaust memory in every case.
 MAX_CU_NUM = 65536
+#: ``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (kernel disassembly).
 SPLIT_DATA_MAX_BYTES = 2**31
-"""``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (from the
-kernel's disassembly)."""
 
 
 def pack_q_head_range(first_head: Any, end_head: Any) -> Any:
@@ -97,48 +69,31 @@ def unpack_q_head_range(value: int) -> tuple[int, int]:
 
 Version = tuple[int, int, int]
 
-PS_PREFILL_FIRST_VERSION: Version = (0, 1, 10)
-"""First release with the PS prefill primitives (tag v0.1.10.post1; ``(0, 1, 10)`` stands for it)."""
-
-REDUCE_8_ARG_VERSION: Version = (0, 1, 8)
-"""``mla_reduce_v1`` gains ``max_seqlen_q`` (8 arguments)."""
-
-REDUCE_9_ARG_VERSION: Version = (0, 1, 16)
-"""``mla_reduce_v1`` gains ``num_kv_splits`` (9 arguments, ROCm/aiter#3391); vLLM needs it (vLLM #46760)."""
-
+PS_PREFILL_FIRST_VERSION: Version = (0, 1, 10)  # first with the PS prefill (tag v0.1.10.post1)
+REDUCE_8_ARG_VERSION: Version = (0, 1, 8)  # mla_reduce_v1 gains max_seqlen_q
+REDUCE_9_ARG_VERSION: Version = (0, 1, 16)  # mla_reduce_v1 gains num_kv_splits (ROCm/aiter#3391; vLLM #46760)
+#: First release with ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` takes ``need_lse``.
 POST_3606_FIRST_VERSION: Version = (0, 1, 22)
-"""First release with ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` takes ``need_lse`` (True: every tile
-gets a partial slot and the reduce writes ``final_lse`` for every row)."""
+NEWEST_MODELLED_VERSION: Version = (0, 1, 22)  # the default emulated version
 
-NEWEST_MODELLED_VERSION: Version = (0, 1, 22)
-"""Newest AITER release the suite models (the default emulated version)."""
-
+# planner revisions (docs/aiter-contract.md#pr-3606)
+#: Up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group.
 PLANNER_PRE_3606 = "pre-3606"
-"""Planner up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group."""
-
+#: ``refs/pull/3606/merge`` of 2026-08-22 (``b97d239``), never released: every work gets a slot, there is
+#: no ``need_lse``, and ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``.
 PLANNER_PR_3606_REF = "pr3606-ref"
-"""``refs/pull/3606/merge`` of 2026-08-22 (``b97d239``), never released: every work gets a slot, there is
-no ``need_lse``, and ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``."""
-
+#: ROCm/aiter#3606 as merged (v0.1.22): ``get_ps_metadata_v1`` gains ``need_lse`` last (False: the
+#: pre-#3606 plan; True: every tile gets a slot and a reduce group); the info function sizes differently.
 PLANNER_V0_1_22 = "v0.1.22"
-"""ROCm/aiter#3606 as merged (v0.1.22, v0.1.22.post1): ``get_ps_metadata_v1`` gains ``need_lse`` as its last
-parameter (``False`` keeps the pre-#3606 plan, ``True`` gives every tile a slot and a reduce group);
-``get_ps_metadata_info_v1`` keeps its four parameters (with other sizes)."""
-
 PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22)
-"""The planner revisions the suite models (docs/aiter-contract.md#pr-3606)."""
 
-AITER_OP_NAMESPACE = "aiter"
-"""``torch.ops`` namespace AITER registers its compiled ops in (``torch_compile_guard``)."""
+AITER_OP_NAMESPACE = "aiter"  # torch.ops namespace of AITER's compiled ops (torch_compile_guard)
 
+#: Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them (the first
+#: row: as at v0.1.10.post1, also given to older versions).
 REDUCE_HEADS_BY_VERSION: tuple[tuple[Version, tuple[int, ...]], ...] = (
-    ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)),  # as at v0.1.10.post1, the earliest documented
-    ((0, 1, 11), (32, 64)),
-    ((0, 1, 12), (40,)),
-    ((0, 1, 20), (48, 96)),
+    ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)), ((0, 1, 11), (32, 64)), ((0, 1, 12), (40,)), ((0, 1, 20), (48, 96)),
 )
-"""Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them.
-Versions before v0.1.10.post1 (no PS prefill) are given the v0.1.10.post1 list."""
 
 
 class AiterVersionError(ValueError):
@@ -158,9 +113,7 @@ def parse_aiter_version(v: str | Iterable[int]) -> Version:
     if isinstance(v, str):
         m = _VERSION_RE.match(v.strip())
         if not m:
-            raise AiterVersionError(
-                f"AITER version {v!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.20, 0.1.20.post1, 0.1.22)"
-            )
+            raise AiterVersionError(f"AITER version {v!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.20, 0.1.20.post1, 0.1.22)")
         return int(m.group(1)), int(m.group(2)), int(m.group(3))
     try:
         parts = tuple(v)
@@ -181,20 +134,16 @@ def parse_aiter_version_or_none(v: Any) -> Version | None:
         return None
 
 
-
 def modelled_version(raw: str, what: str) -> Version:
-    """The AITER version ``raw`` names, if this suite models its PS prefill planner.
-
-    Raises:
-        ValueError: naming ``what``: not a version like ``0.1.20`` / ``0.1.20.post1`` / ``v0.1.22``, or
-            outside the modelled range (0.1.10, the first with the PS prefill, ... the newest modelled).
-    """
+    """The AITER version ``raw`` names, if this suite models its PS prefill planner; ValueError naming
+    ``what`` for anything else (not a version, or outside 0.1.10 ... the newest modelled)."""
     ver = parse_aiter_version_or_none(raw)
     lo, hi = PS_PREFILL_FIRST_VERSION, NEWEST_MODELLED_VERSION
     if ver is None or not lo <= ver <= hi:
         raise ValueError(f"{what}={raw!r} is invalid: an AITER version MAJOR.MINOR.PATCH[.postN] "
                          f"from {format_version(lo)} to {format_version(hi)} (e.g. 0.1.20, 0.1.20.post1, v0.1.22)")
     return ver
+
 
 def format_version(v: Version | None) -> str:
     """``(0, 1, 22)`` -> ``"0.1.22"``; None -> ``"unknown"``."""
@@ -207,21 +156,13 @@ def reduce_heads_for(version: str | Iterable[int] | None) -> frozenset[int]:
     Any other count fails with "doesn't support the specified settings", even when nothing was split.
     """
     ver = None if version is None else parse_aiter_version(version)
-    heads: set[int] = set()
-    for since, hs in REDUCE_HEADS_BY_VERSION:
-        if ver is None or ver >= since:
-            heads.update(hs)
-    return frozenset(heads)
+    return frozenset(h for since, hs in REDUCE_HEADS_BY_VERSION if ver is None or ver >= since for h in hs)
 
 
 def reduce_arity_for_version(version: str | Iterable[int]) -> int:
     """``mla_reduce_v1`` argument count at ``version``: 7 (<= 0.1.7), 8 (0.1.8 .. 0.1.15.x), 9 (>= 0.1.16)."""
     ver = parse_aiter_version(version)
-    if ver >= REDUCE_9_ARG_VERSION:
-        return 9
-    if ver >= REDUCE_8_ARG_VERSION:
-        return 8
-    return 7
+    return 9 if ver >= REDUCE_9_ARG_VERSION else 8 if ver >= REDUCE_8_ARG_VERSION else 7
 
 
 # feature detection on an installed aiter (real or stand-in)
@@ -244,13 +185,10 @@ def planner_revision_for(version: str | Iterable[int]) -> str:
 
 
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
-    """Parameter names of op ``name`` as registered with torch (``torch.ops.<ns>.<name>.default._schema``,
-    ``ns`` = ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`; AITER's ``(*args, **kwargs)``
-    wrappers say nothing), without the leading ``dummy`` tensor AITER adds to some ops.
-
-    Returns:
-        ``(names, "op schema ns::name")``, or ``(None, reason)`` when no such op is registered.
-    """
+    """``(names, "op schema ns::name")``: the parameter names of op ``name`` as registered with torch
+    (``torch.ops.<ns>.<name>.default._schema``, ``ns`` = ``module.aiter_op_namespace`` or
+    :data:`AITER_OP_NAMESPACE`) without the leading ``dummy`` tensor AITER adds to some ops; ``(None, reason)``
+    when no such op is registered. (AITER's ``(*args, **kwargs)`` wrappers say nothing.)"""
     import torch
 
     ns = getattr(module, "aiter_op_namespace", AITER_OP_NAMESPACE)
@@ -273,12 +211,9 @@ def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: st
 
 
 def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
-    """The ``mla_reduce_v1`` form of ``module``: 9 (``num_kv_splits``), 8 (``max_seqlen_q`` only) or 7.
-
-    From the registered op schema (:func:`op_params`), else from the facts table at ``version``
-    (:func:`reduce_arity_for_version`), else ``Detected(None, reason)`` naming what could not be read.
-    Never from the wrapper's ``inspect.signature``.
-    """
+    """The ``mla_reduce_v1`` form of ``module``: 9 (``num_kv_splits``), 8 (``max_seqlen_q`` only) or 7, from
+    the registered op schema (never the wrapper's signature), else the facts table at ``version``, else
+    ``Detected(None, reason)``."""
     params, src = op_params(module, "mla_reduce_v1")
     if params is None:
         return _by_version(version, reduce_arity_for_version, src, "mla_reduce_v1's form")
@@ -298,12 +233,10 @@ def _info_params(module: Any) -> tuple[str, ...]:
 
 
 def detect_planner_revision(module: Any, version: Any = None) -> Detected:
-    """Which planner revision ``module`` ships (:data:`PLANNER_REVISIONS`).
-
-    ``need_lse`` in the ``get_ps_metadata_v1`` op schema: :data:`PLANNER_V0_1_22`; else ``max_kvlen`` in the
-    pure-Python ``get_ps_metadata_info_v1``: :data:`PLANNER_PR_3606_REF`; else :data:`PLANNER_PRE_3606`.
-    Without a registered planner op: the facts table at ``version``; else ``Detected(None, reason)``.
-    """
+    """Which planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema:
+    :data:`PLANNER_V0_1_22`; else ``max_kvlen`` in the pure-Python ``get_ps_metadata_info_v1``:
+    :data:`PLANNER_PR_3606_REF`; else :data:`PLANNER_PRE_3606`. Without a registered planner op: the facts
+    table at ``version``; else ``Detected(None, reason)``."""
     params, src = op_params(module, "get_ps_metadata_v1")
     if params is None:
         return _by_version(version, planner_revision_for, src, "the planner revision")
@@ -341,11 +274,8 @@ def dist_version(dist: str) -> str | None:
 
 
 def import_aiter() -> types.ModuleType:
-    """Import the real ``aiter``. Only call on a ROCm machine: its import runs ``rocminfo``.
-
-    Raises:
-        Exception: whatever importing ``aiter`` raises (callers report it as unavailable).
-    """
+    """Import the real ``aiter`` (only on a ROCm machine: its import runs ``rocminfo``); raises whatever
+    importing it raises (callers report it as unavailable)."""
     import aiter
 
     return aiter

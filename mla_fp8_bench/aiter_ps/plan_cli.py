@@ -1,13 +1,9 @@
-"""``mla-fp8-bench plan``: inspect AITER's PS prefill plan for a batch, without a GPU.
+"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, without a GPU (docs/usage.md).
 
 Runs the planner port for the AITER release of ``--aiter`` (``docs/aiter-contract.md#pr-3606``) and prints
 the works, the reduce groups, and the partial slots and workspace bytes used against those reserved by the
-info bound and by vLLM's metadata builder (``docs/aiter-contract.md#workspace``). ``--json`` writes the
+info bound and by vLLM's metadata builder (``docs/aiter-contract.md#workspace``); ``--json`` writes the
 plan in the layout of the planner golden files (``tests/data/README.md``).
-
-Example (vLLM #57923: the reservation of vLLM's <= 0.30 builder at max_num_seqs 1024)::
-
-    mla-fp8-bench plan --qo-lens 8192 --kv-lens 8192 --heads 16 --aiter 0.1.22 --vllm-max-num-seqs 1024
 """
 
 from __future__ import annotations
@@ -32,12 +28,7 @@ from mla_fp8_bench.aiter_ps.facts import (
     unpack_q_head_range,
 )
 from mla_fp8_bench.aiter_ps.planner import PsPlan, buffer_lengths_from_info, plan_ps_prefill, ps_metadata_info
-from mla_fp8_bench.aiter_ps.workspace import (
-    WorkspaceBytes,
-    vllm_padded_heads,
-    vllm_reserved,
-    workspace_bytes,
-)
+from mla_fp8_bench.aiter_ps.workspace import WorkspaceBytes, vllm_padded_heads, vllm_reserved, workspace_bytes
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
 EXIT_USAGE = 2
@@ -71,9 +62,9 @@ class PlanRequest:
     def need_lse(self) -> bool | None:
         """``need_lse`` passed to the v0.1.22 planner (given, else False causal / True non-causal); None for a
         planner without the parameter."""
-        if self.revision != PLANNER_V0_1_22:
-            return None
-        return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
+        if self.revision == PLANNER_V0_1_22:
+            return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
+        return None
 
 
 def _int(name: str, text: Any, lo: int, hi: int) -> int:
@@ -171,21 +162,13 @@ def _info_args(req: PlanRequest) -> dict[str, Any]:
             "qlen_granularity": Q_TILE}
 
 
-def _info(req: PlanRequest) -> dict[str, tuple[tuple[int, ...], str]]:
-    return ps_metadata_info(*_info_args(req).values(), cu_num=req.cu_num, revision=req.revision)
-
-
-def _shapes(info) -> dict[str, dict[str, Any]]:
-    return {k: {"shape": list(shape), "dtype": dt} for k, (shape, dt) in info.items()}
-
-
 def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
     """Plan ``req``: ``(plan, info)``.
 
     The plan is computed with room for every work (the info bound may be smaller than the use for
     inputs AITER never sees); :func:`plan_record` reports the info sizes as the buffer lengths.
     """
-    info = _info(req)
+    info = ps_metadata_info(*_info_args(req).values(), cu_num=req.cu_num, revision=req.revision)
     lengths = buffer_lengths_from_info(info)
     tiles = sum(math.ceil(x / Q_TILE) for x in req.q_lens)
     tgs = req.cu_num // math.gcd(req.num_heads, req.cu_num)
@@ -201,7 +184,6 @@ def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
 def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
     """The plan as one record of the planner golden files: ``config`` (with ``need_lse`` for the v0.1.22
     planner), ``info_args``, ``info_shapes`` and ``outputs`` with the golden files' keys."""
-    ng, npart = plan.num_reduce_groups, plan.num_partials
     config = {"cu_num": req.cu_num, "num_heads_k": req.num_heads, "gqa_ratio": 1, "qhead_granularity": 1,
               "qlen_granularity": Q_TILE, "kvlen_granularity": KVLEN_GRANULARITY, "block_size": 1,
               "is_causal": req.is_causal, "batch_size": len(req.q_lens), "seq_lens_q": list(req.q_lens),
@@ -212,18 +194,14 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
     if req.need_lse is not None:
         config["need_lse"] = req.need_lse
     lengths = buffer_lengths_from_info(info)
-    outputs = {
-        "work_indptr": plan.work_indptr[: lengths["work_indptr"]].tolist(),
-        "num_works": plan.num_works,
-        "work_info": plan.used_work_info.tolist(),
-        "reduce_indptr": plan.reduce_indptr[: lengths["reduce_indptr"]].tolist(),
-        "num_reduce_groups": ng,
-        "reduce_final_map": plan.used_reduce_final_map.tolist(),
-        "num_partials": npart,
-        "reduce_partial_map": plan.used_reduce_partial_map.tolist(),
-        "buffer_lengths": lengths,
-    }
-    return {"config": config, "info_args": _info_args(req), "info_shapes": _shapes(info), "outputs": outputs}
+    outputs = {"work_indptr": plan.work_indptr[: lengths["work_indptr"]].tolist(), "num_works": plan.num_works,
+               "work_info": plan.used_work_info.tolist(),
+               "reduce_indptr": plan.reduce_indptr[: lengths["reduce_indptr"]].tolist(),
+               "num_reduce_groups": plan.num_reduce_groups, "reduce_final_map": plan.used_reduce_final_map.tolist(),
+               "num_partials": plan.num_partials, "reduce_partial_map": plan.used_reduce_partial_map.tolist(),
+               "buffer_lengths": lengths}
+    shapes = {k: {"shape": list(shape), "dtype": dt} for k, (shape, dt) in info.items()}
+    return {"config": config, "info_args": _info_args(req), "info_shapes": shapes, "outputs": outputs}
 
 
 # sizes: used vs reserved

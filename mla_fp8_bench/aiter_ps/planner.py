@@ -3,14 +3,15 @@
 (``aiter/ops/attention.py``) is :func:`ps_metadata_info`; ``get_ps_metadata_v1`` (host code
 ``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in ``csrc/include/ps.h``) is :func:`plan_ps_prefill`
 and :func:`fill_aiter_buffers`. Algorithm, buffers and revisions: ``docs/aiter-contract.md`` ``#planner-io``,
-``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. Plain Python integers (C-style truncating division
-where AITER divides signed ints), one ``torch.tensor`` per buffer at the end.
+``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. Plain Python integers, one ``torch.tensor`` per
+buffer at the end.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,30 +32,14 @@ from mla_fp8_bench.aiter_ps.facts import (
     pack_q_head_range,
 )
 
-BUFFER_LENGTH_KEYS = (
-    "work_metadata_ptrs",
-    "work_indptr",
-    "work_info_rows",
-    "reduce_indptr",
-    "reduce_final_map_rows",
-    "reduce_partial_map",
-)
-"""Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``)."""
+#: Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``).
+BUFFER_LENGTH_KEYS = ("work_metadata_ptrs", "work_indptr", "work_info_rows", "reduce_indptr", "reduce_final_map_rows",
+                      "reduce_partial_map")
 _LENGTH_KEY = dict(zip(BUFFER_NAMES, BUFFER_LENGTH_KEYS))  # buffer name -> its key (also an accepted alias)
-
 
 
 class PsPlanError(ValueError):
     """Invalid planner input, or a buffer too small for a plan (a ``ValueError``)."""
-
-
-# small integer helpers
-
-
-def _c_div(a: int, b: int) -> int:
-    """C/C++ signed integer division: truncates toward zero (unlike Python's ``//``)."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -71,16 +56,14 @@ def _check_revision(revision: Any) -> str:
 def _effective_need_lse(revision: str, need_lse: Any) -> bool:
     """Whether every tile gets a slot: ``pre-3606`` never, ``pr3606-ref`` always (neither takes
     ``need_lse``), ``v0.1.22`` as ``need_lse`` says (default False, the binding's default)."""
-    if revision == PLANNER_V0_1_22:
-        if need_lse is None:
-            return False
-        if not isinstance(need_lse, bool):
-            raise PsPlanError(f"need_lse={need_lse!r} is invalid: must be a bool")
-        return need_lse
-    if need_lse is not None:
-        raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
-                          " (added by the v0.1.22 planner)")
-    return revision == PLANNER_PR_3606_REF
+    if revision != PLANNER_V0_1_22:
+        if need_lse is not None:
+            raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
+                              " (added by the v0.1.22 planner)")
+        return revision == PLANNER_PR_3606_REF
+    if need_lse is not None and not isinstance(need_lse, bool):
+        raise PsPlanError(f"need_lse={need_lse!r} is invalid: must be a bool")
+    return bool(need_lse)
 
 
 def _is_int(v: Any) -> bool:
@@ -103,15 +86,10 @@ def _as_int_list(name: str, x: Any) -> list[int]:
             raise PsPlanError(f"{name} has dtype {x.dtype}: an integer tensor (e.g. torch.int32) is required")
         if x.dim() != 1:
             raise PsPlanError(f"{name} has shape {tuple(x.shape)}: a 1-D tensor is required")
-        return [int(v) for v in x.detach().cpu().tolist()]
+        return x.detach().cpu().tolist()
     if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
         raise PsPlanError(f"{name}={x!r} is not a 1-D sequence of integers (list, tuple or int tensor)")
-    out = []
-    for i, v in enumerate(x):
-        if not _is_int(v):
-            raise PsPlanError(f"{name}[{i}]={v!r} is not an integer")
-        out.append(operator.index(v))
-    return out
+    return [_as_int(f"{name}[{i}]", v) for i, v in enumerate(x)]
 
 
 def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
@@ -123,11 +101,9 @@ def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
         )
     if p[0] != 0:
         raise PsPlanError(f"{name}[0]={p[0]} is invalid: an indptr must start at 0")
-    for i in range(len(p) - 1):
-        if p[i + 1] < p[i]:
-            raise PsPlanError(
-                f"{name}[{i + 1}]={p[i + 1]} < {name}[{i}]={p[i]}: an indptr must be non-decreasing"
-            )
+    i = next((i for i in range(len(p) - 1) if p[i + 1] < p[i]), None)
+    if i is not None:
+        raise PsPlanError(f"{name}[{i + 1}]={p[i + 1]} < {name}[{i}]={p[i]}: an indptr must be non-decreasing")
     if p[-1] > INT32_MAX:
         raise PsPlanError(f"{name}[-1]={p[-1]} does not fit in int32 (max {INT32_MAX})")
 
@@ -136,45 +112,31 @@ def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
 
 
 def ps_metadata_info(
-    batch_size: int,
-    num_heads_k: int,
-    max_qlen: int,
-    qlen_granularity: int = Q_TILE,
-    *,
-    cu_num: int,
-    revision: str = PLANNER_PRE_3606,
-    max_kvlen: int | None = None,
-    kvlen_granularity: int = KV_TILE,
+    batch_size: int, num_heads_k: int, max_qlen: int, qlen_granularity: int = Q_TILE, *, cu_num: int,
+    revision: str = PLANNER_PRE_3606, max_kvlen: int | None = None, kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Buffer shapes and dtypes for the PS planner, by revision (the formulas and their AITER sources:
-    ``docs/aiter-contract.md#info-sizes``); AITER reads ``cu_num`` from the current device, here it is a
-    keyword. ``work_metadata_ptrs (2,) uint64``, ``work_indptr (cu_num + 1,)``, ``work_info (max_works, 8)``,
-    ``reduce_indptr (tiles + 1,)``, ``reduce_final_map (tiles, 2)``, ``reduce_partial_map (max_partials,)``
-    (int32); ``tiles = batch_size * ceil(max_qlen / qlen_granularity)``. Only ``pr3606-ref`` takes
+    """``get_ps_metadata_info_v1``: ``{name: (shape, dtype_name)}`` for the six :data:`BUFFER_NAMES`, in order
+    (formulas and AITER sources: ``docs/aiter-contract.md#info-sizes``): ``work_metadata_ptrs (2,) uint64``,
+    int32 ``work_indptr (cu_num + 1,)``, ``work_info (max_works, 8)``, ``reduce_indptr (tiles + 1,)``,
+    ``reduce_final_map (tiles, 2)``, ``reduce_partial_map (max_partials,)``, ``tiles = batch_size *
+    ceil(max_qlen / qlen_granularity)``. ``cu_num`` is the device's CU count; only ``pr3606-ref`` takes
     ``max_kvlen`` and ``kvlen_granularity``.
 
-    Returns:
-        ``{name: (shape, dtype_name)}`` for the six names of :data:`BUFFER_NAMES`, in that order
-        (``"uint64"`` / ``"int32"``; ``getattr(torch, name)`` gives the dtype).
-
     Raises:
-        PsPlanError (a ValueError): a non-integer or out-of-range argument (``batch_size``/``max_qlen``/
-        ``max_kvlen`` >= 0, ``num_heads_k``/``qlen_granularity``/``cu_num``/``kvlen_granularity`` >= 1), an
-        unknown ``revision``, or ``max_kvlen`` / a non-default ``kvlen_granularity`` for another revision.
+        PsPlanError (a ValueError): a non-integer or out-of-range argument (>= 0; >= 1 for ``num_heads_k``,
+        ``qlen_granularity``, ``cu_num``, ``kvlen_granularity``), an unknown ``revision``, or ``max_kvlen`` /
+        a non-default ``kvlen_granularity`` for another revision.
     """
     batch_size = _as_int("batch_size", batch_size, minimum=0, allowed="must be an integer >= 0")
     num_heads_k = _as_int("num_heads_k", num_heads_k, minimum=1, allowed="must be an integer >= 1")
     max_qlen = _as_int("max_qlen", max_qlen, minimum=0, allowed="must be an integer >= 0")
-    qlen_granularity = _as_int(
-        "qlen_granularity", qlen_granularity, minimum=1, allowed="must be an integer >= 1 (256 for the PS kernel)"
-    )
+    qlen_granularity = _as_int("qlen_granularity", qlen_granularity, minimum=1,
+                               allowed="must be an integer >= 1 (256 for the PS kernel)")
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
     revision = _check_revision(revision)
     if revision != PLANNER_PR_3606_REF and (max_kvlen is not None or kvlen_granularity != KV_TILE):
-        raise PsPlanError(
-            f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the {revision}"
-            " get_ps_metadata_info_v1 has no such parameters (only the pr3606-ref revision has them)"
-        )
+        raise PsPlanError(f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the {revision}"
+                          " get_ps_metadata_info_v1 has no such parameters (only the pr3606-ref revision has them)")
 
     cpc = cu_num // math.gcd(num_heads_k, cu_num)
     mqs = _ceil_div(max_qlen, qlen_granularity)
@@ -213,10 +175,8 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
     for key, val in given.items():
         canon = _LENGTH_KEY.get(key, key)
         if canon not in out:
-            raise PsPlanError(
-                f"buffer_lengths has unknown key {key!r}: allowed {', '.join(BUFFER_LENGTH_KEYS)}"
-                f" (or the buffer names {', '.join(BUFFER_NAMES)})"
-            )
+            raise PsPlanError(f"buffer_lengths has unknown key {key!r}: allowed {', '.join(BUFFER_LENGTH_KEYS)}"
+                              f" (or the buffer names {', '.join(BUFFER_NAMES)})")
         if isinstance(val, tuple) and len(val) == 2 and isinstance(val[0], (tuple, list)):
             val = val[0]  # a (shape, dtype) pair from ps_metadata_info
         if isinstance(val, (tuple, list, torch.Size)):
@@ -233,14 +193,11 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
     """Output of :func:`plan_ps_prefill`: AITER's PS metadata as int32 CPU tensors of the full buffer
-    lengths, tails as the real planner leaves them (what each holds: ``docs/aiter-contract.md#planner-io``,
-    ``#work-info``): ``work_indptr [cu_num + 1]`` (entries past ``cu_num`` in a longer buffer 0),
-    ``work_info [max_works, 8]``, ``reduce_indptr [tiles + 1]``, ``reduce_final_map [tiles, 2]``,
-    ``reduce_partial_map [n]`` (slot row offsets, multiples of 256).
-
-    Scalars: ``num_works`` (used ``work_info`` rows), ``num_reduce_groups``, ``num_partials`` (distinct
-    slots), ``cu_num``, ``num_heads_k``, ``revision`` and ``need_lse`` (whether every tile got a slot).
-    The tensors must not be modified in place.
+    lengths, tails as the real planner leaves them (``docs/aiter-contract.md#planner-io``, ``#work-info``):
+    ``work_indptr [cu_num + 1]`` (0 past ``cu_num`` in a longer buffer), ``work_info [max_works, 8]``,
+    ``reduce_indptr [tiles + 1]``, ``reduce_final_map [tiles, 2]``, ``reduce_partial_map [n]`` (slot row
+    offsets, multiples of 256); ``num_works`` is the used ``work_info`` rows, ``num_partials`` the distinct
+    slots, ``need_lse`` whether every tile got a slot. Not to be modified in place.
     """
 
     work_indptr: torch.Tensor
@@ -255,14 +212,6 @@ class PsPlan:
     num_heads_k: int
     revision: str = PLANNER_PRE_3606
     need_lse: bool = False
-
-    def __repr__(self) -> str:
-        return (
-            f"PsPlan(cu_num={self.cu_num}, num_heads_k={self.num_heads_k}, revision={self.revision},"
-            f" need_lse={self.need_lse},"
-            f" num_works={self.num_works}, num_reduce_groups={self.num_reduce_groups},"
-            f" num_partials={self.num_partials}, buffer_lengths={self.buffer_lengths})"
-        )
 
     @property
     def used_work_info(self) -> torch.Tensor:
@@ -289,30 +238,11 @@ class PsPlan:
         """Rows ``splitData``/``splitLse`` need: ``256 * num_partials`` (all heads share them)."""
         return Q_TILE * self.num_partials
 
-    @property
-    def buffer_lengths(self) -> dict[str, int]:
-        """Leading dims of the buffers, keyed as in :data:`BUFFER_LENGTH_KEYS`."""
-        tensors = (self.work_indptr, self.work_info, self.reduce_indptr, self.reduce_final_map, self.reduce_partial_map)
-        return {"work_metadata_ptrs": 2, **{k: int(t.shape[0]) for k, t in zip(BUFFER_LENGTH_KEYS[1:], tensors)}}
-
 
 # get_ps_metadata_v1, step 0: validated inputs
 
-
-@dataclass(frozen=True)
-class _Inputs:
-    qo: list[int]  # seqlens_qo_indptr [B+1]
-    kv: list[int]  # pages_kv_indptr [B+1]
-    ctx: list[int]  # context_lens [B]
-    num_heads_k: int
-    cu_num: int
-    kvlen_granularity: int
-    block_size: int
-    is_causal: bool
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.qo) - 1
+#: ``qo`` / ``kv``: ``seqlens_qo_indptr`` / ``pages_kv_indptr`` ``[B+1]``, ``ctx``: ``context_lens`` ``[B]``.
+_Inputs = namedtuple("_Inputs", "qo kv ctx num_heads_k cu_num kvlen_granularity block_size is_causal")
 
 
 def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granularity, kvlen_granularity,
@@ -320,17 +250,13 @@ def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granu
     """Validated ``(num_heads_k, cu_num, kvlen_granularity, block_size, is_causal)``; PsPlanError otherwise."""
     num_heads_k = _as_int("num_heads_k", num_heads_k)
     if not 1 <= num_heads_k <= MAX_HEADS:
-        raise PsPlanError(
-            f"num_heads_k={num_heads_k} is invalid: must be in 1..{MAX_HEADS}"
-            " (q_head_range packs head indices into 16 bits)"
-        )
+        raise PsPlanError(f"num_heads_k={num_heads_k} is invalid: must be in 1..{MAX_HEADS}"
+                          " (q_head_range packs head indices into 16 bits)")
     cu_num = _as_int("cu_num", cu_num, minimum=1, allowed="must be an integer >= 1 (the device CU count)")
     for name, val in (("gqa_ratio", gqa_ratio), ("qhead_granularity", qhead_granularity)):
         if _as_int(name, val) != 1:
-            raise PsPlanError(
-                f"{name}={val} is not supported: only {name}=1 is (the PS prefill is MHA, H_q == H_kv,"
-                " one head per work)"
-            )
+            raise PsPlanError(f"{name}={val} is not supported: only {name}=1 is (the PS prefill is MHA, H_q == H_kv,"
+                              " one head per work)")
     if _as_int("qlen_granularity", qlen_granularity) != Q_TILE:
         raise PsPlanError(
             f"qlen_granularity={qlen_granularity} is not supported: only {Q_TILE} is (the PS kernel's q-tile)"
@@ -340,10 +266,8 @@ def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granu
     if kvlen_granularity < 1 or kvlen_granularity & (kvlen_granularity - 1):
         raise PsPlanError(f"kvlen_granularity={kvlen_granularity} is invalid: must be a power of two (use 128)")
     if kvlen_granularity < block_size or kvlen_granularity % block_size:
-        raise PsPlanError(
-            f"kvlen_granularity={kvlen_granularity} is invalid: must be >= block_size={block_size} and a"
-            " multiple of it (use max(128, block_size))"
-        )
+        raise PsPlanError(f"kvlen_granularity={kvlen_granularity} is invalid: must be >= block_size={block_size} and a"
+                          " multiple of it (use max(128, block_size))")
     if not isinstance(is_causal, bool):
         if _is_int(is_causal) and operator.index(is_causal) in (0, 1):
             is_causal = bool(operator.index(is_causal))
@@ -367,17 +291,13 @@ def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_cau
         if c < 0:
             raise PsPlanError(f"context_lens[{b}]={c} is invalid: must be >= 0")
         if block_size == 1 and c != pages:
-            raise PsPlanError(
-                f"context_lens[{b}]={c} != kv_indptr[{b + 1}] - kv_indptr[{b}] = {pages}:"
-                " at block_size=1 they must be equal (one token per page)"
-            )
+            raise PsPlanError(f"context_lens[{b}]={c} != kv_indptr[{b + 1}] - kv_indptr[{b}] = {pages}:"
+                              " at block_size=1 they must be equal (one token per page)")
         if c > pages * block_size:
             raise PsPlanError(f"context_lens[{b}]={c} exceeds the sequence's {pages} pages x block_size={block_size}")
         if is_causal and qlen > c:
-            raise PsPlanError(
-                f"sequence {b}: q_len={qlen} > kv_len={c} with is_causal=True is not supported:"
-                " AITER's planner is undefined there (negative unit count); causal needs q_len <= kv_len"
-            )
+            raise PsPlanError(f"sequence {b}: q_len={qlen} > kv_len={c} with is_causal=True is not supported:"
+                              " AITER's planner is undefined there (negative unit count); causal needs q_len <= kv_len")
     return qo, kv, ctx
 
 
@@ -386,15 +306,7 @@ def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_cau
 
 def _ping_pong(n: int) -> list[int]:
     """Tile visiting order 0, n-1, 1, n-2, ... (pairs heavy and light causal tiles)."""
-    order = []
-    lo, hi = 0, n - 1
-    while lo <= hi:
-        order.append(lo)
-        if hi != lo:
-            order.append(hi)
-        lo += 1
-        hi -= 1
-    return order
+    return [x for i in range(n // 2) for x in (i, n - 1 - i)] + ([n // 2] if n % 2 else [])
 
 
 def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
@@ -405,26 +317,24 @@ def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
     blocks_per_unit = g // inp.block_size
     tiles: list[tuple[int, int, int, int, int]] = []
     total_units = 0
-    for b in range(inp.batch_size):
+    for b in range(len(inp.qo) - 1):
         qlen, kvlen = inp.qo[b + 1] - inp.qo[b], inp.ctx[b]
         for i in _ping_pong(_ceil_div(qlen, Q_TILE)):
             qs = Q_TILE * i
             qe = min(qs + Q_TILE, qlen)
             eff = min(kvlen - qlen + qe, kvlen) if inp.is_causal else kvlen
-            units = _c_div(eff + g - 1, g)
+            units = _ceil_div(eff, g)  # eff >= 0: C's truncating division agrees
             total_units += units
             tiles.append((b, qs, qe, eff, units * blocks_per_unit))
     return tiles, total_units
 
 
 def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse: bool, revision: str):
-    """Steps 2-3: the units dealt out to the ``tgs`` TGs of one cluster, tiles split at the capacity
-    (every head and cluster repeats this tiling, so one pass gives them all). A finished tile gets
-    ``partial_o_loc = -1`` if it was never split and ``need_lse`` is False, or at ``v0.1.22`` if it
-    consumes no KV blocks; every other piece a new slot ``256 * p``.
-
-    Returns ``(rows, tg_bounds)``: per-head rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)``
-    and the row range ``[tg_bounds[t], tg_bounds[t + 1])`` of each TG.
+    """Steps 2-3: the units dealt out to the ``tgs`` TGs of one cluster (every head and cluster repeats
+    it), tiles split at the capacity. A finished tile gets ``partial_o_loc = -1`` if it was never split and
+    ``need_lse`` is False, or at ``v0.1.22`` if it consumes no KV blocks; every other piece a new slot
+    ``256 * p``. Returns per-head rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)`` and
+    ``tg_bounds``, TG ``t`` owning rows ``[tg_bounds[t], tg_bounds[t + 1])``.
     """
     qo, kv, ctx, bs = inp.qo, inp.kv, inp.ctx, inp.block_size
     blocks_per_unit = inp.kvlen_granularity // bs
@@ -479,18 +389,11 @@ def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
 
 def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_groups: int, num_partials: int) -> None:
     """The real planner writes without bounds checks; refuse a plan that would not fit."""
-    for key, need in (
-        ("work_indptr", cu_num + 1),
-        ("work_info_rows", num_works),
-        ("reduce_indptr", num_groups + 1),
-        ("reduce_final_map_rows", num_groups),
-        ("reduce_partial_map", num_partials),
-    ):
+    for key, need in (("work_indptr", cu_num + 1), ("work_info_rows", num_works), ("reduce_indptr", num_groups + 1),
+                      ("reduce_final_map_rows", num_groups), ("reduce_partial_map", num_partials)):
         if lengths[key] < need:
-            raise PsPlanError(
-                f"buffer_lengths[{key!r}]={lengths[key]} is too small: this plan needs {need}"
-                " (AITER would write past the buffer)"
-            )
+            raise PsPlanError(f"buffer_lengths[{key!r}]={lengths[key]} is too small: this plan needs {need}"
+                              " (AITER would write past the buffer)")
     if num_works > INT32_MAX:
         raise PsPlanError(f"num_works={num_works} does not fit in int32")
 
@@ -543,7 +446,7 @@ def _reduce_buffers(keys, indptr, partial_map, lengths: dict[str, int]):
 def _default_lengths(inp: _Inputs, revision: str, buffer_lengths: Mapping[str, Any] | None) -> dict[str, int]:
     """Buffer lengths from the revision's info function (``pr3606-ref``: ``max_kvlen`` = the largest
     ``context_lens``), overridden by ``buffer_lengths``."""
-    nb = inp.batch_size
+    nb = len(inp.qo) - 1
     max_qlen = max(inp.qo[b + 1] - inp.qo[b] for b in range(nb))
     extra = {"max_kvlen": max(inp.ctx), "kvlen_granularity": KV_TILE} if revision == PLANNER_PR_3606_REF else {}
     lengths = buffer_lengths_from_info(ps_metadata_info(nb, inp.num_heads_k, max_qlen, Q_TILE, cu_num=inp.cu_num,
@@ -556,58 +459,41 @@ def _default_lengths(inp: _Inputs, revision: str, buffer_lengths: Mapping[str, A
 
 
 def plan_ps_prefill(
-    qo_indptr: Sequence[int] | torch.Tensor,
-    kv_indptr: Sequence[int] | torch.Tensor,
-    context_lens: Sequence[int] | torch.Tensor,
-    *,
-    num_heads_k: int,
-    cu_num: int,
-    gqa_ratio: int = 1,
-    qhead_granularity: int = 1,
-    qlen_granularity: int = Q_TILE,
-    kvlen_granularity: int = KV_TILE,
-    block_size: int = 1,
-    is_causal: bool = True,
-    buffer_lengths: Mapping[str, Any] | None = None,
-    revision: str = PLANNER_PRE_3606,
-    need_lse: bool | None = None,
+    qo_indptr: Sequence[int] | torch.Tensor, kv_indptr: Sequence[int] | torch.Tensor,
+    context_lens: Sequence[int] | torch.Tensor, *, num_heads_k: int, cu_num: int, gqa_ratio: int = 1,
+    qhead_granularity: int = 1, qlen_granularity: int = Q_TILE, kvlen_granularity: int = KV_TILE,
+    block_size: int = 1, is_causal: bool = True, buffer_lengths: Mapping[str, Any] | None = None,
+    revision: str = PLANNER_PRE_3606, need_lse: bool | None = None,
 ) -> PsPlan:
     """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does
     (``docs/aiter-contract.md#planner-algorithm``).
 
     Args:
-        qo_indptr: ``seqlens_qo_indptr`` ``[B+1]``: cumulative q lengths (starts at 0,
-            non-decreasing). A list/tuple of ints or a 1-D integer tensor (any device).
-        kv_indptr: ``pages_kv_indptr`` ``[B+1]``: cumulative KV pages (tokens at ``block_size=1``).
-        context_lens: ``[B]`` KV tokens per sequence; at ``block_size=1`` it must equal
-            ``kv_indptr[b+1] - kv_indptr[b]``, otherwise at most ``pages * block_size``.
-            ``q_len < kv_len`` is a context chunk (new queries against cached keys).
-        num_heads_k: KV heads (1 .. 65535; H_q == H_kv for the PS kernel).
-        cu_num: device CU count (``multiProcessorCount``; 256 on MI355X).
-        gqa_ratio, qhead_granularity: only 1 is supported (MHA, one head per work).
-        qlen_granularity: q-tile rows; only 256 is supported (the kernel's tile).
-        kvlen_granularity: KV split granularity in tokens, a power of two >= ``block_size`` and a
-            multiple of it; use ``max(128, block_size)`` = 128 (AITER's binding default is 1).
-        block_size: tokens per KV page (>= 1); the PS kernel runs at 1.
-        is_causal: bottom-right causal (local query i sees key j iff ``j <= kv_len - q_len + i``);
-            requires ``q_len <= kv_len`` for every sequence. False: every row sees all keys.
-        buffer_lengths: leading dims of the buffers the real planner would fill, keyed as in
-            :data:`BUFFER_LENGTH_KEYS` (``work_info``/``reduce_final_map`` accepted as aliases of the
-            ``*_rows`` keys; ints or ``(shape, dtype)`` pairs, so a :func:`ps_metadata_info` dict
-            works). Missing keys default to the revision's :func:`ps_metadata_info` (``pr3606-ref`` with
-            ``max_kvlen = max(context_lens)``).
-        revision: the planner revision (:data:`PLANNER_REVISIONS`, module docstring).
-        need_lse: ``v0.1.22`` only (default False): every work that consumes KV gets a partial
-            slot and every tile a reduce group.
+        qo_indptr, kv_indptr: ``seqlens_qo_indptr`` / ``pages_kv_indptr`` ``[B+1]``: cumulative q lengths /
+            KV pages (tokens at ``block_size=1``), from 0, non-decreasing; int lists or 1-D int tensors.
+        context_lens: ``[B]`` KV tokens per sequence: the page count at ``block_size=1``, else at most
+            ``pages * block_size``; ``q_len < kv_len`` is a context chunk.
+        num_heads_k: KV heads, 1 .. 65535 (H_q == H_kv). cu_num: device CU count (256 on MI355X).
+        gqa_ratio, qhead_granularity, qlen_granularity: only 1, 1 and 256 are supported.
+        kvlen_granularity: KV split granularity in tokens, a power-of-two multiple of ``block_size``
+            (tokens per page, >= 1; the PS kernel runs at 1); use 128 (AITER's binding default is 1).
+        is_causal: bottom-right causal (query i sees key j iff ``j <= kv_len - q_len + i``; needs
+            ``q_len <= kv_len``).
+        buffer_lengths: leading dims of the buffers the real planner fills, keyed as in
+            :data:`BUFFER_LENGTH_KEYS` or by buffer name; ints or ``(shape, dtype)`` pairs (a
+            :func:`ps_metadata_info` dict works). Missing keys: the revision's :func:`ps_metadata_info`
+            (``pr3606-ref`` with ``max_kvlen = max(context_lens)``).
+        revision: one of :data:`PLANNER_REVISIONS`.
+        need_lse: ``v0.1.22`` only (default False): every work that consumes KV gets a partial slot and
+            every tile a reduce group.
 
     Returns:
         A :class:`PsPlan` with buffers of exactly the requested lengths.
 
     Raises:
-        PsPlanError (a ValueError) naming the bad value: an argument outside what is allowed above
-        (``need_lse`` given to a revision without it), indptrs not starting at 0, decreasing, of
-        different lengths or with fewer than 2 entries, values beyond int32, or a ``buffer_lengths``
-        entry too small for the plan (the real planner would overrun host memory there).
+        PsPlanError (a ValueError) naming the bad value: an argument outside what is allowed above,
+        malformed indptrs, values beyond int32, or a ``buffer_lengths`` entry too small for the plan
+        (the real planner would overrun host memory there).
     """
     heads, cus, kv_gran, bs, causal = _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity,
                                                      qlen_granularity, kvlen_granularity, block_size, is_causal)
@@ -625,57 +511,32 @@ def plan_ps_prefill(
     _check_lengths(lengths, cus, num_works, len(keys), len(partial_map))
 
     work_indptr, work_info = _work_buffers(rows, tg_bounds, heads, cus, lengths)
-    reduce_indptr, reduce_final_map, reduce_partial_map = _reduce_buffers(keys, indptr, partial_map, lengths)
-    return PsPlan(
-        work_indptr=work_indptr,
-        work_info=work_info,
-        reduce_indptr=reduce_indptr,
-        reduce_final_map=reduce_final_map,
-        reduce_partial_map=reduce_partial_map,
-        num_works=num_works,
-        num_reduce_groups=len(keys),
-        num_partials=len(partial_map),
-        cu_num=cus,
-        num_heads_k=heads,
-        revision=revision,
-        need_lse=need_lse,
-    )
+    return PsPlan(work_indptr, work_info, *_reduce_buffers(keys, indptr, partial_map, lengths), num_works=num_works,
+                  num_reduce_groups=len(keys), num_partials=len(partial_map), cu_num=cus, num_heads_k=heads,
+                  revision=revision, need_lse=need_lse)
 
 
 # writing a plan into AITER-style buffers
 
 
-def _check_buffer(name: str, buf: Any, ndim: int, last: int | None, need: int) -> None:
+def _check_buffer(name: str, buf: Any, last: int | None, need: int) -> None:
+    """``buf`` a contiguous int32 ``[>= need]`` tensor, or ``[>= need, last]`` unless ``last`` is None."""
     if not isinstance(buf, torch.Tensor):
         raise PsPlanError(f"{name} must be a torch.Tensor, got {type(buf).__name__}")
     if buf.dtype != torch.int32:
         raise PsPlanError(f"{name} has dtype {buf.dtype}: must be torch.int32")
-    if buf.dim() != ndim or (last is not None and buf.shape[-1] != last):
-        want = "[n]" if ndim == 1 else f"[n, {last}]"
-        raise PsPlanError(f"{name} has shape {tuple(buf.shape)}: must be {want}")
+    if buf.dim() != (1 if last is None else 2) or (last is not None and buf.shape[-1] != last):
+        raise PsPlanError(f"{name} has shape {tuple(buf.shape)}: must be {'[n]' if last is None else f'[n, {last}]'}")
     if not buf.is_contiguous():
         raise PsPlanError(f"{name} is not contiguous: AITER writes it as raw contiguous memory")
     if buf.shape[0] < need:
-        raise PsPlanError(
-            f"{name} has {buf.shape[0]} {'entries' if ndim == 1 else 'rows'} but the plan needs {need}"
-            " (AITER's planner would write past it and corrupt memory)"
-        )
-
-
-def _write_with_tail(dst: torch.Tensor, src_used: torch.Tensor, n: int, fill: int = 0) -> None:
-    tmp = torch.full(tuple(dst.shape), fill, dtype=torch.int32)
-    tmp[:n] = src_used[:n]
-    dst.copy_(tmp)
+        raise PsPlanError(f"{name} has {buf.shape[0]} {'entries' if last is None else 'rows'} but the plan needs {need}"
+                          " (AITER's planner would write past it and corrupt memory)")
 
 
 def fill_aiter_buffers(
-    plan: PsPlan,
-    work_metadata_ptrs: torch.Tensor,
-    work_indptr: torch.Tensor,
-    work_info: torch.Tensor,
-    reduce_indptr: torch.Tensor,
-    reduce_final_map: torch.Tensor,
-    reduce_partial_map: torch.Tensor,
+    plan: PsPlan, work_metadata_ptrs: torch.Tensor, work_indptr: torch.Tensor, work_info: torch.Tensor,
+    reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor,
 ) -> None:
     """Write ``plan`` into the six buffers of :func:`ps_metadata_info` in place (any device), the *whole*
     of each as the real planner does: the used part from the plan, the tail as AITER leaves it (0, except
@@ -694,14 +555,15 @@ def fill_aiter_buffers(
         raise PsPlanError(f"work_metadata_ptrs must be a torch.Tensor, got {type(work_metadata_ptrs).__name__}")
     if work_metadata_ptrs.numel() < 2:
         raise PsPlanError(f"work_metadata_ptrs has {work_metadata_ptrs.numel()} elements: needs 2 (uint64 [2])")
-    nw, ng, npart = plan.num_works, plan.num_reduce_groups, plan.num_partials
-    _check_buffer("work_indptr", work_indptr, 1, None, plan.cu_num + 1)
-    _check_buffer("work_info", work_info, 2, WORK_INFO_COLS, nw)
-    _check_buffer("reduce_indptr", reduce_indptr, 1, None, ng + 1)
-    _check_buffer("reduce_final_map", reduce_final_map, 2, 2, ng)
-    _check_buffer("reduce_partial_map", reduce_partial_map, 1, None, npart)
-    _write_with_tail(work_indptr, plan.work_indptr, plan.cu_num + 1)
-    _write_with_tail(work_info, plan.work_info, nw)
-    _write_with_tail(reduce_indptr, plan.reduce_indptr, ng + 1, fill=npart)
-    _write_with_tail(reduce_final_map, plan.reduce_final_map, ng)
-    _write_with_tail(reduce_partial_map, plan.reduce_partial_map, npart)
+    ng, npart = plan.num_reduce_groups, plan.num_partials
+    bufs = (("work_indptr", work_indptr, plan.work_indptr, None, plan.cu_num + 1, 0),
+            ("work_info", work_info, plan.work_info, WORK_INFO_COLS, plan.num_works, 0),
+            ("reduce_indptr", reduce_indptr, plan.reduce_indptr, None, ng + 1, npart),
+            ("reduce_final_map", reduce_final_map, plan.reduce_final_map, 2, ng, 0),
+            ("reduce_partial_map", reduce_partial_map, plan.reduce_partial_map, None, npart, 0))
+    for name, dst, _src, last, n, _tail in bufs:
+        _check_buffer(name, dst, last, n)
+    for _name, dst, src, _last, n, tail in bufs:  # the used part, then the tail AITER leaves
+        tmp = torch.full(tuple(dst.shape), tail, dtype=torch.int32)
+        tmp[:n] = src[:n]
+        dst.copy_(tmp)

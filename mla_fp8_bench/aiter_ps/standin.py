@@ -1,13 +1,10 @@
 """A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill.
 
 :func:`make_standin_aiter` builds a module named ``"aiter"`` with the four primitives as an install of the
-emulated AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): the compiled ops are
-opaque ``(*args, **kwargs)`` wrappers whose parameters are only in the op schema registered with torch
-(written from :data:`_PARAMS`); the info function is plain Python. An argument the emulated revision lacks
-is a ``TypeError``. Unlike the real primitives (which check almost nothing), every stand-in validates like
-a strict launcher and raises :class:`StandinContractError` naming what the real one would mishandle; valid
-calls run the planner port and the emulator. Every call is recorded in ``module.calls``. Never import the
-real ``aiter`` here: this module is for machines without ROCm.
+emulated AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): opaque
+``(*args, **kwargs)`` compiled ops whose parameters are only in the op schema registered with torch, and the
+plain-Python info function. Every primitive validates like a strict launcher (:class:`StandinContractError`),
+then runs the planner port or the emulator. Never imports the real ``aiter``.
 """
 
 from __future__ import annotations
@@ -43,16 +40,15 @@ from mla_fp8_bench.aiter_ps.facts import (
     reduce_heads_for,
     unpack_q_head_range,
 )
-from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
+from mla_fp8_bench.problem.shapes import QK_HEAD_DIM as _QK_DIM  # the kernel's hard-wired H*192 / H*128 strides
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM as _V_DIM
 
-_QK_DIM = QK_HEAD_DIM  # the kernel's hard-wired H*192 / H*128 byte strides
-_V_DIM = V_HEAD_DIM
 _FP8 = torch.float8_e4m3fn
 
 
 class StandinContractError(ValueError):
     """A call the real AITER primitive would mishandle (garbage, GPU fault, memory corruption or a
-    dispatch error). The message names the function, the argument and the contract."""
+    dispatch error); the message names the function, the argument and the contract."""
 
 
 # argument checks (each raises StandinContractError naming fn + argument)
@@ -60,12 +56,8 @@ class StandinContractError(ValueError):
 
 def _summary(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        d: dict[str, Any] = {
-            "shape": tuple(int(s) for s in v.shape),
-            "dtype": str(v.dtype).replace("torch.", ""),
-            "device": str(v.device),
-            "contiguous": bool(v.is_contiguous()),
-        }
+        d: dict[str, Any] = {"shape": tuple(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
+                             "device": str(v.device), "contiguous": v.is_contiguous()}
         if (v.numel() == 1 and v.dtype in (torch.float32, torch.float64, torch.int32, torch.int64)
                 and v.device.type != "meta"):
             d["value"] = v.item()
@@ -94,13 +86,9 @@ class _Checker:
             allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
             self.fail(f"{name} has dtype {str(t.dtype).replace('torch.', '')}: must be {allowed}{why}")
 
-    def contiguous(self, name: str, t: torch.Tensor, why: str = "no strides reach the kernel") -> None:
+    def contiguous(self, name: str, t: torch.Tensor, why: str) -> None:
         if not t.is_contiguous():
             self.fail(f"{name} is not contiguous (strides {tuple(t.stride())}): {why}")
-
-    def ndim(self, name: str, t: torch.Tensor, n: int, want: str) -> None:
-        if t.dim() != n:
-            self.fail(f"{name} has shape {tuple(t.shape)}: must be {want}")
 
     def array(self, name: str, t: Any, dtypes: tuple[torch.dtype, ...], want: str, why: str = "",
               contiguous: str | None = None) -> torch.Tensor:
@@ -108,7 +96,8 @@ class _Checker:
         (``"[R, H]"``), contiguous unless ``contiguous`` (the reason named otherwise) is None."""
         t = self.tensor(name, t)
         self.dtype(name, t, *dtypes, why=why)
-        self.ndim(name, t, want.count(",") + 1, want)
+        if t.dim() != want.count(",") + 1:
+            self.fail(f"{name} has shape {tuple(t.shape)}: must be {want}")
         if contiguous is not None:
             self.contiguous(name, t, contiguous)
         return t
@@ -138,23 +127,20 @@ class _Checker:
         vals = self.ints(name, t).tolist()
         if len(vals) < 2:
             self.fail(f"{name} has {len(vals)} entries: needs B+1 >= 2")
-        if vals[0] != 0 or any(b < a for a, b in zip(vals, vals[1:])):
+        if vals[0] != 0 or vals != sorted(vals):
             self.fail(f"{name} must start at 0 and be non-decreasing, got {vals[:8]}")
         return vals
 
     def scale(self, name: str, t: Any, device: torch.device) -> None:
         if t is None:
-            self.fail(
-                f"{name} is None: the kernel always reads the scale, a null dereference on hardware "
-                "(pass a one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md#kernel-args)"
-            )
+            self.fail(f"{name} is None: the kernel always reads the scale, a null dereference on hardware "
+                      "(pass a one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md#kernel-args)")
         t = self.tensor(name, t)
         self.dtype(name, t, torch.float32, why=" (one-element fp32 dequant multiplier)")
         if t.numel() != 1 or t.dim() > 1:
             self.fail(f"{name} has shape {tuple(t.shape)}: must be [1] or [] (one fp32 element)")
         if t.device != device:
             self.fail(f"{name} is on {t.device}: must be a device tensor on {device} like Q")
-
 
 
 # module state and call recording
@@ -233,11 +219,9 @@ def _check_planner_scalars(ck: _Checker, a: dict[str, Any]) -> tuple[int, bool]:
         ck.fail(f"block_size={bs}: the PS prefill runs at page size 1")
     kg = ck.py_int("kvlen_granularity", a["kvlen_granularity"])
     if kg != kvlen_granularity_for(bs):
-        ck.fail(
-            f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
-            "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
-            "kernel's 128-key tiles"
-        )
+        ck.fail(f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
+                "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
+                "kernel's 128-key tiles")
     return kg, ck.py_bool("is_causal", a["is_causal"])
 
 
@@ -248,11 +232,9 @@ def _check_planner_buffers(ck: _Checker, a: dict[str, Any], cu_num: int) -> None
         ck.fail(f"work_metadata_ptrs has {a['work_metadata_ptrs'].numel()} elements: must be uint64 [2]")
     wi = ck.ints("work_indptr", a["work_indptr"])
     if wi.numel() != cu_num + 1:
-        ck.fail(
-            f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
-            f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
-            "(no CU masking)"
-        )
+        ck.fail(f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
+                f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
+                "(no CU masking)")
     ck.ints("work_info", a["work_info"], WORK_INFO_COLS)
     ck.ints("reduce_indptr", a["reduce_indptr"])
     ck.ints("reduce_final_map", a["reduce_final_map"], 2)
@@ -261,20 +243,13 @@ def _check_planner_buffers(ck: _Checker, a: dict[str, Any], cu_num: int) -> None
 
 def _check_plan_fits(ck: _Checker, a: dict[str, Any], plan: Any) -> None:
     """Every buffer holds what the plan writes (the real planner writes without bounds checks)."""
-    sizes = {
-        "work_info": (a["work_info"].shape[0], plan.num_works),
-        "reduce_indptr": (a["reduce_indptr"].numel(), plan.num_reduce_groups + 1),
-        "reduce_final_map": (a["reduce_final_map"].shape[0], plan.num_reduce_groups),
-        "reduce_partial_map": (a["reduce_partial_map"].numel(), plan.num_partials),
-    }
-    for name, (have, need) in sizes.items():
-        if have < need:
-            unit = "rows" if name in ("work_info", "reduce_final_map") else "entries"
-            ck.fail(
-                f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
-                "planner writes past it without bounds checks and corrupts host memory "
-                "(size with get_ps_metadata_info_v1)"
-            )
+    ng = plan.num_reduce_groups
+    for name, need, unit in (("work_info", plan.num_works, "rows"), ("reduce_indptr", ng + 1, "entries"),
+                             ("reduce_final_map", ng, "rows"), ("reduce_partial_map", plan.num_partials, "entries")):
+        if (have := a[name].shape[0]) < need:
+            ck.fail(f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
+                    "planner writes past it without bounds checks and corrupts host memory "
+                    "(size with get_ps_metadata_info_v1)")
 
 
 def _planner_body(st: _State, a: dict[str, Any]) -> None:
@@ -286,10 +261,8 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     kv = ck.indptr("pages_kv_indptr", a["pages_kv_indptr"])
     ctx = ck.ints("context_lens", a["context_lens"]).tolist()
     if len(kv) != len(qo) or len(ctx) != len(qo) - 1:
-        ck.fail(
-            f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
-            f"context_lens {len(ctx)} (need B)"
-        )
+        ck.fail(f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
+                f"context_lens {len(ctx)} (need B)")
     kg, causal = _check_planner_scalars(ck, a)
     need_lse = ck.py_bool("need_lse", a["need_lse"]) if "need_lse" in a else None
     _check_planner_buffers(ck, a, st.cu_num)
@@ -415,10 +388,8 @@ def _check_kernel_works(ck: _Checker, rows: list[list[int]], qo: list[int], kvp:
                 ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]} with "
                         "is_causal (undefined: bottom-right alignment needs q_len <= kv_len)")
     if split_rows < need_rows:
-        ck.fail(
-            f"splitData/splitLse have {split_rows} rows but the plan's partial slots need "
-            f"{need_rows} (256 per slot; the kernel writes all 256 rows of a slot without bounds checks)"
-        )
+        ck.fail(f"splitData/splitLse have {split_rows} rows but the plan's partial slots need "
+                f"{need_rows} (256 per slot; the kernel writes all 256 rows of a slot without bounds checks)")
 
 
 def _kernel_body(st: _State, a: dict[str, Any]) -> None:
@@ -453,15 +424,12 @@ def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple
     fmap = ck.ints("reduce_final_map", a["reduce_final_map"], 2)
     pmap = ck.ints("reduce_partial_map", a["reduce_partial_map"])
     for k in ("max_seqlen_q", "num_kv_splits"):
-        if k in a:
-            v = a[k]
-            if isinstance(v, torch.Tensor):
-                ck.fail(
-                    f"{k} got a Tensor {tuple(v.shape)}: an int is expected there - a call written for "
+        if isinstance(a.get(k), torch.Tensor):
+            ck.fail(f"{k} got a Tensor {tuple(a[k].shape)}: an int is expected there - a call written for "
                     f"the {variant - 1}-argument form puts final_output into the int slot of this "
-                    f"{variant}-argument binding (vLLM #46760)"
-                )
-            ck.py_int(k, v)
+                    f"{variant}-argument binding (vLLM #46760)")
+        if k in a:
+            ck.py_int(k, a[k])
     return po, pl, ri, fmap, pmap
 
 
@@ -497,18 +465,15 @@ def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.T
     """Head-count dispatch of this version; every live group's partial rows and output rows in range."""
     H, dv = int(po.shape[-2]), int(fo.shape[-1])
     if len(ri) > 1 and (dv != _V_DIM or H not in st.heads_ok):
-        ck.fail(
-            f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)} "
-            f"dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, "
-            "since dispatch happens whenever reduce_indptr has more than one element"
-        )
-    n_slots = ri[-1]
-    if n_slots > pmap.numel():
-        ck.fail(f"reduce_indptr[-1]={n_slots} exceeds reduce_partial_map's {pmap.numel()} entries")
-    locs = pmap[:n_slots].tolist()
+        ck.fail(f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)} "
+                f"dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, "
+                "since dispatch happens whenever reduce_indptr has more than one element")
+    if ri[-1] > pmap.numel():
+        ck.fail(f"reduce_indptr[-1]={ri[-1]} exceeds reduce_partial_map's {pmap.numel()} entries")
+    locs = pmap[: ri[-1]].tolist()
     if any(p < 0 for p in locs):
         ck.fail("reduce_partial_map has negative partial locations")
-    need = max([0] + [p + Q_TILE for p in locs])
+    need = max(locs, default=-Q_TILE) + Q_TILE
     if po.shape[0] < need:
         ck.fail(f"partial_output/partial_lse have {po.shape[0]} rows but reduce_partial_map needs {need} "
                 "(256 rows per partial slot)")
@@ -516,10 +481,8 @@ def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.T
     live = [g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_parts]
     if live and max(live) >= fmap.shape[0]:
         ck.fail(f"reduce_final_map has {fmap.shape[0]} rows but group {max(live)} is live")
-    if live:
-        q1max = max(int(fmap[g, 1]) for g in live)
-        if q1max > fo.shape[0]:
-            ck.fail(f"final_output has {fo.shape[0]} rows but the reduce writes up to row {q1max}")
+    if (q1max := max((int(fmap[g, 1]) for g in live), default=0)) > fo.shape[0]:
+        ck.fail(f"final_output has {fo.shape[0]} rows but the reduce writes up to row {q1max}")
 
 
 def _reduce_body(st: _State, a: dict[str, Any]) -> None:
@@ -608,32 +571,24 @@ def _op(st: _State, name: str, body: Callable[[_State, dict[str, Any]], Any], pl
 
 
 def make_standin_aiter(
-    *,
-    reduce_variant: int | None = None,
-    cu_num: int = 256,
-    emulator: Emulator | None = None,
-    aiter_version: Any = NEWEST_MODELLED_VERSION,
-    planner_revision: str | None = None,
+    *, reduce_variant: int | None = None, cu_num: int = 256, emulator: Emulator | None = None,
+    aiter_version: Any = NEWEST_MODELLED_VERSION, planner_revision: str | None = None,
 ) -> types.ModuleType:
     """Build a stand-in ``aiter`` module (docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin).
 
     Args:
-        reduce_variant: 7, 8 or 9, the ``mla_reduce_v1`` form; ``None`` derives it from ``aiter_version``
-            (an explicit value models a mixed install).
+        reduce_variant: 7, 8 or 9, the ``mla_reduce_v1`` form (a mixed install); None: ``aiter_version``'s.
         cu_num: the device CU count the planner and the info call read (256 on MI355X).
         emulator: the kernel and reduce emulation (default the faithful one).
         aiter_version: emulated AITER version (``(0, 1, 20)``, ``"0.1.20.post1"``; default the newest
-            modelled): the reduce head counts and form, the planner revision, and, below 0.1.10, no PS
-            prefill symbols (only ``mla_reduce_v1``).
-        planner_revision: a revision of :data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS` to expose
-            instead of the version's released one (``"pr3606-ref"``: the pre-merge PR).
+            modelled): reduce head counts and form, planner revision; below 0.1.10 only ``mla_reduce_v1``.
+        planner_revision: a planner revision to expose instead of the version's (``"pr3606-ref"``).
 
     Returns:
-        A module named ``"aiter"`` (a package spec, ``__path__ == []``, ``__version__``), not inserted into
-        ``sys.modules``, with the primitives, ``StandinContractError``, ``calls`` (one ``{"name", "args",
-        "ok", "error"}`` dict per call, args summarised), ``cu_num``, ``aiter_version``, ``reduce_variant``,
-        ``accepted_reduce_heads``, ``post_3606``, ``planner_revision``, ``aiter_op_namespace`` and
-        ``is_standin = True``.
+        A package module named ``"aiter"`` (not in ``sys.modules``) with the primitives, ``__version__``,
+        ``StandinContractError``, ``calls`` (one ``{"name", "args", "ok", "error"}`` dict per call),
+        ``is_standin = True``, ``cu_num``, ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``,
+        ``post_3606``, ``planner_revision`` and ``aiter_op_namespace``.
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an
@@ -654,12 +609,9 @@ def make_standin_aiter(
     mod.__spec__ = importlib.machinery.ModuleSpec("aiter", None, is_package=True)
     mod.__path__ = []
     mod.__version__ = format_version(ver)
-    mod.is_standin = True
-    mod.StandinContractError = StandinContractError
-    mod.calls = st.calls
+    mod.is_standin, mod.StandinContractError, mod.calls = True, StandinContractError, st.calls
     mod.cu_num, mod.aiter_version, mod.reduce_variant = cu_num, ver, variant
-    mod.accepted_reduce_heads, mod.post_3606 = st.heads_ok, st.post_3606
-    mod.planner_revision = st.revision
+    mod.accepted_reduce_heads, mod.post_3606, mod.planner_revision = st.heads_ok, st.post_3606, st.revision
     compiled = {"mla_reduce_v1": _reduce_body}
     if ver >= PS_PREFILL_FIRST_VERSION:
         compiled.update(get_ps_metadata_v1=_planner_body, mla_prefill_ps_asm_fwd=_kernel_body)

@@ -32,19 +32,12 @@ class WorkspaceBytes:
         return self.partial_output + self.partial_lse + self.final_lse + self.extra
 
 
-def _round_up(n: int, align: int) -> int:
-    return (n + align - 1) // align * align
-
-
 def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_head_dim: int = V_HEAD_DIM, *,
                     align: int = 1, extra: int = 0) -> WorkspaceBytes:
     """fp32 scratch for ``partial_slots`` 256-row partial slots and ``final_lse_rows`` q rows (``num_heads``
     heads, vLLM: the padded count) and ``extra`` bytes of a further buffer reserved with them, each buffer
-    rounded up to a multiple of ``align`` bytes (vLLM: 256).
-
-    Returns:
-        :class:`WorkspaceBytes`: ``partial_output = slots*256*H*dv*4``, ``partial_lse = slots*256*H*4``,
-        ``final_lse = rows*H*4``.
+    rounded up to a multiple of ``align`` bytes (vLLM: 256): ``partial_output = slots*256*H*dv*4``,
+    ``partial_lse = slots*256*H*4``, ``final_lse = rows*H*4``.
 
     Raises:
         ValueError: a non-integer or negative count, ``num_heads``, ``v_head_dim`` or ``align`` below 1.
@@ -55,12 +48,9 @@ def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_h
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name}={v!r} is invalid: must be an integer >= {lo}")
     rows = partial_slots * Q_TILE
-    return WorkspaceBytes(
-        partial_output=_round_up(rows * num_heads * v_head_dim * FP32_BYTES, align),
-        partial_lse=_round_up(rows * num_heads * FP32_BYTES, align),
-        final_lse=_round_up(final_lse_rows * num_heads * FP32_BYTES, align),
-        extra=_round_up(extra, align),
-    )
+    sizes = (rows * num_heads * v_head_dim * FP32_BYTES, rows * num_heads * FP32_BYTES,
+             final_lse_rows * num_heads * FP32_BYTES, extra)
+    return WorkspaceBytes(*(-(-n // align) * align for n in sizes))  # each rounded up to a multiple of align
 
 
 def vllm_padded_heads(num_heads: int) -> int:
