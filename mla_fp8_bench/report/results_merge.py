@@ -1,24 +1,21 @@
 """``mla-fp8-bench merge-results``: asv results directories of several runners merged into one.
 
-asv has no merge command (asv#1362), and a plain copy loses data: every ``asv run`` rewrites
-``benchmarks.json`` with the benchmarks it discovered, and results whose definition is missing are not
-rendered. So:
+asv has no merge command (asv#1362), and a plain copy loses data (every ``asv run`` rewrites
+``benchmarks.json`` with what it discovered; results without a definition are not rendered). So:
 
 * ``benchmarks.json`` is the union of all definitions; of two, the newest wins (a source's age: the
   newest ``started_at`` of its results, else the file's mtime; the destination takes part like a source).
-* A different ``machine.json`` under an existing machine name is refused (two machines, one history),
-  and so is a result file whose machine facts (``params``) differ from its directory's ``machine.json``,
-  unless ``allow_machine_mismatch``.
+* A different ``machine.json`` under an existing machine name is refused, and so is a result file whose
+  machine facts (``params``) differ from its directory's ``machine.json``, unless ``allow_machine_mismatch``.
 * A result file the destination has with other content is merged per parameter combination: the newer
   row (``started_at``) wins where it measured the combination (a value or a failure, ``null``); where it
-  has ``NaN`` (skipped, not in its grid) the older value is kept. A row of another benchmark ``version``
-  replaces the older whole; files whose header (commit, env, machine params, columns) differs are refused.
+  has ``NaN`` (skipped) the older value is kept. A row of another benchmark ``version`` replaces the
+  older whole; files whose header (commit, env, machine params, columns) differs are refused.
 
-Every input is checked before anything is written. The changes go into a copy of the destination that is
-swapped into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames), so a failure
-or a kill leaves the destination byte-identical. Merges into one destination are serialised by a lock;
-a file another program writes into the destination meanwhile is carried into the new tree (a result
-file the merge also wrote is merged again).
+Every input is checked before anything is written; the changes go into a copy of the destination swapped
+into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames), under a lock. A file
+another program writes into the destination meanwhile is carried into the new tree (a result file the
+merge also wrote is merged again).
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ class MergeError(ValueError):
 
 @dataclass
 class MergeReport:
-    """What a merge did (or, with ``dry_run``, would do)."""
+    """What a merge did (with ``dry_run``: would do)."""
 
     machines: list[str] = field(default_factory=list)
     copied: list[str] = field(default_factory=list)
@@ -80,15 +77,14 @@ class _Source:
     age: float  # ms since the epoch
 
 
-def _scan(src: str | os.PathLike, allow_machine_mismatch: bool = False) -> _Source:
-    """Read an asv results directory (``<src>/<machine>/machine.json`` + result files, optional
-    ``<src>/benchmarks.json``) or one machine's directory (``<src>/machine.json``).
+def _scan(path: Path, allow_machine_mismatch: bool = False) -> _Source:
+    """Read an asv results directory (``<machine>/machine.json`` + result files, optional
+    ``benchmarks.json``) or one machine's directory.
 
     Raises:
         MergeError: missing directory, no machines, corrupt files (named), a directory named unlike its
             machine, a result file of another machine (unless ``allow_machine_mismatch``).
     """
-    path = Path(src)
     try:
         machines = []
         for d in R.machine_dirs(path):
