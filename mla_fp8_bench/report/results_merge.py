@@ -129,8 +129,7 @@ def _is_nan(v: Any) -> bool:
 
 def _num(v: Any) -> float:
     """A ``started_at`` value as a number (0 when absent or malformed)."""
-    v = json_number(v)
-    return 0.0 if v is None else v
+    return json_number(v) or 0.0
 
 
 def _combos(row: dict[str, Any]) -> dict[tuple, int] | None:
@@ -333,19 +332,15 @@ def _swap_into_place(stage: Path, dest: Path) -> Path | None:
 
 def replace_dir(new: Path, dest: Path) -> None:
     """Put the folder ``new`` at ``dest`` in one step where the OS allows and delete the previous ``dest``."""
-    old = _swap_into_place(new, dest)
-    if old is not None:
+    if (old := _swap_into_place(new, dest)) is not None:
         remove_tree(old)
 
 
 def _snapshot(dest: Path) -> dict[str, tuple[int, int, int]]:
     """relative path -> (inode, size, mtime_ns) of every file under ``dest`` ({} if absent)."""
-    out = {}
-    for p in dest.rglob("*") if dest.is_dir() else []:
-        if p.is_file() and not p.is_symlink():
-            st = p.stat()
-            out[str(p.relative_to(dest))] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return out
+    return {str(p.relative_to(dest)): (st.st_ino, st.st_size, st.st_mtime_ns)
+            for p in (dest.rglob("*") if dest.is_dir() else []) if p.is_file() and not p.is_symlink()
+            for st in [p.stat()]}
 
 
 def _rescue(previous: Path, dest: Path, seen: dict[str, tuple[int, int, int]], targets: set[str],
@@ -358,9 +353,8 @@ def _rescue(previous: Path, dest: Path, seen: dict[str, tuple[int, int, int]], t
         src, dst = previous / rel, dest / rel
         if rel in targets and rel.endswith(".json") and "/" in rel and not rel.endswith("machine.json"):
             try:
-                theirs = R.load_asv_result(src).raw
-                ours = R.load_asv_result(dst).raw
-                write_json_atomic(merge_result_data(ours, theirs, rel, report.kept), dst, indent=4, sort_keys=True)
+                merged = merge_result_data(R.load_asv_result(dst).raw, R.load_asv_result(src).raw, rel, report.kept)
+                write_json_atomic(merged, dst, indent=4, sort_keys=True)
                 report.notes.append(f"{rel} was written during the merge: merged again with it")
                 continue
             except (R.ResultsError, MergeError):
@@ -427,8 +421,7 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
     if (dest / "machine.json").exists():
         raise MergeError(f"destination {dest} is one machine's directory (it holds machine.json): give the results "
                          f"directory that holds it, e.g. {dest.parent}")
-    inside = next((sp for sp in map(Path, sources) if sp.resolve() in dest.resolve().parents), None)
-    if inside is not None:
+    if (inside := next((sp for sp in map(Path, sources) if sp.resolve() in dest.resolve().parents), None)) is not None:
         raise MergeError(f"destination {dest} lies inside source {inside}: the merge would write into that source; "
                          "give a destination outside every source")
     if not sources:
@@ -446,8 +439,7 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
                 srcs.append(_scan(sp, allow_machine_mismatch=allow_machine_mismatch))
             if machines:
                 have = {m.path.name for s in srcs for m in s.machines}
-                unknown = [m for m in machines if m not in have]
-                if unknown:
+                if unknown := [m for m in machines if m not in have]:
                     raise MergeError(f"machine {', '.join(map(repr, unknown))} is in none of the sources: they "
                                      f"have {', '.join(sorted(have))}")
                 for s in srcs:
