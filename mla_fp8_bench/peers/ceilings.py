@@ -9,6 +9,7 @@ read + written. :func:`attach` adds ``data["ceilings"]`` and the per-record frac
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -35,11 +36,8 @@ def _fp8_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
     bt = torch.randn(n, n, device=device, generator=gen).clamp_(-fmax, fmax).to(fp8)
     b = bt.t()  # column-major [K, N], as cuBLASLt requires
     one = torch.ones((), device=device, dtype=torch.float32)
-
-    def run():
-        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-
-    return _gemm_ceiling(run, device, n, samples, dtype=str(fp8).replace("torch.", ""))
+    return _gemm_ceiling(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                         device, n, samples, dtype=str(fp8).replace("torch.", ""))
 
 
 def _bf16_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
@@ -47,11 +45,7 @@ def _bf16_gemm(device: torch.device, n: int, samples: int) -> dict[str, Any]:
     a = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, generator=gen, dtype=torch.bfloat16)
     out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-
-    def run():
-        return torch.matmul(a, b, out=out)
-
-    return _gemm_ceiling(run, device, n, samples)
+    return _gemm_ceiling(lambda: torch.matmul(a, b, out=out), device, n, samples)
 
 
 def _gemm_ceiling(run, device: torch.device, n: int, samples: int, **extra: Any) -> dict[str, Any]:
@@ -65,21 +59,14 @@ def _gemm_ceiling(run, device: torch.device, n: int, samples: int, **extra: Any)
 
 
 def _copy(device: torch.device, nbytes: int, samples: int) -> dict[str, Any]:
-    """``dst.copy_(src)`` timed two ways: eager launches between events, and CUDA-graph replay.
-
-    In a graph the copy becomes a memcpy node, which the driver may run on a copy engine; on an
-    H200 that moved about 2.7 TB/s against about 4 TB/s for the eager copy kernel. The ceiling is
-    the faster of the two; both are kept.
-    """
+    """``dst.copy_(src)`` timed as eager launches between events and as CUDA-graph replay (a memcpy node the
+    driver may run on a copy engine: about 2.7 TB/s against 4 TB/s eager on an H200); the faster is the
+    ceiling, both are kept."""
     from mla_fp8_bench.measure.timing import time_device
 
     n = nbytes // 4
     src = torch.rand(n, device=device, dtype=torch.float32)
-    dst = torch.empty_like(src)
-
-    def run():
-        return dst.copy_(src)
-
+    run = functools.partial(torch.empty_like(src).copy_, src)
     run()
     res: dict[str, Any] = {"status": "ok", "bytes_moved": 2 * n * 4}
     for label, cap in (("eager", False), ("graph", True)):
@@ -117,16 +104,11 @@ def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_
         finally:
             torch.cuda.empty_cache()
     peak = datasheet_peak(pinfo.name, pinfo.arch)
-    res: dict[str, Any] = {
-        "status": "ok",
-        "device_name": pinfo.name,
-        "arch": pinfo.arch,
-        "fp8_gemm_tflops": details["fp8_gemm"].get("tflops"),
-        "bf16_gemm_tflops": details["bf16_gemm"].get("tflops"),
-        "copy_tb_s": details["copy"].get("tb_s"),
-        "datasheet": dict(peak) if peak else None,
-        "details": details,
-    }
+    res: dict[str, Any] = {"status": "ok", "device_name": pinfo.name, "arch": pinfo.arch,
+                           "fp8_gemm_tflops": details["fp8_gemm"].get("tflops"),
+                           "bf16_gemm_tflops": details["bf16_gemm"].get("tflops"),
+                           "copy_tb_s": details["copy"].get("tb_s"), "datasheet": dict(peak) if peak else None,
+                           "details": details}
     if peak:
         for k, pk in (("fp8_gemm_tflops", "fp8"), ("bf16_gemm_tflops", "bf16"), ("copy_tb_s", "hbm_tb_s")):
             if res[k] is not None:
@@ -153,9 +135,9 @@ def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
         is_fp8 = record_is_fp8(rec)
         if is_fp8 is None:
             continue
-        c = ceil.get("fp8_gemm_tflops" if is_fp8 else "bf16_gemm_tflops")
-        p = peak.get("fp8" if is_fp8 else "bf16")
-        rec["ceiling_kind"] = "fp8_gemm" if is_fp8 else "bf16_gemm"
+        kind = "fp8" if is_fp8 else "bf16"
+        c, p = ceil.get(f"{kind}_gemm_tflops"), peak.get(kind)
+        rec["ceiling_kind"] = f"{kind}_gemm"
         rec["fraction_of_ceiling"] = tf / c if c else None
         rec["fraction_of_datasheet"] = tf / p if p else None
 
@@ -167,8 +149,7 @@ def attach(data: dict[str, Any], device: str | torch.device | None = None, enabl
     ``enabled=False`` (``MLA_FP8_BENCH_CEILINGS=0`` in asv runs) nothing is measured and
     ``data["ceilings"]`` says so. Never raises for measurement failures: they are recorded in the result.
 
-    Returns:
-        The ceilings dict (also stored in ``data``).
+    Returns the ceilings dict.
     """
     if not enabled:
         ceil: dict[str, Any] = {"status": "skipped", "reason": "MLA_FP8_BENCH_CEILINGS=0"}

@@ -1,9 +1,8 @@
 """cuDNN fused SDPA on Hopper: the second FP8 peer (``cudnn-fp8``) and its bf16 twin (``cudnn-bf16``).
 
-Source: the ``nvidia-cudnn-frontend`` wheel (Python module ``cudnn``; the graph API, ``sdpa_fp8`` since
-frontend 1.3.0) over the cuDNN backend library that torch loads (``cudnn.backend_version()``). Install
-with ``pip install nvidia-cudnn-frontend`` (``--no-deps``: the CuTe-DSL stack it names is imported
-lazily and the graph API does not need it). The module is imported lazily, never at import of this file.
+Source: the ``nvidia-cudnn-frontend`` wheel (module ``cudnn``, imported lazily; graph API, ``sdpa_fp8``
+since frontend 1.3.0) over the cuDNN backend library torch loads. Install with ``--no-deps``: the
+CuTe-DSL stack it names is imported lazily and the graph API does not need it.
 
 The graph (one per prepared case):
 
@@ -87,8 +86,25 @@ def _bshd(x: torch.Tensor, batch: int, max_s: int) -> tuple[list[int], list[int]
     return [batch, h, max_s, d], [max_s * h * d, d, h * d, 1]
 
 
-def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+def _aux(graph, pack: dict, name: str, value: torch.Tensor, data_type):
+    """A graph tensor over the small contiguous ``value`` (``[n, 1, 1, 1]``), registered in ``pack``."""
+    t = graph.tensor(name=name, dim=list(value.shape), stride=[1, 1, 1, 1], data_type=data_type)
+    pack[t] = value
+    return t
+
+
+def _ragged_offset(graph, cudnn, pack: dict, t, name: str, cu: torch.Tensor, x: torch.Tensor) -> None:
+    """Give graph tensor ``t`` over packed ``x`` ``[T, H, D]`` the int64 element offsets ``cu * H * D``."""
+    off = (cu * x.shape[1] * x.shape[2]).to(device=x.device).reshape(-1, 1, 1, 1).contiguous()
+    t.set_ragged_offset(_aux(graph, pack, f"off_{name}", off, cudnn.data_type.INT64))
+
+
+def _inference(node, *args, **kw):
+    """``node(*args, generate_stats=False, **kw)``; frontends before ``generate_stats`` take ``is_inference``."""
+    try:
+        return node(*args, generate_stats=False, **kw)
+    except TypeError:
+        return node(*args, is_inference=True, **kw)
 
 
 class _CudnnBase(Backend):
@@ -118,22 +134,19 @@ class _CudnnBase(Backend):
         cudnn = load_cudnn()
         cu_q, cu_kv = inputs.cu_seqlens_q_cpu.to(torch.int64), inputs.cu_seqlens_kv_cpu.to(torch.int64)
         batch = int(cu_q.numel()) - 1
-        max_q, max_kv = int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
         q, k, v = self._tensors(inputs)
         dev = inputs.device
         handle = cudnn.create_handle()
         state: dict[str, Any] = {"pack": {}, "fp8_out": False}
         try:
-            graph, out = self._build(cudnn, handle, q, k, v, inputs, batch, max_q, max_kv, cu_q, cu_kv, state)
-        except CaseUnsupported:
-            raise
+            graph, out = self._build(cudnn, handle, q, k, v, inputs, batch, cu_q, cu_kv, state)
         except Exception as exc:  # noqa: BLE001 - cuDNN's refusal is the reason, quoted
+            msg = " ".join(str(exc).split())[:300]
             raise CaseUnsupported(f"cuDNN {_backend_version()} cannot build {self.name} for {inputs.case.id} "
                                   f"(d_qk {q.shape[-1]} / d_v {v.shape[-1]}, batch {batch}, {inputs.case.family}): "
-                                  f"{_short(exc)}") from None
+                                  f"{type(exc).__name__}: {msg}") from None
         ws = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=dev)
-        pack = state["pack"]
-        dequant = state.get("dequant")
+        pack, dequant = state["pack"], state.get("dequant")
 
         def run() -> torch.Tensor:
             cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(dev).cuda_stream)
@@ -145,13 +158,13 @@ class _CudnnBase(Backend):
                   "cudnn_output": state.get("output_note", "bf16")}
         return Prepared(run=run, graph_capturable=True, timing_scope="kernel", extras=extras)
 
-    def _build(self, cudnn, handle, q, k, v, inputs, batch, max_q, max_kv, cu_q, cu_kv, state):
+    def _build(self, cudnn, handle, q, k, v, inputs, batch, cu_q, cu_kv, state):
         """The cuDNN graph and the output tensor (``[T_q, H, 128]``, bf16 or e4m3)."""
-        dev = inputs.device
-        io = cudnn.data_type.FP8_E4M3 if self.fp8 else cudnn.data_type.BFLOAT16
-        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        pack = state["pack"]
+        dev, pack, dt = inputs.device, state["pack"], cudnn.data_type
+        max_q, max_kv = int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
+        io = dt.FP8_E4M3 if self.fp8 else dt.BFLOAT16
+        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
+                              handle=handle)
         ragged = batch > 1
         tensors = []
         for name, x, cu, s in (("q", q, cu_q, max_q), ("k", k, cu_kv, max_kv), ("v", v, cu_kv, max_kv)):
@@ -167,17 +180,14 @@ class _CudnnBase(Backend):
         if ragged:
             for name, cu in (("seq_q", cu_q), ("seq_kv", cu_kv)):
                 lens = (cu[1:] - cu[:-1]).to(device=dev, dtype=torch.int32).reshape(-1, 1, 1, 1).contiguous()
-                lt = graph.tensor(name=name, dim=list(lens.shape), stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
-                pack[lt] = lens
-                mask_kw[f"seq_len_{name[4:]}"] = lt
+                mask_kw[f"seq_len_{name[4:]}"] = _aux(graph, pack, name, lens, dt.INT32)
             mask_kw["use_padding_mask"] = True
         o_t = self._node(cudnn, graph, *tensors, mask_kw, inputs, state)
-        t_q = q.shape[0]
-        out_dtype = torch.float8_e4m3fn if state["fp8_out"] else torch.bfloat16
-        out = torch.empty(t_q, q.shape[1], v.shape[2], dtype=out_dtype, device=dev)
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[2], device=dev,
+                          dtype=torch.float8_e4m3fn if state["fp8_out"] else torch.bfloat16)
         dims, strides = _bshd(out, batch, max_q)
         o_t.set_output(True).set_dim(dims).set_stride(strides)
-        o_t.set_data_type(cudnn.data_type.FP8_E4M3 if state["fp8_out"] else cudnn.data_type.BFLOAT16)
+        o_t.set_data_type(dt.FP8_E4M3 if state["fp8_out"] else dt.BFLOAT16)
         if ragged:
             _ragged_offset(graph, cudnn, pack, o_t, "o", cu_q, out)
         pack[o_t] = out
@@ -187,28 +197,6 @@ class _CudnnBase(Backend):
         graph.check_support()
         graph.build_plans()
         return graph, out
-
-
-def _ragged_offset(graph, cudnn, pack: dict, t, name: str, cu: torch.Tensor, x: torch.Tensor) -> None:
-    """Give graph tensor ``t`` over packed ``x`` ``[T, H, D]`` the int64 element offsets ``cu * H * D``."""
-    off = (cu * x.shape[1] * x.shape[2]).to(device=x.device).reshape(-1, 1, 1, 1).contiguous()
-    ot = graph.tensor(name=f"off_{name}", dim=list(off.shape), stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
-    t.set_ragged_offset(ot)
-    pack[ot] = off
-
-
-def _inference(node, *args, **kw):
-    """``node(*args, generate_stats=False, **kw)``; frontends before ``generate_stats`` take ``is_inference``."""
-    try:
-        return node(*args, generate_stats=False, **kw)
-    except TypeError:
-        return node(*args, is_inference=True, **kw)
-
-
-def _scalar(graph, cudnn, pack: dict, name: str, value: torch.Tensor):
-    t = graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT)
-    pack[t] = value.to(torch.float32).reshape(1, 1, 1, 1).contiguous()
-    return t
 
 
 class CudnnFp8(_CudnnBase):
@@ -230,19 +218,19 @@ class CudnnFp8(_CudnnBase):
         dev, pack = inputs.device, state["pack"]
         dv = inputs.v8.descale.to(device=dev, dtype=torch.float32)
         one = torch.ones(1, device=dev)
-        sc = [_scalar(graph, cudnn, pack, n, x) for n, x in (
-            ("descale_q", inputs.q8.descale.to(dev)), ("descale_k", inputs.k8.descale.to(dev)), ("descale_v", dv),
-            ("descale_s", one / E4M3_MAX), ("scale_s", one * E4M3_MAX), ("scale_o", 1.0 / dv))]
+        sc = [_aux(graph, pack, n, x.to(torch.float32).reshape(1, 1, 1, 1).contiguous(), cudnn.data_type.FLOAT)
+              for n, x in (("descale_q", inputs.q8.descale.to(dev)), ("descale_k", inputs.k8.descale.to(dev)),
+                           ("descale_v", dv), ("descale_s", one / E4M3_MAX), ("scale_s", one * E4M3_MAX),
+                           ("scale_o", 1.0 / dv))]
         o, _stats, amax_s, amax_o = _inference(graph.sdpa_fp8, tq, tk, tv, *sc, name="sdpa_fp8",
                                                attn_scale=float(inputs.softmax_scale), **mask_kw)
         for a in (amax_s, amax_o):
             a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
             pack[a] = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
-        major = torch.cuda.get_device_capability(dev)[0]
-        state["fp8_out"] = major < 10
-        state["output_note"] = ("e4m3 (Hopper restriction: FP8 forward with bf16 output needs Blackwell and cuDNN >= "
-                                "9.13), dequantised to bf16 inside run()" if state["fp8_out"] else "bf16")
+        state["fp8_out"] = torch.cuda.get_device_capability(dev)[0] < 10
         if state["fp8_out"]:
+            state["output_note"] = ("e4m3 (Hopper restriction: FP8 forward with bf16 output needs Blackwell and "
+                                    "cuDNN >= 9.13), dequantised to bf16 inside run()")
             state["dequant"] = lambda out: (out.to(torch.float32) * dv).to(torch.bfloat16)
         return o
 

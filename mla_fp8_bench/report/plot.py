@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import math
 import os
 import re
@@ -115,13 +116,11 @@ def _select_variant(ds: Dataset, points: list[Point], wanted: str | None) -> Non
     by: dict[str, list[Point]] = collections.defaultdict(list)
     for p in points:
         by[p.variant].append(p)
-    if wanted is not None:
-        w = wanted if (wanted == "" or wanted.startswith("-")) else "-" + wanted
-        if w not in by:
-            have = ", ".join(repr(k or "(plain)") for k in sorted(by)) or "none"
-            raise PlotError(f"case variant {wanted!r} has no single-sequence results here: variants present {have}")
-    else:
+    if wanted is None:
         w = "" if "" in by or not by else max(by, key=lambda k: (len(by[k]), k))
+    elif (w := wanted if (wanted == "" or wanted.startswith("-")) else "-" + wanted) not in by:
+        have = ", ".join(repr(k or "(plain)") for k in sorted(by)) or "none"
+        raise PlotError(f"case variant {wanted!r} has no single-sequence results here: variants present {have}")
     ds.variant, ds.points = w, by.get(w, [])
 
 
@@ -144,9 +143,7 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
     except R.ResultsError as exc:
         raise PlotError(str(exc)) from None
     env = doc.env
-    name = env.get("device_name") or "unknown device"
-    arch = env.get("arch") or "?"
-    host = env.get("hostname")
+    name, arch, host = env.get("device_name") or "unknown device", env.get("arch") or "?", env.get("hostname")
     is_cpu = env.get("vendor") == "cpu" or arch == "cpu"
     device = (f"CPU ({name}" + (f", host {host}" if host else "") + ")") if is_cpu else f"{name} ({arch})"
     methods = sorted({str(r["latency_method"]) for r in doc.records if r.get("latency_method")})
@@ -199,6 +196,7 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
     except R.ResultsError as exc:
         raise PlotError(str(exc)) from None
     lat, e8, e16, spp, emu_lat = tables
+    e8, e16, spp = ({k: finite_number(x.value) for k, x in t.items()} for t in (e8, e16, spp))
     if not lat:
         raise PlotError(f"asv result file {res.path} has no MLAPrefill.track_latency results: not this suite's "
                         "results (benchmarks/bench_mla_prefill.py)")
@@ -209,10 +207,6 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
                  slug=_slug(f"asv-{mj['machine']}"), source=str(res.path),
                  latency_desc="asv track_latency" + (" (device time)" if has_gpu else " (host time)"),
                  is_cpu=not has_gpu)
-
-    def val(table: dict[tuple[str, str], R.Measurement], key: tuple[str, str]) -> float | None:
-        return finite_number(table[key].value) if key in table else None
-
     pts: list[Point] = []
     for b, c in dict.fromkeys([*lat, *emu_lat]):
         emu = bool(backend_flag(b, "emulation"))
@@ -224,9 +218,9 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
         if m.status == "failed":
             ds.notes.append(f"{b} {c}: failed in asv (null)")
         else:
-            s = val(spp, (b, c))
+            s = spp.get((b, c))
             _point(ds, pts, b, c, latency_s=finite_number(m.value), latency_q25=m.q25, latency_q75=m.q75,
-                   err_fp8=val(e8, (b, c)), err_bf16=val(e16, (b, c)),
+                   err_fp8=e8.get((b, c)), err_bf16=e16.get((b, c)),
                    tflops=(1e3 / s) if (s and not emu) else None, emulation=emu,
                    fp8=backend_flag(b, "fp8") is not False)
     _select_variant(ds, pts, variant)
@@ -266,13 +260,11 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
         else:
             raise PlotError(f"input {path} does not exist: give a run JSON (`mla-fp8-bench run --json`) or an asv "
                             "results directory")
-    if machines:
-        if not seen_machines:
-            raise PlotError("--machine selects machines of an asv results directory, but no directory was given")
-        unknown = [m for m in machines if m not in seen_machines]
-        if unknown:
-            raise PlotError(f"machine {', '.join(map(repr, unknown))} is not in the given results: machines present "
-                            f"{', '.join(sorted(seen_machines)) or 'none'}")
+    if machines and not seen_machines:
+        raise PlotError("--machine selects machines of an asv results directory, but no directory was given")
+    if unknown := [m for m in machines or [] if m not in seen_machines]:
+        raise PlotError(f"machine {', '.join(map(repr, unknown))} is not in the given results: machines present "
+                        f"{', '.join(sorted(seen_machines)) or 'none'}")
     if skipped_empty:
         if not out:
             raise PlotError("no results to plot: " + "; ".join(skipped_empty))
@@ -280,12 +272,9 @@ def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit:
     counts = collections.Counter(ds.slug for ds in out)
     used: set[str] = set()
     for ds in out:  # two inputs from one device: tell their files apart by the input's name
-        slug = base = ds.slug if counts[ds.slug] == 1 else f"{ds.slug}-{_slug(Path(ds.source).stem)}"
-        n = 2
-        while slug in used:
-            slug, n = f"{base}-{n}", n + 1
-        used.add(slug)
-        ds.slug = slug
+        base = ds.slug if counts[ds.slug] == 1 else f"{ds.slug}-{_slug(Path(ds.source).stem)}"
+        ds.slug = next(s for s in (base, *(f"{base}-{n}" for n in range(2, len(out) + 2))) if s not in used)
+        used.add(ds.slug)
     return out
 
 
@@ -307,10 +296,8 @@ def backend_styles(names: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _series(points: list[Point]) -> dict[str, list[Point]]:
-    by: dict[str, list[Point]] = {}
-    for p in sorted(points, key=lambda p: (p.backend, p.seq_len)):
-        by.setdefault(p.backend, []).append(p)
-    return by
+    ordered = sorted(points, key=lambda p: (p.backend, p.seq_len))
+    return {b: list(g) for b, g in itertools.groupby(ordered, key=lambda p: p.backend)}
 
 
 def _on_grid(x: int) -> bool:
@@ -399,8 +386,7 @@ def draw_latency(ax, ds: Dataset, st: dict[str, dict[str, Any]], scope: str = "k
     emu = scope == "emulation"
     drawn, off = [], False
     for b, pts in _series(ds.points).items():
-        pts = [p for p in pts if p.latency_s and p.emulation == emu]
-        if not pts:
+        if not (pts := [p for p in pts if p.latency_s and p.emulation == emu]):
             continue
         ys = [p.latency_s for p in pts]
         lo = [max(0.0, y - (p.latency_q25 if p.latency_q25 is not None else y)) for p, y in zip(pts, ys)]
@@ -438,8 +424,7 @@ def draw_error(ax, ds: Dataset, st: dict[str, dict[str, Any]], attr: str = "err_
         if attr == "err_fp8" and not all(p.fp8 for p in pts):
             left_out.append(b)  # a bf16 baseline never saw the fp8 inputs: its error here is meaningless
             continue
-        sel = [p for p in pts if getattr(p, attr) is not None]
-        if not sel:
+        if not (sel := [p for p in pts if getattr(p, attr) is not None]):
             continue
         floored |= any(getattr(p, attr) < ERROR_FLOOR for p in sel)
         off |= _draw_series(ax, b, st[b], sel, [max(getattr(p, attr), ERROR_FLOOR) for p in sel], emu)
@@ -467,11 +452,9 @@ def _ceiling_lines(ds: Dataset) -> tuple[list[tuple[str, float, str, str]], list
                                    (c, "bf16_gemm_tflops", "bf16 GEMM measured", "tab:purple", "--"),
                                    (peaks, "fp8", "FP8 datasheet peak", "tab:red", ":"),
                                    (peaks, "bf16", "bf16 datasheet peak", "tab:purple", ":")):
-        v = finite_number(src.get(key))
-        if v:
+        if v := finite_number(src.get(key)):
             lines.append((f"{lab} {v:,.0f} TFLOP/s", v, col, ls))
-    cp = finite_number(c.get("copy_tb_s"))
-    if cp:
+    if cp := finite_number(c.get("copy_tb_s")):
         hbm = finite_number(peaks.get("hbm_tb_s"))
         notes.append(f"copy bandwidth measured {cp:.2f} TB/s" + (f" (datasheet {hbm:g} TB/s)" if hbm else ""))
     if not lines:
@@ -481,24 +464,20 @@ def _ceiling_lines(ds: Dataset) -> tuple[list[tuple[str, float, str, str]], list
 
 def draw_tflops(ax, ds: Dataset, st: dict[str, dict[str, Any]]) -> list[str]:
     """TFLOP/s vs seq_len of the kernels (emulations left out) with the ceiling lines of ``ds``."""
-    drawn, off, ys_all = [], False, []
+    drawn, off = [], False
     for b, pts in _series(ds.points).items():
-        sel = [p for p in pts if p.tflops and not p.emulation]
-        if sel:
-            ys_all += [p.tflops for p in sel]
+        if sel := [p for p in pts if p.tflops and not p.emulation]:
             off |= _draw_series(ax, b, st[b], sel, [p.tflops for p in sel])
             drawn.append(b)
     lines, notes = _ceiling_lines(ds)
     handles = [ax.axhline(v, color=col, linestyle=ls, linewidth=1.1, label=lab) for lab, v, col, ls in lines]
-    ys_all += [v for _, v, _, _ in lines]
+    ys_all = [p.tflops for p in ds.points if p.tflops and not p.emulation] + [v for _, v, _, _ in lines]
     if handles:  # labelled in a legend of their own: close values would overprint inline
         ax.legend(handles=handles, loc="lower right", fontsize=7, title="ceilings (dashed: measured here, "
                   "dotted: datasheet)", title_fontsize=7, framealpha=0.9)
-    if off:
-        notes.append(_OFF_GRID_NOTE)
     emus = sorted({p.backend for p in ds.points if p.emulation})
-    if emus:
-        notes.append(f"not shown: {', '.join(emus)} (an emulation's throughput is not a kernel's)")
+    notes += ([_OFF_GRID_NOTE] if off else []) + (
+        [f"not shown: {', '.join(emus)} (an emulation's throughput is not a kernel's)"] if emus else [])
     if ys_all:
         ax.set_yscale("log")
         ax.set_ylim(min(ys_all) / 2.5, max(ys_all) * 2.5)

@@ -76,21 +76,16 @@ class PublishError(ValueError):
 
 # ------------------------------------------------------------------------------------------ assets
 def assets_dir() -> Path:
-    """The default asset cache, ``~/.cache/mla-fp8-bench/site-assets`` (``node_modules/`` inside;
-    ``publish --assets DIR`` names another)."""
+    """The default asset cache (``node_modules/`` inside; ``publish --assets DIR`` names another)."""
     return Path.home() / ".cache" / "mla-fp8-bench" / "site-assets"
 
 
 def asset_problems(cache: Path | None = None) -> list[str]:
     """Files missing from the cache or differing from their pinned SHA-256 (``[]``: all present)."""
     nm = (cache or assets_dir()) / "node_modules"
-    out = []
-    for rel, digest in _PINNED.items():
-        if not (nm / rel).is_file():
-            out.append(f"{rel} missing")
-        elif hashlib.sha256((nm / rel).read_bytes()).hexdigest() != digest:
-            out.append(f"{rel} is not the pinned version (sha256 differs)")
-    return out
+    return [f"{rel} missing" if not (nm / rel).is_file() else f"{rel} is not the pinned version (sha256 differs)"
+            for rel, digest in _PINNED.items()
+            if not (nm / rel).is_file() or hashlib.sha256((nm / rel).read_bytes()).hexdigest() != digest]
 
 
 def missing_assets_message(cache: Path, problems: list[str]) -> str:
@@ -121,8 +116,7 @@ def install_assets(cache: Path | None = None, timeout: float = 300) -> Path:
         raise PublishError(f"{what} did not finish in {timeout:.0f} s") from None
     if p.returncode != 0:
         raise PublishError(f"{what} failed (exit {p.returncode}): {' '.join((p.stderr or p.stdout).split())[-400:]}")
-    problems = asset_problems(cache)
-    if problems:
+    if problems := asset_problems(cache):
         raise PublishError(f"after npm install, {cache}: {'; '.join(problems)}")
     return cache
 
@@ -140,12 +134,9 @@ def drop_host_time_regressions(site: Path) -> int:
         return m is not None and m.kind in ("kernel_latency", "host_latency") and R.is_cpu_machine(facts)
 
     path = site / "regressions.json"
-    if not path.is_file():
-        return 0
-    doc = json.loads(path.read_text())
+    doc = json.loads(path.read_text()) if path.is_file() else None
     rows = doc.get("regressions", []) if isinstance(doc, dict) else []
-    dropped = [r for r in rows if host_time(r)]
-    if not dropped:
+    if not (dropped := [r for r in rows if host_time(r)]):
         return 0
     doc["regressions"] = [r for r in rows if r not in dropped]
     path.write_text(json.dumps(doc))
@@ -157,8 +148,7 @@ def drop_host_time_regressions(site: Path) -> int:
         names = [str(r[0]) for r in dropped]
         for entry in list(tree.getroot().findall(f"{ns}entry")):
             title = entry.findtext(f"{ns}title") or ""
-            hit = next((n for n in names if title.endswith(" " + n)), None)
-            if hit is not None:
+            if (hit := next((n for n in names if title.endswith(" " + n)), None)) is not None:
                 names.remove(hit)
                 tree.getroot().remove(entry)
         tree.write(feed, encoding="utf-8", xml_declaration=True)
@@ -190,8 +180,7 @@ def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
         (site / SITE_ASSET_DIR / rel).write_bytes(data)
     out: list[dict[str, Any]] = []
     for page in sorted(site.rglob("*.html")):
-        prefix = os.path.relpath(site, page.parent).replace(os.sep, "/")
-        prefix = "" if prefix == "." else prefix + "/"
+        prefix = "" if page.parent == site else os.path.relpath(site, page.parent).replace(os.sep, "/") + "/"
 
         def repl(m: re.Match, page: Path = page, prefix: str = prefix) -> str:
             tag, url = m.group(0), m.group(3)
@@ -204,8 +193,8 @@ def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
             local = f"{prefix}{SITE_ASSET_DIR}/{file}"
             new = tag.replace(url, local)
             entry = {"page": page.name, "url": url, "local": local, "integrity": "none on the page"}
-            integ = re.search(r"\bintegrity=[\"']([^\"']+)[\"']", tag)
-            if integ:  # Subresource Integrity: "<algo>-<base64 digest>" tokens, one match suffices
+            # Subresource Integrity: "<algo>-<base64 digest>" tokens, one match suffices
+            if integ := re.search(r"\bintegrity=[\"']([^\"']+)[\"']", tag):
                 if any(base64.b64encode(hashlib.new(algo, copies[file]).digest()).decode() == want
                        for algo, _, want in (t.partition("-") for t in integ.group(1).split())
                        if algo in ("sha256", "sha384", "sha512")):
@@ -217,8 +206,7 @@ def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
             return new
 
         text = page.read_text()
-        new_text = _TAG_RE.sub(repl, text)
-        if new_text != text:
+        if (new_text := _TAG_RE.sub(repl, text)) != text:
             page.write_text(new_text)
     return out
 
@@ -343,8 +331,7 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
         if val is not None and str(val).strip() == "":
             raise PublishError(f"{opt} '' is empty: give a folder, e.g. {opt[2:].split('-')[0]}")
     cache = Path(assets) if assets else assets_dir()
-    problems = asset_problems(cache)
-    if problems:
+    if problems := asset_problems(cache):
         raise PublishError(missing_assets_message(cache, problems))
     cfg_path = Path(config)
     if not cfg_path.is_file():
@@ -376,8 +363,7 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str |
                 vendored = vendorize(site, cache)
                 drop_host_time_regressions(site)
                 present(site)
-                left = remote_references(site)
-                if left:
+                if left := remote_references(site):
                     raise PublishError(f"the published site still loads remote files: {'; '.join(left[:3])}")
                 shutil.rmtree(work / "env", ignore_errors=True)
                 try:

@@ -1,24 +1,21 @@
 """``mla-fp8-bench merge-results``: asv results directories of several runners merged into one.
 
-asv has no merge command (asv#1362), and a plain copy loses data: every ``asv run`` rewrites
-``benchmarks.json`` with the benchmarks it discovered, and results whose definition is missing are not
-rendered. So:
+asv has no merge command (asv#1362), and a plain copy loses data (every ``asv run`` rewrites
+``benchmarks.json`` with what it discovered; results without a definition are not rendered). So:
 
 * ``benchmarks.json`` is the union of all definitions; of two, the newest wins (a source's age: the
   newest ``started_at`` of its results, else the file's mtime; the destination takes part like a source).
-* A different ``machine.json`` under an existing machine name is refused (two machines, one history),
-  and so is a result file whose machine facts (``params``) differ from its directory's ``machine.json``,
-  unless ``allow_machine_mismatch``.
+* A different ``machine.json`` under an existing machine name is refused, and so is a result file whose
+  machine facts (``params``) differ from its directory's ``machine.json``, unless ``allow_machine_mismatch``.
 * A result file the destination has with other content is merged per parameter combination: the newer
   row (``started_at``) wins where it measured the combination (a value or a failure, ``null``); where it
-  has ``NaN`` (skipped, not in its grid) the older value is kept. A row of another benchmark ``version``
-  replaces the older whole; files whose header (commit, env, machine params, columns) differs are refused.
+  has ``NaN`` (skipped) the older value is kept. A row of another benchmark ``version`` replaces the
+  older whole; files whose header (commit, env, machine params, columns) differs are refused.
 
-Every input is checked before anything is written. The changes go into a copy of the destination that is
-swapped into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames), so a failure
-or a kill leaves the destination byte-identical. Merges into one destination are serialised by a lock;
-a file another program writes into the destination meanwhile is carried into the new tree (a result
-file the merge also wrote is merged again).
+Every input is checked before anything is written; the changes go into a copy of the destination swapped
+into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames), under a lock. A file
+another program writes into the destination meanwhile is carried into the new tree (a result file the
+merge also wrote is merged again).
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ class MergeError(ValueError):
 
 @dataclass
 class MergeReport:
-    """What a merge did (or, with ``dry_run``, would do)."""
+    """What a merge did (with ``dry_run``: would do)."""
 
     machines: list[str] = field(default_factory=list)
     copied: list[str] = field(default_factory=list)
@@ -80,15 +77,14 @@ class _Source:
     age: float  # ms since the epoch
 
 
-def _scan(src: str | os.PathLike, allow_machine_mismatch: bool = False) -> _Source:
-    """Read an asv results directory (``<src>/<machine>/machine.json`` + result files, optional
-    ``<src>/benchmarks.json``) or one machine's directory (``<src>/machine.json``).
+def _scan(path: Path, allow_machine_mismatch: bool = False) -> _Source:
+    """Read an asv results directory (``<machine>/machine.json`` + result files, optional
+    ``benchmarks.json``) or one machine's directory.
 
     Raises:
         MergeError: missing directory, no machines, corrupt files (named), a directory named unlike its
             machine, a result file of another machine (unless ``allow_machine_mismatch``).
     """
-    path = Path(src)
     try:
         machines = []
         for d in R.machine_dirs(path):
@@ -133,8 +129,7 @@ def _is_nan(v: Any) -> bool:
 
 def _num(v: Any) -> float:
     """A ``started_at`` value as a number (0 when absent or malformed)."""
-    v = json_number(v)
-    return 0.0 if v is None else v
+    return json_number(v) or 0.0
 
 
 def _combos(row: dict[str, Any]) -> dict[tuple, int] | None:
@@ -337,19 +332,15 @@ def _swap_into_place(stage: Path, dest: Path) -> Path | None:
 
 def replace_dir(new: Path, dest: Path) -> None:
     """Put the folder ``new`` at ``dest`` in one step where the OS allows and delete the previous ``dest``."""
-    old = _swap_into_place(new, dest)
-    if old is not None:
+    if (old := _swap_into_place(new, dest)) is not None:
         remove_tree(old)
 
 
 def _snapshot(dest: Path) -> dict[str, tuple[int, int, int]]:
     """relative path -> (inode, size, mtime_ns) of every file under ``dest`` ({} if absent)."""
-    out = {}
-    for p in dest.rglob("*") if dest.is_dir() else []:
-        if p.is_file() and not p.is_symlink():
-            st = p.stat()
-            out[str(p.relative_to(dest))] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return out
+    return {str(p.relative_to(dest)): (st.st_ino, st.st_size, st.st_mtime_ns)
+            for p in (dest.rglob("*") if dest.is_dir() else []) if p.is_file() and not p.is_symlink()
+            for st in [p.stat()]}
 
 
 def _rescue(previous: Path, dest: Path, seen: dict[str, tuple[int, int, int]], targets: set[str],
@@ -362,9 +353,8 @@ def _rescue(previous: Path, dest: Path, seen: dict[str, tuple[int, int, int]], t
         src, dst = previous / rel, dest / rel
         if rel in targets and rel.endswith(".json") and "/" in rel and not rel.endswith("machine.json"):
             try:
-                theirs = R.load_asv_result(src).raw
-                ours = R.load_asv_result(dst).raw
-                write_json_atomic(merge_result_data(ours, theirs, rel, report.kept), dst, indent=4, sort_keys=True)
+                merged = merge_result_data(R.load_asv_result(dst).raw, R.load_asv_result(src).raw, rel, report.kept)
+                write_json_atomic(merged, dst, indent=4, sort_keys=True)
                 report.notes.append(f"{rel} was written during the merge: merged again with it")
                 continue
             except (R.ResultsError, MergeError):
@@ -431,8 +421,7 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
     if (dest / "machine.json").exists():
         raise MergeError(f"destination {dest} is one machine's directory (it holds machine.json): give the results "
                          f"directory that holds it, e.g. {dest.parent}")
-    inside = next((sp for sp in map(Path, sources) if sp.resolve() in dest.resolve().parents), None)
-    if inside is not None:
+    if (inside := next((sp for sp in map(Path, sources) if sp.resolve() in dest.resolve().parents), None)) is not None:
         raise MergeError(f"destination {dest} lies inside source {inside}: the merge would write into that source; "
                          "give a destination outside every source")
     if not sources:
@@ -450,8 +439,7 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
                 srcs.append(_scan(sp, allow_machine_mismatch=allow_machine_mismatch))
             if machines:
                 have = {m.path.name for s in srcs for m in s.machines}
-                unknown = [m for m in machines if m not in have]
-                if unknown:
+                if unknown := [m for m in machines if m not in have]:
                     raise MergeError(f"machine {', '.join(map(repr, unknown))} is in none of the sources: they "
                                      f"have {', '.join(sorted(have))}")
                 for s in srcs:

@@ -62,11 +62,10 @@ def drop_emulation_from_kernel_latency(site: Path) -> int:
         rows = json.loads(f.read_text())
         for row in rows:
             vals = row[1] if isinstance(row, list) and len(row) > 1 else None
-            if not isinstance(vals, list) or len(vals) != len(combos):
-                continue
-            removed += sum(vals[i] is not None for i in drop)
-            for i in drop:
-                vals[i] = None
+            if isinstance(vals, list) and len(vals) == len(combos):
+                removed += sum(vals[i] is not None for i in drop)
+                for i in drop:
+                    vals[i] = None
         rows = [r for r in rows if not (isinstance(r, list) and isinstance(r[1], list)
                                         and all(v is None for v in r[1]))]
         f.write_text(json.dumps(rows))
@@ -175,8 +174,7 @@ _FACTOR_JS = ("/* " + _MARK + ": factor text: a step from a floored 0 is new, no
 
 def _patch_regressions_js(site: Path) -> bool:
     f = site / "regressions.js"
-    text = _unpatched(f)
-    if text is None:
+    if (text := _unpatched(f)) is None:
         return False
     new = text.replace("$('<td/>').text(factor.toFixed(2) + 'x')",
                        "$('<td/>').text(mlaFactorText(revs[2], revs[3]))")
@@ -231,8 +229,7 @@ def _patch_pages(site: Path) -> int:
     n = 0
     page = json.dumps(_FILE_PAGE)
     for f in sorted(site.glob("*.html")):
-        text = _unpatched(f)
-        if text is None or "</body>" not in text:
+        if (text := _unpatched(f)) is None or "</body>" not in text:
             continue
         text = text.replace("</head>", _LEGEND_CSS.format() + "</head>", 1)
         text = text.replace("</body>", _FILE_SCRIPT.format(page=page) + "</body>", 1)
