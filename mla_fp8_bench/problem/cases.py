@@ -28,15 +28,11 @@ MAX_NUM_HEADS = 1024
 
 @dataclass(frozen=True)
 class CaseKind:
-    """What a case computes: which keys its queries see, the mask, how it is composed.
-
-    Per sequence the keys are its cached context keys (seen whole, when ``context``) then its new keys
-    (seen when ``new_keys``, causally when ``causal``); the mask is bottom-right aligned (query ``i``
-    sees key ``j`` iff ``j <= kv_len - q_len + i``). Kinds with context run only on backends whose
-    ``Backend.supports_kind`` says yes, and their LSE is compared on every row (vLLM merges context
-    chunks by LSE on every row). ``name`` is ``Case.family``; ``id_lead`` prefixes the ids of a kind
-    without context (``""``: none, ``s<S>`` / ``ragged-...``).
-    """
+    """What a case computes. Per sequence the keys are its cached context keys (seen whole, when
+    ``context``) then its new keys (seen when ``new_keys``, causally when ``causal``: bottom-right, query
+    ``i`` sees key ``j`` iff ``j <= kv_len - q_len + i``). Kinds with context run only where
+    ``Backend.supports_kind`` says yes, and their LSE is compared on every row. ``name`` is
+    ``Case.family``; ``id_lead`` prefixes the ids of a kind without context (``""``: none)."""
 
     name: str
     context: bool
@@ -57,9 +53,7 @@ class CaseKind:
 
     def kv_lens(self, seq_lens: tuple[int, ...], context_lens: tuple[int, ...]) -> tuple[int, ...]:
         """Per-sequence key counts: context keys (if seen) plus new keys (if seen)."""
-        if not self.context:
-            return seq_lens
-        return tuple(c + q * self.new_keys for c, q in zip(context_lens, seq_lens))
+        return tuple(c + q * self.new_keys for c, q in zip(context_lens, seq_lens)) if self.context else seq_lens
 
 
 #: Case kinds by name: ``prefill`` (q_len == kv_len, causal), ``ctx`` (a context chunk: new queries over
@@ -90,19 +84,16 @@ class Case:
 
     Attributes:
         seq_lens: per-sequence query token counts (q_len; == kv_len for ``prefill``), each >= 1.
-        num_heads: query heads == kv heads (MLA after ``kv_b_proj`` is MHA), >= 1.
+        num_heads: query heads == kv heads (MLA after ``kv_b_proj`` is MHA), 1..:data:`MAX_NUM_HEADS`.
         quant: ``"per_tensor"`` (scale = amax/448, saturating clamp; AITER's op test) or ``"cast"``
             (plain cast at unit scale; vLLM's ``_mla_fp8_prefill_attn``).
-        dist: input distribution, one of :data:`DISTRIBUTIONS` (see :mod:`mla_fp8_bench.problem.inputs`).
-        seed: generator seed; the same seed gives the same inputs on every run.
+        dist: one of :data:`DISTRIBUTIONS` (:mod:`mla_fp8_bench.problem.inputs`); seed: generator seed.
         context_lens: per-sequence cached context token counts (each >= 0, at least one >= 1) for
             ``ctx`` and ``prefix``; empty for ``prefill``.
-        family: the name of its kind, a key of :data:`KINDS` (:attr:`kind` is the object).
+        family: the name of its kind, a key of :data:`KINDS`.
 
     Raises:
-        CaseError: on empty batches, seq_len <= 0, num_heads <= 0, unknown quant/dist/family, context
-            lengths that do not match the family, or more than :data:`MAX_TOTAL_TOKENS` query or key
-            tokens.
+        CaseError: on any invalid field, or more than :data:`MAX_TOTAL_TOKENS` query or key tokens.
     """
 
     seq_lens: tuple[int, ...]
@@ -152,7 +143,6 @@ class Case:
 
     @property
     def kind(self) -> CaseKind:
-        """The case's kind (layout, mask, composition)."""
         return KINDS[self.family]
 
     @property
@@ -162,17 +152,14 @@ class Case:
 
     @property
     def batch_size(self) -> int:
-        """Number of sequences B."""
         return len(self.seq_lens)
 
     @property
     def total_tokens(self) -> int:
-        """Total query tokens T = sum(seq_lens)."""
         return sum(self.seq_lens)
 
     @property
     def max_seq_len(self) -> int:
-        """Longest query sequence (max q_len)."""
         return max(self.seq_lens)
 
     @property
@@ -182,12 +169,10 @@ class Case:
 
     @property
     def total_kv_tokens(self) -> int:
-        """Total key tokens sum(kv_lens)."""
         return sum(self.kv_lens)
 
     @property
     def max_kv_len(self) -> int:
-        """Longest key sequence."""
         return max(self.kv_lens)
 
     def cu_seqlens_q(self) -> list[int]:
@@ -199,12 +184,8 @@ class Case:
         return cu_seqlens_of(self.kv_lens)
 
     def cu_seqlens(self) -> list[int]:
-        """Cumulative sequence starts ``[0, s0, s0+s1, ...]`` (length B+1): qo_indptr == kv_indptr.
-
-        Raises:
-            CaseError: for ``ctx``/``prefix`` cases, where q and kv starts differ (use
-                :meth:`cu_seqlens_q` / :meth:`cu_seqlens_kv`).
-        """
+        """Sequence starts ``[0, s0, s0+s1, ...]`` (length B+1) where qo_indptr == kv_indptr; CaseError for
+        ``ctx``/``prefix`` cases."""
         if not self.kind.same_q_kv:
             raise CaseError(f"cu_seqlens() is defined for prefill cases (q_len == kv_len), not for {self.family} "
                             f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
@@ -212,7 +193,6 @@ class Case:
 
     @property
     def id(self) -> str:
-        """The stable short id (see module docstring)."""
         return format_case_id(self)
 
 
@@ -356,23 +336,8 @@ SUITES: dict[str, tuple[str, ...]] = {
     "tile-edges": ("s255", "s256", "s257", "s511", "s512", "s513"),
     "ragged": ("ragged-6992-6896-2495", "ragged-4096x4", "s8175"),
     "aiter-odd": ("s21", "s1200", "s3200", "s5200", "s10000"),
-    "edge": (
-        "s1",
-        "s255",
-        "s256",
-        "s257",
-        "ragged-1x120-8000",
-        "ragged-16384x4-4096",
-        "s512-h1",
-        "s512-h8",
-        "s512-h12",
-        "s512-h24",
-        "s512-h32",
-        "s512-h64",
-        "s512-h128",
-        "s512-cast-outlier",
-        "s512-const",
-    ),
+    "edge": ("s1", "s255", "s256", "s257", "ragged-1x120-8000", "ragged-16384x4-4096", "s512-h1", "s512-h8",
+             "s512-h12", "s512-h24", "s512-h32", "s512-h64", "s512-h128", "s512-cast-outlier", "s512-const"),
     "short-prompt": ("ragged-603-640-655-698",),
     # prefix-cached prefill: context chunks (non-causal) and whole prefix prefills (LSE merge)
     "prefix": ("ctx1024-q256", "prefix1024-q300", "ctx-ragged-1024q256-100q64", "prefix-ragged-1024q256-100q50",
@@ -387,20 +352,14 @@ SUITES: dict[str, tuple[str, ...]] = {
 
 def default_sweep(device_type: str, cap: int | None = None) -> tuple[tuple[str, ...], str]:
     """``(case ids, a sentence saying where it stops and why)`` of the default sweep on ``device_type``
-    (``"cpu"`` or ``"cuda"``, ROCm included), capped at :data:`SWEEP_CAPS` or ``cap`` tokens.
-
-    Raises:
-        CaseError: on an unknown device type.
-    """
+    (``"cpu"`` or ``"cuda"``, ROCm included), capped at :data:`SWEEP_CAPS` or ``cap`` tokens; CaseError on
+    an unknown device type."""
     if device_type not in SWEEP_CAPS:
         raise CaseError(f"device type {device_type!r} is unknown: allowed {', '.join(SWEEP_CAPS)}")
     limit = SWEEP_CAPS[device_type] if cap is None else cap
+    why = " (the float64 reference and the CPU emulator are O(seq_len^2))" if device_type == "cpu" else ""
     ids = tuple(f"s{s}" for s in SWEEP_SEQ_LENS if s <= limit)
-    note = (
-        f"default sweep on {device_type} stops at seq_len {limit}"
-        + (" (the float64 reference and the CPU emulator are O(seq_len^2))" if device_type == "cpu" else "")
-    )
-    return ids, note
+    return ids, f"default sweep on {device_type} stops at seq_len {limit}{why}"
 
 
 def resolve_cases(specs: list[str] | tuple[str, ...]) -> list[Case]:

@@ -15,9 +15,7 @@ from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 def case_flops(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM) -> float:
     """FLOPs of a case of any family: ``2 * H * (D_qk + D_v) * sum(pairs_i)`` with pairs per sequence
     ``q*kv`` (``ctx``, non-causal) or ``q*(kv - q) + q^2/2`` (``prefill``/``prefix``, bottom-right causal)."""
-    pairs = 0.0
-    for q, kv in zip(case.seq_lens, case.kv_lens):
-        pairs += q * kv if not case.causal else q * (kv - q) + q * q / 2
+    pairs = sum(q * (kv - q) + q * q / 2 if case.causal else q * kv for q, kv in zip(case.seq_lens, case.kv_lens))
     return 2.0 * case.num_heads * (qk_head_dim + v_head_dim) * pairs
 
 

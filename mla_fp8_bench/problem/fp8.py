@@ -51,19 +51,12 @@ class Quantized:
 
 
 def quantize(x: torch.Tensor, mode: str = "per_tensor", fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> Quantized:
-    """Quantise ``x`` to fp8 with one per-tensor descale.
-
-    Args:
-        x: floating tensor (bf16/fp16/fp32), any shape; may be a strided view.
-        mode: ``"per_tensor"`` or ``"cast"`` (see module docstring).
-        fp8_dtype: ``torch.float8_e4m3fn`` (gfx950, Hopper) or ``torch.float8_e4m3fnuz`` (gfx942).
-
-    Returns:
-        :class:`Quantized` with a contiguous fp8 ``data`` and an fp32 ``[1]`` ``descale``.
+    """Quantise ``x`` (bf16/fp16/fp32, any shape, may be a strided view) to ``fp8_dtype`` (e4m3fn: gfx950,
+    Hopper; e4m3fnuz: gfx942) in ``mode`` ``"per_tensor"`` or ``"cast"``: a :class:`Quantized` with a
+    contiguous fp8 ``data`` and an fp32 ``[1]`` ``descale``.
 
     Raises:
-        QuantError: unknown mode, non-floating input, unsupported fp8 dtype, or (per_tensor) a
-            non-finite amax.
+        QuantError: unknown mode, non-floating input, unsupported fp8 dtype, or (per_tensor) a non-finite amax.
     """
     if mode not in ("per_tensor", "cast"):
         raise QuantError(f"quantisation mode {mode!r} is unknown: allowed per_tensor, cast")
@@ -71,8 +64,7 @@ def quantize(x: torch.Tensor, mode: str = "per_tensor", fp8_dtype: torch.dtype =
         raise QuantError(f"input dtype {x.dtype} is not a float16/bfloat16/float32 tensor")
     fmax = fp8_max(fp8_dtype)
     if mode == "cast":
-        data = x.contiguous().to(fp8_dtype)
-        return Quantized(data, torch.ones(1, dtype=torch.float32, device=x.device), mode)
+        return Quantized(x.contiguous().to(fp8_dtype), torch.ones(1, dtype=torch.float32, device=x.device), mode)
     xf = x.float()
     amax = xf.abs().amax()
     if not torch.isfinite(amax):
@@ -84,5 +76,4 @@ def quantize(x: torch.Tensor, mode: str = "per_tensor", fp8_dtype: torch.dtype =
 
 def cast_saturates(fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> bool:
     """Whether this torch's plain ``.to(fp8)`` saturates out-of-range values (True from 2.12)."""
-    big = torch.tensor([10_000.0])
-    return bool(torch.isfinite(big.to(fp8_dtype).float()).all())
+    return bool(torch.isfinite(torch.tensor([10_000.0]).to(fp8_dtype).float()).all())

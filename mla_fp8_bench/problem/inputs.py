@@ -77,30 +77,25 @@ class CaseInputs:
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
-        """``[B+1]`` int32 device starts, qo_indptr == kv_indptr (prefill cases only)."""
         self._same_q_kv("cu_seqlens")
         return self.cu_seqlens_q
 
     @property
     def cu_seqlens_cpu(self) -> torch.Tensor:
-        """The same on the CPU (prefill cases only)."""
         self._same_q_kv("cu_seqlens")
         return self.cu_seqlens_q_cpu
 
     @property
     def max_seqlen(self) -> int:
-        """Longest sequence (prefill cases only)."""
         self._same_q_kv("max_seqlen")
         return self.max_seqlen_q
 
     @property
-    def qo_indptr(self) -> torch.Tensor:
-        """AITER's name for :attr:`cu_seqlens_q`."""
+    def qo_indptr(self) -> torch.Tensor:  # AITER's name
         return self.cu_seqlens_q
 
     @property
-    def kv_indptr(self) -> torch.Tensor:
-        """AITER's name for :attr:`cu_seqlens_kv`."""
+    def kv_indptr(self) -> torch.Tensor:  # AITER's name
         return self.cu_seqlens_kv
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -143,12 +138,8 @@ def make_bf16_qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 def make_inputs(case: Case, device: torch.device | str = "cpu",
                 fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> CaseInputs:
-    """Build the deterministic inputs of ``case`` on ``device``.
-
-    Raises:
-        mla_fp8_bench.problem.fp8.QuantError: if quantisation fails (e.g. non-finite inputs).
-        torch.OutOfMemoryError: if the device cannot hold them (callers record it as a skip).
-    """
+    """Build the deterministic inputs of ``case`` on ``device``; raises ``QuantError`` if quantisation
+    fails and ``torch.OutOfMemoryError`` if the device cannot hold them (callers record it as a skip)."""
     device = torch.device(device)
     q, k, v = make_bf16_qkv(case)
     if device.type != "cpu":
@@ -157,11 +148,6 @@ def make_inputs(case: Case, device: torch.device | str = "cpu",
         v = v._base.to(device)[..., QK_NOPE_HEAD_DIM:] if case.dist == "mla" else v.to(device)
     cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
     cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
-    return CaseInputs(
-        case=case, q=q, k=k, v=v,
-        q8=quantize(q, case.quant, fp8_dtype), k8=quantize(k, case.quant, fp8_dtype),
-        v8=quantize(v, case.quant, fp8_dtype),
-        cu_seqlens_q=cu_q.to(device), cu_seqlens_q_cpu=cu_q, cu_seqlens_kv=cu_kv.to(device), cu_seqlens_kv_cpu=cu_kv,
-        max_seqlen_q=case.max_seq_len, max_seqlen_kv=case.max_kv_len, causal=case.causal,
-        softmax_scale=DEFAULT_SOFTMAX_SCALE, fp8_dtype=fp8_dtype, device=device,
-    )
+    q8, k8, v8 = (quantize(x, case.quant, fp8_dtype) for x in (q, k, v))
+    return CaseInputs(case, q, k, v, q8, k8, v8, cu_q.to(device), cu_q, cu_kv.to(device), cu_kv, case.max_seq_len,
+                      case.max_kv_len, case.causal, DEFAULT_SOFTMAX_SCALE, fp8_dtype, device)
