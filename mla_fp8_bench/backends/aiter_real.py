@@ -75,11 +75,8 @@ def numel(shape: Any) -> int:
 
 @dataclass
 class _Piece:
-    """One kernel + reduce call (a prefill, a context chunk, or one piece of a prefix-cached prefill).
-
-    ``valid`` (bool ``[T]``): the q rows whose ``final_lse`` the call writes. ``empty`` (device bool ``[T]``,
-    or None): rows of sequences with kv_len 0, which the kernel may leave untouched: set to output 0, LSE -inf.
-    """
+    """One kernel + reduce call. ``valid`` (bool ``[T]``): the q rows whose ``final_lse`` the call writes.
+    ``empty`` (device bool ``[T]`` or None): rows of sequences with kv_len 0, set to output 0, LSE -inf."""
 
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
@@ -112,10 +109,9 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
     """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
     int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``):
-    one call for ``prefill``/``ctx``; for ``prefix`` (per sequence the K/V pool holds the context keys, then
-    the new keys) the causal new-vs-new and the non-causal new-vs-context call, both reading the pool
-    through page indices. ``need_lse`` as the imitated caller passes it (docs/aiter-contract.md#driver);
-    ``has_context`` marks a ``prefill`` call that is the new-token chunk of a prefix case."""
+    one call for ``prefill``/``ctx``; for ``prefix`` (per sequence the pool holds context keys, then new
+    keys) the causal new-vs-new and the non-causal new-vs-context call through page indices. ``need_lse``
+    as the imitated caller passes it (docs/aiter-contract.md#driver; ``has_context``: a prefix's new chunk)."""
 
     def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
@@ -135,19 +131,12 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
 
 
 class AiterPsDriver:
-    """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in, exposing
-    :data:`~mla_fp8_bench.aiter_ps.facts.PRIMITIVES`); ``version``: the AITER version, None if unknown.
-
-    Attributes:
-        reduce_arity, planner_revision: the detected ``mla_reduce_v1`` form (8 or 9) and planner revision
-            (``reduce_source`` / ``planner_source``: where each was read); ``post_3606``: the planner can
-            give every tile a slot; ``effective_version``: the version the reduce's head set is keyed on.
-        pass_need_lse: pass ``need_lse`` to a planner that takes it (False: the caller fault of leaving it out).
-
-    Raises:
-        BackendUnavailable: a primitive is missing, the reduce form or planner revision cannot be told (the
-            message names what could not be read), or ``mla_reduce_v1`` has the 7-argument form.
-    """
+    """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in);
+    ``version``: the AITER version, None if unknown. Attributes: the detected ``reduce_arity`` (8 or 9) and
+    ``planner_revision`` (``*_source``: where each was read), ``post_3606`` (every tile can get a slot),
+    ``effective_version`` (keys the reduce's head set), ``pass_need_lse`` (False: the caller fault of
+    leaving it out). BackendUnavailable: a primitive is missing, the reduce form or planner revision
+    cannot be told, or ``mla_reduce_v1`` has the 7-argument form."""
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
         self.m = check_primitives(module)
@@ -193,13 +182,9 @@ class AiterPsDriver:
              need_lse: bool = False) -> dict[str, Any]:
         """Allocate the six planner buffers on ``device`` (sized by the info call) and run the host planner
         on ``[B+1]`` int32 query / key starts (key starts default to the query starts; ``causal``:
-        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`).
-
-        Returns:
-            dict with the six buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``),
-            ``info_partial_slots`` (the info call's ``reduce_partial_map`` bound), ``post_3606`` and
-            ``need_lse`` (None when not passed).
-        """
+        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`). Returns the six
+        buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``), ``info_partial_slots``
+        (the info call's ``reduce_partial_map`` bound), ``post_3606`` and ``need_lse`` (None: not passed)."""
         cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
         cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
         q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).contiguous(), (cu_kv[1:] - cu_kv[:-1]).contiguous()
@@ -257,11 +242,7 @@ class AiterPsDriver:
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Plan and allocate every call of the case (:func:`case_calls`) and return the call (kernel +
-        reduce per piece, the LSE merge for ``prefix``).
-
-        Raises:
-            CaseUnsupported: inputs not float8_e4m3fn.
-        """
+        reduce per piece, the LSE merge for ``prefix``); CaseUnsupported for inputs not float8_e4m3fn."""
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"the PS prefill kernel takes float8_e4m3fn only, not {inputs.fp8_dtype}")
         case, dev = inputs.case, inputs.device
@@ -344,7 +325,6 @@ class AiterPsBackend(Backend):
         return self._driver
 
     def detection(self) -> dict[str, str]:
-        """What the driver detected on its ``aiter`` and where it read it (``mla-fp8-bench env``)."""
         return self.driver().detection()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:

@@ -103,11 +103,8 @@ def _code_names(fn: Any) -> frozenset[str]:
 
 
 def detect_features(module: types.ModuleType) -> VllmFeatures:
-    """Feature-detect a ``rocm_aiter_mla`` module (signatures and the names its methods touch).
-
-    Raises:
-        VllmAdapterError: the module lacks the FP8 prefill entry (vLLM < 0.28 or a refactor).
-    """
+    """Feature-detect a ``rocm_aiter_mla`` module (signatures and the names its methods touch);
+    :class:`VllmAdapterError` when it lacks the FP8 prefill entry (vLLM < 0.28 or a refactor)."""
     impl = getattr(module, "AiterMLAImpl", None)
     builder = getattr(module, "AiterMLAMetadataBuilder", None)
     need = [("AiterMLAImpl", impl, "_mla_fp8_prefill_attn"),
@@ -136,11 +133,9 @@ KV_CACHE_DTYPE, MODEL_DTYPE = "fp8", "bfloat16"
 
 
 def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
-    """Whether vLLM takes the FP8 PS prefill for the imitated configuration (fp8 KV cache, bf16 model), read
-    from the builder's own ``_fp8_prefill_enabled`` assignment: ``gates_on_dtypes`` when it tests the KV
-    cache dtype and the model dtype (0.33: fp8 KV and bf16 only), else every dtype pair takes it (the
-    gating gap of vLLM #52312). ``taken`` is for the imitated pair; the platform gate and the head count
-    are checked by ``availability`` / ``supports``."""
+    """Whether vLLM takes the FP8 PS prefill for the imitated pair (fp8 KV cache, bf16 model): ``taken``,
+    and ``gates_on_dtypes`` when the builder's ``_fp8_prefill_enabled`` assignment tests both dtypes (0.33),
+    else every pair takes it (vLLM #52312). Platform and head count: ``availability`` / ``supports``."""
     pair = {"kv_cache_dtype": KV_CACHE_DTYPE, "model_dtype": MODEL_DTYPE}
     try:
         src = inspect.getsource(builder_cls.__init__)
@@ -155,12 +150,8 @@ def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
 
 def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
                     workspace_module: str = DEFAULT_WORKSPACE_MODULE) -> VllmEntry:
-    """Import vLLM's ``rocm_aiter_mla`` and workspace modules (or stand-ins at other paths).
-
-    Raises:
-        ImportError: a module does not import.
-        VllmAdapterError: the entry or a workspace function is missing.
-    """
+    """Import vLLM's ``rocm_aiter_mla`` and workspace modules (or stand-ins at other paths); ImportError
+    or :class:`VllmAdapterError` (the entry or a workspace function is missing)."""
     mod = importlib.import_module(vllm_module)
     ws = importlib.import_module(workspace_module)
     missing = [n for n in ("init_workspace_manager", "lock_workspace", "reset_workspace_manager",
@@ -248,7 +239,6 @@ class VllmAiter(Backend):
         """Held while vLLM's builder imports ``from aiter``: the installed ``aiter`` needs nothing."""
         return contextlib.nullcontext()
 
-    # ------------------------------------------------------------------ resolution
     def entry(self) -> VllmEntry:
         """vLLM's classes (imported on first use)."""
         if self._entry is None:
@@ -261,12 +251,8 @@ class VllmAiter(Backend):
         return self._entry
 
     def aiter(self) -> types.ModuleType:
-        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one).
-
-        Raises:
-            BackendUnavailable: it does not import, lacks a primitive, or its ``mla_reduce_v1`` is not the
-                9-argument form vLLM calls.
-        """
+        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one);
+        BackendUnavailable when it does not import, lacks a primitive, or its reduce is not 9-argument."""
         if self._aiter is None:
             self._aiter = load_aiter()  # only reached on ROCm (availability gates it)
         check_primitives(self._aiter)
@@ -289,7 +275,6 @@ class VllmAiter(Backend):
         planner = detect_planner_revision(mod, self._aiter_version).value
         return reduce_heads_for(effective_version(self._aiter_version, 9, planner))
 
-    # ------------------------------------------------------------------ Backend API
     def availability(self, platform: PlatformInfo) -> Verdict:
         if not self.bypass_gate:
             if platform.vendor != "rocm":
@@ -376,7 +361,6 @@ class VllmAiter(Backend):
                                 "vllm_fp8_path": fp8_path_condition(entry.module.AiterMLAMetadataBuilder),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
-    # ------------------------------------------------------------------ set-up (not timed)
     def _setup(self, entry: VllmEntry, aiter: types.ModuleType, num_heads: int, scale: float,
                cu_seqlens_cpu: torch.Tensor, device: torch.device, *, lock: bool = True) -> _Setup:
         """Builder buffers + reservation, one metadata build, lock, and the bare impl. The workspace
@@ -432,15 +416,11 @@ class VllmAiter(Backend):
             impl._fp8_prefill_one_scale = None
 
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
-        """vLLM's per-step metadata build time (``planner_samples_s``, seconds: the real
-        ``_build_fp8_prefill_ps_metadata``, host planner and vLLM's copies), live partial tiles, and the
-        workspace vLLM reserves: ``workspace_bytes`` by :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved`
-        (max_num_reqs = batch, max_num_batched_tokens = total tokens, as the seed test sizes it),
-        ``workspace_bytes_reserved`` what the manager holds after the reservation.
-
-        Raises:
-            NotImplementedError: the case is unsupported (recorded as an asv skip).
-        """
+        """vLLM's per-step metadata build time (``planner_samples_s``, seconds, of the real
+        ``_build_fp8_prefill_ps_metadata``), live partial tiles, ``workspace_bytes`` by
+        :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved` (max_num_reqs = batch, max_num_batched_tokens
+        = total tokens, as the seed test) and ``workspace_bytes_reserved``, what the manager holds.
+        NotImplementedError for an unsupported case (an asv skip)."""
         if case.quant != "cast":
             case = replace(case, quant="cast")  # the plan does not depend on the quantisation
         sup = self.supports(case, platform)
