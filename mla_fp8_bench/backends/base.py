@@ -49,27 +49,16 @@ class Verdict:
 
 @dataclass
 class Prepared:
-    """A ready-to-launch call.
-
-    Attributes:
-        run: launches the attention and returns the output ``[T, H, 128]`` (bf16 for the FP8 paths).
-            It must be repeatable (same result every call) and must not allocate host-visible state.
-        graph_capturable: True if ``run`` may be captured in a CUDA/HIP graph (no host sync, no
-            host-side planning inside).
-        timing_scope: what ``run`` covers: ``"kernel"`` (device work only), ``"call"`` (the user's
-            entry incl. casts/pads), or ``"emulation"`` (a PyTorch model of a kernel: never compare its
-            latency with a kernel's).
-        lse: optional callable returning ``(lse [T, H] fp32, valid_rows bool [T])`` after a run.
-        extras: extra tracked numbers (``planner_s``, ``workspace_bytes``, ``num_partials``, ...).
-        cleanup: restores global state (workspaces, env vars); the runner calls it in ``finally``.
-    """
+    """A ready-to-launch call. ``run()`` launches the attention and returns the output ``[T, H, 128]``
+    (bf16 for the FP8 paths), the same every call. ``timing_scope``: ``"kernel"`` (device work only),
+    ``"call"`` (the user's entry incl. casts/pads) or ``"emulation"`` (never compared with a kernel's)."""
 
     run: Callable[[], torch.Tensor]
-    graph_capturable: bool = False
+    graph_capturable: bool = False  # no host sync or host-side planning inside run
     timing_scope: str = "kernel"
-    lse: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    cleanup: Callable[[], None] | None = None
+    lse: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None  # (lse [T, H] fp32, valid_rows bool [T])
+    extras: dict[str, Any] = field(default_factory=dict)  # planner_s, workspace_bytes, num_partials, ...
+    cleanup: Callable[[], None] | None = None  # restores global state; the runner calls it in ``finally``
 
 
 class Backend(ABC):

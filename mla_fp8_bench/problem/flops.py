@@ -1,9 +1,6 @@
-"""FLOPs and bytes of MLA prefill cases, and achieved throughput.
-
-Convention (FA3 ``hopper/benchmark_attn.py``, FlashInfer ``testing/utils.py``, AITER's op test, the
-Triton tutorial; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D`` each, halved for the
-causal triangle: ``FLOPs = sum_i H * S_i^2 * (D_qk + D_v)`` for q_len == kv_len (``320 * H * sum S_i^2``
-for 192/128); softmax work is not counted.
+"""FLOPs and bytes of MLA prefill cases, and achieved throughput. Convention (FA3, FlashInfer, AITER's op
+test; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D``, halved for the causal
+triangle (``320 * H * sum S_i^2`` for q_len == kv_len at 192/128); softmax work is not counted.
 """
 
 from __future__ import annotations

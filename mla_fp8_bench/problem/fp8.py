@@ -1,14 +1,10 @@
-"""FP8 e4m3 quantisation as the paths under test do it.
+"""FP8 e4m3 quantisation as the paths under test do it, in two modes:
 
-Two modes (see :data:`mla_fp8_bench.problem.cases.QUANT_MODES`):
-
-* ``per_tensor`` - AITER's ``per_tensor_quant`` (op_tests/test_mla_prefill_ps.py):
-  ``scale = amax / fp8_max``; ``x8 = clamp(x / scale, -fp8_max, fp8_max).to(fp8)``; the descale
-  (real = fp8 * descale) is ``scale``. The clamp is explicit: eager e4m3fn casts returned NaN above
-  464 up to PyTorch 2.11 and saturate only from 2.12 (pytorch#178817).
-* ``cast`` - vLLM's ``AiterMLAImpl._mla_fp8_prefill_attn``: ``x.to(fp8)`` at unit descale. Values
-  beyond +-fp8_max saturate on PyTorch >= 2.12 and become NaN before; this mode keeps torch's own
-  behaviour on purpose (it is what vLLM does), and :func:`cast_saturates` reports which one applies.
+* ``per_tensor`` - AITER's ``per_tensor_quant`` (op_tests/test_mla_prefill_ps.py): ``scale = amax /
+  fp8_max``, ``x8 = clamp(x / scale, -fp8_max, fp8_max).to(fp8)``, descale = ``scale``. The clamp is
+  explicit: eager e4m3fn casts gave NaN above 464 up to PyTorch 2.11 (pytorch#178817).
+* ``cast`` - vLLM's ``_mla_fp8_prefill_attn``: ``x.to(fp8)`` at unit descale, torch's own behaviour
+  beyond +-fp8_max on purpose (saturating from 2.12, NaN before: :func:`cast_saturates`).
 """
 
 from __future__ import annotations
@@ -33,17 +29,11 @@ def fp8_max(dtype: torch.dtype) -> float:
 
 @dataclass
 class Quantized:
-    """An fp8 tensor and its descale.
+    """An fp8 tensor and its descale."""
 
-    Attributes:
-        data: fp8 tensor, same shape as the input, contiguous.
-        descale: fp32 one-element tensor ``[1]`` on the same device; real value = ``data * descale``.
-        mode: ``"per_tensor"`` or ``"cast"``.
-    """
-
-    data: torch.Tensor
-    descale: torch.Tensor
-    mode: str
+    data: torch.Tensor  # fp8, the input's shape, contiguous
+    descale: torch.Tensor  # fp32 [1] on the same device; real value = data * descale
+    mode: str  # "per_tensor" or "cast"
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``data.to(dtype) * descale`` (computed in ``dtype``)."""

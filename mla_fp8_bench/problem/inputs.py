@@ -1,17 +1,11 @@
 """Deterministic inputs for a case: bf16 q/k/v drawn on the CPU from a seeded ``torch.Generator`` (the
 same values on every machine), moved to the device, their fp8 quantisations and descales.
 
-Distributions:
-
-* ``normal`` - ``randn`` q/k/v (the vLLM seed test, PR #51457).
-* ``outlier`` - ``normal`` with a few channels scaled up, as LLM activations have: 2 of 192 k
-  channels and 2 of 128 v channels x150 (|x| up to ~700). In ``cast`` mode these exceed e4m3fn's
-  +-448 and so exercise saturation; in ``per_tensor`` mode they squeeze every other channel into
-  fp8's subnormal range.
-* ``mla`` - production layout: ``k = cat(k_nope, k_pe)`` with the 64-dim rope part shared by all
-  heads, and ``v`` a *strided view* into a ``[T, H, 256]`` ``kv_b_proj``-like output whose first 128
-  channels are ``k_nope`` (vLLM's ``forward_mha`` split).
-* ``const`` - all-equal q/k (every score ties) and constant-per-channel v: the exact answer is known.
+Distributions: ``normal`` (``randn``, the vLLM seed test, PR #51457); ``outlier`` (2 of 192 k channels
+and 2 of 128 v channels x150, |x| up to ~700: beyond e4m3fn's +-448 in ``cast`` mode, squeezing the
+other channels into fp8's subnormals in ``per_tensor`` mode); ``mla`` (``k = cat(k_nope, k_pe)`` with the
+64-dim rope part shared by all heads, ``v`` a strided view into a ``[T, H, 256]`` ``kv_b_proj``-like
+output, vLLM's ``forward_mha`` split); ``const`` (all-equal q/k, constant-per-channel v: known answer).
 """
 
 from __future__ import annotations
@@ -33,42 +27,27 @@ from mla_fp8_bench.problem.shapes import (
 
 @dataclass
 class CaseInputs:
-    """Everything a backend and the references need for one case.
-
-    Attributes:
-        q: ``[T_q, H, 192]`` bf16 (``T_q = case.total_tokens``).
-        k: ``[T_kv, H, 192]`` bf16 (``T_kv = case.total_kv_tokens``; per sequence its context keys, then
-            its new tokens' keys).
-        v: ``[T_kv, H, 128]`` bf16 (a strided view for ``mla`` inputs).
-        q8, k8, v8: :class:`~mla_fp8_bench.problem.fp8.Quantized` (fp8 data contiguous, fp32 ``[1]`` descale).
-        cu_seqlens_q, cu_seqlens_kv: ``[B+1]`` int32 query / key starts on the device (``*_cpu``: on the
-            CPU); ``cu_seqlens`` / ``cu_seqlens_cpu`` / ``max_seqlen`` exist for ``prefill`` cases only.
-        causal: bottom-right causal (query ``i`` sees key ``j`` iff ``j <= kv_len - q_len + i``); False
-            for context chunks.
-        softmax_scale: ``1/sqrt(192)``.
-        has_context: a ``prefill`` piece that is the new-token chunk of a prefix-cached prefill with cached
-            context (:func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs`): merged by LSE, it asks
-            the planner for an LSE on every row (``need_lse``).
-    """
+    """Everything a backend and the references need for one case. ``cu_seqlens`` / ``cu_seqlens_cpu`` /
+    ``max_seqlen`` exist for ``prefill`` cases only."""
 
     case: Case
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    q8: Quantized
+    q: torch.Tensor  # [T_q, H, 192] bf16
+    k: torch.Tensor  # [T_kv, H, 192] bf16: per sequence its context keys, then its new tokens' keys
+    v: torch.Tensor  # [T_kv, H, 128] bf16 (a strided view for ``mla`` inputs)
+    q8: Quantized  # contiguous fp8 data and fp32 [1] descale, as k8 and v8
     k8: Quantized
     v8: Quantized
-    cu_seqlens_q: torch.Tensor
+    cu_seqlens_q: torch.Tensor  # [B+1] int32 query starts on the device
     cu_seqlens_q_cpu: torch.Tensor
-    cu_seqlens_kv: torch.Tensor
+    cu_seqlens_kv: torch.Tensor  # [B+1] int32 key starts on the device
     cu_seqlens_kv_cpu: torch.Tensor
     max_seqlen_q: int
     max_seqlen_kv: int
-    causal: bool
-    softmax_scale: float
+    causal: bool  # bottom-right causal; False for context chunks
+    softmax_scale: float  # 1/sqrt(192)
     fp8_dtype: torch.dtype
     device: torch.device
-    has_context: bool = False
+    has_context: bool = False  # the new-token piece of a prefix case with context: the planner gets need_lse
 
     def _same_q_kv(self, name: str) -> None:
         if not self.case.kind.same_q_kv:

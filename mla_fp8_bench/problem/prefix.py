@@ -1,11 +1,8 @@
-"""Prefix-cached prefill the way vLLM computes it: two attentions merged by their LSE.
-
-A ``prefix<C>-q<Q>`` case (bottom-right causal attention of Q new queries over C cached + Q new keys) is,
-in vLLM's MLA prefill with cached context (``MLACommonImpl``; docs/aiter-contract.md#context-chunks), the
-new tokens against themselves (causal, a ``prefill`` piece) and against the cached context (non-causal,
-a ``ctx`` piece), merged by :func:`merge_attn_states`, which needs a natural-log LSE on every row of both.
-:func:`split_prefix_inputs` cuts a prefix case's inputs into the two pieces without re-quantising, so the
-exact answer of the composition is the exact attention on the same dequantised inputs.
+"""Prefix-cached prefill the way vLLM computes it (docs/aiter-contract.md#context-chunks): the new tokens
+against themselves (causal, a ``prefill`` piece) and against the cached context (non-causal, a ``ctx``
+piece), merged by their natural-log LSE on every row (:func:`merge_attn_states`). The pieces are cut
+without re-quantising (:func:`split_prefix_inputs`), so the exact answer is the exact attention on the
+same dequantised inputs.
 """
 
 from __future__ import annotations
