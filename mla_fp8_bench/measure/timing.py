@@ -229,14 +229,9 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     more, at most 4x, until they span ``min_window_s`` of device time); launches per sample make one last
     about ``target_sample_s`` (at most ``max_launches``; 1 with ``flush_l2``, which flushes L2 before each
     sample); the settle runs ``warmup_s`` .. ``warmup_max_s`` of device time until the last three chunks
-    agree within ``warmup_tol``; ``clocks``: read clocks per sample. Times in seconds.
-
-    Returns:
-        :class:`TimingResult` of per-launch samples; ``extra`` holds ``est_launch_s``, ``warmup_replays``,
-        ``warmup_device_s``, ``warmup_settled``, ``warmup_sm_mhz`` and ``clocks`` (:func:`clocks.mark_samples`).
-
-    Raises:
-        ValueError: if ``device`` is not a GPU device.
+    agree within ``warmup_tol``; ``clocks``: read clocks per sample. Times in seconds. Returns per-launch
+    samples, ``extra`` holding ``est_launch_s``, ``warmup_replays``, ``warmup_device_s``, ``warmup_settled``,
+    ``warmup_sm_mhz`` and ``clocks`` (:func:`clocks.mark_samples`); ValueError for a device not a GPU.
     """
     if device.type != "cuda":
         raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
@@ -248,13 +243,13 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     one, graph_capturable, note = _probe_launch_s(run, device, stream, sync, graph_capturable)
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
     flush_buf = torch.empty(2 * _l2_bytes(device) // 4, dtype=torch.float32, device=device) if flush_l2 else None
-    method, graph = "events", None
+    graph = None
     if graph_capturable:
         try:
             graph = _capture(run, launches, stream, sync)
-            method = "graph"
         except Exception as exc:  # noqa: BLE001
             note = _capture_failed(exc, device)
+    method = "events" if graph is None else "graph"
 
     def one_sample() -> None:
         if graph is not None:
@@ -278,10 +273,8 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
 
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
               time_budget_s: float = 10.0, warmup: bool = True) -> TimingResult:
-    """Latency of ``run`` on the CPU: ``perf_counter`` per call, after one warm-up call (``warmup``).
-
-    At least ``min_samples`` samples are taken; sampling stops early once ``time_budget_s`` is spent.
-    """
+    """Latency of ``run`` on the CPU: ``perf_counter`` per call (:func:`_host_samples`), after one warm-up
+    call (``warmup``)."""
     if warmup:
         run()
     return TimingResult(_host_samples(run, None, samples, min_samples, time_budget_s), "host", 1, int(warmup))
