@@ -72,7 +72,7 @@ def case_progress(total: int, console: Console | None = None,
     t0 = last = time.perf_counter()
     done = 0
     streams = stream if isinstance(stream, tuple) else (stream or sys.stderr,)
-    bar = None
+    bar: Any = contextlib.nullcontext()
     if console is not None and console.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -88,21 +88,16 @@ def case_progress(total: int, console: Console | None = None,
         last = now
         if console is not None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
-            if bar is not None:
+            if task is not None:
                 bar.update(task, advance=1, description=f"{rec.backend} {rec.case}")
-            return line
-        for s in streams:
-            try:
-                print(line, file=s, flush=True)
-            except (OSError, ValueError):  # a closed or broken log must not stop the measurement
-                continue
+        else:
+            for s in streams:
+                with contextlib.suppress(OSError, ValueError):  # a closed or broken log must not stop the measurement
+                    print(line, file=s, flush=True)
         return line
 
-    if bar is None:
-        yield step
-        return
     with bar:
-        task = bar.add_task("measuring", total=total)
+        task = bar.add_task("measuring", total=total) if hasattr(bar, "add_task") else None
         yield step
 
 

@@ -58,12 +58,8 @@ def vendor_of_build() -> str:
 
 
 def normalize_device(device: str | torch.device | None = "auto") -> torch.device:
-    """Resolve ``auto``/``cpu``/``cuda``/``cuda:N`` to a concrete, indexed torch device.
-
-    Raises:
-        DeviceError: for unknown strings, ``hip`` (use ``cuda`` on ROCm), or a GPU device when none
-            is available.
-    """
+    """Resolve ``auto``/``cpu``/``cuda``/``cuda:N`` to a concrete, indexed torch device; DeviceError for
+    unknown strings, ``hip`` (use ``cuda`` on ROCm), or a GPU device when none is available."""
     if device is None or device == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if isinstance(device, str) and device.startswith("hip"):

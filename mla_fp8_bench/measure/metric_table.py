@@ -236,11 +236,8 @@ class UnknownMetricError(KeyError):
 
 
 def metric(key: str) -> Metric:
-    """The metric with this name, record key, asv track name or full asv benchmark name.
-
-    Raises:
-        UnknownMetricError: naming the key and the known names.
-    """
+    """The metric with this name, record key, asv track name or full asv benchmark name;
+    UnknownMetricError names the key and the known names."""
     by_name, by_record_key, by_track = _indexes(METRICS)
     for index in (by_name, by_record_key, by_track):
         if key in index:

@@ -80,34 +80,20 @@ def _check_lens(lens: tuple, what: str, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark case: a ragged prefill batch, a context chunk or a prefix-cached prefill.
+    """One benchmark case: a ragged prefill batch, a context chunk or a prefix-cached prefill. CaseError
+    on any invalid field, or more than :data:`MAX_TOTAL_TOKENS` query or key tokens."""
 
-    Attributes:
-        seq_lens: per-sequence query token counts (q_len; == kv_len for ``prefill``), each >= 1.
-        num_heads: query heads == kv heads (MLA after ``kv_b_proj`` is MHA), 1..:data:`MAX_NUM_HEADS`.
-        quant: ``"per_tensor"`` (scale = amax/448, saturating clamp; AITER's op test) or ``"cast"``
-            (plain cast at unit scale; vLLM's ``_mla_fp8_prefill_attn``).
-        dist: one of :data:`DISTRIBUTIONS` (:mod:`mla_fp8_bench.problem.inputs`); seed: generator seed.
-        context_lens: per-sequence cached context token counts (each >= 0, at least one >= 1) for
-            ``ctx`` and ``prefix``; empty for ``prefill``.
-        family: the name of its kind, a key of :data:`KINDS`.
-
-    Raises:
-        CaseError: on any invalid field, or more than :data:`MAX_TOTAL_TOKENS` query or key tokens.
-    """
-
-    seq_lens: tuple[int, ...]
-    num_heads: int = DEFAULT_NUM_HEADS
-    quant: str = "per_tensor"
-    dist: str = "normal"
+    seq_lens: tuple[int, ...]  # per-sequence query token counts (q_len; == kv_len for prefill), each >= 1
+    num_heads: int = DEFAULT_NUM_HEADS  # query heads == kv heads (MLA after kv_b_proj is MHA)
+    quant: str = "per_tensor"  # scale = amax/448 with a saturating clamp (AITER's op test), or "cast" (vLLM's)
+    dist: str = "normal"  # one of DISTRIBUTIONS (problem/inputs.py)
     seed: int = 0
-    context_lens: tuple[int, ...] = ()
-    family: str = "prefill"
+    context_lens: tuple[int, ...] = ()  # per-sequence cached context tokens (>= 0, one >= 1) for ctx/prefix
+    family: str = "prefill"  # the name of its kind, a key of KINDS
 
     def __post_init__(self) -> None:
-        lens = tuple(self.seq_lens)
+        lens, ctx = tuple(self.seq_lens), tuple(self.context_lens)
         object.__setattr__(self, "seq_lens", lens)
-        ctx = tuple(self.context_lens)
         object.__setattr__(self, "context_lens", ctx)
         if not lens:
             raise CaseError("empty batch: seq_lens must hold at least one sequence length")
@@ -238,12 +224,8 @@ def _num(tok: str, case_id: str) -> int:
 
 def _ragged_runs(rest: list[str], item: str, case_id: str) -> list[tuple[int, ...]]:
     """Pop the leading ``<item>[x<count>]`` tokens of ``rest`` (``item`` a regex of ``q``-separated
-    numbers): one tuple of the numbers per sequence, repeats expanded.
-
-    Raises:
-        CaseError: a repeat count < 1, a number over :data:`_MAX_DIGITS` digits, or more than
-            :data:`MAX_TOTAL_TOKENS` sequences (each has at least one query token).
-    """
+    numbers): one tuple of the numbers per sequence, repeats expanded; CaseError for a repeat count < 1
+    or more than :data:`MAX_TOTAL_TOKENS` sequences."""
     out: list[tuple[int, ...]] = []
     while rest and re.fullmatch(rf"{item}(x\d+)?", rest[0]):
         tok = rest.pop(0)
@@ -279,11 +261,7 @@ def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]]
 
 
 def parse_case_id(case_id: str) -> Case:
-    """Parse a case id (see module docstring).
-
-    Raises:
-        CaseError: naming the bad id and the accepted grammar.
-    """
+    """Parse a case id (see module docstring); CaseError names the bad id and the accepted grammar."""
     if not isinstance(case_id, str) or not case_id:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
     tokens = case_id.split("-")
@@ -363,11 +341,8 @@ def default_sweep(device_type: str, cap: int | None = None) -> tuple[tuple[str, 
 
 
 def resolve_cases(specs: list[str] | tuple[str, ...]) -> list[Case]:
-    """Expand suite names (``sweep``, ``ragged``, ...) and case ids into cases, de-duplicated in order.
-
-    Raises:
-        CaseError: for an unknown id or suite name (lists the suites).
-    """
+    """Expand suite names (``sweep``, ``ragged``, ...) and case ids into cases, de-duplicated in order;
+    CaseError for an unknown id or suite name (lists the suites)."""
     out: dict[str, Case] = {}
     for spec in specs:
         if spec in SUITES:

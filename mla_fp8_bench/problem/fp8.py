@@ -43,11 +43,8 @@ class Quantized:
 def quantize(x: torch.Tensor, mode: str = "per_tensor", fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> Quantized:
     """Quantise ``x`` (bf16/fp16/fp32, any shape, may be a strided view) to ``fp8_dtype`` (e4m3fn: gfx950,
     Hopper; e4m3fnuz: gfx942) in ``mode`` ``"per_tensor"`` or ``"cast"``: a :class:`Quantized` with a
-    contiguous fp8 ``data`` and an fp32 ``[1]`` ``descale``.
-
-    Raises:
-        QuantError: unknown mode, non-floating input, unsupported fp8 dtype, or (per_tensor) a non-finite amax.
-    """
+    contiguous fp8 ``data`` and an fp32 ``[1]`` ``descale``. QuantError: unknown mode, non-floating input,
+    unsupported fp8 dtype, or (per_tensor) a non-finite amax."""
     if mode not in ("per_tensor", "cast"):
         raise QuantError(f"quantisation mode {mode!r} is unknown: allowed per_tensor, cast")
     if not torch.is_floating_point(x) or x.dtype in FP8_DTYPES:
