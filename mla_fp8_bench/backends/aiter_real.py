@@ -1,12 +1,8 @@
-"""The AITER persistent-scheduled FP8 MLA prefill, called through its three primitives.
-
-``get_ps_metadata_v1`` (host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1``
-(merge of partials), called as docs/aiter-contract.md specifies: every planner keyword explicit, fp8 q/k/v,
-scales as one-element fp32 device tensors, partial buffers sized from the live count, the reduce form and
-planner revision read from the op schemas (#api, #versions, #pr-3606, #context-chunks; the driver: #driver).
-One driver (:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in
-(:mod:`mla_fp8_bench.aiter_ps.standin`, backend ``aiter-emulated``) everywhere else, so the code that will
-meet a gfx950 runner is the code tested in CI.
+"""The AITER persistent-scheduled FP8 MLA prefill through its three primitives, ``get_ps_metadata_v1``
+(host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), called
+as docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks, #driver). One driver
+(:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in
+(``aiter-emulated``) everywhere else, so the code that meets a gfx950 runner is the code tested in CI.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ from mla_fp8_bench.aiter_ps.facts import (
 )
 from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
-from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case, CaseKind
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.prefix import merge_attn_states
@@ -200,8 +196,7 @@ class AiterPsDriver:
         self.m.get_ps_metadata_v1(cu_q, cu_kv, kv_lens, 1, num_heads, *(bufs[n] for n in BUFFER_NAMES),
                                   qhead_granularity=QHEAD_GRANULARITY, qlen_granularity=Q_TILE,
                                   kvlen_granularity=KVLEN_GRANULARITY, block_size=1, is_causal=bool(causal), **extra)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         planner_s = time.perf_counter() - t0
         return {**bufs, "planner_s": planner_s, "num_partials": int(bufs["reduce_indptr"][-1].item()),
                 "info_partial_slots": numel(info[BUFFER_NAMES.index("reduce_partial_map")][0]),

@@ -1,10 +1,7 @@
-"""``vllm-aiter``: the FP8 MLA prefill as vLLM enters it, through vLLM's own code.
-
-The timed call is the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)``, set up as
-vLLM's seed test (PR #51457) does: docs/aiter-contract.md#vllm-entry says what vLLM calls, docs/vllm-tier.md
-how the adapter builds it and which release does what (detected from vLLM's code, :class:`VllmFeatures`).
-Timing scope ``"call"``: bf16 q/k/v go in, so the fp8 casts (and, from 0.29, the head padding) are timed;
-planning, buffers and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
+"""``vllm-aiter``: the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)``, set up as
+vLLM's seed test (PR #51457) does (docs/aiter-contract.md#vllm-entry, docs/vllm-tier.md). Timing scope
+``"call"``: bf16 q/k/v go in, so the fp8 casts (and, from 0.29, the head padding) are timed; planning,
+buffers and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ from mla_fp8_bench.aiter_ps.facts import (
 from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
 from mla_fp8_bench.backends.aiter_real import aiter_gate, check_primitives, load_aiter, numel
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
-from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.shapes import V_HEAD_DIM
@@ -199,8 +196,7 @@ def _timed_build(builder: Any, metadata: Any, common: Any, device: torch.device)
     """Seconds of one ``_build_fp8_prefill_ps_metadata`` (device-synchronised on CUDA/HIP)."""
     t0 = time.perf_counter()
     builder._build_fp8_prefill_ps_metadata(metadata, common)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return time.perf_counter() - t0
 
 
@@ -216,11 +212,8 @@ class _Setup:
 
 
 class VllmAiter(Backend):
-    """vLLM's ``AiterMLAImpl._mla_fp8_prefill_attn`` on AITER (gfx950), set up as vLLM's seed test does.
-
-    The CPU tests drive it over the stand-in ``aiter`` and stand-in vLLM modules (``tests/support``) through
-    :attr:`vllm_module`, :attr:`workspace_module`, :attr:`bypass_gate` and :meth:`_aiter_for_vllm`.
-    """
+    """vLLM's FP8 prefill on AITER (gfx950). The CPU tests drive it over stand-in modules (``tests/support``)
+    through :attr:`vllm_module`, :attr:`workspace_module`, :attr:`bypass_gate` and :meth:`_aiter_for_vllm`."""
 
     name = "vllm-aiter"
     description = "vLLM AiterMLAImpl._mla_fp8_prefill_attn (real vLLM code; bf16 in, casts/padding timed)"

@@ -1,11 +1,7 @@
-"""Latency measurement: kernel-only device time and host-inclusive call latency, in seconds.
-
-Methods (CUDA and ROCm share the ``torch.cuda`` code path): ``graph`` (``launches`` back-to-back calls
+"""Latency measurement in seconds (docs/methodology.md §1, §2, §8). Methods: ``graph`` (``launches`` calls
 captured in one CUDA/HIP graph, a sample is ``elapsed(replay) / launches`` between two device events),
-``events`` (the same launches run eagerly between one event pair, when capture fails) and ``host``
-(CPU: ``perf_counter`` per call); :func:`time_call` is ``perf_counter`` around ``run(); synchronize()``.
-The procedure (heat-up, probe, clock-aware settle, samples with their SM clock, L2 flush) and the H200
-measurements behind it: docs/methodology.md §1, §2 and §8.
+``events`` (the same launches run eagerly, when capture fails), ``host`` (CPU: ``perf_counter`` per call)
+and ``host-sync`` (:func:`time_call`: ``perf_counter`` around ``run(); synchronize()``).
 """
 
 from __future__ import annotations
