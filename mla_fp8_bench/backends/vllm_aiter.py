@@ -20,14 +20,7 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.facts import (
-    Q_TILE,
-    aiter_version_of,
-    detect_planner_revision,
-    detect_reduce_arity,
-    effective_version,
-    reduce_heads_for,
-)
+from mla_fp8_bench.aiter_ps import facts
 from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
 from mla_fp8_bench.backends.aiter_real import aiter_gate, check_primitives, load_aiter, numel
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
@@ -250,8 +243,8 @@ class VllmAiter(Backend):
             self._aiter = load_aiter()  # only reached on ROCm (availability gates it)
         check_primitives(self._aiter)
         if self._aiter_version is None:
-            self._aiter_version = aiter_version_of(self._aiter)
-        form = detect_reduce_arity(self._aiter, self._aiter_version)
+            self._aiter_version = facts.aiter_version_of(self._aiter)
+        form = facts.detect_reduce_arity(self._aiter, self._aiter_version)
         if form.value is None:
             raise BackendUnavailable(f"aiter: {form.source}")
         if form.value != 9:
@@ -265,8 +258,8 @@ class VllmAiter(Backend):
         given = getattr(mod, "accepted_reduce_heads", None)  # the stand-in says what it emulates
         if given is not None:
             return frozenset(given)
-        planner = detect_planner_revision(mod, self._aiter_version).value
-        return reduce_heads_for(effective_version(self._aiter_version, 9, planner))
+        planner = facts.detect_planner_revision(mod, self._aiter_version).value
+        return facts.reduce_heads_for(facts.effective_version(self._aiter_version, 9, planner))
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         if not self.bypass_gate:
@@ -432,7 +425,7 @@ class VllmAiter(Backend):
             with self._aiter_for_vllm():
                 samples += [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
                 info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
-                                                     max_qlen=case.max_seq_len, qlen_granularity=Q_TILE)
+                                                     max_qlen=case.max_seq_len, qlen_granularity=facts.Q_TILE)
         finally:
             ws.reset_workspace_manager()
         cus = getattr(aiter, "cu_num", None) or platform.multi_processor_count

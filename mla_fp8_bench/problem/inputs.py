@@ -14,15 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mla_fp8_bench.problem import shapes
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.fp8 import Quantized, quantize
-from mla_fp8_bench.problem.shapes import (
-    DEFAULT_SOFTMAX_SCALE,
-    QK_HEAD_DIM,
-    QK_NOPE_HEAD_DIM,
-    QK_ROPE_HEAD_DIM,
-    V_HEAD_DIM,
-)
 
 
 @dataclass
@@ -93,7 +87,7 @@ def make_bf16_qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     """
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
     t, tk, h = case.total_tokens, case.total_kv_tokens, case.num_heads
-    dqk, dv, dn, dr = QK_HEAD_DIM, V_HEAD_DIM, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM
+    dqk, dv, dn, dr = shapes.QK_HEAD_DIM, shapes.V_HEAD_DIM, shapes.QK_NOPE_HEAD_DIM, shapes.QK_ROPE_HEAD_DIM
     if case.dist == "const":
         q = torch.full((t, h, dqk), 0.5)
         k = torch.full((tk, h, dqk), 0.25)
@@ -124,9 +118,9 @@ def make_inputs(case: Case, device: torch.device | str = "cpu",
     if device.type != "cpu":
         q, k = q.to(device), k.to(device)
         # mla: the whole kv_b_proj-like output moves, so v stays a strided view of it on the device too
-        v = v._base.to(device)[..., QK_NOPE_HEAD_DIM:] if case.dist == "mla" else v.to(device)
+        v = v._base.to(device)[..., shapes.QK_NOPE_HEAD_DIM:] if case.dist == "mla" else v.to(device)
     cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
     cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
     q8, k8, v8 = (quantize(x, case.quant, fp8_dtype) for x in (q, k, v))
     return CaseInputs(case, q, k, v, q8, k8, v8, cu_q.to(device), cu_q, cu_kv.to(device), cu_kv, case.max_seq_len,
-                      case.max_kv_len, case.causal, DEFAULT_SOFTMAX_SCALE, fp8_dtype, device)
+                      case.max_kv_len, case.causal, shapes.DEFAULT_SOFTMAX_SCALE, fp8_dtype, device)
