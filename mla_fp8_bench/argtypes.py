@@ -1,9 +1,6 @@
-"""Validation of user-supplied values (command-line options, environment variables, names) before any
-work starts: each failure is one line naming the value and what is allowed.
-
-``positive_int`` / ``positive_float`` / ``safe_name`` are argparse ``type=`` callables (argparse turns
-their ``ArgumentTypeError`` into ``error: argument --x: ...`` and exit status 2); environment variables
-are checked in :mod:`mla_fp8_bench.config`.
+"""Validation of user-supplied values before any work starts: each failure is one line naming the value and
+what is allowed. ``positive_int`` / ``positive_float`` / ``int_in`` / ``safe_name`` are argparse ``type=``
+callables (``error: argument --x: ...``, exit status 2); environment variables: :mod:`mla_fp8_bench.config`.
 """
 
 from __future__ import annotations

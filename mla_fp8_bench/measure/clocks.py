@@ -1,11 +1,6 @@
-"""GPU clock, temperature and power readings, and the clock policy of a device.
-
-Every latency sample carries the SM clock it ran at, read (with die temperature and board power) through
-NVML (``pynvml``: clock MHz, temperature deg C, power mW, clock event reasons) or ``amdsmi`` (GFX clock,
-hotspot temperature, socket power). Both are optional: without them (or on the CPU) :class:`ClockReader`
-is unavailable and every reading is ``None``, never an error. Nothing here changes a device setting.
-The SW power cap is the normal state of a busy H200; the reasons in :data:`THROTTLE_MASK` mark a sample
-as throttled.
+"""GPU clock, temperature and power readings (NVML's ``pynvml`` or ``amdsmi``, both optional: without them
+every reading is ``None``, never an error), and the clock policy of a device. Nothing here changes a
+device setting. The SW power cap is the normal state of a busy H200; :data:`THROTTLE_MASK` is not.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Device and vendor facts: vendor (cuda / rocm / cpu), arch (sm_90, gfx950), fp8 dtype.
-
-On ROCm builds of PyTorch, AMD GPUs are exposed under device type ``"cuda"`` (the ``torch.cuda``
-APIs are HIP underneath); ``"hip"`` is not a usable tensor device. The vendor is told apart by
-``torch.version.hip`` / ``torch.version.cuda``, never by the device string (vLLM's
-``RocmPlatform.device_type == "cuda"``). ``torch.device("cuda")`` has no index and compares unequal
-to ``torch.device("cuda:0")``, so :func:`normalize_device` always adds the index.
+"""Device and vendor facts: vendor (cuda / rocm / cpu), arch (sm_90, gfx950), fp8 dtype. ROCm GPUs are
+device type ``"cuda"`` (``"hip"`` is not a tensor device), so the vendor is told by ``torch.version.hip``
+/ ``torch.version.cuda``; devices are always indexed (``torch.device("cuda") != torch.device("cuda:0")``).
 """
 
 from __future__ import annotations

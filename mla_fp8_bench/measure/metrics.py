@@ -1,9 +1,6 @@
-"""Error metrics of an attention output against a reference, computed in float64.
-
-``mismatch_fraction`` follows AITER's ``checkAllclose`` (aiter/test_common.py): the fraction of
-elements failing ``|out - ref| <= atol + rtol * |ref|`` (0 = pass, <= 0.05 warning, else fail there;
-defaults atol = rtol = 5e-2 as in op_tests/test_mla_prefill_ps.py). Non-finite outputs count as
-mismatches.
+"""Error metrics of an attention output against a reference, computed in float64. ``mismatch_fraction``
+is AITER's ``checkAllclose`` (aiter/test_common.py): the fraction failing ``|out - ref| <= atol + rtol *
+|ref|`` at atol = rtol = 5e-2 (op_tests/test_mla_prefill_ps.py); non-finite outputs count as mismatches.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Exact attention for ragged batches: output and natural-log LSE, in float64 on the CPU and float32 on
-GPUs, one sequence at a time in query chunks (memory ``O(H * chunk * kv_len)``). Against the dequantised
-fp8 inputs (:func:`reference_fp8_dequant`) the input rounding cancels, so the error is the kernel's own;
-against the bf16 inputs (:func:`reference_bf16`) it is the end-to-end error of going FP8. Masking is
-bottom-right causal (AITER's: local query ``i`` sees key ``j`` iff ``j <= kv_len - q_len + i``);
-``ctx`` cases are non-causal.
+"""Exact attention for ragged batches (output and natural-log LSE), one sequence at a time in query chunks.
+Against the dequantised fp8 inputs (:func:`reference_fp8_dequant`) the input rounding cancels, so the
+error is the kernel's own; against the bf16 inputs (:func:`reference_bf16`) it is the end-to-end error.
 """
 
 from __future__ import annotations

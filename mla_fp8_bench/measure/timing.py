@@ -48,11 +48,6 @@ class TimingResult:
         return statistics.stdev(s) / statistics.fmean(s) if len(s) >= 2 else 0.0
 
 
-def _l2_bytes(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
-
-
 def _warmup(run: Callable[[], object], sync: Callable[[], None], max_calls: int = 20, budget_s: float = 2.0,
             rel_tol: float = 0.05) -> int:
     """Call ``run`` until two consecutive host-timed calls agree within ``rel_tol`` (>= 3 calls)."""
@@ -238,7 +233,10 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     warm = _warmup(run, sync)
     one, graph_capturable, note = _probe_launch_s(run, device, stream, sync, graph_capturable)
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
-    flush_buf = torch.empty(2 * _l2_bytes(device) // 4, dtype=torch.float32, device=device) if flush_l2 else None
+    flush_buf = None
+    if flush_l2:  # twice the L2 (64 MiB where torch does not report it) of fp32, zeroed before each sample
+        l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20)
+        flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device=device)
     graph = None
     if graph_capturable:
         try:

@@ -1,11 +1,6 @@
 """Benchmark cases: a ragged prefill batch, a context chunk or a prefix-cached prefill, plus quantisation,
-distribution and seed, named by a short stable id usable as an asv parameter and on the command line.
-
-The id grammar is in docs/usage.md, "Cases": ``s4096``, ``ragged-6992-6896-2495``, ``ragged-4096x4``,
-``ctx1024-q256``, ``prefix1024-q300``, ``ctx-ragged-<C>q<Q>[x<n>]-...``, ``prefix-ragged-...``, then the
-non-default suffixes in this order: ``-h<heads>``, ``-cast``, ``-outlier`` / ``-mla`` / ``-const``,
-``-seed<n>``. Ids that have published results are never changed or reused (an id's asv history is one
-series).
+distribution and seed, named by a short stable id (an asv parameter; grammar: docs/usage.md, "Cases",
+and :data:`_ID_HELP`). Ids that have published results are never changed or reused.
 """
 
 from __future__ import annotations

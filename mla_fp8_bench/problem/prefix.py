@@ -1,8 +1,5 @@
-"""Prefix-cached prefill the way vLLM computes it (docs/aiter-contract.md#context-chunks): the new tokens
-against themselves (causal, a ``prefill`` piece) and against the cached context (non-causal, a ``ctx``
-piece), merged by their natural-log LSE on every row (:func:`merge_attn_states`). The pieces are cut
-without re-quantising (:func:`split_prefix_inputs`), so the exact answer is the exact attention on the
-same dequantised inputs.
+"""Prefix-cached prefill the way vLLM computes it (docs/aiter-contract.md#context-chunks): a causal
+new-vs-new piece and a non-causal new-vs-context piece, cut without re-quantising and merged by LSE.
 """
 
 from __future__ import annotations
