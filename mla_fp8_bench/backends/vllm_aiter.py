@@ -226,7 +226,6 @@ class VllmAiter(Backend):
         return contextlib.nullcontext()
 
     def entry(self) -> VllmEntry:
-        """vLLM's classes (imported on first use)."""
         if self._entry is None:
             try:
                 self._entry = load_vllm_entry(self.vllm_module, self.workspace_module)

@@ -106,7 +106,6 @@ def platform_info(device: str | torch.device | None = "auto") -> PlatformInfo:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for all queued work on ``device`` (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

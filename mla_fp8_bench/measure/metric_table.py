@@ -116,7 +116,6 @@ class Metric:
 
 
 def record_is_emulation(rec: dict[str, Any]) -> bool:
-    """A run record is an emulation's: its ``emulation`` field or its ``timing_scope`` says so."""
     return bool(rec.get("emulation")) or rec.get("timing_scope") == "emulation"
 
 
@@ -249,7 +248,6 @@ def metric(key: str) -> Metric:
 
 
 def find(key: str) -> Metric | None:
-    """:func:`metric` or None."""
     try:
         return metric(key)
     except UnknownMetricError:
@@ -263,17 +261,14 @@ def label(key: str) -> str:
 
 
 def asv_metrics(asv_class: str | None = None) -> tuple[Metric, ...]:
-    """Metrics with an asv track (of one class when given), in table order."""
     return tuple(m for m in METRICS if m.track and (asv_class is None or m.asv_class == asv_class))
 
 
 def calibrated_metrics() -> tuple[Metric, ...]:
-    """Metrics calibrate measures and tolerance files hold."""
     return tuple(m for m in METRICS if m.calibrated)
 
 
 def zero_metrics() -> tuple[Metric, ...]:
-    """Metrics that must be exactly 0 (checked always, never calibrated)."""
     return tuple(m for m in METRICS if m.gate == "zero")
 
 

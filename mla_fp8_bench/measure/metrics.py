@@ -35,7 +35,6 @@ class ErrorMetrics:
     numel: int  # elements compared
 
     def as_dict(self, suffix: str = "") -> dict[str, float]:
-        """Fields as a dict, keys suffixed (e.g. ``max_abs_error_fp8_ref``)."""
         return {f"{k}{suffix}": v for k, v in asdict(self).items()}
 
 

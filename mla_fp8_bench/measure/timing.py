@@ -32,7 +32,6 @@ class TimingResult:
 
     @property
     def median_s(self) -> float:
-        """Median sample, seconds."""
         return statistics.median(self.samples_s)
 
     @property

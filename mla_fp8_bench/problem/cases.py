@@ -260,7 +260,6 @@ def parse_case_id(case_id: str) -> Case:
     if not isinstance(case_id, str) or not case_id:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
     tokens = case_id.split("-")
-    lens: list[int] = []
     kw: dict = {}
     leads = {k.id_lead: k.name for k in KINDS.values() if k.id_lead and not k.context}
     if len(tokens) > 1 and tokens[0] in leads:
@@ -269,17 +268,14 @@ def parse_case_id(case_id: str) -> Case:
     if chunk is not None:
         kw, rest = chunk
     elif re.fullmatch(r"s\d+", tokens[0]):
-        lens = [_num(tokens[0][1:], case_id)]
-        rest = tokens[1:]
+        kw["seq_lens"], rest = (_num(tokens[0][1:], case_id),), tokens[1:]
     elif tokens[0] == "ragged":
         rest = tokens[1:]
-        lens = [n for (n,) in _ragged_runs(rest, r"\d+", case_id)]
-        if not lens:
+        kw["seq_lens"] = tuple(n for (n,) in _ragged_runs(rest, r"\d+", case_id))
+        if not kw["seq_lens"]:
             raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
     else:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
-    if lens:
-        kw["seq_lens"] = tuple(lens)
     for tok in rest:
         if re.fullmatch(r"h\d+", tok) and "num_heads" not in kw:
             kw["num_heads"] = _num(tok[1:], case_id)

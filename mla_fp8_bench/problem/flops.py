@@ -39,5 +39,4 @@ DATASHEET_PEAKS_TFLOPS = {
 
 
 def datasheet_peak(device_name: str, arch: str) -> dict[str, float] | None:
-    """Datasheet peaks for a device name or arch, or None if unknown."""
     return DATASHEET_PEAKS_TFLOPS.get(device_name) or DATASHEET_PEAKS_TFLOPS.get(arch)

@@ -36,7 +36,6 @@ class Quantized:
     mode: str  # "per_tensor" or "cast"
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``data.to(dtype) * descale`` (computed in ``dtype``)."""
         return self.data.to(dtype) * self.descale.to(dtype)
 
 
