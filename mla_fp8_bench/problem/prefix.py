@@ -19,13 +19,10 @@ def merge_attn_states(prefix_out: torch.Tensor, prefix_lse: torch.Tensor, suffix
                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attentions over disjoint key sets by their LSE (vLLM's ``merge_attn_states``):
     ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)``, in
-    float32 (float64 when an LSE is float64) with the maximum subtracted. As vLLM's kernel: an LSE of
-    +-inf (a piece that saw no key; FA2 reports +inf, FA3 -inf) counts as -inf; where both are -inf the row
-    is the prefix piece's output and LSE. A NaN LSE gives a NaN row.
-
-    ``prefix_*``: the first piece (vLLM: the context chunk), ``suffix_*``: the second (new tokens, causal);
-    outputs ``[T, H, Dv]``, natural-log LSEs ``[T, H]``. Returns ``(out [T, H, Dv] in out_dtype (default
-    prefix_out's), lse [T, H] in the compute dtype)``; ValueError if the shapes disagree.
+    float32 (float64 when an LSE is float64). As vLLM's kernel: an LSE of +-inf (a piece that saw no key)
+    counts as -inf; where both are -inf the row is the prefix piece's. A NaN LSE gives a NaN row.
+    ``prefix_*`` (vLLM: the context chunk), ``suffix_*`` (new tokens): outputs ``[T, H, Dv]``, LSEs
+    ``[T, H]``. Returns ``(out in out_dtype (default prefix_out's), lse)``; ValueError on shape mismatch.
     """
     if prefix_out.shape != suffix_out.shape or prefix_lse.shape != suffix_lse.shape \
             or prefix_out.shape[:-1] != prefix_lse.shape:
