@@ -232,15 +232,11 @@ def _this_machine(name: str, device: str) -> dict[str, str]:
 def _differing_facts(committed: dict, here: dict) -> list[str]:
     """Facts of a committed machine that this machine contradicts: arch, GPU model, and the CPU count
     when there is no GPU."""
-    out = []
-    if str(committed.get("arch", here["arch"])) != here["arch"]:
-        out.append(f"arch {committed.get('arch')!r} vs {here['arch']!r}")
     cg, hg = str(committed.get("gpu", here["gpu"])).strip().lower(), here["gpu"].strip().lower()
-    if cg != hg and ("none" in (cg, hg) or not (cg in hg or hg in cg)):
-        out.append(f"gpu {committed.get('gpu')!r} vs {here['gpu']!r}")
-    if hg == "none" and str(committed.get("num_cpu", here["num_cpu"])) != here["num_cpu"]:
-        out.append(f"num_cpu {committed.get('num_cpu')!r} vs {here['num_cpu']!r}")
-    return out
+    differs = {"arch": str(committed.get("arch", here["arch"])) != here["arch"],
+               "gpu": cg != hg and ("none" in (cg, hg) or not (cg in hg or hg in cg)),
+               "num_cpu": hg == "none" and str(committed.get("num_cpu", here["num_cpu"])) != here["num_cpu"]}
+    return [f"{k} {committed.get(k)!r} vs {here[k]!r}" for k, d in differs.items() if d]
 
 
 def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
