@@ -220,12 +220,10 @@ def _indexes(metrics: tuple[Metric, ...]) -> tuple[dict[str, Metric], ...]:
     """(by name, by record key, by asv track) of ``metrics`` (:data:`METRICS`, which a test may extend)."""
     out = []
     for attr in ("name", "record_key", "track"):
-        index: dict[str, Metric] = {}
-        for m in metrics:
-            if getattr(m, attr) in index:
-                raise ValueError(f"metric table: {attr} {getattr(m, attr)!r} appears twice")
-            if getattr(m, attr) is not None:
-                index[getattr(m, attr)] = m
+        index = {getattr(m, attr): m for m in metrics if getattr(m, attr) is not None}
+        keys = [getattr(m, attr) for m in metrics if getattr(m, attr) is not None]
+        if len(index) != len(keys):
+            raise ValueError(f"metric table: {attr} {next(k for k in keys if keys.count(k) > 1)!r} appears twice")
         out.append(index)
     return tuple(out)
 
