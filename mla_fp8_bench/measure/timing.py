@@ -266,11 +266,19 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
 
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
               time_budget_s: float = 10.0, warmup: bool = True) -> TimingResult:
-    """Latency of ``run`` on the CPU: ``perf_counter`` per call (:func:`_host_samples`), after one warm-up
-    call (``warmup``)."""
+    """Latency of ``run`` on the CPU: ``perf_counter`` per call, after one warm-up call (``warmup``); at least
+    ``min_samples`` samples, then stops once ``time_budget_s`` is spent."""
     if warmup:
         run()
-    return TimingResult(_host_samples(run, None, samples, min_samples, time_budget_s), "host", 1, int(warmup))
+    out: list[float] = []
+    t_budget = time.perf_counter() + time_budget_s
+    for i in range(samples):
+        t0 = time.perf_counter()
+        run()
+        out.append(time.perf_counter() - t0)
+        if i + 1 >= min_samples and time.perf_counter() > t_budget:
+            break
+    return TimingResult(out, "host", 1, int(warmup))
 
 
 def time_call(run: Callable[[], object], device: torch.device, *, samples: int = 20,
@@ -278,24 +286,16 @@ def time_call(run: Callable[[], object], device: torch.device, *, samples: int =
     """Host-inclusive latency of one call (``run(); synchronize()``), as a user of the API sees it."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     warm = _warmup(run, sync, max_calls=5)
-    return TimingResult(_host_samples(run, sync, samples, 3, time_budget_s), "host-sync", 1, warm)
-
-
-def _host_samples(run: Callable[[], object], sync: Callable[[], None] | None, samples: int, min_samples: int,
-                  time_budget_s: float) -> list[float]:
-    """``perf_counter`` around ``run()`` (and ``sync()``), up to ``samples`` times; stops after
-    ``min_samples`` once ``time_budget_s`` is spent."""
     out: list[float] = []
     t_budget = time.perf_counter() + time_budget_s
     for i in range(samples):
         t0 = time.perf_counter()
         run()
-        if sync is not None:
-            sync()
+        sync()
         out.append(time.perf_counter() - t0)
-        if i + 1 >= min_samples and time.perf_counter() > t_budget:
+        if i >= 2 and time.perf_counter() > t_budget:
             break
-    return out
+    return TimingResult(out, "host-sync", 1, warm)
 
 
 def measure_latency(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = False,
