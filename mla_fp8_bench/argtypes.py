@@ -1,9 +1,6 @@
-"""Validation of user-supplied values (command-line options, environment variables, names) before any
-work starts: each failure is one line naming the value and what is allowed.
-
-``positive_int`` / ``positive_float`` / ``safe_name`` are argparse ``type=`` callables (argparse turns
-their ``ArgumentTypeError`` into ``error: argument --x: ...`` and exit status 2); environment variables
-are checked in :mod:`mla_fp8_bench.config`.
+"""Validation of user-supplied values before any work starts: each failure is one line naming the value and
+what is allowed. ``positive_int`` / ``positive_float`` / ``int_in`` / ``safe_name`` are argparse ``type=``
+callables (``error: argument --x: ...``, exit status 2); environment variables: :mod:`mla_fp8_bench.config`.
 """
 
 from __future__ import annotations
@@ -20,12 +17,8 @@ RESERVED_NAMES = frozenset({"version", "benchmarks.json", "machine.json", "html"
 
 
 def check_name(value: str, what: str) -> str:
-    """Return ``value`` if it is a safe one-component name, else raise ``ValueError``.
-
-    Raises:
-        ValueError: ``value`` is empty, contains a path separator or ``..``, starts with a dot, is longer
-            than 64 characters, or is a name asv reserves (:data:`RESERVED_NAMES`).
-    """
+    """Return ``value`` if it is a safe one-component name (:data:`NAME_RE`, no ``..``, not one of
+    :data:`RESERVED_NAMES`), else raise ``ValueError``."""
     if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
         raise ValueError(f"{what} {value!r} is invalid: letters, digits, '.', '_', '+', '-' (1-64 characters, "
                          "first a letter or digit, no '..' or '/'): it names a file or directory")
@@ -36,11 +29,8 @@ def check_name(value: str, what: str) -> str:
 
 
 def split_list(values: list[str] | None, option: str) -> list[str] | None:
-    """Comma-separated option values (``action="append"``), in order, each once; None when not given.
-
-    Raises:
-        ValueError: the option was given but names nothing (``-b ",,,"``).
-    """
+    """Comma-separated option values (``action="append"``), in order, each once; None when not given;
+    ValueError when the option was given but names nothing (``-b ",,,"``)."""
     if values is None:
         return None
     items = [x.strip() for s in values for x in s.split(",") if x.strip()]

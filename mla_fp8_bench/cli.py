@@ -119,10 +119,9 @@ def _records_table(data: dict) -> Table:
 
 
 def _interrupted_path(path: str, data: dict) -> str:
-    """Where an interrupted run's records go: ``path``, unless a file there holds as many records or
-    more (a file that is not a run JSON counts as none): then the first of ``<stem>.interrupted<suffix>``,
-    ``<stem>.interrupted-2<suffix>``, ... beside it that holds no more, so no earlier file (also an earlier
-    interrupted run's) is ever replaced by fewer records."""
+    """Where an interrupted run's records go: ``path``, unless a file there holds as many records or more;
+    then the first of ``<stem>.interrupted<suffix>``, ``<stem>.interrupted-2<suffix>``, ... that holds no
+    more, so no earlier file is ever replaced by fewer records."""
     from mla_fp8_bench.jsonio import load_json, output_target
 
     def n_records(candidate: str) -> int:
@@ -145,12 +144,9 @@ def _interrupted_path(path: str, data: dict) -> str:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    """``run``: every argument (names, cases, numbers, the ``--json`` path) is checked before measuring.
-
-    Ctrl-C, SIGTERM and SIGHUP write the records completed so far (marked ``"interrupted": true``) and exit
-    130 (128 + the signal's number): to ``--json``, or beside it when the file there holds as many records
-    or more. A second run writing the same ``--json`` at the same time is refused before measuring.
-    """
+    """``run``: every argument is checked before measuring; a second run writing the same ``--json`` is
+    refused. Ctrl-C, SIGTERM and SIGHUP write the records completed so far (marked ``"interrupted"``, see
+    :func:`_interrupted_path`) and exit 128 + the signal's number."""
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import check_output_path, locked, write_json_or_rescue
@@ -202,10 +198,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console: Console) -> int | None:
-    """``run --rounds N``: rounds 1 .. N-1 in forked processes folded into ``data``'s records (the run's
-    own timing is round 0; the flags that set the configuration reach the round processes through their
-    environment). Returns None, or the number of the signal that stopped the rounds (Ctrl-C, SIGTERM,
-    SIGHUP: the records keep round 0 and ``data["rounds"]`` says so)."""
+    """``run --rounds N``: rounds 1 .. N-1 in forked processes (configuration flags passed through their
+    environment) folded into ``data``'s records. Returns None, or the number of the signal that stopped
+    the rounds (the records keep round 0 and ``data["rounds"]`` says so)."""
     from mla_fp8_bench.config import PREFIX
     from mla_fp8_bench.harness.rounds import fold_rounds
 
@@ -236,29 +231,19 @@ def _this_machine(name: str, device: str) -> dict[str, str]:
 
 def _differing_facts(committed: dict, here: dict) -> list[str]:
     """Facts of a committed machine that this machine contradicts: arch, GPU model, and the CPU count
-    when there is no GPU (a CPU machine's latencies are its cores')."""
-    out = []
-    if str(committed.get("arch", here["arch"])) != here["arch"]:
-        out.append(f"arch {committed.get('arch')!r} vs {here['arch']!r}")
+    when there is no GPU."""
     cg, hg = str(committed.get("gpu", here["gpu"])).strip().lower(), here["gpu"].strip().lower()
-    if cg != hg and ("none" in (cg, hg) or not (cg in hg or hg in cg)):
-        out.append(f"gpu {committed.get('gpu')!r} vs {here['gpu']!r}")
-    if hg == "none" and str(committed.get("num_cpu", here["num_cpu"])) != here["num_cpu"]:
-        out.append(f"num_cpu {committed.get('num_cpu')!r} vs {here['num_cpu']!r}")
-    return out
+    differs = {"arch": str(committed.get("arch", here["arch"])) != here["arch"],
+               "gpu": cg != hg and ("none" in (cg, hg) or not (cg in hg or hg in cg)),
+               "num_cpu": hg == "none" and str(committed.get("num_cpu", here["num_cpu"])) != here["num_cpu"]}
+    return [f"{k} {committed.get(k)!r} vs {here[k]!r}" for k, d in differs.items() if d]
 
 
 def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
     """Write ``~/.asv-machine.json`` for ``args.name``: the committed ``results/<name>/machine.json`` if
-    there is one (so a run never rewrites a published machine's facts), else facts read off this
-    machine, with a ``gpu`` key (asv keeps extra keys; they become graph facets).
-
-    The name must be a safe path component that asv does not reserve; the machine file is read first
-    (a corrupt or non-object file is refused, naming it) and written atomically under a lock, other
-    machines kept. Without ``--force`` it refuses to replace an entry of that name with other facts (a
-    hand-written entry), and to file this machine under a published name whose committed facts (arch,
-    GPU, CPU count of a machine without a GPU) are not this machine's.
-    """
+    there is one, else facts read off this machine with a ``gpu`` key (an asv graph facet); atomically,
+    under a lock, other machines kept. Without ``--force`` it refuses to replace an entry of that name with
+    other facts, and to file this machine under a published name whose committed facts are not its own."""
     from mla_fp8_bench.argtypes import check_name
     from mla_fp8_bench.jsonio import load_json, locked, write_json_atomic
 
@@ -353,19 +338,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``mla-fp8-bench`` console script; returns the exit status."""
+    """The ``mla-fp8-bench`` console script; returns the exit status."""
     from rich.markup import escape
 
-    from mla_fp8_bench.backends import UnknownBackendError
-    from mla_fp8_bench.measure.devices import DeviceError
-    from mla_fp8_bench.problem.cases import CaseError
     from mla_fp8_bench.terminal import make_console
 
     console = make_console()
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args, console)
-    except (UnknownBackendError, CaseError, DeviceError, FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:  # bad input: unknown backend or case, bad device, ...
         msg = str(exc)
     except ModuleNotFoundError as exc:
         top = (exc.name or "").partition(".")[0]

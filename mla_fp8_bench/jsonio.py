@@ -1,9 +1,5 @@
-"""JSON files written atomically and read with errors that name the file (docs/robustness.md, P4, P10).
-
-Every writer in the suite (run JSONs, tolerances, merged asv results) goes through
-:func:`write_file_atomic`; writers that read, modify and write one file (or one folder) hold
-:func:`locked` around it, so two at once are serialised instead of one losing the other's change.
-"""
+"""JSON files written atomically (:func:`write_file_atomic`, under :func:`locked` where a writer reads,
+modifies and writes one file) and read with errors that name the file (docs/robustness.md, P4, P10)."""
 
 from __future__ import annotations
 
@@ -30,11 +26,8 @@ _BRACKET = re.compile(r"[\[\]{}]")
 
 
 class OutputError(OSError, ValueError):
-    """An output file cannot be written (or is locked by another writer); the message names it.
-
-    An ``OSError`` (callers that handle write failures keep working) and a ``ValueError`` (the CLI
-    prints it as one line and exits 2).
-    """
+    """An output file cannot be written (or is locked by another writer); the message names it. An
+    ``OSError`` for callers that handle write failures, a ``ValueError`` for the CLI (one line, exit 2)."""
 
     def __str__(self) -> str:
         return str(self.args[-1]) if self.args else super().__str__()
@@ -93,15 +86,9 @@ def finite_number(x: Any) -> float | None:
 
 
 def check_output_path(path: str | os.PathLike | None, what: str = "output file") -> Path:
-    """Check, before any work, that :func:`write_file_atomic` can create ``path``; return it as a Path.
-
-    Missing parent directories are created (the write would create them too); a temp file is created
-    and removed in the target directory, so a read-only file system or missing permission shows here.
-
-    Raises:
-        ValueError: naming ``path`` when it is empty, is a directory or another non-regular file, lies
-            under a regular file, or its directory cannot be created or written.
-    """
+    """Check, before any work, that :func:`write_file_atomic` can create ``path`` (parents created, a temp
+    file created and removed there); return it as a Path. ValueError naming ``path`` when it is empty, not
+    a regular file, lies under a file, or its directory cannot be created or written."""
     p = output_target(path, what)
     if p.is_dir():
         raise ValueError(f"{what} {p} is a directory: give a file path inside it, e.g. {p / 'out.json'}")
@@ -120,12 +107,8 @@ def check_output_path(path: str | os.PathLike | None, what: str = "output file")
 
 def output_target(path: str | os.PathLike | None, what: str = "output file") -> Path:
     """The file a write to ``path`` creates or replaces: a symlink (also a chain, also dangling) is followed
-    to its final target, so the link stays a link.
-
-    Raises:
-        OutputError: ``path`` is empty or only blanks, its file name is longer than the file system
-            allows (``NAME_MAX``), or the whole path longer than ``PATH_MAX``.
-    """
+    to its final target, so the link stays a link. OutputError: ``path`` is blank, or a name in it is
+    over ``NAME_MAX``, or the whole path over ``PATH_MAX``."""
     if path is None or str(path).strip() == "":
         raise OutputError(f"{what} path {str(path) if path is not None else ''!r} is empty: give a file name, "
                           "e.g. runs/out.json")
@@ -168,8 +151,7 @@ def _write_error(path: Path, exc: OSError) -> OutputError:
 
 
 def umask_mode(full: int = 0o666) -> int:
-    """The mode a new file (``full`` 0o666) or folder (0o777) gets under the current umask (``mkstemp`` and
-    ``mkdtemp`` alone give 0600 / 0700)."""
+    """The mode a new file (``full`` 0o666) or folder (0o777) gets under the current umask."""
     old = os.umask(0)
     try:
         return full & ~old
@@ -179,14 +161,9 @@ def umask_mode(full: int = 0o666) -> int:
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) -> Iterator[None]:
-    """Hold an exclusive lock of the writers of ``path`` (a file or folder; ``what`` names it in messages):
-    ``fcntl.flock`` of ``.<name>.lock`` beside it, a file that exists only while it is held. ``wait``: block
-    until the other writer is done (default), or refuse at once.
-
-    Raises:
-        OutputError: ``wait=False`` and another process holds the lock (its pid named), or the lock file
-            cannot be created (read-only or missing permission: the write would fail too).
-    """
+    """Hold an exclusive lock of the writers of ``path`` (a file or folder): ``fcntl.flock`` of
+    ``.<name>.lock`` beside it, a file that exists only while held. ``wait``: block until the other writer
+    is done, else raise OutputError naming its pid (also when the lock file cannot be created)."""
     p = Path(path).absolute()
     lock = p.parent / f".{p.name[:200]}.lock"
     while True:
@@ -218,15 +195,9 @@ def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) ->
 
 
 def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = False) -> None:
-    """Create ``path`` by calling ``write(f)`` on a temp file beside it, then renaming it into place.
-
-    The previous file (if any) survives any failure or interrupt inside ``write``; no temp file is left.
-    A symlink at ``path`` is followed (its target is replaced).
-
-    Raises:
-        OutputError: the path is empty, or the file system refused the write (full, size limit, read-only,
-            permission); the message names the file.
-    """
+    """Create ``path`` by calling ``write(f)`` on a temp file beside it, then renaming it into place: the
+    previous file survives any failure inside ``write`` and no temp file is left; a symlink is followed.
+    OutputError naming the file: an empty path, or the file system refused the write."""
     path = output_target(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -249,10 +220,8 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, b
 
 
 def write_json_atomic(data: Any, path: str | os.PathLike, *, indent: int = 1, sort_keys: bool = False) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (see :func:`write_file_atomic`).
-
-    torch dtypes/devices become strings and tensors lists; anything else unserialisable raises TypeError.
-    """
+    """Write ``data`` as JSON to ``path`` atomically (:func:`write_file_atomic`); torch dtypes/devices
+    become strings and tensors lists; anything else unserialisable raises TypeError."""
     def write(f: IO) -> None:
         json.dump(data, f, indent=indent, sort_keys=sort_keys, default=_json_default, allow_nan=True)
         f.write("\n")
@@ -261,13 +230,8 @@ def write_json_atomic(data: Any, path: str | os.PathLike, *, indent: int = 1, so
 
 
 def write_json_or_rescue(data: Any, path: str | os.PathLike, what: str = "output") -> None:
-    """:func:`write_json_atomic`, and when the file system refuses it (full, size limit, read-only),
-    the data is written to the temp folder instead so measured results survive.
-
-    Raises:
-        OutputError: the write to ``path`` failed; the message names the rescue file (or why that failed
-            too).
-    """
+    """:func:`write_json_atomic`; when the file system refuses it, the data goes to the temp folder so
+    measured results survive, and OutputError names the rescue file (or why that failed too)."""
     try:
         write_json_atomic(data, path)
     except OutputError as exc:

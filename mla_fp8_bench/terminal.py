@@ -24,19 +24,12 @@ def fmt_seconds(x: float | None) -> str:
     """Seconds with 4 significant digits in s / ms / us (``9.745 us``, ``10.24 ms``); ``-`` for None or NaN."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
-    if x >= 1:
-        return f"{x:.4g} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.4g} ms"
-    return f"{x * 1e6:.4g} us"
+    return f"{x:.4g} s" if x >= 1 else f"{x * 1e3:.4g} ms" if x >= 1e-3 else f"{x * 1e6:.4g} us"
 
 
 def make_console(file: TextIO | None = None) -> Console:
-    """A rich console for ``file`` (default stdout).
-
-    On a terminal: rich's own width detection. Off a terminal (a CI log, ``| cat``, a file): ``COLUMNS``
-    if set, else :data:`LOG_WIDTH`, so tables are never folded into fragments at 80 columns.
-    """
+    """A rich console for ``file`` (default stdout): rich's own width on a terminal, else ``COLUMNS`` if
+    set, else :data:`LOG_WIDTH`, so tables in a CI log are never folded at 80 columns."""
     with contextlib.suppress(AttributeError, ValueError):
         if (file if file is not None else sys.stdout).isatty():
             return Console(file=file)
@@ -56,13 +49,9 @@ def case_line(done: int, total: int, backend: str, case: str, status: str, elaps
 
 
 def open_parent_stderr() -> TextIO | None:
-    """The standard error of this process's parent, opened for appending (Linux ``/proc``), or None.
-
-    ``asv run`` captures a ``setup_cache`` process's own stderr and shows it only when it fails; the
-    asv grid writes its progress lines here as well, so they reach asv's log (a terminal or a CI log) while
-    the measurement runs. A terminal or a pipe (a CI runner's log) is shared; a regular file is not
-    (None): opened again it would have its own offset, and the parent's next writes would overwrite
-    these lines."""
+    """The standard error of this process's parent, opened for appending (Linux ``/proc``), or None: the asv
+    grid's progress lines reach asv's log here while ``asv run`` captures the process's own stderr. None
+    for a regular file (opened again it would have its own offset, and the parent would overwrite)."""
     import stat
 
     path = f"/proc/{os.getppid()}/fd/2"
@@ -77,17 +66,13 @@ def open_parent_stderr() -> TextIO | None:
 @contextlib.contextmanager
 def case_progress(total: int, console: Console | None = None,
                   stream: TextIO | tuple[TextIO, ...] | None = None) -> Iterator[Callable[[Any], str]]:
-    """Progress over ``total`` (backend, case) pairs: yields ``step(rec)``, which takes each finished record
-    (anything with ``backend``, ``case``, ``status``, ``reason`` attributes), prints its :func:`case_line`
-    and returns it; on a terminal a rich progress bar runs under those lines.
-
-    ``console``: the rich console of a CLI command; None writes plain lines to ``stream`` (default
-    stderr; a tuple writes to each), each flushed as it happens.
-    """
+    """Progress over ``total`` (backend, case) pairs: yields ``step(rec)``, which prints each finished
+    record's :func:`case_line` and returns it, to ``console`` (a rich progress bar under the lines on a
+    terminal) or, without one, flushed to ``stream`` (default stderr; a tuple writes to each)."""
     t0 = last = time.perf_counter()
     done = 0
     streams = stream if isinstance(stream, tuple) else (stream or sys.stderr,)
-    bar = None
+    bar: Any = contextlib.nullcontext()
     if console is not None and console.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -103,21 +88,16 @@ def case_progress(total: int, console: Console | None = None,
         last = now
         if console is not None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
-            if bar is not None:
+            if task is not None:
                 bar.update(task, advance=1, description=f"{rec.backend} {rec.case}")
-            return line
-        for s in streams:
-            try:
-                print(line, file=s, flush=True)
-            except (OSError, ValueError):  # a closed or broken log must not stop the measurement
-                continue
+        else:
+            for s in streams:
+                with contextlib.suppress(OSError, ValueError):  # a closed or broken log must not stop the measurement
+                    print(line, file=s, flush=True)
         return line
 
-    if bar is None:
-        yield step
-        return
     with bar:
-        task = bar.add_task("measuring", total=total)
+        task = bar.add_task("measuring", total=total) if hasattr(bar, "add_task") else None
         yield step
 
 

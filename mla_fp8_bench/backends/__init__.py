@@ -32,16 +32,12 @@ class UnknownBackendError(ValueError):
 
 
 def backend_names() -> list[str]:
-    """All registered backend names."""
     return list(_REGISTRY)
 
 
 def get_backend(name: str, config: RunConfig | None = None) -> Backend:
-    """Instantiate a backend by name, with the run's ``config`` (default: :class:`RunConfig` defaults).
-
-    Raises:
-        UnknownBackendError: naming the bad value and the known names.
-    """
+    """Instantiate a backend by name, with the run's ``config`` (default: :class:`RunConfig` defaults);
+    :class:`UnknownBackendError` names the bad value and the known names."""
     if name not in _REGISTRY:
         raise UnknownBackendError(f"backend {name!r} is unknown: allowed {', '.join(_REGISTRY)}")
     target = _REGISTRY[name]

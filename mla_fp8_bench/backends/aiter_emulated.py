@@ -1,9 +1,6 @@
-"""``aiter-emulated``: the AITER PS FP8 prefill path with the kernel and reduce emulated in PyTorch.
-
-The :class:`~mla_fp8_bench.backends.aiter_real.AiterPsDriver` drives a stand-in ``aiter``
-(:mod:`mla_fp8_bench.aiter_ps.standin`) planned for the run configuration's ``emu_cu_num`` CUs and
-``emu_aiter_version`` (docs/aiter-contract.md#driver). Its latency is an emulation's, never compared with
-kernels. It is the default AITER backend on machines without gfx950.
+"""``aiter-emulated``: :class:`~mla_fp8_bench.backends.aiter_real.AiterPsDriver` over a stand-in ``aiter``
+(:mod:`mla_fp8_bench.aiter_ps.standin`: kernel and reduce emulated in PyTorch) planned for the run
+configuration's ``emu_cu_num`` and ``emu_aiter_version``. Its latency is an emulation's, never compared.
 """
 
 from __future__ import annotations
@@ -27,9 +24,8 @@ class AiterEmulated(AiterPsBackend):
     emulation = True
 
     def __init__(self, cu_num: int | None = None, aiter_version: Any = None, emulator: Emulator | None = None):
-        """``cu_num`` / ``aiter_version``: the emulated plan's CU count and AITER version; None takes the
-        run configuration's (:attr:`Backend.config`) when the driver is first built. ``emulator``: the
-        kernel and reduce emulation (default the faithful one)."""
+        """``cu_num`` / ``aiter_version``: the emulated plan's CU count and AITER version (None: the run
+        configuration's); ``emulator``: the kernel and reduce emulation (default the faithful one)."""
         self.emulator = emulator
         self.cu_num = cu_num
         self.aiter_version = None if aiter_version is None else parse_aiter_version(aiter_version)

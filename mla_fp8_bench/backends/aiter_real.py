@@ -1,12 +1,8 @@
-"""The AITER persistent-scheduled FP8 MLA prefill, called through its three primitives.
-
-``get_ps_metadata_v1`` (host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1``
-(merge of partials), called as docs/aiter-contract.md specifies: every planner keyword explicit, fp8 q/k/v,
-scales as one-element fp32 device tensors, partial buffers sized from the live count, the reduce form and
-planner revision read from the op schemas (#api, #versions, #pr-3606, #context-chunks; the driver: #driver).
-One driver (:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in
-(:mod:`mla_fp8_bench.aiter_ps.standin`, backend ``aiter-emulated``) everywhere else, so the code that will
-meet a gfx950 runner is the code tested in CI.
+"""The AITER persistent-scheduled FP8 MLA prefill through its three primitives, ``get_ps_metadata_v1``
+(host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), called
+as docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks, #driver). One driver
+(:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in
+(``aiter-emulated``) everywhere else, so the code that meets a gfx950 runner is the code tested in CI.
 """
 
 from __future__ import annotations
@@ -18,26 +14,11 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.facts import (
-    BUFFER_NAMES,
-    KVLEN_GRANULARITY,
-    PLANNER_PR_3606_REF,
-    PLANNER_PRE_3606,
-    PLANNER_V0_1_22,
-    PRIMITIVES,
-    Q_TILE,
-    QHEAD_GRANULARITY,
-    aiter_version_of,
-    detect_planner_revision,
-    detect_reduce_arity,
-    effective_version,
-    format_version,
-    import_aiter,
-    reduce_heads_for,
-)
+from mla_fp8_bench.aiter_ps import facts
+from mla_fp8_bench.aiter_ps.facts import import_aiter
 from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
-from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case, CaseKind
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.prefix import merge_attn_states
@@ -62,7 +43,7 @@ def load_aiter() -> Any:
 
 def check_primitives(module: Any) -> Any:
     """``module`` if it has every PS prefill primitive, else :class:`BackendUnavailable` naming the missing."""
-    missing = [p for p in PRIMITIVES if not hasattr(module, p)]
+    missing = [p for p in facts.PRIMITIVES if not hasattr(module, p)]
     if missing:
         raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
     return module
@@ -75,11 +56,8 @@ def numel(shape: Any) -> int:
 
 @dataclass
 class _Piece:
-    """One kernel + reduce call (a prefill, a context chunk, or one piece of a prefix-cached prefill).
-
-    ``valid`` (bool ``[T]``): the q rows whose ``final_lse`` the call writes. ``empty`` (device bool ``[T]``,
-    or None): rows of sequences with kv_len 0, which the kernel may leave untouched: set to output 0, LSE -inf.
-    """
+    """One kernel + reduce call. ``valid`` (bool ``[T]``): the q rows whose ``final_lse`` the call writes.
+    ``empty`` (device bool ``[T]`` or None): rows of sequences with kv_len 0, set to output 0, LSE -inf."""
 
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
@@ -112,10 +90,9 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
     """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
     int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``):
-    one call for ``prefill``/``ctx``; for ``prefix`` (per sequence the K/V pool holds the context keys, then
-    the new keys) the causal new-vs-new and the non-causal new-vs-context call, both reading the pool
-    through page indices. ``need_lse`` as the imitated caller passes it (docs/aiter-contract.md#driver);
-    ``has_context`` marks a ``prefill`` call that is the new-token chunk of a prefix case."""
+    one call for ``prefill``/``ctx``; for ``prefix`` (per sequence the pool holds context keys, then new
+    keys) the causal new-vs-new and the non-causal new-vs-context call through page indices. ``need_lse``
+    as the imitated caller passes it (docs/aiter-contract.md#driver; ``has_context``: a prefix's new chunk)."""
 
     def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
@@ -135,24 +112,17 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
 
 
 class AiterPsDriver:
-    """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in, exposing
-    :data:`~mla_fp8_bench.aiter_ps.facts.PRIMITIVES`); ``version``: the AITER version, None if unknown.
-
-    Attributes:
-        reduce_arity, planner_revision: the detected ``mla_reduce_v1`` form (8 or 9) and planner revision
-            (``reduce_source`` / ``planner_source``: where each was read); ``post_3606``: the planner can
-            give every tile a slot; ``effective_version``: the version the reduce's head set is keyed on.
-        pass_need_lse: pass ``need_lse`` to a planner that takes it (False: the caller fault of leaving it out).
-
-    Raises:
-        BackendUnavailable: a primitive is missing, the reduce form or planner revision cannot be told (the
-            message names what could not be read), or ``mla_reduce_v1`` has the 7-argument form.
-    """
+    """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in);
+    ``version``: the AITER version, None if unknown. Attributes: the detected ``reduce_arity`` (8 or 9) and
+    ``planner_revision`` (``*_source``: where each was read), ``post_3606`` (every tile can get a slot),
+    ``effective_version`` (keys the reduce's head set), ``pass_need_lse`` (False: the caller fault of
+    leaving it out). BackendUnavailable: a primitive is missing, the reduce form or planner revision
+    cannot be told, or ``mla_reduce_v1`` has the 7-argument form."""
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
         self.m = check_primitives(module)
         self.version = version
-        reduce, planner = detect_reduce_arity(module, version), detect_planner_revision(module, version)
+        reduce, planner = facts.detect_reduce_arity(module, version), facts.detect_planner_revision(module, version)
         for det in (reduce, planner):
             if det.value is None:
                 raise BackendUnavailable(f"aiter: {det.source}")
@@ -161,21 +131,21 @@ class AiterPsDriver:
         if self.reduce_arity == 7:
             raise BackendUnavailable(f"aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form ({reduce.source}): "
                                      "too old for the PS prefill")
-        self.post_3606 = self.planner_revision != PLANNER_PRE_3606
-        self.effective_version = effective_version(version, self.reduce_arity, self.planner_revision)
+        self.post_3606 = self.planner_revision != facts.PLANNER_PRE_3606
+        self.effective_version = facts.effective_version(version, self.reduce_arity, self.planner_revision)
         self.pass_need_lse = True
 
     def detection(self) -> dict[str, str]:
         """What was detected and from where (``mla-fp8-bench env`` prints it)."""
         return {"mla_reduce_v1": f"{self.reduce_arity}-argument form ({self.reduce_source})",
                 "get_ps_metadata_v1": f"{self.planner_revision} planner ({self.planner_source})",
-                "reduce heads keyed on": f"AITER {format_version(self.effective_version)} (reported "
-                                         f"{format_version(self.version)})"}
+                "reduce heads keyed on": f"AITER {facts.format_version(self.effective_version)} (reported "
+                                         f"{facts.format_version(self.version)})"}
 
     def supports_heads(self, num_heads: int) -> Verdict:
-        allowed = reduce_heads_for(self.effective_version)
+        allowed = facts.reduce_heads_for(self.effective_version)
         if num_heads not in allowed:
-            v = format_version(self.effective_version) if self.effective_version else "the newest known version"
+            v = facts.format_version(self.effective_version) if self.effective_version else "the newest known version"
             return Verdict.no(f"mla_reduce_v1 of aiter {v} dispatches num_heads in {sorted(allowed)} "
                               f"for v_head_dim 128; got {num_heads}")
         return Verdict.yes()
@@ -183,9 +153,10 @@ class AiterPsDriver:
     def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None) -> list:
         """``get_ps_metadata_info_v1`` for this module; ``max_kvlen`` is passed only to the pre-merge PR
         ref's info function and only when given (a context chunk)."""
-        kw: dict[str, Any] = dict(batch_size=batch, num_head_k=num_heads, max_qlen=max_qlen, qlen_granularity=Q_TILE)
-        if self.planner_revision == PLANNER_PR_3606_REF and max_kvlen is not None:
-            kw.update(max_kvlen=max_kvlen, kvlen_granularity=KVLEN_GRANULARITY)
+        kw: dict[str, Any] = dict(batch_size=batch, num_head_k=num_heads, max_qlen=max_qlen,
+                                  qlen_granularity=facts.Q_TILE)
+        if self.planner_revision == facts.PLANNER_PR_3606_REF and max_kvlen is not None:
+            kw.update(max_kvlen=max_kvlen, kvlen_granularity=facts.KVLEN_GRANULARITY)
         return list(self.m.get_ps_metadata_info_v1(**kw))
 
     def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device, *,
@@ -193,13 +164,9 @@ class AiterPsDriver:
              need_lse: bool = False) -> dict[str, Any]:
         """Allocate the six planner buffers on ``device`` (sized by the info call) and run the host planner
         on ``[B+1]`` int32 query / key starts (key starts default to the query starts; ``causal``:
-        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`).
-
-        Returns:
-            dict with the six buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``),
-            ``info_partial_slots`` (the info call's ``reduce_partial_map`` bound), ``post_3606`` and
-            ``need_lse`` (None when not passed).
-        """
+        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`). Returns the six
+        buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``), ``info_partial_slots``
+        (the info call's ``reduce_partial_map`` bound), ``post_3606`` and ``need_lse`` (None: not passed)."""
         cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
         cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
         q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).contiguous(), (cu_kv[1:] - cu_kv[:-1]).contiguous()
@@ -207,19 +174,19 @@ class AiterPsDriver:
         info = self.info_shapes(int(q_lens.numel()), num_heads, int(q_lens.max()),
                                 int(kv_lens.max()) if chunk else None)
         bufs = {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
-                               device=device) for n, (shape, dt) in zip(BUFFER_NAMES, info)}
+                               device=device) for n, (shape, dt) in zip(facts.BUFFER_NAMES, info)}
         extra: dict[str, Any] = {}
-        if self.planner_revision == PLANNER_V0_1_22 and self.pass_need_lse:
+        if self.planner_revision == facts.PLANNER_V0_1_22 and self.pass_need_lse:
             extra["need_lse"] = bool(need_lse)
         t0 = time.perf_counter()
-        self.m.get_ps_metadata_v1(cu_q, cu_kv, kv_lens, 1, num_heads, *(bufs[n] for n in BUFFER_NAMES),
-                                  qhead_granularity=QHEAD_GRANULARITY, qlen_granularity=Q_TILE,
-                                  kvlen_granularity=KVLEN_GRANULARITY, block_size=1, is_causal=bool(causal), **extra)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        self.m.get_ps_metadata_v1(cu_q, cu_kv, kv_lens, 1, num_heads, *(bufs[n] for n in facts.BUFFER_NAMES),
+                                  qhead_granularity=facts.QHEAD_GRANULARITY, qlen_granularity=facts.Q_TILE,
+                                  kvlen_granularity=facts.KVLEN_GRANULARITY, block_size=1, is_causal=bool(causal),
+                                  **extra)
+        synchronize(device)
         planner_s = time.perf_counter() - t0
         return {**bufs, "planner_s": planner_s, "num_partials": int(bufs["reduce_indptr"][-1].item()),
-                "info_partial_slots": numel(info[BUFFER_NAMES.index("reduce_partial_map")][0]),
+                "info_partial_slots": numel(info[facts.BUFFER_NAMES.index("reduce_partial_map")][0]),
                 "post_3606": self.post_3606, "need_lse": extra.get("need_lse")}
 
     def _piece(self, qo_cpu: torch.Tensor, kv_cpu: torch.Tensor, pages: torch.Tensor, causal: bool, need_lse: bool,
@@ -227,7 +194,7 @@ class AiterPsDriver:
         """Plan one call and allocate its buffers (output and final_lse NaN-poisoned, so unwritten rows show)."""
         plan = self.plan(qo_cpu, h, device, cu_seqlens_kv_cpu=kv_cpu, causal=causal, need_lse=need_lse)
         t = int(qo_cpu[-1])
-        rows = max(1, plan["num_partials"]) * Q_TILE
+        rows = max(1, plan["num_partials"]) * facts.Q_TILE
         q_lens, kv_lens = (qo_cpu[1:] - qo_cpu[:-1]).long(), (kv_cpu[1:] - kv_cpu[:-1]).long()
         empty = torch.repeat_interleave(kv_lens == 0, q_lens, output_size=t)
         return _Piece(
@@ -248,7 +215,7 @@ class AiterPsDriver:
         self.m.mla_prefill_ps_asm_fwd(q8, k8, v8, p.qo_indptr, p.kv_indptr, p.kv_page_indices, pl["work_indptr"],
                                       pl["work_info"], p.max_seqlen_q, softmax_scale, p.causal, p.split_data,
                                       p.split_lse, p.output, scales[0], scales[1], scales[2])
-        ints = (Q_TILE, 0) if self.reduce_arity == 9 else (Q_TILE,)
+        ints = (facts.Q_TILE, 0) if self.reduce_arity == 9 else (facts.Q_TILE,)
         self.m.mla_reduce_v1(p.split_data, p.split_lse, pl["reduce_indptr"], pl["reduce_final_map"],
                              pl["reduce_partial_map"], *ints, p.output, p.final_lse)
         if p.empty is not None:
@@ -257,11 +224,7 @@ class AiterPsDriver:
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Plan and allocate every call of the case (:func:`case_calls`) and return the call (kernel +
-        reduce per piece, the LSE merge for ``prefix``).
-
-        Raises:
-            CaseUnsupported: inputs not float8_e4m3fn.
-        """
+        reduce per piece, the LSE merge for ``prefix``); CaseUnsupported for inputs not float8_e4m3fn."""
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"the PS prefill kernel takes float8_e4m3fn only, not {inputs.fp8_dtype}")
         case, dev = inputs.case, inputs.device
@@ -344,7 +307,6 @@ class AiterPsBackend(Backend):
         return self._driver
 
     def detection(self) -> dict[str, str]:
-        """What the driver detected on its ``aiter`` and where it read it (``mla-fp8-bench env``)."""
         return self.driver().detection()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
@@ -364,7 +326,7 @@ class AiterReal(AiterPsBackend):
 
     def make_driver(self) -> AiterPsDriver:
         module = load_aiter()
-        return AiterPsDriver(module, aiter_version_of(module))
+        return AiterPsDriver(module, facts.aiter_version_of(module))
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         gate = aiter_gate(platform)

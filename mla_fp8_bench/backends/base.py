@@ -1,12 +1,7 @@
-"""The backend protocol: every implementation under test is one :class:`Backend`.
-
-A backend says whether it can run here (:meth:`Backend.availability`, with the reason when not),
-whether it supports a case (:meth:`Backend.supports`) and a case kind (:meth:`Backend.supports_kind`),
-and turns a case's inputs into a :class:`Prepared` call whose ``run()`` launches the attention and
-returns the bf16 output ``[T, H, 128]``. Everything that must not be timed (planning, workspace
-reservation, casts the production path does ahead of time) happens in :meth:`Backend.prepare`.
-Callers use :meth:`Backend.prepare_case`, which also runs composed kinds (``prefix``) the way vLLM does
-(:func:`compose_prefix`).
+"""The backend protocol: every implementation under test is one :class:`Backend` (docs/extending.md).
+Everything that must not be timed (planning, workspace reservation, casts the production path does ahead
+of time) happens in :meth:`Backend.prepare`; callers use :meth:`Backend.prepare_case`, which also runs
+composed kinds (``prefix``) the way vLLM does (:func:`compose_prefix`).
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ class Verdict:
 
     @classmethod
     def yes(cls) -> Verdict:
-        return cls(True, "")
+        return cls(True)
 
     @classmethod
     def no(cls, reason: str) -> Verdict:
@@ -54,42 +49,23 @@ class Verdict:
 
 @dataclass
 class Prepared:
-    """A ready-to-launch call.
-
-    Attributes:
-        run: launches the attention and returns the output ``[T, H, 128]`` (bf16 for the FP8 paths).
-            It must be repeatable (same result every call) and must not allocate host-visible state.
-        graph_capturable: True if ``run`` may be captured in a CUDA/HIP graph (no host sync, no
-            host-side planning inside).
-        timing_scope: what ``run`` covers: ``"kernel"`` (device work only), ``"call"`` (the user's
-            entry incl. casts/pads), or ``"emulation"`` (a PyTorch model of a kernel: never compare its
-            latency with a kernel's).
-        lse: optional callable returning ``(lse [T, H] fp32, valid_rows bool [T])`` after a run.
-        extras: extra tracked numbers (``planner_s``, ``workspace_bytes``, ``num_partials``, ...).
-        cleanup: restores global state (workspaces, env vars); the runner calls it in ``finally``.
-    """
+    """A ready-to-launch call. ``run()`` launches the attention and returns the output ``[T, H, 128]``
+    (bf16 for the FP8 paths), the same every call. ``timing_scope``: ``"kernel"`` (device work only),
+    ``"call"`` (the user's entry incl. casts/pads) or ``"emulation"`` (never compared with a kernel's)."""
 
     run: Callable[[], torch.Tensor]
-    graph_capturable: bool = False
+    graph_capturable: bool = False  # no host sync or host-side planning inside run
     timing_scope: str = "kernel"
-    lse: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    cleanup: Callable[[], None] | None = None
+    lse: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None  # (lse [T, H] fp32, valid_rows bool [T])
+    extras: dict[str, Any] = field(default_factory=dict)  # planner_s, workspace_bytes, num_partials, ...
+    cleanup: Callable[[], None] | None = None  # restores global state; the runner calls it in ``finally``
 
 
 class Backend(ABC):
-    """One implementation of FP8 (or baseline) MLA prefill attention.
-
-    Class attributes:
-        name: registry name used on the CLI and as the asv parameter.
-        description: one line for ``mla-fp8-bench env``.
-        fp8: True if the computation runs in fp8 (False for bf16 baselines).
-        emulation: True if this is a PyTorch model of a kernel (latency is labelled, never compared).
-        context_chunks: yes when :meth:`prepare` runs context chunks (``ctx`` cases: q_len < kv_len,
-            ``inputs.causal`` False, separate ``cu_seqlens_q``/``cu_seqlens_kv``) and returns LSE on every
-            row; otherwise no with the reason kinds with context (``ctx``, ``prefix``) are skipped.
-        config: the run's configuration (set by :func:`~mla_fp8_bench.backends.get_backend`).
-    """
+    """One implementation of FP8 (or baseline) MLA prefill attention. ``name``: the registry name (CLI,
+    asv parameter); ``fp8``: False for bf16 baselines; ``emulation``: a PyTorch model of a kernel (latency
+    labelled, never compared); ``context_chunks``: yes when :meth:`prepare` runs ``ctx`` cases (q_len <
+    kv_len, non-causal) with LSE on every row, else no with the reason; ``config``: the run's configuration."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -113,21 +89,11 @@ class Backend(ABC):
     @abstractmethod
     def prepare(self, inputs: CaseInputs) -> Prepared:
         """Build the call for ``inputs`` (a kind that is not composed); everything outside the timed
-        region happens here.
-
-        Raises:
-            BackendUnavailable / CaseUnsupported: recorded as skips by the runner.
-        """
+        region happens here. BackendUnavailable / CaseUnsupported are recorded as skips."""
 
     def prepare_case(self, inputs: CaseInputs) -> Prepared:
         """Build the call for any case kind: :func:`compose_prefix` for composed kinds (``prefix``),
-        :meth:`prepare` for the others.
-
-        Raises:
-            CaseUnsupported: a kind :meth:`supports_kind` refuses (the reason says why), or a piece of a
-                composed case without LSE.
-            BackendUnavailable: as :meth:`prepare`.
-        """
+        :meth:`prepare` for the others; CaseUnsupported for a kind :meth:`supports_kind` refuses."""
         case = inputs.case
         verdict = self.supports_kind(case.kind)
         if not verdict:
@@ -142,17 +108,11 @@ MergeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tup
 
 
 def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_attn_states) -> Prepared:
-    """A prefix-cached prefill as vLLM computes it, through ``backend``'s own :meth:`Backend.prepare`.
-
-    Prepares the new-vs-context piece (non-causal context chunk) and the new-vs-new piece (causal
-    prefill) of :func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs`; ``run()`` runs the context
-    piece, then the new piece, and merges their outputs by their LSE on every row (``merge(ctx_out,
-    ctx_lse, new_out, new_lse)``, vLLM's argument order: prefix = context). The merged LSE ``[T, H]`` is
-    the result's LSE (all rows). Extras: the new piece's, with :data:`ADDITIVE_EXTRAS` summed over both.
-
-    Raises:
-        CaseUnsupported: a piece returns no LSE.
-    """
+    """A prefix-cached prefill as vLLM computes it, through ``backend``'s own :meth:`Backend.prepare`:
+    ``run()`` runs the context piece (non-causal), then the new piece (causal) of
+    :func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs` and merges them by LSE on every row
+    (``merge(ctx_out, ctx_lse, new_out, new_lse)``, vLLM's order); the merged LSE ``[T, H]`` is the
+    result's. Extras: the new piece's, :data:`ADDITIVE_EXTRAS` summed. CaseUnsupported: a piece has no LSE."""
     new_in, ctx_in = split_prefix_inputs(inputs)
     pieces: list[Prepared] = []
 

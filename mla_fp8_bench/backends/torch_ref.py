@@ -27,9 +27,7 @@ def _sdpa_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[i
         if k1 == k0:  # a sequence without context keys: out 0 (its LSE is -inf)
             out[s0:s1] = 0
             continue
-        qb = q[s0:s1].transpose(0, 1).unsqueeze(0)
-        kb = k[k0:k1].transpose(0, 1).unsqueeze(0)
-        vb = v[k0:k1].transpose(0, 1).unsqueeze(0)
+        qb, kb, vb = (x.transpose(0, 1).unsqueeze(0) for x in (q[s0:s1], k[k0:k1], v[k0:k1]))  # [1, H, S, D]
         o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal, scale=scale)
         out[s0:s1] = o.squeeze(0).transpose(0, 1)
     return out
@@ -40,8 +38,7 @@ def _prepare_sdpa(inputs: CaseInputs, q: torch.Tensor, k: torch.Tensor, v: torch
     if inputs.causal and not inputs.case.kind.same_q_kv:
         raise ValueError(f"torch SDPA backends run causal attention with q_len == kv_len only; {inputs.case.id} "
                          "is composed from its pieces (prepare_case)")
-    cu_q = inputs.cu_seqlens_q_cpu.tolist()
-    cu_kv = inputs.cu_seqlens_kv_cpu.tolist()
+    cu_q, cu_kv = inputs.cu_seqlens_q_cpu.tolist(), inputs.cu_seqlens_kv_cpu.tolist()
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.bfloat16, device=q.device)
     state: dict[str, torch.Tensor] = {}
 

@@ -1,10 +1,7 @@
-"""``vllm-aiter``: the FP8 MLA prefill as vLLM enters it, through vLLM's own code.
-
-The timed call is the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)``, set up as
-vLLM's seed test (PR #51457) does: docs/aiter-contract.md#vllm-entry says what vLLM calls, docs/vllm-tier.md
-how the adapter builds it and which release does what (detected from vLLM's code, :class:`VllmFeatures`).
-Timing scope ``"call"``: bf16 q/k/v go in, so the fp8 casts (and, from 0.29, the head padding) are timed;
-planning, buffers and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
+"""``vllm-aiter``: the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)``, set up as
+vLLM's seed test (PR #51457) does (docs/aiter-contract.md#vllm-entry, docs/vllm-tier.md). Timing scope
+``"call"``: bf16 q/k/v go in, so the fp8 casts (and, from 0.29, the head padding) are timed; planning,
+buffers and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
 """
 
 from __future__ import annotations
@@ -23,18 +20,11 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.facts import (
-    Q_TILE,
-    aiter_version_of,
-    detect_planner_revision,
-    detect_reduce_arity,
-    effective_version,
-    reduce_heads_for,
-)
+from mla_fp8_bench.aiter_ps import facts
 from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
 from mla_fp8_bench.backends.aiter_real import aiter_gate, check_primitives, load_aiter, numel
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
-from mla_fp8_bench.measure.devices import PlatformInfo
+from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.shapes import V_HEAD_DIM
@@ -103,11 +93,8 @@ def _code_names(fn: Any) -> frozenset[str]:
 
 
 def detect_features(module: types.ModuleType) -> VllmFeatures:
-    """Feature-detect a ``rocm_aiter_mla`` module (signatures and the names its methods touch).
-
-    Raises:
-        VllmAdapterError: the module lacks the FP8 prefill entry (vLLM < 0.28 or a refactor).
-    """
+    """Feature-detect a ``rocm_aiter_mla`` module (signatures and the names its methods touch);
+    :class:`VllmAdapterError` when it lacks the FP8 prefill entry (vLLM < 0.28 or a refactor)."""
     impl = getattr(module, "AiterMLAImpl", None)
     builder = getattr(module, "AiterMLAMetadataBuilder", None)
     need = [("AiterMLAImpl", impl, "_mla_fp8_prefill_attn"),
@@ -136,11 +123,9 @@ KV_CACHE_DTYPE, MODEL_DTYPE = "fp8", "bfloat16"
 
 
 def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
-    """Whether vLLM takes the FP8 PS prefill for the imitated configuration (fp8 KV cache, bf16 model), read
-    from the builder's own ``_fp8_prefill_enabled`` assignment: ``gates_on_dtypes`` when it tests the KV
-    cache dtype and the model dtype (0.33: fp8 KV and bf16 only), else every dtype pair takes it (the
-    gating gap of vLLM #52312). ``taken`` is for the imitated pair; the platform gate and the head count
-    are checked by ``availability`` / ``supports``."""
+    """Whether vLLM takes the FP8 PS prefill for the imitated pair (fp8 KV cache, bf16 model): ``taken``,
+    and ``gates_on_dtypes`` when the builder's ``_fp8_prefill_enabled`` assignment tests both dtypes (0.33),
+    else every pair takes it (vLLM #52312). Platform and head count: ``availability`` / ``supports``."""
     pair = {"kv_cache_dtype": KV_CACHE_DTYPE, "model_dtype": MODEL_DTYPE}
     try:
         src = inspect.getsource(builder_cls.__init__)
@@ -155,12 +140,8 @@ def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
 
 def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
                     workspace_module: str = DEFAULT_WORKSPACE_MODULE) -> VllmEntry:
-    """Import vLLM's ``rocm_aiter_mla`` and workspace modules (or stand-ins at other paths).
-
-    Raises:
-        ImportError: a module does not import.
-        VllmAdapterError: the entry or a workspace function is missing.
-    """
+    """Import vLLM's ``rocm_aiter_mla`` and workspace modules (or stand-ins at other paths); ImportError
+    or :class:`VllmAdapterError` (the entry or a workspace function is missing)."""
     mod = importlib.import_module(vllm_module)
     ws = importlib.import_module(workspace_module)
     missing = [n for n in ("init_workspace_manager", "lock_workspace", "reset_workspace_manager",
@@ -208,8 +189,7 @@ def _timed_build(builder: Any, metadata: Any, common: Any, device: torch.device)
     """Seconds of one ``_build_fp8_prefill_ps_metadata`` (device-synchronised on CUDA/HIP)."""
     t0 = time.perf_counter()
     builder._build_fp8_prefill_ps_metadata(metadata, common)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return time.perf_counter() - t0
 
 
@@ -225,11 +205,8 @@ class _Setup:
 
 
 class VllmAiter(Backend):
-    """vLLM's ``AiterMLAImpl._mla_fp8_prefill_attn`` on AITER (gfx950), set up as vLLM's seed test does.
-
-    The CPU tests drive it over the stand-in ``aiter`` and stand-in vLLM modules (``tests/support``) through
-    :attr:`vllm_module`, :attr:`workspace_module`, :attr:`bypass_gate` and :meth:`_aiter_for_vllm`.
-    """
+    """vLLM's FP8 prefill on AITER (gfx950). The CPU tests drive it over stand-in modules (``tests/support``)
+    through :attr:`vllm_module`, :attr:`workspace_module`, :attr:`bypass_gate` and :meth:`_aiter_for_vllm`."""
 
     name = "vllm-aiter"
     description = "vLLM AiterMLAImpl._mla_fp8_prefill_attn (real vLLM code; bf16 in, casts/padding timed)"
@@ -248,9 +225,7 @@ class VllmAiter(Backend):
         """Held while vLLM's builder imports ``from aiter``: the installed ``aiter`` needs nothing."""
         return contextlib.nullcontext()
 
-    # ------------------------------------------------------------------ resolution
     def entry(self) -> VllmEntry:
-        """vLLM's classes (imported on first use)."""
         if self._entry is None:
             try:
                 self._entry = load_vllm_entry(self.vllm_module, self.workspace_module)
@@ -261,18 +236,14 @@ class VllmAiter(Backend):
         return self._entry
 
     def aiter(self) -> types.ModuleType:
-        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one).
-
-        Raises:
-            BackendUnavailable: it does not import, lacks a primitive, or its ``mla_reduce_v1`` is not the
-                9-argument form vLLM calls.
-        """
+        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one);
+        BackendUnavailable when it does not import, lacks a primitive, or its reduce is not 9-argument."""
         if self._aiter is None:
             self._aiter = load_aiter()  # only reached on ROCm (availability gates it)
         check_primitives(self._aiter)
         if self._aiter_version is None:
-            self._aiter_version = aiter_version_of(self._aiter)
-        form = detect_reduce_arity(self._aiter, self._aiter_version)
+            self._aiter_version = facts.aiter_version_of(self._aiter)
+        form = facts.detect_reduce_arity(self._aiter, self._aiter_version)
         if form.value is None:
             raise BackendUnavailable(f"aiter: {form.source}")
         if form.value != 9:
@@ -286,10 +257,9 @@ class VllmAiter(Backend):
         given = getattr(mod, "accepted_reduce_heads", None)  # the stand-in says what it emulates
         if given is not None:
             return frozenset(given)
-        planner = detect_planner_revision(mod, self._aiter_version).value
-        return reduce_heads_for(effective_version(self._aiter_version, 9, planner))
+        planner = facts.detect_planner_revision(mod, self._aiter_version).value
+        return facts.reduce_heads_for(facts.effective_version(self._aiter_version, 9, planner))
 
-    # ------------------------------------------------------------------ Backend API
     def availability(self, platform: PlatformInfo) -> Verdict:
         if not self.bypass_gate:
             if platform.vendor != "rocm":
@@ -376,7 +346,6 @@ class VllmAiter(Backend):
                                 "vllm_fp8_path": fp8_path_condition(entry.module.AiterMLAMetadataBuilder),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
-    # ------------------------------------------------------------------ set-up (not timed)
     def _setup(self, entry: VllmEntry, aiter: types.ModuleType, num_heads: int, scale: float,
                cu_seqlens_cpu: torch.Tensor, device: torch.device, *, lock: bool = True) -> _Setup:
         """Builder buffers + reservation, one metadata build, lock, and the bare impl. The workspace
@@ -432,15 +401,11 @@ class VllmAiter(Backend):
             impl._fp8_prefill_one_scale = None
 
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
-        """vLLM's per-step metadata build time (``planner_samples_s``, seconds: the real
-        ``_build_fp8_prefill_ps_metadata``, host planner and vLLM's copies), live partial tiles, and the
-        workspace vLLM reserves: ``workspace_bytes`` by :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved`
-        (max_num_reqs = batch, max_num_batched_tokens = total tokens, as the seed test sizes it),
-        ``workspace_bytes_reserved`` what the manager holds after the reservation.
-
-        Raises:
-            NotImplementedError: the case is unsupported (recorded as an asv skip).
-        """
+        """vLLM's per-step metadata build time (``planner_samples_s``, seconds, of the real
+        ``_build_fp8_prefill_ps_metadata``), live partial tiles, ``workspace_bytes`` by
+        :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved` (max_num_reqs = batch, max_num_batched_tokens
+        = total tokens, as the seed test) and ``workspace_bytes_reserved``, what the manager holds.
+        NotImplementedError for an unsupported case (an asv skip)."""
         if case.quant != "cast":
             case = replace(case, quant="cast")  # the plan does not depend on the quantisation
         sup = self.supports(case, platform)
@@ -459,7 +424,7 @@ class VllmAiter(Backend):
             with self._aiter_for_vllm():
                 samples += [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
                 info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
-                                                     max_qlen=case.max_seq_len, qlen_granularity=Q_TILE)
+                                                     max_qlen=case.max_seq_len, qlen_granularity=facts.Q_TILE)
         finally:
             ws.reset_workspace_manager()
         cus = getattr(aiter, "cu_num", None) or platform.multi_processor_count

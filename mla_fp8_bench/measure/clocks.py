@@ -1,16 +1,6 @@
-"""GPU clock, temperature and power readings, and the clock policy of a device.
-
-Latency on a GPU is kernel time at *some* SM clock: every latency sample carries the clock it ran at,
-read (with the die temperature and board power) through the vendor management library: NVML
-(``pynvml`` from ``nvidia-ml-py``: ``nvmlDeviceGetClockInfo`` MHz, ``nvmlDeviceGetTemperature`` deg C,
-``nvmlDeviceGetPowerUsage`` mW, ``nvmlDeviceGetCurrentClocksEventReasons``) or ``amdsmi`` (GFX clock,
-hotspot temperature, socket power). Both imports are optional: without the library (or on the CPU)
-:class:`ClockReader` is *unavailable* and every reading is ``None`` with the reason recorded; that is
-never an error. Nothing here changes clocks, power limits or any other device setting (on MI350/MI355
-``amd-smi`` documents performance determinism as not supported; the suite never recommends a mode).
-
-The SW power cap is the normal state of a busy H200 (it holds the sustained-load clock below boost); the
-reason bits in :data:`THROTTLE_MASK` are not, and mark a sample as *throttled*.
+"""GPU clock, temperature and power readings (NVML's ``pynvml`` or ``amdsmi``, both optional: without them
+every reading is ``None``, never an error), and the clock policy of a device. Nothing here changes a
+device setting. The SW power cap is the normal state of a busy H200; :data:`THROTTLE_MASK` is not.
 """
 
 from __future__ import annotations
@@ -61,11 +51,8 @@ class ClockReading:
 
 @dataclass
 class ClockReader:
-    """Reads one GPU's clocks through NVML or amdsmi; ``available`` False (with ``reason``) otherwise.
-
-    Use :func:`open_reader` to build one. ``read()`` and ``policy()`` never raise: a failed query gives
-    ``None`` fields.
-    """
+    """Reads one GPU's clocks through NVML or amdsmi (:func:`open_reader`); ``available`` False (with
+    ``reason``) otherwise. ``read()`` and ``policy()`` never raise: a failed query gives ``None`` fields."""
 
     backend: str = "none"
     available: bool = False
@@ -114,19 +101,11 @@ class ClockReader:
                             power_w=_num(power))
 
     def policy(self) -> dict[str, Any]:
-        """Clock lock state of the device, read only (never set).
-
-        NVIDIA: ``locked`` is True when the applications-clock target differs from its default (set with
-        ``nvidia-smi -ac``) or when the applications-clocks-setting event reason is active (it is also
-        raised by ``nvidia-smi -lgc`` locked clocks); the max and default clocks are recorded.
-        AMD: the performance level, the power cap (W; amdsmi reports microwatts) and the graphics target
-        are recorded; ``locked`` is True when the level is ``DETERMINISM``, ``MANUAL`` or a ``STABLE_*``
-        profile. ``recommendation`` never asks for a clock mode (MI350/MI355 do not support performance
-        determinism); it says how the suite copes with floating clocks.
-
-        Returns:
-            ``{"backend", "available", "locked" (bool or None), "evidence": {...}, "recommendation"}``.
-        """
+        """Clock lock state of the device, read only: ``{"backend", "available", "locked" (bool or None),
+        "evidence": {...}, "recommendation"}``. NVIDIA: locked when the applications clock differs from
+        its default (``nvidia-smi -ac``) or the applications-clocks-setting reason is active (also raised
+        by ``-lgc``). AMD: locked when the performance level is ``DETERMINISM``, ``MANUAL`` or ``STABLE_*``;
+        the power cap is recorded in W (amdsmi reports microwatts)."""
         out: dict[str, Any] = {"backend": self.backend, "available": self.available, "locked": None,
                                "evidence": {}, "recommendation": ""}
         if not self.available:
@@ -138,9 +117,8 @@ class ClockReader:
             ev["app_sm_mhz"] = self._try("app", n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_SM)
             ev["default_app_sm_mhz"] = self._try("dapp", n.nvmlDeviceGetDefaultApplicationsClock, h, n.NVML_CLOCK_SM)
             ev["max_sm_mhz"] = self._try("max", n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM)
-            ev["power_limit_w"] = _num(self._try("plim", n.nvmlDeviceGetEnforcedPowerLimit, h))
-            if ev["power_limit_w"] is not None:
-                ev["power_limit_w"] /= 1000.0
+            plim = _num(self._try("plim", n.nvmlDeviceGetEnforcedPowerLimit, h))
+            ev["power_limit_w"] = None if plim is None else plim / 1000.0
             r = self.read()
             ev["reasons_now"] = reason_names(r.reasons)
             app_set = ev["app_sm_mhz"] is not None and ev["default_app_sm_mhz"] is not None and \
@@ -180,12 +158,8 @@ def _num(v: Any) -> float | None:
 
 
 def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
-    """A :class:`ClockReader` for GPU ``index`` (``vendor`` ``"cuda"``/``"rocm"``; None tries both).
-
-    ``index`` is the management library's index, which equals the CUDA/HIP index unless
-    ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES`` reorders devices (the reader then maps the first
-    visible id when it is a plain integer).
-    """
+    """A :class:`ClockReader` for GPU ``index`` (``vendor`` ``"cuda"``/``"rocm"``; None tries both); NVML's
+    index is mapped through ``CUDA_VISIBLE_DEVICES`` when that entry is a plain integer."""
     reasons = []
     if vendor in (None, "cuda"):
         vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
@@ -211,17 +185,10 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
 
 
 def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_REL) -> dict[str, Any]:
-    """Per-sample clock summary and flags.
-
-    Args:
-        readings: one reading per latency sample (None where none was taken).
-        rel: relative distance from the median SM clock beyond which a sample is off-plateau.
-
-    Returns:
-        ``{"sm_mhz": [...], "temp_c": [...], "power_w": [...], "sm_mhz_median", "temp_c_median",
-        "power_w_median", "throttled": [indices], "off_plateau": [indices], "reasons": [names seen]}``;
-        lists hold ``None`` where a value is missing.
-    """
+    """Per-sample clock summary of one reading per latency sample (None where none was taken): ``{"sm_mhz",
+    "temp_c", "power_w": [per sample, None where missing], "sm_mhz_median", "temp_c_median",
+    "power_w_median", "throttled", "off_plateau": [indices], "reasons": [names seen]}``; off-plateau: more
+    than ``rel`` from the median SM clock."""
     rs = [r or ClockReading() for r in readings]
     sm = [r.sm_mhz for r in rs]
 
@@ -239,14 +206,8 @@ def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_R
 
 
 def plateau_reached(history: list[float | None], window: int = 3, tol_mhz: float = 15.0) -> bool:
-    """True when the last ``window`` SM clock readings lie within ``tol_mhz`` (one 15 MHz Hopper step).
-
-    With no readings (library unavailable) it returns True, so callers fall back to time-based rules.
-    """
+    """True when the last ``window`` SM clock readings lie within ``tol_mhz`` (one 15 MHz Hopper step), or
+    when there are none (library unavailable: callers fall back to time-based rules)."""
     vals = [x for x in history if x is not None]
-    if not vals:
-        return True
-    if len(vals) < window:
-        return False
     last = vals[-window:]
-    return max(last) - min(last) <= tol_mhz
+    return not vals or (len(vals) >= window and max(last) - min(last) <= tol_mhz)

@@ -1,10 +1,6 @@
-"""Device and vendor facts: vendor (cuda / rocm / cpu), arch (sm_90, gfx950), fp8 dtype.
-
-On ROCm builds of PyTorch, AMD GPUs are exposed under device type ``"cuda"`` (the ``torch.cuda``
-APIs are HIP underneath); ``"hip"`` is not a usable tensor device. The vendor is told apart by
-``torch.version.hip`` / ``torch.version.cuda``, never by the device string (vLLM's
-``RocmPlatform.device_type == "cuda"``). ``torch.device("cuda")`` has no index and compares unequal
-to ``torch.device("cuda:0")``, so :func:`normalize_device` always adds the index.
+"""Device and vendor facts: vendor (cuda / rocm / cpu), arch (sm_90, gfx950), fp8 dtype. ROCm GPUs are
+device type ``"cuda"`` (``"hip"`` is not a tensor device), so the vendor is told by ``torch.version.hip``
+/ ``torch.version.cuda``; devices are always indexed (``torch.device("cuda") != torch.device("cuda:0")``).
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import torch
 from mla_fp8_bench import __version__
 from mla_fp8_bench.aiter_ps.facts import dist_version
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
+ALLOWED_DEVICES = "auto, cpu, cuda or cuda:N"
 
 
 class DeviceError(ValueError):
@@ -48,47 +44,33 @@ class PlatformInfo:
     def describe(self) -> str:
         """The device in words, for an availability reason: ``cpu``, ``an AMD GPU (name, gfx950)``,
         ``NVIDIA H200 (sm_90)``."""
-        if self.vendor == "cpu":
-            return "cpu"
-        if self.vendor == "rocm":
-            return f"an AMD GPU ({self.name}, {self.arch})"
-        return f"{self.name} ({self.arch})"
+        words = {"cpu": "cpu", "rocm": f"an AMD GPU ({self.name}, {self.arch})"}
+        return words.get(self.vendor, f"{self.name} ({self.arch})")
 
 
 def vendor_of_build() -> str:
     """``"rocm"`` if this torch is a HIP build, ``"cuda"`` if a CUDA build, else ``"cpu"``."""
-    if getattr(torch.version, "hip", None):
-        return "rocm"
-    if getattr(torch.version, "cuda", None):
-        return "cuda"
-    return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda" if getattr(torch.version, "cuda", None) else "cpu"
 
 
 def normalize_device(device: str | torch.device | None = "auto") -> torch.device:
-    """Resolve ``auto``/``cpu``/``cuda``/``cuda:N`` to a concrete, indexed torch device.
-
-    Raises:
-        DeviceError: for unknown strings, ``hip`` (use ``cuda`` on ROCm), or a GPU device when none
-            is available.
-    """
+    """Resolve ``auto``/``cpu``/``cuda``/``cuda:N`` to a concrete, indexed torch device; DeviceError for
+    unknown strings, ``hip`` (use ``cuda`` on ROCm), or a GPU device when none is available."""
     if device is None or device == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if isinstance(device, str) and device.startswith("hip"):
-        raise DeviceError(
-            f"device {device!r} is not a torch tensor device: on ROCm builds AMD GPUs are 'cuda' devices"
-        )
+        raise DeviceError(f"device {device!r} is not a torch tensor device: on ROCm builds AMD GPUs are 'cuda' devices")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        allowed = ", ".join(DEVICE_CHOICES)
-        raise DeviceError(f"device {device!r} is invalid: allowed {allowed} or cuda:N ({exc})") from None
+        raise DeviceError(f"device {device!r} is invalid: allowed {ALLOWED_DEVICES} ({exc})") from None
     if dev.type == "cpu":
         return torch.device("cpu")
     if dev.type != "cuda":
-        raise DeviceError(f"device {device!r} is not supported: allowed {', '.join(DEVICE_CHOICES)} or cuda:N")
+        raise DeviceError(f"device {device!r} is not supported: allowed {ALLOWED_DEVICES}")
     if not torch.cuda.is_available():
-        raise DeviceError(
-            f"device {device!r} was asked for but no CUDA/ROCm GPU is available (torch {torch.__version__})")
+        raise DeviceError(f"device {device!r} was asked for but no CUDA/ROCm GPU is available "
+                          f"(torch {torch.__version__})")
     index = torch.cuda.current_device() if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
         raise DeviceError(f"device {device!r}: index {index} out of range, {torch.cuda.device_count()} GPU(s) visible")
@@ -112,49 +94,29 @@ def fp8_dtype_for(vendor: str, arch: str) -> torch.dtype:
 
 
 def platform_info(device: str | torch.device | None = "auto") -> PlatformInfo:
-    """Describe the device the suite would run on.
-
-    Raises:
-        DeviceError: see :func:`normalize_device`.
-    """
+    """Describe the device the suite would run on; raises :class:`DeviceError` (:func:`normalize_device`)."""
     dev = normalize_device(device)
     if dev.type == "cpu":
-        return PlatformInfo(
-            vendor="cpu", device=dev, arch="cpu", name=_pyplatform.processor() or _pyplatform.machine(),
-            fp8_dtype=torch.float8_e4m3fn, torch_version=str(torch.__version__), cuda_version=None, hip_version=None,
-            multi_processor_count=0,
-        )
-    vendor = vendor_of_build()
-    arch = gpu_arch(dev)
-    props = torch.cuda.get_device_properties(dev)
-    return PlatformInfo(
-        vendor=vendor, device=dev, arch=arch, name=props.name, fp8_dtype=fp8_dtype_for(vendor, arch),
-        torch_version=str(torch.__version__), cuda_version=getattr(torch.version, "cuda", None),
-        hip_version=getattr(torch.version, "hip", None), multi_processor_count=props.multi_processor_count,
-    )
+        return PlatformInfo("cpu", dev, "cpu", _pyplatform.processor() or _pyplatform.machine(), torch.float8_e4m3fn,
+                            str(torch.__version__), None, None, 0)
+    vendor, arch, props = vendor_of_build(), gpu_arch(dev), torch.cuda.get_device_properties(dev)
+    return PlatformInfo(vendor, dev, arch, props.name, fp8_dtype_for(vendor, arch), str(torch.__version__),
+                        getattr(torch.version, "cuda", None), getattr(torch.version, "hip", None),
+                        props.multi_processor_count)
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for all queued work on ``device`` (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def environment(pinfo: PlatformInfo) -> dict[str, Any]:
     """Versions and device facts stored with every run."""
-    env: dict[str, Any] = {
-        "mla_fp8_bench": __version__,
-        "torch": str(torch.__version__),  # str: a TorchVersion would make every unpickler import torch
-        "python": _pyplatform.python_version(),
-        "vendor": pinfo.vendor,
-        "device": str(pinfo.device),
-        "arch": pinfo.arch,
-        "device_name": pinfo.name,
-        "fp8_dtype": str(pinfo.fp8_dtype).replace("torch.", ""),
-        "cuda": pinfo.cuda_version,
-        "hip": pinfo.hip_version,
-        "multi_processor_count": pinfo.multi_processor_count,
-        "hostname": _pyplatform.node(),
+    env: dict[str, Any] = {  # torch as str: a TorchVersion would make every unpickler import torch
+        "mla_fp8_bench": __version__, "torch": str(torch.__version__), "python": _pyplatform.python_version(),
+        "vendor": pinfo.vendor, "device": str(pinfo.device), "arch": pinfo.arch, "device_name": pinfo.name,
+        "fp8_dtype": str(pinfo.fp8_dtype).replace("torch.", ""), "cuda": pinfo.cuda_version, "hip": pinfo.hip_version,
+        "multi_processor_count": pinfo.multi_processor_count, "hostname": _pyplatform.node(),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     # distribution versions, never imports (importing aiter on a non-ROCm machine runs rocminfo)

@@ -1,32 +1,19 @@
-"""The metric table: every figure the suite records, defined once.
+"""The metric table: every figure the suite records, defined once (:data:`METRICS`). The asv ``track_*``
+methods, the run-record keys, the gate's and calibrate's metric lists, plot labels and the asv configs'
+regression keys are derived from it (``tests/test_metric_table.py`` checks they agree; docs/extending.md).
 
-Each :class:`Metric` says where the value lives in a run record, whether and how asv tracks it, what
-kind of figure it is, which direction is better, whether calibrated tolerances exist for it, and how the
-PR gate treats it. The asv ``track_*`` methods, the run-record keys, the gate's and calibrate's metric
-lists, plot labels and the asv configs' regression keys are all derived from :data:`METRICS`
-(``tests/test_metric_table.py`` checks they agree; adding a metric: docs/extending.md).
-
-Kinds (:data:`KINDS`): ``accuracy`` (deterministic error figures), ``kernel_latency`` (device time of
-the kernel; a CPU or emulation run's is host time of PyTorch code and never gates), ``host_latency``
-(host-side time: call latency incl. launch and sync, planner time; informational unless the gate is
-asked for it), ``resource`` (bytes, slot counts), ``informational`` (reported, never gating).
-
-Gate rules (:data:`GATES`):
-
-* ``tolerance`` - calibrated accuracy: HEAD must be within its calibrated tolerance (when a tolerance
-  file is given) and must not grow by more than the accuracy factor over BASE;
-* ``grow`` - must not grow by more than the factor over BASE (accuracy: ``--acc-factor``; resources:
-  ``--factor``);
-* ``latency`` - a regression when the ratio of medians exceeds ``--factor`` and the growth is
-  statistically significant; applied only to kernel-scope records (kind ``kernel_latency``) or, for
-  kind ``host_latency``, only when the gate is asked to (``--gate-call-latency``);
-* ``exact`` - any change from BASE is a regression (counts that must not move);
-* ``zero`` - must be exactly 0 on HEAD (e.g. non-finite output elements);
-* ``none`` - informational.
+Kinds: ``accuracy``, ``kernel_latency`` (device time of the kernel; a CPU or emulation run's never gates),
+``host_latency`` (call latency, planner time: gated only with ``--gate-call-latency``), ``resource``
+(bytes, slot counts), ``informational`` (never gates). Gate rules: ``tolerance`` (within the calibrated
+tolerance and no growth over BASE beyond ``--acc-factor``), ``grow`` (no growth beyond ``--acc-factor``
+for accuracy, ``--factor`` for resources), ``latency`` (ratio of medians above ``--factor`` and the
+growth statistically significant), ``exact`` (any change is a regression), ``zero`` (must be exactly 0
+on HEAD), ``none``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,19 +62,14 @@ class Metric:
     low_open: bool = False  # the lower bound itself is impossible (a time of exactly 0: a timer that read nothing)
 
     def __post_init__(self) -> None:
-        for what, allowed in (("kind", KINDS), ("gate", GATES), ("better", ("lower", "higher"))):
+        for what, allowed in (("kind", KINDS), ("gate", GATES), ("better", ("lower", "higher")),
+                              ("asv_class", (None, *ASV_CLASSES))):
             if getattr(self, what) not in allowed:
-                raise ValueError(f"metric {self.name}: {what} {getattr(self, what)!r} is unknown: "
-                                 f"allowed {', '.join(allowed)}")
-        if (self.track is None) != (self.asv_class is None):
-            raise ValueError(f"metric {self.name}: track and asv_class go together")
-        if self.asv_class is not None and self.asv_class not in ASV_CLASSES:
-            raise ValueError(f"metric {self.name}: asv_class {self.asv_class!r} is unknown: "
-                             f"allowed {', '.join(ASV_CLASSES)}")
-        if not self.bounds[0] <= self.bounds[1]:
-            raise ValueError(f"metric {self.name}: bounds {self.bounds} are empty")
-        if self.calibrated and self.tolerance_floor is None:
-            raise ValueError(f"metric {self.name}: a calibrated metric needs a tolerance_floor")
+                raise ValueError(f"metric {self.name}: {what} {getattr(self, what)!r} is unknown: allowed {allowed}")
+        if (self.track is None) != (self.asv_class is None) or not self.bounds[0] <= self.bounds[1] \
+                or (self.calibrated and self.tolerance_floor is None):
+            raise ValueError(f"metric {self.name}: track and asv_class go together, bounds must not be empty "
+                             "and a calibrated metric needs a tolerance_floor")
 
     @property
     def asv_name(self) -> str | None:
@@ -103,9 +85,7 @@ class Metric:
     def value(self, record: dict[str, Any]) -> float | None:
         """The metric of a run record: ``record[record_key]``, else ``derive(record)``; None when absent."""
         v = record.get(self.record_key)
-        if v is None and self.derive is not None:
-            v = self.derive(record)
-        return v
+        return self.derive(record) if v is None and self.derive is not None else v
 
     @property
     def regression_factor(self) -> float | None:
@@ -132,22 +112,17 @@ class Metric:
 
     def floored(self, v: float) -> float:
         """``max(v, floor)`` (NaN stays NaN); the value asv stores for ``v``."""
-        if self.floor is None or math.isnan(v):
-            return v
-        return max(v, self.floor)
+        return v if self.floor is None or math.isnan(v) else max(v, self.floor)
 
 
 def record_is_emulation(rec: dict[str, Any]) -> bool:
-    """A run record is an emulation's: its ``emulation`` field or its ``timing_scope`` says so."""
     return bool(rec.get("emulation")) or rec.get("timing_scope") == "emulation"
 
 
 def _seconds_per_pflop(rec: dict[str, Any]) -> float | None:
     """latency_s / (flops / 1e15); None for an emulation's latency (not a kernel's throughput)."""
-    if record_is_emulation(rec):
-        return None
     lat, flops = rec.get("latency_s"), rec.get("flops")
-    if lat is None or not flops:
+    if record_is_emulation(rec) or lat is None or not flops:
         return None
     return float(lat) / (float(flops) / 1e15)
 
@@ -240,27 +215,17 @@ METRICS: tuple[Metric, ...] = (
 )
 
 
-def _index(attr: str) -> dict[str, Metric]:
-    out: dict[str, Metric] = {}
-    for m in METRICS:
-        k = getattr(m, attr)
-        if k is None:
-            continue
-        if k in out:
-            raise ValueError(f"metric table: {attr} {k!r} appears twice")
-        out[k] = m
-    return out
-
-
-_INDEXES: tuple[tuple[Metric, ...], tuple[dict[str, Metric], ...]] | None = None
-
-
-def _indexes() -> tuple[dict[str, Metric], dict[str, Metric], dict[str, Metric]]:
-    """(by name, by record key, by asv track) of :data:`METRICS`, built again when the table changes."""
-    global _INDEXES
-    if _INDEXES is None or _INDEXES[0] is not METRICS:
-        _INDEXES = (METRICS, (_index("name"), _index("record_key"), _index("track")))
-    return _INDEXES[1]
+@functools.cache
+def _indexes(metrics: tuple[Metric, ...]) -> tuple[dict[str, Metric], ...]:
+    """(by name, by record key, by asv track) of ``metrics`` (:data:`METRICS`, which a test may extend)."""
+    out = []
+    for attr in ("name", "record_key", "track"):
+        index = {getattr(m, attr): m for m in metrics if getattr(m, attr) is not None}
+        keys = [getattr(m, attr) for m in metrics if getattr(m, attr) is not None]
+        if len(index) != len(keys):
+            raise ValueError(f"metric table: {attr} {next(k for k in keys if keys.count(k) > 1)!r} appears twice")
+        out.append(index)
+    return tuple(out)
 
 
 class UnknownMetricError(KeyError):
@@ -268,12 +233,9 @@ class UnknownMetricError(KeyError):
 
 
 def metric(key: str) -> Metric:
-    """The metric with this name, record key, asv track name or full asv benchmark name.
-
-    Raises:
-        UnknownMetricError: naming the key and the known names.
-    """
-    by_name, by_record_key, by_track = _indexes()
+    """The metric with this name, record key, asv track name or full asv benchmark name;
+    UnknownMetricError names the key and the known names."""
+    by_name, by_record_key, by_track = _indexes(METRICS)
     for index in (by_name, by_record_key, by_track):
         if key in index:
             return index[key]
@@ -284,7 +246,6 @@ def metric(key: str) -> Metric:
 
 
 def find(key: str) -> Metric | None:
-    """:func:`metric` or None."""
     try:
         return metric(key)
     except UnknownMetricError:
@@ -298,17 +259,14 @@ def label(key: str) -> str:
 
 
 def asv_metrics(asv_class: str | None = None) -> tuple[Metric, ...]:
-    """Metrics with an asv track (of one class when given), in table order."""
     return tuple(m for m in METRICS if m.track and (asv_class is None or m.asv_class == asv_class))
 
 
 def calibrated_metrics() -> tuple[Metric, ...]:
-    """Metrics calibrate measures and tolerance files hold."""
     return tuple(m for m in METRICS if m.calibrated)
 
 
 def zero_metrics() -> tuple[Metric, ...]:
-    """Metrics that must be exactly 0 (checked always, never calibrated)."""
     return tuple(m for m in METRICS if m.gate == "zero")
 
 

@@ -1,9 +1,6 @@
-"""Error metrics of an attention output against a reference, computed in float64.
-
-``mismatch_fraction`` follows AITER's ``checkAllclose`` (aiter/test_common.py): the fraction of
-elements failing ``|out - ref| <= atol + rtol * |ref|`` (0 = pass, <= 0.05 warning, else fail there;
-defaults atol = rtol = 5e-2 as in op_tests/test_mla_prefill_ps.py). Non-finite outputs count as
-mismatches.
+"""Error metrics of an attention output against a reference, computed in float64. ``mismatch_fraction``
+is AITER's ``checkAllclose`` (aiter/test_common.py): the fraction failing ``|out - ref| <= atol + rtol *
+|ref|`` at atol = rtol = 5e-2 (op_tests/test_mla_prefill_ps.py); non-finite outputs count as mismatches.
 """
 
 from __future__ import annotations
@@ -38,17 +35,13 @@ class ErrorMetrics:
     numel: int  # elements compared
 
     def as_dict(self, suffix: str = "") -> dict[str, float]:
-        """Fields as a dict, keys suffixed (e.g. ``max_abs_error_fp8_ref``)."""
         return {f"{k}{suffix}": v for k, v in asdict(self).items()}
 
 
 def error_metrics(out: torch.Tensor, ref: torch.Tensor, *, atol: float = MISMATCH_ATOL, rtol: float = MISMATCH_RTOL,
                   rel_floor: float = REL_ERROR_FLOOR) -> ErrorMetrics:
-    """Compare ``out`` with ``ref`` (same shape, any float dtypes, same device) in float64.
-
-    Raises:
-        ValueError: if shapes differ or tensors are empty.
-    """
+    """Compare ``out`` with ``ref`` (same shape, any float dtypes) in float64; ValueError if the shapes
+    differ or the tensors are empty."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from reference shape {tuple(ref.shape)}")
     if out.numel() == 0:
@@ -82,45 +75,26 @@ def _lse_pair(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
 
 
 def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None = None) -> float:
-    """Max relative LSE error ``|lse - ref| / max(|ref|, 1)`` over ``rows`` (bool ``[T]`` mask) or all rows
-    (0 when none). Where the reference is -inf (a row that sees no key) an infinite ``lse`` of either sign
-    is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a non-finite ``lse`` against a
-    finite reference is inf.
-
-    Args:
-        lse: ``[T, H]`` natural-log LSE, any float dtype.
-        ref_lse: ``[T, H]`` reference LSE (-inf on rows that see no key).
-        rows: optional bool ``[T]`` mask of the rows to compare.
-
-    Raises:
-        ValueError: if the shapes differ.
-    """
+    """Max relative error ``|lse - ref| / max(|ref|, 1)`` of ``[T, H]`` natural-log LSEs over ``rows`` (bool
+    ``[T]``) or all rows (0 when none). Where the reference is -inf (a row that sees no key) an infinite
+    ``lse`` of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a
+    non-finite ``lse`` against a finite reference is inf. ValueError if the shapes differ."""
     a, b = _lse_pair(lse, ref_lse, rows)
     if a.numel() == 0:
         return 0.0
     empty = torch.isneginf(b)
-    finite_b = torch.where(empty, torch.zeros_like(b), b)
-    err = (a - finite_b).abs() / finite_b.abs().clamp_min(1.0)
-    err = torch.where(torch.isfinite(a), err, torch.full_like(err, float("inf")))
-    err = torch.where(empty, torch.where(torch.isinf(a), torch.zeros_like(err), torch.full_like(err, float("inf"))),
-                      err)
+    finite_b = torch.where(empty, 0.0, b)
+    err = torch.where(torch.isfinite(a), (a - finite_b).abs() / finite_b.abs().clamp_min(1.0), math.inf)
+    err = torch.where(empty, torch.where(torch.isinf(a), 0.0, math.inf), err)
     return float(err.max().item())
 
 
 def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor,
                 kind: CaseKind) -> dict[str, float | int]:
-    """The LSE figures of a record.
-
-    Kinds without context (``prefill``) compare the rows the backend says it wrote (``rows``: before AITER
-    #3606 only rows of split tiles have a final LSE). Kinds with context (``ctx``, ``prefix``) compare
-    **every** row whatever ``rows`` says: vLLM merges context chunks by LSE on every row, so an unwritten
-    or stale LSE there is an error (this is what #3606 fixed).
-
-    Returns:
-        ``lse_rel_error_fp8_ref`` (max relative error, see :func:`lse_error`), ``lse_rows_checked`` (rows
-        compared) and ``lse_nonfinite_count`` (compared LSE elements that are NaN/+-inf where the
-        reference is finite).
-    """
+    """The LSE figures of a record: ``lse_rel_error_fp8_ref`` (:func:`lse_error`), ``lse_rows_checked`` and
+    ``lse_nonfinite_count`` (compared elements non-finite where the reference is finite). ``prefill``
+    compares the rows the backend says it wrote (``rows``: before AITER #3606 only rows of split tiles have
+    a final LSE); kinds with context compare every row, as vLLM merges context chunks on every row."""
     mask = None if kind.context else rows
     a, b = _lse_pair(lse, ref_lse, mask)
     bad = int((~torch.isfinite(a) & torch.isfinite(b)).sum().item())

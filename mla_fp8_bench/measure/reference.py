@@ -1,15 +1,6 @@
-"""Exact causal attention for ragged prefill batches: output and natural-log LSE.
-
-Two references serve two questions:
-
-* :func:`reference_fp8_dequant` - on the dequantised fp8 inputs (``fp8 * descale``): the input
-  rounding cancels, so the error against it is the kernel's own (fp8 P, accumulation, bf16 output).
-* :func:`reference_bf16` - on the original bf16 inputs: the end-to-end error of going FP8.
-
-Computed in float64 on the CPU and float32 on GPUs, one sequence at a time and in query chunks, so
-memory stays ``O(H * chunk * kv_len)``. Masking is bottom-right causal: local query ``i`` sees key
-``j`` iff ``j <= kv_len - q_len + i`` (AITER's mask; equal to top-left when q_len == kv_len);
-context chunks (``ctx`` cases) are non-causal.
+"""Exact attention for ragged batches (output and natural-log LSE), one sequence at a time in query chunks.
+Against the dequantised fp8 inputs (:func:`reference_fp8_dequant`) the input rounding cancels, so the
+error is the kernel's own; against the bf16 inputs (:func:`reference_bf16`) it is the end-to-end error.
 """
 
 from __future__ import annotations
@@ -40,26 +31,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      softmax_scale: float, *, causal: bool = True, dtype: torch.dtype | None = None,
                      chunk_elements: int = _CHUNK_ELEMENTS,
                      cu_seqlens_kv: list[int] | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact (optionally causal) softmax attention over a ragged batch.
+    """Exact (bottom-right causal when ``causal``) softmax attention over a ragged batch: q ``[T_q, H, Dqk]``,
+    k ``[T_kv, H, Dqk]``, v ``[T_kv, H, Dv]`` (any float dtype), ``cu_seqlens`` ``[B+1]`` query starts (and
+    key starts unless ``cu_seqlens_kv`` is given), ``softmax_scale`` multiplies ``q.k``; computed in
+    ``dtype`` (default float64 on CPU, float32 on GPU) in chunks of ``chunk_elements`` scores.
 
-    Args:
-        q: ``[T_q, H, Dqk]`` any float dtype.
-        k: ``[T_kv, H, Dqk]``.
-        v: ``[T_kv, H, Dv]``.
-        cu_seqlens: ``[B+1]`` query starts (and key starts when ``cu_seqlens_kv`` is None).
-        softmax_scale: multiplier of ``q.k`` (``1/sqrt(192)`` for MLA).
-        causal: bottom-right causal mask when True (query ``i`` sees key ``j`` iff
-            ``j <= kv_len - q_len + i``); every key when False.
-        dtype: compute dtype (default: float64 on CPU, float32 on GPU).
-        chunk_elements: score elements per query chunk (memory bound).
-        cu_seqlens_kv: ``[B+1]`` key starts (kv_len may differ from q_len per sequence).
-
-    Returns:
-        ``(out, lse)``: out ``[T_q, H, Dv]`` and natural-log LSE ``[T_q, H]`` of the scaled scores, both
-        in ``dtype``. A row that sees no key (kv_len 0) gets out 0 and LSE -inf.
-
-    Raises:
-        ValueError: on inconsistent shapes or cu_seqlens.
+    Returns ``(out [T_q, H, Dv], lse [T_q, H])`` in ``dtype``; a row that sees no key gets out 0 and LSE
+    -inf. ValueError on inconsistent shapes or cu_seqlens.
     """
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q/k/v must be 3-D [T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -123,8 +101,7 @@ def case_attention(inputs: CaseInputs, q: torch.Tensor, k: torch.Tensor, v: torc
 def reference_fp8_dequant(inputs: CaseInputs, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference on the dequantised fp8 inputs: ``(out [T,H,128], lse [T,H])``; isolates kernel error."""
     dtype = dtype or default_ref_dtype(inputs.device)
-    q, k, v = inputs.dequantized(dtype)
-    return case_attention(inputs, q, k, v, dtype)
+    return case_attention(inputs, *inputs.dequantized(dtype), dtype)
 
 
 def reference_bf16(inputs: CaseInputs, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,11 +1,7 @@
-"""Latency measurement: kernel-only device time and host-inclusive call latency, in seconds.
-
-Methods (CUDA and ROCm share the ``torch.cuda`` code path): ``graph`` (``launches`` back-to-back calls
+"""Latency measurement in seconds (docs/methodology.md §1, §2, §8). Methods: ``graph`` (``launches`` calls
 captured in one CUDA/HIP graph, a sample is ``elapsed(replay) / launches`` between two device events),
-``events`` (the same launches run eagerly between one event pair, when capture fails) and ``host``
-(CPU: ``perf_counter`` per call); :func:`time_call` is ``perf_counter`` around ``run(); synchronize()``.
-The procedure (heat-up, probe, clock-aware settle, samples with their SM clock, L2 flush) and the H200
-measurements behind it: docs/methodology.md §1, §2 and §8.
+``events`` (the same launches run eagerly, when capture fails), ``host`` (CPU: ``perf_counter`` per call)
+and ``host-sync`` (:func:`time_call`: ``perf_counter`` around ``run(); synchronize()``).
 """
 
 from __future__ import annotations
@@ -36,45 +32,31 @@ class TimingResult:
 
     @property
     def median_s(self) -> float:
-        """Median sample, seconds."""
         return statistics.median(self.samples_s)
 
     @property
     def iqr_s(self) -> float:
         """Inter-quartile range of the samples, seconds (0 for fewer than 4 samples)."""
-        if len(self.samples_s) < 4:
-            return 0.0
-        q = statistics.quantiles(self.samples_s, n=4)
+        q = statistics.quantiles(self.samples_s, n=4) if len(self.samples_s) >= 4 else (0.0, 0.0, 0.0)
         return q[2] - q[0]
 
     @property
     def cv(self) -> float:
-        """Coefficient of variation (stdev / mean) of the samples."""
-        if len(self.samples_s) < 2:
-            return 0.0
-        return statistics.stdev(self.samples_s) / statistics.fmean(self.samples_s)
-
-
-def _l2_bytes(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+        """Coefficient of variation (stdev / mean) of the samples (0 for fewer than 2)."""
+        s = self.samples_s
+        return statistics.stdev(s) / statistics.fmean(s) if len(s) >= 2 else 0.0
 
 
 def _warmup(run: Callable[[], object], sync: Callable[[], None], max_calls: int = 20, budget_s: float = 2.0,
             rel_tol: float = 0.05) -> int:
     """Call ``run`` until two consecutive host-timed calls agree within ``rel_tol`` (>= 3 calls)."""
-    prev = None
-    calls = 0
-    t_start = time.perf_counter()
-    while calls < max_calls:
+    prev, t_start = 0.0, time.perf_counter()
+    for calls in range(1, max_calls + 1):
         t0 = time.perf_counter()
         run()
         sync()
         dt = time.perf_counter() - t0
-        calls += 1
-        if calls >= 3 and prev is not None and abs(dt - prev) <= rel_tol * max(prev, 1e-9):
-            break
-        if time.perf_counter() - t_start > budget_s and calls >= 3:
+        if calls >= 3 and (abs(dt - prev) <= rel_tol * max(prev, 1e-9) or time.perf_counter() - t_start > budget_s):
             break
         prev = dt
     return calls
@@ -118,45 +100,33 @@ def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[]
 
 def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Callable[[], None], min_s: float,
             max_s: float, tol: float, chunk_s: float = 0.025, reader=None) -> dict:
-    """Run ``sample`` in chunks of about ``chunk_s`` device time until settled (see :func:`time_device`).
-
-    Settled: at least ``min_s`` of device time has run, the per-launch time of the last three chunks
-    agrees within ``tol``, and (when ``reader`` gives clock readings) the SM clock read after each of
-    the last three chunks lies within one 15 MHz step (:func:`clocks.plateau_reached`).
-
-    Returns:
-        ``{"replays": calls of sample, "device_s": device time spent, "settled": bool,
-        "sm_mhz": [clock after each chunk]}``.
-    """
+    """Run ``sample`` in chunks of about ``chunk_s`` device time until settled: at least ``min_s`` of
+    device time, the per-launch time of the last three chunks within ``tol``, and the SM clock after each
+    of them within one 15 MHz step (:func:`clocks.plateau_reached`). Returns ``{"replays", "device_s",
+    "settled", "sm_mhz": [clock after each chunk]}``."""
     if per_sample_s >= 4 * chunk_s or not min_s > 0:  # none asked for; long samples are their own warm-up
         return {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
     n = int(min(10_000, max(1, round(chunk_s / max(per_sample_s, 1e-9)))))
     per: list[float] = []
     sm: list[float | None] = []
-    total, calls = 0.0, 0
+    total, calls, settled = 0.0, 0, False
     events = _events()
-    settled = False
     while total < max_s:
         dt = _chunk(sample, n, events, stream, sync, reader, sm)
-        total += dt
-        calls += n
+        total, calls = total + dt, calls + n
         per.append(dt / n)
-        if total >= min_s and len(per) >= 3:
-            last = per[-3:]
-            if (max(last) - min(last)) / max(min(last), 1e-12) <= tol and plateau_reached(sm):
-                settled = True
-                break
+        last = per[-3:]
+        if total >= min_s and len(last) == 3 and (max(last) - min(last)) / max(min(last), 1e-12) <= tol \
+                and plateau_reached(sm):
+            settled = True
+            break
     return {"replays": calls, "device_s": total, "settled": settled, "sm_mhz": sm}
 
 
 def heat_up(device: torch.device, reader=None, min_s: float = 0.5, max_s: float = 3.0) -> dict:
     """Bring an idle GPU to its sustained-load state once per process (docs/methodology.md §2, step 0):
     bf16 4096^3 GEMMs in chunks of about 55 ms, at least ``min_s`` and until four SM clock readings lie
-    within 15 MHz, at most ``max_s`` seconds of device time.
-
-    Returns:
-        ``{"device_s", "sm_mhz": [readings], "plateau": bool}``.
-    """
+    within 15 MHz, at most ``max_s`` seconds of device time. Returns ``{"device_s", "sm_mhz", "plateau"}``."""
     gemm = functools.partial(torch.matmul, *(torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
                                              for _ in range(2)))
     stream = torch.cuda.current_stream(device)
@@ -197,12 +167,8 @@ def _capture_failed(exc: BaseException, device: torch.device) -> str:
 
 def _probe_launch_s(run: Callable[[], object], device: torch.device, stream, sync: Callable[[], None],
                     graph_capturable: bool) -> tuple[float, bool, str]:
-    """Device time of one launch: from a 4-launch probe graph replayed 3 times when capturable (host
-    overhead cannot inflate it), else from 3 eager launches between events.
-
-    Returns:
-        ``(seconds, still_capturable, note)``.
-    """
+    """``(seconds, still_capturable, note)``: device time of one launch from a 4-launch probe graph
+    replayed 3 times when capturable (host overhead cannot inflate it), else from 3 eager launches."""
     note = ""
     if graph_capturable:
         try:
@@ -245,33 +211,17 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
                 flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
                 warmup_max_s: float = 1.0, warmup_tol: float = 0.005, min_window_s: float = 0.1,
                 clocks: bool = True) -> TimingResult:
-    """Kernel-only latency of ``run`` on a CUDA/ROCm device: :func:`process_clock_state` (once per
-    process), host warm-up (:func:`_warmup`), the device time of one launch (:func:`_probe_launch_s`),
-    capture of ``launches`` calls, the clock-aware settle (:func:`_settle`), then the samples
-    (:func:`_sample_loop`); step by step in docs/methodology.md §2.
+    """Kernel-only latency of ``run`` (launches device work, no host sync) on a ``cuda:N`` device:
+    :func:`process_clock_state`, host warm-up, the device time of one launch, capture of ``launches``
+    calls (events on failure), the clock-aware settle, then the samples (docs/methodology.md §2).
 
-    Args:
-        run: the prepared call (launches device work, no host sync).
-        device: a ``cuda:N`` device.
-        graph_capturable: try CUDA-graph capture first (falls back to events on failure).
-        samples: least samples to take (fewer if ``time_budget_s`` runs out, never fewer than 5).
-        target_sample_s: launches per sample are chosen so one sample lasts about this long.
-        max_launches: cap on launches per sample.
-        flush_l2: flush L2 before each sample and time one launch per sample.
-        time_budget_s: wall-clock budget for sampling.
-        warmup_s: least device time of untimed replays (or launches) right before sampling.
-        warmup_max_s: most device time spent settling.
-        warmup_tol: relative spread of the last three warm-up chunks that counts as settled.
-        min_window_s: least device time the samples together should span (at most 4x ``samples``).
-        clocks: read clocks per sample (when a management library is present).
-
-    Returns:
-        :class:`TimingResult` with per-launch samples in seconds; ``extra`` holds ``est_launch_s``,
-        ``warmup_replays``, ``warmup_device_s``, ``warmup_settled``, ``warmup_sm_mhz`` and ``clocks``
-        (:func:`clocks.mark_samples`: per-sample SM clock, throttled and off-plateau indices).
-
-    Raises:
-        ValueError: if ``device`` is not a GPU device.
+    ``samples``: least samples (fewer if ``time_budget_s`` of wall clock runs out, never fewer than 5;
+    more, at most 4x, until they span ``min_window_s`` of device time); launches per sample make one last
+    about ``target_sample_s`` (at most ``max_launches``; 1 with ``flush_l2``, which flushes L2 before each
+    sample); the settle runs ``warmup_s`` .. ``warmup_max_s`` of device time until the last three chunks
+    agree within ``warmup_tol``; ``clocks``: read clocks per sample. Times in seconds. Returns per-launch
+    samples, ``extra`` holding ``est_launch_s``, ``warmup_replays``, ``warmup_device_s``, ``warmup_settled``,
+    ``warmup_sm_mhz`` and ``clocks`` (:func:`clocks.mark_samples`); ValueError for a device not a GPU.
     """
     if device.type != "cuda":
         raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
@@ -282,14 +232,17 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     warm = _warmup(run, sync)
     one, graph_capturable, note = _probe_launch_s(run, device, stream, sync, graph_capturable)
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
-    flush_buf = torch.empty(2 * _l2_bytes(device) // 4, dtype=torch.float32, device=device) if flush_l2 else None
-    method, graph = "events", None
+    flush_buf = None
+    if flush_l2:  # twice the L2 (64 MiB where torch does not report it) of fp32, zeroed before each sample
+        l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20)
+        flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device=device)
+    graph = None
     if graph_capturable:
         try:
             graph = _capture(run, launches, stream, sync)
-            method = "graph"
         except Exception as exc:  # noqa: BLE001
             note = _capture_failed(exc, device)
+    method = "events" if graph is None else "graph"
 
     def one_sample() -> None:
         if graph is not None:
@@ -313,10 +266,8 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
 
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
               time_budget_s: float = 10.0, warmup: bool = True) -> TimingResult:
-    """Latency of ``run`` on the CPU: ``perf_counter`` per call, after one warm-up call (``warmup``).
-
-    At least ``min_samples`` samples are taken; sampling stops early once ``time_budget_s`` is spent.
-    """
+    """Latency of ``run`` on the CPU: ``perf_counter`` per call, after one warm-up call (``warmup``); at least
+    ``min_samples`` samples, then stops once ``time_budget_s`` is spent."""
     if warmup:
         run()
     out: list[float] = []
@@ -356,17 +307,11 @@ def measure_latency(run: Callable[[], object], device: torch.device, *, graph_ca
 
 
 def clock_fields(tr: TimingResult) -> dict:
-    """Record fields of the clock state of a :class:`TimingResult` (empty without clock readings).
-
-    Keys: ``latency_sm_cycles`` (median over the samples of latency x SM clock read during the sample: SM
-    cycles per launch, the clock-normalised figure nvbench-compare-robust also derives from its sample
-    times and frequencies) and its per-sample list ``latency_sm_cycles_samples``;
-    ``sm_clock_mhz``, ``gpu_temp_c``, ``gpu_power_w`` (medians over the samples),
-    ``sm_clock_samples_mhz`` (one per latency sample), ``clock_throttled_samples`` and
-    ``clock_off_plateau_samples`` (indices of flagged samples, :func:`clocks.mark_samples`),
-    ``clock_reasons`` (NVML event reasons seen), ``clock_locked`` (the process's clock policy),
-    ``warmup_settled``.
-    """
+    """Record fields of the clock state of a :class:`TimingResult` (empty without clock readings):
+    ``latency_sm_cycles`` (median over the samples of latency x the SM clock read during the sample: SM
+    cycles per launch, as nvbench-compare-robust derives it) and its per-sample list; medians of the SM
+    clock (MHz), temperature (deg C) and power (W); per-sample clocks, throttled and off-plateau sample
+    indices (:func:`clocks.mark_samples`), NVML reasons seen, ``clock_locked``, ``warmup_settled``."""
     c = tr.extra.get("clocks")
     if not c:
         return {}

@@ -1,11 +1,6 @@
 """Benchmark cases: a ragged prefill batch, a context chunk or a prefix-cached prefill, plus quantisation,
-distribution and seed, named by a short stable id usable as an asv parameter and on the command line.
-
-The id grammar is in docs/usage.md, "Cases": ``s4096``, ``ragged-6992-6896-2495``, ``ragged-4096x4``,
-``ctx1024-q256``, ``prefix1024-q300``, ``ctx-ragged-<C>q<Q>[x<n>]-...``, ``prefix-ragged-...``, then the
-non-default suffixes in this order: ``-h<heads>``, ``-cast``, ``-outlier`` / ``-mla`` / ``-const``,
-``-seed<n>``. Ids that have published results are never changed or reused (an id's asv history is one
-series).
+distribution and seed, named by a short stable id (an asv parameter; grammar: docs/usage.md, "Cases",
+and :data:`_ID_HELP`). Ids that have published results are never changed or reused.
 """
 
 from __future__ import annotations
@@ -28,15 +23,11 @@ MAX_NUM_HEADS = 1024
 
 @dataclass(frozen=True)
 class CaseKind:
-    """What a case computes: which keys its queries see, the mask, how it is composed.
-
-    Per sequence the keys are its cached context keys (seen whole, when ``context``) then its new keys
-    (seen when ``new_keys``, causally when ``causal``); the mask is bottom-right aligned (query ``i``
-    sees key ``j`` iff ``j <= kv_len - q_len + i``). Kinds with context run only on backends whose
-    ``Backend.supports_kind`` says yes, and their LSE is compared on every row (vLLM merges context
-    chunks by LSE on every row). ``name`` is ``Case.family``; ``id_lead`` prefixes the ids of a kind
-    without context (``""``: none, ``s<S>`` / ``ragged-...``).
-    """
+    """What a case computes. Per sequence the keys are its cached context keys (seen whole, when
+    ``context``) then its new keys (seen when ``new_keys``, causally when ``causal``: bottom-right, query
+    ``i`` sees key ``j`` iff ``j <= kv_len - q_len + i``). Kinds with context run only where
+    ``Backend.supports_kind`` says yes, and their LSE is compared on every row. ``name`` is
+    ``Case.family``; ``id_lead`` prefixes the ids of a kind without context (``""``: none)."""
 
     name: str
     context: bool
@@ -57,9 +48,7 @@ class CaseKind:
 
     def kv_lens(self, seq_lens: tuple[int, ...], context_lens: tuple[int, ...]) -> tuple[int, ...]:
         """Per-sequence key counts: context keys (if seen) plus new keys (if seen)."""
-        if not self.context:
-            return seq_lens
-        return tuple(c + q * self.new_keys for c, q in zip(context_lens, seq_lens))
+        return tuple(c + q * self.new_keys for c, q in zip(context_lens, seq_lens)) if self.context else seq_lens
 
 
 #: Case kinds by name: ``prefill`` (q_len == kv_len, causal), ``ctx`` (a context chunk: new queries over
@@ -86,37 +75,20 @@ def _check_lens(lens: tuple, what: str, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark case: a ragged prefill batch, a context chunk or a prefix-cached prefill.
+    """One benchmark case: a ragged prefill batch, a context chunk or a prefix-cached prefill. CaseError
+    on any invalid field, or more than :data:`MAX_TOTAL_TOKENS` query or key tokens."""
 
-    Attributes:
-        seq_lens: per-sequence query token counts (q_len; == kv_len for ``prefill``), each >= 1.
-        num_heads: query heads == kv heads (MLA after ``kv_b_proj`` is MHA), >= 1.
-        quant: ``"per_tensor"`` (scale = amax/448, saturating clamp; AITER's op test) or ``"cast"``
-            (plain cast at unit scale; vLLM's ``_mla_fp8_prefill_attn``).
-        dist: input distribution, one of :data:`DISTRIBUTIONS` (see :mod:`mla_fp8_bench.problem.inputs`).
-        seed: generator seed; the same seed gives the same inputs on every run.
-        context_lens: per-sequence cached context token counts (each >= 0, at least one >= 1) for
-            ``ctx`` and ``prefix``; empty for ``prefill``.
-        family: the name of its kind, a key of :data:`KINDS` (:attr:`kind` is the object).
-
-    Raises:
-        CaseError: on empty batches, seq_len <= 0, num_heads <= 0, unknown quant/dist/family, context
-            lengths that do not match the family, or more than :data:`MAX_TOTAL_TOKENS` query or key
-            tokens.
-    """
-
-    seq_lens: tuple[int, ...]
-    num_heads: int = DEFAULT_NUM_HEADS
-    quant: str = "per_tensor"
-    dist: str = "normal"
+    seq_lens: tuple[int, ...]  # per-sequence query token counts (q_len; == kv_len for prefill), each >= 1
+    num_heads: int = DEFAULT_NUM_HEADS  # query heads == kv heads (MLA after kv_b_proj is MHA)
+    quant: str = "per_tensor"  # scale = amax/448 with a saturating clamp (AITER's op test), or "cast" (vLLM's)
+    dist: str = "normal"  # one of DISTRIBUTIONS (problem/inputs.py)
     seed: int = 0
-    context_lens: tuple[int, ...] = ()
-    family: str = "prefill"
+    context_lens: tuple[int, ...] = ()  # per-sequence cached context tokens (>= 0, one >= 1) for ctx/prefix
+    family: str = "prefill"  # the name of its kind, a key of KINDS
 
     def __post_init__(self) -> None:
-        lens = tuple(self.seq_lens)
+        lens, ctx = tuple(self.seq_lens), tuple(self.context_lens)
         object.__setattr__(self, "seq_lens", lens)
-        ctx = tuple(self.context_lens)
         object.__setattr__(self, "context_lens", ctx)
         if not lens:
             raise CaseError("empty batch: seq_lens must hold at least one sequence length")
@@ -152,7 +124,6 @@ class Case:
 
     @property
     def kind(self) -> CaseKind:
-        """The case's kind (layout, mask, composition)."""
         return KINDS[self.family]
 
     @property
@@ -162,17 +133,14 @@ class Case:
 
     @property
     def batch_size(self) -> int:
-        """Number of sequences B."""
         return len(self.seq_lens)
 
     @property
     def total_tokens(self) -> int:
-        """Total query tokens T = sum(seq_lens)."""
         return sum(self.seq_lens)
 
     @property
     def max_seq_len(self) -> int:
-        """Longest query sequence (max q_len)."""
         return max(self.seq_lens)
 
     @property
@@ -182,12 +150,10 @@ class Case:
 
     @property
     def total_kv_tokens(self) -> int:
-        """Total key tokens sum(kv_lens)."""
         return sum(self.kv_lens)
 
     @property
     def max_kv_len(self) -> int:
-        """Longest key sequence."""
         return max(self.kv_lens)
 
     def cu_seqlens_q(self) -> list[int]:
@@ -199,12 +165,8 @@ class Case:
         return cu_seqlens_of(self.kv_lens)
 
     def cu_seqlens(self) -> list[int]:
-        """Cumulative sequence starts ``[0, s0, s0+s1, ...]`` (length B+1): qo_indptr == kv_indptr.
-
-        Raises:
-            CaseError: for ``ctx``/``prefix`` cases, where q and kv starts differ (use
-                :meth:`cu_seqlens_q` / :meth:`cu_seqlens_kv`).
-        """
+        """Sequence starts ``[0, s0, s0+s1, ...]`` (length B+1) where qo_indptr == kv_indptr; CaseError for
+        ``ctx``/``prefix`` cases."""
         if not self.kind.same_q_kv:
             raise CaseError(f"cu_seqlens() is defined for prefill cases (q_len == kv_len), not for {self.family} "
                             f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
@@ -212,7 +174,6 @@ class Case:
 
     @property
     def id(self) -> str:
-        """The stable short id (see module docstring)."""
         return format_case_id(self)
 
 
@@ -258,12 +219,8 @@ def _num(tok: str, case_id: str) -> int:
 
 def _ragged_runs(rest: list[str], item: str, case_id: str) -> list[tuple[int, ...]]:
     """Pop the leading ``<item>[x<count>]`` tokens of ``rest`` (``item`` a regex of ``q``-separated
-    numbers): one tuple of the numbers per sequence, repeats expanded.
-
-    Raises:
-        CaseError: a repeat count < 1, a number over :data:`_MAX_DIGITS` digits, or more than
-            :data:`MAX_TOTAL_TOKENS` sequences (each has at least one query token).
-    """
+    numbers): one tuple of the numbers per sequence, repeats expanded; CaseError for a repeat count < 1
+    or more than :data:`MAX_TOTAL_TOKENS` sequences."""
     out: list[tuple[int, ...]] = []
     while rest and re.fullmatch(rf"{item}(x\d+)?", rest[0]):
         tok = rest.pop(0)
@@ -299,15 +256,10 @@ def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]]
 
 
 def parse_case_id(case_id: str) -> Case:
-    """Parse a case id (see module docstring).
-
-    Raises:
-        CaseError: naming the bad id and the accepted grammar.
-    """
+    """Parse a case id (see module docstring); CaseError names the bad id and the accepted grammar."""
     if not isinstance(case_id, str) or not case_id:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
     tokens = case_id.split("-")
-    lens: list[int] = []
     kw: dict = {}
     leads = {k.id_lead: k.name for k in KINDS.values() if k.id_lead and not k.context}
     if len(tokens) > 1 and tokens[0] in leads:
@@ -316,17 +268,14 @@ def parse_case_id(case_id: str) -> Case:
     if chunk is not None:
         kw, rest = chunk
     elif re.fullmatch(r"s\d+", tokens[0]):
-        lens = [_num(tokens[0][1:], case_id)]
-        rest = tokens[1:]
+        kw["seq_lens"], rest = (_num(tokens[0][1:], case_id),), tokens[1:]
     elif tokens[0] == "ragged":
         rest = tokens[1:]
-        lens = [n for (n,) in _ragged_runs(rest, r"\d+", case_id)]
-        if not lens:
+        kw["seq_lens"] = tuple(n for (n,) in _ragged_runs(rest, r"\d+", case_id))
+        if not kw["seq_lens"]:
             raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
     else:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
-    if lens:
-        kw["seq_lens"] = tuple(lens)
     for tok in rest:
         if re.fullmatch(r"h\d+", tok) and "num_heads" not in kw:
             kw["num_heads"] = _num(tok[1:], case_id)
@@ -356,23 +305,8 @@ SUITES: dict[str, tuple[str, ...]] = {
     "tile-edges": ("s255", "s256", "s257", "s511", "s512", "s513"),
     "ragged": ("ragged-6992-6896-2495", "ragged-4096x4", "s8175"),
     "aiter-odd": ("s21", "s1200", "s3200", "s5200", "s10000"),
-    "edge": (
-        "s1",
-        "s255",
-        "s256",
-        "s257",
-        "ragged-1x120-8000",
-        "ragged-16384x4-4096",
-        "s512-h1",
-        "s512-h8",
-        "s512-h12",
-        "s512-h24",
-        "s512-h32",
-        "s512-h64",
-        "s512-h128",
-        "s512-cast-outlier",
-        "s512-const",
-    ),
+    "edge": ("s1", "s255", "s256", "s257", "ragged-1x120-8000", "ragged-16384x4-4096", "s512-h1", "s512-h8",
+             "s512-h12", "s512-h24", "s512-h32", "s512-h64", "s512-h128", "s512-cast-outlier", "s512-const"),
     "short-prompt": ("ragged-603-640-655-698",),
     # prefix-cached prefill: context chunks (non-causal) and whole prefix prefills (LSE merge)
     "prefix": ("ctx1024-q256", "prefix1024-q300", "ctx-ragged-1024q256-100q64", "prefix-ragged-1024q256-100q50",
@@ -387,28 +321,19 @@ SUITES: dict[str, tuple[str, ...]] = {
 
 def default_sweep(device_type: str, cap: int | None = None) -> tuple[tuple[str, ...], str]:
     """``(case ids, a sentence saying where it stops and why)`` of the default sweep on ``device_type``
-    (``"cpu"`` or ``"cuda"``, ROCm included), capped at :data:`SWEEP_CAPS` or ``cap`` tokens.
-
-    Raises:
-        CaseError: on an unknown device type.
-    """
+    (``"cpu"`` or ``"cuda"``, ROCm included), capped at :data:`SWEEP_CAPS` or ``cap`` tokens; CaseError on
+    an unknown device type."""
     if device_type not in SWEEP_CAPS:
         raise CaseError(f"device type {device_type!r} is unknown: allowed {', '.join(SWEEP_CAPS)}")
     limit = SWEEP_CAPS[device_type] if cap is None else cap
+    why = " (the float64 reference and the CPU emulator are O(seq_len^2))" if device_type == "cpu" else ""
     ids = tuple(f"s{s}" for s in SWEEP_SEQ_LENS if s <= limit)
-    note = (
-        f"default sweep on {device_type} stops at seq_len {limit}"
-        + (" (the float64 reference and the CPU emulator are O(seq_len^2))" if device_type == "cpu" else "")
-    )
-    return ids, note
+    return ids, f"default sweep on {device_type} stops at seq_len {limit}{why}"
 
 
 def resolve_cases(specs: list[str] | tuple[str, ...]) -> list[Case]:
-    """Expand suite names (``sweep``, ``ragged``, ...) and case ids into cases, de-duplicated in order.
-
-    Raises:
-        CaseError: for an unknown id or suite name (lists the suites).
-    """
+    """Expand suite names (``sweep``, ``ragged``, ...) and case ids into cases, de-duplicated in order;
+    CaseError for an unknown id or suite name (lists the suites)."""
     out: dict[str, Case] = {}
     for spec in specs:
         if spec in SUITES:

@@ -1,9 +1,6 @@
-"""FLOPs and bytes of MLA prefill cases, and achieved throughput.
-
-Convention (FA3 ``hopper/benchmark_attn.py``, FlashInfer ``testing/utils.py``, AITER's op test, the
-Triton tutorial; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D`` each, halved for the
-causal triangle: ``FLOPs = sum_i H * S_i^2 * (D_qk + D_v)`` for q_len == kv_len (``320 * H * sum S_i^2``
-for 192/128); softmax work is not counted.
+"""FLOPs and bytes of MLA prefill cases, and achieved throughput. Convention (FA3, FlashInfer, AITER's op
+test; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D``, halved for the causal
+triangle (``320 * H * sum S_i^2`` for q_len == kv_len at 192/128); softmax work is not counted.
 """
 
 from __future__ import annotations
@@ -15,9 +12,7 @@ from mla_fp8_bench.problem.shapes import QK_HEAD_DIM, V_HEAD_DIM
 def case_flops(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int = V_HEAD_DIM) -> float:
     """FLOPs of a case of any family: ``2 * H * (D_qk + D_v) * sum(pairs_i)`` with pairs per sequence
     ``q*kv`` (``ctx``, non-causal) or ``q*(kv - q) + q^2/2`` (``prefill``/``prefix``, bottom-right causal)."""
-    pairs = 0.0
-    for q, kv in zip(case.seq_lens, case.kv_lens):
-        pairs += q * kv if not case.causal else q * (kv - q) + q * q / 2
+    pairs = sum(q * (kv - q) + q * q / 2 if case.causal else q * kv for q, kv in zip(case.seq_lens, case.kv_lens))
     return 2.0 * case.num_heads * (qk_head_dim + v_head_dim) * pairs
 
 
@@ -44,5 +39,4 @@ DATASHEET_PEAKS_TFLOPS = {
 
 
 def datasheet_peak(device_name: str, arch: str) -> dict[str, float] | None:
-    """Datasheet peaks for a device name or arch, or None if unknown."""
     return DATASHEET_PEAKS_TFLOPS.get(device_name) or DATASHEET_PEAKS_TFLOPS.get(arch)

@@ -1,14 +1,10 @@
-"""FP8 e4m3 quantisation as the paths under test do it.
+"""FP8 e4m3 quantisation as the paths under test do it, in two modes:
 
-Two modes (see :data:`mla_fp8_bench.problem.cases.QUANT_MODES`):
-
-* ``per_tensor`` - AITER's ``per_tensor_quant`` (op_tests/test_mla_prefill_ps.py):
-  ``scale = amax / fp8_max``; ``x8 = clamp(x / scale, -fp8_max, fp8_max).to(fp8)``; the descale
-  (real = fp8 * descale) is ``scale``. The clamp is explicit: eager e4m3fn casts returned NaN above
-  464 up to PyTorch 2.11 and saturate only from 2.12 (pytorch#178817).
-* ``cast`` - vLLM's ``AiterMLAImpl._mla_fp8_prefill_attn``: ``x.to(fp8)`` at unit descale. Values
-  beyond +-fp8_max saturate on PyTorch >= 2.12 and become NaN before; this mode keeps torch's own
-  behaviour on purpose (it is what vLLM does), and :func:`cast_saturates` reports which one applies.
+* ``per_tensor`` - AITER's ``per_tensor_quant`` (op_tests/test_mla_prefill_ps.py): ``scale = amax /
+  fp8_max``, ``x8 = clamp(x / scale, -fp8_max, fp8_max).to(fp8)``, descale = ``scale``. The clamp is
+  explicit: eager e4m3fn casts gave NaN above 464 up to PyTorch 2.11 (pytorch#178817).
+* ``cast`` - vLLM's ``_mla_fp8_prefill_attn``: ``x.to(fp8)`` at unit descale, torch's own behaviour
+  beyond +-fp8_max on purpose (saturating from 2.12, NaN before: :func:`cast_saturates`).
 """
 
 from __future__ import annotations
@@ -33,46 +29,28 @@ def fp8_max(dtype: torch.dtype) -> float:
 
 @dataclass
 class Quantized:
-    """An fp8 tensor and its descale.
+    """An fp8 tensor and its descale."""
 
-    Attributes:
-        data: fp8 tensor, same shape as the input, contiguous.
-        descale: fp32 one-element tensor ``[1]`` on the same device; real value = ``data * descale``.
-        mode: ``"per_tensor"`` or ``"cast"``.
-    """
-
-    data: torch.Tensor
-    descale: torch.Tensor
-    mode: str
+    data: torch.Tensor  # fp8, the input's shape, contiguous
+    descale: torch.Tensor  # fp32 [1] on the same device; real value = data * descale
+    mode: str  # "per_tensor" or "cast"
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``data.to(dtype) * descale`` (computed in ``dtype``)."""
         return self.data.to(dtype) * self.descale.to(dtype)
 
 
 def quantize(x: torch.Tensor, mode: str = "per_tensor", fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> Quantized:
-    """Quantise ``x`` to fp8 with one per-tensor descale.
-
-    Args:
-        x: floating tensor (bf16/fp16/fp32), any shape; may be a strided view.
-        mode: ``"per_tensor"`` or ``"cast"`` (see module docstring).
-        fp8_dtype: ``torch.float8_e4m3fn`` (gfx950, Hopper) or ``torch.float8_e4m3fnuz`` (gfx942).
-
-    Returns:
-        :class:`Quantized` with a contiguous fp8 ``data`` and an fp32 ``[1]`` ``descale``.
-
-    Raises:
-        QuantError: unknown mode, non-floating input, unsupported fp8 dtype, or (per_tensor) a
-            non-finite amax.
-    """
+    """Quantise ``x`` (bf16/fp16/fp32, any shape, may be a strided view) to ``fp8_dtype`` (e4m3fn: gfx950,
+    Hopper; e4m3fnuz: gfx942) in ``mode`` ``"per_tensor"`` or ``"cast"``: a :class:`Quantized` with a
+    contiguous fp8 ``data`` and an fp32 ``[1]`` ``descale``. QuantError: unknown mode, non-floating input,
+    unsupported fp8 dtype, or (per_tensor) a non-finite amax."""
     if mode not in ("per_tensor", "cast"):
         raise QuantError(f"quantisation mode {mode!r} is unknown: allowed per_tensor, cast")
     if not torch.is_floating_point(x) or x.dtype in FP8_DTYPES:
         raise QuantError(f"input dtype {x.dtype} is not a float16/bfloat16/float32 tensor")
     fmax = fp8_max(fp8_dtype)
     if mode == "cast":
-        data = x.contiguous().to(fp8_dtype)
-        return Quantized(data, torch.ones(1, dtype=torch.float32, device=x.device), mode)
+        return Quantized(x.contiguous().to(fp8_dtype), torch.ones(1, dtype=torch.float32, device=x.device), mode)
     xf = x.float()
     amax = xf.abs().amax()
     if not torch.isfinite(amax):
@@ -84,5 +62,4 @@ def quantize(x: torch.Tensor, mode: str = "per_tensor", fp8_dtype: torch.dtype =
 
 def cast_saturates(fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> bool:
     """Whether this torch's plain ``.to(fp8)`` saturates out-of-range values (True from 2.12)."""
-    big = torch.tensor([10_000.0])
-    return bool(torch.isfinite(big.to(fp8_dtype).float()).all())
+    return bool(torch.isfinite(torch.tensor([10_000.0]).to(fp8_dtype).float()).all())

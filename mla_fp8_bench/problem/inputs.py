@@ -1,17 +1,11 @@
 """Deterministic inputs for a case: bf16 q/k/v drawn on the CPU from a seeded ``torch.Generator`` (the
 same values on every machine), moved to the device, their fp8 quantisations and descales.
 
-Distributions:
-
-* ``normal`` - ``randn`` q/k/v (the vLLM seed test, PR #51457).
-* ``outlier`` - ``normal`` with a few channels scaled up, as LLM activations have: 2 of 192 k
-  channels and 2 of 128 v channels x150 (|x| up to ~700). In ``cast`` mode these exceed e4m3fn's
-  +-448 and so exercise saturation; in ``per_tensor`` mode they squeeze every other channel into
-  fp8's subnormal range.
-* ``mla`` - production layout: ``k = cat(k_nope, k_pe)`` with the 64-dim rope part shared by all
-  heads, and ``v`` a *strided view* into a ``[T, H, 256]`` ``kv_b_proj``-like output whose first 128
-  channels are ``k_nope`` (vLLM's ``forward_mha`` split).
-* ``const`` - all-equal q/k (every score ties) and constant-per-channel v: the exact answer is known.
+Distributions: ``normal`` (``randn``, the vLLM seed test, PR #51457); ``outlier`` (2 of 192 k channels
+and 2 of 128 v channels x150, |x| up to ~700: beyond e4m3fn's +-448 in ``cast`` mode, squeezing the
+other channels into fp8's subnormals in ``per_tensor`` mode); ``mla`` (``k = cat(k_nope, k_pe)`` with the
+64-dim rope part shared by all heads, ``v`` a strided view into a ``[T, H, 256]`` ``kv_b_proj``-like
+output, vLLM's ``forward_mha`` split); ``const`` (all-equal q/k, constant-per-channel v: known answer).
 """
 
 from __future__ import annotations
@@ -20,55 +14,34 @@ from dataclasses import dataclass
 
 import torch
 
+from mla_fp8_bench.problem import shapes
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.fp8 import Quantized, quantize
-from mla_fp8_bench.problem.shapes import (
-    DEFAULT_SOFTMAX_SCALE,
-    QK_HEAD_DIM,
-    QK_NOPE_HEAD_DIM,
-    QK_ROPE_HEAD_DIM,
-    V_HEAD_DIM,
-)
 
 
 @dataclass
 class CaseInputs:
-    """Everything a backend and the references need for one case.
-
-    Attributes:
-        q: ``[T_q, H, 192]`` bf16 (``T_q = case.total_tokens``).
-        k: ``[T_kv, H, 192]`` bf16 (``T_kv = case.total_kv_tokens``; per sequence its context keys, then
-            its new tokens' keys).
-        v: ``[T_kv, H, 128]`` bf16 (a strided view for ``mla`` inputs).
-        q8, k8, v8: :class:`~mla_fp8_bench.problem.fp8.Quantized` (fp8 data contiguous, fp32 ``[1]`` descale).
-        cu_seqlens_q, cu_seqlens_kv: ``[B+1]`` int32 query / key starts on the device (``*_cpu``: on the
-            CPU); ``cu_seqlens`` / ``cu_seqlens_cpu`` / ``max_seqlen`` exist for ``prefill`` cases only.
-        causal: bottom-right causal (query ``i`` sees key ``j`` iff ``j <= kv_len - q_len + i``); False
-            for context chunks.
-        softmax_scale: ``1/sqrt(192)``.
-        has_context: a ``prefill`` piece that is the new-token chunk of a prefix-cached prefill with cached
-            context (:func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs`): merged by LSE, it asks
-            the planner for an LSE on every row (``need_lse``).
-    """
+    """Everything a backend and the references need for one case. ``cu_seqlens`` / ``cu_seqlens_cpu`` /
+    ``max_seqlen`` exist for ``prefill`` cases only."""
 
     case: Case
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    q8: Quantized
+    q: torch.Tensor  # [T_q, H, 192] bf16
+    k: torch.Tensor  # [T_kv, H, 192] bf16: per sequence its context keys, then its new tokens' keys
+    v: torch.Tensor  # [T_kv, H, 128] bf16 (a strided view for ``mla`` inputs)
+    q8: Quantized  # contiguous fp8 data and fp32 [1] descale, as k8 and v8
     k8: Quantized
     v8: Quantized
-    cu_seqlens_q: torch.Tensor
+    cu_seqlens_q: torch.Tensor  # [B+1] int32 query starts on the device
     cu_seqlens_q_cpu: torch.Tensor
-    cu_seqlens_kv: torch.Tensor
+    cu_seqlens_kv: torch.Tensor  # [B+1] int32 key starts on the device
     cu_seqlens_kv_cpu: torch.Tensor
     max_seqlen_q: int
     max_seqlen_kv: int
-    causal: bool
-    softmax_scale: float
+    causal: bool  # bottom-right causal; False for context chunks
+    softmax_scale: float  # 1/sqrt(192)
     fp8_dtype: torch.dtype
     device: torch.device
-    has_context: bool = False
+    has_context: bool = False  # the new-token piece of a prefix case with context: the planner gets need_lse
 
     def _same_q_kv(self, name: str) -> None:
         if not self.case.kind.same_q_kv:
@@ -77,30 +50,25 @@ class CaseInputs:
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
-        """``[B+1]`` int32 device starts, qo_indptr == kv_indptr (prefill cases only)."""
         self._same_q_kv("cu_seqlens")
         return self.cu_seqlens_q
 
     @property
     def cu_seqlens_cpu(self) -> torch.Tensor:
-        """The same on the CPU (prefill cases only)."""
         self._same_q_kv("cu_seqlens")
         return self.cu_seqlens_q_cpu
 
     @property
     def max_seqlen(self) -> int:
-        """Longest sequence (prefill cases only)."""
         self._same_q_kv("max_seqlen")
         return self.max_seqlen_q
 
     @property
-    def qo_indptr(self) -> torch.Tensor:
-        """AITER's name for :attr:`cu_seqlens_q`."""
+    def qo_indptr(self) -> torch.Tensor:  # AITER's name
         return self.cu_seqlens_q
 
     @property
-    def kv_indptr(self) -> torch.Tensor:
-        """AITER's name for :attr:`cu_seqlens_kv`."""
+    def kv_indptr(self) -> torch.Tensor:  # AITER's name
         return self.cu_seqlens_kv
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -119,7 +87,7 @@ def make_bf16_qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     """
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
     t, tk, h = case.total_tokens, case.total_kv_tokens, case.num_heads
-    dqk, dv, dn, dr = QK_HEAD_DIM, V_HEAD_DIM, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM
+    dqk, dv, dn, dr = shapes.QK_HEAD_DIM, shapes.V_HEAD_DIM, shapes.QK_NOPE_HEAD_DIM, shapes.QK_ROPE_HEAD_DIM
     if case.dist == "const":
         q = torch.full((t, h, dqk), 0.5)
         k = torch.full((tk, h, dqk), 0.25)
@@ -143,25 +111,16 @@ def make_bf16_qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 def make_inputs(case: Case, device: torch.device | str = "cpu",
                 fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> CaseInputs:
-    """Build the deterministic inputs of ``case`` on ``device``.
-
-    Raises:
-        mla_fp8_bench.problem.fp8.QuantError: if quantisation fails (e.g. non-finite inputs).
-        torch.OutOfMemoryError: if the device cannot hold them (callers record it as a skip).
-    """
+    """Build the deterministic inputs of ``case`` on ``device``; raises ``QuantError`` if quantisation
+    fails and ``torch.OutOfMemoryError`` if the device cannot hold them (callers record it as a skip)."""
     device = torch.device(device)
     q, k, v = make_bf16_qkv(case)
     if device.type != "cpu":
         q, k = q.to(device), k.to(device)
         # mla: the whole kv_b_proj-like output moves, so v stays a strided view of it on the device too
-        v = v._base.to(device)[..., QK_NOPE_HEAD_DIM:] if case.dist == "mla" else v.to(device)
+        v = v._base.to(device)[..., shapes.QK_NOPE_HEAD_DIM:] if case.dist == "mla" else v.to(device)
     cu_q = torch.tensor(case.cu_seqlens_q(), dtype=torch.int32)
     cu_kv = torch.tensor(case.cu_seqlens_kv(), dtype=torch.int32)
-    return CaseInputs(
-        case=case, q=q, k=k, v=v,
-        q8=quantize(q, case.quant, fp8_dtype), k8=quantize(k, case.quant, fp8_dtype),
-        v8=quantize(v, case.quant, fp8_dtype),
-        cu_seqlens_q=cu_q.to(device), cu_seqlens_q_cpu=cu_q, cu_seqlens_kv=cu_kv.to(device), cu_seqlens_kv_cpu=cu_kv,
-        max_seqlen_q=case.max_seq_len, max_seqlen_kv=case.max_kv_len, causal=case.causal,
-        softmax_scale=DEFAULT_SOFTMAX_SCALE, fp8_dtype=fp8_dtype, device=device,
-    )
+    q8, k8, v8 = (quantize(x, case.quant, fp8_dtype) for x in (q, k, v))
+    return CaseInputs(case, q, k, v, q8, k8, v8, cu_q.to(device), cu_q, cu_kv.to(device), cu_kv, case.max_seq_len,
+                      case.max_kv_len, case.causal, shapes.DEFAULT_SOFTMAX_SCALE, fp8_dtype, device)

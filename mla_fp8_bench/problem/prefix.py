@@ -1,11 +1,5 @@
-"""Prefix-cached prefill the way vLLM computes it: two attentions merged by their LSE.
-
-A ``prefix<C>-q<Q>`` case (bottom-right causal attention of Q new queries over C cached + Q new keys) is,
-in vLLM's MLA prefill with cached context (``MLACommonImpl``; docs/aiter-contract.md#context-chunks), the
-new tokens against themselves (causal, a ``prefill`` piece) and against the cached context (non-causal,
-a ``ctx`` piece), merged by :func:`merge_attn_states`, which needs a natural-log LSE on every row of both.
-:func:`split_prefix_inputs` cuts a prefix case's inputs into the two pieces without re-quantising, so the
-exact answer of the composition is the exact attention on the same dequantised inputs.
+"""Prefix-cached prefill the way vLLM computes it (docs/aiter-contract.md#context-chunks): a causal
+new-vs-new piece and a non-causal new-vs-context piece, cut without re-quantising and merged by LSE.
 """
 
 from __future__ import annotations
@@ -23,26 +17,12 @@ from mla_fp8_bench.problem.inputs import CaseInputs
 def merge_attn_states(prefix_out: torch.Tensor, prefix_lse: torch.Tensor, suffix_out: torch.Tensor,
                       suffix_lse: torch.Tensor,
                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge two partial attentions over disjoint key sets by their LSE (vLLM's ``merge_attn_states``).
-
-    ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)``,
-    computed in float32 (float64 when an LSE is float64) with the maximum subtracted. Edge cases as vLLM's
-    kernel: an LSE of +inf or -inf (a piece that saw no key; FA2 reports +inf, FA3 -inf) counts as -inf;
-    where both are -inf the row is the prefix piece's output and LSE unchanged. A NaN LSE gives a NaN
-    row (nothing hides an unwritten LSE).
-
-    Args:
-        prefix_out: ``[T, H, Dv]`` output of the first piece (vLLM: the context chunk).
-        prefix_lse: ``[T, H]`` its natural-log LSE.
-        suffix_out: ``[T, H, Dv]`` output of the second piece (vLLM: new tokens, causal).
-        suffix_lse: ``[T, H]`` its natural-log LSE.
-        out_dtype: dtype of the merged output (default: ``prefix_out.dtype``).
-
-    Returns:
-        ``(out [T, H, Dv] in out_dtype, lse [T, H] in the compute dtype)``.
-
-    Raises:
-        ValueError: if the shapes disagree.
+    """Merge two partial attentions over disjoint key sets by their LSE (vLLM's ``merge_attn_states``):
+    ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)``, in
+    float32 (float64 when an LSE is float64). As vLLM's kernel: an LSE of +-inf (a piece that saw no key)
+    counts as -inf; where both are -inf the row is the prefix piece's. A NaN LSE gives a NaN row.
+    ``prefix_*`` (vLLM: the context chunk), ``suffix_*`` (new tokens): outputs ``[T, H, Dv]``, LSEs
+    ``[T, H]``. Returns ``(out in out_dtype (default prefix_out's), lse)``; ValueError on shape mismatch.
     """
     if prefix_out.shape != suffix_out.shape or prefix_lse.shape != suffix_lse.shape \
             or prefix_out.shape[:-1] != prefix_lse.shape:
@@ -95,16 +75,10 @@ def _piece(inputs: CaseInputs, case: Case, rows: torch.Tensor | slice) -> CaseIn
 
 
 def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
-    """Cut a ``prefix`` case's inputs into ``(new, ctx)`` pieces.
-
-    ``new``: a ``prefill`` case (seq_lens = Q, causal) on the new tokens' keys, ``has_context`` set when any
-    sequence has context; ``ctx``: a ``ctx`` case
-    (Q queries, context_lens = C, non-causal) on the context keys. Both keep the prefix case's q, q8 and
-    the descales; k/v and their fp8 data are the matching rows (views for one sequence).
-
-    Raises:
-        ValueError: if ``inputs`` is not a prefix case.
-    """
+    """Cut a ``prefix`` case's inputs into ``(new, ctx)`` pieces: ``new`` a ``prefill`` case (seq_lens = Q,
+    causal) on the new tokens' keys, ``has_context`` set when any sequence has context; ``ctx`` a ``ctx``
+    case (Q queries, context_lens = C, non-causal) on the context keys. Both keep q, q8 and the descales;
+    k/v and their fp8 data are the matching rows (views for one sequence). ValueError for another kind."""
     case = inputs.case
     if not case.kind.composed:
         raise ValueError(f"split_prefix_inputs needs a prefix case, got {case.family} case {case.id}")
