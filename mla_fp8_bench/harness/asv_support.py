@@ -1,10 +1,9 @@
 """What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement.
 
-The asv boundary: :func:`check_knobs` builds the run's :class:`~mla_fp8_bench.config.RunConfig` from
-the environment (the knobs: :mod:`mla_fp8_bench.config`, docs/usage.md); everything below it gets the
-configuration passed. Defaults: the token cap :data:`GRID_CAPS` (ragged cases count their total,
-ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S` and
-:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (:mod:`mla_fp8_bench.harness.rounds`; 1 on CPU).
+:func:`check_knobs` builds the run's :class:`~mla_fp8_bench.config.RunConfig` from the environment (the
+asv boundary; knobs: docs/usage.md). Defaults: the token cap :data:`GRID_CAPS` (ragged cases count their
+total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S`, and
+:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU).
 """
 
 from __future__ import annotations
@@ -88,12 +87,7 @@ def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_knobs(environ: dict[str, str] | None = None) -> RunConfig:
-    """The run configuration of an asv run, from the environment (default ``os.environ``), checked
-    before any work: the asv boundary (:meth:`RunConfig.from_env` over this grid).
-
-    Raises:
-        ValueError: naming the variable, the bad value and what is allowed.
-    """
+    """:meth:`RunConfig.from_env` over this grid (default ``os.environ``); ValueError naming a bad knob."""
     return RunConfig.from_env(environ, grid=(asv_backends(), ASV_CASES))
 
 
@@ -104,7 +98,6 @@ def _grid_setup(cfg: RunConfig):
     check_commit(cfg)
     pinfo = platform_info(cfg.device)
     cap = cfg.max_tokens or GRID_CAPS[pinfo.device_type]
-    backends = list(cfg.backends or asv_backends())
     cases, skipped = [], {}
     for cid in ASV_CASES:
         if cfg.cases and cid not in cfg.cases:
@@ -115,19 +108,15 @@ def _grid_setup(cfg: RunConfig):
             skipped[cid] = f"{tokens} tokens exceed this run's cap of {cap} on {pinfo.device_type}"
         else:
             cases.append(c)
-    return pinfo, cap, backends, cases, skipped
+    return pinfo, cap, cases, skipped
 
 
 def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], class_name: str,
                   params: tuple[list, list], version: str | None) -> dict[str, Any]:
-    """``measure(version, config)`` for an asv ``setup_cache`` that never raises; ``config`` is built
-    here, once, from the environment (:func:`check_knobs`).
-
-    asv stores a ``setup_cache`` exception as a failure (``null``) of every param of the class, over the
-    values stored for this commit. Here any exception becomes a cache whose params keep their stored
-    values (:func:`mla_fp8_bench.harness.asv_guard.stored_records`); the others are failures carrying
-    the reason (:func:`lookup`).
-    """
+    """``measure(version, check_knobs())`` for an asv ``setup_cache``: asv would store an exception as a
+    failure (``null``) of every param, over the values stored for this commit; here it becomes a cache whose
+    params keep their stored values (:func:`~mla_fp8_bench.harness.asv_guard.stored_records`), the others
+    failing with the reason (:func:`lookup`)."""
     cfg = None
     try:
         cfg = check_knobs()
@@ -162,7 +151,7 @@ def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, versi
         records[key] = rec
 
 
-def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
+def _evaluate_with_progress(cfg, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
     """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which
     shows a setup_cache's own stderr only when it fails), on the stderr of the asv process."""
     import sys
@@ -171,6 +160,7 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
     from mla_fp8_bench.harness.runner import evaluate
     from mla_fp8_bench.terminal import case_progress, open_parent_stderr
 
+    backends = list(cfg.backends or asv_backends())
     parent = open_parent_stderr() if asv_context(cfg) is not None else None
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())
     head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
@@ -187,23 +177,22 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
 
 
 def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
-    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`);
-    return plain-Python (picklable) records. With ``version`` (the asv benchmark version), params this run
-    does not measure keep the values stored for this commit (:func:`_keep_stored`).
+    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`) into
+    plain-Python (picklable) records; with ``version`` (the asv benchmark version), params this run does
+    not measure keep the values stored for this commit (:func:`_keep_stored`).
 
     Returns:
-        ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
+        ``{"env", "ceilings", "cap": int, "records": {"backend|case": record}, "rounds"}``.
     """
     from mla_fp8_bench.harness.rounds import fold_rounds
     from mla_fp8_bench.harness.runner import RunOptions
-
-    cfg = config or check_knobs()
-    pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
-    opts = RunOptions(samples=cfg.samples or 30,
-                      time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
-    data = _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts)
     from mla_fp8_bench.peers.ceilings import attach
 
+    cfg = config or check_knobs()
+    pinfo, cap, cases, skipped = _grid_setup(cfg)
+    opts = RunOptions(samples=cfg.samples or 30,
+                      time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
+    data = _evaluate_with_progress(cfg, cases, pinfo, cap, skipped, opts)
     attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = fold_rounds(data["records"], n_rounds, str(pinfo.device),
@@ -221,15 +210,14 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
 
 def measure_plans(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
     """Planner time, live partial slots and workspace bytes (``plan_stats(case, platform)`` of each
-    available backend of :func:`plan_backends`) for the asv grid; ``version``, ``config`` as for
-    :func:`measure_grid`.
+    available backend of :func:`plan_backends`) for the asv grid; arguments as for :func:`measure_grid`.
 
     Returns:
         ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``,
         ``workspace_bytes`` and ``num_partials``.
     """
     cfg = config or check_knobs()
-    pinfo, cap, _backends, cases, skipped = _grid_setup(cfg)
+    pinfo, _cap, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}
     plan = plan_backends()
     for name in plan:
@@ -237,13 +225,12 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
         avail = b.availability(pinfo)
         for c in cases:
             key = f"{name}|{c.id}"
-            if not avail:
-                records[key] = {"status": "skipped", "reason": avail.reason}
-                continue
             try:
-                stats = b.plan_stats(c, pinfo)
-                records[key] = {"status": "ok", "reason": "", **stats}
+                if not avail:
+                    raise NotImplementedError(avail.reason)
+                records[key] = {"status": "ok", "reason": "", **b.plan_stats(c, pinfo)}
             except NotImplementedError as exc:
+
                 records[key] = {"status": "skipped", "reason": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
                 records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}

@@ -36,11 +36,7 @@ ROUND_FIELDS = ("latency_s", "latency_sm_cycles", "sm_clock_mhz", "gpu_power_w",
 
 
 def round_order(i: int) -> str:
-    """The case order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...
-
-    Raises:
-        ValueError: ``i`` is negative.
-    """
+    """The case order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...; ValueError if ``i`` < 0."""
     if i < 0:
         raise ValueError(f"round index {i} is invalid: an integer >= 0")
     return ORDERS[i % len(ORDERS)]
@@ -60,11 +56,8 @@ def case_work(case_id: str) -> float:
 
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
     """``pairs`` (backend, case) in measuring order: cases from least to most work (:func:`case_work`,
-    ties by id), and within one case the backends as given (``sorted``), ``reversed`` or ``shuffled``
-    (``seed``).
-
-    Cases always go small to large: a large case leaves the GPU slower for a small case measured right
-    after it (docs/methodology.md §9), so the order a user listed would fold into the figure.
+    ties by id; a large case slows a small one measured right after it, docs/methodology.md §9), and
+    within one case the backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``).
 
     Raises:
         ValueError: for another order name.
@@ -77,10 +70,8 @@ def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list
         by_case.setdefault(c, []).append(b)
     out: list[tuple[str, str]] = []
     for c in sorted(by_case, key=lambda c: (case_work(c), c)):
-        bs = by_case[c]
-        if order == "reversed":
-            bs = bs[::-1]
-        elif order == "shuffled":
+        bs = by_case[c][::-1] if order == "reversed" else by_case[c]
+        if order == "shuffled":
             rng.shuffle(bs)
         out.extend((b, c) for b in bs)
     return out
@@ -94,7 +85,7 @@ def spread(values: Sequence[float]) -> float:
     """
     if not values:
         raise ValueError("spread of no values")
-    if len(values) < 2:
+    if len(values) == 1:
         return 0.0
     med = statistics.median(values)
     if not med > 0:
@@ -102,20 +93,18 @@ def spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / med
 
 
-# ------------------------------------------------------------------------------------------ one round
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
     """One latency-only pass over (backend, case) in ``order`` in this process, with ``config``: kernel
-    timing only (:func:`~mla_fp8_bench.measure.timing.measure_latency` with its defaults), no references,
-    call latency or determinism run. A pair that cannot run is a row with ``error``, the others go on.
+    timing only (:func:`~mla_fp8_bench.measure.timing.measure_latency`, its defaults). A pair that cannot
+    run is a row with ``error``, the others go on.
 
     Returns:
         ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
-        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {"backend", "case",
-        "phases_s", "error"}]}``; ``setup_s``: seconds to the device and the backends, ``phases_s``: seconds
-        of the pair's ``inputs`` (0 when made for an earlier backend), ``prepare`` and ``timing`` (the
-        first pair's includes the once-per-process heat-up).
+        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {..., "error"}]}``; seconds:
+        ``setup_s`` to the device and backends, ``phases_s`` of the pair's ``inputs`` (~0 when made for
+        an earlier backend), ``prepare`` and ``timing`` (the first pair's holds the heat-up).
     """
     import torch
 
@@ -128,14 +117,12 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     t0 = time.perf_counter()
     pinfo = platform_info(device)
     bks: dict[str, Any] = {}
-    load_error: dict[str, str] = {}
-    avail: dict[str, Any] = {}
     for b in backends:  # a backend that cannot load, or cannot say whether it is available, fails its own rows only
         try:
-            bks[b] = get_backend(b, config)
-            avail[b] = bks[b].availability(pinfo)
+            bk = get_backend(b, config)
+            bks[b] = (bk, bk.availability(pinfo))
         except Exception as exc:  # noqa: BLE001
-            load_error[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            bks[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
     setup_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     inputs: dict[str, Any] = {}
@@ -144,12 +131,13 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
         prep = None
         phases = row["phases_s"] = {}
         try:
-            if b in load_error:
-                raise RuntimeError(f"backend failed to load: {load_error[b]}")
-            if not avail[b]:
-                raise RuntimeError(f"unavailable: {avail[b].reason}")
+            if isinstance(bks[b], str):
+                raise RuntimeError(f"backend failed to load: {bks[b]}")
+            bk, avail = bks[b]
+            if not avail:
+                raise RuntimeError(f"unavailable: {avail.reason}")
             case = parse_case_id(c)
-            sup = bks[b].supports(case, pinfo)
+            sup = bk.supports(case, pinfo)
             if not sup:
                 raise RuntimeError(f"unsupported: {sup.reason}")
             t1 = time.perf_counter()
@@ -159,7 +147,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
                     torch.cuda.empty_cache()
                 inputs[c] = make_inputs(case, pinfo.device, pinfo.fp8_dtype)
             t2 = time.perf_counter()
-            prep = bks[b].prepare_case(inputs[c])
+            prep = bk.prepare_case(inputs[c])
             t3 = time.perf_counter()
             kw = {} if pinfo.device.type == "cuda" else {"warmup": False}
             tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
@@ -184,7 +172,6 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             "heat_up": st.get("heat_up"), "rows": rows}
 
 
-# ------------------------------------------------------------------------------------------ processes
 def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a round worker: ``base`` (default ``os.environ``) with ``prepend`` and the
     directory holding this suite's package put first on ``PYTHONPATH`` (so a worker of another
@@ -210,9 +197,7 @@ def _failed(error: str) -> dict[str, Any]:
 def _read_round(out: str, t0: float) -> dict[str, Any]:
     """The round document a worker wrote to ``out``, with ``process_wall_s`` since ``t0``."""
     with open(out) as f:
-        doc = json.load(f)
-    doc["process_wall_s"] = time.perf_counter() - t0
-    return doc
+        return {**json.load(f), "process_wall_s": time.perf_counter() - t0}
 
 
 def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, timeout: float = 600.0
@@ -246,7 +231,7 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
     if rounds < 0:
         raise ValueError(f"rounds={rounds} is invalid: an integer >= 0")
     docs: list[dict[str, Any]] = []
-    if rounds == 0:
+    if not rounds:
         return docs
     start = lambda: RoundServer(python or sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
     srv = start()
@@ -273,7 +258,6 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
     return docs
 
 
-# ------------------------------------------------------------------------------------------ merging
 def _measured(row: dict[str, Any]) -> bool:
     lat = row.get("latency_s")
     return isinstance(lat, (int, float)) and lat > 0
@@ -359,7 +343,6 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
                        "error": d.get("error")} for d in docs]}
 
 
-# ------------------------------------------------------------------------------------------ forking server
 def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, device: str,
                  stream) -> None:
     """:func:`measure_round` with its progress on ``stream``, the backends configured from the environment
@@ -371,14 +354,12 @@ def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order
 
 
 def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
-    """A round server: import torch and the named backends once (seconds saved per round), then fork one
-    child per request.
+    """A round server: import torch and the named backends once, then fork one child per request.
 
-    Each request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device",
-    "json"}``); the child (a new process and device context: the per-process state a round must sample)
-    writes the round document to ``json`` and exits; the server answers one JSON line ``{"rc": exit
-    status}`` on ``stdout``. EOF or ``"quit"`` ends it. Forking is safe: nothing here initialises CUDA/HIP
-    before the fork (torch initialises the device lazily).
+    A request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device", "json"}``);
+    the child (a new process and device context) writes the round document to ``json`` and exits; the
+    server answers ``{"rc": exit status}`` on ``stdout``. EOF or ``"quit"`` ends it. Nothing here
+    initialises CUDA/HIP before the fork (torch initialises the device lazily).
     """
     import torch  # noqa: F401 - the import is the point: children inherit it
 
@@ -388,12 +369,11 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
         with contextlib.suppress(Exception):  # a backend that cannot load fails in the child, with its reason
             get_backend(b)
     fin, fout = stdin or sys.stdin, stdout or sys.stdout
-    for line in fin:
-        line = line.strip()
-        if not line:
-            continue
+    for line in map(str.strip, fin):
         if line == "quit":
             break
+        if not line:
+            continue
         req = json.loads(line)
         fout.flush()
         pid = os.fork()
@@ -425,16 +405,10 @@ class RoundServer:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1, start_new_session=True)
 
-    def stderr_tail(self, n: int = 400, since: int = 0) -> str:
+    def _stderr_tail(self, since: int, n: int = 300) -> str:
         """The last ``n`` characters the server and its children wrote to stderr after byte ``since``."""
-        self._err.flush()
         fd = self._err.fileno()
-        return os.pread(fd, max(os.fstat(fd).st_size - since, 0), since).decode(errors="replace")[-n:]
-
-    def _stderr_size(self) -> int:
-        with contextlib.suppress(OSError, ValueError):
-            return os.fstat(self._err.fileno()).st_size
-        return 0
+        return os.pread(fd, max(os.fstat(fd).st_size - since, 0), since).decode(errors="replace")[-n:].strip()
 
     def round(self, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, out: str,
               device: str = "auto", timeout: float | None = None) -> dict[str, Any]:
@@ -443,8 +417,8 @@ class RoundServer:
         t0 = time.perf_counter()
         req = {"backends": list(backends), "cases": list(cases), "order": order, "seed": seed, "device": device,
                "json": out}
-        since = self._stderr_size()  # this round's messages only, not an earlier round's
         try:
+            since = os.fstat(self._err.fileno()).st_size  # this round's messages only, not an earlier round's
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
@@ -455,15 +429,16 @@ class RoundServer:
         except (BrokenPipeError, OSError, ValueError) as exc:
             return _failed(f"round server is gone: {exc}")
         if not answer:
-            return _failed(f"round server exited {self.proc.wait()}: {self.stderr_tail(since=since).strip()}")
+            return _failed(f"round server exited {self.proc.wait()}: {self._stderr_tail(since, 400)}")
         try:
             rc = json.loads(answer).get("rc")
         except (ValueError, AttributeError):
             self.kill()
             return _failed(f"round server answered {answer.strip()[:100]!r}, not a round server's answer: "
-                           f"{self.stderr_tail(300, since).strip()}")
+                           f"{self._stderr_tail(since)}")
         if rc != 0 or not os.path.isfile(out):
-            return _failed(f"round child exited {rc}: {self.stderr_tail(300, since).strip()}")
+            return _failed(f"round child exited {rc}: {self._stderr_tail(since)}")
+
         return _read_round(out, t0)
 
     def kill(self) -> None:
