@@ -1,9 +1,8 @@
 """The run configuration: every knob of a measurement in one frozen object, validated when it is built.
 
-It is built once, from the command line (``cli.py``), or at the asv boundary from the environment
-(:meth:`RunConfig.from_env`, called by the asv benchmark module's entry points and the round worker),
-and passed down explicitly. This is the one module that reads ``MLA_FP8_BENCH_*`` variables (and the
-``ASV_*`` variables asv exports to benchmark processes): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
+It is built once, from the command line (``cli.py``) or from the environment (:meth:`RunConfig.from_env`:
+the asv benchmark module and the round worker), and passed down. This is the one module that reads
+``MLA_FP8_BENCH_*`` variables (and asv's ``ASV_*``): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
 :class:`RunConfig` (``_TIME_BUDGET``: ``time_budget_s``; ``_AITER_ANY_DEVICE=1``; ``_CEILINGS=0``).
 """
 
@@ -70,10 +69,8 @@ class RunConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, grid: tuple[tuple[str, ...], tuple[str, ...]]
                  | None = None) -> RunConfig:
-        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``), checked before any work.
-
-        ``grid``: the asv grid's (backends, cases) that ``_BACKENDS`` / ``_CASES`` may name
-        (:func:`mla_fp8_bench.harness.asv_support.check_knobs` passes it; None: any names).
+        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``), checked before any work;
+        ``grid``: the (backends, cases) that ``_BACKENDS`` / ``_CASES`` may name (None: any).
 
         Raises:
             ValueError: one line naming the variable, the bad value and what is allowed.
@@ -118,13 +115,9 @@ class RunConfig:
 
 
 def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
-    """(working directory, argv) of the ``asv run`` process that started this one, or None.
-
-    asv exports ``ASV_CONF_DIR`` / ``ASV_COMMIT`` / ``ASV_ENV_NAME`` to benchmark processes of the
-    environments it builds but nothing in ``-E existing`` runs; there the config directory (asv's
-    working directory), ``--set-commit-hash`` and ``--machine`` are read from the parent process
-    (Linux ``/proc``; None elsewhere).
-    """
+    """(working directory, argv) of the ``asv run`` process that started this one (Linux ``/proc``), or
+    None: ``-E existing`` runs get no ``ASV_*`` variables, so their config directory, ``--set-commit-hash``
+    and ``--machine`` are read there."""
     try:
         pid = os.getppid()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -145,9 +138,9 @@ def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maxi
         return None
     try:
         v = int(parse_number(raw, int, PREFIX + name, minimum, strict=False))
-        if maximum is not None and v > maximum:
-            raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: at most {maximum}")
-        return v
+        if maximum is None or v <= maximum:
+            return v
+        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: at most {maximum}")
     except ValueError:
         if allowed is None:
             raise
@@ -185,12 +178,9 @@ def check_device(device: str, what: str) -> str:
 
 
 def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
-    """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled).
+    """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled); ValueError
+    naming ``what`` (:func:`~mla_fp8_bench.aiter_ps.facts.modelled_version`)."""
 
-    Raises:
-        ValueError: naming ``what``: not a version like ``0.1.20`` / ``0.1.20.post1`` / ``v0.1.22``, or
-            outside the modelled range (0.1.10, the first with the PS prefill, ... 0.1.22).
-    """
     if not raw.strip():
         return None
     from mla_fp8_bench.aiter_ps.facts import modelled_version

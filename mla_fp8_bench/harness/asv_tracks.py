@@ -75,12 +75,11 @@ def _asv_regex(m: Metric) -> str:
     return "^" + re.escape(m.asv_name) + r"(\(|$)"
 
 
-def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+def asv_regression_config() -> dict[str, dict[str, Any]]:
     """asv.conf.json's ``regressions_thresholds`` and ``regressions_first_commits``, from the table: one
     regex per track, anchored and disjoint (asv ``re.match``-es ``<module>.<class>.<track>(<param reprs>)``
     and applies the maximum over matching entries); ``null`` first commits (no regression reported) for
-    metrics that never gate in asv and the kernel latency of emulation backends (default
-    :func:`~mla_fp8_bench.harness.asv_support.emulation_backends`).
+    metrics that never gate in asv and the kernel latency of emulation backends.
 
     Returns:
         ``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}``.
@@ -95,7 +94,7 @@ def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str,
         else:
             off[_asv_regex(m)] = None
         if m.kind == "kernel_latency":
-            for b in emulation_backends() if emulation is None else emulation:
+            for b in emulation_backends():
                 off["^" + re.escape(m.asv_name) + re.escape(f"('{b}'")] = None
     return {"regressions_thresholds": thresholds, "regressions_first_commits": off}
 

@@ -217,28 +217,24 @@ def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, time
     return _read_round(out, t0)
 
 
-def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, first: int = 1,
-               python: str | None = None, env: dict[str, str] | None = None, device: str = "auto",
-               seed: int = 0, timeout: float = 600.0, log: Callable[[str], None] | None = None
-               ) -> list[dict[str, Any]]:
-    """Rounds ``first .. first + rounds - 1`` in :func:`round_order` of their index, each in a fresh child
-    of one :class:`RoundServer` of ``python`` (default: this interpreter); a round that fails or outlasts
-    ``timeout`` seconds is a document with ``error``, and an ended server is replaced for the next round.
-
-    Raises:
-        ValueError: ``rounds`` < 0.
+def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, env: dict[str, str] | None = None,
+               device: str = "auto", seed: int = 0, timeout: float = 600.0,
+               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Rounds 1 .. ``rounds`` in :func:`round_order` of their index, each in a fresh child of one
+    :class:`RoundServer` of this interpreter; a round that fails or outlasts ``timeout`` seconds is a
+    document with ``error``, and an ended server is replaced for the next round. ValueError: ``rounds`` < 0.
     """
     if rounds < 0:
         raise ValueError(f"rounds={rounds} is invalid: an integer >= 0")
     docs: list[dict[str, Any]] = []
     if not rounds:
         return docs
-    start = lambda: RoundServer(python or sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
+    start = lambda: RoundServer(sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
     srv = start()
     try:
         with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
             try:
-                for i in range(first, first + rounds):
+                for i in range(1, rounds + 1):
                     if srv.proc.poll() is not None:  # a timed-out or crashed server: the next round gets a new one
                         srv.close()
                         srv = start()
@@ -322,10 +318,11 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 
 def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: dict[str, str] | None = None,
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' (backend, case) pairs (:func:`run_rounds`, the
-    records' own timing being round 0), folded into ``records`` (:func:`merge_rounds`).
+    """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' pairs (:func:`run_rounds`; the records' own
+    timing is round 0), folded into ``records`` (:func:`merge_rounds`).
 
     Returns:
+
         what ran, for the run document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s",
         "error"}]}`` (``{"rounds": 1, "extra": []}`` when nothing ran).
     """
@@ -353,7 +350,7 @@ def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order
                                     progress=lambda s: print(s, file=stream, flush=True)), path)
 
 
-def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
+def serve(preload: Sequence[str] = ()) -> int:
     """A round server: import torch and the named backends once, then fork one child per request.
 
     A request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device", "json"}``);
@@ -368,14 +365,13 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
     for b in preload:
         with contextlib.suppress(Exception):  # a backend that cannot load fails in the child, with its reason
             get_backend(b)
-    fin, fout = stdin or sys.stdin, stdout or sys.stdout
-    for line in map(str.strip, fin):
+    for line in map(str.strip, sys.stdin):
         if line == "quit":
             break
         if not line:
             continue
         req = json.loads(line)
-        fout.flush()
+        sys.stdout.flush()
         pid = os.fork()
         if pid == 0:  # child: progress to stderr, the answer channel stays clean
             rc = 1
@@ -390,8 +386,7 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
                 sys.stderr.flush()
                 os._exit(rc)
         _pid, status = os.waitpid(pid, 0)
-        fout.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
-        fout.flush()
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
     return 0
 
 
@@ -438,7 +433,6 @@ class RoundServer:
                            f"{self._stderr_tail(since)}")
         if rc != 0 or not os.path.isfile(out):
             return _failed(f"round child exited {rc}: {self._stderr_tail(since)}")
-
         return _read_round(out, t0)
 
     def kill(self) -> None:
