@@ -7,13 +7,12 @@ asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
     results/<machine>/machine.json          {"version": 1, "machine": "<machine>", "arch": ..., ...}
     results/<machine>/<sha8>-<env>.json     one (commit, environment) result file, api version 2
 
-A result file holds ``commit_hash``, ``env_name``, ``date`` (ms since the epoch), ``params`` (machine
-facts + python + requirements), ``result_columns`` (e.g. ``result, params, version, started_at, duration,
-stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat, samples, profile``) and
-``results``: per benchmark one row in column order (trailing columns may be absent). ``result`` and the
-``stats_*``/``samples`` columns are lists over ``itertools.product(*params)``, ``params`` listing each
-parameter's values as Python literals (``"'aiter'"``); a failed combination is ``null``, a skipped one
-``NaN``; ``started_at`` is ms since the epoch.
+A result file holds ``commit_hash``, ``env_name``, ``date`` and ``started_at`` (ms since the epoch),
+``params`` (machine facts, python, requirements), ``result_columns`` (``result, params, version,
+started_at, duration, stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat,
+samples, profile``) and ``results``: per benchmark one row in column order (trailing ones may be absent);
+``result``, ``stats_*`` and ``samples`` are lists over ``itertools.product(*params)`` of the parameters'
+values as Python literals (``"'aiter'"``), a failed combination ``null``, a skipped one ``NaN``.
 
 A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
 optionally with ``ceilings`` (:func:`mla_fp8_bench.peers.ceilings.attach`).
@@ -37,8 +36,6 @@ from mla_fp8_bench.jsonio import finite_number, json_number, load_json
 ASV_RESULTS_API_VERSION = 2
 ASV_BENCHMARKS_API_VERSION = 2
 ASV_MACHINE_API_VERSION = 1
-#: File names in a machine directory that are not result files.
-NON_RESULT_FILES = ("machine.json", "benchmarks.json")
 _RESULT_KEYS = ("commit_hash", "env_name", "params", "result_columns", "results")
 _NAME_RE = re.compile(r"([0-9a-fA-F]{8})-(.+)\.json")
 
@@ -164,7 +161,7 @@ def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
         raise ResultsError(f"asv machine directory {p} does not exist or is not a directory")
     out = []
     for f in sorted(p.glob("*.json")):
-        if f.name not in NON_RESULT_FILES and f.is_file():
+        if f.name not in ("machine.json", "benchmarks.json") and f.is_file():
             m = _NAME_RE.fullmatch(f.name)
             out.append(ResultFileName(f, m.group(1).lower(), m.group(2)) if m else ResultFileName(f, "", f.stem))
     return out
@@ -178,12 +175,11 @@ def _check_commit_prefix(prefix: str) -> str:
 
 def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: str | None = None) -> Path:
     """The result file of commit ``commit`` (a prefix of >= 4 hex digits) on ``machine``, of the one
-    environment whose name contains ``env``. Candidates are chosen by name, then read: a corrupt
-    candidate is an error naming it, never "no results".
+    environment whose name contains ``env`` (candidates are chosen by name, then read).
 
     Raises:
-        ResultsError: bad prefix, unknown machine, corrupt candidate, no result, an ambiguous prefix,
-            or several environments without ``env``.
+        ResultsError: bad prefix, unknown machine, corrupt candidate (named), no result, an ambiguous
+            prefix, or several environments without ``env``.
     """
     prefix = _check_commit_prefix(commit)
     mdir = Path(results_dir) / machine
@@ -242,7 +238,7 @@ class Measurement:
 
 @dataclass
 class AsvResult:
-    """A parsed asv result file (api version 2). See the module docstring for the format."""
+    """A parsed asv result file (api version 2; the format: module docstring)."""
 
     path: Path
     commit_hash: str

@@ -1,13 +1,8 @@
-"""Latency rounds: the same (backend, case) grid timed again in separate processes.
-
-A *round* is one latency-only pass over the grid in a fresh process (a child forked from a
-:class:`RoundServer`, or a new interpreter), so each samples the per-process effects afresh; the figure
-compared is the median over rounds, the per-round values stay in the record (docs/methodology.md §8, §9).
-
-Worker::
-
-    python -m mla_fp8_bench.harness.rounds --backends fa3-fp8,fa3-bf16 --cases s128,s8192 \\
-        --order reversed --seed 1 --json round1.json
+"""Latency rounds: the same (backend, case) grid timed again, each round a latency-only pass in a fresh
+process (a child forked from a :class:`RoundServer`, or a new interpreter: ``python -m
+mla_fp8_bench.harness.rounds --backends B,.. --cases C,.. --order reversed --seed 1 --json out.json``).
+The figure compared is the median over rounds; the per-round values stay in the record
+(docs/methodology.md §8, §9).
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from typing import Any
 
 from mla_fp8_bench.config import RunConfig
 
-#: Case orders of successive rounds (round ``i`` uses ``ORDERS[i % 3]``).
+#: Case orders of successive rounds (:func:`round_order`).
 ORDERS = ("sorted", "reversed", "shuffled")
 #: Record fields a round carries per (backend, case).
 ROUND_FIELDS = ("latency_s", "latency_sm_cycles", "sm_clock_mhz", "gpu_power_w", "off_plateau_fraction")
@@ -57,11 +52,8 @@ def case_work(case_id: str) -> float:
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
     """``pairs`` (backend, case) in measuring order: cases from least to most work (:func:`case_work`,
     ties by id; a large case slows a small one measured right after it, docs/methodology.md §9), and
-    within one case the backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``).
-
-    Raises:
-        ValueError: for another order name.
-    """
+    within one case the backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``); ValueError
+    for another order name."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
     rng = random.Random(seed)
@@ -78,11 +70,8 @@ def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list
 
 
 def spread(values: Sequence[float]) -> float:
-    """Relative spread of round values: ``(max - min) / median`` (0 for fewer than two values).
-
-    Raises:
-        ValueError: an empty sequence or a non-positive median.
-    """
+    """Relative spread of round values: ``(max - min) / median`` (0 for one value); ValueError for an empty
+    sequence or a non-positive median."""
     if not values:
         raise ValueError("spread of no values")
     if len(values) == 1:
@@ -173,9 +162,8 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
 
 
 def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a round worker: ``base`` (default ``os.environ``) with ``prepend`` and the
-    directory holding this suite's package put first on ``PYTHONPATH`` (so a worker of another
-    interpreter, or of an asv benchmark process, imports the same suite)."""
+    """``base`` (default ``os.environ``) with ``prepend`` and this suite's root first on ``PYTHONPATH``, so a
+    round worker of another interpreter, or of an asv benchmark process, imports the same suite."""
     env = dict(os.environ) if base is None else dict(base)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parts = [*prepend, root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -202,8 +190,7 @@ def _read_round(out: str, t0: float) -> dict[str, Any]:
 
 def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, timeout: float = 600.0
                ) -> dict[str, Any]:
-    """Run one round worker; returns its round document, or ``{"error": ..., "rows": []}`` on failure
-    (a failed round never stops the others)."""
+    """Run one round worker: its round document, or ``{"error": ..., "rows": []}`` on failure."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -260,14 +247,11 @@ def _measured(row: dict[str, Any]) -> bool:
 
 
 def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
-    """Fold extra rounds into the ok run records that carry a latency (in place; others are left alone).
-
-    ``latency_rounds_s`` = [the record's own latency (round 0)] + the value of each round that measured the
-    pair; ``latency_sm_cycles_rounds``, ``sm_clock_rounds_mhz``, ``gpu_power_rounds_w`` likewise (absent
-    values skipped); ``latency_round_orders``; ``latency_round0_s`` (the in-process figure); then
-    ``latency_s``, ``latency_sm_cycles``, ``sm_clock_mhz``, ``gpu_power_w`` become the medians over rounds,
-    ``latency_round_spread`` = :func:`spread` of ``latency_rounds_s``, ``tflops`` and ``gb_s`` follow.
-    """
+    """Fold extra rounds into the ok run records that carry a latency, in place: ``latency_rounds_s`` (the
+    record's own latency, round 0, then each round's that measured the pair), ``latency_sm_cycles_rounds``,
+    ``sm_clock_rounds_mhz``, ``gpu_power_rounds_w`` likewise, ``latency_round_orders``, ``latency_round0_s``;
+    the plain fields become the medians over rounds, ``latency_round_spread`` their :func:`spread`, and
+    ``tflops`` / ``gb_s`` follow."""
     by: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for doc in rounds:
         for row in doc.get("rows", []):
@@ -322,7 +306,6 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
     timing is round 0), folded into ``records`` (:func:`merge_rounds`).
 
     Returns:
-
         what ran, for the run document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s",
         "error"}]}`` (``{"rounds": 1, "extra": []}`` when nothing ran).
     """
@@ -342,8 +325,7 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
 
 def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, device: str,
                  stream) -> None:
-    """:func:`measure_round` with its progress on ``stream``, the backends configured from the environment
-    inherited; the round document is written to ``path``."""
+    """:func:`measure_round` (configured from the environment) written to ``path``, progress on ``stream``."""
     from mla_fp8_bench.jsonio import write_json_atomic
 
     write_json_atomic(measure_round(backends, cases, order, seed, device, config=RunConfig.from_env(),
@@ -391,8 +373,7 @@ def serve(preload: Sequence[str] = ()) -> int:
 
 
 class RoundServer:
-    """A running :func:`serve` process of one interpreter and environment (``python -m
-    mla_fp8_bench.harness.rounds --serve``); :meth:`round` asks it for one round."""
+    """A running :func:`serve` process of one interpreter and environment; :meth:`round` asks it for one."""
 
     def __init__(self, python: str, env: dict[str, str] | None, preload: Sequence[str] = ()):
         cmd = [python, "-m", "mla_fp8_bench.harness.rounds", "--serve", "--preload", ",".join(preload)]
