@@ -18,8 +18,8 @@ from mla_fp8_bench.argtypes import parse_number
 PREFIX = "MLA_FP8_BENCH_"
 #: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
 DEFAULT_EMU_CU_NUM = 256
-#: Default token cap of the emulation per device type (0 = none). On an H200 it measured 127 ms per call
-#: at S=2048 and 437 ms at S=4096 (docs/methodology.md); beyond 4096 it would dominate a run.
+#: Default token cap of the emulation per device type (0 = none): 437 ms per call at S=4096 on an H200
+#: (docs/methodology.md); beyond it the emulation would dominate a run.
 DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
 #: Most latency samples per (backend, case) (a list of them is kept in every record).
 MAX_SAMPLES = 1_000_000
@@ -35,18 +35,17 @@ class RunConfig:
 
     Attributes:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        max_tokens: token cap of the asv grid (None: :data:`~mla_fp8_bench.harness.asv_support.GRID_CAPS`).
-        backends, cases: the asv grid's params to measure (empty: all).
+        max_tokens, backends, cases: the asv grid's token cap (None: ``asv_support.GRID_CAPS``) and params
+            to measure (empty: all).
         samples, time_budget_s, rounds: latency samples per param, seconds of sampling, latency rounds.
-        emu_cu_num: CU count of the emulated plan (256 = MI355X).
-        emu_max_tokens: the emulation's token cap (None: :data:`DEFAULT_EMU_MAX_TOKENS`; 0: none).
+        emu_cu_num, emu_max_tokens: the emulated plan's CU count (256 = MI355X) and the emulation's token
+            cap (None: :data:`DEFAULT_EMU_MAX_TOKENS`; 0: none).
         emu_aiter_version: the AITER version ``aiter-emulated`` models (None: the newest modelled).
         aiter_any_device: ``aiter`` may drive a non-gfx950 ``aiter`` package (records labelled an emulation).
         expect_commit, machine: the commit / asv machine an ``-E existing`` run is filed under ("" unset).
         ceilings: measure the device ceilings.
-        asv: asv's own variables of a benchmark process (``ASV_CONF_DIR``, ``ASV_COMMIT``, ``ASV_ENV_NAME``).
-        asv_parent: (working directory, argv) of the ``asv run`` process that started this one, or None
-            (:func:`asv_parent_process`).
+        asv, asv_parent: asv's ``ASV_CONF_DIR`` / ``ASV_COMMIT`` / ``ASV_ENV_NAME``, and (working directory,
+            argv) of the ``asv run`` process that started this one (:func:`asv_parent_process`).
     """
 
     device: str = "auto"
@@ -96,9 +95,8 @@ class RunConfig:
 
     @classmethod
     def locating(cls, environ: Mapping[str, str] | None = None) -> RunConfig:
-        """Only what locates this run's stored asv results (``_EXPECT_COMMIT``, ``_MACHINE``, asv's
-        variables and parent process), defaults elsewhere; never raises (a run with a bad knob still
-        keeps its stored values)."""
+        """Only what locates this run's stored asv results (``_EXPECT_COMMIT``, ``_MACHINE``, asv's), defaults
+        elsewhere; never raises (a run with a bad knob still keeps its stored values)."""
         env = os.environ if environ is None else environ
         return cls(expect_commit=env.get(PREFIX + "EXPECT_COMMIT", "").strip(),
                    machine=env.get(PREFIX + "MACHINE", "").strip(),

@@ -25,12 +25,10 @@ ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     # prefix-cached prefill: a context chunk, a whole prefix prefill, and one larger beyond the CPU cap
     "ctx1024-q256", "prefix1024-q300", "prefix8192-q1024",
 )
-#: Default token cap of the asv grid per device type. On CPU the float64 reference and the emulator are
-#: O(seq_len^2): 1536 keeps every CPU case but s2048 (about a quarter of the CPU grid's time) and keeps
-#: the main job within minutes; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures it too.
+#: Default token cap of the asv grid per device type. On CPU (O(seq_len^2) reference and emulator) 1536
+#: leaves out only s2048, a quarter of the CPU grid's time; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures it.
 GRID_CAPS = {"cpu": 1536, "cuda": SWEEP_CAPS["cuda"]}
-#: Default seconds of latency sampling per (backend, case) of the asv grid, per device type (on CPU
-#: latency is host time and informational).
+#: Default seconds of latency sampling per (backend, case) of the asv grid, per device type.
 GRID_TIME_BUDGET_S = {"cpu": 2.0, "cuda": 10.0}
 #: Latency rounds of the asv grid on a GPU (round 0 in the accuracy pass, the rest in separate processes).
 DEFAULT_GPU_ROUNDS = 3
@@ -48,12 +46,8 @@ def plan_backends() -> tuple[str, ...]:
 
 
 def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
-    """The cached record of (backend, case) for an asv ``setup``.
-
-    Raises:
-        NotImplementedError: the param was skipped (asv records a skip, shown n/a).
-        RuntimeError: the param failed (asv records a failure); the message carries the reason.
-    """
+    """The cached record of (backend, case) for an asv ``setup``; NotImplementedError when the param was
+    skipped (asv shows n/a), RuntimeError carrying the reason when it failed."""
     rec = cache.get("records", {}).get(f"{backend}|{case}")
     if rec is None and cache.get("failure"):
         raise RuntimeError(f"{backend} on {case}: the measurement failed: {cache['failure']}")
@@ -72,9 +66,8 @@ def emulation_backends() -> tuple[str, ...]:
 
 
 def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
-    """``rec`` of an emulation backend (:func:`emulation_backends`) with its latency and samples moved from
-    ``track_latency``'s record keys to ``track_emulation_latency``'s, so asv never draws the two on one
-    axis; other records unchanged. Keyed by the backend, not the record: an asv series is one backend's."""
+    """``rec`` of an emulation backend (by backend: an asv series is one backend's) with its latency and
+    samples moved to ``track_emulation_latency``'s keys, so asv never draws the two on one axis."""
     from mla_fp8_bench.measure.metric_table import find
 
     if rec.get("backend") not in emulation_backends():
@@ -135,9 +128,8 @@ def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], cl
 
 def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, version: str | None,
                  backends: tuple[str, ...], skipped: dict[str, str]) -> None:
-    """With ``version``, params of ``backends`` x :data:`ASV_CASES` this run did not measure get the values
-    stored for this commit, and so does an ``error`` record (the reason names the error): a failure never
-    replaces a stored measurement of the same code."""
+    """With ``version``, params of ``backends`` x :data:`ASV_CASES` this run did not measure, or measured
+    with an ``error``, get the values stored for this commit (a failure never replaces a stored value)."""
     if version is None:
         return
     unmeasured = [(b, c) for b in backends for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
@@ -152,8 +144,8 @@ def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, versi
 
 
 def _evaluate_with_progress(cfg, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
-    """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which
-    shows a setup_cache's own stderr only when it fails), on the stderr of the asv process."""
+    """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which shows
+    a setup_cache's stderr only when it fails), on the asv process's."""
     import sys
 
     from mla_fp8_bench.harness.asv_guard import asv_context

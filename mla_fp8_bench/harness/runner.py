@@ -53,8 +53,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         """ValueError: ``samples`` not an integer from 1 to MAX_SAMPLES or ``time_budget_s`` not a finite number
         > 0 (either would fail every record only after its accuracy was computed)."""
-        if (isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1
-                or self.samples > MAX_SAMPLES):
+        if type(self.samples) is not int or not 1 <= self.samples <= MAX_SAMPLES:
             raise ValueError(f"samples={self.samples!r} is invalid: an integer >= 1 and <= {MAX_SAMPLES} (latency "
                              "samples per case)")
         tb = self.time_budget_s
@@ -73,11 +72,8 @@ class Record:
     values: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        d = {"backend": self.backend, "case": self.case, "status": self.status, "reason": self.reason}
-        for k in RECORD_KEYS:
-            d.setdefault(k, None)
-        d.update(self.values)
-        return d
+        return {**dict.fromkeys(RECORD_KEYS), "backend": self.backend, "case": self.case, "status": self.status,
+                "reason": self.reason, **self.values}
 
 
 class RunInterrupted(KeyboardInterrupt):
