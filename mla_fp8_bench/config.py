@@ -146,7 +146,7 @@ def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maxi
 
 
 def _float(raw: str, name: str) -> float | None:
-    return None if not raw.strip() else float(parse_number(raw, float, PREFIX + name, 0.0, strict=True))
+    return float(parse_number(raw, float, PREFIX + name, 0.0, strict=True)) if raw.strip() else None
 
 
 def _names(raw: str, name: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:

@@ -9,12 +9,13 @@ total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
 from mla_fp8_bench.config import RunConfig
-from mla_fp8_bench.harness.asv_guard import check_commit, stored_records
+from mla_fp8_bench.harness.asv_guard import asv_context, check_commit, stored_records
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
 #: Case ids in the asv grid: never change or reuse an id that has results.
@@ -146,9 +147,6 @@ def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, versi
 def _evaluate_with_progress(cfg, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
     """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which shows
     a setup_cache's stderr only when it fails), on the asv process's."""
-    import sys
-
-    from mla_fp8_bench.harness.asv_guard import asv_context
     from mla_fp8_bench.harness.runner import evaluate
     from mla_fp8_bench.terminal import case_progress, open_parent_stderr
 
@@ -157,15 +155,12 @@ def _evaluate_with_progress(cfg, cases, pinfo, cap, skipped, opts) -> dict[str, 
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())
     head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
             f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
-    try:
+    with contextlib.closing(parent) if parent is not None else contextlib.nullcontext():
         for s in streams:
             with contextlib.suppress(OSError, ValueError):
                 print(("\n" if s is parent else "") + head, file=s, flush=True)
         with case_progress(len(backends) * len(cases), stream=streams) as step:
             return evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
-    finally:
-        if parent is not None:
-            parent.close()
 
 
 def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
