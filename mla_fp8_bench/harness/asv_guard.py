@@ -133,13 +133,11 @@ def result_file(cfg: RunConfig) -> Path | None:
 
 
 def check_asv_run(cfg: RunConfig) -> None:
-    """Refuse a run that would measure the wrong code or lose data, before asv writes anything (nothing
-    outside ``asv run``).
+    """Refuse an ``asv run`` that would measure the wrong code or lose data, before asv writes anything.
 
     Raises:
-        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit` and :func:`result_file`; a run
-            narrowed to part of the grid whose commit is unknown (its stored values could not be kept); a
-            stored result file it would overwrite that is not readable asv JSON.
+        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit`, :func:`result_file`; a run narrowed
+            to part of the grid whose commit is unknown; an unreadable stored result file it would overwrite.
     """
     ctx = asv_context(cfg)
     if ctx is None:

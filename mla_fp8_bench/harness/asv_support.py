@@ -200,8 +200,8 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
     available backend of :func:`plan_backends`) for the asv grid; arguments as for :func:`measure_grid`.
 
     Returns:
-        ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``,
-        ``workspace_bytes`` and ``num_partials``.
+        ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``, ``workspace_bytes``
+        and ``num_partials``.
     """
     cfg = config or check_knobs()
     pinfo, _cap, cases, skipped = _grid_setup(cfg)

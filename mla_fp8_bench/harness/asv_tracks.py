@@ -55,12 +55,8 @@ def _make_track(m: Metric, class_version: str | None):
 
 def with_tracks(cls: type) -> type:
     """Class decorator: add the ``track_*`` method of every metric whose ``asv_class`` is ``cls.__name__``
-    (its ``setup`` sets ``self.rec``, the cached record of the param), versioned by :meth:`Metric.asv_version`
-    of the class's ``version``.
-
-    Raises:
-        ValueError: the table has no metric for this class, or the class already defines one of the methods.
-    """
+    (reading ``self.rec``, set by ``setup``), versioned by :meth:`Metric.asv_version` of ``cls.version``;
+    ValueError when the table has no metric for the class or the class defines one of the methods."""
     metrics = asv_metrics(cls.__name__)
     if not metrics:
         raise ValueError(f"the metric table has no asv track for class {cls.__name__}")
@@ -116,12 +112,8 @@ def asv_config_block() -> str:
 
 
 def write_asv_config(path: str) -> bool:
-    """Replace the regression keys at the end of an asv config file (``//`` comments kept) with
-    :func:`asv_config_block`; returns whether the file changed. The keys must be the file's last entries.
-
-    Raises:
-        ValueError: the file has no ``"regressions_thresholds"`` key.
-    """
+    """Replace the regression keys, the last entries of an asv config file (``//`` comments kept), with
+    :func:`asv_config_block`; whether the file changed. ValueError: no ``"regressions_thresholds"`` key."""
     from mla_fp8_bench.jsonio import write_file_atomic
 
     with open(path) as f:

@@ -303,12 +303,9 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: dict[str, str] | None = None,
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' pairs (:func:`run_rounds`; the records' own
-    timing is round 0), folded into ``records`` (:func:`merge_rounds`).
-
-    Returns:
-        what ran, for the run document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s",
-        "error"}]}`` (``{"rounds": 1, "extra": []}`` when nothing ran).
-    """
+    timing is round 0), folded into ``records`` (:func:`merge_rounds`). Returns what ran, for the run
+    document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s", "error"}]}`` (or ``{"rounds": 1,
+    "extra": []}``)."""
     from mla_fp8_bench.measure.metric_table import record_is_emulation
 
     kernel = [r for r in records if r.get("status") == "ok" and r.get("latency_s") and not record_is_emulation(r)]
