@@ -92,6 +92,7 @@ def _grid_setup(cfg: RunConfig):
     check_commit(cfg)
     pinfo = platform_info(cfg.device)
     cap = cfg.max_tokens or GRID_CAPS[pinfo.device_type]
+    backends = list(cfg.backends or asv_backends())
     cases, skipped = [], {}
     for cid in ASV_CASES:
         if cfg.cases and cid not in cfg.cases:
@@ -102,7 +103,7 @@ def _grid_setup(cfg: RunConfig):
             skipped[cid] = f"{tokens} tokens exceed this run's cap of {cap} on {pinfo.device_type}"
         else:
             cases.append(c)
-    return pinfo, cap, cases, skipped
+    return pinfo, cap, backends, cases, skipped
 
 
 def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], class_name: str,
@@ -144,13 +145,12 @@ def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, versi
         records[key] = rec
 
 
-def _evaluate_with_progress(cfg, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
+def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
     """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which shows
     a setup_cache's stderr only when it fails), on the asv process's."""
     from mla_fp8_bench.harness.runner import evaluate
     from mla_fp8_bench.terminal import case_progress, open_parent_stderr
 
-    backends = list(cfg.backends or asv_backends())
     parent = open_parent_stderr() if asv_context(cfg) is not None else None
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())
     head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
@@ -176,10 +176,10 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
     from mla_fp8_bench.peers.ceilings import attach
 
     cfg = config or check_knobs()
-    pinfo, cap, cases, skipped = _grid_setup(cfg)
+    pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
     opts = RunOptions(samples=cfg.samples or 30,
                       time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
-    data = _evaluate_with_progress(cfg, cases, pinfo, cap, skipped, opts)
+    data = _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts)
     attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = fold_rounds(data["records"], n_rounds, str(pinfo.device),
@@ -204,7 +204,7 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
         and ``num_partials``.
     """
     cfg = config or check_knobs()
-    pinfo, _cap, cases, skipped = _grid_setup(cfg)
+    pinfo, _cap, _backends, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}
     plan = plan_backends()
     for name in plan:
