@@ -1,9 +1,8 @@
 """The run configuration: every knob of a measurement in one frozen object, validated when it is built.
 
-It is built once, from the command line (``cli.py``), or at the asv boundary from the environment
-(:meth:`RunConfig.from_env`, called by the asv benchmark module's entry points and the round worker),
-and passed down explicitly. This is the one module that reads ``MLA_FP8_BENCH_*`` variables (and the
-``ASV_*`` variables asv exports to benchmark processes): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
+It is built once, from the command line (``cli.py``) or from the environment (:meth:`RunConfig.from_env`:
+the asv benchmark module and the round worker), and passed down. This is the one module that reads
+``MLA_FP8_BENCH_*`` variables (and asv's ``ASV_*``): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
 :class:`RunConfig` (``_TIME_BUDGET``: ``time_budget_s``; ``_AITER_ANY_DEVICE=1``; ``_CEILINGS=0``).
 """
 
@@ -19,8 +18,8 @@ from mla_fp8_bench.argtypes import parse_number
 PREFIX = "MLA_FP8_BENCH_"
 #: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
 DEFAULT_EMU_CU_NUM = 256
-#: Default token cap of the emulation per device type (0 = none). On an H200 it measured 127 ms per call
-#: at S=2048 and 437 ms at S=4096 (docs/methodology.md); beyond 4096 it would dominate a run.
+#: Default token cap of the emulation per device type (0 = none): 437 ms per call at S=4096 on an H200
+#: (docs/methodology.md); beyond it the emulation would dominate a run.
 DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
 #: Most latency samples per (backend, case) (a list of them is kept in every record).
 MAX_SAMPLES = 1_000_000
@@ -36,18 +35,17 @@ class RunConfig:
 
     Attributes:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        max_tokens: token cap of the asv grid (None: :data:`~mla_fp8_bench.harness.asv_support.GRID_CAPS`).
-        backends, cases: the asv grid's params to measure (empty: all).
+        max_tokens, backends, cases: the asv grid's token cap (None: ``asv_support.GRID_CAPS``) and params
+            to measure (empty: all).
         samples, time_budget_s, rounds: latency samples per param, seconds of sampling, latency rounds.
-        emu_cu_num: CU count of the emulated plan (256 = MI355X).
-        emu_max_tokens: the emulation's token cap (None: :data:`DEFAULT_EMU_MAX_TOKENS`; 0: none).
+        emu_cu_num, emu_max_tokens: the emulated plan's CU count (256 = MI355X) and the emulation's token
+            cap (None: :data:`DEFAULT_EMU_MAX_TOKENS`; 0: none).
         emu_aiter_version: the AITER version ``aiter-emulated`` models (None: the newest modelled).
         aiter_any_device: ``aiter`` may drive a non-gfx950 ``aiter`` package (records labelled an emulation).
         expect_commit, machine: the commit / asv machine an ``-E existing`` run is filed under ("" unset).
         ceilings: measure the device ceilings.
-        asv: asv's own variables of a benchmark process (``ASV_CONF_DIR``, ``ASV_COMMIT``, ``ASV_ENV_NAME``).
-        asv_parent: (working directory, argv) of the ``asv run`` process that started this one, or None
-            (:func:`asv_parent_process`).
+        asv, asv_parent: asv's ``ASV_CONF_DIR`` / ``ASV_COMMIT`` / ``ASV_ENV_NAME``, and (working directory,
+            argv) of the ``asv run`` process that started this one (:func:`asv_parent_process`).
     """
 
     device: str = "auto"
@@ -70,10 +68,8 @@ class RunConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, grid: tuple[tuple[str, ...], tuple[str, ...]]
                  | None = None) -> RunConfig:
-        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``), checked before any work.
-
-        ``grid``: the asv grid's (backends, cases) that ``_BACKENDS`` / ``_CASES`` may name
-        (:func:`mla_fp8_bench.harness.asv_support.check_knobs` passes it; None: any names).
+        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``), checked before any work;
+        ``grid``: the (backends, cases) that ``_BACKENDS`` / ``_CASES`` may name (None: any).
 
         Raises:
             ValueError: one line naming the variable, the bad value and what is allowed.
@@ -99,9 +95,8 @@ class RunConfig:
 
     @classmethod
     def locating(cls, environ: Mapping[str, str] | None = None) -> RunConfig:
-        """Only what locates this run's stored asv results (``_EXPECT_COMMIT``, ``_MACHINE``, asv's
-        variables and parent process), defaults elsewhere; never raises (a run with a bad knob still
-        keeps its stored values)."""
+        """Only what locates this run's stored asv results (``_EXPECT_COMMIT``, ``_MACHINE``, asv's), defaults
+        elsewhere; never raises (a run with a bad knob still keeps its stored values)."""
         env = os.environ if environ is None else environ
         return cls(expect_commit=env.get(PREFIX + "EXPECT_COMMIT", "").strip(),
                    machine=env.get(PREFIX + "MACHINE", "").strip(),
@@ -118,13 +113,9 @@ class RunConfig:
 
 
 def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
-    """(working directory, argv) of the ``asv run`` process that started this one, or None.
-
-    asv exports ``ASV_CONF_DIR`` / ``ASV_COMMIT`` / ``ASV_ENV_NAME`` to benchmark processes of the
-    environments it builds but nothing in ``-E existing`` runs; there the config directory (asv's
-    working directory), ``--set-commit-hash`` and ``--machine`` are read from the parent process
-    (Linux ``/proc``; None elsewhere).
-    """
+    """(working directory, argv) of the ``asv run`` process that started this one (Linux ``/proc``), or
+    None: ``-E existing`` runs get no ``ASV_*`` variables, so their config directory, ``--set-commit-hash``
+    and ``--machine`` are read there."""
     try:
         pid = os.getppid()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -145,9 +136,9 @@ def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maxi
         return None
     try:
         v = int(parse_number(raw, int, PREFIX + name, minimum, strict=False))
-        if maximum is not None and v > maximum:
-            raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: at most {maximum}")
-        return v
+        if maximum is None or v <= maximum:
+            return v
+        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: at most {maximum}")
     except ValueError:
         if allowed is None:
             raise
@@ -155,7 +146,7 @@ def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maxi
 
 
 def _float(raw: str, name: str) -> float | None:
-    return None if not raw.strip() else float(parse_number(raw, float, PREFIX + name, 0.0, strict=True))
+    return float(parse_number(raw, float, PREFIX + name, 0.0, strict=True)) if raw.strip() else None
 
 
 def _names(raw: str, name: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
@@ -185,12 +176,9 @@ def check_device(device: str, what: str) -> str:
 
 
 def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
-    """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled).
+    """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled); ValueError
+    naming ``what`` (:func:`~mla_fp8_bench.aiter_ps.facts.modelled_version`)."""
 
-    Raises:
-        ValueError: naming ``what``: not a version like ``0.1.20`` / ``0.1.20.post1`` / ``v0.1.22``, or
-            outside the modelled range (0.1.10, the first with the PS prefill, ... 0.1.22).
-    """
     if not raw.strip():
         return None
     from mla_fp8_bench.aiter_ps.facts import modelled_version

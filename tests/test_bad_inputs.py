@@ -26,7 +26,8 @@ from mla_fp8_bench.backends.aiter_real import AiterPsDriver, AiterReal
 from mla_fp8_bench.cli import main
 from mla_fp8_bench.config import RunConfig
 from mla_fp8_bench.harness import asv_support
-from mla_fp8_bench.harness.runner import RunOptions, evaluate, write_json_atomic
+from mla_fp8_bench.harness.runner import RunOptions, evaluate
+from mla_fp8_bench.jsonio import write_json_atomic
 from mla_fp8_bench.measure.devices import DeviceError, platform_info
 from mla_fp8_bench.measure.metrics import error_metrics
 from mla_fp8_bench.measure.reference import causal_attention

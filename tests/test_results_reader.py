@@ -19,6 +19,16 @@ LAT = "bench_mla_prefill.MLAPrefill.track_latency"
 ERR = "bench_mla_prefill.MLAPrefill.track_max_abs_error"
 
 
+def list_machines(results_dir) -> list[str]:
+    """Names of the machine directories in ``results_dir``."""
+    return [m.name for m in R.machine_dirs(results_dir)]
+
+
+def list_commits(machine_dir) -> list[str]:
+    """Commit prefixes (8 hex digits) with a result file in ``machine_dir``, sorted."""
+    return sorted({r.commit for r in R.list_result_files(machine_dir) if r.commit})
+
+
 def _result(commit: str, env: str = "virtualenv-py3.11", machine: str = "m1", date: int = 1000) -> dict:
     params = [["'aiter-emulated'", "'torch-ref'"], ["'s128'", "'s256'"]]
     return {
@@ -58,9 +68,9 @@ def results_dir(tmp_path: Path) -> Path:
 
 
 def test_lists_machines_commits_envs(results_dir):
-    assert R.list_machines(results_dir) == ["m1", "m2"]
+    assert list_machines(results_dir) == ["m1", "m2"]
     assert R.machine_dirs(results_dir / "m1") == [results_dir / "m1"]
-    assert R.list_commits(results_dir / "m1") == ["12345678", "abcdef12"]
+    assert list_commits(results_dir / "m1") == ["12345678", "abcdef12"]
     assert sorted({f.env for f in R.list_result_files(results_dir / "m1")}) == ["virtualenv-py3.11"]
     assert R.list_result_files(results_dir / "m2") == []
     assert R.load_machine(results_dir / "m1")["arch"] == "x86_64"
@@ -167,7 +177,7 @@ def test_reads_the_committed_results():
     root = Path(__file__).resolve().parents[1] / "results"
     if not root.is_dir():
         pytest.skip("no committed results/ directory")
-    for m in R.list_machines(root):
+    for m in list_machines(root):
         for rf in R.list_result_files(root / m):
             r = R.load_asv_result(rf.path)
             assert r.commit_hash.startswith(rf.commit) and r.machine == m

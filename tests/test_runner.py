@@ -10,7 +10,8 @@ import torch
 from mla_fp8_bench import backends
 from mla_fp8_bench.backends import Backend, Prepared, Verdict
 from mla_fp8_bench.cli import main
-from mla_fp8_bench.harness.runner import RECORD_KEYS, RunOptions, evaluate, write_json_atomic
+from mla_fp8_bench.harness.runner import RECORD_KEYS, RunOptions, evaluate
+from mla_fp8_bench.jsonio import write_json_atomic
 from mla_fp8_bench.problem.cases import resolve_cases
 
 

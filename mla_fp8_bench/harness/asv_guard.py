@@ -1,11 +1,10 @@
 """Guards of an asv run: the code measured is the commit named, and values already stored for params
 this run does not measure are kept (asv replaces a benchmark's whole result row when it saves:
-:func:`stored_records` gives a param left out its stored values back).
+:func:`stored_records` gives them back).
 
-The result file is found from asv's ``ASV_*`` variables, or in ``-E existing`` runs (where asv exports
-none) from the parent ``asv run`` process, as the run's :class:`~mla_fp8_bench.config.RunConfig` holds
-them. :func:`check_asv_run` runs when asv discovers the benchmarks, so a refusal stops asv before it
-writes anything.
+The result file is found from asv's ``ASV_*`` variables or, in ``-E existing`` runs, the parent ``asv
+run`` process (both held by :class:`~mla_fp8_bench.config.RunConfig`). :func:`check_asv_run` runs when
+asv discovers the benchmarks, so a refusal stops asv before it writes anything.
 """
 
 from __future__ import annotations
@@ -36,13 +35,12 @@ def git(here: str | os.PathLike, *args: str) -> str | None:
 
 
 def check_commit(cfg: RunConfig, library_dir: str | os.PathLike | None = None) -> None:
-    """With ``MLA_FP8_BENCH_EXPECT_COMMIT`` set, refuse unless the library is that commit's tracked code.
+    """With ``MLA_FP8_BENCH_EXPECT_COMMIT`` set, refuse unless the library is that commit's tracked code
+    (uncommitted edits of tracked files are not detected).
 
     Raises:
-        AsvRunRefused: the library is not in a git work tree (a wheel install: nothing proves which
-            commit it is), is not tracked there (an install copied into an ignored folder of the tree,
-            e.g. ``.asv/env``, may be stale) or its HEAD differs from the commit named. Uncommitted edits
-            of tracked files are not detected.
+        AsvRunRefused: the library is not in a git work tree (a wheel install), is not tracked there (a copy
+            in an ignored folder such as ``.asv/env``, maybe stale) or its HEAD is not the commit named.
     """
     expect = cfg.expect_commit
     if not expect:
@@ -83,10 +81,7 @@ def _option(argv: list[str], name: str) -> str | None:
 def check_overrides(cfg: RunConfig, argv: list[str] | None = None) -> None:
     """Refuse ``MLA_FP8_BENCH_MACHINE`` / ``MLA_FP8_BENCH_EXPECT_COMMIT`` values that contradict asv's own
     ``--machine`` / ``--set-commit-hash`` (or ``ASV_COMMIT``) in ``argv`` (default: the parent ``asv run``
-    process's): the stored values kept would be another machine's or commit's.
-
-    Raises:
-        AsvRunRefused: naming both values.
+    process's): AsvRunRefused naming both (the stored values kept would be another machine's or commit's).
     """
     if argv is None:
         argv = list(cfg.asv_parent[1]) if cfg.asv_parent else []
@@ -114,19 +109,14 @@ def asv_context(cfg: RunConfig) -> dict[str, Any] | None:
     commit = cfg.asv.get("ASV_COMMIT") or cfg.expect_commit or _option(argv, "--set-commit-hash")
     if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
         commit = git(Path(conf), "rev-parse", "--verify", "--quiet", commit + "^{commit}")
-    machine = cfg.machine or _option(argv, "--machine")
-    dry_run = any(a in ("--dry-run", "-n") for a in argv)
-    return {"conf_dir": Path(conf), "commit": commit or None, "machine": machine or None,
-            "env": cfg.asv.get("ASV_ENV_NAME"), "dry_run": dry_run}
+    return {"conf_dir": Path(conf), "commit": commit or None,
+            "machine": cfg.machine or _option(argv, "--machine") or None, "env": cfg.asv.get("ASV_ENV_NAME"),
+            "dry_run": any(a in ("--dry-run", "-n") for a in argv)}
 
 
 def result_file(cfg: RunConfig) -> Path | None:
-    """The asv result file this benchmark process's run will overwrite, if it exists.
-
-    Raises:
-        AsvRunRefused: several files could be it (machines or environments) and
-            ``MLA_FP8_BENCH_MACHINE`` does not say which.
-    """
+    """The asv result file this benchmark process's run will overwrite, if it exists; AsvRunRefused when
+    several could be it (machines or environments) and ``MLA_FP8_BENCH_MACHINE`` does not say which."""
     ctx = asv_context(cfg)
     if ctx is None or ctx["commit"] is None:
         return None
@@ -143,13 +133,11 @@ def result_file(cfg: RunConfig) -> Path | None:
 
 
 def check_asv_run(cfg: RunConfig) -> None:
-    """Refuse a run that would measure the wrong code or lose data, before asv writes anything. Does
-    nothing outside ``asv run``.
+    """Refuse an ``asv run`` that would measure the wrong code or lose data, before asv writes anything.
 
     Raises:
-        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit` and :func:`result_file`; a run
-            narrowed to part of the grid whose commit is unknown (its stored values could not be kept); a
-            stored result file it would overwrite that is not readable asv JSON.
+        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit`, :func:`result_file`; a run narrowed
+            to part of the grid whose commit is unknown; an unreadable stored result file it would overwrite.
     """
     ctx = asv_context(cfg)
     if ctx is None:
@@ -163,8 +151,7 @@ def check_asv_run(cfg: RunConfig) -> None:
         raise AsvRunRefused(f"{', '.join(narrowed)} narrow this run but its commit is unknown, so the stored "
                             "values of the other params could not be kept: export "
                             "MLA_FP8_BENCH_EXPECT_COMMIT=<the --set-commit-hash SHA>")
-    path = result_file(cfg)
-    if path is not None:
+    if (path := result_file(cfg)) is not None:
         _read_results(path)
 
 
@@ -185,12 +172,10 @@ def stored_records(cfg: RunConfig, class_name: str, version: str, keys: list[tup
     path = result_file(cfg)
     if path is None or not keys:
         return {}
-    res = _read_results(path)
-    by_track = {name.rsplit(".", 1)[-1]: name for name in res.benchmarks()
-                if name.split(".")[-2:-1] == [class_name]}
-
     from mla_fp8_bench.measure.metric_table import asv_metrics
 
+    res = _read_results(path)
+    by_track = {name.rsplit(".", 1)[-1]: name for name in res.benchmarks() if name.split(".")[-2:-1] == [class_name]}
     out: dict[str, dict[str, Any]] = {}
     for m in asv_metrics(class_name):
         name = by_track.get(m.track)

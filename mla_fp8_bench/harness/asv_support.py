@@ -1,21 +1,21 @@
 """What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement.
 
-The asv boundary: :func:`check_knobs` builds the run's :class:`~mla_fp8_bench.config.RunConfig` from
-the environment (the knobs: :mod:`mla_fp8_bench.config`, docs/usage.md); everything below it gets the
-configuration passed. Defaults: the token cap :data:`GRID_CAPS` (ragged cases count their total,
-ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S` and
-:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (:mod:`mla_fp8_bench.harness.rounds`; 1 on CPU).
+:func:`check_knobs` builds the run's :class:`~mla_fp8_bench.config.RunConfig` from the environment (the
+asv boundary; knobs: docs/usage.md). Defaults: the token cap :data:`GRID_CAPS` (ragged cases count their
+total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S`, and
+:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
 from mla_fp8_bench.config import RunConfig
-from mla_fp8_bench.harness.asv_guard import check_commit, stored_records
+from mla_fp8_bench.harness.asv_guard import asv_context, check_commit, stored_records
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
 #: Case ids in the asv grid: never change or reuse an id that has results.
@@ -26,12 +26,10 @@ ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     # prefix-cached prefill: a context chunk, a whole prefix prefill, and one larger beyond the CPU cap
     "ctx1024-q256", "prefix1024-q300", "prefix8192-q1024",
 )
-#: Default token cap of the asv grid per device type. On CPU the float64 reference and the emulator are
-#: O(seq_len^2): 1536 keeps every CPU case but s2048 (about a quarter of the CPU grid's time) and keeps
-#: the main job within minutes; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures it too.
+#: Default token cap of the asv grid per device type. On CPU (O(seq_len^2) reference and emulator) 1536
+#: leaves out only s2048, a quarter of the CPU grid's time; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures it.
 GRID_CAPS = {"cpu": 1536, "cuda": SWEEP_CAPS["cuda"]}
-#: Default seconds of latency sampling per (backend, case) of the asv grid, per device type (on CPU
-#: latency is host time and informational).
+#: Default seconds of latency sampling per (backend, case) of the asv grid, per device type.
 GRID_TIME_BUDGET_S = {"cpu": 2.0, "cuda": 10.0}
 #: Latency rounds of the asv grid on a GPU (round 0 in the accuracy pass, the rest in separate processes).
 DEFAULT_GPU_ROUNDS = 3
@@ -49,12 +47,8 @@ def plan_backends() -> tuple[str, ...]:
 
 
 def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
-    """The cached record of (backend, case) for an asv ``setup``.
-
-    Raises:
-        NotImplementedError: the param was skipped (asv records a skip, shown n/a).
-        RuntimeError: the param failed (asv records a failure); the message carries the reason.
-    """
+    """The cached record of (backend, case) for an asv ``setup``; NotImplementedError when the param was
+    skipped (asv shows n/a), RuntimeError carrying the reason when it failed."""
     rec = cache.get("records", {}).get(f"{backend}|{case}")
     if rec is None and cache.get("failure"):
         raise RuntimeError(f"{backend} on {case}: the measurement failed: {cache['failure']}")
@@ -73,9 +67,8 @@ def emulation_backends() -> tuple[str, ...]:
 
 
 def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
-    """``rec`` of an emulation backend (:func:`emulation_backends`) with its latency and samples moved from
-    ``track_latency``'s record keys to ``track_emulation_latency``'s, so asv never draws the two on one
-    axis; other records unchanged. Keyed by the backend, not the record: an asv series is one backend's."""
+    """``rec`` of an emulation backend (by backend: an asv series is one backend's) with its latency and
+    samples moved to ``track_emulation_latency``'s keys, so asv never draws the two on one axis."""
     from mla_fp8_bench.measure.metric_table import find
 
     if rec.get("backend") not in emulation_backends():
@@ -88,12 +81,7 @@ def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_knobs(environ: dict[str, str] | None = None) -> RunConfig:
-    """The run configuration of an asv run, from the environment (default ``os.environ``), checked
-    before any work: the asv boundary (:meth:`RunConfig.from_env` over this grid).
-
-    Raises:
-        ValueError: naming the variable, the bad value and what is allowed.
-    """
+    """:meth:`RunConfig.from_env` over this grid (default ``os.environ``); ValueError naming a bad knob."""
     return RunConfig.from_env(environ, grid=(asv_backends(), ASV_CASES))
 
 
@@ -120,14 +108,10 @@ def _grid_setup(cfg: RunConfig):
 
 def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], class_name: str,
                   params: tuple[list, list], version: str | None) -> dict[str, Any]:
-    """``measure(version, config)`` for an asv ``setup_cache`` that never raises; ``config`` is built
-    here, once, from the environment (:func:`check_knobs`).
-
-    asv stores a ``setup_cache`` exception as a failure (``null``) of every param of the class, over the
-    values stored for this commit. Here any exception becomes a cache whose params keep their stored
-    values (:func:`mla_fp8_bench.harness.asv_guard.stored_records`); the others are failures carrying
-    the reason (:func:`lookup`).
-    """
+    """``measure(version, check_knobs())`` for an asv ``setup_cache``: asv would store an exception as a
+    failure (``null``) of every param, over the values stored for this commit; here it becomes a cache whose
+    params keep their stored values (:func:`~mla_fp8_bench.harness.asv_guard.stored_records`), the others
+    failing with the reason (:func:`lookup`)."""
     cfg = None
     try:
         cfg = check_knobs()
@@ -146,9 +130,8 @@ def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], cl
 
 def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, version: str | None,
                  backends: tuple[str, ...], skipped: dict[str, str]) -> None:
-    """With ``version``, params of ``backends`` x :data:`ASV_CASES` this run did not measure get the values
-    stored for this commit, and so does an ``error`` record (the reason names the error): a failure never
-    replaces a stored measurement of the same code."""
+    """With ``version``, params of ``backends`` x :data:`ASV_CASES` this run did not measure, or measured
+    with an ``error``, get the values stored for this commit (a failure never replaces a stored value)."""
     if version is None:
         return
     unmeasured = [(b, c) for b in backends for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
@@ -163,11 +146,8 @@ def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, versi
 
 
 def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
-    """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which
-    shows a setup_cache's own stderr only when it fails), on the stderr of the asv process."""
-    import sys
-
-    from mla_fp8_bench.harness.asv_guard import asv_context
+    """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which shows
+    a setup_cache's stderr only when it fails), on the asv process's."""
     from mla_fp8_bench.harness.runner import evaluate
     from mla_fp8_bench.terminal import case_progress, open_parent_stderr
 
@@ -175,35 +155,31 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())
     head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
             f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
-    try:
+    with contextlib.closing(parent) if parent is not None else contextlib.nullcontext():
         for s in streams:
             with contextlib.suppress(OSError, ValueError):
                 print(("\n" if s is parent else "") + head, file=s, flush=True)
         with case_progress(len(backends) * len(cases), stream=streams) as step:
             return evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
-    finally:
-        if parent is not None:
-            parent.close()
 
 
 def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
-    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`);
-    return plain-Python (picklable) records. With ``version`` (the asv benchmark version), params this run
-    does not measure keep the values stored for this commit (:func:`_keep_stored`).
+    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`) into
+    plain-Python (picklable) records; with ``version`` (the asv benchmark version), params this run does
+    not measure keep the values stored for this commit (:func:`_keep_stored`).
 
     Returns:
-        ``{"env": {...}, "cap": int, "records": {"backend|case": record}}``.
+        ``{"env", "ceilings", "cap": int, "records": {"backend|case": record}, "rounds"}``.
     """
     from mla_fp8_bench.harness.rounds import fold_rounds
     from mla_fp8_bench.harness.runner import RunOptions
+    from mla_fp8_bench.peers.ceilings import attach
 
     cfg = config or check_knobs()
     pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
     opts = RunOptions(samples=cfg.samples or 30,
                       time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
     data = _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts)
-    from mla_fp8_bench.peers.ceilings import attach
-
     attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = fold_rounds(data["records"], n_rounds, str(pinfo.device),
@@ -221,15 +197,14 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
 
 def measure_plans(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
     """Planner time, live partial slots and workspace bytes (``plan_stats(case, platform)`` of each
-    available backend of :func:`plan_backends`) for the asv grid; ``version``, ``config`` as for
-    :func:`measure_grid`.
+    available backend of :func:`plan_backends`) for the asv grid; arguments as for :func:`measure_grid`.
 
     Returns:
-        ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``,
-        ``workspace_bytes`` and ``num_partials``.
+        ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``, ``workspace_bytes``
+        and ``num_partials``.
     """
     cfg = config or check_knobs()
-    pinfo, cap, _backends, cases, skipped = _grid_setup(cfg)
+    pinfo, _cap, _backends, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}
     plan = plan_backends()
     for name in plan:
@@ -237,13 +212,12 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
         avail = b.availability(pinfo)
         for c in cases:
             key = f"{name}|{c.id}"
-            if not avail:
-                records[key] = {"status": "skipped", "reason": avail.reason}
-                continue
             try:
-                stats = b.plan_stats(c, pinfo)
-                records[key] = {"status": "ok", "reason": "", **stats}
+                if not avail:
+                    raise NotImplementedError(avail.reason)
+                records[key] = {"status": "ok", "reason": "", **b.plan_stats(c, pinfo)}
             except NotImplementedError as exc:
+
                 records[key] = {"status": "skipped", "reason": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
                 records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}

@@ -16,25 +16,17 @@ class MissingMetricError(RuntimeError):
 
 
 def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
-    """What the asv track of ``m`` returns for the record ``rec``.
-
-    * metrics with rounds: ``{"samples": [one value per round], "number": 1}`` when the record holds two
-      or more rounds (asv's value is then the median over rounds);
-    * metrics with samples: ``{"samples": [...], "number": 1}`` when the record holds samples;
-    * otherwise the value, floored at ``m.floor``; an absent value is NaN (asv stores a skip, ``n/a``),
-      except for accuracy metrics, where absence or a non-finite value is a failure.
+    """What the asv track of ``m`` returns for the record ``rec``: ``{"samples": [...], "number": 1}`` when
+    the record holds two or more rounds of ``m`` (asv's value is then their median), else its samples of
+    ``m`` if any, else the value floored at ``m.floor``; an absent value is NaN (asv stores a skip, n/a).
 
     Raises:
-        MissingMetricError: an accuracy metric is absent or non-finite (a non-finite error is a result,
-            not a skip).
+        MissingMetricError: an accuracy metric is absent or non-finite (a result, not a skip).
     """
     rounds = rec.get(m.rounds_key) if m.rounds_key else None
-    if isinstance(rounds, list) and len(rounds) >= 2:
-        return {"samples": [float(x) for x in rounds], "number": 1}
-    if m.samples_key:
-        samples = rec.get(m.samples_key)
-        if samples:
-            return {"samples": [float(x) for x in samples], "number": 1}
+    samples = rounds if isinstance(rounds, list) and len(rounds) >= 2 else m.samples_key and rec.get(m.samples_key)
+    if samples:
+        return {"samples": [float(x) for x in samples], "number": 1}
     v = m.value(rec)
     if m.kind == "accuracy":
         if v is None:
@@ -63,12 +55,8 @@ def _make_track(m: Metric, class_version: str | None):
 
 def with_tracks(cls: type) -> type:
     """Class decorator: add the ``track_*`` method of every metric whose ``asv_class`` is ``cls.__name__``
-    (its ``setup`` sets ``self.rec``, the cached record of the param), versioned by :meth:`Metric.asv_version`
-    of the class's ``version``.
-
-    Raises:
-        ValueError: the table has no metric for this class, or the class already defines one of the methods.
-    """
+    (reading ``self.rec``, set by ``setup``), versioned by :meth:`Metric.asv_version` of ``cls.version``;
+    ValueError when the table has no metric for the class or the class defines one of the methods."""
     metrics = asv_metrics(cls.__name__)
     if not metrics:
         raise ValueError(f"the metric table has no asv track for class {cls.__name__}")
@@ -83,13 +71,11 @@ def _asv_regex(m: Metric) -> str:
     return "^" + re.escape(m.asv_name) + r"(\(|$)"
 
 
-def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
-    """asv.conf.json's ``regressions_thresholds`` and ``regressions_first_commits``, from the table.
-
-    One anchored regex per tracked metric (disjoint: asv applies the maximum over matching entries).
-    Metrics that never gate in asv (host latency, informational) and the kernel-latency params of
-    emulation backends get ``null`` in ``regressions_first_commits`` (asv reports no regression for them).
-    asv matches ``<module>.<class>.<track>(<param reprs>)`` with ``re.match``.
+def asv_regression_config() -> dict[str, dict[str, Any]]:
+    """asv.conf.json's ``regressions_thresholds`` and ``regressions_first_commits``, from the table: one
+    regex per track, anchored and disjoint (asv ``re.match``-es ``<module>.<class>.<track>(<param reprs>)``
+    and applies the maximum over matching entries); ``null`` first commits (no regression reported) for
+    metrics that never gate in asv and the kernel latency of emulation backends.
 
     Returns:
         ``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}``.
@@ -104,7 +90,7 @@ def asv_regression_config(emulation: tuple[str, ...] | None = None) -> dict[str,
         else:
             off[_asv_regex(m)] = None
         if m.kind == "kernel_latency":
-            for b in emulation_backends() if emulation is None else emulation:
+            for b in emulation_backends():
                 off["^" + re.escape(m.asv_name) + re.escape(f"('{b}'")] = None
     return {"regressions_thresholds": thresholds, "regressions_first_commits": off}
 
@@ -122,18 +108,12 @@ def asv_config_block() -> str:
     """The tail of an asv config file: the generated regression keys, then the closing brace."""
     import json
 
-    body = json.dumps(asv_regression_config(), indent=4)
-    inner = body.strip()[1:-1].strip("\n")
-    return _BLOCK_COMMENT + inner + "\n}\n"
+    return _BLOCK_COMMENT + json.dumps(asv_regression_config(), indent=4).strip()[1:-1].strip("\n") + "\n}\n"
 
 
 def write_asv_config(path: str) -> bool:
-    """Replace the regression keys at the end of an asv config file (``//`` comments kept) with
-    :func:`asv_config_block`; returns whether the file changed. The keys must be the file's last entries.
-
-    Raises:
-        ValueError: the file has no ``"regressions_thresholds"`` key.
-    """
+    """Replace the regression keys, the last entries of an asv config file (``//`` comments kept), with
+    :func:`asv_config_block`; whether the file changed. ValueError: no ``"regressions_thresholds"`` key."""
     from mla_fp8_bench.jsonio import write_file_atomic
 
     with open(path) as f:
@@ -148,7 +128,9 @@ def write_asv_config(path: str) -> bool:
         head = head.rstrip() + ",\n"
     new = head + asv_config_block()
     if new == "".join(lines):
+
         return False
+
     write_file_atomic(path, lambda f: f.write(new))
     return True
 

@@ -1,7 +1,5 @@
-"""The one reader of stored results: asv results directories and ``mla-fp8-bench run --json`` files.
-
-Every report (gate, plot, bisect, merge-results, publish) reads results here, so the formats are parsed
-in one place and every read error is one line naming the file and the problem (a :class:`ResultsError`).
+"""The one reader of stored results (gate, plot, bisect, merge-results, publish): asv results directories
+and ``mla-fp8-bench run --json`` files; a read error is a one-line :class:`ResultsError` naming the file.
 
 asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
 
@@ -9,13 +7,12 @@ asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
     results/<machine>/machine.json          {"version": 1, "machine": "<machine>", "arch": ..., ...}
     results/<machine>/<sha8>-<env>.json     one (commit, environment) result file, api version 2
 
-A result file holds ``commit_hash``, ``env_name``, ``date`` (ms since the epoch), ``params`` (machine
-facts + python + requirements), ``result_columns`` (e.g. ``result, params, version, started_at, duration,
-stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat, samples, profile``) and
-``results``: per benchmark one row in column order (trailing columns may be absent). ``result`` and the
-``stats_*``/``samples`` columns are lists over ``itertools.product(*params)``, ``params`` listing each
-parameter's values as Python literals (``"'aiter'"``); a failed combination is ``null``, a skipped one
-``NaN``; ``started_at`` is ms since the epoch.
+A result file holds ``commit_hash``, ``env_name``, ``date`` and ``started_at`` (ms since the epoch),
+``params`` (machine facts, python, requirements), ``result_columns`` (``result, params, version,
+started_at, duration, stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat,
+samples, profile``) and ``results``: per benchmark one row in column order (trailing ones may be absent);
+``result``, ``stats_*`` and ``samples`` are lists over ``itertools.product(*params)`` of the parameters'
+values as Python literals (``"'aiter'"``), a failed combination ``null``, a skipped one ``NaN``.
 
 A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
 optionally with ``ceilings`` (:func:`mla_fp8_bench.peers.ceilings.attach`).
@@ -39,8 +36,6 @@ from mla_fp8_bench.jsonio import finite_number, json_number, load_json
 ASV_RESULTS_API_VERSION = 2
 ASV_BENCHMARKS_API_VERSION = 2
 ASV_MACHINE_API_VERSION = 1
-#: File names in a machine directory that are not result files.
-NON_RESULT_FILES = ("machine.json", "benchmarks.json")
 _RESULT_KEYS = ("commit_hash", "env_name", "params", "result_columns", "results")
 _NAME_RE = re.compile(r"([0-9a-fA-F]{8})-(.+)\.json")
 
@@ -54,12 +49,8 @@ def _load(path: Path, what: str) -> Any:
 
 
 def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
-    """An asv config: JSON with ``//`` comments, read with json5 as asv >= 0.6.4 does (without json5
-    installed, whole-line comments are dropped and the rest read as JSON).
-
-    Raises:
-        ValueError: not valid JSON/JSONC. OSError: unreadable.
-    """
+    """An asv config: JSON with ``//`` comments, read with json5 as asv >= 0.6.4 does (without json5,
+    whole-line comments are dropped). ValueError: not JSON/JSONC; OSError: unreadable."""
     text = Path(path).read_text()
     try:
         import json5
@@ -68,7 +59,6 @@ def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
     return json5.loads(text)
 
 
-# ------------------------------------------------------------------------------------------ run JSONs
 @dataclass
 class RunDoc:
     """A parsed ``mla-fp8-bench run --json`` file."""
@@ -99,16 +89,11 @@ def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
 
 
 def load_run_json(path: str | os.PathLike) -> RunDoc:
-    """Read a run JSON.
-
-    Raises:
-        ResultsError: unreadable, not JSON (e.g. truncated), not an object, no ``records`` list, or a
-            record that is not an object with ``backend``/``case`` strings.
-    """
+    """Read a run JSON; ResultsError: unreadable, not JSON (e.g. truncated), not an object, no ``records``
+    list, or a record that is not an object with ``backend``/``case`` strings."""
     return run_doc_from_data(_load(Path(path), "run JSON"), path)
 
 
-# ------------------------------------------------------------------------------------ asv directories
 def _check_version(data: Any, path: Path, what: str, version: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ResultsError(f"{what} {path} is a JSON {type(data).__name__}, not an object")
@@ -122,11 +107,8 @@ def _file_in(path: str | os.PathLike, name: str) -> Path:
 
 
 def load_machine(path: str | os.PathLike) -> dict[str, Any]:
-    """``machine.json`` of a machine directory (``path`` is the directory or the file itself).
-
-    Raises:
-        ResultsError: missing/corrupt file, wrong api version, no ``machine`` name.
-    """
+    """``machine.json`` of a machine directory (``path``: the directory or the file); ResultsError:
+    missing/corrupt file, wrong api version, no ``machine`` name."""
     f = _file_in(path, "machine.json")
     mj = _check_version(_load(f, "asv machine file"), f, "asv machine file", ASV_MACHINE_API_VERSION)
     if not isinstance(mj.get("machine"), str) or not mj["machine"]:
@@ -135,12 +117,8 @@ def load_machine(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:
-    """``benchmarks.json`` (``path`` is the results directory or the file): name -> definition, plus
-    ``version``.
-
-    Raises:
-        ResultsError: missing/corrupt file or wrong api version.
-    """
+    """``benchmarks.json`` (``path``: the results directory or the file): name -> definition, plus
+    ``version``; ResultsError: missing/corrupt file or wrong api version."""
     f = _file_in(path, "benchmarks.json")
     return _check_version(_load(f, "asv benchmarks file"), f, "asv benchmarks file", ASV_BENCHMARKS_API_VERSION)
 
@@ -158,20 +136,12 @@ def is_machine_dir(path: str | os.PathLike) -> bool:
 
 
 def machine_dirs(results_dir: str | os.PathLike) -> list[Path]:
-    """Machine directories of ``results_dir`` (``[results_dir]`` itself when it is one), sorted by name.
-
-    Raises:
-        ResultsError: ``results_dir`` is not a directory.
-    """
+    """Machine directories of ``results_dir`` (``[results_dir]`` itself when it is one), sorted by name;
+    ResultsError when ``results_dir`` is not a directory."""
     p = Path(results_dir)
     if not p.is_dir():
         raise ResultsError(f"results directory {p} does not exist or is not a directory")
     return [p] if is_machine_dir(p) else sorted(q for q in p.iterdir() if q.is_dir() and is_machine_dir(q))
-
-
-def list_machines(results_dir: str | os.PathLike) -> list[str]:
-    """Names of the machine directories in ``results_dir`` (see :func:`machine_dirs`)."""
-    return [m.name for m in machine_dirs(results_dir)]
 
 
 @dataclass(frozen=True)
@@ -184,25 +154,17 @@ class ResultFileName:
 
 
 def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
-    """The result files of one machine directory, sorted by path (contents are not read).
-
-    Raises:
-        ResultsError: ``machine_dir`` is not a directory.
-    """
+    """The result files of one machine directory, sorted by path (contents are not read); ResultsError
+    when ``machine_dir`` is not a directory."""
     p = Path(machine_dir)
     if not p.is_dir():
         raise ResultsError(f"asv machine directory {p} does not exist or is not a directory")
     out = []
     for f in sorted(p.glob("*.json")):
-        if f.name not in NON_RESULT_FILES and f.is_file():
+        if f.name not in ("machine.json", "benchmarks.json") and f.is_file():
             m = _NAME_RE.fullmatch(f.name)
             out.append(ResultFileName(f, m.group(1).lower(), m.group(2)) if m else ResultFileName(f, "", f.stem))
     return out
-
-
-def list_commits(machine_dir: str | os.PathLike) -> list[str]:
-    """Commit prefixes (8 hex digits) with a result file in ``machine_dir``, sorted."""
-    return sorted({r.commit for r in list_result_files(machine_dir) if r.commit})
 
 
 def _check_commit_prefix(prefix: str) -> str:
@@ -213,17 +175,16 @@ def _check_commit_prefix(prefix: str) -> str:
 
 def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: str | None = None) -> Path:
     """The result file of commit ``commit`` (a prefix of >= 4 hex digits) on ``machine``, of the one
-    environment whose name contains ``env``. Candidates are chosen by name, then read: a corrupt
-    candidate is an error naming it, never "no results".
+    environment whose name contains ``env`` (candidates are chosen by name, then read).
 
     Raises:
-        ResultsError: bad prefix, unknown machine, corrupt candidate, no result, an ambiguous prefix,
-            or several environments without ``env``.
+        ResultsError: bad prefix, unknown machine, corrupt candidate (named), no result, an ambiguous
+            prefix, or several environments without ``env``.
     """
     prefix = _check_commit_prefix(commit)
     mdir = Path(results_dir) / machine
     if not is_machine_dir(mdir):
-        have = ", ".join(list_machines(results_dir)) if Path(results_dir).is_dir() else "none"
+        have = ", ".join(m.name for m in machine_dirs(results_dir)) if Path(results_dir).is_dir() else ""
         raise ResultsError(f"machine {machine!r} has no results in {results_dir}: machines present {have or 'none'}")
     hits: dict[str, list[tuple[Path, str]]] = {}
     for rf in list_result_files(mdir):
@@ -233,7 +194,7 @@ def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: 
         if head.commit_hash.lower().startswith(prefix):
             hits.setdefault(head.commit_hash, []).append((rf.path, head.env_name))
     if not hits:
-        have = ", ".join(list_commits(mdir)) or "none"
+        have = ", ".join(sorted({r.commit for r in list_result_files(mdir) if r.commit})) or "none"
         raise ResultsError(f"commit {commit} has no asv results in {mdir}: commits present {have}")
     if len(hits) > 1:
         raise ResultsError(f"commit prefix {commit} is ambiguous in {mdir}: {', '.join(sorted(h[:12] for h in hits))}")
@@ -248,7 +209,6 @@ def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: 
     return files[0][0]
 
 
-# ------------------------------------------------------------------------------------ asv result files
 def param_literal(text: Any) -> str:
     """One stored parameter value as the benchmark saw it: ``"'aiter'"`` -> ``"aiter"``."""
     if not isinstance(text, str):
@@ -278,7 +238,7 @@ class Measurement:
 
 @dataclass
 class AsvResult:
-    """A parsed asv result file (api version 2). See the module docstring for the format."""
+    """A parsed asv result file (api version 2; the format: module docstring)."""
 
     path: Path
     commit_hash: str
@@ -292,8 +252,7 @@ class AsvResult:
     @property
     def machine(self) -> str | None:
         """The machine name stored in the file's params (asv copies machine.json there)."""
-        m = self.params.get("machine")
-        return m if isinstance(m, str) else None
+        return m if isinstance(m := self.params.get("machine"), str) else None
 
     def benchmarks(self) -> list[str]:
         """Benchmark names with a row in this file, in file order."""
@@ -364,20 +323,14 @@ def asv_result_from_data(data: Any, path: str | os.PathLike) -> AsvResult:
 
 
 def load_asv_result(path: str | os.PathLike) -> AsvResult:
-    """Read one asv result file.
-
-    Raises:
-        ResultsError: unreadable, not JSON (truncated/corrupt), wrong api version or missing keys.
-    """
+    """Read one asv result file; ResultsError: unreadable, not JSON (truncated/corrupt), wrong api version
+    or missing keys."""
     return asv_result_from_data(_load(Path(path), "asv result file"), path)
 
 
 def load_any(path: str | os.PathLike) -> RunDoc | AsvResult:
-    """A run JSON or an asv result file, told apart by content (``records`` vs ``result_columns``).
-
-    Raises:
-        ResultsError: neither, or either kind's own errors.
-    """
+    """A run JSON or an asv result file, told apart by content (``records`` vs ``result_columns``);
+    ResultsError: neither, or either kind's own errors."""
     data = _load(Path(path), "results file")
     if isinstance(data, dict) and "result_columns" in data:
         return asv_result_from_data(data, path)
@@ -389,11 +342,9 @@ def load_any(path: str | os.PathLike) -> RunDoc | AsvResult:
 
 
 def newest_result(machine_dir: str | os.PathLike, commit: str | None = None) -> AsvResult:
-    """The newest result file in ``machine_dir`` (by ``date``, then ``started_at``), optionally of one commit.
+    """The newest result file in ``machine_dir`` (by ``date``, then ``started_at``), optionally of one
+    commit; ResultsError: no result files, a corrupt one (named), or no result of ``commit``."""
 
-    Raises:
-        ResultsError: no result files, a corrupt one (named), or no result of ``commit``.
-    """
     files = list_result_files(machine_dir)
     if not files:
         raise ResultsError(f"asv machine directory {machine_dir} holds no result files (only machine.json)")

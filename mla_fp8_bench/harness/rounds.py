@@ -1,13 +1,8 @@
-"""Latency rounds: the same (backend, case) grid timed again in separate processes.
-
-A *round* is one latency-only pass over the grid in a fresh process (a child forked from a
-:class:`RoundServer`, or a new interpreter), so each samples the per-process effects afresh; the figure
-compared is the median over rounds, the per-round values stay in the record (docs/methodology.md §8, §9).
-
-Worker::
-
-    python -m mla_fp8_bench.harness.rounds --backends fa3-fp8,fa3-bf16 --cases s128,s8192 \\
-        --order reversed --seed 1 --json round1.json
+"""Latency rounds: the same (backend, case) grid timed again, each round a latency-only pass in a fresh
+process (a child forked from a :class:`RoundServer`, or a new interpreter: ``python -m
+mla_fp8_bench.harness.rounds --backends B,.. --cases C,.. --order reversed --seed 1 --json out.json``).
+The figure compared is the median over rounds; the per-round values stay in the record
+(docs/methodology.md §8, §9).
 """
 
 from __future__ import annotations
@@ -29,18 +24,14 @@ from typing import Any
 
 from mla_fp8_bench.config import RunConfig
 
-#: Case orders of successive rounds (round ``i`` uses ``ORDERS[i % 3]``).
+#: Case orders of successive rounds (:func:`round_order`).
 ORDERS = ("sorted", "reversed", "shuffled")
 #: Record fields a round carries per (backend, case).
 ROUND_FIELDS = ("latency_s", "latency_sm_cycles", "sm_clock_mhz", "gpu_power_w", "off_plateau_fraction")
 
 
 def round_order(i: int) -> str:
-    """The case order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...
-
-    Raises:
-        ValueError: ``i`` is negative.
-    """
+    """The case order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...; ValueError if ``i`` < 0."""
     if i < 0:
         raise ValueError(f"round index {i} is invalid: an integer >= 0")
     return ORDERS[i % len(ORDERS)]
@@ -60,15 +51,9 @@ def case_work(case_id: str) -> float:
 
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
     """``pairs`` (backend, case) in measuring order: cases from least to most work (:func:`case_work`,
-    ties by id), and within one case the backends as given (``sorted``), ``reversed`` or ``shuffled``
-    (``seed``).
-
-    Cases always go small to large: a large case leaves the GPU slower for a small case measured right
-    after it (docs/methodology.md §9), so the order a user listed would fold into the figure.
-
-    Raises:
-        ValueError: for another order name.
-    """
+    ties by id; a large case slows a small one measured right after it, docs/methodology.md §9), and
+    within one case the backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``); ValueError
+    for another order name."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
     rng = random.Random(seed)
@@ -77,24 +62,19 @@ def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list
         by_case.setdefault(c, []).append(b)
     out: list[tuple[str, str]] = []
     for c in sorted(by_case, key=lambda c: (case_work(c), c)):
-        bs = by_case[c]
-        if order == "reversed":
-            bs = bs[::-1]
-        elif order == "shuffled":
+        bs = by_case[c][::-1] if order == "reversed" else by_case[c]
+        if order == "shuffled":
             rng.shuffle(bs)
         out.extend((b, c) for b in bs)
     return out
 
 
 def spread(values: Sequence[float]) -> float:
-    """Relative spread of round values: ``(max - min) / median`` (0 for fewer than two values).
-
-    Raises:
-        ValueError: an empty sequence or a non-positive median.
-    """
+    """Relative spread of round values: ``(max - min) / median`` (0 for one value); ValueError for an empty
+    sequence or a non-positive median."""
     if not values:
         raise ValueError("spread of no values")
-    if len(values) < 2:
+    if len(values) == 1:
         return 0.0
     med = statistics.median(values)
     if not med > 0:
@@ -102,20 +82,18 @@ def spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / med
 
 
-# ------------------------------------------------------------------------------------------ one round
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
     """One latency-only pass over (backend, case) in ``order`` in this process, with ``config``: kernel
-    timing only (:func:`~mla_fp8_bench.measure.timing.measure_latency` with its defaults), no references,
-    call latency or determinism run. A pair that cannot run is a row with ``error``, the others go on.
+    timing only (:func:`~mla_fp8_bench.measure.timing.measure_latency`, its defaults). A pair that cannot
+    run is a row with ``error``, the others go on.
 
     Returns:
         ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
-        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {"backend", "case",
-        "phases_s", "error"}]}``; ``setup_s``: seconds to the device and the backends, ``phases_s``: seconds
-        of the pair's ``inputs`` (0 when made for an earlier backend), ``prepare`` and ``timing`` (the
-        first pair's includes the once-per-process heat-up).
+        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {..., "error"}]}``; seconds:
+        ``setup_s`` to the device and backends, ``phases_s`` of the pair's ``inputs`` (~0 when made for
+        an earlier backend), ``prepare`` and ``timing`` (the first pair's holds the heat-up).
     """
     import torch
 
@@ -128,14 +106,12 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     t0 = time.perf_counter()
     pinfo = platform_info(device)
     bks: dict[str, Any] = {}
-    load_error: dict[str, str] = {}
-    avail: dict[str, Any] = {}
     for b in backends:  # a backend that cannot load, or cannot say whether it is available, fails its own rows only
         try:
-            bks[b] = get_backend(b, config)
-            avail[b] = bks[b].availability(pinfo)
+            bk = get_backend(b, config)
+            bks[b] = (bk, bk.availability(pinfo))
         except Exception as exc:  # noqa: BLE001
-            load_error[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            bks[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
     setup_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     inputs: dict[str, Any] = {}
@@ -144,12 +120,13 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
         prep = None
         phases = row["phases_s"] = {}
         try:
-            if b in load_error:
-                raise RuntimeError(f"backend failed to load: {load_error[b]}")
-            if not avail[b]:
-                raise RuntimeError(f"unavailable: {avail[b].reason}")
+            if isinstance(bks[b], str):
+                raise RuntimeError(f"backend failed to load: {bks[b]}")
+            bk, avail = bks[b]
+            if not avail:
+                raise RuntimeError(f"unavailable: {avail.reason}")
             case = parse_case_id(c)
-            sup = bks[b].supports(case, pinfo)
+            sup = bk.supports(case, pinfo)
             if not sup:
                 raise RuntimeError(f"unsupported: {sup.reason}")
             t1 = time.perf_counter()
@@ -159,7 +136,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
                     torch.cuda.empty_cache()
                 inputs[c] = make_inputs(case, pinfo.device, pinfo.fp8_dtype)
             t2 = time.perf_counter()
-            prep = bks[b].prepare_case(inputs[c])
+            prep = bk.prepare_case(inputs[c])
             t3 = time.perf_counter()
             kw = {} if pinfo.device.type == "cuda" else {"warmup": False}
             tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
@@ -184,11 +161,9 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             "heat_up": st.get("heat_up"), "rows": rows}
 
 
-# ------------------------------------------------------------------------------------------ processes
 def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a round worker: ``base`` (default ``os.environ``) with ``prepend`` and the
-    directory holding this suite's package put first on ``PYTHONPATH`` (so a worker of another
-    interpreter, or of an asv benchmark process, imports the same suite)."""
+    """``base`` (default ``os.environ``) with ``prepend`` and this suite's root first on ``PYTHONPATH``, so a
+    round worker of another interpreter, or of an asv benchmark process, imports the same suite."""
     env = dict(os.environ) if base is None else dict(base)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parts = [*prepend, root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -210,15 +185,12 @@ def _failed(error: str) -> dict[str, Any]:
 def _read_round(out: str, t0: float) -> dict[str, Any]:
     """The round document a worker wrote to ``out``, with ``process_wall_s`` since ``t0``."""
     with open(out) as f:
-        doc = json.load(f)
-    doc["process_wall_s"] = time.perf_counter() - t0
-    return doc
+        return {**json.load(f), "process_wall_s": time.perf_counter() - t0}
 
 
 def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, timeout: float = 600.0
                ) -> dict[str, Any]:
-    """Run one round worker; returns its round document, or ``{"error": ..., "rows": []}`` on failure
-    (a failed round never stops the others)."""
+    """Run one round worker: its round document, or ``{"error": ..., "rows": []}`` on failure."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -232,28 +204,24 @@ def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, time
     return _read_round(out, t0)
 
 
-def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, first: int = 1,
-               python: str | None = None, env: dict[str, str] | None = None, device: str = "auto",
-               seed: int = 0, timeout: float = 600.0, log: Callable[[str], None] | None = None
-               ) -> list[dict[str, Any]]:
-    """Rounds ``first .. first + rounds - 1`` in :func:`round_order` of their index, each in a fresh child
-    of one :class:`RoundServer` of ``python`` (default: this interpreter); a round that fails or outlasts
-    ``timeout`` seconds is a document with ``error``, and an ended server is replaced for the next round.
-
-    Raises:
-        ValueError: ``rounds`` < 0.
+def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, env: dict[str, str] | None = None,
+               device: str = "auto", seed: int = 0, timeout: float = 600.0,
+               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Rounds 1 .. ``rounds`` in :func:`round_order` of their index, each in a fresh child of one
+    :class:`RoundServer` of this interpreter; a round that fails or outlasts ``timeout`` seconds is a
+    document with ``error``, and an ended server is replaced for the next round. ValueError: ``rounds`` < 0.
     """
     if rounds < 0:
         raise ValueError(f"rounds={rounds} is invalid: an integer >= 0")
     docs: list[dict[str, Any]] = []
-    if rounds == 0:
+    if not rounds:
         return docs
-    start = lambda: RoundServer(python or sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
+    start = lambda: RoundServer(sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
     srv = start()
     try:
         with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
             try:
-                for i in range(first, first + rounds):
+                for i in range(1, rounds + 1):
                     if srv.proc.poll() is not None:  # a timed-out or crashed server: the next round gets a new one
                         srv.close()
                         srv = start()
@@ -273,21 +241,17 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, fi
     return docs
 
 
-# ------------------------------------------------------------------------------------------ merging
 def _measured(row: dict[str, Any]) -> bool:
     lat = row.get("latency_s")
     return isinstance(lat, (int, float)) and lat > 0
 
 
 def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
-    """Fold extra rounds into the ok run records that carry a latency (in place; others are left alone).
-
-    ``latency_rounds_s`` = [the record's own latency (round 0)] + the value of each round that measured the
-    pair; ``latency_sm_cycles_rounds``, ``sm_clock_rounds_mhz``, ``gpu_power_rounds_w`` likewise (absent
-    values skipped); ``latency_round_orders``; ``latency_round0_s`` (the in-process figure); then
-    ``latency_s``, ``latency_sm_cycles``, ``sm_clock_mhz``, ``gpu_power_w`` become the medians over rounds,
-    ``latency_round_spread`` = :func:`spread` of ``latency_rounds_s``, ``tflops`` and ``gb_s`` follow.
-    """
+    """Fold extra rounds into the ok run records that carry a latency, in place: ``latency_rounds_s`` (the
+    record's own latency, round 0, then each round's that measured the pair), ``latency_sm_cycles_rounds``,
+    ``sm_clock_rounds_mhz``, ``gpu_power_rounds_w`` likewise, ``latency_round_orders``, ``latency_round0_s``;
+    the plain fields become the medians over rounds, ``latency_round_spread`` their :func:`spread`, and
+    ``tflops`` / ``gb_s`` follow."""
     by: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for doc in rounds:
         for row in doc.get("rows", []):
@@ -338,13 +302,10 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 
 def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: dict[str, str] | None = None,
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' (backend, case) pairs (:func:`run_rounds`, the
-    records' own timing being round 0), folded into ``records`` (:func:`merge_rounds`).
-
-    Returns:
-        what ran, for the run document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s",
-        "error"}]}`` (``{"rounds": 1, "extra": []}`` when nothing ran).
-    """
+    """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' pairs (:func:`run_rounds`; the records' own
+    timing is round 0), folded into ``records`` (:func:`merge_rounds`). Returns what ran, for the run
+    document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s", "error"}]}`` (or ``{"rounds": 1,
+    "extra": []}``)."""
     from mla_fp8_bench.measure.metric_table import record_is_emulation
 
     kernel = [r for r in records if r.get("status") == "ok" and r.get("latency_s") and not record_is_emulation(r)]
@@ -359,26 +320,22 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
                        "error": d.get("error")} for d in docs]}
 
 
-# ------------------------------------------------------------------------------------------ forking server
 def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, device: str,
                  stream) -> None:
-    """:func:`measure_round` with its progress on ``stream``, the backends configured from the environment
-    inherited; the round document is written to ``path``."""
+    """:func:`measure_round` (configured from the environment) written to ``path``, progress on ``stream``."""
     from mla_fp8_bench.jsonio import write_json_atomic
 
     write_json_atomic(measure_round(backends, cases, order, seed, device, config=RunConfig.from_env(),
                                     progress=lambda s: print(s, file=stream, flush=True)), path)
 
 
-def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
-    """A round server: import torch and the named backends once (seconds saved per round), then fork one
-    child per request.
+def serve(preload: Sequence[str] = ()) -> int:
+    """A round server: import torch and the named backends once, then fork one child per request.
 
-    Each request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device",
-    "json"}``); the child (a new process and device context: the per-process state a round must sample)
-    writes the round document to ``json`` and exits; the server answers one JSON line ``{"rc": exit
-    status}`` on ``stdout``. EOF or ``"quit"`` ends it. Forking is safe: nothing here initialises CUDA/HIP
-    before the fork (torch initialises the device lazily).
+    A request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device", "json"}``);
+    the child (a new process and device context) writes the round document to ``json`` and exits; the
+    server answers ``{"rc": exit status}`` on ``stdout``. EOF or ``"quit"`` ends it. Nothing here
+    initialises CUDA/HIP before the fork (torch initialises the device lazily).
     """
     import torch  # noqa: F401 - the import is the point: children inherit it
 
@@ -387,15 +344,13 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
     for b in preload:
         with contextlib.suppress(Exception):  # a backend that cannot load fails in the child, with its reason
             get_backend(b)
-    fin, fout = stdin or sys.stdin, stdout or sys.stdout
-    for line in fin:
-        line = line.strip()
-        if not line:
-            continue
+    for line in map(str.strip, sys.stdin):
         if line == "quit":
             break
+        if not line:
+            continue
         req = json.loads(line)
-        fout.flush()
+        sys.stdout.flush()
         pid = os.fork()
         if pid == 0:  # child: progress to stderr, the answer channel stays clean
             rc = 1
@@ -410,14 +365,12 @@ def serve(preload: Sequence[str] = (), stdin=None, stdout=None) -> int:
                 sys.stderr.flush()
                 os._exit(rc)
         _pid, status = os.waitpid(pid, 0)
-        fout.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
-        fout.flush()
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
     return 0
 
 
 class RoundServer:
-    """A running :func:`serve` process of one interpreter and environment (``python -m
-    mla_fp8_bench.harness.rounds --serve``); :meth:`round` asks it for one round."""
+    """A running :func:`serve` process of one interpreter and environment; :meth:`round` asks it for one."""
 
     def __init__(self, python: str, env: dict[str, str] | None, preload: Sequence[str] = ()):
         cmd = [python, "-m", "mla_fp8_bench.harness.rounds", "--serve", "--preload", ",".join(preload)]
@@ -425,16 +378,10 @@ class RoundServer:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1, start_new_session=True)
 
-    def stderr_tail(self, n: int = 400, since: int = 0) -> str:
+    def _stderr_tail(self, since: int, n: int = 300) -> str:
         """The last ``n`` characters the server and its children wrote to stderr after byte ``since``."""
-        self._err.flush()
         fd = self._err.fileno()
-        return os.pread(fd, max(os.fstat(fd).st_size - since, 0), since).decode(errors="replace")[-n:]
-
-    def _stderr_size(self) -> int:
-        with contextlib.suppress(OSError, ValueError):
-            return os.fstat(self._err.fileno()).st_size
-        return 0
+        return os.pread(fd, max(os.fstat(fd).st_size - since, 0), since).decode(errors="replace")[-n:].strip()
 
     def round(self, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, out: str,
               device: str = "auto", timeout: float | None = None) -> dict[str, Any]:
@@ -443,8 +390,8 @@ class RoundServer:
         t0 = time.perf_counter()
         req = {"backends": list(backends), "cases": list(cases), "order": order, "seed": seed, "device": device,
                "json": out}
-        since = self._stderr_size()  # this round's messages only, not an earlier round's
         try:
+            since = os.fstat(self._err.fileno()).st_size  # this round's messages only, not an earlier round's
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
@@ -455,15 +402,15 @@ class RoundServer:
         except (BrokenPipeError, OSError, ValueError) as exc:
             return _failed(f"round server is gone: {exc}")
         if not answer:
-            return _failed(f"round server exited {self.proc.wait()}: {self.stderr_tail(since=since).strip()}")
+            return _failed(f"round server exited {self.proc.wait()}: {self._stderr_tail(since, 400)}")
         try:
             rc = json.loads(answer).get("rc")
         except (ValueError, AttributeError):
             self.kill()
             return _failed(f"round server answered {answer.strip()[:100]!r}, not a round server's answer: "
-                           f"{self.stderr_tail(300, since).strip()}")
+                           f"{self._stderr_tail(since)}")
         if rc != 0 or not os.path.isfile(out):
-            return _failed(f"round child exited {rc}: {self.stderr_tail(300, since).strip()}")
+            return _failed(f"round child exited {rc}: {self._stderr_tail(since)}")
         return _read_round(out, t0)
 
     def kill(self) -> None:

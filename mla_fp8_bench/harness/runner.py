@@ -1,8 +1,7 @@
 """Evaluate a grid of (backend, case) in one process: latency, errors against both references, FLOPs.
 
-One failing backend or case never loses the others: unavailability and unsupported cases become
-``status="skipped"`` records with the reason, exceptions become ``status="error"`` records, and
-out-of-memory becomes a ``skipped`` record saying so. Each backend's ``cleanup`` runs in ``finally``.
+One failing backend or case never loses the others: unavailable, unsupported and out-of-memory become
+``status="skipped"`` records with the reason, exceptions ``status="error"`` records.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ from mla_fp8_bench.backends import (
     Verdict,
     get_backend,
 )
-from mla_fp8_bench.config import MAX_SAMPLES, RunConfig  # noqa: F401 - MAX_SAMPLES re-exported (CLI, tests)
-from mla_fp8_bench.jsonio import write_json_atomic  # noqa: F401 - re-exported (CLI, tests)
+from mla_fp8_bench.config import MAX_SAMPLES, RunConfig
 from mla_fp8_bench.measure import metric_table
 from mla_fp8_bench.measure.devices import PlatformInfo, environment, platform_info, synchronize
 from mla_fp8_bench.measure.metrics import error_metrics, lse_metrics
@@ -53,13 +51,9 @@ class RunOptions:
     ref_dtype: torch.dtype | None = None  # reference dtype (None: float64 on CPU, float32 on GPU)
 
     def __post_init__(self) -> None:
-        """Refuse values that would fail every record only after its accuracy was computed.
-
-        Raises:
-            ValueError: ``samples`` is not an integer >= 1 or ``time_budget_s`` not a finite number > 0.
-        """
-        if (isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1
-                or self.samples > MAX_SAMPLES):
+        """ValueError: ``samples`` not an integer from 1 to MAX_SAMPLES or ``time_budget_s`` not a finite number
+        > 0 (either would fail every record only after its accuracy was computed)."""
+        if type(self.samples) is not int or not 1 <= self.samples <= MAX_SAMPLES:
             raise ValueError(f"samples={self.samples!r} is invalid: an integer >= 1 and <= {MAX_SAMPLES} (latency "
                              "samples per case)")
         tb = self.time_budget_s
@@ -78,19 +72,13 @@ class Record:
     values: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        d = {"backend": self.backend, "case": self.case, "status": self.status, "reason": self.reason}
-        for k in RECORD_KEYS:
-            d.setdefault(k, None)
-        d.update(self.values)
-        return d
+        return {**dict.fromkeys(RECORD_KEYS), "backend": self.backend, "case": self.case, "status": self.status,
+                "reason": self.reason, **self.values}
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A ``KeyboardInterrupt`` during :func:`evaluate`; ``data`` holds the records completed before it.
-
-    ``data`` is the usual ``{"env", "records"}`` dict plus ``"interrupted": True`` and
-    ``"interrupted_before"`` (the (backend, case) that was running), ready to be written.
-    """
+    """A ``KeyboardInterrupt`` during :func:`evaluate`; ``data``: the ``{"env", "records"}`` completed before
+    it, plus ``"interrupted": True``, ``"interrupted_before"`` (the (backend, case) running) and ``"planned"``."""
 
     def __init__(self, data: dict[str, Any]):
         super().__init__(f"interrupted after {len(data['records'])} records")
@@ -144,11 +132,8 @@ _ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_
 
 
 def _check_finite(rec: Record) -> None:
-    """Make a record with a non-finite output or an undefined (NaN) error an ``error`` record.
-
-    The values stay in the record (``nonfinite_count_*`` counts the NaN/Inf outputs); the status makes
-    it a failure everywhere (``--strict``, asv, the gate) rather than a NaN that asv would show as n/a.
-    """
+    """Make a record with a non-finite output or an undefined (NaN) error an ``error`` record (a failure
+    everywhere rather than a NaN that asv would show as n/a), its values kept."""
     v = rec.values
     bad_out = max(int(v.get("nonfinite_count_fp8_ref") or 0), int(v.get("nonfinite_count_bf16_ref") or 0))
     undefined = [k for k in _ERROR_KEYS if isinstance(v.get(k), float) and math.isnan(v[k])]
@@ -219,29 +204,23 @@ def _load_backends(names: list[str], pinfo: PlatformInfo, config: RunConfig | No
     """Backends by name (with ``config``) and their availability; one that cannot load is None."""
     out: dict[str, tuple[Backend | None, Verdict]] = {}
     for n in names:
+        b = None
         try:
             b = get_backend(n, config)
+            out[n] = (b, b.availability(pinfo))
         except UnknownBackendError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a backend that cannot even load is a skip, not a crash
-            out[n] = (None, Verdict.no(f"backend {n} failed to load: {_short(exc)}"))
-            continue
-        try:
-            out[n] = (b, b.availability(pinfo))
-        except Exception as exc:  # noqa: BLE001
-            out[n] = (b, Verdict.no(f"availability check failed: {_short(exc)}"))
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot load or tell is a skip, not a crash
+            out[n] = (b, Verdict.no(f"backend {n} failed to load: {_short(exc)}" if b is None else
+                                    f"availability check failed: {_short(exc)}"))
     return out
 
 
 def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
              options: RunOptions | None = None, config: RunConfig | None = None,
              progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
-    """Run every (backend, case) pair; returns ``{"env": ..., "records": [...]}`` (JSON-ready).
-
-    ``config``: the run configuration the backends get (:func:`~mla_fp8_bench.backends.get_backend`).
-
-    Backends unavailable on this machine produce one ``skipped`` record per case with the reason.
-    A backend name or case id given twice is measured once (first position kept).
+    """Run every (backend, case) pair, the backends configured with ``config``; returns ``{"env": ...,
+    "records": [...]}`` (JSON-ready). A backend name or case id given twice is measured once.
 
     Raises:
         mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
@@ -262,21 +241,20 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
             inputs_error: str | None = None
             for name, (b, verdict) in bks.items():
                 current = (name, case.id)
+                if verdict and case_data is None and inputs_error is None:
+                    try:
+                        case_data = CaseData(case, pinfo, opts.ref_dtype)
+                    except Exception as exc:  # noqa: BLE001
+                        inputs_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
+                                        f"inputs for {case.id} failed: {_short(exc)}")
                 if not verdict:
                     rec = Record(name, case.id, "skipped", verdict.reason)
+                elif inputs_error is not None:
+                    rec = Record(name, case.id, "skipped" if "out of memory" in inputs_error else "error", inputs_error)
                 else:
-                    if case_data is None and inputs_error is None:
-                        try:
-                            case_data = CaseData(case, pinfo, opts.ref_dtype)
-                        except Exception as exc:  # noqa: BLE001
-                            inputs_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
-                                            f"inputs for {case.id} failed: {_short(exc)}")
-                    if inputs_error is not None:
-                        rec = Record(name, case.id, "skipped" if "out of memory" in inputs_error else "error",
-                                     inputs_error)
-                    else:
-                        rec = evaluate_one(b, case_data, pinfo, opts)
+                    rec = evaluate_one(b, case_data, pinfo, opts)
                 records.append(rec.as_dict())
+
                 if progress is not None:
                     progress(rec)
             del case_data
