@@ -219,7 +219,8 @@ def test_interleaved_rule_refuses_degenerate_rounds_and_keeps_other_rows():
         return {"env": GPU_ENV, "records": recs}
 
     good = [1e-4, 1.001e-4, 0.999e-4]
-    zero, inf = ([0.0, 0.0, 0.0], "impossible value 0 on HEAD"), ([math.inf, math.inf, 1e-4], "finite latency > 0")
+    zero = ([0.0, 0.0, 0.0], "rounds hold 0.0, not a finite latency > 0 s")
+    inf = ([math.inf, math.inf, 1e-4], "finite latency > 0")
     for head, why in (zero, inf):
         rows = G.compare(G.side_from_run_json(doc(good), "B"), G.side_from_run_json(doc(head), "H"),
                          factor=1.02, noise_k=3.0, interleaved=True)

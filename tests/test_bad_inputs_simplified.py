@@ -292,3 +292,58 @@ def test_a_number_beyond_the_float_range_is_not_finite_anywhere():
     huge = int("1" + "0" * 400)
     assert finite_number(huge) is None and finite_number(2.5) == 2.5 and finite_number(float("inf")) is None
     assert site_view._finite(huge) is False and site_view._finite([huge, 1.0]) is True
+
+
+# ------------------------------------------------------------------ rounds that judge nothing
+GPU_ENV = {"vendor": "nvidia", "device": "cuda:0", "device_name": "NVIDIA H200", "arch": "sm_90"}
+
+
+def _gpu_json(path: Path, rounds: list) -> str:
+    rec = {"backend": "fa3-fp8", "case": "s1024", "status": "ok", "reason": "", "timing_scope": "kernel",
+           "latency_s": 1e-4, "latency_rounds_s": rounds}
+    path.write_text(json.dumps({"env": GPU_ENV, "records": [rec]}))
+    return str(path)
+
+
+@pytest.mark.parametrize("bad, shown", [(float("inf"), "inf"), (-1e-4, "-0.0001"), (0.0, "0.0")])
+def test_gate_judges_a_round_that_is_no_latency_invalid(tmp_path, capsys, bad, shown):
+    """A stored round of inf, a negative or zero seconds is no latency: INVALID naming it (an inf round made
+    the spread, and so the threshold, infinite and passed a 5x slower HEAD)."""
+    base = _gpu_json(tmp_path / "b.json", [bad, 1e-4, 1e-4])
+    head = _gpu_json(tmp_path / "h.json", [5e-4] * 3)
+    assert main(["gate", base, head]) == 1
+    out = _no_traceback(capsys)
+    assert "INVALID: fa3-fp8 s1024 latency_s" in out and f"rounds hold {shown}, not a finite latency > 0 s" in out
+
+
+def test_gate_does_not_judge_rounds_spread_over_half_their_median(tmp_path, capsys):
+    """One stalled round (10x the others) sets a spread of 900 %: no threshold that wide judges anything, so
+    the param is AMBIGUOUS (the gate fails) rather than ok next to a 5x slower HEAD."""
+    base = _gpu_json(tmp_path / "b.json", [1e-4, 1e-4, 1e-3])
+    head = _gpu_json(tmp_path / "h.json", [5e-4] * 3)
+    assert main(["gate", base, head]) == 1
+    out = _no_traceback(capsys)
+    assert "AMBIGUOUS: fa3-fp8 s1024 latency_s" in out and "threshold 10 from the round spread is over 1.5" in out
+
+
+def test_interleaved_ratio_near_the_float_limit():
+    """Means of rounds near 1e308 are taken relative to the fastest round: no overflow to a NaN ratio (which
+    read as ok); an integer beyond the float range is a bad round, not an OverflowError."""
+    from mla_fp8_bench.analysis import gate as G
+
+    ratio, thr, _src = G.interleaved_ratio([1e308] * 3, [1.7e308] * 3, 1.02, 3.0)
+    assert ratio == pytest.approx(1.7) and ratio > thr
+    with pytest.raises(ValueError, match="every round must be a finite latency > 0"):
+        G.interleaved_ratio([HUGE, 1.0], [1.0, 1.0], 1.02, 3.0)
+    with pytest.raises(ValueError, match="every round must be a finite latency > 0"):
+        G.interleaved_ratio([True, True], [1.0, 1.0], 1.02, 3.0)
+
+
+def test_merge_refuses_a_symlink_loop(tmp_path, capsys):
+    """A source or destination that is a symlink loop: one line, exit 2 (was a RuntimeError traceback)."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert main(["merge-results", str(tmp_path / "a"), "--into", str(tmp_path / "m")]) == 2
+    assert "cannot be resolved" in _no_traceback(capsys)
+    assert main(["merge-results", str(REPO / "results"), "--into", str(tmp_path / "a"), "--dry-run"]) == 2
+    assert "cannot be resolved" in _no_traceback(capsys)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mla_fp8_bench.aiter_ps.emulator import EMULATOR
-from mla_fp8_bench.aiter_ps.facts import reduce_arity_for_version, reduce_heads_for
+from mla_fp8_bench.aiter_ps.facts import PLANNER_V0_1_22, reduce_arity_for_version, reduce_heads_for
 from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
 
@@ -872,6 +872,19 @@ REDUCE_VIOLATIONS = {
         r"have 300 rows but reduce_partial_map needs 512",
     ),
     "indptr_int64": (lambda a: {"reduce_indptr": a["reduce_indptr"].long()}, r"reduce_indptr has dtype int64"),
+    "final_map_reversed": (
+        lambda a: {"reduce_final_map": torch.tensor([[60, 10], [0, 0]], dtype=torch.int32)},
+        r"reduce_final_map row 0 is \[60, 10\): a group's rows must satisfy 0 <= q0 <= q1",
+    ),
+    "final_map_negative": (
+        lambda a: {"reduce_final_map": torch.tensor([[-44, -1], [0, 0]], dtype=torch.int32)},
+        r"reduce_final_map row 0 is \[-44, -1\)",
+    ),
+    "final_map_over_one_slot": (
+        lambda a: {"reduce_final_map": torch.tensor([[0, 300], [0, 0]], dtype=torch.int32),
+                   "final_output": torch.zeros(300, 2, 128, dtype=torch.bfloat16), "final_lse": torch.zeros(300, 2)},
+        r"reduce_final_map row 0 is \[0, 300\).*q1 - q0 <= 256 \(one partial slot\)",
+    ),
     "eight_arg_call_on_nine": (
         lambda a: {"num_kv_splits": a["final_output"], "final_output": a["final_lse"], "final_lse": None},
         r"num_kv_splits got a Tensor.*vLLM #46760",
@@ -921,3 +934,33 @@ def test_standin_nine_argument_call_on_eight_argument_binding_is_a_type_error(ra
     aiter = make_standin_aiter(reduce_variant=8)
     with pytest.raises(TypeError):
         aiter.mla_reduce_v1(**rargs)  # num_kv_splits does not exist before v0.1.16
+
+
+def test_standin_kernel_on_an_empty_q_reads_zeros():
+    """A plan's split works over a Q of zero rows: every Q row is past its end and reads as zeros, as on
+    hardware (was an IndexError inside the emulator). Scores are then 0 for every key, so each head's partial
+    output is the mean of V's rows in the work's KV range."""
+    H, P = 2, 300
+    cu = torch.tensor([0, P], dtype=torch.int32)
+    plan = plan_ps_prefill(cu, cu, cu.diff(), num_heads_k=H, cu_num=8, kvlen_granularity=128, block_size=1,
+                           is_causal=False, revision=PLANNER_V0_1_22, need_lse=True)
+    n = int(plan.work_indptr[-1])
+    wi = plan.work_info.clone()
+    wi[:n, 2] = 0
+    wi[:n, 3] = 0
+    g = torch.Generator().manual_seed(0)
+    v8 = torch.randn(P, H, 128, generator=g).to(torch.float8_e4m3fn)
+    rows = max(plan.partial_rows, 256)
+    a = dict(Q=torch.zeros(0, H, 192).to(torch.float8_e4m3fn), K=torch.randn(P, H, 192, generator=g).to(
+        torch.float8_e4m3fn), V=v8, qo_indptr=torch.tensor([0, 0], dtype=torch.int32), kv_indptr=cu,
+        kv_page_indices=torch.arange(P, dtype=torch.int32), work_indptr=plan.work_indptr.clone(), work_info_set=wi,
+        max_seqlen_q=P, softmax_scale=1 / math.sqrt(192), is_causal=False, splitData=torch.zeros(rows, H, 128),
+        splitLse=torch.zeros(rows, H), output=torch.zeros(0, H, 128, dtype=torch.bfloat16), q_scale=torch.ones(1),
+        k_scale=torch.ones(1), v_scale=torch.ones(1))
+    make_standin_aiter(cu_num=8).mla_prefill_ps_asm_fwd(**a)
+    for w in wi[:n].tolist():
+        loc, k0, k1 = w[1], w[4], w[5]
+        if loc >= 0:
+            want = v8[k0:k1].double().mean(0)  # [H, 128]
+            torch.testing.assert_close(a["splitData"][loc].double(), want, rtol=1e-5, atol=1e-5)
+

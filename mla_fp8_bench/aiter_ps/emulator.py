@@ -155,7 +155,8 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     k_lim = em.kv_limit(k1l)
     nrows = (w.q1 - w.q0) if w.loc == -1 else Q_TILE
     rows = torch.arange(w.q0, w.q0 + nrows, device=dev)
-    qt = Q[rows.clamp(max=max(total_q - 1, 0))[:, None], hs[None, :]]  # [nr, nh, Dqk] fp8
+    src = Q if total_q else Q.new_zeros((1, *Q.shape[1:]))  # an empty Q reads as zeros too
+    qt = src[rows.clamp(max=max(total_q - 1, 0))[:, None], hs[None, :]]  # [nr, nh, Dqk] fp8
     qt = torch.where((rows < total_q)[:, None, None], qt.double(), 0.0).permute(1, 0, 2)  # [nh, nr, Dqk]
     lim = em.row_limits(rows, qo[w.b], qo[w.b + 1] - qo[w.b], kvp[w.b + 1] - kvp[w.b], k_lim, causal)
     m, l_sum, acc = _online_softmax(qt, K, V, pages, hs, kvp[w.b], k0l, k1l, lim, cs)

@@ -483,6 +483,11 @@ def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.T
         ck.fail(f"reduce_final_map has {fmap.shape[0]} rows but group {max(live)} is live")
     if (q1max := max((int(fmap[g, 1]) for g in live), default=0)) > fo.shape[0]:
         ck.fail(f"final_output has {fo.shape[0]} rows but the reduce writes up to row {q1max}")
+    for g in live:
+        q0, q1 = int(fmap[g, 0]), int(fmap[g, 1])
+        if not (0 <= q0 <= q1 and q1 - q0 <= Q_TILE):
+            ck.fail(f"reduce_final_map row {g} is [{q0}, {q1}): a group's rows must satisfy 0 <= q0 <= q1 and "
+                    f"q1 - q0 <= {Q_TILE} (one partial slot)")
 
 
 def _reduce_body(st: _State, a: dict[str, Any]) -> None:

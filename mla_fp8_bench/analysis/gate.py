@@ -53,6 +53,8 @@ DEFAULT_AB_FACTOR = 1.02
 DEFAULT_AB_NOISE_K = 3.0
 #: asv benchmark versions whose latency samples are within-process samples, not rounds.
 LEGACY_SAMPLE_VERSIONS = ("mla-prefill-v1",)
+#: A latency threshold above this (a spread over 50 % with k = 1) judges nothing: the param is AMBIGUOUS.
+MAX_NOISE_THRESHOLD = 1.5
 #: Growth below this absolute change is never an accuracy regression (deterministic values that move
 #: within rounding noise of 0).
 ACC_ABS_FLOOR = 1e-6
@@ -141,7 +143,17 @@ def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None,
             return Measure("invalid", reason=f"{name} hold {what}, not a number: a list of latencies in seconds")
     smp = [float(x) for x in samples] if isinstance(samples, list) and samples else None
     rnd = [float(x) for x in rounds if x is not None] if isinstance(rounds, list) else None
+    if rnd and (odd := [x for x in rnd if not _is_latency(x)]):
+        return Measure("invalid", reason=f"rounds hold {odd[0]!r}, not a finite latency > 0 s")
     return Measure("ok", fv, smp, ci, version, scope=scope, rounds=rnd if rnd and len(rnd) >= 2 else None)
+
+
+def _is_latency(x: Any) -> bool:
+    """A finite number of seconds > 0 (a bool is not a number here)."""
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    except OverflowError:  # an int beyond the float range
+        return False
 
 
 def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
@@ -598,6 +610,13 @@ def fastest_mode(values: list[float]) -> list[float]:
     return [v for v in values if v <= lo * (1 + MODE_WIDTH_REL)]
 
 
+def fastest_mode_mean(values: list[float]) -> float:
+    """Mean of :func:`fastest_mode`, summed relative to the fastest round (no overflow near the float limit)."""
+    mode = fastest_mode(values)
+    lo = min(mode)
+    return lo * float(np.mean([x / lo for x in mode]))
+
+
 def interleaved_ratio(base: list[float], head: list[float], factor: float, k: float
                       ) -> tuple[float, float, str]:
     """The interleaved (``ab``) latency rule: ratio of the means of HEAD's and BASE's :func:`fastest_mode`,
@@ -611,13 +630,15 @@ def interleaved_ratio(base: list[float], head: list[float], factor: float, k: fl
         ValueError: a side without rounds, or a round that is not a finite latency > 0.
     """
     for name, v in (("BASE", base), ("HEAD", head)):
-        bad = [x for x in v if not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0)]
+        bad = [x for x in v if not _is_latency(x)]
         if not v or bad:
             raise ValueError(f"{name} rounds {list(v)[:6]!r} cannot be judged: every round must be a finite "
                              f"latency > 0 (bad: {bad[:3]!r})")
-    modes = [fastest_mode(v) for v in (base, head)]
-    mb, mh = (float(np.mean(m)) for m in modes)
-    ratio = mh / mb if mb > 0 else math.inf
+    modes = [fastest_mode([float(x) for x in v]) for v in (base, head)]
+    mb, mh = (fastest_mode_mean(m) for m in modes)
+    ratio = mh / mb
+    if not math.isfinite(ratio) or ratio == 0:
+        raise ValueError(f"HEAD / BASE = {mh!r} / {mb!r} is not a finite ratio > 0: the rounds cannot be judged")
     rel = [(robust_sd(m) / float(np.median(m))) ** 2 / len(m) for m in modes]
     se = math.sqrt(sum(rel))
     return ratio, max(factor, 1 + k * se), f"standard error {se * 100:.2f}%"
@@ -667,7 +688,7 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
         except ValueError as exc:
             row.verdict, row.detail = "INVALID", str(exc)
             return
-        row.base, row.head = (fmt_seconds(float(np.mean(fastest_mode(x.rounds)))) for x in (gb, gh))
+        row.base, row.head = (fmt_seconds(fastest_mode_mean(x.rounds)) for x in (gb, gh))
         lv = LatencyVerdict(ratio, True, ratio > thr, f"rounds {len(gb.rounds)}/{len(gh.rounds)}, "
                             "ratio of fastest-mode means")
     elif both_rounds:
@@ -681,6 +702,11 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
         return
     if row.kind == "host_latency" and not opts.gate_host_latency:
         row.verdict, row.detail = "info", "host-side latency: informational (--gate-call-latency gates it)"
+        return
+    if thr > MAX_NOISE_THRESHOLD:
+        row.verdict = "AMBIGUOUS"
+        row.detail = (f"threshold {thr:.3g} from the {src.rsplit(' ', 1)[0]} is over {MAX_NOISE_THRESHOLD}: the values "
+                      "disagree too much to judge a regression (a stalled or broken round?); measure again")
         return
     time_ratio = (hm.center() / bm.center()) if bm.center() else math.inf
     gated = f"gated on {fig.name}" + (f" ({fig.why})" if fig.why else "")

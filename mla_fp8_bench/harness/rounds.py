@@ -242,8 +242,9 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, en
 
 
 def _measured(row: dict[str, Any]) -> bool:
+    """A row that carries a latency: a number (an impossible one is kept, so the gate reports it)."""
     lat = row.get("latency_s")
-    return isinstance(lat, (int, float)) and lat > 0
+    return isinstance(lat, (int, float)) and not isinstance(lat, bool)
 
 
 def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
@@ -273,10 +274,11 @@ def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]
                 rec[key] = statistics.median(vals)
         rec["latency_s"] = statistics.median(rec["latency_rounds_s"])
         rec["latency_round_spread"] = spread(rec["latency_rounds_s"])
-        if rec.get("flops"):
-            rec["tflops"] = rec["flops"] / rec["latency_s"] / 1e12
-        if rec.get("bytes"):
-            rec["gb_s"] = rec["bytes"] / rec["latency_s"] / 1e9
+        if rec["latency_s"] > 0:
+            if rec.get("flops"):
+                rec["tflops"] = rec["flops"] / rec["latency_s"] / 1e12
+            if rec.get("bytes"):
+                rec["gb_s"] = rec["bytes"] / rec["latency_s"] / 1e9
 
 
 def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -416,6 +416,11 @@ def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, 
     if into is None or str(into).strip() == "":
         raise MergeError("--into '' is empty: give the destination results directory, e.g. results")
     dest = Path(into)
+    for p in (*map(Path, sources), dest):
+        try:
+            p.resolve()
+        except (RuntimeError, OSError) as exc:  # a symlink loop
+            raise MergeError(f"{p} cannot be resolved: {exc}") from None
     if dest.exists() and not dest.is_dir():
         raise MergeError(f"destination {dest} exists and is not a directory")
     if (dest / "machine.json").exists():
