@@ -88,9 +88,9 @@ ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "a
              "ab", "cudnn", "abtrials", "after")
 #: Orders of the order-independence processes (studies/order_check.py), the first one on a fresh machine.
 ORDERS = ("sorted", "reversed", "shuffled")
-#: The GPU grid of the order check: the asv grid's backends and its per-tensor cases.
-ORDER_BACKENDS = "fa3-fp8,fa3-bf16,torch-sdpa-bf16,torch-fp8-ref"
-ORDER_CASES = SWEEP + ",s255,s257,ragged-6992-6896-2495,ragged-4096x4,s8175"
+#: The GPU grid of the order check (docs/methodology.md §10.2, §11.2): 33 params of the H200 asv grid.
+ORDER_BACKENDS = "fa3-fp8,fa3-bf16,cudnn-fp8"
+ORDER_CASES = SWEEP + ",ragged-6992-6896-2495,ragged-4096x4"
 #: Cases of the cuDNN peer sweep: the sweep, ragged and edge cases, context-chunk and prefix cases.
 CUDNN_CASES = SWEEP + (",ragged-6992-6896-2495,ragged-4096x4,s255,ctx1024-q256,ctx-ragged-4096q512-2048q256,"
                        "prefix1024-q300")
