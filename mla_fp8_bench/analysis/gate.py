@@ -610,11 +610,15 @@ def fastest_mode(values: list[float]) -> list[float]:
     return [v for v in values if v <= lo * (1 + MODE_WIDTH_REL)]
 
 
+def _mean_from_lowest(values: list[float]) -> float:
+    """Mean summed relative to the smallest value (no overflow near the float limit)."""
+    lo = min(values)
+    return lo * float(np.mean([x / lo for x in values]))
+
+
 def fastest_mode_mean(values: list[float]) -> float:
-    """Mean of :func:`fastest_mode`, summed relative to the fastest round (no overflow near the float limit)."""
-    mode = fastest_mode(values)
-    lo = min(mode)
-    return lo * float(np.mean([x / lo for x in mode]))
+    """Mean of :func:`fastest_mode`."""
+    return _mean_from_lowest(fastest_mode(values))
 
 
 def interleaved_ratio(base: list[float], head: list[float], factor: float, k: float
@@ -635,7 +639,7 @@ def interleaved_ratio(base: list[float], head: list[float], factor: float, k: fl
             raise ValueError(f"{name} rounds {list(v)[:6]!r} cannot be judged: every round must be a finite "
                              f"latency > 0 (bad: {bad[:3]!r})")
     modes = [fastest_mode([float(x) for x in v]) for v in (base, head)]
-    mb, mh = (fastest_mode_mean(m) for m in modes)
+    mb, mh = (_mean_from_lowest(m) for m in modes)
     ratio = mh / mb
     if not math.isfinite(ratio) or ratio == 0:
         raise ValueError(f"HEAD / BASE = {mh!r} / {mb!r} is not a finite ratio > 0: the rounds cannot be judged")
