@@ -1,12 +1,10 @@
 """``mla-fp8-bench plot INPUT... --out DIR [--format png,svg]``: figures per device.
 
-INPUT is a run JSON (``mla-fp8-bench run --json``, optionally with ``ceilings``) or an asv results /
-machine directory (newest commit unless ``--commit``). ``--out`` is checked before any input is read.
-Per device: ``<slug>-latency`` (median, IQR bars; kernel and emulation latency on separate panels),
-``<slug>-error`` (max |out - ref| against the fp8 and the bf16 reference), ``<slug>-tflops`` (with the
-measured GEMM ceilings and datasheet peaks when present) and ``<slug>-summary`` (all panels). Only
-single-sequence cases (``s<N>``) of one variant (id suffix, default the plain ids) are drawn against
-seq_len; everything else, and stored values that are not numbers, is listed as "not plotted".
+INPUT: a run JSON (``run --json``, optionally with ``ceilings``) or an asv results / machine directory
+(newest commit unless ``--commit``). Per device: ``<slug>-latency`` (median, IQR bars; kernel and
+emulation on separate panels), ``<slug>-error`` (max |out - ref| vs the fp8 and the bf16 reference),
+``<slug>-tflops`` (with GEMM ceilings / datasheet peaks when present), ``<slug>-summary`` (all panels).
+Only single-sequence cases (``s<N>``) of one variant are drawn against seq_len; the rest is "not plotted".
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ class Point:
 
 @dataclass
 class Dataset:
-    """Everything one figure set shows: one device's measurements."""
+    """One device's measurements: everything one figure set shows."""
 
     device: str  # shown in titles, e.g. "NVIDIA H200 (sm_90)" or "machine cpu-2core (CPU)"
     slug: str
@@ -91,9 +89,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "device"
 
 
-def _point(ds: Dataset, points: list[Point], b: str, cid: str, **values: Any) -> Point | None:
+def _point(ds: Dataset, b: str, cid: str, **values: Any) -> Point | None:
     """Append the :class:`Point` of a single-sequence case ``s<N><variant>`` (grammar :func:`parse_case_id`)
-    to ``points``; for any other case None and a note in ``ds`` saying why it is not drawn."""
+    to ``ds.points``; for any other case None and a note in ``ds`` saying why it is not drawn."""
     try:
         case = parse_case_id(cid)
     except CaseError as exc:
@@ -103,18 +101,15 @@ def _point(ds: Dataset, points: list[Point], b: str, cid: str, **values: Any) ->
     if case.batch_size != 1 or not cid.startswith(base):
         ds.notes.append(f"{b} {cid}: not a single-sequence case (not on the seq_len axis)")
         return None
-    points.append(Point(b, cid, case.seq_lens[0], variant=cid[len(base):], **values))
-    return points[-1]
+    ds.points.append(Point(b, cid, case.seq_lens[0], variant=cid[len(base):], **values))
+    return ds.points[-1]
 
 
-def _select_variant(ds: Dataset, points: list[Point], wanted: str | None) -> None:
-    """Keep one case variant in ``ds``; default: the plain ids, else the most frequent variant.
-
-    Raises:
-        PlotError: ``wanted`` has no points.
-    """
+def _select_variant(ds: Dataset, wanted: str | None) -> None:
+    """Keep one case variant in ``ds`` (default: the plain ids, else the most frequent); PlotError if
+    ``wanted`` has no points."""
     by: dict[str, list[Point]] = collections.defaultdict(list)
-    for p in points:
+    for p in ds.points:
         by[p.variant].append(p)
     if wanted is None:
         w = "" if "" in by or not by else max(by, key=lambda k: (len(by[k]), k))
@@ -125,12 +120,8 @@ def _select_variant(ds: Dataset, points: list[Point], wanted: str | None) -> Non
 
 
 def load_run_json(path: Path, variant: str | None = None) -> Dataset:
-    """A :class:`Dataset` from a ``mla-fp8-bench run --json`` file.
-
-    Raises:
-        PlotError: unreadable or not a run JSON (an asv result file is pointed at its directory), a
-            malformed record, or an unknown ``variant``.
-    """
+    """A :class:`Dataset` from a ``run --json`` file; PlotError: unreadable, not a run JSON (an asv result
+    file is pointed at its directory), a malformed record, an unknown ``variant``."""
     from mla_fp8_bench.backends import record_is_fp8
 
     try:
@@ -150,14 +141,13 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
     ds = Dataset(device=device, slug=_slug("cpu-" + name if is_cpu else name), source=str(path),
                  latency_desc=", ".join(_LATENCY_DESC.get(m, m) for m in methods) or "latency",
                  ceilings=doc.ceilings, is_cpu=is_cpu)
-    pts: list[Point] = []
     for r in doc.records:
         b, cid, st = r["backend"], r["case"], r.get("status")
         if st != "ok":
             ds.notes.append(f"{b} {cid}: {st} - {r.get('reason', '')}".rstrip(" -"))
             continue
         emu = MT.record_is_emulation(r)
-        p = _point(ds, pts, b, cid, latency_s=finite_number(r.get(_LAT.record_key)),
+        p = _point(ds, b, cid, latency_s=finite_number(r.get(_LAT.record_key)),
                    err_fp8=finite_number(r.get(_ERR8.record_key)), err_bf16=finite_number(r.get(_ERR16.record_key)),
                    tflops=None if emu else finite_number(r.get(_TFLOPS.record_key)), emulation=emu,
                    fp8=record_is_fp8(r) is not False)
@@ -173,16 +163,13 @@ def load_run_json(path: Path, variant: str | None = None) -> Dataset:
         samples = [x for x in (stored if isinstance(stored, list) else []) if finite_number(x) is not None]
         if len(samples) >= 2:
             p.latency_q25, _, p.latency_q75 = statistics.quantiles(samples, n=4, method="inclusive")
-    _select_variant(ds, pts, variant)
+    _select_variant(ds, variant)
     return ds
 
 
 def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None = None) -> Dataset:
-    """A :class:`Dataset` from one asv machine directory (newest commit unless ``commit``).
-
-    Raises:
-        PlotError: corrupt/missing files (named), unknown commit, no ``MLAPrefill.track_latency`` results.
-    """
+    """A :class:`Dataset` from one asv machine directory (newest commit unless ``commit``); PlotError:
+    corrupt/missing files (named), unknown commit, no ``MLAPrefill.track_latency`` results."""
     from mla_fp8_bench.backends import backend_flag
 
     try:
@@ -207,7 +194,6 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
                  slug=_slug(f"asv-{mj['machine']}"), source=str(res.path),
                  latency_desc="asv track_latency" + (" (device time)" if has_gpu else " (host time)"),
                  is_cpu=not has_gpu)
-    pts: list[Point] = []
     for b, c in dict.fromkeys([*lat, *emu_lat]):
         emu = bool(backend_flag(b, "emulation"))
         # an emulation's time has its own track (results stored before it had one: track_latency)
@@ -219,23 +205,20 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
             ds.notes.append(f"{b} {c}: failed in asv (null)")
         else:
             s = spp.get((b, c))
-            _point(ds, pts, b, c, latency_s=finite_number(m.value), latency_q25=m.q25, latency_q75=m.q75,
+            _point(ds, b, c, latency_s=finite_number(m.value), latency_q25=m.q25, latency_q75=m.q75,
                    err_fp8=e8.get((b, c)), err_bf16=e16.get((b, c)),
                    tflops=(1e3 / s) if (s and not emu) else None, emulation=emu,
                    fp8=backend_flag(b, "fp8") is not False)
-    _select_variant(ds, pts, variant)
+    _select_variant(ds, variant)
     ds.notes.append("ceilings: not stored in asv results (plot a run JSON with `ceilings` for the lines)")
     return ds
 
 
 def load_inputs(inputs: list[str], *, machines: list[str] | None = None, commit: str | None = None,
                 variant: str | None = None) -> list[Dataset]:
-    """Read every INPUT (run JSON files and asv results directories) into datasets; in a directory of
-    several machines, one without results is skipped (named in the first dataset's notes).
-
-    Raises:
-        PlotError: missing/corrupt input, unknown machine or commit, no asv machines in a directory.
-    """
+    """Every INPUT (run JSON or asv results directory) as datasets; of several machines, one without
+    results is skipped (named in the first dataset's notes). PlotError: missing/corrupt input, unknown
+    machine or commit, no asv machines in a directory."""
     out: list[Dataset] = []
     skipped_empty: list[str] = []
     seen_machines: set[str] = set()  # non-empty once a results directory was read
@@ -300,16 +283,14 @@ def _series(points: list[Point]) -> dict[str, list[Point]]:
     return {b: list(g) for b, g in itertools.groupby(ordered, key=lambda p: p.backend)}
 
 
-def _on_grid(x: int) -> bool:
-    """Power-of-two lengths: the sweep's points, joined by lines; other lengths are markers only."""
+def _on_grid(x: int) -> bool:  # power-of-two lengths: the sweep's, joined by lines
     return x > 0 and x & (x - 1) == 0
 
 
 def _draw_series(ax, b: str, style: dict[str, Any], pts: list[Point], ys: list[float], emu: bool = False,
                  yerr=None) -> bool:
-    """Backend ``b``'s ``ys`` over the seq_len of ``pts`` (an emulation dashed, hollow): a line through the
-    power-of-two (sweep) points, unconnected markers for the others (tile edges 255/257, s8175), so
-    near-equal x values do not zig-zag. Returns True if off-sweep points were drawn."""
+    """``ys`` over the seq_len of ``pts`` (an emulation dashed, hollow): a line through the sweep points,
+    unconnected markers for the others (no zig-zag); True if off-sweep points were drawn."""
     xs = [p.seq_len for p in pts]
     on = [i for i, x in enumerate(xs) if _on_grid(x)]
     off = [i for i, x in enumerate(xs) if not _on_grid(x)]
@@ -330,8 +311,7 @@ def _draw_series(ax, b: str, style: dict[str, Any], pts: list[Point], ys: list[f
 
 
 def _finish(ax, ds: Dataset, ylabel: str, title: str, notes: list[str], **title_kw: Any) -> None:
-    """The seq_len axis (log 2, the sweep's lengths labelled), labels, and small grey notes under the x-axis
-    label, where they cannot hide data."""
+    """The seq_len axis (log 2, sweep lengths labelled), labels, and grey notes under the x-axis label."""
     from matplotlib.ticker import FixedLocator, NullLocator, StrMethodFormatter
 
     ax.set_xscale("log", base=2)
@@ -374,11 +354,7 @@ def latency_scopes(ds: Dataset) -> list[str]:
 
 
 def draw_latency(ax, ds: Dataset, st: dict[str, dict[str, Any]], scope: str = "kernel") -> list[str]:
-    """Latency vs seq_len of one ``scope`` (``kernel``: non-emulation backends; ``emulation``).
-
-    Raises:
-        ValueError: an unknown ``scope``.
-    """
+    """Latency vs seq_len of one ``scope`` (``kernel`` or ``emulation``); ValueError for another."""
     from matplotlib.ticker import EngFormatter
 
     if scope not in LATENCY_SCOPES:
@@ -416,8 +392,7 @@ _REFS = {
 
 
 def draw_error(ax, ds: Dataset, st: dict[str, dict[str, Any]], attr: str = "err_fp8") -> list[str]:
-    """max |out - ref| against one reference (``attr``: ``err_fp8`` or ``err_bf16``), floored at
-    :data:`ERROR_FLOOR` on the log axis."""
+    """max |out - ref| against one reference (``attr``: ``err_fp8``/``err_bf16``), floored at ERROR_FLOOR."""
     drawn, left_out, floored, off = [], [], False, False
     for b, pts in _series(ds.points).items():
         emu = any(p.emulation for p in pts)
@@ -505,10 +480,7 @@ def _variant_text(ds: Dataset) -> str:
 
 def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | None = None) -> list[Path]:
     """Write the four figures of ``ds`` into ``out_dir`` (``note``: a second title line); returns the paths.
-
-    Raises:
-        OSError: a figure cannot be written (no half-written file is left).
-    """
+    OSError: a figure cannot be written (no half-written file is left)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -567,13 +539,9 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
 def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, ...] = FORMATS,
          machines: list[str] | None = None, commit: str | None = None,
          variant: str | None = None, note: str | None = None) -> tuple[list[Path], list[Dataset]]:
-    """Read ``inputs`` and write every dataset's figures into ``out_dir`` (created, and checked writable
-    before any input is read; folders it created are removed again if the plot fails).
-
-    Raises:
-        PlotError: an unknown format, an ``out_dir`` that is a file, under a file or not writable; see
-            :func:`load_inputs`; a dataset with nothing to plot.
-    """
+    """Read ``inputs`` and write every dataset's figures into ``out_dir`` (created and checked writable
+    first; folders it created are removed if the plot fails). PlotError: an unknown format, an ``out_dir``
+    that is a file, under a file or not writable; see :func:`load_inputs`; a dataset with nothing to plot."""
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise PlotError(f"format {', '.join(map(repr, bad)) or '(none)'} is not supported: "
