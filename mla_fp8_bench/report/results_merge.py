@@ -1,21 +1,19 @@
 """``mla-fp8-bench merge-results``: asv results directories of several runners merged into one.
 
-asv has no merge command (asv#1362), and a plain copy loses data (every ``asv run`` rewrites
-``benchmarks.json`` with what it discovered; results without a definition are not rendered). So:
+asv has no merge command (asv#1362), and a plain copy loses data (``asv run`` rewrites ``benchmarks.json``;
+results without a definition are not rendered). So:
 
-* ``benchmarks.json`` is the union of all definitions; of two, the newest wins (a source's age: the
-  newest ``started_at`` of its results, else the file's mtime; the destination takes part like a source).
-* A different ``machine.json`` under an existing machine name is refused, and so is a result file whose
-  machine facts (``params``) differ from its directory's ``machine.json``, unless ``allow_machine_mismatch``.
-* A result file the destination has with other content is merged per parameter combination: the newer
-  row (``started_at``) wins where it measured the combination (a value or a failure, ``null``); where it
-  has ``NaN`` (skipped) the older value is kept. A row of another benchmark ``version`` replaces the
-  older whole; files whose header (commit, env, machine params, columns) differs are refused.
+* ``benchmarks.json``: the union of all definitions, the newest of two wins (a source's age: its newest
+  ``started_at``, else the file's mtime; the destination counts as a source).
+* A different ``machine.json`` under an existing name is refused, and so is a result file whose ``params``
+  differ from its directory's ``machine.json`` (unless ``allow_machine_mismatch``).
+* Result files of one name are merged per parameter combination: the newer row (``started_at``) wins where
+  it measured (a value or a failure, ``null``); where it has ``NaN`` (skipped) the older value is kept.
+  A row of another benchmark ``version`` replaces the older whole; a differing header is refused.
 
 Every input is checked before anything is written; the changes go into a copy of the destination swapped
-into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames), under a lock. A file
-another program writes into the destination meanwhile is carried into the new tree (a result file the
-merge also wrote is merged again).
+in with ``renameat2(RENAME_EXCHANGE)`` (Linux; elsewhere two renames), under a lock. Files written into
+the destination meanwhile are carried into the new tree (a result file the merge wrote is merged again).
 """
 
 from __future__ import annotations
@@ -78,13 +76,9 @@ class _Source:
 
 
 def _scan(path: Path, allow_machine_mismatch: bool = False) -> _Source:
-    """Read an asv results directory (``<machine>/machine.json`` + result files, optional
-    ``benchmarks.json``) or one machine's directory.
-
-    Raises:
-        MergeError: missing directory, no machines, corrupt files (named), a directory named unlike its
-            machine, a result file of another machine (unless ``allow_machine_mismatch``).
-    """
+    """Read an asv results directory (``<machine>/`` directories, optional ``benchmarks.json``) or one
+    machine's directory. MergeError: missing directory, no machines, corrupt files (named), a directory
+    named unlike its machine, a result file of another machine (unless ``allow_machine_mismatch``)."""
     try:
         machines = []
         for d in R.machine_dirs(path):
@@ -127,8 +121,7 @@ def _is_nan(v: Any) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def _num(v: Any) -> float:
-    """A ``started_at`` value as a number (0 when absent or malformed)."""
+def _num(v: Any) -> float:  # a started_at value; 0 when absent or malformed
     return json_number(v) or 0.0
 
 
@@ -179,13 +172,10 @@ def _merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str) -> 
 
 def merge_result_data(old: dict[str, Any], new: dict[str, Any], name: str,
                       kept: list[str] | None = None) -> dict[str, Any]:
-    """Merge the parsed asv result files ``old`` (the destination's) and ``new`` of one (machine, commit,
-    env) per benchmark and parameter combination (see the module docstring); ``name`` names the file in
-    messages; ``kept``, if given, receives ``"<name>: <benchmark>(<params>)"`` per value kept from the older row.
-
-    Raises:
-        MergeError: the headers (commit, env, params, columns) differ.
-    """
+    """Merge the parsed asv result files ``old`` (the destination's) and ``new`` per benchmark and
+    parameter combination (module docstring); ``name`` names the file in messages; ``kept``, if given,
+    receives ``"<name>: <benchmark>(<params>)"`` per value kept from the older row. MergeError: the headers
+    (commit, env, params, columns) differ."""
     for key in _HEADER_KEYS:
         if not _same_json(old.get(key), new.get(key)):
             raise MergeError(f"result file {name}: {key} differs between the destination ({old.get(key)!r:.80}) and "
@@ -216,8 +206,8 @@ def _plan_results(srcs: list[_Source], dest: Path, report: MergeReport, copies: 
                   writes: dict[Path, Any]) -> None:
     """Refuse two different ``machine.json`` under one name (between sources, and against ``dest``);
     plan byte copies of new result files, merges of ones the destination (or an earlier source) has."""
-    mdirs = R.machine_dirs(dest) if dest.is_dir() else []
-    facts = {p.name: (R.load_machine(p), str(p / "machine.json")) for p in mdirs}
+    facts = {p.name: (R.load_machine(p), str(p / "machine.json"))
+             for p in (R.machine_dirs(dest) if dest.is_dir() else [])}
     for m in (m for s in srcs for m in s.machines):
         name = m.path.name
         if name in facts and not _same_json(facts[name][0], m.facts):
@@ -368,12 +358,8 @@ def _rescue(previous: Path, dest: Path, seen: dict[str, tuple[int, int, int]], t
 
 def _apply_staged(dest: Path, copies: dict[Path, Path], writes: dict[Path, Any], seen: dict[str, tuple[int, int, int]],
                   report: MergeReport) -> None:
-    """Write the plan into a copy of the destination, then swap the copy into place; files written into
-    the destination meanwhile (not in ``seen``) are carried over (:func:`_rescue`).
-
-    Raises:
-        MergeError: any write failure (the destination is unchanged).
-    """
+    """Write the plan into a copy of the destination and swap it into place; files written meanwhile (not
+    in ``seen``) are carried over (:func:`_rescue`). MergeError: a write failed (destination unchanged)."""
     root = dest.absolute()
     stage: Path | None = None
     try:
@@ -403,15 +389,14 @@ def _apply_staged(dest: Path, copies: dict[Path, Path], writes: dict[Path, Any],
 
 def merge_results(sources: list[str | os.PathLike], into: str | os.PathLike, *, machines: list[str] | None = None,
                   dry_run: bool = False, allow_machine_mismatch: bool = False) -> MergeReport:
-    """Merge asv results directories (or single machine directories) ``sources`` into the results
-    directory ``into`` (created if missing); ``machines``: only these names (each must exist in some
-    source); ``dry_run``: check and report, write nothing.
+    """Merge asv results (or machine) directories ``sources`` into the results directory ``into``
+    (created if missing); ``machines``: only these names (each in some source); ``dry_run``: write nothing.
 
     Raises:
-        MergeError: a destination that is a machine's directory or lies inside a source, conflicting
-            ``machine.json`` for one machine name, a result file of another machine,
-            incompatible result files, corrupt JSON (named), unknown machine names - all raised before
-            anything is written; or a failed write, after which the destination is unchanged.
+        MergeError: before anything is written: a destination that is a machine's directory or inside a
+            source, conflicting ``machine.json`` for one name, a result file of another machine,
+            incompatible result files, corrupt JSON (named), unknown machines; or a failed write (the
+            destination is then unchanged).
     """
     if into is None or str(into).strip() == "":
         raise MergeError("--into '' is empty: give the destination results directory, e.g. results")
