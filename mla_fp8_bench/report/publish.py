@@ -97,11 +97,8 @@ def missing_assets_message(cache: Path, problems: list[str]) -> str:
 
 
 def install_assets(cache: Path | None = None, timeout: float = 300) -> Path:
-    """``npm install`` the pinned packages into ``cache`` and check every file's SHA-256.
-
-    Raises:
-        PublishError: npm missing or failing, or a file that differs from its pinned hash.
-    """
+    """``npm install`` the pinned packages into ``cache`` and check every file's SHA-256; PublishError: npm
+    missing or failing, or a file that differs from its pinned hash."""
     cache = cache or assets_dir()
     npm = shutil.which("npm")
     if npm is None:
@@ -161,14 +158,9 @@ def _loads(m: re.Match) -> bool:
 
 
 def vendorize(site: Path, cache: Path | None = None) -> list[dict[str, Any]]:
-    """Copy every pinned file into the site's ``_assets/`` and point every remote ``<script src>`` /
-    ``<link href>`` of its pages at the local copy; keep ``integrity`` where the copy matches it. Returns
-    one entry per replaced tag.
-
-    Raises:
-        PublishError: a remote URL with no pinned local copy (asv changed what it loads: extend
-            :data:`ASSETS`), or a cached file that is not the pinned version.
-    """
+    """Copy the pinned files into the site's ``_assets/`` and point every remote ``<script src>`` / ``<link
+    href>`` at its copy, keeping ``integrity`` where the copy matches; returns one entry per replaced tag.
+    PublishError: a remote URL with no pinned copy (extend :data:`ASSETS`), a cached file not pinned."""
     nm = (cache or assets_dir()) / "node_modules"
     copies: dict[str, bytes] = {}
     for rel, digest in _PINNED.items():
@@ -236,13 +228,9 @@ class PublishReport:
 
 
 def _check_html_dir(html: Path, results: Path) -> None:
-    """Refuse an ``--html-dir`` whose replacement could lose anything this command did not write.
-
-    Raises:
-        PublishError: a file; under a file; the results directory, inside it or holding it; a non-empty
-            folder without :data:`SITE_MARKER` (a hand-written site, ``asv publish``'s own output, anything
-            else: it is never replaced).
-    """
+    """Refuse an ``--html-dir`` whose replacement could lose anything this command did not write
+    (PublishError): a file; under a file; the results directory, inside it or holding it; a non-empty
+    folder without :data:`SITE_MARKER`."""
     if html.exists() and not html.is_dir():
         raise PublishError(f"--html-dir {html} is a file, not a directory")
     anc = next((a for a in (html, *html.parents) if a.exists()), None)
@@ -261,11 +249,7 @@ def _check_html_dir(html: Path, results: Path) -> None:
 
 
 def _check_results(results: Path) -> None:
-    """Every result file must be readable: asv publish skips an unreadable one silently.
-
-    Raises:
-        PublishError: no result files, or naming each unreadable file (truncated, not JSON, wrong schema).
-    """
+    """PublishError for no result files or naming the unreadable ones (asv publish skips them silently)."""
     try:
         mdirs = R.machine_dirs(results)
     except R.ResultsError as exc:
@@ -313,14 +297,13 @@ def _run_asv_publish(conf: dict[str, Any], config_dir: Path, results: Path, site
 def publish_site(config: str | os.PathLike = "asv.conf.json", *, html_dir: str | os.PathLike | None = None,
                  results_dir: str | os.PathLike | None = None, assets: str | os.PathLike | None = None,
                  timeout: float = 900) -> PublishReport:
-    """``asv publish`` of ``results_dir`` into ``html_dir`` (defaults: the asv ``config``'s, relative to its
-    folder), made self-contained from the asset cache ``assets`` (see the module docstring); ``timeout``:
-    seconds allowed for ``asv publish``.
+    """``asv publish`` of ``results_dir`` into ``html_dir`` (defaults: the ``config``'s, relative to its
+    folder), made self-contained from the asset cache ``assets``; ``timeout``: seconds for ``asv publish``.
 
     Raises:
-        PublishError: missing/corrupt assets (with the one command that installs them), a bad config,
-            html or results directory, a failing ``asv publish``, or a remote reference left. All checks
-            on the inputs run before ``asv publish``; the previous site stays as it was on any failure.
+        PublishError: missing/corrupt assets (with the command that installs them), a bad config, html or
+            results directory, a failing ``asv publish``, a remote reference left; the inputs are checked
+            before ``asv publish``, and the previous site stays as it was on any failure.
     """
     from mla_fp8_bench.jsonio import OutputError, locked, umask_mode
     from mla_fp8_bench.report.results_merge import remove_tree, replace_dir
