@@ -2,17 +2,14 @@
 
 :func:`present` rewrites a freshly published (staged) site; the stored results are never touched:
 
-* the ``track_latency`` graphs lose the values of emulation backends (``Backend.emulation``; their
-  latency has its own track, ``track_emulation_latency``);
-* a benchmark with no finite value in any graph leaves the benchmark list (no empty thumbnail); each
-  thumbnail is drawn from one machine, a single point as a dot;
-* the legend is drawn beside the graph, and one machine is selected by default (the first with a GPU):
-  a CPU host's and an H200's latencies on one axis flatten one of them;
+* ``track_latency`` graphs lose emulation backends' values (they have ``track_emulation_latency``);
+* a benchmark with no finite value in any graph leaves the list; each thumbnail is drawn from one
+  machine, a single point as a dot;
+* the legend sits beside the graph, and one machine (the first with a GPU) is selected by default;
 * regression factors from a floored 0 (asv stores 1e-12) read ``0 → 64 (new)``, others ``1.0502x``;
 * opened as ``file://`` (browsers then refuse the data files) the pages say how to serve the site.
 
-``mla-fp8-bench preview [--html-dir html] [--port 8080]`` serves it on 127.0.0.1 only (``asv preview``
-listens on every interface).
+``mla-fp8-bench preview [--html-dir html] [--port 8080]`` serves it on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ def _graph_files(site: Path, benchmark: str) -> list[Path]:
 
 
 def drop_emulation_from_kernel_latency(site: Path) -> int:
-    """Null the values of emulation backends in the per-machine ``track_latency`` graphs; returns how many
-    values were removed."""
+    """Null emulation backends' values in the per-machine ``track_latency`` graphs; returns how many."""
     from mla_fp8_bench.harness.asv_support import emulation_backends
 
     lat = find("track_latency")
@@ -79,8 +75,7 @@ def _finite(x: Any) -> bool:
 
 
 def drop_empty_benchmarks(site: Path) -> list[str]:
-    """Remove from ``index.json`` every benchmark none of whose graphs holds a finite value (its
-    thumbnail would be empty); returns their names."""
+    """Remove from ``index.json`` the benchmarks with no finite value in any graph; returns their names."""
     path = site / "index.json"
     index = json.loads(path.read_text())
     empty = []
@@ -94,16 +89,18 @@ def drop_empty_benchmarks(site: Path) -> list[str]:
     return empty
 
 
-def _geomean(values: list[Any]) -> float | None:
-    xs = [float(v) for v in values if _finite(v) and v > 0]
+def _point_value(v: Any) -> Any:
+    """A graph row's value as one number: the geometric mean of a list's positive finite values; None if none."""
+    if not isinstance(v, list):
+        return v if _finite(v) else None
+    xs = [float(x) for x in v if _finite(x) and x > 0]
     return statistics.geometric_mean(xs) if xs else None
 
 
 def summaries_from_one_machine(site: Path) -> dict[str, str]:
-    """Rewrite each benchmark's thumbnail series (``graphs/summary/<name>.json``, asv's geometric mean
-    over params) from one machine: the first one with a GPU that has data for it, else the first other.
-    asv mixes every machine into one thumbnail (a CPU host's seconds after an H200's microseconds read as a
-    spike); a single point is drawn as a dot. Returns benchmark -> the machine used."""
+    """Rewrite each thumbnail series (``graphs/summary/<name>.json``, geometric mean over params) from one
+    machine, the first with a GPU that has data, else the first other (asv mixes all machines into one);
+    returns benchmark -> the machine used."""
     index = json.loads((site / "index.json").read_text())
     machines = index.get("machines", {})  # with a GPU first, then the others, each group by name
     order = sorted(machines, key=lambda m: (str((machines[m] or {}).get("gpu", "none")) == "none", m))
@@ -111,13 +108,8 @@ def summaries_from_one_machine(site: Path) -> dict[str, str]:
     for name in index.get("benchmarks", {}):
         for machine in order:
             files = [p for p in _graph_files(site, name) if f"machine-{machine}" in p.parts]
-            rows = []
-            for f in files:
-                for row in json.loads(f.read_text()):
-                    if isinstance(row, list) and len(row) > 1:
-                        v = _geomean(row[1]) if isinstance(row[1], list) else (row[1] if _finite(row[1]) else None)
-                        if v is not None:
-                            rows.append([row[0], v])
+            rows = [[row[0], v] for f in files for row in json.loads(f.read_text())
+                    if isinstance(row, list) and len(row) > 1 and (v := _point_value(row[1])) is not None]
             if rows:
                 (site / "graphs" / "summary" / f"{name}.json").write_text(json.dumps(sorted(rows)))
                 used[name] = machine
@@ -251,11 +243,8 @@ def present(site: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ preview
 def serve(html: Path, port: int = DEFAULT_PORT, echo=print) -> int:
-    """Serve ``html`` on 127.0.0.1:``port`` until interrupted; returns the exit status.
-
-    Raises:
-        ValueError: ``html`` is not a published site (no ``index.html``), or the port cannot be bound.
-    """
+    """Serve ``html`` on 127.0.0.1:``port`` until interrupted; returns the exit status. ValueError: no
+    ``index.html`` in ``html``, or the port cannot be bound."""
     import functools
     import http.server
 
