@@ -2,10 +2,9 @@
 
 ``asv publish`` runs into a staging folder; every remote ``<script src>`` / ``<link href>`` is pointed at a
 pinned local copy under ``_assets/`` (:data:`ASSETS`, from the npm packages :data:`ASSET_PACKAGES` that
-``publish --install-assets`` installs into :func:`assets_dir`, each file checked against its SHA-256), the
-``integrity`` attribute kept where the copy is the CDN's file, else dropped (npm's flot 0.8.3 is
-unminified; stupidtable 1.0.1 is not on npm, 1.1.3 has the same API). The staged site then replaces the
-previous one in one step: a failed publish leaves it as it was.
+``publish --install-assets`` installs, each checked against its SHA-256), ``integrity`` kept only where the
+copy is the CDN's file (npm's flot 0.8.3 is unminified; stupidtable 1.0.1 is not on npm, 1.1.3 has the same API).
+The staged site replaces the previous one in one step: a failed publish leaves it as it was.
 """
 
 from __future__ import annotations
@@ -379,8 +378,7 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_publish(args, console) -> int:
-    """Handler of ``publish``: 0 on success; a :class:`PublishError` (refused input, missing assets, a failed
-    publish) goes to the CLI (exit 2)."""
+    """Handler of ``publish``: 0 on success; a :class:`PublishError` goes to the CLI (exit 2)."""
     from mla_fp8_bench.report.site_view import preview_hint
 
     if args.install_assets:

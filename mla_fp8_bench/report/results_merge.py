@@ -139,8 +139,7 @@ def _merge_rows(old: list[Any], new: list[Any], cols: list[str], where: str) -> 
     o, n = dict(zip(cols, old)), dict(zip(cols, new))
     newer, older = (n, o) if _num(n.get("started_at")) >= _num(o.get("started_at")) else (o, n)
     oc, nc = _combos(older), _combos(newer)
-    if newer.get("version") != older.get("version") or oc is None or nc is None or len(o["params"]) != len(
-            n["params"]):
+    if newer.get("version") != older.get("version") or oc is None or nc is None or len(o["params"]) != len(n["params"]):
         return (new if newer is n else old), []
     # the destination's order first, then values only the other has
     params = [list(po) + [v for v in pn if v not in po] for po, pn in zip(o["params"], n["params"])]
@@ -468,8 +467,7 @@ def add_merge_parser(subparsers) -> None:
 
 
 def cmd_merge_results(args, console) -> int:
-    """Handler of ``merge-results``: 0 on success; a :class:`MergeError` (destination unchanged) goes to the
-    CLI (exit 2)."""
+    """Handler of ``merge-results``: 0 on success; a :class:`MergeError` goes to the CLI (exit 2)."""
     rep = merge_results(args.sources, args.into, machines=args.machine, dry_run=args.dry_run,
                         allow_machine_mismatch=args.allow_machine_mismatch)
     console.print(f"machines: {', '.join(rep.machines)}", highlight=False)

@@ -168,8 +168,7 @@ def _patch_regressions_js(site: Path) -> bool:
     f = site / "regressions.js"
     if (text := _unpatched(f)) is None:
         return False
-    new = text.replace("$('<td/>').text(factor.toFixed(2) + 'x')",
-                       "$('<td/>').text(mlaFactorText(revs[2], revs[3]))")
+    new = text.replace("$('<td/>').text(factor.toFixed(2) + 'x')", "$('<td/>').text(mlaFactorText(revs[2], revs[3]))")
     new = new.replace("factor_td.text(factor.toFixed(2) + 'x');",
                       "factor_td.text(mlaFactorText(best_value, last_value));")
     for v in ("old_value", "new_value", "best_value", "last_value"):  # a floored 0 reads 0, not 1.00e-12
