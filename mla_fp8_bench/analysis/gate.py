@@ -154,14 +154,6 @@ def _is_latency(x: Any) -> bool:
         return False
 
 
-def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
-    if record_is_emulation(rec):
-        return "emulation"
-    if str(env.get("vendor", "")).lower() == "cpu" or str(env.get("device", "")).startswith("cpu"):
-        return "cpu"
-    return "kernel"
-
-
 def _parsed(doc: Any, label: str, convert) -> Any:
     """``doc`` itself, or ``convert(doc, label)`` of a parsed JSON document (ResultsError -> GateUsageError)."""
     if not isinstance(doc, dict):
@@ -180,18 +172,25 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
     side = Side(label, machine={"machine": None,
                                 "gpu": ("none" if vendor == "cpu" else env.get("device_name")) if vendor else None},
                 when=_iso_time(env.get("time_utc")))
+    cpu = str(env.get("vendor", "")).lower() == "cpu" or str(env.get("device", "")).startswith("cpu")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in doc.records:
         groups.setdefault((r["backend"], r["case"]), []).append(r)
     for (b, c), recs in groups.items():
-        if any(x != recs[0] for x in recs[1:]):
-            _ambiguous(side, b, c, recs)
+        if any(x != recs[0] for x in recs[1:]):  # several different records: no value is trusted
+            why = (f"{len(recs)} different records of this (backend, case) on {side.label.split()[0]} (statuses "
+                   f"{', '.join(str(x.get('status')) for x in recs)}): which one holds is unknown")
+            side.params[(b, c)] = ("ambiguous", why)
+            for m in metric_table.METRICS:
+                if any(m.record_key in x for x in recs) or any(x.get("status") != "ok" for x in recs):
+                    side.kinds[m.record_key] = m.kind
+                    side.data[(b, c, m.record_key)] = Measure("ambiguous", reason=why)
             continue
         r = recs[0]
         status = r.get("status") if r.get("status") in ("ok", "skipped") else "failed"
         reason = str(r.get("reason") or "")
         side.params[(b, c)] = (status, reason)
-        scope = _run_scope(r, env)
+        scope = "emulation" if record_is_emulation(r) else "cpu" if cpu else "kernel"
         for m in metric_table.METRICS:
             key = (b, c, m.record_key)
             side.kinds[m.record_key] = m.kind
@@ -217,17 +216,6 @@ def _iso_time(text: Any) -> tuple[str, float] | None:
         return ("measured", _dt.datetime.fromisoformat(str(text)).timestamp()) if text else None
     except ValueError:
         return None
-
-
-def _ambiguous(side: Side, b: str, c: str, recs: list[dict[str, Any]]) -> None:
-    """Several different records of one (backend, case): no value of it is trusted (AMBIGUOUS)."""
-    why = (f"{len(recs)} different records of this (backend, case) on {side.label.split()[0]} (statuses "
-           f"{', '.join(str(r.get('status')) for r in recs)}): which one holds is unknown")
-    side.params[(b, c)] = ("ambiguous", why)
-    for m in metric_table.METRICS:
-        if any(m.record_key in r for r in recs) or any(r.get("status") != "ok" for r in recs):
-            side.kinds[m.record_key] = m.kind
-            side.data[(b, c, m.record_key)] = Measure("ambiguous", reason=why)
 
 
 def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
@@ -708,11 +696,6 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
         row.verdict, row.detail = "improved", f"{ratio_str(lv.ratio, 1 / thr)}x, faster; {row.detail}"
 
 
-def _grew(bv: float, hv: float, floor: float | None, limit: float) -> str:
-    text = growth_text(bv, hv, floor, limit)
-    return f"grew {text} > {limit}x" if text.endswith("x") else f"{text}: any growth from 0 exceeds {limit}x"
-
-
 def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions, tol_detail: str) -> None:
     """Verdict of two ok, comparable values by the metric's gate rule (latency excluded)."""
     acc = row.kind == "accuracy"
@@ -731,7 +714,10 @@ def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions
         limit = opts.acc_factor if acc else opts.factor
         if hv > bv * limit and (not acc or hv - bv > ACC_ABS_FLOOR):
             row.verdict = "REGRESSION"
-            row.detail = _grew(bv, hv, floor, limit) + (" over BASE" if acc else "")
+            text = growth_text(bv, hv, floor, limit)
+            row.detail = (f"grew {text} > {limit}x" if text.endswith("x")
+                          else f"{text}: any growth from 0 exceeds {limit}x") + (" over BASE" if acc else "")
+
             row.detail += f"; {tol_detail}" if tol_detail else ""
         else:
             row.detail = tol_detail
