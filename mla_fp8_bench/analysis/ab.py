@@ -49,11 +49,9 @@ class SideSpec:
 
 
 def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
-    """A :class:`SideSpec` from ``spec``: an executable file is an interpreter, a directory an install.
+    """A :class:`SideSpec` from ``spec``: an executable file is an interpreter, a directory an install
+    (else AbUsageError)."""
 
-    Raises:
-        AbUsageError: ``spec`` is neither an executable file nor a directory.
-    """
     if os.path.isdir(spec):
         return SideSpec(label, spec, python or sys.executable, (os.path.abspath(spec),))
     if os.path.isfile(spec) and os.access(spec, os.X_OK):
@@ -69,12 +67,8 @@ _PROBE = ("import sys, torch, mla_fp8_bench.harness.rounds\n"
 
 
 def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0) -> None:
-    """Check, before any round, that ``side`` can run one: its interpreter starts, imports torch and this
-    suite (as its environment puts them on ``sys.path``) and resolves ``device``.
-
-    Raises:
-        AbUsageError: naming the side, its spec and the interpreter's last line of error output.
-    """
+    """Check, before any round, that ``side``'s interpreter starts, imports torch and this suite (with its
+    environment) and resolves ``device``; AbUsageError naming the side, its spec and the last error line."""
     try:
         p = subprocess.run([side.python, "-c", _PROBE, device], env=side.env(), capture_output=True, text=True,
                            timeout=timeout)
@@ -102,11 +96,10 @@ def schedule(rounds: int) -> list[tuple[int, str]]:
 def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: Sequence[str], rounds: int,
                runner: Callable[..., dict[str, Any]], seed: int = 0, log: Callable[[str], None] | None = None
                ) -> dict[str, Any]:
-    """Both sides, ``rounds`` rounds each, in :func:`schedule` order; round ``i`` of both sides uses the
-    order :func:`round_order(i) <mla_fp8_bench.harness.rounds.round_order>` (of the backends within a
-    case; cases go small to large, :func:`~mla_fp8_bench.harness.rounds.ordered`) and shuffle seed
-    ``seed + i``. ``runner(side, backends, cases, order, seed, out)`` runs one round of one side and
-    returns its round document (``{"order", "rows": [...]}``).
+    """Both sides, ``rounds`` rounds each, in :func:`schedule` order; round ``i`` of both sides uses
+    :func:`~mla_fp8_bench.harness.rounds.round_order` ``(i)`` and shuffle seed ``seed + i``.
+    ``runner(side, backends, cases, order, seed, out)`` runs one round of one side and returns its round
+    document (``{"order", "rows": [...]}``).
 
     Returns:
         ``{"base": {"spec", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...], "wall_s"}``.
@@ -192,8 +185,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     from mla_fp8_bench.jsonio import check_output_path, write_file_atomic, write_json_atomic
     from mla_fp8_bench.problem.cases import resolve_cases
 
-    base = parse_side(args.base, "BASE")
-    head = parse_side(args.head, "HEAD")
+    base, head = parse_side(args.base, "BASE"), parse_side(args.head, "HEAD")
     backends = list(dict.fromkeys(b for b in args.backends.split(",") if b))  # a pair twice would be two rounds
     unknown = [b for b in backends if b not in backend_names()]
     if unknown or not backends:
@@ -223,8 +215,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     docs, rows = judge(measured, args.factor, args.noise_k, f"BASE {args.base}", f"HEAD {args.head}")
     lat = [r for r in rows if r.kind == "kernel_latency"]
     both = any(r.base not in ("-", "skipped", "failed") and r.head not in ("-", "skipped", "failed") for r in lat)
-    def kept(path: str, ext: str) -> str:
-        """Where this run's ``path`` goes: beside a stored file when the run measured nothing on both sides."""
+    def kept(path: str, ext: str) -> str:  # beside a stored file when the run measured nothing on both sides
         if both or not os.path.exists(path):
             return path
         root, own = os.path.splitext(path)

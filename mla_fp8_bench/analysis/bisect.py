@@ -55,10 +55,9 @@ def results_dir_of(config: str, conf: dict[str, Any] | None = None) -> str:
 def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[str, float | None, str]:
     """(selected name, value, status) of the one benchmark combination matching ``regex``.
 
-    The value is what asv stored (a ``track_`` float, or for samples the median); status is a
-    :class:`~mla_fp8_bench.harness.results.Measurement`'s, or ``missing`` (no result file). Names are
-    asv's, as ``asv run -b`` and ``asv find`` match them: ``bench_mla_prefill.MLAPrefill.track_latency('aiter',
-    's512')``.
+    The value is what asv stored (for samples the median); status a
+    :class:`~mla_fp8_bench.harness.results.Measurement`'s, or ``missing`` (no result file). Names as
+    ``asv run -b`` matches them: ``bench_mla_prefill.MLAPrefill.track_latency('aiter', 's512')``.
 
     Raises:
         BisectUsageError: the regex selects zero or several combinations in the result file.
@@ -84,13 +83,9 @@ def read_value(results_dir: str, machine: str, sha: str, regex: str) -> tuple[st
 
 
 def probe_selection(regex: str) -> dict[str, str]:
-    """Environment that makes a probe measure only the (backend, case) params ``regex`` selects.
-
-    ``regex`` is matched against every ``MLAPrefill``/``AiterPlan`` name of the asv grid, as asv names
-    them. ``MLA_FP8_BENCH_BACKENDS`` / ``MLA_FP8_BENCH_CASES`` (read by
-    :mod:`mla_fp8_bench.harness.asv_support`) are set when the selected backends / cases are a strict
-    subset of the grid's; ``{}`` when the regex selects no grid name or all of them.
-    """
+    """Environment that makes a probe measure only the (backend, case) params whose asv ``MLAPrefill`` /
+    ``AiterPlan`` names ``regex`` selects: ``MLA_FP8_BENCH_BACKENDS`` / ``MLA_FP8_BENCH_CASES`` (read by
+    :mod:`mla_fp8_bench.harness.asv_support`) where the selection is a strict subset of the grid's."""
     from mla_fp8_bench.harness.asv_support import ASV_CASES, asv_backends
 
     grid, rx = asv_backends(), re.compile(regex)
@@ -235,12 +230,9 @@ def measure_end(wt: str, sha: str, step_cmd: list[str], env: dict[str, str]) -> 
 
 def check_ends(wt: str, good: str, bad: str, step_cmd: list[str], env: dict[str, str], log: str,
                echo=print) -> dict[str, str]:
-    """Measure ``good`` and ``bad`` before bisecting between them.
+    """Measure ``good`` and ``bad`` before bisecting; BisectUsageError unless they measure good and bad
+    (a skipped or aborted probe included), naming what each end measured."""
 
-    Raises:
-        BisectUsageError: ``good`` does not measure good or ``bad`` does not measure bad (including a
-            skipped or aborted probe), naming what each end measured.
-    """
     verdict = {EXIT_GOOD: "good", EXIT_BAD: "bad", EXIT_SKIP: "skip", EXIT_ABORT: "abort"}
     out: dict[str, str] = {}
     for opt, sha, want in (("--good", good, EXIT_GOOD), ("--bad", bad, EXIT_BAD)):

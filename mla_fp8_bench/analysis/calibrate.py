@@ -107,8 +107,7 @@ def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, 
                 validate_seeds: int = MIN_SEEDS) -> None:
     """Refuse bad calibrate arguments before any measuring (ValueError naming the value): seed counts
     outside ``MIN_SEEDS .. VALIDATION_SEED0`` (the held-out seeds must stay held out) and
-    ``0 .. MAX_VALIDATION_SEEDS``, a margin < 1, unknown names, and a backend that cannot run on this
-    CPU (its every run would fail after the others were measured)."""
+    ``0 .. MAX_VALIDATION_SEEDS``, a margin < 1, unknown names, a backend that cannot run on this CPU."""
     from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id

@@ -72,9 +72,8 @@ class Measure:
     """One metric of one (backend, case) on one side.
 
     ``status``: ``ok``, ``skipped``, ``failed``, ``invalid`` (a stored value that is not a number),
-    ``ambiguous`` (the side holds several different records of this (backend, case)) or ``missing`` (an
-    ok record without this value). ``scope``: ``kernel`` (gates), ``emulation`` or
-    ``cpu`` (latency that is not a kernel's: informational).
+    ``ambiguous`` (several different records of this (backend, case) on the side) or ``missing`` (an ok
+    record without this value). ``scope``: ``kernel`` (gates), ``emulation`` or ``cpu`` (informational).
     """
 
     status: str
@@ -103,9 +102,8 @@ class Measure:
 class Side:
     """All measures of one side (BASE or HEAD): ``{(backend, case, metric): Measure}``.
 
-    ``machine``: what the results were measured on (``{"machine": asv name, "gpu": device}``, values
-    None when unknown); ``params``: (backend, case) -> status of the parameter (``ok``/``skipped``/
-    ``failed``) with its reason.
+    ``machine``: ``{"machine": asv name, "gpu": device}`` (None when unknown); ``params``: (backend, case)
+    -> (status of the parameter: ``ok``/``skipped``/``failed``, its reason).
     """
 
     label: str
@@ -156,14 +154,6 @@ def _is_latency(x: Any) -> bool:
         return False
 
 
-def _run_scope(rec: dict[str, Any], env: dict[str, Any]) -> str:
-    if record_is_emulation(rec):
-        return "emulation"
-    if str(env.get("vendor", "")).lower() == "cpu" or str(env.get("device", "")).startswith("cpu"):
-        return "cpu"
-    return "kernel"
-
-
 def _parsed(doc: Any, label: str, convert) -> Any:
     """``doc`` itself, or ``convert(doc, label)`` of a parsed JSON document (ResultsError -> GateUsageError)."""
     if not isinstance(doc, dict):
@@ -182,18 +172,25 @@ def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
     side = Side(label, machine={"machine": None,
                                 "gpu": ("none" if vendor == "cpu" else env.get("device_name")) if vendor else None},
                 when=_iso_time(env.get("time_utc")))
+    cpu = str(env.get("vendor", "")).lower() == "cpu" or str(env.get("device", "")).startswith("cpu")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in doc.records:
         groups.setdefault((r["backend"], r["case"]), []).append(r)
     for (b, c), recs in groups.items():
-        if any(x != recs[0] for x in recs[1:]):
-            _ambiguous(side, b, c, recs)
+        if any(x != recs[0] for x in recs[1:]):  # several different records: no value is trusted
+            why = (f"{len(recs)} different records of this (backend, case) on {side.label.split()[0]} (statuses "
+                   f"{', '.join(str(x.get('status')) for x in recs)}): which one holds is unknown")
+            side.params[(b, c)] = ("ambiguous", why)
+            for m in metric_table.METRICS:
+                if any(m.record_key in x for x in recs) or any(x.get("status") != "ok" for x in recs):
+                    side.kinds[m.record_key] = m.kind
+                    side.data[(b, c, m.record_key)] = Measure("ambiguous", reason=why)
             continue
         r = recs[0]
         status = r.get("status") if r.get("status") in ("ok", "skipped") else "failed"
         reason = str(r.get("reason") or "")
         side.params[(b, c)] = (status, reason)
-        scope = _run_scope(r, env)
+        scope = "emulation" if record_is_emulation(r) else "cpu" if cpu else "kernel"
         for m in metric_table.METRICS:
             key = (b, c, m.record_key)
             side.kinds[m.record_key] = m.kind
@@ -219,17 +216,6 @@ def _iso_time(text: Any) -> tuple[str, float] | None:
         return ("measured", _dt.datetime.fromisoformat(str(text)).timestamp()) if text else None
     except ValueError:
         return None
-
-
-def _ambiguous(side: Side, b: str, c: str, recs: list[dict[str, Any]]) -> None:
-    """Several different records of one (backend, case): no value of it is trusted (AMBIGUOUS)."""
-    why = (f"{len(recs)} different records of this (backend, case) on {side.label.split()[0]} (statuses "
-           f"{', '.join(str(r.get('status')) for r in recs)}): which one holds is unknown")
-    side.params[(b, c)] = ("ambiguous", why)
-    for m in metric_table.METRICS:
-        if any(m.record_key in r for r in recs) or any(r.get("status") != "ok" for r in recs):
-            side.kinds[m.record_key] = m.kind
-            side.data[(b, c, m.record_key)] = Measure("ambiguous", reason=why)
 
 
 def side_from_asv_result(res: AsvResult | dict[str, Any], label: str) -> Side:
@@ -308,11 +294,6 @@ def machine_holding(results_dir: str, specs: tuple[str, ...], env: str | None) -
     return found[0] if len(found) == 1 else None
 
 
-def _check_prefix(prefix: str) -> None:
-    if len(prefix) < 4 or not all(c in "0123456789abcdefABCDEF" for c in prefix):
-        raise GateUsageError(f"{prefix!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
-
-
 def load_side(spec: str, label: str, results_dir: str, machine: str | None, env: str | None) -> tuple[Side, str]:
     """(Side, where it came from) for a file path or a commit prefix.
 
@@ -322,8 +303,9 @@ def load_side(spec: str, label: str, results_dir: str, machine: str | None, env:
     try:
         if os.path.isfile(spec):
             path = spec
+        elif len(spec) < 4 or not all(c in "0123456789abcdefABCDEF" for c in spec):
+            raise GateUsageError(f"{spec!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
         else:
-            _check_prefix(spec)
             path = str(find_result(results_dir, resolve_machine(results_dir, machine), spec, env))
         doc = load_any(path)
     except ResultsError as exc:
@@ -367,7 +349,7 @@ def latency_verdict(base: Measure, head: Measure, factor: float = DEFAULT_FACTOR
     ever reach ``alpha`` (3 vs 3: the smallest exact p is 0.05) are never significant."""
     bv, hv = base.center(), head.center()
     ratio = hv / bv if bv and bv > 0 else math.inf
-    if base.samples and head.samples and len(base.samples) >= 2 and len(head.samples) >= 2:
+    if _sampled(base, head):
         n1, n2 = len(head.samples), len(base.samples)
         _u, p = mann_whitney_greater(head.samples, base.samples)
         if min_attainable_p(n1, n2) >= alpha:
@@ -380,8 +362,12 @@ def latency_verdict(base: Measure, head: Measure, factor: float = DEFAULT_FACTOR
     return LatencyVerdict(ratio, True, ratio > factor, "no stats")
 
 
+def _sampled(bm: Measure, hm: Measure) -> bool:
+    return bool(bm.samples and hm.samples and len(bm.samples) >= 2 and len(hm.samples) >= 2)
+
+
 def _sig_faster(bm: Measure, hm: Measure, alpha: float) -> bool:
-    if bm.samples and hm.samples and len(bm.samples) >= 2 and len(hm.samples) >= 2:
+    if _sampled(bm, hm):
         return mann_whitney_greater(bm.samples, hm.samples)[1] < alpha
     return bm.ci[0] > hm.ci[1] if bm.ci and hm.ci else True
 
@@ -532,7 +518,7 @@ def _plateau_mhz(side: Side) -> float | None:
 
 def off_plateau(side: Side, backend: str, case: str, plateau: float | None) -> bool:
     """Whether the param's median SM clock lies more than ``OFF_PLATEAU_REL`` (the clock reader's) below
-    ``plateau``, the highest median SM clock of its side (the clock a lightly loaded case holds)."""
+    ``plateau`` (:func:`_plateau_mhz` of its side)."""
     x = side.data.get((backend, case, "sm_clock_mhz"))
     v = x.center() if x is not None and x.status == "ok" else None
     return bool(v and plateau and v < plateau * (1 - OFF_PLATEAU_REL))
@@ -550,12 +536,10 @@ class GatedFigure:
 
 def gated_figure(base: Side, head: Side, key: tuple[str, str, str], bm: Measure, hm: Measure,
                  interleaved: bool = False) -> GatedFigure:
-    """The physics rule: where the SM clock of the param is off its plateau on either side (a
-    power-capped case, whose clock depends on the preceding load and the machine start), the latency
-    rule compares SM cycles per launch (latency x clock), when both sides hold them; elsewhere time.
-    Only the kernel latency (``latency_s``) follows the clock; other latency metrics compare time.
-    ``interleaved`` (BASE and HEAD rounds alternating on one machine): time, since both sides share the
-    machine's thermal and power state and a clock that a change itself lowers is a slowdown users feel."""
+    """Where the SM clock of a ``latency_s`` param is off its plateau on either side (a power-capped case,
+    whose clock depends on the preceding load and the machine start), SM cycles per launch (latency x
+    clock) when both sides hold them; elsewhere, for other metrics and when ``interleaved`` (both sides
+    share the machine's thermal and power state; a clock a change itself lowers is a slowdown), time."""
     b, c, metric = key
     if metric != "latency_s":
         return GatedFigure("time", bm, hm, "")
@@ -572,11 +556,9 @@ def gated_figure(base: Side, head: Side, key: tuple[str, str, str], bm: Measure,
 
 def noise_threshold(bm: Measure, hm: Measure, factor: float, k: float, history: float | None = None
                     ) -> tuple[float, str]:
-    """The per-param latency threshold ``max(factor, 1 + k x spread)`` and where the spread came from.
-
-    spread: the larger round spread ((max - min) / median) of the two sides; without rounds on either
-    side, ``history`` (the param's spread in the machine's stored results); else none (``factor``).
-    """
+    """The per-param latency threshold ``max(factor, 1 + k x spread)`` and where the spread came from:
+    the larger round spread ((max - min) / median) of the two sides, else ``history`` (the param's spread
+    in the machine's stored results), else none (``factor``)."""
     sp = [x for x in (bm.round_spread(), hm.round_spread()) if x is not None]
     if sp:
         noise, src = max(sp), "round spread"
@@ -601,24 +583,19 @@ def robust_sd(values: list[float]) -> float:
 def fastest_mode(values: list[float]) -> list[float]:
     """The rounds within :data:`MODE_WIDTH_REL` of the fastest round: the side's fastest per-process mode.
 
-    A fresh process on the H200 reads a small case at one of two levels 5-7 % apart (FA3-FP8 s512: 15.16 or
-    16.21 us) and a large one at levels ~1 % apart (s8192: 386.3 or 389.8 us); a slower round is a slower
-    process, not a slower library. A library change moves every level, so the fastest modes of two sides
-    compare like with like; levels closer than the width are averaged, and an odd slow round drops out.
+    A fresh H200 process reads a case at one of a few levels (FA3-FP8 s512: 15.16 or 16.21 us; s8192:
+    386.3 or 389.8 us); a slower round is a slower process, not a slower library, and a library change
+    moves every level, so the fastest modes of two sides compare like with like.
     """
     lo = min(values)
     return [v for v in values if v <= lo * (1 + MODE_WIDTH_REL)]
 
 
-def _mean_from_lowest(values: list[float]) -> float:
-    """Mean summed relative to the smallest value (no overflow near the float limit)."""
-    lo = min(values)
-    return lo * float(np.mean([x / lo for x in values]))
-
-
 def fastest_mode_mean(values: list[float]) -> float:
-    """Mean of :func:`fastest_mode`."""
-    return _mean_from_lowest(fastest_mode(values))
+    """Mean of :func:`fastest_mode`, summed relative to its smallest value (no overflow near the float limit)."""
+    mode = fastest_mode(values)
+    lo = min(mode)
+    return lo * float(np.mean([x / lo for x in mode]))
 
 
 def interleaved_ratio(base: list[float], head: list[float], factor: float, k: float
@@ -639,7 +616,8 @@ def interleaved_ratio(base: list[float], head: list[float], factor: float, k: fl
             raise ValueError(f"{name} rounds {list(v)[:6]!r} cannot be judged: every round must be a finite "
                              f"latency > 0 (bad: {bad[:3]!r})")
     modes = [fastest_mode([float(x) for x in v]) for v in (base, head)]
-    mb, mh = (_mean_from_lowest(m) for m in modes)
+    mb, mh = (fastest_mode_mean(m) for m in modes)
+
     ratio = mh / mb
     if not math.isfinite(ratio) or ratio == 0:
         raise ValueError(f"HEAD / BASE = {mh!r} / {mb!r} is not a finite ratio > 0: the rounds cannot be judged")
@@ -650,14 +628,9 @@ def interleaved_ratio(base: list[float], head: list[float], factor: float, k: fl
 
 def history_spreads(machine_dir: str, exclude: tuple[str, ...] = (), least: int = 3
                     ) -> dict[tuple[str, str, str], float]:
-    """Relative spread ``(max - min) / median`` of each kernel-latency param over the stored asv results of
-    one machine directory (files in ``exclude`` left out), per benchmark version; a param needs at least
-    ``least`` stored values. Where a param has values of several versions, the newest file's version
-    counts. Unreadable files are skipped (a history is evidence, not a requirement).
-
-    Returns:
-        ``{(backend, case, metric): spread}``.
-    """
+    """``{(backend, case, metric): (max - min) / median}`` of each kernel-latency param over the stored asv
+    results of one machine directory (``exclude`` left out, unreadable files skipped), over the values of
+    the newest file's benchmark version; a param needs at least ``least`` stored values."""
     skip = {os.path.realpath(x) for x in exclude}
     vals: dict[tuple[str, str, str], dict[str | None, list[float]]] = {}
     newest: dict[tuple[str, str, str], str | None] = {}
@@ -723,11 +696,6 @@ def _latency(row: Row, bm: Measure, hm: Measure, opts: GateOptions, fig: GatedFi
         row.verdict, row.detail = "improved", f"{ratio_str(lv.ratio, 1 / thr)}x, faster; {row.detail}"
 
 
-def _grew(bv: float, hv: float, floor: float | None, limit: float) -> str:
-    text = growth_text(bv, hv, floor, limit)
-    return f"grew {text} > {limit}x" if text.endswith("x") else f"{text}: any growth from 0 exceeds {limit}x"
-
-
 def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions, tol_detail: str) -> None:
     """Verdict of two ok, comparable values by the metric's gate rule (latency excluded)."""
     acc = row.kind == "accuracy"
@@ -746,7 +714,10 @@ def _by_rule(row: Row, m: Metric | None, bv: float, hv: float, opts: GateOptions
         limit = opts.acc_factor if acc else opts.factor
         if hv > bv * limit and (not acc or hv - bv > ACC_ABS_FLOOR):
             row.verdict = "REGRESSION"
-            row.detail = _grew(bv, hv, floor, limit) + (" over BASE" if acc else "")
+            text = growth_text(bv, hv, floor, limit)
+            row.detail = (f"grew {text} > {limit}x" if text.endswith("x")
+                          else f"{text}: any growth from 0 exceeds {limit}x") + (" over BASE" if acc else "")
+
             row.detail += f"; {tol_detail}" if tol_detail else ""
         else:
             row.detail = tol_detail
@@ -877,7 +848,7 @@ def _skipped_summary(rows: list[Row]) -> dict[str, dict[str, str]]:
     skipped: dict[str, dict[str, str]] = {}
     for (b, c), rs in by_param.items():
         if all(r.verdict == "skipped" for r in rs):
-            skipped.setdefault(b, {}).setdefault(c, next((r.detail for r in rs if r.detail), ""))
+            skipped.setdefault(b, {})[c] = next((r.detail for r in rs if r.detail), "")
     return skipped
 
 

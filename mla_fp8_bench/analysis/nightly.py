@@ -103,10 +103,9 @@ def _from_direct_url(text: str | None) -> tuple[str | None, str | None, str]:
 
 
 def identify(library: str, python: str, checkout: str | None = None, commit: str | None = None) -> LibraryUnderTest:
-    """The library under test and its commit: ``commit`` if given, else the HEAD of ``checkout``, else
-    read off the distribution installed for ``python`` (docs/nightly.md, step 1).
-
-    ``library`` is ``aiter``, ``vllm`` or ``auto`` (the one installed).
+    """The library under test (``aiter``, ``vllm`` or ``auto``: the one installed) and its commit: ``commit``
+    if given, else the HEAD of ``checkout``, else read off the distribution installed for ``python``
+    (docs/nightly.md, step 1).
 
     Raises:
         NightlyError: unknown library, nothing identifiable installed, both installed with ``auto``, a
@@ -149,11 +148,7 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
 
 
 def load_conf(path: str) -> dict[str, Any]:
-    """An asv config (:func:`~mla_fp8_bench.harness.results.load_asv_conf`).
-
-    Raises:
-        NightlyError: missing or unparsable.
-    """
+    """An asv config (:func:`~mla_fp8_bench.harness.results.load_asv_conf`); NightlyError when missing or unparsable."""
     if not Path(path).is_file():
         raise NightlyError(f"--config {path} does not exist (run from the suite's checkout, or pass --config)")
     try:
@@ -176,15 +171,12 @@ def derived_config(config: str, repo: str, out_dir: str) -> str:
 
 
 def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTest, timeout: float = 30) -> bool:
-    """Refuse, before anything is written, a run whose asv config names a remote ``repo`` that asv would
-    have to clone or fetch when neither a local mirror holding the commit nor the remote is available.
-
-    asv keeps its clone of a remote ``repo`` in ``<config dir>/<project>`` and fetches it on every run.
-    Returns True when that mirror already holds ``lib.commit`` (the run then passes ``--no-pull``: no
-    network needed), False when ``repo`` is local or the remote answers ``git ls-remote``.
+    """Whether asv's mirror of a remote ``repo`` (``<config dir>/<project>``) already holds ``lib.commit``
+    (the run then passes ``--no-pull``); False when ``repo`` is local or the remote answers ``git ls-remote``.
 
     Raises:
-        NightlyError: naming the repository, the mirror and ``--checkout PATH``.
+        NightlyError: a remote ``repo`` that is unreachable and not mirrored with the commit (checked
+            before anything is written), naming the repository, the mirror and ``--checkout PATH``.
     """
     repo = str(conf.get("repo", "."))
     if not ("://" in repo or (repo.startswith("git@") and ":" in repo)):
@@ -215,14 +207,6 @@ def previous_commit(results_dir: str, machine: str, head: str) -> str | None:
              if "existing" in f.env]
     found = [r for r in found if not (r.commit_hash.startswith(head) or head.startswith(r.commit_hash))]
     return max((r.date or 0.0, r.started_at(), r.commit_hash) for r in found)[2] if found else None
-
-
-def _stored(results_dir: str, machine: str, commit: str) -> bool:
-    try:
-        find_result(results_dir, machine, commit[:8], env="existing")
-    except ResultsError:
-        return False
-    return True
 
 
 def _cli(*args: str) -> list[str]:
@@ -297,9 +281,9 @@ def _env_prefix(env: dict[str, str] | None) -> str:
 
 def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None, *,
                   tail: int | None = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` after echoing it; echo each line of its output as it comes (asv's log, with the grid's
-    per-case lines, during a run of minutes), or with ``tail`` the last ``tail`` characters once it ends.
-    Returns its exit status and its whole output as ``stdout``."""
+    """Run ``cmd`` after echoing it; echo each line of its output as it comes, or with ``tail`` the last
+    ``tail`` characters once it ends. Returns its exit status and its whole output as ``stdout``."""
+
     echo(f"$ {_env_prefix(env)}{shlex.join(cmd)}")
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -337,7 +321,9 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
             if _run_streamed(cmd, echo, tail=6000).returncode != 0:
                 raise NightlyError(f"could not register asv machine {plan.machine}")
         p = _run_streamed(plan.run, echo, plan.run_env)
-        if not _stored(plan.results_dir, plan.machine, plan.lib.commit):
+        try:
+            find_result(plan.results_dir, plan.machine, plan.lib.commit[:8], env="existing")
+        except ResultsError:
             echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
             return EXIT_NO_RESULT
     prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
