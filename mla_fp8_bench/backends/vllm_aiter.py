@@ -333,12 +333,11 @@ class VllmAiter(Backend):
                 state["clean"] = True
                 ws.reset_workspace_manager()
 
-        feats = entry.features
+        feats, locked = entry.features, _ws_fact(ws, lambda m: bool(m.is_locked()))
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
                         extras={"planner_s": st.build_s, "num_partials": st.num_partials,
                                 "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
-                                "num_head_k": st.num_head_k, "workspace_locked": _ws_fact(ws, lambda m: bool(m.is_locked())),
-                                "vllm_version": feats.version,
+                                "num_head_k": st.num_head_k, "workspace_locked": locked, "vllm_version": feats.version,
                                 "vllm_fp8_path": fp8_path_condition(entry.module.AiterMLAMetadataBuilder),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
