@@ -1,8 +1,7 @@
-"""The AITER persistent-scheduled FP8 MLA prefill through its three primitives, ``get_ps_metadata_v1``
-(host planner) -> ``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), called
-as docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks, #driver). One driver
-(:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in
-(``aiter-emulated``) everywhere else, so the code that meets a gfx950 runner is the code tested in CI.
+"""The AITER persistent-scheduled FP8 MLA prefill: ``get_ps_metadata_v1`` (host planner) ->
+``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), called as
+docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks, #driver). One driver
+(:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in elsewhere.
 """
 
 from __future__ import annotations
@@ -89,10 +88,10 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
                device: torch.device, has_context: bool = False
                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
     """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
-    int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``):
-    one call for ``prefill``/``ctx``; for ``prefix`` (per sequence the pool holds context keys, then new
-    keys) the causal new-vs-new and the non-causal new-vs-context call through page indices. ``need_lse``
-    as the imitated caller passes it (docs/aiter-contract.md#driver; ``has_context``: a prefix's new chunk)."""
+    int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``): one
+    for ``prefill``/``ctx``; for ``prefix`` (context keys, then new keys per sequence) the causal new-vs-new
+    and the non-causal new-vs-context call. ``need_lse`` as the imitated caller passes it
+    (docs/aiter-contract.md#driver; ``has_context``: a prefix's new chunk)."""
 
     def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
@@ -112,12 +111,11 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
 
 
 class AiterPsDriver:
-    """Drive the AITER PS FP8 prefill primitives of ``module`` (real ``aiter`` or the stand-in);
-    ``version``: the AITER version, None if unknown. Attributes: the detected ``reduce_arity`` (8 or 9) and
-    ``planner_revision`` (``*_source``: where each was read), ``post_3606`` (every tile can get a slot),
-    ``effective_version`` (keys the reduce's head set), ``pass_need_lse`` (False: the caller fault of
-    leaving it out). BackendUnavailable: a primitive is missing, the reduce form or planner revision
-    cannot be told, or ``mla_reduce_v1`` has the 7-argument form."""
+    """Drive the PS prefill primitives of ``module`` (real ``aiter`` or the stand-in; ``version`` None if
+    unknown). Detected: ``reduce_arity`` (8 or 9), ``planner_revision`` (``*_source``: where each was read),
+    ``post_3606`` (every tile can get a slot), ``effective_version`` (keys the reduce's head set);
+    ``pass_need_lse`` False is the caller fault of leaving it out. BackendUnavailable: a primitive missing,
+    an undetectable reduce form or planner revision, or the 7-argument ``mla_reduce_v1``."""
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
         self.m = check_primitives(module)
@@ -162,11 +160,11 @@ class AiterPsDriver:
     def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device, *,
              cu_seqlens_kv_cpu: torch.Tensor | None = None, causal: bool = True,
              need_lse: bool = False) -> dict[str, Any]:
-        """Allocate the six planner buffers on ``device`` (sized by the info call) and run the host planner
-        on ``[B+1]`` int32 query / key starts (key starts default to the query starts; ``causal``:
-        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`). Returns the six
-        buffers, ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``), ``info_partial_slots``
-        (the info call's ``reduce_partial_map`` bound), ``post_3606`` and ``need_lse`` (None: not passed)."""
+        """Allocate the six planner buffers on ``device`` (info-call sized) and run the host planner on
+        ``[B+1]`` int32 query / key starts (keys default to the queries; ``causal``: bottom-right; ``need_lse``
+        goes to a v0.1.22 planner when :attr:`pass_need_lse`). Returns the buffers, ``planner_s`` (seconds),
+        ``num_partials`` (``reduce_indptr[-1]``), ``info_partial_slots`` (the info call's
+        ``reduce_partial_map`` bound), ``post_3606`` and ``need_lse`` (None: not passed)."""
         cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
         cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
         q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).contiguous(), (cu_kv[1:] - cu_kv[:-1]).contiguous()
@@ -254,9 +252,8 @@ class AiterPsDriver:
                         extras=self.plan_extras([p.plan for p in pieces], case))
 
     def plan_extras(self, plans: list[dict[str, Any]], case: Case) -> dict[str, Any]:
-        """Record extras of a case's plans: planner seconds, live partial slots, live and reserved workspace
-        bytes (docs/aiter-contract.md#workspace), the reduce form, the planner revision and each call's
-        ``need_lse``."""
+        """Record extras of a case's plans: planner seconds, partial slots, live and reserved workspace bytes
+        (docs/aiter-contract.md#workspace), the reduce form, planner revision and each call's ``need_lse``."""
         t, h = case.total_tokens, case.num_heads
         live = sum(workspace_bytes(max(1, p["num_partials"]), t, h).total for p in plans)
         reserved = sum(workspace_bytes(p["info_partial_slots"], t, h).total for p in plans)

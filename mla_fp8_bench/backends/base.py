@@ -1,7 +1,6 @@
-"""The backend protocol: every implementation under test is one :class:`Backend` (docs/extending.md).
-Everything that must not be timed (planning, workspace reservation, casts the production path does ahead
-of time) happens in :meth:`Backend.prepare`; callers use :meth:`Backend.prepare_case`, which also runs
-composed kinds (``prefix``) the way vLLM does (:func:`compose_prefix`).
+"""The backend protocol (docs/extending.md): every implementation under test is one :class:`Backend`; what
+must not be timed happens in :meth:`Backend.prepare`; callers use :meth:`Backend.prepare_case`, which also
+runs composed kinds (``prefix``) the way vLLM does (:func:`compose_prefix`).
 """
 
 from __future__ import annotations
@@ -92,8 +91,8 @@ class Backend(ABC):
         region happens here. BackendUnavailable / CaseUnsupported are recorded as skips."""
 
     def prepare_case(self, inputs: CaseInputs) -> Prepared:
-        """Build the call for any case kind: :func:`compose_prefix` for composed kinds (``prefix``),
-        :meth:`prepare` for the others; CaseUnsupported for a kind :meth:`supports_kind` refuses."""
+        """:func:`compose_prefix` for composed kinds (``prefix``), else :meth:`prepare`; CaseUnsupported for a
+        kind :meth:`supports_kind` refuses."""
         case = inputs.case
         verdict = self.supports_kind(case.kind)
         if not verdict:

@@ -1,10 +1,7 @@
-"""PyTorch SDPA backends: ``torch-sdpa-bf16`` on the bf16 inputs (what a non-FP8 prefill costs and how
-accurate it is) and ``torch-fp8-ref`` on the dequantised fp8 inputs (``fp8 * descale``, bf16 on GPU, fp32 on
-CPU: the input rounding of FP8 without an FP8 kernel).
-
-Both loop over sequences in Python, so their timings include per-sequence launch overhead: baselines, not
-peers. SDPA returns no LSE: ``lse()`` computes it outside the timed call (float32 attention on the same
-inputs), so ``prefix`` cases run through :func:`mla_fp8_bench.backends.base.compose_prefix`.
+"""PyTorch SDPA baselines (a Python loop over sequences, so timings include per-sequence launches):
+``torch-sdpa-bf16`` on the bf16 inputs and ``torch-fp8-ref`` on the dequantised fp8 inputs (``fp8 * descale``,
+bf16 on GPU, fp32 on CPU: FP8's input rounding without an FP8 kernel). ``lse()`` is float32 attention on the
+same inputs outside the timed call, so ``prefix`` cases run through :func:`~mla_fp8_bench.backends.base.compose_prefix`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""``vllm-aiter``: the real ``AiterMLAImpl._mla_fp8_prefill_attn(q, k, v, attn_metadata, out)``, set up as
-vLLM's seed test (PR #51457) does (docs/aiter-contract.md#vllm-entry, docs/vllm-tier.md). Timing scope
-``"call"``: bf16 q/k/v go in, so the fp8 casts (and, from 0.29, the head padding) are timed; planning,
-buffers and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
+"""``vllm-aiter``: the real ``AiterMLAImpl._mla_fp8_prefill_attn`` set up as vLLM's seed test (PR #51457)
+does (docs/aiter-contract.md#vllm-entry, docs/vllm-tier.md). Timing scope ``"call"``: the fp8 casts and head
+padding are timed; planning and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
 """
 
 from __future__ import annotations
@@ -151,20 +150,18 @@ def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
     return VllmEntry(mod, ws, detect_features(mod))
 
 
-def _reserved_bytes(ws: types.ModuleType) -> int | None:
-    """Bytes vLLM's workspace manager holds now (reads a private list; None if it changed)."""
+def _ws_fact(ws: types.ModuleType, fact: Any) -> Any:
+    """``fact(manager)`` of vLLM's workspace manager, None when it fails (informational only)."""
     try:
-        bufs = ws.current_workspace_manager()._current_workspaces
-        return int(sum(b.numel() * b.element_size() for b in bufs if b is not None))
-    except Exception:  # noqa: BLE001 - informational only
-        return None
-
-
-def _workspace_locked(ws: types.ModuleType) -> bool | None:
-    try:
-        return bool(ws.current_workspace_manager().is_locked())
+        return fact(ws.current_workspace_manager())
     except Exception:  # noqa: BLE001
         return None
+
+
+def _reserved_bytes(ws: types.ModuleType) -> int | None:
+    """Bytes vLLM's workspace manager holds now (reads a private list; None if it changed)."""
+    return _ws_fact(ws, lambda m: int(sum(b.numel() * b.element_size() for b in m._current_workspaces
+                                          if b is not None)))
 
 
 def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
@@ -236,8 +233,7 @@ class VllmAiter(Backend):
         return self._entry
 
     def aiter(self) -> types.ModuleType:
-        """The ``aiter`` module whose primitives vLLM is handed (the given one, else the real one);
-        BackendUnavailable when it does not import, lacks a primitive, or its reduce is not 9-argument."""
+        """The ``aiter`` vLLM is handed; BackendUnavailable: no import, a missing primitive, a non-9-arg reduce."""
         if self._aiter is None:
             self._aiter = load_aiter()  # only reached on ROCm (availability gates it)
         check_primitives(self._aiter)
@@ -337,12 +333,11 @@ class VllmAiter(Backend):
                 state["clean"] = True
                 ws.reset_workspace_manager()
 
-        feats = entry.features
+        feats, locked = entry.features, _ws_fact(ws, lambda m: bool(m.is_locked()))
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
                         extras={"planner_s": st.build_s, "num_partials": st.num_partials,
                                 "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
-                                "num_head_k": st.num_head_k, "workspace_locked": _workspace_locked(ws),
-                                "vllm_version": feats.version,
+                                "num_head_k": st.num_head_k, "workspace_locked": locked, "vllm_version": feats.version,
                                 "vllm_fp8_path": fp8_path_condition(entry.module.AiterMLAMetadataBuilder),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
@@ -382,7 +377,7 @@ class VllmAiter(Backend):
 
     @staticmethod
     def _buffer_kwargs(feats: VllmFeatures, kw: dict[str, Any]) -> dict[str, Any]:
-        """The keyword arguments of ``_init_fp8_prefill_ps_buffers`` this release takes (``device`` aside)."""
+        """``_init_fp8_prefill_ps_buffers``'s keyword arguments for this release (``device`` aside)."""
         if feats.attn_out_dtype:
             kw["attn_out_dtype"] = torch.bfloat16  # model_config.dtype: the path requires a bf16 model
         return kw
@@ -401,10 +396,9 @@ class VllmAiter(Backend):
             impl._fp8_prefill_one_scale = None
 
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
-        """vLLM's per-step metadata build time (``planner_samples_s``, seconds, of the real
-        ``_build_fp8_prefill_ps_metadata``), live partial tiles, ``workspace_bytes`` by
-        :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved` (max_num_reqs = batch, max_num_batched_tokens
-        = total tokens, as the seed test) and ``workspace_bytes_reserved``, what the manager holds.
+        """Seconds of the real ``_build_fp8_prefill_ps_metadata`` (``planner_samples_s``), live partial tiles,
+        ``workspace_bytes`` by :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved` (max_num_reqs = batch,
+        max_num_batched_tokens = total tokens) and ``workspace_bytes_reserved``, what the manager holds.
         NotImplementedError for an unsupported case (an asv skip)."""
         if case.quant != "cast":
             case = replace(case, quant="cast")  # the plan does not depend on the quantisation

@@ -101,11 +101,10 @@ class ClockReader:
                             power_w=_num(power))
 
     def policy(self) -> dict[str, Any]:
-        """Clock lock state of the device, read only: ``{"backend", "available", "locked" (bool or None),
-        "evidence": {...}, "recommendation"}``. NVIDIA: locked when the applications clock differs from
-        its default (``nvidia-smi -ac``) or the applications-clocks-setting reason is active (also raised
-        by ``-lgc``). AMD: locked when the performance level is ``DETERMINISM``, ``MANUAL`` or ``STABLE_*``;
-        the power cap is recorded in W (amdsmi reports microwatts)."""
+        """Clock lock state, read only: ``{"backend", "available", "locked" (bool or None), "evidence",
+        "recommendation"}``. NVIDIA: locked when the applications clock is not its default (``nvidia-smi -ac``)
+        or the applications-clocks-setting reason is active (``-lgc`` too). AMD: locked when the performance
+        level is ``DETERMINISM``, ``MANUAL`` or ``STABLE_*``; power cap in W (amdsmi reports microwatts)."""
         out: dict[str, Any] = {"backend": self.backend, "available": self.available, "locked": None,
                                "evidence": {}, "recommendation": ""}
         if not self.available:
@@ -190,17 +189,11 @@ def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_R
     "power_w_median", "throttled", "off_plateau": [indices], "reasons": [names seen]}``; off-plateau: more
     than ``rel`` from the median SM clock."""
     rs = [r or ClockReading() for r in readings]
-    sm = [r.sm_mhz for r in rs]
-
-    def med_of(vals):
-        v = [x for x in vals if x is not None]
-        return statistics.median(v) if v else None
-
-    med = med_of(sm)
-    return {"sm_mhz": sm, "temp_c": [r.temp_c for r in rs], "power_w": [r.power_w for r in rs],
-            "sm_mhz_median": med, "temp_c_median": med_of([r.temp_c for r in rs]),
-            "power_w_median": med_of([r.power_w for r in rs]),
-            "throttled": [i for i, r in enumerate(rs) if r.throttled],
+    cols = {k: [getattr(r, k) for r in rs] for k in ("sm_mhz", "temp_c", "power_w")}
+    present = {k: [x for x in col if x is not None] for k, col in cols.items()}
+    medians = {f"{k}_median": statistics.median(v) if v else None for k, v in present.items()}
+    sm, med = cols["sm_mhz"], medians["sm_mhz_median"]
+    return {**cols, **medians, "throttled": [i for i, r in enumerate(rs) if r.throttled],
             "off_plateau": [i for i, x in enumerate(sm) if x is not None and med and abs(x - med) > rel * med],
             "reasons": reason_names(functools.reduce(operator.or_, (r.reasons or 0 for r in rs), 0))}
 

@@ -1,6 +1,5 @@
-"""Device and vendor facts: vendor (cuda / rocm / cpu), arch (sm_90, gfx950), fp8 dtype. ROCm GPUs are
-device type ``"cuda"`` (``"hip"`` is not a tensor device), so the vendor is told by ``torch.version.hip``
-/ ``torch.version.cuda``; devices are always indexed (``torch.device("cuda") != torch.device("cuda:0")``).
+"""Device facts: vendor (cuda / rocm / cpu, told by ``torch.version.hip`` / ``.cuda``: ROCm GPUs are
+``"cuda"`` devices), arch (sm_90, gfx950), fp8 dtype. Devices are always indexed (``cuda:0``, never ``cuda``).
 """
 
 from __future__ import annotations

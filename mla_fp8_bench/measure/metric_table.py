@@ -77,9 +77,8 @@ class Metric:
         return f"{ASV_MODULE}.{self.asv_class}.{self.track}" if self.track else None
 
     def asv_version(self, class_version: str) -> str:
-        """The asv version of this metric's track in a class of version ``class_version``: with per-round
-        samples (``rounds_key``, a method of its own) ``class_version + "+rounds"``, so only that track
-        starts a new series; every other track keeps the class version and its published history."""
+        """The asv version of this metric's track: ``class_version + "+rounds"`` with per-round samples
+        (``rounds_key``), so only that track starts a new series; else ``class_version``."""
         return class_version + "+rounds" if self.rounds_key else class_version
 
     def value(self, record: dict[str, Any]) -> float | None:
@@ -89,10 +88,9 @@ class Metric:
 
     @property
     def regression_factor(self) -> float | None:
-        """The growth over BASE that the gate calls a regression with its default flags: 1.0 for
-        ``exact`` / ``zero`` (any increase), :data:`DEFAULT_ACC_FACTOR` for accuracy, else
-        :data:`DEFAULT_FACTOR`; None where the gate never judges growth by default (rule ``none``, host
-        latency, informational). asv's ``regressions_thresholds`` are this minus 1."""
+        """The growth over BASE the gate calls a regression by default (asv's ``regressions_thresholds`` + 1):
+        1.0 for ``exact`` / ``zero``, :data:`DEFAULT_ACC_FACTOR` for accuracy, else :data:`DEFAULT_FACTOR`;
+        None where growth is not judged by default (rule ``none``, host latency, informational)."""
         if self.gate == "none" or self.kind not in GATED_KINDS:
             return None
         if self.gate in ("exact", "zero"):

@@ -33,11 +33,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      cu_seqlens_kv: list[int] | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact (bottom-right causal when ``causal``) softmax attention over a ragged batch: q ``[T_q, H, Dqk]``,
     k ``[T_kv, H, Dqk]``, v ``[T_kv, H, Dv]`` (any float dtype), ``cu_seqlens`` ``[B+1]`` query starts (and
-    key starts unless ``cu_seqlens_kv`` is given), ``softmax_scale`` multiplies ``q.k``; computed in
-    ``dtype`` (default float64 on CPU, float32 on GPU) in chunks of ``chunk_elements`` scores.
-
-    Returns ``(out [T_q, H, Dv], lse [T_q, H])`` in ``dtype``; a row that sees no key gets out 0 and LSE
-    -inf. ValueError on inconsistent shapes or cu_seqlens.
+    key starts unless ``cu_seqlens_kv`` is given), scores ``q.k * softmax_scale``, in ``dtype`` (default
+    :func:`default_ref_dtype`) in chunks of ``chunk_elements`` scores. Returns ``(out [T_q, H, Dv], lse
+    [T_q, H])`` in ``dtype`` (a row that sees no key: out 0, LSE -inf); ValueError on bad shapes or starts.
     """
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q/k/v must be 3-D [T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")

@@ -1,7 +1,6 @@
-"""Latency measurement in seconds (docs/methodology.md §1, §2, §8). Methods: ``graph`` (``launches`` calls
-captured in one CUDA/HIP graph, a sample is ``elapsed(replay) / launches`` between two device events),
-``events`` (the same launches run eagerly, when capture fails), ``host`` (CPU: ``perf_counter`` per call)
-and ``host-sync`` (:func:`time_call`: ``perf_counter`` around ``run(); synchronize()``).
+"""Latency measurement in seconds (docs/methodology.md §1, §2, §8). Methods: ``graph`` (a sample is the
+device-event time of one replay of ``launches`` captured calls / ``launches``), ``events`` (the same launches
+eagerly, when capture fails), ``host`` (CPU: ``perf_counter`` per call) and ``host-sync`` (:func:`time_call`).
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from mla_fp8_bench.measure.clocks import mark_samples, open_reader, plateau_reac
 
 @dataclass
 class TimingResult:
-    """Latency samples of one prepared call."""
-
     samples_s: list[float]  # per-launch latency samples, seconds
     method: str  # "graph", "events", "host" or "host-sync" (:func:`time_call`)
     launches_per_sample: int  # launches averaged into one sample
@@ -100,10 +97,9 @@ def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[]
 
 def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Callable[[], None], min_s: float,
             max_s: float, tol: float, chunk_s: float = 0.025, reader=None) -> dict:
-    """Run ``sample`` in chunks of about ``chunk_s`` device time until settled: at least ``min_s`` of
-    device time, the per-launch time of the last three chunks within ``tol``, and the SM clock after each
-    of them within one 15 MHz step (:func:`clocks.plateau_reached`). Returns ``{"replays", "device_s",
-    "settled", "sm_mhz": [clock after each chunk]}``."""
+    """Run ``sample`` in chunks of about ``chunk_s`` device time until at least ``min_s`` ran, the last three
+    chunks' per-launch times agree within ``tol`` and their SM clocks within 15 MHz (:func:`clocks.plateau_reached`).
+    Returns ``{"replays", "device_s", "settled", "sm_mhz": [clock after each chunk]}``."""
     if per_sample_s >= 4 * chunk_s or not min_s > 0:  # none asked for; long samples are their own warm-up
         return {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
     n = int(min(10_000, max(1, round(chunk_s / max(per_sample_s, 1e-9)))))
@@ -211,17 +207,15 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
                 flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
                 warmup_max_s: float = 1.0, warmup_tol: float = 0.005, min_window_s: float = 0.1,
                 clocks: bool = True) -> TimingResult:
-    """Kernel-only latency of ``run`` (launches device work, no host sync) on a ``cuda:N`` device:
-    :func:`process_clock_state`, host warm-up, the device time of one launch, capture of ``launches``
-    calls (events on failure), the clock-aware settle, then the samples (docs/methodology.md §2).
+    """Kernel-only latency of ``run`` (device work, no host sync) on a ``cuda:N`` device, in seconds per launch
+    (docs/methodology.md §2): warm-up, a one-launch probe, a graph of ``launches`` calls (events if capture
+    fails), the clock-aware settle (``warmup_s`` .. ``warmup_max_s`` until within ``warmup_tol``), samples.
 
-    ``samples``: least samples (fewer if ``time_budget_s`` of wall clock runs out, never fewer than 5;
-    more, at most 4x, until they span ``min_window_s`` of device time); launches per sample make one last
-    about ``target_sample_s`` (at most ``max_launches``; 1 with ``flush_l2``, which flushes L2 before each
-    sample); the settle runs ``warmup_s`` .. ``warmup_max_s`` of device time until the last three chunks
-    agree within ``warmup_tol``; ``clocks``: read clocks per sample. Times in seconds. Returns per-launch
-    samples, ``extra`` holding ``est_launch_s``, ``warmup_replays``, ``warmup_device_s``, ``warmup_settled``,
-    ``warmup_sm_mhz`` and ``clocks`` (:func:`clocks.mark_samples`); ValueError for a device not a GPU.
+    ``samples``: least samples (fewer, never under 5, once ``time_budget_s`` runs out; up to 4x to span
+    ``min_window_s``); a sample lasts about ``target_sample_s`` (at most ``max_launches``; one launch with
+    ``flush_l2``, which flushes L2 before each). ``extra``: ``est_launch_s``, ``warmup_replays``, ``warmup_device_s``,
+    ``warmup_settled``, ``warmup_sm_mhz``, and ``clocks`` (:func:`clocks.mark_samples`) when ``clocks``
+    reads them. ValueError for a device not a GPU.
     """
     if device.type != "cuda":
         raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
@@ -264,21 +258,29 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     return TimingResult(out, method, launches, warm, flush_l2, note, extra=extra)
 
 
+def _host_samples(run: Callable[[], object], sync: Callable[[], None], samples: int, min_samples: int,
+                  time_budget_s: float) -> list[float]:
+    """``perf_counter`` seconds of up to ``samples`` ``run(); sync()`` calls, stopping after ``min_samples``
+    once ``time_budget_s`` is spent."""
+    out: list[float] = []
+    t_budget = time.perf_counter() + time_budget_s
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        run()
+        sync()
+        out.append(time.perf_counter() - t0)
+        if len(out) >= min_samples and time.perf_counter() > t_budget:
+            break
+    return out
+
+
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
               time_budget_s: float = 10.0, warmup: bool = True) -> TimingResult:
     """Latency of ``run`` on the CPU: ``perf_counter`` per call, after one warm-up call (``warmup``); at least
     ``min_samples`` samples, then stops once ``time_budget_s`` is spent."""
     if warmup:
         run()
-    out: list[float] = []
-    t_budget = time.perf_counter() + time_budget_s
-    for i in range(samples):
-        t0 = time.perf_counter()
-        run()
-        out.append(time.perf_counter() - t0)
-        if i + 1 >= min_samples and time.perf_counter() > t_budget:
-            break
-    return TimingResult(out, "host", 1, int(warmup))
+    return TimingResult(_host_samples(run, lambda: None, samples, min_samples, time_budget_s), "host", 1, int(warmup))
 
 
 def time_call(run: Callable[[], object], device: torch.device, *, samples: int = 20,
@@ -286,16 +288,7 @@ def time_call(run: Callable[[], object], device: torch.device, *, samples: int =
     """Host-inclusive latency of one call (``run(); synchronize()``), as a user of the API sees it."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     warm = _warmup(run, sync, max_calls=5)
-    out: list[float] = []
-    t_budget = time.perf_counter() + time_budget_s
-    for i in range(samples):
-        t0 = time.perf_counter()
-        run()
-        sync()
-        out.append(time.perf_counter() - t0)
-        if i >= 2 and time.perf_counter() > t_budget:
-            break
-    return TimingResult(out, "host-sync", 1, warm)
+    return TimingResult(_host_samples(run, sync, samples, 3, time_budget_s), "host-sync", 1, warm)
 
 
 def measure_latency(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = False,
@@ -307,11 +300,10 @@ def measure_latency(run: Callable[[], object], device: torch.device, *, graph_ca
 
 
 def clock_fields(tr: TimingResult) -> dict:
-    """Record fields of the clock state of a :class:`TimingResult` (empty without clock readings):
-    ``latency_sm_cycles`` (median over the samples of latency x the SM clock read during the sample: SM
-    cycles per launch, as nvbench-compare-robust derives it) and its per-sample list; medians of the SM
-    clock (MHz), temperature (deg C) and power (W); per-sample clocks, throttled and off-plateau sample
-    indices (:func:`clocks.mark_samples`), NVML reasons seen, ``clock_locked``, ``warmup_settled``."""
+    """Record fields of the clock state of ``tr`` (empty without clock readings): ``latency_sm_cycles``
+    (median of latency x the SM clock read during each sample, as nvbench-compare-robust derives it) and its
+    samples; median SM clock (MHz), temperature (deg C), power (W); the :func:`clocks.mark_samples` lists,
+    ``clock_locked``, ``warmup_settled``."""
     c = tr.extra.get("clocks")
     if not c:
         return {}

@@ -1,10 +1,6 @@
-"""The device's own ceilings, measured once per run in the run's process: FP8 GEMM, bf16 GEMM and copy
-bandwidth (what each measures and why: docs/methodology.md, section 4). GPU only (on CPU:
-``status="skipped"`` with the reason).
-
-``fp8_gemm_tflops`` / ``bf16_gemm_tflops``: TFLOP/s of an ``n x n x n`` GEMM (2 n^3 FLOPs per call) on
-random data, never zeros (a bf16 GEMM ran 13% faster on zeros on an H200); ``copy_tb_s``: TB/s, bytes
-read + written. :func:`attach` adds ``data["ceilings"]`` and the per-record fractions to a runner result.
+"""The device's own ceilings, measured once per run in its process (GPU only; docs/methodology.md §4):
+``fp8_gemm_tflops`` / ``bf16_gemm_tflops`` (TFLOP/s of an ``n x n x n`` GEMM, 2 n^3 FLOPs, on random data:
+a bf16 GEMM ran 13% faster on zeros on an H200) and ``copy_tb_s`` (TB/s, bytes read + written).
 """
 
 from __future__ import annotations
@@ -80,14 +76,9 @@ def _copy(device: torch.device, nbytes: int, samples: int) -> dict[str, Any]:
 
 def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_N, copy_bytes: int = COPY_BYTES,
                      samples: int = 20) -> dict[str, Any]:
-    """Measure FP8 GEMM, bf16 GEMM and copy ceilings on ``device``.
-
-    Returns:
-        ``{"status": "ok", "device_name", "arch", "fp8_gemm_tflops", "bf16_gemm_tflops", "copy_tb_s",
-        "datasheet": {"fp8", "bf16", "hbm_tb_s"} | None, "fp8_gemm_fraction_of_datasheet", ...,
-        "details": {...}}``, or ``{"status": "skipped", "reason": ...}`` on a CPU. A part that fails
-        (e.g. no ``_scaled_mm`` for this GPU) has ``None`` and its reason in ``details``.
-    """
+    """``{"status": "ok", "device_name", "arch", "fp8_gemm_tflops", "bf16_gemm_tflops", "copy_tb_s",
+    "datasheet": {"fp8", "bf16", "hbm_tb_s"} | None, "<part>_fraction_of_datasheet", "details"}`` on
+    ``device``, ``{"status": "skipped", "reason"}`` on a CPU; a failing part is None, its reason in ``details``."""
     from mla_fp8_bench.measure.devices import platform_info
 
     pinfo = platform_info(device)
@@ -117,11 +108,8 @@ def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_
 
 
 def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
-    """Add ``fraction_of_ceiling`` and ``fraction_of_datasheet`` to every ok record with ``tflops``.
-
-    FP8 records (the record's ``fp8``; emulations excluded) are divided by the FP8 ceiling/peak, bf16 ones
-    by the bf16 ones; records without ``fp8`` whose backend is unknown to the registry are left alone.
-    """
+    """Add ``fraction_of_ceiling`` / ``fraction_of_datasheet`` (of the FP8 or bf16 GEMM, by the record's
+    ``fp8``) to every ok, non-emulation record with ``tflops`` whose precision is known."""
     if ceil.get("status") != "ok":
         return
     from mla_fp8_bench.backends import record_is_fp8
@@ -143,14 +131,9 @@ def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
 
 
 def attach(data: dict[str, Any], device: str | torch.device | None = None, enabled: bool = True) -> dict[str, Any]:
-    """Measure the ceilings once and store them in ``data["ceilings"]`` (and per-record fractions).
-
-    ``device`` defaults to ``data["env"]["device"]`` (the runner's device), else ``auto``. With
-    ``enabled=False`` (``MLA_FP8_BENCH_CEILINGS=0`` in asv runs) nothing is measured and
-    ``data["ceilings"]`` says so. Never raises for measurement failures: they are recorded in the result.
-
-    Returns the ceilings dict.
-    """
+    """Measure the ceilings once into ``data["ceilings"]`` (and per-record fractions) and return them;
+    ``device`` defaults to ``data["env"]["device"]``, else ``auto``; ``enabled=False``
+    (``MLA_FP8_BENCH_CEILINGS=0``) measures nothing. Measurement failures are recorded, never raised."""
     if not enabled:
         ceil: dict[str, Any] = {"status": "skipped", "reason": "MLA_FP8_BENCH_CEILINGS=0"}
     else:

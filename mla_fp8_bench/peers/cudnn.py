@@ -1,27 +1,17 @@
-"""cuDNN fused SDPA on Hopper: the second FP8 peer (``cudnn-fp8``) and its bf16 twin (``cudnn-bf16``).
+"""cuDNN fused SDPA on Hopper: the second FP8 peer (``cudnn-fp8``) and its bf16 twin (``cudnn-bf16``), from
+the ``nvidia-cudnn-frontend`` wheel (module ``cudnn``, lazily imported; ``sdpa_fp8`` since 1.3.0; install with
+``--no-deps``: the graph API does not need the CuTe-DSL stack it names).
 
-Source: the ``nvidia-cudnn-frontend`` wheel (module ``cudnn``, imported lazily; graph API, ``sdpa_fp8``
-since frontend 1.3.0) over the cuDNN backend library torch loads. Install with ``--no-deps``: the
-CuTe-DSL stack it names is imported lazily and the graph API does not need it.
-
-The graph (one per prepared case):
-
-* q ``[B, H, S_q, 192]``, k ``[B, H, S_kv, 192]``, v ``[B, H, S_kv, 128]`` over the suite's packed
-  ``[T, H, D]`` tensors with BSHD strides ``(S*H*D, D, H*D, 1)``; for a batch of more than one
-  sequence each tensor gets an int64 ragged offset ``[B+1, 1, 1, 1]`` (element offsets
-  ``cu_seqlens * H * D``) and the padding mask takes the int32 lengths ``[B, 1, 1, 1]``.
-* masks: causal top-left for ``prefill`` cases (q_len == kv_len), none for ``ctx`` cases, causal
-  bottom-right for ``prefix`` cases (cuDNN documents bottom-right as Blackwell-only; the build error
-  is reported as the skip reason where the installed cuDNN refuses it).
-* ``cudnn-fp8``: ``pygraph(io_data_type=FP8_E4M3, intermediate/compute FLOAT)``;
-  ``sdpa_fp8(q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, attn_scale=...)``
-  with the suite's per-tensor descales, ``scale_s = 448`` / ``descale_s = 1/448`` (P in [0, 1] scaled
-  to e4m3's range) and ``scale_o = 1/descale_v`` (O is a convex combination of V rows, so ``|O / descale_v|
-  <= 448``). cuDNN gives FP8 forward a bf16 output only on Blackwell (cuDNN >= 9.13), so on Hopper
-  (compute capability 9.x) the output is e4m3 and ``run()`` dequantises it (``o8 * descale_v``
-  to bf16, one extra elementwise kernel inside the timed region); ``extras["cudnn_output"]`` says
-  which, and why.
-* ``cudnn-bf16``: ``pygraph(io_data_type=BFLOAT16)``; ``sdpa(q, k, v, attn_scale=...)`` on the bf16 inputs.
+* q ``[B, H, S_q, 192]``, k ``[B, H, S_kv, 192]``, v ``[B, H, S_kv, 128]`` over the packed ``[T, H, D]``
+  tensors with BSHD strides ``(S*H*D, D, H*D, 1)``; a batch of more than one sequence gets int64 ragged
+  offsets ``[B+1, 1, 1, 1]`` (``cu_seqlens * H * D``) and int32 padding-mask lengths ``[B, 1, 1, 1]``.
+* masks: causal top-left for ``prefill``, none for ``ctx``, causal bottom-right for ``prefix`` (documented
+  Blackwell-only; where cuDNN refuses it the build error is the skip reason).
+* ``cudnn-fp8``: ``sdpa_fp8`` with the per-tensor descales, ``scale_s = 448`` / ``descale_s = 1/448`` (P in
+  [0, 1] scaled to e4m3's range) and ``scale_o = 1/descale_v`` (O is a convex combination of V rows, so
+  ``|O / descale_v| <= 448``). A bf16 FP8-forward output needs Blackwell (cuDNN >= 9.13), so on Hopper the
+  output is e4m3 and ``run()`` dequantises it (one elementwise kernel, timed); ``extras["cudnn_output"]``
+  says which. ``cudnn-bf16``: ``sdpa`` on the bf16 inputs.
 
 ``run()`` executes the graph on the current stream, host-sync free (CUDA-graph capturable).
 """
@@ -54,11 +44,8 @@ def _import_module(name: str) -> Any:
 
 
 def load_cudnn() -> Any:
-    """Import and return the frontend module ``cudnn`` (cached).
-
-    Raises:
-        BackendUnavailable: not installed, failing import (quoted), or a backend older than 9.1.0.
-    """
+    """The frontend module ``cudnn`` (cached); BackendUnavailable: not installed, failing import (quoted),
+    or a backend older than 9.1.0 or 9.10.0."""
     return load_once(_cache, "mod", _load)
 
 
@@ -122,13 +109,8 @@ class _CudnnBase(Backend):
         return loadable(load_cudnn)
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Build and plan the cuDNN graph (outside the timed region).
-
-        Raises:
-            BackendUnavailable: not a CUDA device or the frontend missing.
-            CaseUnsupported: cuDNN refuses the case (no engine for d_qk 192 / d_v 128, ragged FP8,
-                bottom-right causal on Hopper); the message quotes cuDNN's error.
-        """
+        """Build and plan the cuDNN graph (untimed). BackendUnavailable: not a CUDA device or no frontend;
+        CaseUnsupported: cuDNN refuses the case (quoting cuDNN's error)."""
         if inputs.device.type != "cuda":
             raise BackendUnavailable(f"needs an NVIDIA GPU; found {inputs.device.type}")
         cudnn = load_cudnn()

@@ -1,18 +1,14 @@
-"""FlashAttention-3 on Hopper: the full-FP8 peer (``fa3-fp8``) and its bf16 twin (``fa3-bf16``).
+"""FlashAttention-3 on Hopper: the full-FP8 peer (``fa3-fp8``) and its bf16 twin (``fa3-bf16``), from the
+PyPI wheel ``fa3-fwd`` 0.0.3 (module ``fa3_fwd_interface``, lazily imported; docs/reference-facts.md#fa3).
+``run()`` is one ``flash_attn_varlen_func`` call with ``return_attn_probs=True``, host-sync free.
 
-Source: the PyPI wheel ``fa3-fwd`` 0.0.3 (module ``fa3_fwd_interface``), imported lazily; install, the
-entry point ``flash_attn_varlen_func`` and its semantics: docs/reference-facts.md#fa3. ``run()`` is one
-call with ``return_attn_probs=True`` (descales for fp8 only), host-sync free and CUDA-graph capturable.
-
-* q ``[T, H, 192]``, k ``[T_kv, H, 192]``, v ``[T_kv, H, 128]``: ``float8_e4m3fn`` (fa3-fp8) or bf16
-  (fa3-bf16), last dim contiguous (else the wrapper would copy v inside the timed call); the bf16 ``mla``
-  inputs keep v as the strided ``kv_b_proj`` view, as vLLM passes it.
-* cu_seqlens_q / cu_seqlens_k ``[B+1]`` int32 on the device: one tensor for prefill cases, the query and
-  key starts for context chunks (``ctx``, ``causal=False``). ``prefix`` cases are composed by
-  :func:`mla_fp8_bench.backends.base.compose_prefix`, as vLLM does on Hopper, so FA3 is never called
-  causally with q_len != kv_len here.
-* descales: fp32 ``(B, H_kv)``, the per-tensor descale ``[1]`` as a stride-0 expanded view.
-* out ``[T, H, 128]`` bf16; lse ``[H, T]`` fp32 (natural log of the scaled scores), returned as ``[T, H]``.
+* q ``[T, H, 192]``, k ``[T_kv, H, 192]``, v ``[T_kv, H, 128]``: ``float8_e4m3fn`` or bf16, last dim
+  contiguous (the bf16 ``mla`` v stays the strided ``kv_b_proj`` view, as vLLM passes it).
+* cu_seqlens_q / cu_seqlens_k ``[B+1]`` int32 on the device (``ctx``: ``causal=False``); ``prefix`` cases
+  are composed (:func:`mla_fp8_bench.backends.base.compose_prefix`), so FA3 never runs causally with
+  q_len != kv_len.
+* descales: fp32 ``(B, H_kv)``, stride-0 views of the per-tensor ``[1]``.
+* out ``[T, H, 128]`` bf16; lse ``[H, T]`` fp32 (natural log), returned as ``[T, H]``.
 """
 
 from __future__ import annotations
@@ -48,12 +44,8 @@ def _import_module(name: str) -> Any:
 
 
 def load_fa3() -> Any:
-    """Import and return ``fa3_fwd_interface`` (cached).
-
-    Raises:
-        BackendUnavailable: the wheel is not installed, or importing it failed (the reason says which,
-            e.g. a CUDA runtime mismatch: the 0.0.3 wheel links ``libcudart.so.13``).
-    """
+    """``fa3_fwd_interface`` (cached); BackendUnavailable: not installed, or the import failed (e.g. the
+    0.0.3 wheel links ``libcudart.so.13``)."""
     return load_once(_module_cache, FA3_MODULE, _load)
 
 
@@ -106,12 +98,8 @@ class _Fa3Base(Backend):
         return Verdict.yes()
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Casts, contiguity and descale views happen here, outside the timed ``run``.
-
-        Raises:
-            BackendUnavailable: not a CUDA device or fa3-fwd missing.
-            CaseUnsupported: head dims FA3 does not build, or a non-e4m3fn fp8 dtype.
-        """
+        """Casts, contiguity and descales, outside the timed ``run``. BackendUnavailable: not a CUDA device
+        or no fa3-fwd; CaseUnsupported: head dims FA3 does not build, or a non-e4m3fn fp8 dtype."""
         if inputs.device.type != "cuda":
             raise BackendUnavailable(f"needs an NVIDIA Hopper (sm_90) GPU; found {inputs.device.type}")
         fa3 = load_fa3()

@@ -43,25 +43,24 @@ class CaseInputs:
     device: torch.device
     has_context: bool = False  # the new-token piece of a prefix case with context: the planner gets need_lse
 
-    def _same_q_kv(self, name: str) -> None:
+    def _same_q_kv(self, name: str, value):
+        """``value`` (the ``_q`` field) when queries and keys share starts, else AttributeError."""
         if not self.case.kind.same_q_kv:
             raise AttributeError(f"CaseInputs.{name} is defined for prefill cases (q_len == kv_len), not for "
                                  f"{self.case.family} case {self.case.id}: use {name}_q / {name}_kv")
+        return value
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
-        self._same_q_kv("cu_seqlens")
-        return self.cu_seqlens_q
+        return self._same_q_kv("cu_seqlens", self.cu_seqlens_q)
 
     @property
     def cu_seqlens_cpu(self) -> torch.Tensor:
-        self._same_q_kv("cu_seqlens")
-        return self.cu_seqlens_q_cpu
+        return self._same_q_kv("cu_seqlens", self.cu_seqlens_q_cpu)
 
     @property
     def max_seqlen(self) -> int:
-        self._same_q_kv("max_seqlen")
-        return self.max_seqlen_q
+        return self._same_q_kv("max_seqlen", self.max_seqlen_q)
 
     @property
     def qo_indptr(self) -> torch.Tensor:  # AITER's name
@@ -81,10 +80,8 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
 
 def make_bf16_qkv(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Draw the case's bf16 q ``[T_q,H,192]``, k ``[T_kv,H,192]``, v ``[T_kv,H,128]`` on the CPU (seeded).
-
-    Draw order q, k, v (``mla``: q, kv, k_pe), so prefill cases (T_q == T_kv) keep their values.
-    """
+    """The case's bf16 q ``[T_q,H,192]``, k ``[T_kv,H,192]``, v ``[T_kv,H,128]``, drawn seeded on the CPU in
+    the order q, k, v (``mla``: q, kv, k_pe)."""
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
     t, tk, h = case.total_tokens, case.total_kv_tokens, case.num_heads
     dqk, dv, dn, dr = shapes.QK_HEAD_DIM, shapes.V_HEAD_DIM, shapes.QK_NOPE_HEAD_DIM, shapes.QK_ROPE_HEAD_DIM
