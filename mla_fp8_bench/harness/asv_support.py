@@ -177,9 +177,8 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
     records = {f"{r['backend']}|{r['case']}": emulation_apart({k: v for k, v in r.items() if k != "traceback"})
                for r in data["records"]}
     grid = asv_backends()
-    for cid, why in skipped.items():
-        for b in grid:
-            records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}
+    records.update({f"{b}|{cid}": {"backend": b, "case": cid, "status": "skipped", "reason": why}
+                    for cid, why in skipped.items() for b in grid})
     _keep_stored(cfg, records, "MLAPrefill", version, grid, skipped)
     return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records,
             "rounds": data["rounds"]}
@@ -207,7 +206,6 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
                 records[key] = {"status": "skipped", "reason": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
                 records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-        for cid, why in skipped.items():
-            records[f"{name}|{cid}"] = {"status": "skipped", "reason": why}
+        records.update({f"{name}|{cid}": {"status": "skipped", "reason": why} for cid, why in skipped.items()})
     _keep_stored(cfg, records, "AiterPlan", version, plan, skipped)
     return {"records": records}

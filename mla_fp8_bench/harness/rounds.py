@@ -47,9 +47,9 @@ def case_work(case_id: str) -> float:
 
 
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
-    """``pairs`` (backend, case) in measuring order: cases by :func:`case_work`, then id (docs/methodology.md
-    §9); within a case the backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``).
-    ValueError: another order name."""
+    """``pairs`` (backend, case) in measuring order: cases by :func:`case_work`, then id
+    (docs/methodology.md §9); within a case the backends as given (``sorted``), ``reversed`` or
+    ``shuffled`` (``seed``). ValueError: another order name."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
     rng = random.Random(seed)
