@@ -271,8 +271,7 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"asv machine file {path} already has an entry {args.name!r} with other facts (keys "
                              f"{', '.join(changed)}): refusing to replace it; pass --force to replace it, or choose "
                              "another name")
-        data[args.name] = facts
-        data["version"] = 1
+        data.update({args.name: facts, "version": 1})
         write_json_atomic(data, path, indent=4, sort_keys=True)
     console.print(f"wrote machine {args.name!r} to {path} (facts from {src}): {facts}")
     return 0

@@ -8,14 +8,12 @@ asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
     results/<machine>/<sha8>-<env>.json     one (commit, environment) result file, api version 2
 
 A result file holds ``commit_hash``, ``env_name``, ``date`` and ``started_at`` (ms since the epoch),
-``params`` (machine facts, python, requirements), ``result_columns`` (``result, params, version,
-started_at, duration, stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat,
-samples, profile``) and ``results``: per benchmark one row in column order (trailing ones may be absent);
-``result``, ``stats_*`` and ``samples`` are lists over ``itertools.product(*params)`` of the parameters'
-values as Python literals (``"'aiter'"``), a failed combination ``null``, a skipped one ``NaN``.
-
-A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
-optionally with ``ceilings`` (:func:`mla_fp8_bench.peers.ceilings.attach`).
+``params`` (machine facts), ``result_columns`` (``result, params, version, started_at, duration,
+stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat, samples, profile``) and
+``results``: per benchmark one row in column order (trailing ones may be absent); ``result``, ``stats_*``
+and ``samples`` are lists over ``itertools.product(*params)`` of the parameters' values as Python literals
+(``"'aiter'"``), a failed combination ``null``, a skipped one ``NaN``. A run JSON is ``{"env": {...},
+"records": [{"backend": str, "case": str, "status": str, ...}, ...]}``, maybe with ``ceilings``.
 """
 
 from __future__ import annotations
