@@ -208,27 +208,26 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, en
     if not rounds:
         return docs
     start = lambda: RoundServer(sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
-    srv = start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
-            try:
-                for i in range(1, rounds + 1):
-                    if srv.proc.poll() is not None:  # a timed-out or crashed server: the next round gets a new one
-                        srv.close()
-                        srv = start()
-                    doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
-                                    device, timeout=timeout)
-                    doc["round"] = i
-                    docs.append(doc)
-                    if log is not None:
-                        ok = sum(1 for r in doc["rows"] if "latency_s" in r)
-                        log(f"round {i} ({round_order(i)}): " + (doc.get("error") or
-                            f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
-            except BaseException:  # interrupted: no round child may write into tmp after it is removed
-                srv.kill()
-                raise
-    finally:
-        srv.close()
+    with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
+        srv = start()
+        try:
+            for i in range(1, rounds + 1):
+                if srv.proc.poll() is not None:  # a timed-out or crashed server: the next round gets a new one
+                    srv.close()
+                    srv = start()
+                doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
+                                device, timeout=timeout)
+                doc["round"] = i
+                docs.append(doc)
+                if log is not None:
+                    ok = sum(1 for r in doc["rows"] if "latency_s" in r)
+                    log(f"round {i} ({round_order(i)}): " + (doc.get("error") or
+                        f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
+        except BaseException:  # interrupted: no round child may write into tmp after it is removed
+            srv.kill()
+            raise
+        finally:
+            srv.close()
     return docs
 
 
