@@ -1,6 +1,6 @@
-"""Validation of user-supplied values before any work starts: each failure is one line naming the value and
-what is allowed. ``positive_int`` / ``positive_float`` / ``int_in`` / ``safe_name`` are argparse ``type=``
-callables (``error: argument --x: ...``, exit status 2); environment variables: :mod:`mla_fp8_bench.config`.
+"""Validation of user-supplied values before any work: one line naming the value and what is allowed.
+``positive_int`` / ``positive_float`` / ``int_in`` / ``safe_name`` are argparse ``type=`` callables (exit
+status 2); environment variables: :mod:`mla_fp8_bench.config`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ RESERVED_NAMES = frozenset({"version", "benchmarks.json", "machine.json", "html"
 
 
 def check_name(value: str, what: str) -> str:
-    """Return ``value`` if it is a safe one-component name (:data:`NAME_RE`, no ``..``, not one of
-    :data:`RESERVED_NAMES`), else raise ``ValueError``."""
+    """``value`` if a safe path component (:data:`NAME_RE`, no ``..``, not :data:`RESERVED_NAMES`), else ValueError."""
     if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
         raise ValueError(f"{what} {value!r} is invalid: letters, digits, '.', '_', '+', '-' (1-64 characters, "
                          "first a letter or digit, no '..' or '/'): it names a file or directory")
@@ -30,7 +29,7 @@ def check_name(value: str, what: str) -> str:
 
 def split_list(values: list[str] | None, option: str) -> list[str] | None:
     """Comma-separated option values (``action="append"``), in order, each once; None when not given;
-    ValueError when the option was given but names nothing (``-b ",,,"``)."""
+    ValueError when they name nothing (``-b ",,,"``)."""
     if values is None:
         return None
     items = [x.strip() for s in values for x in s.split(",") if x.strip()]
@@ -55,7 +54,6 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
 
 
 def _argtype(kind: type, minimum: float, strict: bool):
-    """argparse type: ``kind(text)`` checked by :func:`parse_number` (``>= minimum``, ``>`` when ``strict``)."""
     def parse(text: str):
         try:
             return kind(parse_number(text, kind, "value", minimum, strict))

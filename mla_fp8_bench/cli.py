@@ -1,7 +1,5 @@
-"""Command line: ``mla-fp8-bench env | run | cases | ...``.
-
-Bad input (unknown backend or case, bad device) exits with status 2 and one line naming the value and
-the allowed ones - never a traceback from inside torch.
+"""Command line: ``mla-fp8-bench env | run | cases | ...``. Bad input (unknown backend or case, bad device)
+exits with status 2 and one line naming the value and the allowed ones, never a traceback.
 """
 
 from __future__ import annotations
@@ -119,9 +117,8 @@ def _records_table(data: dict) -> Table:
 
 
 def _interrupted_path(path: str, data: dict) -> str:
-    """Where an interrupted run's records go: ``path``, unless a file there holds as many records or more;
-    then the first of ``<stem>.interrupted<suffix>``, ``<stem>.interrupted-2<suffix>``, ... that holds no
-    more, so no earlier file is ever replaced by fewer records."""
+    """Where an interrupted run's records go: ``path``, unless a file there holds as many or more; then the
+    first of ``<stem>.interrupted<suffix>``, ``<stem>.interrupted-2<suffix>``, ... that holds no more."""
     from mla_fp8_bench.jsonio import load_json, output_target
 
     def n_records(candidate: str) -> int:
@@ -144,8 +141,8 @@ def _interrupted_path(path: str, data: dict) -> str:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    """``run``: every argument is checked before measuring; a second run writing the same ``--json`` is
-    refused. Ctrl-C, SIGTERM and SIGHUP write the records completed so far (marked ``"interrupted"``, see
+    """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
+    Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``,
     :func:`_interrupted_path`) and exit 128 + the signal's number."""
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
@@ -169,11 +166,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             except RunInterrupted as exc:
                 data, interrupted = exc.data, True
         rounds_cut = None
-        if args.rounds > 1 and not args.no_timing and not interrupted:
-            rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
         if not args.no_timing and not interrupted:
             from mla_fp8_bench.peers.ceilings import attach
 
+            if args.rounds > 1:
+                rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
             attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
         out = _interrupted_path(args.json, data) if args.json and interrupted else args.json
         if out:
@@ -198,9 +195,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console: Console) -> int | None:
-    """``run --rounds N``: rounds 1 .. N-1 in forked processes (configuration flags passed through their
-    environment) folded into ``data``'s records. Returns None, or the number of the signal that stopped
-    the rounds (the records keep round 0 and ``data["rounds"]`` says so)."""
+    """``run --rounds N``: rounds 1 .. N-1 in forked processes (flags passed through their environment)
+    folded into ``data``'s records; None, or the number of the signal that stopped them (records keep round 0)."""
     from mla_fp8_bench.config import PREFIX
     from mla_fp8_bench.harness.rounds import fold_rounds
 
@@ -230,8 +226,7 @@ def _this_machine(name: str, device: str) -> dict[str, str]:
 
 
 def _differing_facts(committed: dict, here: dict) -> list[str]:
-    """Facts of a committed machine that this machine contradicts: arch, GPU model, and the CPU count
-    when there is no GPU."""
+    """Facts of a committed machine this one contradicts: arch, GPU model, the CPU count without a GPU."""
     cg, hg = str(committed.get("gpu", here["gpu"])).strip().lower(), here["gpu"].strip().lower()
     differs = {"arch": str(committed.get("arch", here["arch"])) != here["arch"],
                "gpu": cg != hg and ("none" in (cg, hg) or not (cg in hg or hg in cg)),
@@ -240,10 +235,9 @@ def _differing_facts(committed: dict, here: dict) -> list[str]:
 
 
 def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
-    """Write ``~/.asv-machine.json`` for ``args.name``: the committed ``results/<name>/machine.json`` if
-    there is one, else facts read off this machine with a ``gpu`` key (an asv graph facet); atomically,
-    under a lock, other machines kept. Without ``--force`` it refuses to replace an entry of that name with
-    other facts, and to file this machine under a published name whose committed facts are not its own."""
+    """Write ``~/.asv-machine.json`` for ``args.name`` (atomically, under a lock, other machines kept): the
+    committed ``results/<name>/machine.json``, else this machine's facts with a ``gpu`` key. Without
+    ``--force`` it refuses to replace an entry with other facts, or to use a name whose facts are not ours."""
     from mla_fp8_bench.argtypes import check_name
     from mla_fp8_bench.jsonio import load_json, locked, write_json_atomic
 
@@ -277,8 +271,7 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"asv machine file {path} already has an entry {args.name!r} with other facts (keys "
                              f"{', '.join(changed)}): refusing to replace it; pass --force to replace it, or choose "
                              "another name")
-        data[args.name] = facts
-        data["version"] = 1
+        data.update({args.name: facts, "version": 1})
         write_json_atomic(data, path, indent=4, sort_keys=True)
     console.print(f"wrote machine {args.name!r} to {path} (facts from {src}): {facts}")
     return 0

@@ -1,8 +1,6 @@
-"""The run configuration: every knob of a measurement in one frozen object, validated when it is built.
-
-It is built once, from the command line (``cli.py``) or from the environment (:meth:`RunConfig.from_env`:
-the asv benchmark module and the round worker), and passed down. This is the one module that reads
-``MLA_FP8_BENCH_*`` variables (and asv's ``ASV_*``): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
+"""The run configuration: every knob of a measurement in one frozen object, validated when built from the
+command line (``cli.py``) or the environment (:meth:`RunConfig.from_env`), then passed down. The one module
+that reads ``MLA_FP8_BENCH_*`` (and asv's ``ASV_*``): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
 :class:`RunConfig` (``_TIME_BUDGET``: ``time_budget_s``; ``_AITER_ANY_DEVICE=1``; ``_CEILINGS=0``).
 """
 
@@ -31,49 +29,31 @@ NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENC
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What one run measures and how; ``None`` / ``()`` where the caller's default applies.
+    """What one run measures and how; ``None`` / ``()`` where the caller's default applies."""
 
-    Attributes:
-        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        max_tokens, backends, cases: the asv grid's token cap (None: ``asv_support.GRID_CAPS``) and params
-            to measure (empty: all).
-        samples, time_budget_s, rounds: latency samples per param, seconds of sampling, latency rounds.
-        emu_cu_num, emu_max_tokens: the emulated plan's CU count (256 = MI355X) and the emulation's token
-            cap (None: :data:`DEFAULT_EMU_MAX_TOKENS`; 0: none).
-        emu_aiter_version: the AITER version ``aiter-emulated`` models (None: the newest modelled).
-        aiter_any_device: ``aiter`` may drive a non-gfx950 ``aiter`` package (records labelled an emulation).
-        expect_commit, machine: the commit / asv machine an ``-E existing`` run is filed under ("" unset).
-        ceilings: measure the device ceilings.
-        asv, asv_parent: asv's ``ASV_CONF_DIR`` / ``ASV_COMMIT`` / ``ASV_ENV_NAME``, and (working directory,
-            argv) of the ``asv run`` process that started this one (:func:`asv_parent_process`).
-    """
-
-    device: str = "auto"
-    max_tokens: int | None = None
-    backends: tuple[str, ...] = ()
+    device: str = "auto"  # auto, cpu, cuda or cuda:N
+    max_tokens: int | None = None  # the asv grid's token cap (None: asv_support.GRID_CAPS)
+    backends: tuple[str, ...] = ()  # asv params to measure (empty: all)
     cases: tuple[str, ...] = ()
-    samples: int | None = None
-    time_budget_s: float | None = None
-    rounds: int | None = None
-    emu_cu_num: int = DEFAULT_EMU_CU_NUM
-    emu_max_tokens: int | None = None
-    emu_aiter_version: tuple[int, int, int] | None = None
-    aiter_any_device: bool = False
-    expect_commit: str = ""
-    machine: str = ""
-    ceilings: bool = True
-    asv: Mapping[str, str] = field(default_factory=dict)
-    asv_parent: tuple[str, tuple[str, ...]] | None = None
+    samples: int | None = None  # latency samples per param
+    time_budget_s: float | None = None  # seconds of latency sampling per param
+    rounds: int | None = None  # latency rounds
+    emu_cu_num: int = DEFAULT_EMU_CU_NUM  # the emulated plan's CU count (256 = MI355X)
+    emu_max_tokens: int | None = None  # the emulation's token cap (None: DEFAULT_EMU_MAX_TOKENS; 0: none)
+    emu_aiter_version: tuple[int, int, int] | None = None  # the AITER version aiter-emulated models (None: newest)
+    aiter_any_device: bool = False  # aiter may drive a non-gfx950 package (records labelled an emulation)
+    expect_commit: str = ""  # the commit an -E existing asv run is filed under ("" unset)
+    machine: str = ""  # the asv machine it is filed under ("" unset)
+    ceilings: bool = True  # measure the device ceilings
+    asv: Mapping[str, str] = field(default_factory=dict)  # asv's ASV_CONF_DIR / ASV_COMMIT / ASV_ENV_NAME
+    asv_parent: tuple[str, tuple[str, ...]] | None = None  # (cwd, argv) of the parent asv run process
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, grid: tuple[tuple[str, ...], tuple[str, ...]]
                  | None = None) -> RunConfig:
-        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``), checked before any work;
-        ``grid``: the (backends, cases) that ``_BACKENDS`` / ``_CASES`` may name (None: any).
-
-        Raises:
-            ValueError: one line naming the variable, the bad value and what is allowed.
-        """
+        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``); ``grid``: the (backends,
+        cases) that ``_BACKENDS`` / ``_CASES`` may name (None: any). ValueError: one line naming the
+        variable, the bad value and what is allowed."""
         env = os.environ if environ is None else environ
         get = lambda name: env.get(PREFIX + name, "")  # noqa: E731
         samples = _int(get("SAMPLES"), "SAMPLES", 1)
@@ -113,9 +93,8 @@ class RunConfig:
 
 
 def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
-    """(working directory, argv) of the ``asv run`` process that started this one (Linux ``/proc``), or
-    None: ``-E existing`` runs get no ``ASV_*`` variables, so their config directory, ``--set-commit-hash``
-    and ``--machine`` are read there."""
+    """(working directory, argv) of the ``asv run`` process that started this one (Linux ``/proc``; ``-E
+    existing`` runs get no ``ASV_*`` variables), or None."""
     try:
         pid = os.getppid()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -178,7 +157,6 @@ def check_device(device: str, what: str) -> str:
 def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
     """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled); ValueError
     naming ``what`` (:func:`~mla_fp8_bench.aiter_ps.facts.modelled_version`)."""
-
     if not raw.strip():
         return None
     from mla_fp8_bench.aiter_ps.facts import modelled_version

@@ -1,5 +1,5 @@
-"""JSON files written atomically (:func:`write_file_atomic`, under :func:`locked` where a writer reads,
-modifies and writes one file) and read with errors that name the file (docs/robustness.md, P4, P10)."""
+"""JSON files written atomically (:func:`write_file_atomic`, under :func:`locked` for read-modify-write)
+and read with errors that name the file (docs/robustness.md, P4, P10)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ _BRACKET = re.compile(r"[\[\]{}]")
 
 
 class OutputError(OSError, ValueError):
-    """An output file cannot be written (or is locked by another writer); the message names it. An
-    ``OSError`` for callers that handle write failures, a ``ValueError`` for the CLI (one line, exit 2)."""
+    """An output file cannot be written or is locked by another writer; the message names it (an OSError,
+    and a ValueError for the CLI: one line, exit 2)."""
 
     def __str__(self) -> str:
         return str(self.args[-1]) if self.args else super().__str__()
@@ -40,9 +40,9 @@ def _json_depth(text: str) -> int:
 
 
 def load_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError, hint: str = "") -> Any:
-    """Parse the JSON file ``path``; any failure raises ``error`` (the caller's own type) naming ``what``
-    (what the file should be: ``"run JSON"``) and ``path``; ``hint`` ends the invalid-JSON message. Files
-    over :data:`MAX_JSON_BYTES` or nested deeper than :data:`MAX_JSON_DEPTH` are refused the same way."""
+    """Parse the JSON file ``path``; any failure, also a file over :data:`MAX_JSON_BYTES` or nested deeper
+    than :data:`MAX_JSON_DEPTH`, raises ``error`` naming ``what`` (``"run JSON"``) and ``path``; ``hint``
+    ends the invalid-JSON message."""
     path = Path(path)
     try:
         if path.is_file() and path.stat().st_size > MAX_JSON_BYTES:
@@ -69,8 +69,8 @@ def load_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
 
 
 def json_number(x: Any) -> float | None:
-    """A JSON number as a float (NaN and +-inf kept); None for anything else: null, a bool, a string, a
-    list, and an integer beyond the float range (``1`` followed by 400 zeros is valid JSON)."""
+    """A JSON number as a float (NaN and +-inf kept); None for anything else, also a bool and an integer
+    beyond the float range."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     try:
@@ -86,9 +86,8 @@ def finite_number(x: Any) -> float | None:
 
 
 def check_output_path(path: str | os.PathLike | None, what: str = "output file") -> Path:
-    """Check, before any work, that :func:`write_file_atomic` can create ``path`` (parents created, a temp
-    file created and removed there); return it as a Path. ValueError naming ``path`` when it is empty, not
-    a regular file, lies under a file, or its directory cannot be created or written."""
+    """``path`` as a Path, once a temp file was created and removed beside it (parents created); ValueError
+    naming it when it is empty, not a regular file, under a file, or its directory cannot be written."""
     p = output_target(path, what)
     if p.is_dir():
         raise ValueError(f"{what} {p} is a directory: give a file path inside it, e.g. {p / 'out.json'}")
@@ -106,14 +105,23 @@ def check_output_path(path: str | os.PathLike | None, what: str = "output file")
 
 
 def output_target(path: str | os.PathLike | None, what: str = "output file") -> Path:
-    """The file a write to ``path`` creates or replaces: a symlink (also a chain, also dangling) is followed
-    to its final target, so the link stays a link. OutputError: ``path`` is blank, or a name in it is
-    over ``NAME_MAX``, or the whole path over ``PATH_MAX``."""
+    """The file a write to ``path`` creates or replaces: symlinks (also chains, also dangling) are followed,
+    so a link stays a link. OutputError: ``path`` is blank, a name in it over ``NAME_MAX``, or it is over
+    ``PATH_MAX``."""
     if path is None or str(path).strip() == "":
         raise OutputError(f"{what} path {str(path) if path is not None else ''!r} is empty: give a file name, "
                           "e.g. runs/out.json")
     p = Path(path)
-    _check_name_length(p, what)
+    if len(os.fsencode(str(p.absolute()))) >= 4096:
+        raise OutputError(errno.ENAMETOOLONG, f"{what} {str(p)[:80]}...: the path is over 4095 bytes (PATH_MAX)")
+    try:
+        name_max = os.pathconf(next((a for a in p.parents if a.is_dir()), Path(".")), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for part in (p.name, *(a.name for a in p.parents)):
+        if (n := len(os.fsencode(part))) > name_max:
+            raise OutputError(errno.ENAMETOOLONG, f"{what} {str(p)[:80]}...: the file name is {n} bytes: at most "
+                              f"{name_max} on this file system")
     if not p.is_symlink():
         return p
     try:
@@ -123,20 +131,6 @@ def output_target(path: str | os.PathLike | None, what: str = "output file") -> 
     except OSError as exc:
         raise OutputError(exc.errno, f"{what} {p} is a symlink that cannot be followed ({exc.strerror or exc}): "
                           "give a file path") from None
-
-
-def _check_name_length(p: Path, what: str) -> None:
-    if len(os.fsencode(str(p.absolute()))) >= 4096:
-        raise OutputError(errno.ENAMETOOLONG, f"{what} {str(p)[:80]}...: the path is over 4095 bytes (PATH_MAX)")
-    try:
-        name_max = os.pathconf(next((a for a in p.parents if a.is_dir()), Path(".")), "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
-    for part in (p.name, *(a.name for a in p.parents)):
-        n = len(os.fsencode(part))
-        if n > name_max:
-            raise OutputError(errno.ENAMETOOLONG, f"{what} {str(p)[:80]}...: the file name is {n} bytes: at most "
-                              f"{name_max} on this file system")
 
 
 def _tmp_prefix(path: Path) -> str:
@@ -151,7 +145,7 @@ def _write_error(path: Path, exc: OSError) -> OutputError:
 
 
 def umask_mode(full: int = 0o666) -> int:
-    """The mode a new file (``full`` 0o666) or folder (0o777) gets under the current umask."""
+    """The mode a new file (0o666) or folder (``full`` 0o777) gets under the current umask."""
     old = os.umask(0)
     try:
         return full & ~old
@@ -161,9 +155,9 @@ def umask_mode(full: int = 0o666) -> int:
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) -> Iterator[None]:
-    """Hold an exclusive lock of the writers of ``path`` (a file or folder): ``fcntl.flock`` of
-    ``.<name>.lock`` beside it, a file that exists only while held. ``wait``: block until the other writer
-    is done, else raise OutputError naming its pid (also when the lock file cannot be created)."""
+    """Hold the writers' lock of ``path`` (a file or folder): ``fcntl.flock`` of ``.<name>.lock`` beside it,
+    which exists only while held. ``wait``: block for the other writer, else OutputError naming its pid
+    (also when the lock file cannot be created)."""
     p = Path(path).absolute()
     lock = p.parent / f".{p.name[:200]}.lock"
     while True:
@@ -195,9 +189,9 @@ def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) ->
 
 
 def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = False) -> None:
-    """Create ``path`` by calling ``write(f)`` on a temp file beside it, then renaming it into place: the
-    previous file survives any failure inside ``write`` and no temp file is left; a symlink is followed.
-    OutputError naming the file: an empty path, or the file system refused the write."""
+    """Create ``path`` by ``write(f)`` on a temp file beside it renamed into place: the previous file
+    survives any failure and no temp file is left; a symlink is followed. OutputError naming the file: an
+    empty path, or the file system refused the write."""
     path = output_target(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -220,8 +214,8 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, b
 
 
 def write_json_atomic(data: Any, path: str | os.PathLike, *, indent: int = 1, sort_keys: bool = False) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`write_file_atomic`); torch dtypes/devices
-    become strings and tensors lists; anything else unserialisable raises TypeError."""
+    """``data`` as JSON to ``path`` by :func:`write_file_atomic`; torch dtypes/devices become strings,
+    tensors lists; anything else unserialisable raises TypeError."""
     def write(f: IO) -> None:
         json.dump(data, f, indent=indent, sort_keys=sort_keys, default=_json_default, allow_nan=True)
         f.write("\n")
@@ -230,8 +224,8 @@ def write_json_atomic(data: Any, path: str | os.PathLike, *, indent: int = 1, so
 
 
 def write_json_or_rescue(data: Any, path: str | os.PathLike, what: str = "output") -> None:
-    """:func:`write_json_atomic`; when the file system refuses it, the data goes to the temp folder so
-    measured results survive, and OutputError names the rescue file (or why that failed too)."""
+    """:func:`write_json_atomic`, or when refused, to the temp folder, and OutputError names the rescue
+    file (or why that failed too)."""
     try:
         write_json_atomic(data, path)
     except OutputError as exc:

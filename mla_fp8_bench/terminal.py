@@ -1,6 +1,5 @@
-"""Output a person reads in a terminal and in a CI log (not a TTY): tables never wrapped, a progress line
-per finished (backend, case) that the CLI and the asv grid both print, one duration format.
-"""
+"""Terminal and CI-log output: tables never wrapped, one progress line per finished (backend, case) (the
+CLI's and the asv grid's), one duration format."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
-#: Width of a console off a terminal when ``COLUMNS`` is not set: wide enough that no table of the suite
-#: wraps (rich tables that are not ``expand``-ed take their natural width, not this one).
+#: Width of a console off a terminal without ``COLUMNS``: no table wraps (unexpanded rich tables take
+#: their natural width).
 LOG_WIDTH = 100_000
 
 
@@ -28,8 +27,8 @@ def fmt_seconds(x: float | None) -> str:
 
 
 def make_console(file: TextIO | None = None) -> Console:
-    """A rich console for ``file`` (default stdout): rich's own width on a terminal, else ``COLUMNS`` if
-    set, else :data:`LOG_WIDTH`, so tables in a CI log are never folded at 80 columns."""
+    """A rich console for ``file`` (default stdout): rich's width on a terminal, else ``COLUMNS`` if set,
+    else :data:`LOG_WIDTH`."""
     with contextlib.suppress(AttributeError, ValueError):
         if (file if file is not None else sys.stdout).isatty():
             return Console(file=file)
@@ -40,8 +39,8 @@ def make_console(file: TextIO | None = None) -> Console:
 
 def case_line(done: int, total: int, backend: str, case: str, status: str, elapsed_s: float, total_s: float,
               reason: str = "") -> str:
-    """``[done/total] backend case: status (elapsed s; total s so far)[: reason]``; the reason is
-    shortened to 160 characters (an error's reason can be a long message)."""
+    """``[done/total] backend case: status (elapsed s; total s so far)[: reason]``, the reason cut to 160
+    characters."""
     why = " ".join(str(reason).split())
     why = why if len(why) <= 160 else why[:157] + "..."
     return (f"[{done}/{total}] {backend} {case}: {status} ({elapsed_s:.1f} s; {total_s:.1f} s so far)"
@@ -49,9 +48,8 @@ def case_line(done: int, total: int, backend: str, case: str, status: str, elaps
 
 
 def open_parent_stderr() -> TextIO | None:
-    """The standard error of this process's parent, opened for appending (Linux ``/proc``), or None: the asv
-    grid's progress lines reach asv's log here while ``asv run`` captures the process's own stderr. None
-    for a regular file (opened again it would have its own offset, and the parent would overwrite)."""
+    """The parent's stderr opened for appending (Linux ``/proc``; ``asv run`` captures our own), or None,
+    also for a regular file (opened again it would have its own offset and be overwritten)."""
     import stat
 
     path = f"/proc/{os.getppid()}/fd/2"
@@ -66,9 +64,9 @@ def open_parent_stderr() -> TextIO | None:
 @contextlib.contextmanager
 def case_progress(total: int, console: Console | None = None,
                   stream: TextIO | tuple[TextIO, ...] | None = None) -> Iterator[Callable[[Any], str]]:
-    """Progress over ``total`` (backend, case) pairs: yields ``step(rec)``, which prints each finished
-    record's :func:`case_line` and returns it, to ``console`` (a rich progress bar under the lines on a
-    terminal) or, without one, flushed to ``stream`` (default stderr; a tuple writes to each)."""
+    """Progress over ``total`` pairs: yields ``step(rec)``, which prints a finished record's
+    :func:`case_line` and returns it, to ``console`` (with a progress bar on a terminal) or else to
+    ``stream`` (default stderr; a tuple: to each)."""
     t0 = last = time.perf_counter()
     done = 0
     streams = stream if isinstance(stream, tuple) else (stream or sys.stderr,)
@@ -103,8 +101,8 @@ def case_progress(total: int, console: Console | None = None,
 
 @contextlib.contextmanager
 def signals_interrupt():
-    """SIGTERM and SIGHUP interrupt like Ctrl-C (``KeyboardInterrupt``) inside the block; the handlers
-    are restored in ``finally``. Yields a list that receives the signal number."""
+    """SIGTERM and SIGHUP raise ``KeyboardInterrupt`` inside the block; yields a list that receives the
+    signal number."""
     got: list[int] = []
 
     def handler(signum, _frame):

@@ -1,10 +1,8 @@
-"""Guards of an asv run: the code measured is the commit named, and values already stored for params
-this run does not measure are kept (asv replaces a benchmark's whole result row when it saves:
-:func:`stored_records` gives them back).
-
-The result file is found from asv's ``ASV_*`` variables or, in ``-E existing`` runs, the parent ``asv
-run`` process (both held by :class:`~mla_fp8_bench.config.RunConfig`). :func:`check_asv_run` runs when
-asv discovers the benchmarks, so a refusal stops asv before it writes anything.
+"""Guards of an asv run: the code measured is the commit named, and values stored for params this run does
+not measure are kept (asv replaces a benchmark's whole result row: :func:`stored_records` gives them back).
+The result file is found from asv's ``ASV_*`` variables or, in ``-E existing`` runs, the parent ``asv run``
+process (both in :class:`~mla_fp8_bench.config.RunConfig`). :func:`check_asv_run` runs when asv discovers
+the benchmarks, so a refusal stops asv before it writes anything.
 """
 
 from __future__ import annotations
@@ -36,12 +34,8 @@ def git(here: str | os.PathLike, *args: str) -> str | None:
 
 def check_commit(cfg: RunConfig, library_dir: str | os.PathLike | None = None) -> None:
     """With ``MLA_FP8_BENCH_EXPECT_COMMIT`` set, refuse unless the library is that commit's tracked code
-    (uncommitted edits of tracked files are not detected).
-
-    Raises:
-        AsvRunRefused: the library is not in a git work tree (a wheel install), is not tracked there (a copy
-            in an ignored folder such as ``.asv/env``, maybe stale) or its HEAD is not the commit named.
-    """
+    (uncommitted edits are not detected). AsvRunRefused: the library is not in a git work tree, not
+    tracked there (a copy in an ignored folder such as ``.asv/env``) or its HEAD is not the commit named."""
     expect = cfg.expect_commit
     if not expect:
         return
@@ -61,7 +55,6 @@ def check_commit(cfg: RunConfig, library_dir: str | os.PathLike | None = None) -
 
 
 def _results_dirs(conf_dir: Path) -> list[Path]:
-    """Results directories named by the asv config files in ``conf_dir``."""
     dirs = []
     for cfg in sorted(conf_dir.glob("asv*.json")):
         with contextlib.suppress(ValueError, AttributeError):
@@ -79,10 +72,8 @@ def _option(argv: list[str], name: str) -> str | None:
 
 
 def check_overrides(cfg: RunConfig, argv: list[str] | None = None) -> None:
-    """Refuse ``MLA_FP8_BENCH_MACHINE`` / ``MLA_FP8_BENCH_EXPECT_COMMIT`` values that contradict asv's own
-    ``--machine`` / ``--set-commit-hash`` (or ``ASV_COMMIT``) in ``argv`` (default: the parent ``asv run``
-    process's): AsvRunRefused naming both (the stored values kept would be another machine's or commit's).
-    """
+    """AsvRunRefused naming both when ``MLA_FP8_BENCH_MACHINE`` / ``_EXPECT_COMMIT`` contradict asv's
+    ``--machine`` / ``--set-commit-hash`` (or ``ASV_COMMIT``) in ``argv`` (default: the parent ``asv run``'s)."""
     if argv is None:
         argv = list(cfg.asv_parent[1]) if cfg.asv_parent else []
     machine, asv_machine = cfg.machine, _option(argv, "--machine")
@@ -133,12 +124,9 @@ def result_file(cfg: RunConfig) -> Path | None:
 
 
 def check_asv_run(cfg: RunConfig) -> None:
-    """Refuse an ``asv run`` that would measure the wrong code or lose data, before asv writes anything.
-
-    Raises:
-        AsvRunRefused: see :func:`check_overrides`, :func:`check_commit`, :func:`result_file`; a run narrowed
-            to part of the grid whose commit is unknown; an unreadable stored result file it would overwrite.
-    """
+    """Refuse an ``asv run`` that would measure the wrong code or lose data. AsvRunRefused: see
+    :func:`check_overrides`, :func:`check_commit`, :func:`result_file`; a narrowed run whose commit is
+    unknown; an unreadable stored result file it would overwrite."""
     ctx = asv_context(cfg)
     if ctx is None:
         return
@@ -166,9 +154,9 @@ def _read_results(path: Path) -> AsvResult:
 
 def stored_records(cfg: RunConfig, class_name: str, version: str, keys: list[tuple[str, str]]
                    ) -> dict[str, dict[str, Any]]:
-    """``{"backend|case": record}`` rebuilt from the stored asv results of ``class_name`` for the (backend,
-    case) ``keys``: ``status="ok"``, ``stored_from`` naming the file. Only values stored under the same
-    benchmark ``version`` are used; a param whose stored values are all missing or n/a gets no record."""
+    """``{"backend|case": record}`` (``status="ok"``, ``stored_from``: the file) rebuilt from the stored asv
+    results of ``class_name`` under the same benchmark ``version``, for the (backend, case) ``keys`` that
+    have a stored ok value."""
     path = result_file(cfg)
     if path is None or not keys:
         return {}

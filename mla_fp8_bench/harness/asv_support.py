@@ -1,8 +1,6 @@
-"""What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement.
-
-:func:`check_knobs` builds the run's :class:`~mla_fp8_bench.config.RunConfig` from the environment (the
-asv boundary; knobs: docs/usage.md). Defaults: the token cap :data:`GRID_CAPS` (ragged cases count their
-total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S`, and
+"""What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement, configured
+by :func:`check_knobs` (knobs: docs/usage.md). Defaults: the token cap :data:`GRID_CAPS` (ragged cases count
+their total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S`, and
 :data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU).
 """
 
@@ -36,13 +34,13 @@ DEFAULT_GPU_ROUNDS = 3
 
 
 def asv_backends() -> tuple[str, ...]:
-    """Backends in the asv grid (static on every machine; unavailable ones are skips): every registered
-    backend, the registry's defaults first (their order is the published param order), others appended."""
+    """Backends in the asv grid (static on every machine; unavailable ones are skips): the registry's
+    defaults first (the published param order), then every other registered backend."""
     return tuple(DEFAULT_BACKENDS) + tuple(b for b in backend_names() if b not in DEFAULT_BACKENDS)
 
 
 def plan_backends() -> tuple[str, ...]:
-    """Backends of the AITER PS path (planner time and workspace tracks): those that provide ``plan_stats``."""
+    """Backends with ``plan_stats`` (the AITER PS planner time and workspace tracks)."""
     return tuple(b for b in asv_backends() if callable(getattr(type(get_backend(b)), "plan_stats", None)))
 
 
@@ -62,7 +60,7 @@ def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
 
 
 def emulation_backends() -> tuple[str, ...]:
-    """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``), from the registry."""
+    """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``)."""
     return tuple(b for b in asv_backends() if get_backend(b).emulation)
 
 
@@ -108,10 +106,9 @@ def _grid_setup(cfg: RunConfig):
 
 def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], class_name: str,
                   params: tuple[list, list], version: str | None) -> dict[str, Any]:
-    """``measure(version, check_knobs())`` for an asv ``setup_cache``: asv would store an exception as a
-    failure (``null``) of every param, over the values stored for this commit; here it becomes a cache whose
-    params keep their stored values (:func:`~mla_fp8_bench.harness.asv_guard.stored_records`), the others
-    failing with the reason (:func:`lookup`)."""
+    """``measure(version, check_knobs())`` for an asv ``setup_cache``: an exception (which asv would store
+    as ``null`` over every param's stored value) becomes a cache of the stored values
+    (:func:`~mla_fp8_bench.harness.asv_guard.stored_records`), other params failing with the reason."""
     cfg = None
     try:
         cfg = check_knobs()
@@ -145,12 +142,24 @@ def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, versi
         records[key] = rec
 
 
-def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> dict[str, Any]:
-    """``runner.evaluate`` with one line per (backend, case) on stderr and, inside ``asv run`` (which shows
-    a setup_cache's stderr only when it fails), on the asv process's."""
-    from mla_fp8_bench.harness.runner import evaluate
+def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
+    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`) into
+    picklable records, one progress line each on stderr and, inside ``asv run`` (which shows a setup_cache's
+    stderr only when it fails), on the asv process's; with ``version`` (the asv benchmark version), params
+    not measured keep the values stored for this commit (:func:`_keep_stored`).
+
+    Returns:
+        ``{"env", "ceilings", "cap": int, "records": {"backend|case": record}, "rounds"}``.
+    """
+    from mla_fp8_bench.harness.rounds import fold_rounds
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate
+    from mla_fp8_bench.peers.ceilings import attach
     from mla_fp8_bench.terminal import case_progress, open_parent_stderr
 
+    cfg = config or check_knobs()
+    pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
+    opts = RunOptions(samples=cfg.samples or 30,
+                      time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
     parent = open_parent_stderr() if asv_context(cfg) is not None else None
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())
     head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
@@ -160,26 +169,7 @@ def _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts) -> 
             with contextlib.suppress(OSError, ValueError):
                 print(("\n" if s is parent else "") + head, file=s, flush=True)
         with case_progress(len(backends) * len(cases), stream=streams) as step:
-            return evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
-
-
-def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
-    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`) into
-    plain-Python (picklable) records; with ``version`` (the asv benchmark version), params this run does
-    not measure keep the values stored for this commit (:func:`_keep_stored`).
-
-    Returns:
-        ``{"env", "ceilings", "cap": int, "records": {"backend|case": record}, "rounds"}``.
-    """
-    from mla_fp8_bench.harness.rounds import fold_rounds
-    from mla_fp8_bench.harness.runner import RunOptions
-    from mla_fp8_bench.peers.ceilings import attach
-
-    cfg = config or check_knobs()
-    pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
-    opts = RunOptions(samples=cfg.samples or 30,
-                      time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
-    data = _evaluate_with_progress(cfg, backends, cases, pinfo, cap, skipped, opts)
+            data = evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
     attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = fold_rounds(data["records"], n_rounds, str(pinfo.device),
@@ -187,21 +177,17 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
     records = {f"{r['backend']}|{r['case']}": emulation_apart({k: v for k, v in r.items() if k != "traceback"})
                for r in data["records"]}
     grid = asv_backends()
-    for cid, why in skipped.items():
-        for b in grid:
-            records[f"{b}|{cid}"] = {"backend": b, "case": cid, "status": "skipped", "reason": why}
+    records.update({f"{b}|{cid}": {"backend": b, "case": cid, "status": "skipped", "reason": why}
+                    for cid, why in skipped.items() for b in grid})
     _keep_stored(cfg, records, "MLAPrefill", version, grid, skipped)
     return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records,
             "rounds": data["rounds"]}
 
 
 def measure_plans(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
-    """Planner time, live partial slots and workspace bytes (``plan_stats(case, platform)`` of each
-    available backend of :func:`plan_backends`) for the asv grid; arguments as for :func:`measure_grid`.
-
-    Returns:
-        ``{"records": {"backend|case": record}}``; records carry ``planner_samples_s``, ``workspace_bytes``
-        and ``num_partials``.
+    """``plan_stats(case, platform)`` (planner time, live partial slots, workspace bytes) of each available
+    :func:`plan_backends` backend over the asv grid; arguments as for :func:`measure_grid`. Returns
+    ``{"records": {"backend|case": record}}`` with ``planner_samples_s``, ``workspace_bytes``, ``num_partials``.
     """
     cfg = config or check_knobs()
     pinfo, _cap, _backends, cases, skipped = _grid_setup(cfg)
@@ -217,11 +203,9 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
                     raise NotImplementedError(avail.reason)
                 records[key] = {"status": "ok", "reason": "", **b.plan_stats(c, pinfo)}
             except NotImplementedError as exc:
-
                 records[key] = {"status": "skipped", "reason": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
                 records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-        for cid, why in skipped.items():
-            records[f"{name}|{cid}"] = {"status": "skipped", "reason": why}
+        records.update({f"{name}|{cid}": {"status": "skipped", "reason": why} for cid, why in skipped.items()})
     _keep_stored(cfg, records, "AiterPlan", version, plan, skipped)
     return {"records": records}

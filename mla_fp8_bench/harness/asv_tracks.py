@@ -16,13 +16,10 @@ class MissingMetricError(RuntimeError):
 
 
 def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
-    """What the asv track of ``m`` returns for the record ``rec``: ``{"samples": [...], "number": 1}`` when
-    the record holds two or more rounds of ``m`` (asv's value is then their median), else its samples of
-    ``m`` if any, else the value floored at ``m.floor``; an absent value is NaN (asv stores a skip, n/a).
-
-    Raises:
-        MissingMetricError: an accuracy metric is absent or non-finite (a result, not a skip).
-    """
+    """What the asv track of ``m`` returns for ``rec``: ``{"samples": [...], "number": 1}`` of its two or
+    more rounds of ``m`` (asv stores their median) or else its samples of ``m``; else the value floored at
+    ``m.floor``; NaN when absent (asv stores a skip). MissingMetricError: an accuracy metric is absent or
+    non-finite (a result, not a skip)."""
     rounds = rec.get(m.rounds_key) if m.rounds_key else None
     samples = rounds if isinstance(rounds, list) and len(rounds) >= 2 else m.samples_key and rec.get(m.samples_key)
     if samples:
@@ -47,16 +44,14 @@ def _make_track(m: Metric, class_version: str | None):
     track.__name__ = track.__qualname__ = m.track
     if class_version is not None:
         track.version = m.asv_version(class_version)
-    track.__doc__ = m.doc or m.pretty_name
-    track.unit = m.unit
-    track.pretty_name = m.pretty_name
+    track.__doc__, track.unit, track.pretty_name = m.doc or m.pretty_name, m.unit, m.pretty_name
     return track
 
 
 def with_tracks(cls: type) -> type:
-    """Class decorator: add the ``track_*`` method of every metric whose ``asv_class`` is ``cls.__name__``
-    (reading ``self.rec``, set by ``setup``), versioned by :meth:`Metric.asv_version` of ``cls.version``;
-    ValueError when the table has no metric for the class or the class defines one of the methods."""
+    """Class decorator: the ``track_*`` method (reading ``self.rec``) of every metric whose ``asv_class`` is
+    ``cls.__name__``, versioned by :meth:`Metric.asv_version` of ``cls.version``; ValueError when the table
+    has none for the class or the class defines one of them."""
     metrics = asv_metrics(cls.__name__)
     if not metrics:
         raise ValueError(f"the metric table has no asv track for class {cls.__name__}")
@@ -72,14 +67,10 @@ def _asv_regex(m: Metric) -> str:
 
 
 def asv_regression_config() -> dict[str, dict[str, Any]]:
-    """asv.conf.json's ``regressions_thresholds`` and ``regressions_first_commits``, from the table: one
-    regex per track, anchored and disjoint (asv ``re.match``-es ``<module>.<class>.<track>(<param reprs>)``
-    and applies the maximum over matching entries); ``null`` first commits (no regression reported) for
-    metrics that never gate in asv and the kernel latency of emulation backends.
-
-    Returns:
-        ``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}``.
-    """
+    """``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}`` from the
+    table: one anchored regex per track (asv ``re.match``-es ``<module>.<class>.<track>(<param reprs>)`` and
+    applies the maximum over matches, so they are disjoint); ``None`` first commits (no regression reported)
+    for metrics that never gate in asv and the kernel latency of emulation backends."""
     from mla_fp8_bench.harness.asv_support import emulation_backends
 
     thresholds: dict[str, float] = {}
@@ -128,9 +119,7 @@ def write_asv_config(path: str) -> bool:
         head = head.rstrip() + ",\n"
     new = head + asv_config_block()
     if new == "".join(lines):
-
         return False
-
     write_file_atomic(path, lambda f: f.write(new))
     return True
 

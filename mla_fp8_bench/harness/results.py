@@ -8,14 +8,12 @@ asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
     results/<machine>/<sha8>-<env>.json     one (commit, environment) result file, api version 2
 
 A result file holds ``commit_hash``, ``env_name``, ``date`` and ``started_at`` (ms since the epoch),
-``params`` (machine facts, python, requirements), ``result_columns`` (``result, params, version,
-started_at, duration, stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat,
-samples, profile``) and ``results``: per benchmark one row in column order (trailing ones may be absent);
-``result``, ``stats_*`` and ``samples`` are lists over ``itertools.product(*params)`` of the parameters'
-values as Python literals (``"'aiter'"``), a failed combination ``null``, a skipped one ``NaN``.
-
-A run JSON is ``{"env": {...}, "records": [{"backend": str, "case": str, "status": str, ...}, ...]}``,
-optionally with ``ceilings`` (:func:`mla_fp8_bench.peers.ceilings.attach`).
+``params`` (machine facts), ``result_columns`` (``result, params, version, started_at, duration,
+stats_ci_99_a, stats_ci_99_b, stats_q_25, stats_q_75, stats_number, stats_repeat, samples, profile``) and
+``results``: per benchmark one row in column order (trailing ones may be absent); ``result``, ``stats_*``
+and ``samples`` are lists over ``itertools.product(*params)`` of the parameters' values as Python literals
+(``"'aiter'"``), a failed combination ``null``, a skipped one ``NaN``. A run JSON is ``{"env": {...},
+"records": [{"backend": str, "case": str, "status": str, ...}, ...]}``, maybe with ``ceilings``.
 """
 
 from __future__ import annotations
@@ -49,8 +47,8 @@ def _load(path: Path, what: str) -> Any:
 
 
 def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
-    """An asv config: JSON with ``//`` comments, read with json5 as asv >= 0.6.4 does (without json5,
-    whole-line comments are dropped). ValueError: not JSON/JSONC; OSError: unreadable."""
+    """An asv config (JSON with ``//`` comments), read with json5 as asv >= 0.6.4 does, or without json5
+    with whole-line comments dropped. ValueError: not JSON/JSONC; OSError: unreadable."""
     text = Path(path).read_text()
     try:
         import json5
@@ -70,7 +68,7 @@ class RunDoc:
 
 
 def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
-    """Check an already parsed run JSON document (see :func:`load_run_json`)."""
+    """:func:`load_run_json` of an already parsed document."""
     path = Path(path)
     if not isinstance(data, dict):
         raise ResultsError(f"run JSON {path} is a JSON {type(data).__name__}, not an object with a 'records' list")
@@ -102,15 +100,16 @@ def _check_version(data: Any, path: Path, what: str, version: int) -> dict[str, 
     return data
 
 
-def _file_in(path: str | os.PathLike, name: str) -> Path:
-    return Path(path) / name if Path(path).is_dir() else Path(path)
+def _load_in(path: str | os.PathLike, name: str, what: str, version: int) -> tuple[Path, dict[str, Any]]:
+    """The file ``name`` in directory ``path`` (or the file ``path``), read and version-checked."""
+    f = Path(path) / name if Path(path).is_dir() else Path(path)
+    return f, _check_version(_load(f, what), f, what, version)
 
 
 def load_machine(path: str | os.PathLike) -> dict[str, Any]:
-    """``machine.json`` of a machine directory (``path``: the directory or the file); ResultsError:
-    missing/corrupt file, wrong api version, no ``machine`` name."""
-    f = _file_in(path, "machine.json")
-    mj = _check_version(_load(f, "asv machine file"), f, "asv machine file", ASV_MACHINE_API_VERSION)
+    """``machine.json`` (``path``: its directory or the file); ResultsError: missing/corrupt file, wrong
+    api version, no ``machine`` name."""
+    f, mj = _load_in(path, "machine.json", "asv machine file", ASV_MACHINE_API_VERSION)
     if not isinstance(mj.get("machine"), str) or not mj["machine"]:
         raise ResultsError(f"asv machine file {f} has no 'machine' name")
     return mj
@@ -119,8 +118,7 @@ def load_machine(path: str | os.PathLike) -> dict[str, Any]:
 def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:
     """``benchmarks.json`` (``path``: the results directory or the file): name -> definition, plus
     ``version``; ResultsError: missing/corrupt file or wrong api version."""
-    f = _file_in(path, "benchmarks.json")
-    return _check_version(_load(f, "asv benchmarks file"), f, "asv benchmarks file", ASV_BENCHMARKS_API_VERSION)
+    return _load_in(path, "benchmarks.json", "asv benchmarks file", ASV_BENCHMARKS_API_VERSION)[1]
 
 
 def is_cpu_machine(facts: dict[str, Any]) -> bool:
@@ -131,7 +129,6 @@ def is_cpu_machine(facts: dict[str, Any]) -> bool:
 
 
 def is_machine_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is one machine's directory (holds ``machine.json``)."""
     return (Path(path) / "machine.json").is_file()
 
 
@@ -154,8 +151,8 @@ class ResultFileName:
 
 
 def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
-    """The result files of one machine directory, sorted by path (contents are not read); ResultsError
-    when ``machine_dir`` is not a directory."""
+    """The result files of one machine directory, sorted by path (not read); ResultsError when
+    ``machine_dir`` is not a directory."""
     p = Path(machine_dir)
     if not p.is_dir():
         raise ResultsError(f"asv machine directory {p} does not exist or is not a directory")
@@ -175,12 +172,8 @@ def _check_commit_prefix(prefix: str) -> str:
 
 def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: str | None = None) -> Path:
     """The result file of commit ``commit`` (a prefix of >= 4 hex digits) on ``machine``, of the one
-    environment whose name contains ``env`` (candidates are chosen by name, then read).
-
-    Raises:
-        ResultsError: bad prefix, unknown machine, corrupt candidate (named), no result, an ambiguous
-            prefix, or several environments without ``env``.
-    """
+    environment whose name contains ``env``. ResultsError: bad prefix, unknown machine, corrupt candidate
+    (named), no result, an ambiguous prefix, or several environments without ``env``."""
     prefix = _check_commit_prefix(commit)
     mdir = Path(results_dir) / machine
     if not is_machine_dir(mdir):
@@ -251,11 +244,10 @@ class AsvResult:
 
     @property
     def machine(self) -> str | None:
-        """The machine name stored in the file's params (asv copies machine.json there)."""
+        """The machine name asv copied from machine.json into the file's params."""
         return m if isinstance(m := self.params.get("machine"), str) else None
 
     def benchmarks(self) -> list[str]:
-        """Benchmark names with a row in this file, in file order."""
         return list(self.results)
 
     def row(self, benchmark: str) -> dict[str, Any]:
@@ -306,7 +298,7 @@ class AsvResult:
 
 
 def asv_result_from_data(data: Any, path: str | os.PathLike) -> AsvResult:
-    """Check an already parsed asv result document (see :func:`load_asv_result`)."""
+    """:func:`load_asv_result` of an already parsed document."""
     path = Path(path)
     data = _check_version(data, path, "asv result file", ASV_RESULTS_API_VERSION)
     for key in _RESULT_KEYS:
@@ -344,7 +336,6 @@ def load_any(path: str | os.PathLike) -> RunDoc | AsvResult:
 def newest_result(machine_dir: str | os.PathLike, commit: str | None = None) -> AsvResult:
     """The newest result file in ``machine_dir`` (by ``date``, then ``started_at``), optionally of one
     commit; ResultsError: no result files, a corrupt one (named), or no result of ``commit``."""
-
     files = list_result_files(machine_dir)
     if not files:
         raise ResultsError(f"asv machine directory {machine_dir} holds no result files (only machine.json)")

@@ -1,8 +1,6 @@
-"""Latency rounds: the same (backend, case) grid timed again, each round a latency-only pass in a fresh
-process (a child forked from a :class:`RoundServer`, or a new interpreter: ``python -m
-mla_fp8_bench.harness.rounds --backends B,.. --cases C,.. --order reversed --seed 1 --json out.json``).
-The figure compared is the median over rounds; the per-round values stay in the record
-(docs/methodology.md §8, §9).
+"""Latency rounds: the (backend, case) grid timed again, each round a latency-only pass in a fresh process
+(a child forked from a :class:`RoundServer`, or ``python -m mla_fp8_bench.harness.rounds --backends B,..
+--cases C,.. --json out.json``); the figure compared is the median over rounds (docs/methodology.md §8, §9).
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def round_order(i: int) -> str:
 
 
 def case_work(case_id: str) -> float:
-    """FLOPs of a case id (:func:`mla_fp8_bench.problem.flops.case_flops`); ``inf`` for an id that does not
-    parse (its pair fails in its own row, last)."""
+    """FLOPs of a case id; ``inf`` for an id that does not parse (its pair fails in its own row, last)."""
     from mla_fp8_bench.problem.cases import CaseError, parse_case_id
     from mla_fp8_bench.problem.flops import case_flops
 
@@ -50,10 +47,9 @@ def case_work(case_id: str) -> float:
 
 
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
-    """``pairs`` (backend, case) in measuring order: cases from least to most work (:func:`case_work`,
-    ties by id; a large case slows a small one measured right after it, docs/methodology.md §9), and
-    within one case the backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``); ValueError
-    for another order name."""
+    """``pairs`` (backend, case) in measuring order: cases by :func:`case_work`, then id
+    (docs/methodology.md §9); within a case the backends as given (``sorted``), ``reversed`` or
+    ``shuffled`` (``seed``). ValueError: another order name."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
     rng = random.Random(seed)
@@ -85,15 +81,13 @@ def spread(values: Sequence[float]) -> float:
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
-    """One latency-only pass over (backend, case) in ``order`` in this process, with ``config``: kernel
-    timing only (:func:`~mla_fp8_bench.measure.timing.measure_latency`, its defaults). A pair that cannot
-    run is a row with ``error``, the others go on.
+    """One latency-only pass (kernel timing, :func:`~mla_fp8_bench.measure.timing.measure_latency` defaults)
+    over (backend, case) in ``order`` in this process; a pair that cannot run is a row with ``error``.
 
     Returns:
         ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
-        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {..., "error"}]}``; seconds:
-        ``setup_s`` to the device and backends, ``phases_s`` of the pair's ``inputs`` (~0 when made for
-        an earlier backend), ``prepare`` and ``timing`` (the first pair's holds the heat-up).
+        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {..., "error"}]}``; seconds;
+        ``phases_s``: ``inputs`` (~0 when reused), ``prepare``, ``timing`` (the first pair's holds the heat-up).
     """
     import torch
 
@@ -173,7 +167,6 @@ def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -
 
 def worker_command(python: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int,
                    out: str, device: str = "auto") -> list[str]:
-    """The command line of one round worker process."""
     return [python, "-m", "mla_fp8_bench.harness.rounds", "--backends", ",".join(backends), "--cases",
             ",".join(cases), "--order", order, "--seed", str(seed), "--device", device, "--json", out]
 
@@ -183,7 +176,6 @@ def _failed(error: str) -> dict[str, Any]:
 
 
 def _read_round(out: str, t0: float) -> dict[str, Any]:
-    """The round document a worker wrote to ``out``, with ``process_wall_s`` since ``t0``."""
     with open(out) as f:
         return {**json.load(f), "process_wall_s": time.perf_counter() - t0}
 
@@ -207,37 +199,35 @@ def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, time
 def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, env: dict[str, str] | None = None,
                device: str = "auto", seed: int = 0, timeout: float = 600.0,
                log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Rounds 1 .. ``rounds`` in :func:`round_order` of their index, each in a fresh child of one
-    :class:`RoundServer` of this interpreter; a round that fails or outlasts ``timeout`` seconds is a
-    document with ``error``, and an ended server is replaced for the next round. ValueError: ``rounds`` < 0.
-    """
+    """Rounds 1 .. ``rounds`` (:func:`round_order` of their index), each in a fresh child of one
+    :class:`RoundServer`; a round that fails or outlasts ``timeout`` s is a document with ``error`` (an ended
+    server is replaced). ValueError: ``rounds`` < 0."""
     if rounds < 0:
         raise ValueError(f"rounds={rounds} is invalid: an integer >= 0")
     docs: list[dict[str, Any]] = []
     if not rounds:
         return docs
     start = lambda: RoundServer(sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
-    srv = start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
-            try:
-                for i in range(1, rounds + 1):
-                    if srv.proc.poll() is not None:  # a timed-out or crashed server: the next round gets a new one
-                        srv.close()
-                        srv = start()
-                    doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
-                                    device, timeout=timeout)
-                    doc["round"] = i
-                    docs.append(doc)
-                    if log is not None:
-                        ok = sum(1 for r in doc["rows"] if "latency_s" in r)
-                        log(f"round {i} ({round_order(i)}): " + (doc.get("error") or
-                            f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
-            except BaseException:  # interrupted: no round child may write into tmp after it is removed
-                srv.kill()
-                raise
-    finally:
-        srv.close()
+    with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
+        srv = start()
+        try:
+            for i in range(1, rounds + 1):
+                if srv.proc.poll() is not None:  # a timed-out or crashed server: the next round gets a new one
+                    srv.close()
+                    srv = start()
+                doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
+                                device, timeout=timeout)
+                doc["round"] = i
+                docs.append(doc)
+                if log is not None:
+                    ok = sum(1 for r in doc["rows"] if "latency_s" in r)
+                    log(f"round {i} ({round_order(i)}): " + (doc.get("error") or
+                        f"{ok}/{len(doc['rows'])} pairs in {doc['process_wall_s']:.1f} s"))
+        except BaseException:  # interrupted: no round child may write into tmp after it is removed
+            srv.kill()
+            raise
+        finally:
+            srv.close()
     return docs
 
 
@@ -248,11 +238,10 @@ def _measured(row: dict[str, Any]) -> bool:
 
 
 def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]) -> None:
-    """Fold extra rounds into the ok run records that carry a latency, in place: ``latency_rounds_s`` (the
-    record's own latency, round 0, then each round's that measured the pair), ``latency_sm_cycles_rounds``,
-    ``sm_clock_rounds_mhz``, ``gpu_power_rounds_w`` likewise, ``latency_round_orders``, ``latency_round0_s``;
-    the plain fields become the medians over rounds, ``latency_round_spread`` their :func:`spread`, and
-    ``tflops`` / ``gb_s`` follow."""
+    """Fold ``rounds`` into the ok records that carry a latency, in place: ``latency_rounds_s`` (the record's
+    own latency as round 0, then each round's), ``latency_sm_cycles_rounds``, ``sm_clock_rounds_mhz``,
+    ``gpu_power_rounds_w``, ``latency_round_orders``, ``latency_round0_s``; the plain fields become medians
+    over rounds, ``latency_round_spread`` their :func:`spread`, and ``tflops`` / ``gb_s`` follow."""
     by: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for doc in rounds:
         for row in doc.get("rows", []):
@@ -274,16 +263,14 @@ def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]
                 rec[key] = statistics.median(vals)
         rec["latency_s"] = statistics.median(rec["latency_rounds_s"])
         rec["latency_round_spread"] = spread(rec["latency_rounds_s"])
-        if rec["latency_s"] > 0:
-            if rec.get("flops"):
-                rec["tflops"] = rec["flops"] / rec["latency_s"] / 1e12
-            if rec.get("bytes"):
-                rec["gb_s"] = rec["bytes"] / rec["latency_s"] / 1e9
+        for key, out, unit in (("flops", "tflops", 1e12), ("bytes", "gb_s", 1e9)):
+            if rec["latency_s"] > 0 and rec.get(key):
+                rec[out] = rec[key] / rec["latency_s"] / unit
 
 
 def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run records built from latency-only rounds alone (no round 0 of an accuracy pass): one ok record
-    per (backend, case) measured in at least one round, with the fields :func:`merge_rounds` gives."""
+    """Ok run records from latency-only rounds alone, one per (backend, case) measured in any round, with
+    the fields :func:`merge_rounds` gives."""
     first: dict[tuple[str, str], dict[str, Any]] = {}
     rest: list[dict[str, Any]] = []
     for doc in rounds:
@@ -304,10 +291,9 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 
 def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: dict[str, str] | None = None,
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' pairs (:func:`run_rounds`; the records' own
-    timing is round 0), folded into ``records`` (:func:`merge_rounds`). Returns what ran, for the run
-    document: ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s", "error"}]}`` (or ``{"rounds": 1,
-    "extra": []}``)."""
+    """Rounds 1 .. ``rounds - 1`` of the kernel-timed records' pairs (their own timing is round 0), folded
+    into ``records``; returns ``{"rounds", "wall_s", "extra": [{"round", "order", "wall_s", "error"}]}``
+    (or ``{"rounds": 1, "extra": []}``)."""
     from mla_fp8_bench.measure.metric_table import record_is_emulation
 
     kernel = [r for r in records if r.get("status") == "ok" and r.get("latency_s") and not record_is_emulation(r)]
@@ -324,7 +310,6 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
 
 def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, device: str,
                  stream) -> None:
-    """:func:`measure_round` (configured from the environment) written to ``path``, progress on ``stream``."""
     from mla_fp8_bench.jsonio import write_json_atomic
 
     write_json_atomic(measure_round(backends, cases, order, seed, device, config=RunConfig.from_env(),
@@ -332,13 +317,10 @@ def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order
 
 
 def serve(preload: Sequence[str] = ()) -> int:
-    """A round server: import torch and the named backends once, then fork one child per request.
-
-    A request is one JSON line on ``stdin`` (``{"backends", "cases", "order", "seed", "device", "json"}``);
-    the child (a new process and device context) writes the round document to ``json`` and exits; the
-    server answers ``{"rc": exit status}`` on ``stdout``. EOF or ``"quit"`` ends it. Nothing here
-    initialises CUDA/HIP before the fork (torch initialises the device lazily).
-    """
+    """A round server: import torch and the ``preload`` backends once, then per JSON line on stdin
+    (``{"backends", "cases", "order", "seed", "device", "json"}``) fork a child that writes the round
+    document to ``json``; answers ``{"rc": exit status}`` on stdout; EOF or ``quit`` ends it. Nothing
+    initialises CUDA/HIP before the fork."""
     import torch  # noqa: F401 - the import is the point: children inherit it
 
     from mla_fp8_bench.backends import get_backend
@@ -381,20 +363,18 @@ class RoundServer:
                                      text=True, bufsize=1, start_new_session=True)
 
     def _stderr_tail(self, since: int, n: int = 300) -> str:
-        """The last ``n`` characters the server and its children wrote to stderr after byte ``since``."""
         fd = self._err.fileno()
         return os.pread(fd, max(os.fstat(fd).st_size - since, 0), since).decode(errors="replace")[-n:].strip()
 
     def round(self, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, out: str,
               device: str = "auto", timeout: float | None = None) -> dict[str, Any]:
-        """One round in a fresh child of the server; the round document, or ``{"error", "rows": []}``.
-        A round that outlasts ``timeout`` seconds ends the server (the next round gets the error too)."""
+        """One round in a fresh child: the round document, or ``{"error", "rows": []}``; a round that
+        outlasts ``timeout`` seconds ends the server."""
         t0 = time.perf_counter()
         req = {"backends": list(backends), "cases": list(cases), "order": order, "seed": seed, "device": device,
                "json": out}
         try:
-            since = os.fstat(self._err.fileno()).st_size  # this round's messages only, not an earlier round's
-            assert self.proc.stdin is not None and self.proc.stdout is not None
+            since = os.fstat(self._err.fileno()).st_size  # this round's messages only
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
             if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
@@ -416,7 +396,7 @@ class RoundServer:
         return _read_round(out, t0)
 
     def kill(self) -> None:
-        """End the server and its running child now (its process group)."""
+        """End the server and its running child now."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
@@ -444,13 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", help="where to write the round document")
     a = ap.parse_args(argv)
+    names = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     if a.serve:
-        return serve([b for b in a.preload.split(",") if b])
+        return serve(names(a.preload))
     if not (a.backends and a.cases and a.json):
         ap.error("--backends, --cases and --json are required (or --serve)")
-    _write_round(a.json, [b for b in a.backends.split(",") if b], [c for c in a.cases.split(",") if c], a.order,
-                 a.seed, a.device, sys.stdout)
+    _write_round(a.json, names(a.backends), names(a.cases), a.order, a.seed, a.device, sys.stdout)
     return 0
+
 
 
 if __name__ == "__main__":

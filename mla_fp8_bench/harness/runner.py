@@ -51,8 +51,7 @@ class RunOptions:
     ref_dtype: torch.dtype | None = None  # reference dtype (None: float64 on CPU, float32 on GPU)
 
     def __post_init__(self) -> None:
-        """ValueError: ``samples`` not an integer from 1 to MAX_SAMPLES or ``time_budget_s`` not a finite number
-        > 0 (either would fail every record only after its accuracy was computed)."""
+        """ValueError: ``samples`` not an integer from 1 to MAX_SAMPLES or ``time_budget_s`` not finite > 0."""
         if type(self.samples) is not int or not 1 <= self.samples <= MAX_SAMPLES:
             raise ValueError(f"samples={self.samples!r} is invalid: an integer >= 1 and <= {MAX_SAMPLES} (latency "
                              "samples per case)")
@@ -77,8 +76,8 @@ class Record:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A ``KeyboardInterrupt`` during :func:`evaluate`; ``data``: the ``{"env", "records"}`` completed before
-    it, plus ``"interrupted": True``, ``"interrupted_before"`` (the (backend, case) running) and ``"planned"``."""
+    """A ``KeyboardInterrupt`` during :func:`evaluate`; ``data``: ``{"env", "records"}`` completed, plus
+    ``"interrupted": True``, ``"interrupted_before"`` (the (backend, case) running) and ``"planned"``."""
 
     def __init__(self, data: dict[str, Any]):
         super().__init__(f"interrupted after {len(data['records'])} records")
@@ -112,7 +111,7 @@ class CaseData:
 
 
 def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunOptions) -> None:
-    """Latency (and on GPUs host call latency) of ``prepared.run`` into the record values ``v``."""
+    """Latency (on GPUs also host call latency) of ``prepared.run`` into the record values ``v``."""
     tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
                          samples=opts.samples, time_budget_s=opts.time_budget_s,
                          **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
@@ -132,8 +131,8 @@ _ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_
 
 
 def _check_finite(rec: Record) -> None:
-    """Make a record with a non-finite output or an undefined (NaN) error an ``error`` record (a failure
-    everywhere rather than a NaN that asv would show as n/a), its values kept."""
+    """Make a record with a non-finite output or a NaN error an ``error`` record (not a NaN that asv would
+    show as n/a), its values kept."""
     v = rec.values
     bad_out = max(int(v.get("nonfinite_count_fp8_ref") or 0), int(v.get("nonfinite_count_bf16_ref") or 0))
     undefined = [k for k in _ERROR_KEYS if isinstance(v.get(k), float) and math.isnan(v[k])]
@@ -161,9 +160,8 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         out_snapshot = out.detach().clone()
         v = rec.values
         v.update(timing_scope=prepared.timing_scope, emulation=backend.emulation, fp8=backend.fp8)
-        fp8m = error_metrics(out_snapshot, case_data.fp8_ref[0])
         bfm = error_metrics(out_snapshot, case_data.bf16_ref[0])
-        v.update(fp8m.as_dict("_fp8_ref"))
+        v.update(error_metrics(out_snapshot, case_data.fp8_ref[0]).as_dict("_fp8_ref"))
         v.update(bfm.as_dict("_bf16_ref"))
         v["mismatch_fraction"] = bfm.mismatch_fraction  # AITER's criterion is against the unquantised ref
         if prepared.lse is not None:
@@ -201,7 +199,7 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
 
 def _load_backends(names: list[str], pinfo: PlatformInfo, config: RunConfig | None
                    ) -> dict[str, tuple[Backend | None, Verdict]]:
-    """Backends by name (with ``config``) and their availability; one that cannot load is None."""
+    """Backends by name and their availability; one that cannot load is None."""
     out: dict[str, tuple[Backend | None, Verdict]] = {}
     for n in names:
         b = None
@@ -219,8 +217,8 @@ def _load_backends(names: list[str], pinfo: PlatformInfo, config: RunConfig | No
 def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
              options: RunOptions | None = None, config: RunConfig | None = None,
              progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
-    """Run every (backend, case) pair, the backends configured with ``config``; returns ``{"env": ...,
-    "records": [...]}`` (JSON-ready). A backend name or case id given twice is measured once.
+    """Run every (backend, case) pair, backends configured with ``config``; returns ``{"env", "records"}``
+    (JSON-ready). A backend name or case id given twice is measured once.
 
     Raises:
         mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
@@ -254,7 +252,6 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
                 else:
                     rec = evaluate_one(b, case_data, pinfo, opts)
                 records.append(rec.as_dict())
-
                 if progress is not None:
                     progress(rec)
             del case_data
