@@ -48,20 +48,19 @@ WI = types.SimpleNamespace(**{name.upper(): i for i, name in enumerate(WORK_INFO
 MAX_HEADS = 0xFFFF  # q_head_range packs the first and the end head into 16 bits each
 INT32_MAX = 2**31 - 1  # the planner's buffers and indptrs are int32
 #: Largest CU count a plan is made for (``EMU_CU_NUM``, ``plan --cu-num``, ``calibrate --cu-num``): the
-#: planner allocates per-CU work lists, so a typo of many digits would exhaust memory in every case.
+#: planner allocates per-CU work lists.
 MAX_CU_NUM = 65536
 #: ``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (kernel disassembly).
 SPLIT_DATA_MAX_BYTES = 2**31
 
 
 def pack_q_head_range(first_head: Any, end_head: Any) -> Any:
-    """``q_head_range`` of a work: ``first_head | (end_head << 16)`` (end exclusive, 16 bits each; ints or
-    integer tensors)."""
+    """``q_head_range`` of a work: ``first_head | (end_head << 16)`` (end exclusive; ints or int tensors)."""
     return first_head | (end_head << 16)
 
 
 def unpack_q_head_range(value: int) -> tuple[int, int]:
-    """``(first_head, end_head)`` of a packed ``q_head_range`` (inverse of :func:`pack_q_head_range`)."""
+    """``(first_head, end_head)`` of a packed ``q_head_range``."""
     return value & 0xFFFF, (value >> 16) & 0xFFFF
 
 
@@ -104,8 +103,7 @@ _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[.+\-_a-zA-Z0-9]*)$")
 
 
 def parse_aiter_version(v: str | Iterable[int]) -> Version:
-    """``"0.1.20.post1"``, ``"v0.1.22"``, ``"0.1.7.post2.dev18"``, ``"0.1.22+rocm7"`` or ``(0, 1, 22)``
-    -> ``(major, minor, patch)``.
+    """``"0.1.20.post1"``, ``"v0.1.22"``, ``"0.1.22+rocm7"`` or ``(0, 1, 22)`` -> ``(major, minor, patch)``.
 
     Raises:
         AiterVersionError: not ``MAJOR.MINOR.PATCH[suffix]`` / not a sequence of >= 3 non-negative ints.
@@ -126,10 +124,8 @@ def parse_aiter_version(v: str | Iterable[int]) -> Version:
 
 def parse_aiter_version_or_none(v: Any) -> Version | None:
     """:func:`parse_aiter_version`, or None for a missing or unparsable version (e.g. a dev build)."""
-    if v is None:
-        return None
     try:
-        return parse_aiter_version(v)
+        return None if v is None else parse_aiter_version(v)
     except AiterVersionError:
         return None
 
@@ -151,10 +147,7 @@ def format_version(v: Version | None) -> str:
 
 
 def reduce_heads_for(version: str | Iterable[int] | None) -> frozenset[int]:
-    """Head counts ``mla_reduce_v1`` accepts at ``v_head_dim`` 128 for ``version`` (None: newest known).
-
-    Any other count fails with "doesn't support the specified settings", even when nothing was split.
-    """
+    """Head counts ``mla_reduce_v1`` accepts at ``v_head_dim`` 128 for ``version`` (None: newest known)."""
     ver = None if version is None else parse_aiter_version(version)
     return frozenset(h for since, hs in REDUCE_HEADS_BY_VERSION if ver is None or ver >= since for h in hs)
 
@@ -171,24 +164,21 @@ def reduce_arity_for_version(version: str | Iterable[int]) -> int:
 @dataclass(frozen=True)
 class Detected:
     """One detected feature: ``value`` (None when it could not be told) and ``source``: where it was read
-    (``"op schema aiter::mla_reduce_v1"``, ``"facts table at AITER 0.1.20 (...)"``) or, when ``value`` is
-    None, the reason naming what could not be read."""
+    (``"op schema aiter::mla_reduce_v1"``), or why it could not be."""
 
     value: Any
     source: str
 
 
 def planner_revision_for(version: str | Iterable[int]) -> str:
-    """The released planner revision at ``version``: :data:`PLANNER_V0_1_22` from 0.1.22, else
-    :data:`PLANNER_PRE_3606` (the pre-merge :data:`PLANNER_PR_3606_REF` was never released)."""
+    """The released planner revision at ``version``: :data:`PLANNER_V0_1_22` from 0.1.22, else pre-3606."""
     return PLANNER_V0_1_22 if parse_aiter_version(version) >= POST_3606_FIRST_VERSION else PLANNER_PRE_3606
 
 
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
-    """``(names, "op schema ns::name")``: the parameter names of op ``name`` as registered with torch
-    (``torch.ops.<ns>.<name>.default._schema``, ``ns`` = ``module.aiter_op_namespace`` or
-    :data:`AITER_OP_NAMESPACE`) without the leading ``dummy`` tensor AITER adds to some ops; ``(None, reason)``
-    when no such op is registered. (AITER's ``(*args, **kwargs)`` wrappers say nothing.)"""
+    """``(names, "op schema ns::name")``: parameter names of ``torch.ops.<ns>.<name>.default._schema`` (``ns``:
+    ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`) without AITER's leading ``dummy`` tensor;
+    ``(None, reason)`` when no such op is registered."""
     import torch
 
     ns = getattr(module, "aiter_op_namespace", AITER_OP_NAMESPACE)
@@ -197,13 +187,11 @@ def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
     except (AttributeError, RuntimeError) as exc:
         return None, f"no registered op {ns}::{name} ({type(exc).__name__})"
     names = tuple(a.name for a in schema.arguments)
-    if names[:1] == ("dummy",):
-        names = names[1:]
-    return names, f"op schema {ns}::{name}"
+    return names[1:] if names[:1] == ("dummy",) else names, f"op schema {ns}::{name}"
 
 
 def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: str) -> Detected:
-    """``fact`` at ``version`` from the facts tables (``src``: why no schema told it), or ``Detected(None, why)``."""
+    """``fact`` at ``version`` (``src``: why no schema told it), or ``Detected(None, why)``."""
     ver = parse_aiter_version_or_none(version)
     if ver is None:
         return Detected(None, f"{what} cannot be told: {src} and no readable AITER version")
@@ -212,8 +200,7 @@ def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: st
 
 def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
     """The ``mla_reduce_v1`` form of ``module``: 9 (``num_kv_splits``), 8 (``max_seqlen_q`` only) or 7, from
-    the registered op schema (never the wrapper's signature), else the facts table at ``version``, else
-    ``Detected(None, reason)``."""
+    the registered op schema, else the facts table at ``version``, else ``Detected(None, reason)``."""
     params, src = op_params(module, "mla_reduce_v1")
     if params is None:
         return _by_version(version, reduce_arity_for_version, src, "mla_reduce_v1's form")
@@ -221,8 +208,7 @@ def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
 
 
 def _info_params(module: Any) -> tuple[str, ...]:
-    """Parameter names of the pure-Python ``get_ps_metadata_info_v1``; ``()`` when absent, unreadable or a
-    ``(*args, **kwargs)`` wrapper."""
+    """Parameter names of the pure-Python ``get_ps_metadata_info_v1``; ``()`` if absent or ``(*args, **kwargs)``."""
     try:
         params = list(inspect.signature(module.get_ps_metadata_info_v1).parameters.values())
     except (AttributeError, TypeError, ValueError):
@@ -233,10 +219,9 @@ def _info_params(module: Any) -> tuple[str, ...]:
 
 
 def detect_planner_revision(module: Any, version: Any = None) -> Detected:
-    """Which planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema:
-    :data:`PLANNER_V0_1_22`; else ``max_kvlen`` in the pure-Python ``get_ps_metadata_info_v1``:
-    :data:`PLANNER_PR_3606_REF`; else :data:`PLANNER_PRE_3606`. Without a registered planner op: the facts
-    table at ``version``; else ``Detected(None, reason)``."""
+    """The planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema: v0.1.22;
+    else ``max_kvlen`` in ``get_ps_metadata_info_v1``: pr3606-ref; else pre-3606. Without a registered
+    planner op: the facts table at ``version``; else ``Detected(None, reason)``."""
     params, src = op_params(module, "get_ps_metadata_v1")
     if params is None:
         return _by_version(version, planner_revision_for, src, "the planner revision")
@@ -249,9 +234,8 @@ def detect_planner_revision(module: Any, version: Any = None) -> Detected:
 
 def effective_version(version: Version | None, reduce_arity: int | None,
                       planner_revision: str | None) -> Version | None:
-    """The version to key version-only facts (reduce head sets) on: the larger of the reported ``version``
-    and the first release with the detected features (a source build reports 0.1.0, so its version alone
-    under-reports). None when nothing is known."""
+    """The version to key version-only facts (reduce head sets) on: the larger of ``version`` and the first
+    release with the detected features (a source build reports 0.1.0). None when nothing is known."""
     arity_floor = {9: REDUCE_9_ARG_VERSION, 8: REDUCE_8_ARG_VERSION}.get(reduce_arity)
     # any planner: the PS prefill exists; the PR ref sits on main after v0.1.20.post1
     revision_floor = {None: None, PLANNER_PR_3606_REF: (0, 1, 20), PLANNER_V0_1_22: POST_3606_FIRST_VERSION}.get(
@@ -274,8 +258,7 @@ def dist_version(dist: str) -> str | None:
 
 
 def import_aiter() -> types.ModuleType:
-    """Import the real ``aiter`` (only on a ROCm machine: its import runs ``rocminfo``); raises whatever
-    importing it raises (callers report it as unavailable)."""
+    """Import the real ``aiter`` (only on a ROCm machine: its import runs ``rocminfo``); raises what it raises."""
     import aiter
 
     return aiter
@@ -285,7 +268,6 @@ def aiter_version_of(module: Any) -> Version | None:
     """The AITER version of ``module``: the stand-in's ``aiter_version``, else the installed
     ``amd-aiter`` distribution, else ``module.__version__``; None when none parses."""
     given = getattr(module, "aiter_version", None)
-    if given is not None:
-        return parse_aiter_version_or_none(given)
-    text = dist_version(AITER_DIST) or getattr(module, "__version__", None)
-    return parse_aiter_version_or_none(text)
+    if given is None:
+        given = dist_version(AITER_DIST) or getattr(module, "__version__", None)
+    return parse_aiter_version_or_none(given)
