@@ -51,8 +51,7 @@ def _check_revision(revision: Any) -> str:
 
 
 def _effective_need_lse(revision: str, need_lse: Any) -> bool:
-    """Whether every tile gets a slot: ``pre-3606`` never, ``pr3606-ref`` always (neither takes
-    ``need_lse``), ``v0.1.22`` as ``need_lse`` says (default False, the binding's default)."""
+    """Whether every tile gets a slot: ``pre-3606`` never, ``pr3606-ref`` always, ``v0.1.22`` as ``need_lse`` says."""
     if revision != PLANNER_V0_1_22:
         if need_lse is not None:
             raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
@@ -347,7 +346,7 @@ def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
 
 
 def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_groups: int, num_partials: int) -> None:
-    """The real planner writes without bounds checks; refuse a plan that would not fit."""
+    """Refuse a plan that would not fit (the real planner writes without bounds checks)."""
     for key, need in (("work_indptr", cu_num + 1), ("work_info_rows", num_works), ("reduce_indptr", num_groups + 1),
                       ("reduce_final_map_rows", num_groups), ("reduce_partial_map", num_partials)):
         if lengths[key] < need:
@@ -358,8 +357,8 @@ def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_gro
 
 
 def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[str, int]):
-    """``work_indptr`` and ``work_info``: TG ``t`` of cluster ``c`` is workgroup ``c*T + t`` and runs its
-    rows once per head of ``[c*hpc, (c+1)*hpc)``, head-major."""
+    """``work_indptr`` and ``work_info``: TG ``t`` of cluster ``c`` is workgroup ``c*T + t``; it runs its rows
+    once per head of ``[c*hpc, (c+1)*hpc)``, head-major."""
     num_clusters = math.gcd(num_heads_k, cu_num)
     tgs = cu_num // num_clusters
     hpc = num_heads_k // num_clusters
@@ -391,16 +390,14 @@ def _reduce_buffers(keys, indptr, partial_map, lengths: dict[str, int]):
     """``reduce_indptr`` (tail = num_partials), ``reduce_final_map`` and ``reduce_partial_map`` (tails 0)."""
     num_partials = len(partial_map)
     rind = indptr + [num_partials] * (lengths["reduce_indptr"] - len(indptr))
-    rfm = torch.zeros((lengths["reduce_final_map_rows"], 2), dtype=torch.int32)
-    if keys:
-        rfm[: len(keys)] = torch.tensor(keys, dtype=torch.int32)
+    rfm = keys + [(0, 0)] * (lengths["reduce_final_map_rows"] - len(keys))
     rpm = partial_map + [0] * (lengths["reduce_partial_map"] - num_partials)
-    return torch.tensor(rind, dtype=torch.int32), rfm, torch.tensor(rpm, dtype=torch.int32)
+    rind, rfm, rpm = (torch.tensor(x, dtype=torch.int32) for x in (rind, rfm, rpm))
+    return rind, rfm.reshape(-1, 2), rpm
 
 
 def _default_lengths(inp: _Inputs, revision: str, buffer_lengths: Mapping[str, Any] | None) -> dict[str, int]:
-    """Buffer lengths from the revision's info function (``pr3606-ref``: ``max_kvlen`` = the largest
-    ``context_lens``), overridden by ``buffer_lengths``."""
+    """Buffer lengths from the revision's info function, overridden by ``buffer_lengths``."""
     nb = len(inp.qo) - 1
     max_qlen = max(inp.qo[b + 1] - inp.qo[b] for b in range(nb))
     extra = {"max_kvlen": max(inp.ctx), "kvlen_granularity": KV_TILE} if revision == PLANNER_PR_3606_REF else {}
@@ -423,23 +420,17 @@ def plan_ps_prefill(
     """Plan a PS prefill as AITER's host ``get_ps_metadata_v1`` does (``docs/aiter-contract.md#planner-algorithm``).
 
     Args:
-        qo_indptr, kv_indptr: ``seqlens_qo_indptr`` / ``pages_kv_indptr`` ``[B+1]``: cumulative q lengths /
-            KV pages (tokens at ``block_size=1``), from 0, non-decreasing; int lists or 1-D int tensors.
-        context_lens: ``[B]`` KV tokens per sequence: the page count at ``block_size=1``, else at most
-            ``pages * block_size``; ``q_len < kv_len`` is a context chunk.
+        qo_indptr, kv_indptr: ``[B+1]`` cumulative q lengths / KV pages from 0, non-decreasing (int lists or
+            1-D int tensors). context_lens: ``[B]`` KV tokens per sequence (= pages at ``block_size=1``).
         num_heads_k: KV heads, 1 .. 65535 (H_q == H_kv). cu_num: device CU count (256 on MI355X).
         gqa_ratio, qhead_granularity, qlen_granularity: only 1, 1 and 256 are supported.
-        kvlen_granularity: KV split granularity in tokens, a power-of-two multiple of ``block_size``
-            (tokens per page, >= 1; the PS kernel runs at 1); use 128 (AITER's binding default is 1).
-        is_causal: bottom-right causal (query i sees key j iff ``j <= kv_len - q_len + i``; needs
-            ``q_len <= kv_len``).
-        buffer_lengths: leading dims of the buffers the real planner fills, keyed as in
-            :data:`BUFFER_LENGTH_KEYS` or by buffer name; ints or ``(shape, dtype)`` pairs (a
-            :func:`ps_metadata_info` dict works). Missing keys: the revision's :func:`ps_metadata_info`
-            (``pr3606-ref`` with ``max_kvlen = max(context_lens)``).
-        revision: one of :data:`PLANNER_REVISIONS`.
-        need_lse: ``v0.1.22`` only (default False): every work that consumes KV gets a partial slot and
-            every tile a reduce group.
+        kvlen_granularity: KV split granularity in tokens, a power-of-two multiple of ``block_size``; use 128.
+        is_causal: bottom-right causal (query i sees key j iff ``j <= kv_len - q_len + i``).
+        buffer_lengths: leading dims of the buffers, keyed as :data:`BUFFER_LENGTH_KEYS` or by buffer name,
+            ints or ``(shape, dtype)`` pairs; missing keys from the revision's :func:`ps_metadata_info`
+            (``pr3606-ref``: ``max_kvlen = max(context_lens)``).
+        revision: one of :data:`PLANNER_REVISIONS`. need_lse: ``v0.1.22`` only (default False): every
+            work that consumes KV gets a partial slot and every tile a reduce group.
 
     Returns a :class:`PsPlan` with buffers of exactly the requested lengths.
 
