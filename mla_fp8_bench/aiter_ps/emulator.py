@@ -194,8 +194,7 @@ class Emulator:
 
     def softmax_consts(self, softmax_scale: float, q_scale: torch.Tensor, k_scale: torch.Tensor,
                        v_scale: torch.Tensor) -> SoftmaxConsts:
-        """``c = softmax_scale*q_scale*k_scale`` and ``c2 = c*log2(e)`` in fp32 (0-dim scales on the
-        kernel's device); the epilogue multiplies by ``v_scale``."""
+        """``c = softmax_scale*q_scale*k_scale``, ``c2 = c*log2(e)`` in fp32 (0-dim scales on the kernel's device)."""
         c = torch.tensor(float(softmax_scale), dtype=torch.float32, device=q_scale.device) * q_scale * k_scale
         return SoftmaxConsts(c=c, c2=c * torch.tensor(_LOG2E, dtype=torch.float32, device=c.device), v_scale=v_scale)
 
@@ -205,8 +204,7 @@ class Emulator:
 
     def row_limits(self, rows: torch.Tensor, q_start: int, q_len: int, kv_len: int, k_lim: int,
                    causal: bool) -> torch.Tensor:
-        """Exclusive local key limit per global q row: bottom-right causal ``kv_len - q_len + i + 1``
-        capped at ``k_lim``, or ``k_lim`` when not causal."""
+        """Exclusive local key limit per global q row: ``k_lim``, causal capped at ``kv_len - q_len + i + 1``."""
         if not causal:
             return torch.full_like(rows, k_lim)
         return torch.clamp(rows - q_start + (kv_len - q_len) + 1, max=k_lim)
@@ -298,19 +296,15 @@ class Emulator:
         from the live partial count. Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606.
 
         Args:
-            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * scale.
-            q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
+            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * one-element
+                fp32 ``q_scale`` / ``k_scale`` / ``v_scale``. softmax_scale: natural-log, e.g. ``1/sqrt(192)``.
             cu_seqlens, cu_seqlens_kv: int32 ``[B+1]`` cumulative q / kv lengths ending at T / P (default:
-                ``cu_seqlens``).
-            softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
-            causal: bottom-right (query i sees key j iff ``j <= kv_len - q_len + i``). cu_num: CUs planned for.
-            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE: every row post-#3606, only
-                rows of split tiles pre-#3606 (others NaN when ``poison``, else undefined).
-            poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
+                ``cu_seqlens``). causal: bottom-right. cu_num: CUs planned for.
+            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE (pre-#3606 only rows of split
+                tiles; others NaN when ``poison``: NaN-fill outputs and partials first).
             post_3606: ``need_lse=True`` and the #3606 reduce; False plans as AITER <= v0.1.21.
 
-        Returns:
-            ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
+        Returns ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
 
         Raises:
             ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with
