@@ -1,7 +1,5 @@
-"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, markers.
-
-Explained in ``docs/aiter-contract.md``: ``#planner-io`` and ``#work-info`` (tiles, buffers), ``#versions``
-and ``#pr-3606`` (versions, markers, the ROCm/aiter#3606 split), ``#reduce`` (head-count dispatch).
+"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, markers
+(``docs/aiter-contract.md`` ``#planner-io``, ``#work-info``, ``#versions``, ``#pr-3606``, ``#reduce``).
 Importing this module never imports ``aiter`` (its import runs ``rocminfo``); :func:`import_aiter` does.
 """
 
@@ -18,8 +16,8 @@ AITER_DIST = "amd-aiter"  # the distribution name (importlib.metadata)
 
 # tiles and buffers
 
-#: Rows of one q-tile: the planner's ``qlen_granularity``, the kernel's ``m32x8`` tile, the row stride of one
-#: partial slot in ``splitData``/``splitLse`` and vLLM's ``_FP8_PREFILL_TILE_Q``.
+#: Rows of one q-tile: ``qlen_granularity``, the kernel's ``m32x8`` tile, one partial slot's rows, vLLM's
+#: ``_FP8_PREFILL_TILE_Q``.
 Q_TILE = 256
 KV_TILE = 128  # keys per inner KV tile of the kernel (n128x1); also the planner's KV split granularity
 QHEAD_GRANULARITY = 1  # heads per work (the PS prefill is MHA)
@@ -76,20 +74,18 @@ POST_3606_FIRST_VERSION: Version = (0, 1, 22)
 NEWEST_MODELLED_VERSION: Version = (0, 1, 22)  # the default emulated version
 
 # planner revisions (docs/aiter-contract.md#pr-3606)
-#: Up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group.
-PLANNER_PRE_3606 = "pre-3606"
-#: ``refs/pull/3606/merge`` of 2026-08-22 (``b97d239``), never released: every work gets a slot, there is
-#: no ``need_lse``, and ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``.
+PLANNER_PRE_3606 = "pre-3606"  #: up to v0.1.21: a tile computed by one work gets no slot and no reduce group
+#: ``refs/pull/3606/merge`` (``b97d239``), never released: every work gets a slot; no ``need_lse``;
+#: ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``.
 PLANNER_PR_3606_REF = "pr3606-ref"
-#: ROCm/aiter#3606 as merged (v0.1.22): ``get_ps_metadata_v1`` gains ``need_lse`` last (False: the
-#: pre-#3606 plan; True: every tile gets a slot and a reduce group); the info function sizes differently.
+#: ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` gains ``need_lse`` (True: every tile gets a slot and
+#: a reduce group); the info function sizes differently.
 PLANNER_V0_1_22 = "v0.1.22"
 PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22)
 
 AITER_OP_NAMESPACE = "aiter"  # torch.ops namespace of AITER's compiled ops (torch_compile_guard)
 
-#: Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them (the first
-#: row: as at v0.1.10.post1, also given to older versions).
+#: Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them.
 REDUCE_HEADS_BY_VERSION: tuple[tuple[Version, tuple[int, ...]], ...] = (
     ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)), ((0, 1, 11), (32, 64)), ((0, 1, 12), (40,)), ((0, 1, 20), (48, 96)),
 )
