@@ -270,11 +270,11 @@ class Emulator:
         """
         ri, fmap, pmap = reduce_indptr.reshape(-1).tolist(), reduce_final_map.tolist(), reduce_partial_map.tolist()
         min_partials = 1 if post_3606 else 2
-        for g in self.reduced_groups([g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_partials]):
-            lo, hi = ri[g], ri[g + 1]
-            (q0, q1), locs, nr = fmap[g], pmap[lo:hi], fmap[g][1] - fmap[g][0]
-            if not (q1 > q0 and (hi - lo > 1 or pmap[lo] != -1)):  # a group of one runs only with a real slot
-                continue
+        groups = [(fmap[g], pmap[ri[g] : ri[g + 1]])  # a group of one runs only with a real slot
+                  for g in self.reduced_groups([g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_partials])
+                  if fmap[g][1] > fmap[g][0] and (ri[g + 1] - ri[g] > 1 or pmap[ri[g]] != -1)]
+        for (q0, q1), locs in groups:
+            nr = q1 - q0
             lses = [partial_lse[p : p + nr].float() for p in locs]
             lse_star, ssum = self.merged_lse(lses)
             lse_star = torch.where((ssum == 0) | torch.isnan(ssum), float("inf"), lse_star)
