@@ -1,25 +1,21 @@
-"""Faithful PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill: the ASM kernel
-``mla_prefill_ps_asm_fwd`` (``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``, unchanged
-since v0.1.10.post1), ``mla_reduce_v1``, and the whole path (:meth:`Emulator.run_prefill`: the planner
-port's plan, then kernel and reduce). Source: docs/aiter-contract.md#work-info, #kernel, #reduce,
-#pr-3606, #emulation; AITER main ``e4048607a535`` and ROCm/aiter#3606.
+"""PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill: the ASM kernel ``mla_prefill_ps_asm_fwd``
+(``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``), ``mla_reduce_v1``, and the whole path
+(:meth:`Emulator.run_prefill`). Source: docs/aiter-contract.md#work-info, #kernel, #reduce, #pr-3606,
+#emulation; AITER main ``e4048607a535`` and ROCm/aiter#3606.
 
 Arithmetic model (choices where the hardware is not observable):
 
-* ``Q8 @ K8^T`` and ``P8 @ V8`` are evaluated *exactly* (in float64: every product of two e4m3
-  values is a multiple of 2^-18 below 2^18, and sums of <= 192 of them fit in 53 bits) and rounded
-  once to fp32; the ``P8 @ V8`` product is added to the rescaled accumulator ``alpha * O`` with a single
-  rounding: the order-independent model of an fp32-accumulating MFMA, so batching heads/works here
-  cannot change a result.
-* ``p = exp2(s*c2 - m_new*c2)`` uses a fused multiply-add (``m_new*c2`` is rounded to fp32 first, as a
-  separate multiply); ``l`` sums the fp32 ``p`` of a tile in float64 and rounds once.
+* ``Q8 @ K8^T`` and ``P8 @ V8`` are exact in float64 (a product of two e4m3 values is a multiple of 2^-18
+  below 2^18; sums of <= 192 fit in 53 bits), rounded once to fp32; ``P8 @ V8`` is added to ``alpha * O``
+  with one rounding (an order-independent fp32-accumulating MFMA, so batching heads/works cannot change a
+  result).
+* ``p = exp2(s*c2 - m_new*c2)`` is a fused multiply-add (``m_new*c2`` rounded to fp32 first); ``l`` sums a
+  tile's fp32 ``p`` in float64 and rounds once.
 * ``exp2`` / ``log2`` are torch's fp32 functions, not the hardware ``v_exp_f32``/``v_log_f32``.
-* The wrong non-causal LSE of v0.1.19 that #3606 also fixed is not modelled (its form is not
-  documented); pre-#3606 emulation differs from post-#3606 only by the plan and the reduce.
+* The wrong non-causal LSE of v0.1.19 is not modelled; pre- and post-#3606 differ only by plan and reduce.
 
-The same code runs on CPU and CUDA tensors (the metadata is read to the host once); results on different
-devices may differ in the last ulp of exp2/log2 only. Each arithmetic step a kernel or reduce bug would
-change is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
+CPU and CUDA results may differ in the last ulp of exp2/log2 only. Each arithmetic step a bug would change
+is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ _LOG2E = math.log2(math.e)
 
 
 def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """fp32 ``a*b + c`` with one rounding (emulated in float64; exact product, near-exact sum)."""
+    """fp32 ``a*b + c`` with one rounding (via float64)."""
     return (a.double() * b.double() + c.double()).float()
 
 
@@ -53,15 +49,13 @@ class SoftmaxConsts:
     v_scale: torch.Tensor  # epilogue multiplier
 
 
-#: One decoded ``work_info`` row: sequence ``b``, partial slot ``loc`` (-1 = write ``output``), global q rows
-#: ``[q0, q1)``, global KV positions ``[k0, k1)`` and heads ``[h_lo, h_hi)``; ``[:6]`` is what works differing
-#: only in their head share have in common.
+#: One decoded ``work_info`` row: sequence ``b``, slot ``loc`` (-1 = write ``output``), global q rows ``[q0, q1)``,
+#: KV positions ``[k0, k1)``, heads ``[h_lo, h_hi)``; ``[:6]`` is shared by works differing only in heads.
 _Work = namedtuple("_Work", "b loc q0 q1 k0 k1 h_lo h_hi")
 
 
 def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> list[_Work]:
-    """The works in execution order (workgroup 0's, then workgroup 1's, ...), head range decoded from
-    ``first | end << 16``; works with an empty head range are dropped."""
+    """The works in execution order (workgroup by workgroup); works with an empty head range are dropped."""
     wi = work_indptr.reshape(-1).tolist()
     rows = work_info_set[: max(wi)].tolist() if max(wi) > 0 else []
     decoded = []
@@ -74,9 +68,8 @@ def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> lis
 
 
 def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows: int) -> list[tuple[_Work, list[int]]]:
-    """Group works that differ only in their head (all heads get identical splits) into one batched
-    computation, in first-seen order; if any (row, head) destination is written twice, keep every work
-    on its own, in execution order, so later writes win as on hardware."""
+    """Batch works that differ only in their heads, in first-seen order; if any (row, head) destination is
+    written twice, keep every work on its own, in execution order, so later writes win as on hardware."""
     out_cnt = torch.zeros((max(total_q, 1), H), dtype=torch.int32)
     split_cnt = torch.zeros((max(n_split_rows, 1), H), dtype=torch.int32)
     for w in decoded:
@@ -100,23 +93,13 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
 # kernel: one work (row limits, online softmax over 128-key tiles, epilogue)
 
 
-def _kv_tile(K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
-             pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K/V rows ``[128, nh, D]`` (float64) of global KV positions ``pos`` (>= 0), read through the page
-    table; positions past ``len(kv_page_indices)`` read page 0."""
-    n_used = int(pages.numel())
-    page = torch.where(pos < n_used, pages[pos.clamp(max=n_used - 1)], 0)[:, None]
-    return K[page, hs[None, :]].double(), V[page, hs[None, :]].double()
-
-
 def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
                     kv_base: int, k0l: int, k1l: int, lim: torch.Tensor,
                     cs: SoftmaxConsts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)``.
-
-    ``qt`` is ``[nh, nr, Dqk]`` float64 (raw fp8 values). Returns ``(m, l, acc)``: running max of the raw
-    scores ``[nh, nr]`` (from ``-FLT_MAX``), fp32 sum of p ``[nh, nr]``, and ``sum e4m3fn(p) @ V8``
-    ``[nh, nr, Dv]`` fp32 (docs/aiter-contract.md#kernel, steps 3-4).
+    """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)`` (docs/aiter-contract.md#kernel,
+    steps 3-4); keys past ``len(pages)`` read page 0. ``qt``: ``[nh, nr, Dqk]`` float64 raw fp8 values.
+    Returns fp32 ``(m, l, acc)``: running max of raw scores ``[nh, nr]`` (from ``-FLT_MAX``), sum of p
+    ``[nh, nr]``, ``sum e4m3fn(p) @ V8`` ``[nh, nr, Dv]``.
     """
     dev = qt.device
     nh, nrows = int(qt.shape[0]), int(qt.shape[1])
@@ -124,10 +107,12 @@ def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: t
     m = torch.full((nh, nrows), -_FLT_MAX, dtype=torch.float32, device=dev)
     l_sum = torch.zeros((nh, nrows), dtype=torch.float32, device=dev)
     acc = torch.zeros((nh, nrows, int(V.shape[-1])), dtype=torch.float32, device=dev)
-    key_ar = torch.arange(KV_TILE, device=dev)
+    key_ar, n_used = torch.arange(KV_TILE, device=dev), int(pages.numel())
     for j0 in range(k0l, k1l, KV_TILE):
         j = j0 + key_ar  # local key positions
-        kt, vt = _kv_tile(K, V, pages, hs, kv_base + j)
+        pos = kv_base + j
+        page = torch.where(pos < n_used, pages[pos.clamp(max=n_used - 1)], 0)[:, None]
+        kt, vt = K[page, hs[None, :]].double(), V[page, hs[None, :]].double()  # [128, nh, D]
         s = torch.matmul(qt, kt.permute(1, 2, 0)).float()  # [nh, nr, 128], exact then fp32
         s = torch.where((j[None, :] >= lim[:, None])[None], ninf, s)
         m_new = torch.maximum(m, s.amax(dim=-1))
@@ -144,9 +129,9 @@ def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: t
 def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
               pages: torch.Tensor, qo: list[int], kvp: list[int], causal: bool, cs: SoftmaxConsts,
               em: Emulator, bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-    """Compute one (batched-over-heads) work and store it: ``loc == -1`` -> bf16 rows ``[q0, q1)`` of
-    ``output`` (no LSE); otherwise all 256 rows of slot ``loc`` in ``splitData``/``splitLse`` (rows past
-    ``q1`` are computed from whatever Q rows follow, zeros past the end of Q, as on hardware)."""
+    """Compute one (batched-over-heads) work: ``loc == -1`` -> bf16 rows ``[q0, q1)`` of ``output``; else
+    all 256 rows of slot ``loc`` in ``splitData``/``splitLse`` (rows past ``q1`` from the Q rows that
+    follow, zeros past the end of Q, as on hardware)."""
     split_data, split_lse, output = bufs
     dev, total_q = Q.device, int(Q.shape[0])
     hs = torch.tensor(heads, dtype=torch.long, device=dev)
@@ -170,29 +155,12 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     split_lse[w.loc : w.loc + nfit, dst] = lse[:, :nfit].T.to(split_lse.dtype)
 
 
-# reduce
-
-
-def _reduce_groups(reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor,
-                   min_partials: int, em: Emulator) -> list[tuple[int, int, list[int]]]:
-    """The groups the reduce runs: ``(qo_start, qo_end, partial locations)`` for every group with at
-    least ``min_partials`` partials (:meth:`Emulator.reduced_groups` of them) and a non-empty row range."""
-    ri, fmap, pmap = reduce_indptr.reshape(-1).tolist(), reduce_final_map.tolist(), reduce_partial_map.tolist()
-    out = []
-    for g in em.reduced_groups([g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_partials]):
-        lo, hi = ri[g], ri[g + 1]
-        q0, q1 = fmap[g]
-        if q1 > q0 and (hi - lo > 1 or pmap[lo] != -1):  # a group of one runs only with a real slot
-            out.append((q0, q1, pmap[lo:hi]))
-    return out
-
-
 # whole path: plan, kernel, reduce
 
 
 def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: tuple) -> None:
     """q8 ``[T, H, Dqk]``, k8 ``[P, H, Dqk]``, v8 ``[P, H, Dv]`` float8_e4m3fn on one device; one-element
-    fp32 scales. ValueError naming the bad argument otherwise."""
+    fp32 scales. ValueError otherwise."""
     for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-D float8_e4m3fn tensor, got "
@@ -209,7 +177,6 @@ def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales:
 
 
 def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tensor:
-    """``cu`` as a contiguous CPU int32 tensor rising from 0 to ``total``; ValueError otherwise."""
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
         raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(cu, 'dtype', type(cu))}")
     cu_cpu = cu.detach().cpu().contiguous()
@@ -223,13 +190,11 @@ def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tens
 
 
 class Emulator:
-    """AITER's PS FP8 prefill kernel and reduce, and the whole path, emulated in PyTorch; a subclass that
-    overrides one arithmetic step models that bug."""
+    """AITER's PS FP8 prefill kernel, reduce and whole path; a subclass overriding one step models that bug."""
 
     def softmax_consts(self, softmax_scale: float, q_scale: torch.Tensor, k_scale: torch.Tensor,
                        v_scale: torch.Tensor) -> SoftmaxConsts:
-        """``c = softmax_scale*q_scale*k_scale`` and ``c2 = c*log2(e)`` in fp32 (0-dim scales on the
-        kernel's device); the epilogue multiplies by ``v_scale``."""
+        """``c = softmax_scale*q_scale*k_scale``, ``c2 = c*log2(e)`` in fp32 (0-dim scales on the kernel's device)."""
         c = torch.tensor(float(softmax_scale), dtype=torch.float32, device=q_scale.device) * q_scale * k_scale
         return SoftmaxConsts(c=c, c2=c * torch.tensor(_LOG2E, dtype=torch.float32, device=c.device), v_scale=v_scale)
 
@@ -239,8 +204,7 @@ class Emulator:
 
     def row_limits(self, rows: torch.Tensor, q_start: int, q_len: int, kv_len: int, k_lim: int,
                    causal: bool) -> torch.Tensor:
-        """Exclusive local key limit per global q row: bottom-right causal ``kv_len - q_len + i + 1``
-        capped at ``k_lim``, or ``k_lim`` when not causal."""
+        """Exclusive local key limit per global q row: ``k_lim``, causal capped at ``kv_len - q_len + i + 1``."""
         if not causal:
             return torch.full_like(rows, k_lim)
         return torch.clamp(rows - q_start + (kv_len - q_len) + 1, max=k_lim)
@@ -271,20 +235,12 @@ class Emulator:
         softmax_scale: float, is_causal: bool, splitData: torch.Tensor, splitLse: torch.Tensor, output: torch.Tensor,
         q_scale: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
     ) -> None:
-        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` (same argument order, same in-place writes; the same
-        kernel before and after ROCm/aiter#3606; docs/aiter-contract.md#kernel-args, #work-info, #kernel).
-        Works run workgroup by workgroup, in order; ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the
-        kernel; tile keys past ``kv_page_indices``' end read page 0.
-
-        Args (trusted: the stand-in validates them as a strict launcher would):
-            Q, K, V: ``[total_q, H, 192]``, ``[num_page, H, 192]``, ``[num_page, H, 128]`` float8_e4m3fn.
-            qo_indptr, kv_indptr: ``[B+1]`` cumulative q rows / KV positions (indexes of ``kv_page_indices``,
-                ``[num_used_page]`` position -> K/V row).
-            work_indptr, work_info_set: the planner's ``[num_wg+1]`` and ``[max_works, 8]`` int32 buffers.
-            softmax_scale: natural-log softmax scale (``1/sqrt(192)`` for MLA); is_causal: bottom-right.
-            splitData, splitLse, output: ``[R, H, 128]`` / ``[R, H]`` fp32 partials and their natural-log LSE;
-                ``[total_q, H, 128]`` bf16.
-            q_scale, k_scale, v_scale: one-element fp32 dequant multipliers (real = fp8 * scale).
+        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` in place, same argument order (docs/aiter-contract.md#kernel-args,
+        #work-info, #kernel); ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the kernel. Arguments are
+        trusted (the stand-in validates them): Q/K/V ``[total_q, H, 192]`` / ``[num_page, H, 192]`` /
+        ``[num_page, H, 128]`` float8_e4m3fn; ``kv_indptr`` indexes ``kv_page_indices`` (position -> K/V
+        row); splitData/splitLse ``[R, H, 128]`` / ``[R, H]`` fp32 partials and natural-log LSE; output
+        ``[total_q, H, 128]`` bf16; one-element fp32 scales (real = fp8 * scale).
         """
         total_q, H = int(Q.shape[0]), int(Q.shape[1])
         cs = self.softmax_consts(softmax_scale, *(x.detach().reshape(()).to(Q.device, torch.float32)
@@ -305,22 +261,19 @@ class Emulator:
         reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor, final_output: torch.Tensor,
         final_lse: torch.Tensor | None = None, *, post_3606: bool = False,
     ) -> None:
-        """Emulate ``aiter.mla_reduce_v1`` (the maths of every 7/8/9-argument form; no int arguments).
+        """Emulate ``aiter.mla_reduce_v1`` (every 7/8/9-argument form; trusted arguments). Source:
+        docs/aiter-contract.md#reduce, #pr-3606; AITER ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
 
-        Source: docs/aiter-contract.md#reduce, #pr-3606; AITER ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
-        Per group, head and row, in fp32, partials in map order: ``lse*`` of :meth:`merged_lse` (``+inf``
-        if S is 0 or NaN), ``final_output = cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``.
-
-        Args (trusted: the stand-in validates them):
-            partial_output, partial_lse: ``[R, H, Dv]`` fp32 partials and ``[R, H]`` their natural-log LSE.
-            reduce_indptr, reduce_final_map, reduce_partial_map: the planner's ``[tiles+1]``, ``[tiles, 2]``
-                and ``[slots]`` int32 buffers.
-            final_output, final_lse: ``[total_q, H, Dv]`` bf16/fp16 (any strides) and optional ``[total_q, H]``
-                fp32, written for the reduced rows.
-            post_3606: reduce groups of a single partial too (ROCm/aiter#3606); before, only groups of >= 2.
+        Per group with >= 2 partials (``post_3606``: >= 1 real slot), head and row, in fp32, partials in map
+        order: ``lse*`` of :meth:`merged_lse` (``+inf`` if S is 0 or NaN), ``final_output = cast(sum
+        exp(lse_i - lse*) * O_i)`` (``[total_q, H, Dv]`` bf16/fp16, any strides), ``final_lse = lse*``.
         """
-        groups = _reduce_groups(reduce_indptr, reduce_final_map, reduce_partial_map, 1 if post_3606 else 2, self)
-        for q0, q1, locs in groups:
+        ri, fmap, pmap = reduce_indptr.reshape(-1).tolist(), reduce_final_map.tolist(), reduce_partial_map.tolist()
+        min_partials = 1 if post_3606 else 2
+        groups = [(fmap[g], pmap[ri[g] : ri[g + 1]])  # a group of one runs only with a real slot
+                  for g in self.reduced_groups([g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= min_partials])
+                  if fmap[g][1] > fmap[g][0] and (ri[g + 1] - ri[g] > 1 or pmap[ri[g]] != -1)]
+        for (q0, q1), locs in groups:
             nr = q1 - q0
             lses = [partial_lse[p : p + nr].float() for p in locs]
             lse_star, ssum = self.merged_lse(lses)
@@ -338,27 +291,20 @@ class Emulator:
         cu_num: int = 256, return_lse: bool = False, poison: bool = True, cu_seqlens_kv: torch.Tensor | None = None,
         post_3606: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Plan with the v0.1.22 planner port (the kernel's fixed keywords, ``need_lse=post_3606``, identity
-        ``kv_page_indices``), then run the emulated kernel and reduce with ``splitData``/``splitLse`` sized
-        from the live partial count: an emulated AITER PS FP8 MLA prefill.
-
-        Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606, #context-chunks.
+        """An emulated AITER PS FP8 MLA prefill: plan with the v0.1.22 planner port (``need_lse=post_3606``,
+        identity ``kv_page_indices``), then run the kernel and reduce with ``splitData``/``splitLse`` sized
+        from the live partial count. Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606.
 
         Args:
-            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * scale.
-            q_scale, k_scale, v_scale: fp32 one-element dequant scales (``[1]`` or ``[]``).
+            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * one-element
+                fp32 ``q_scale`` / ``k_scale`` / ``v_scale``. softmax_scale: natural-log, e.g. ``1/sqrt(192)``.
             cu_seqlens, cu_seqlens_kv: int32 ``[B+1]`` cumulative q / kv lengths ending at T / P (default:
-                ``cu_seqlens``).
-            softmax_scale: natural-log softmax scale, e.g. ``1/sqrt(192)``.
-            causal: bottom-right causal masking (query i sees key j iff ``j <= kv_len - q_len + i``);
-                False for a context chunk. cu_num: CU count the plan is made for (256 on MI355X).
-            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE: every row post-#3606, only
-                rows of split tiles pre-#3606 (others NaN when ``poison``, else undefined).
-            poison: NaN-fill ``output``, ``final_lse`` and the partial buffers first, so unwritten rows show.
+                ``cu_seqlens``). causal: bottom-right. cu_num: CUs planned for.
+            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE (pre-#3606 only rows of split
+                tiles; others NaN when ``poison``: NaN-fill outputs and partials first).
             post_3606: ``need_lse=True`` and the #3606 reduce; False plans as AITER <= v0.1.21.
 
-        Returns:
-            ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
+        Returns ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
 
         Raises:
             ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with

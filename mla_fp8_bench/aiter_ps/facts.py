@@ -1,7 +1,5 @@
-"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, markers.
-
-Explained in ``docs/aiter-contract.md``: ``#planner-io`` and ``#work-info`` (tiles, buffers), ``#versions``
-and ``#pr-3606`` (versions, markers, the ROCm/aiter#3606 split), ``#reduce`` (head-count dispatch).
+"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, markers
+(``docs/aiter-contract.md`` ``#planner-io``, ``#work-info``, ``#versions``, ``#pr-3606``, ``#reduce``).
 Importing this module never imports ``aiter`` (its import runs ``rocminfo``); :func:`import_aiter` does.
 """
 
@@ -18,8 +16,8 @@ AITER_DIST = "amd-aiter"  # the distribution name (importlib.metadata)
 
 # tiles and buffers
 
-#: Rows of one q-tile: the planner's ``qlen_granularity``, the kernel's ``m32x8`` tile, the row stride of one
-#: partial slot in ``splitData``/``splitLse`` and vLLM's ``_FP8_PREFILL_TILE_Q``.
+#: Rows of one q-tile: ``qlen_granularity``, the kernel's ``m32x8`` tile, one partial slot's rows, vLLM's
+#: ``_FP8_PREFILL_TILE_Q``.
 Q_TILE = 256
 KV_TILE = 128  # keys per inner KV tile of the kernel (n128x1); also the planner's KV split granularity
 QHEAD_GRANULARITY = 1  # heads per work (the PS prefill is MHA)
@@ -48,20 +46,19 @@ WI = types.SimpleNamespace(**{name.upper(): i for i, name in enumerate(WORK_INFO
 MAX_HEADS = 0xFFFF  # q_head_range packs the first and the end head into 16 bits each
 INT32_MAX = 2**31 - 1  # the planner's buffers and indptrs are int32
 #: Largest CU count a plan is made for (``EMU_CU_NUM``, ``plan --cu-num``, ``calibrate --cu-num``): the
-#: planner allocates per-CU work lists, so a typo of many digits would exhaust memory in every case.
+#: planner allocates per-CU work lists.
 MAX_CU_NUM = 65536
 #: ``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (kernel disassembly).
 SPLIT_DATA_MAX_BYTES = 2**31
 
 
 def pack_q_head_range(first_head: Any, end_head: Any) -> Any:
-    """``q_head_range`` of a work: ``first_head | (end_head << 16)`` (end exclusive, 16 bits each; ints or
-    integer tensors)."""
+    """``q_head_range`` of a work: ``first_head | (end_head << 16)`` (end exclusive; ints or int tensors)."""
     return first_head | (end_head << 16)
 
 
 def unpack_q_head_range(value: int) -> tuple[int, int]:
-    """``(first_head, end_head)`` of a packed ``q_head_range`` (inverse of :func:`pack_q_head_range`)."""
+    """``(first_head, end_head)`` of a packed ``q_head_range``."""
     return value & 0xFFFF, (value >> 16) & 0xFFFF
 
 
@@ -77,20 +74,18 @@ POST_3606_FIRST_VERSION: Version = (0, 1, 22)
 NEWEST_MODELLED_VERSION: Version = (0, 1, 22)  # the default emulated version
 
 # planner revisions (docs/aiter-contract.md#pr-3606)
-#: Up to v0.1.21: a tile computed by one work gets ``partial_o_loc = -1`` and no reduce group.
-PLANNER_PRE_3606 = "pre-3606"
-#: ``refs/pull/3606/merge`` of 2026-08-22 (``b97d239``), never released: every work gets a slot, there is
-#: no ``need_lse``, and ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``.
+PLANNER_PRE_3606 = "pre-3606"  #: up to v0.1.21: a tile computed by one work gets no slot and no reduce group
+#: ``refs/pull/3606/merge`` (``b97d239``), never released: every work gets a slot; no ``need_lse``;
+#: ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``.
 PLANNER_PR_3606_REF = "pr3606-ref"
-#: ROCm/aiter#3606 as merged (v0.1.22): ``get_ps_metadata_v1`` gains ``need_lse`` last (False: the
-#: pre-#3606 plan; True: every tile gets a slot and a reduce group); the info function sizes differently.
+#: ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` gains ``need_lse`` (True: every tile gets a slot and
+#: a reduce group); the info function sizes differently.
 PLANNER_V0_1_22 = "v0.1.22"
 PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22)
 
 AITER_OP_NAMESPACE = "aiter"  # torch.ops namespace of AITER's compiled ops (torch_compile_guard)
 
-#: Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them (the first
-#: row: as at v0.1.10.post1, also given to older versions).
+#: Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them.
 REDUCE_HEADS_BY_VERSION: tuple[tuple[Version, tuple[int, ...]], ...] = (
     ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)), ((0, 1, 11), (32, 64)), ((0, 1, 12), (40,)), ((0, 1, 20), (48, 96)),
 )
@@ -104,8 +99,7 @@ _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[.+\-_a-zA-Z0-9]*)$")
 
 
 def parse_aiter_version(v: str | Iterable[int]) -> Version:
-    """``"0.1.20.post1"``, ``"v0.1.22"``, ``"0.1.7.post2.dev18"``, ``"0.1.22+rocm7"`` or ``(0, 1, 22)``
-    -> ``(major, minor, patch)``.
+    """``"0.1.20.post1"``, ``"v0.1.22"``, ``"0.1.22+rocm7"`` or ``(0, 1, 22)`` -> ``(major, minor, patch)``.
 
     Raises:
         AiterVersionError: not ``MAJOR.MINOR.PATCH[suffix]`` / not a sequence of >= 3 non-negative ints.
@@ -126,10 +120,8 @@ def parse_aiter_version(v: str | Iterable[int]) -> Version:
 
 def parse_aiter_version_or_none(v: Any) -> Version | None:
     """:func:`parse_aiter_version`, or None for a missing or unparsable version (e.g. a dev build)."""
-    if v is None:
-        return None
     try:
-        return parse_aiter_version(v)
+        return None if v is None else parse_aiter_version(v)
     except AiterVersionError:
         return None
 
@@ -151,10 +143,7 @@ def format_version(v: Version | None) -> str:
 
 
 def reduce_heads_for(version: str | Iterable[int] | None) -> frozenset[int]:
-    """Head counts ``mla_reduce_v1`` accepts at ``v_head_dim`` 128 for ``version`` (None: newest known).
-
-    Any other count fails with "doesn't support the specified settings", even when nothing was split.
-    """
+    """Head counts ``mla_reduce_v1`` accepts at ``v_head_dim`` 128 for ``version`` (None: newest known)."""
     ver = None if version is None else parse_aiter_version(version)
     return frozenset(h for since, hs in REDUCE_HEADS_BY_VERSION if ver is None or ver >= since for h in hs)
 
@@ -171,24 +160,21 @@ def reduce_arity_for_version(version: str | Iterable[int]) -> int:
 @dataclass(frozen=True)
 class Detected:
     """One detected feature: ``value`` (None when it could not be told) and ``source``: where it was read
-    (``"op schema aiter::mla_reduce_v1"``, ``"facts table at AITER 0.1.20 (...)"``) or, when ``value`` is
-    None, the reason naming what could not be read."""
+    (``"op schema aiter::mla_reduce_v1"``), or why it could not be."""
 
     value: Any
     source: str
 
 
 def planner_revision_for(version: str | Iterable[int]) -> str:
-    """The released planner revision at ``version``: :data:`PLANNER_V0_1_22` from 0.1.22, else
-    :data:`PLANNER_PRE_3606` (the pre-merge :data:`PLANNER_PR_3606_REF` was never released)."""
+    """The released planner revision at ``version``: :data:`PLANNER_V0_1_22` from 0.1.22, else pre-3606."""
     return PLANNER_V0_1_22 if parse_aiter_version(version) >= POST_3606_FIRST_VERSION else PLANNER_PRE_3606
 
 
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
-    """``(names, "op schema ns::name")``: the parameter names of op ``name`` as registered with torch
-    (``torch.ops.<ns>.<name>.default._schema``, ``ns`` = ``module.aiter_op_namespace`` or
-    :data:`AITER_OP_NAMESPACE`) without the leading ``dummy`` tensor AITER adds to some ops; ``(None, reason)``
-    when no such op is registered. (AITER's ``(*args, **kwargs)`` wrappers say nothing.)"""
+    """``(names, "op schema ns::name")``: parameter names of ``torch.ops.<ns>.<name>.default._schema`` (``ns``:
+    ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`) without AITER's leading ``dummy`` tensor;
+    ``(None, reason)`` when no such op is registered."""
     import torch
 
     ns = getattr(module, "aiter_op_namespace", AITER_OP_NAMESPACE)
@@ -197,13 +183,11 @@ def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
     except (AttributeError, RuntimeError) as exc:
         return None, f"no registered op {ns}::{name} ({type(exc).__name__})"
     names = tuple(a.name for a in schema.arguments)
-    if names[:1] == ("dummy",):
-        names = names[1:]
-    return names, f"op schema {ns}::{name}"
+    return names[1:] if names[:1] == ("dummy",) else names, f"op schema {ns}::{name}"
 
 
 def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: str) -> Detected:
-    """``fact`` at ``version`` from the facts tables (``src``: why no schema told it), or ``Detected(None, why)``."""
+    """``fact`` at ``version`` (``src``: why no schema told it), or ``Detected(None, why)``."""
     ver = parse_aiter_version_or_none(version)
     if ver is None:
         return Detected(None, f"{what} cannot be told: {src} and no readable AITER version")
@@ -212,8 +196,7 @@ def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: st
 
 def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
     """The ``mla_reduce_v1`` form of ``module``: 9 (``num_kv_splits``), 8 (``max_seqlen_q`` only) or 7, from
-    the registered op schema (never the wrapper's signature), else the facts table at ``version``, else
-    ``Detected(None, reason)``."""
+    the registered op schema, else the facts table at ``version``, else ``Detected(None, reason)``."""
     params, src = op_params(module, "mla_reduce_v1")
     if params is None:
         return _by_version(version, reduce_arity_for_version, src, "mla_reduce_v1's form")
@@ -221,8 +204,7 @@ def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
 
 
 def _info_params(module: Any) -> tuple[str, ...]:
-    """Parameter names of the pure-Python ``get_ps_metadata_info_v1``; ``()`` when absent, unreadable or a
-    ``(*args, **kwargs)`` wrapper."""
+    """Parameter names of the pure-Python ``get_ps_metadata_info_v1``; ``()`` if absent or ``(*args, **kwargs)``."""
     try:
         params = list(inspect.signature(module.get_ps_metadata_info_v1).parameters.values())
     except (AttributeError, TypeError, ValueError):
@@ -233,10 +215,9 @@ def _info_params(module: Any) -> tuple[str, ...]:
 
 
 def detect_planner_revision(module: Any, version: Any = None) -> Detected:
-    """Which planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema:
-    :data:`PLANNER_V0_1_22`; else ``max_kvlen`` in the pure-Python ``get_ps_metadata_info_v1``:
-    :data:`PLANNER_PR_3606_REF`; else :data:`PLANNER_PRE_3606`. Without a registered planner op: the facts
-    table at ``version``; else ``Detected(None, reason)``."""
+    """The planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema: v0.1.22;
+    else ``max_kvlen`` in ``get_ps_metadata_info_v1``: pr3606-ref; else pre-3606. Without a registered
+    planner op: the facts table at ``version``; else ``Detected(None, reason)``."""
     params, src = op_params(module, "get_ps_metadata_v1")
     if params is None:
         return _by_version(version, planner_revision_for, src, "the planner revision")
@@ -249,9 +230,8 @@ def detect_planner_revision(module: Any, version: Any = None) -> Detected:
 
 def effective_version(version: Version | None, reduce_arity: int | None,
                       planner_revision: str | None) -> Version | None:
-    """The version to key version-only facts (reduce head sets) on: the larger of the reported ``version``
-    and the first release with the detected features (a source build reports 0.1.0, so its version alone
-    under-reports). None when nothing is known."""
+    """The version to key version-only facts (reduce head sets) on: the larger of ``version`` and the first
+    release with the detected features (a source build reports 0.1.0). None when nothing is known."""
     arity_floor = {9: REDUCE_9_ARG_VERSION, 8: REDUCE_8_ARG_VERSION}.get(reduce_arity)
     # any planner: the PS prefill exists; the PR ref sits on main after v0.1.20.post1
     revision_floor = {None: None, PLANNER_PR_3606_REF: (0, 1, 20), PLANNER_V0_1_22: POST_3606_FIRST_VERSION}.get(
@@ -274,8 +254,7 @@ def dist_version(dist: str) -> str | None:
 
 
 def import_aiter() -> types.ModuleType:
-    """Import the real ``aiter`` (only on a ROCm machine: its import runs ``rocminfo``); raises whatever
-    importing it raises (callers report it as unavailable)."""
+    """Import the real ``aiter`` (only on a ROCm machine: its import runs ``rocminfo``); raises what it raises."""
     import aiter
 
     return aiter
@@ -285,7 +264,6 @@ def aiter_version_of(module: Any) -> Version | None:
     """The AITER version of ``module``: the stand-in's ``aiter_version``, else the installed
     ``amd-aiter`` distribution, else ``module.__version__``; None when none parses."""
     given = getattr(module, "aiter_version", None)
-    if given is not None:
-        return parse_aiter_version_or_none(given)
-    text = dist_version(AITER_DIST) or getattr(module, "__version__", None)
-    return parse_aiter_version_or_none(text)
+    if given is None:
+        given = dist_version(AITER_DIST) or getattr(module, "__version__", None)
+    return parse_aiter_version_or_none(given)

@@ -1,8 +1,6 @@
-"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, without a GPU (docs/usage.md).
-
-Runs the planner port for the AITER release of ``--aiter`` (``docs/aiter-contract.md#pr-3606``) and prints
-the works, the reduce groups, and the partial slots and workspace bytes used against those reserved by the
-info bound and by vLLM's metadata builder (``docs/aiter-contract.md#workspace``); ``--json`` writes the
+"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, without a GPU (docs/usage.md): the planner port
+of the ``--aiter`` release, its works, reduce groups, and partial slots and workspace bytes used against those
+reserved by the info bound and by vLLM's builder (``docs/aiter-contract.md#workspace``); ``--json`` writes the
 plan in the layout of the planner golden files (``tests/data/README.md``).
 """
 
@@ -54,17 +52,14 @@ class PlanRequest:
     vllm_max_model_len: int = 0
     need_lse_given: bool | None = None
 
-    @property
-    def revision(self) -> str:
-        return planner_revision_for(self.aiter_version)
+    revision = property(lambda self: planner_revision_for(self.aiter_version))
 
     @property
     def need_lse(self) -> bool | None:
-        """``need_lse`` passed to the v0.1.22 planner (given, else False causal / True non-causal); None for a
-        planner without the parameter."""
-        if self.revision == PLANNER_V0_1_22:
-            return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
-        return None
+        """``need_lse`` for the v0.1.22 planner (given, else ``not is_causal``); None for other planners."""
+        if self.revision != PLANNER_V0_1_22:
+            return None
+        return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
 
 
 def _int(name: str, text: Any, lo: int, hi: int) -> int:
@@ -86,6 +81,10 @@ def _lens(name: str, text: str) -> tuple[int, ...]:
     return tuple(_int(f"{name}[{i}]", p, 0, INT32_MAX) for i, p in enumerate(parts))
 
 
+def _tiles(q_lens: tuple[int, ...]) -> int:
+    return sum(math.ceil(x / Q_TILE) for x in q_lens)
+
+
 def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: int) -> None:
     if len(q) != len(kv):
         raise ValueError(f"--qo-lens has {len(q)} sequences but --kv-lens has {len(kv)}: they must match")
@@ -95,18 +94,16 @@ def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: in
                              " attend to themselves and any cached context)")
     if sum(kv) > INT32_MAX:
         raise ValueError(f"total kv tokens {sum(kv)} do not fit int32 indptrs: allowed <= {INT32_MAX}")
-    tiles = sum(math.ceil(x / Q_TILE) for x in q)
+    tiles, tgs = _tiles(q), cu_num // math.gcd(heads, cu_num)
     if tiles > MAX_TILES:
         raise ValueError(f"{tiles} q-tiles of {Q_TILE} rows: too large to plan here (allowed <= {MAX_TILES})")
-    tgs = cu_num // math.gcd(heads, cu_num)
     if heads * (tiles + tgs) > MAX_WORKS:
         raise ValueError(f"up to {heads * (tiles + tgs)} works (heads x (tiles + workgroups per cluster)):"
                          f" too large to plan here (allowed <= {MAX_WORKS})")
 
 
 def _check_vllm(q: tuple[int, ...], kv: tuple[int, ...], seqs: int, tokens: int, model_len: int) -> None:
-    """Refuse vLLM settings under which vLLM would never run this batch (its reservation would then be
-    printed for a case that cannot happen); ``ValueError`` naming the setting."""
+    """Refuse vLLM settings under which vLLM would never run this batch; ``ValueError`` naming the setting."""
     if tokens < seqs:
         raise ValueError(f"--vllm-max-num-batched-tokens={tokens} < --vllm-max-num-seqs={seqs}: vLLM refuses it "
                          "(max_num_batched_tokens must be >= max_num_seqs)")
@@ -122,8 +119,7 @@ def _check_vllm(q: tuple[int, ...], kv: tuple[int, ...], seqs: int, tokens: int,
 
 
 def plan_request(args: argparse.Namespace) -> PlanRequest:
-    """Validate ``plan``'s arguments, before any work; ``ValueError``: one line naming the bad value and the
-    allowed ones."""
+    """Validate ``plan``'s arguments; ``ValueError``: one line naming the bad value and the allowed ones."""
     q = _lens("--qo-lens", args.qo_lens)
     kv = _lens("--kv-lens", args.kv_lens)
     heads = _int("--heads", args.heads, 1, MAX_HEADS)
@@ -163,15 +159,11 @@ def _info_args(req: PlanRequest) -> dict[str, Any]:
 
 
 def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
-    """Plan ``req``: ``(plan, info)``.
-
-    The plan is computed with room for every work (the info bound may be smaller than the use for
-    inputs AITER never sees); :func:`plan_record` reports the info sizes as the buffer lengths.
-    """
+    """Plan ``req``: ``(plan, info)``, with room for every work (the info bound may be smaller than the use
+    for inputs AITER never sees)."""
     info = ps_metadata_info(*_info_args(req).values(), cu_num=req.cu_num, revision=req.revision)
     lengths = buffer_lengths_from_info(info)
-    tiles = sum(math.ceil(x / Q_TILE) for x in req.q_lens)
-    tgs = req.cu_num // math.gcd(req.num_heads, req.cu_num)
+    tiles, tgs = _tiles(req.q_lens), req.cu_num // math.gcd(req.num_heads, req.cu_num)
     roomy = dict(lengths, work_info_rows=max(lengths["work_info_rows"], req.num_heads * (tiles + tgs)),
                  reduce_partial_map=max(lengths["reduce_partial_map"], tiles + tgs))
     plan = plan_ps_prefill(cu_seqlens_of(req.q_lens), cu_seqlens_of(req.kv_lens), list(req.kv_lens),
@@ -182,8 +174,7 @@ def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
 
 
 def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
-    """The plan as one record of the planner golden files: ``config`` (with ``need_lse`` for the v0.1.22
-    planner), ``info_args``, ``info_shapes`` and ``outputs`` with the golden files' keys."""
+    """The plan as one record of the planner golden files: ``config``, ``info_args``, ``info_shapes``, ``outputs``."""
     config = {"cu_num": req.cu_num, "num_heads_k": req.num_heads, "gqa_ratio": 1, "qhead_granularity": 1,
               "qlen_granularity": Q_TILE, "kvlen_granularity": KVLEN_GRANULARITY, "block_size": 1,
               "is_causal": req.is_causal, "batch_size": len(req.q_lens), "seq_lens_q": list(req.q_lens),
@@ -208,8 +199,8 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
 
 
 def _vllm_info_slots(req: PlanRequest) -> int:
-    """``reduce_partial_map`` size of vLLM's info call: ``(max_num_reqs, H_padded, max_prefill_qlen, 256)``,
-    no ``max_kvlen`` (``max_prefill_qlen = min(max_model_len, max_num_batched_tokens)``)."""
+    """``reduce_partial_map`` size of vLLM's info call ``(max_num_reqs, H_padded, min(max_model_len,
+    max_num_batched_tokens), 256)``."""
     max_qlen = min(req.vllm_max_model_len, req.vllm_max_num_batched_tokens)
     info = ps_metadata_info(req.vllm_max_num_seqs, vllm_padded_heads(req.num_heads), max_qlen, Q_TILE,
                             cu_num=req.cu_num, revision=req.revision)
@@ -218,11 +209,10 @@ def _vllm_info_slots(req: PlanRequest) -> int:
 
 def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int, WorkspaceBytes]]:
     """``(what, partial slots, bytes)`` rows: used, reserved by the info bound, reserved by vLLM's builder."""
-    h, tokens = req.num_heads, sum(req.q_lens)
-    rows = [("used (live reduce_indptr[-1])", plan.num_partials, workspace_bytes(plan.num_partials, tokens, h))]
+    h, tokens, hp = req.num_heads, sum(req.q_lens), vllm_padded_heads(req.num_heads)
     bound = info["reduce_partial_map"][0][0]
-    rows.append(("reserved: info bound", bound, workspace_bytes(bound, tokens, h)))
-    hp = vllm_padded_heads(h)
+    rows = [(label, n, workspace_bytes(n, tokens, h)) for label, n in
+            (("used (live reduce_indptr[-1])", plan.num_partials), ("reserved: info bound", bound))]
     for label, budget in (("vLLM <= 0.30 builder (info bound)", False), ("vLLM >= 0.31 builder (budget)", True)):
         p, wb = vllm_reserved(budget_sizing=budget, pads_heads=True, info_partial_slots=_vllm_info_slots(req),
                               max_num_batched_tokens=req.vllm_max_num_batched_tokens,
@@ -233,10 +223,6 @@ def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int
 
 
 # printing
-
-
-def _gib(n: int) -> str:
-    return f"{n:>18,} B ({n / 2**30:>10,.3f} GiB)"
 
 
 def _line(console, text: str) -> None:
@@ -262,7 +248,7 @@ def _print_works(console, req: PlanRequest, plan: PsPlan) -> None:
 def _print_groups(console, req: PlanRequest, plan: PsPlan) -> None:
     ng = plan.num_reduce_groups
     n = min(req.limit, ng)
-    _line(console, f"reduce groups: {ng} of {sum(math.ceil(x / Q_TILE) for x in req.q_lens)} q-tiles;"
+    _line(console, f"reduce groups: {ng} of {_tiles(req.q_lens)} q-tiles;"
                    f" first {n}: [qo_start, qo_end) <- partial slot row offsets")
     ind, fm, pm = plan.reduce_indptr.tolist(), plan.used_reduce_final_map.tolist(), plan.reduce_partial_map.tolist()
     for g in range(n):
@@ -285,7 +271,7 @@ def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
                    " final LSE [+ padded-head scratch]), then of the partials:")
     for label, slots, wb in size_rows(req, plan, info):
         short = "  (fewer slots than used: too small for this batch)" if slots < plan.num_partials else ""
-        _line(console, f"  {label:<52} {slots:>12,} slots {_gib(wb.total)}  partials"
+        _line(console, f"  {label:<52} {slots:>12,} slots {wb.total:>18,} B ({wb.total / 2**30:>10,.3f} GiB)  partials"
                        f" {wb.partial_output / 2**30:>9,.3f} GiB{short}")
     _line(console, f"  (vLLM builder inputs: max_num_seqs={req.vllm_max_num_seqs},"
                    f" max_num_batched_tokens={req.vllm_max_num_batched_tokens},"

@@ -1,10 +1,8 @@
-"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner, at the three revisions of
-:data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`: ``get_ps_metadata_info_v1``
-(``aiter/ops/attention.py``) is :func:`ps_metadata_info`; ``get_ps_metadata_v1`` (host code
-``csrc/kernels/mla/metadata/v1_2_host.cuh``, ``WorkInfo`` in ``csrc/include/ps.h``) is :func:`plan_ps_prefill`
-and :func:`fill_aiter_buffers`. Algorithm, buffers and revisions: ``docs/aiter-contract.md`` ``#planner-io``,
-``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``. Plain Python integers, one ``torch.tensor`` per
-buffer at the end.
+"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner at the three
+:data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`: ``get_ps_metadata_info_v1`` (``aiter/ops/attention.py``)
+is :func:`ps_metadata_info`; ``get_ps_metadata_v1`` (``csrc/kernels/mla/metadata/v1_2_host.cuh``) is
+:func:`plan_ps_prefill` and :func:`fill_aiter_buffers`. See ``docs/aiter-contract.md`` ``#planner-io``,
+``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ class PsPlanError(ValueError):
 
 
 def _ceil_div(a: int, b: int) -> int:
-    """``ceil(a / b)`` for ``a >= 0, b > 0`` in exact integer arithmetic."""
     return -(-a // b)
 
 
@@ -54,8 +51,7 @@ def _check_revision(revision: Any) -> str:
 
 
 def _effective_need_lse(revision: str, need_lse: Any) -> bool:
-    """Whether every tile gets a slot: ``pre-3606`` never, ``pr3606-ref`` always (neither takes
-    ``need_lse``), ``v0.1.22`` as ``need_lse`` says (default False, the binding's default)."""
+    """Whether every tile gets a slot: ``pre-3606`` never, ``pr3606-ref`` always, ``v0.1.22`` as ``need_lse`` says."""
     if revision != PLANNER_V0_1_22:
         if need_lse is not None:
             raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
@@ -80,7 +76,6 @@ def _as_int(name: str, v: Any, *, minimum: int | None = None, allowed: str = "")
 
 
 def _as_int_list(name: str, x: Any) -> list[int]:
-    """A 1-D list of Python ints from a list/tuple/int tensor/array; ``PsPlanError`` otherwise."""
     if isinstance(x, torch.Tensor):
         if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
             raise PsPlanError(f"{name} has dtype {x.dtype}: an integer tensor (e.g. torch.int32) is required")
@@ -96,9 +91,8 @@ def _check_indptr(name: str, p: list[int], expect_len: int | None) -> None:
     if expect_len is None and len(p) < 2:
         raise PsPlanError(f"{name} has length {len(p)}: need B+1 >= 2 entries (at least one sequence)")
     if expect_len is not None and len(p) != expect_len:
-        raise PsPlanError(
-            f"{name} has length {len(p)} but seqlens_qo_indptr has {expect_len}: both must have B+1 entries"
-        )
+        raise PsPlanError(f"{name} has length {len(p)} but seqlens_qo_indptr has {expect_len}: both must have B+1"
+                          " entries")
     if p[0] != 0:
         raise PsPlanError(f"{name}[0]={p[0]} is invalid: an indptr must start at 0")
     i = next((i for i in range(len(p) - 1) if p[i + 1] < p[i]), None)
@@ -116,16 +110,12 @@ def ps_metadata_info(
     revision: str = PLANNER_PRE_3606, max_kvlen: int | None = None, kvlen_granularity: int = KV_TILE,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
     """``get_ps_metadata_info_v1``: ``{name: (shape, dtype_name)}`` for the six :data:`BUFFER_NAMES`, in order
-    (formulas and AITER sources: ``docs/aiter-contract.md#info-sizes``): ``work_metadata_ptrs (2,) uint64``,
-    int32 ``work_indptr (cu_num + 1,)``, ``work_info (max_works, 8)``, ``reduce_indptr (tiles + 1,)``,
-    ``reduce_final_map (tiles, 2)``, ``reduce_partial_map (max_partials,)``, ``tiles = batch_size *
-    ceil(max_qlen / qlen_granularity)``. ``cu_num`` is the device's CU count; only ``pr3606-ref`` takes
+    (``docs/aiter-contract.md#info-sizes``); ``cu_num``: the device's CU count; only ``pr3606-ref`` takes
     ``max_kvlen`` and ``kvlen_granularity``.
 
     Raises:
-        PsPlanError (a ValueError): a non-integer or out-of-range argument (>= 0; >= 1 for ``num_heads_k``,
-        ``qlen_granularity``, ``cu_num``, ``kvlen_granularity``), an unknown ``revision``, or ``max_kvlen`` /
-        a non-default ``kvlen_granularity`` for another revision.
+        PsPlanError (a ValueError): a non-integer or out-of-range argument, an unknown ``revision``, or
+        ``max_kvlen`` / a non-default ``kvlen_granularity`` for another revision.
     """
     batch_size = _as_int("batch_size", batch_size, minimum=0, allowed="must be an integer >= 0")
     num_heads_k = _as_int("num_heads_k", num_heads_k, minimum=1, allowed="must be an integer >= 1")
@@ -141,28 +131,20 @@ def ps_metadata_info(
     cpc = cu_num // math.gcd(num_heads_k, cu_num)
     mqs = _ceil_div(max_qlen, qlen_granularity)
     tiles = batch_size * mqs
+    max_works = (batch_size + cpc - 1) * mqs * num_heads_k
     if revision == PLANNER_PR_3606_REF:
         if max_kvlen is not None:
             max_kvlen = _as_int("max_kvlen", max_kvlen, minimum=0, allowed="must be None or an integer >= 0")
         kvlen_granularity = _as_int("kvlen_granularity", kvlen_granularity, minimum=1,
                                     allowed="must be an integer >= 1 (128)")
-        kv_splits = max(1, _ceil_div(max_kvlen or max_qlen, kvlen_granularity))
-        max_partials = tiles * (kv_splits + cpc)
+        max_partials = tiles * (max(1, _ceil_div(max_kvlen or max_qlen, kvlen_granularity)) + cpc)
         max_works = num_heads_k * max_partials
+    elif revision == PLANNER_V0_1_22:
+        max_partials = tiles + cpc - 1
     else:
-        max_works = (batch_size + cpc - 1) * mqs * num_heads_k
-        if revision == PLANNER_V0_1_22:
-            max_partials = tiles + cpc - 1
-        else:
-            max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs
-    return {
-        "work_metadata_ptrs": ((2,), "uint64"),
-        "work_indptr": ((cu_num + 1,), "int32"),
-        "work_info": ((max_works, WORK_INFO_COLS), "int32"),
-        "reduce_indptr": ((tiles + 1,), "int32"),
-        "reduce_final_map": ((tiles, 2), "int32"),
-        "reduce_partial_map": ((max_partials,), "int32"),
-    }
+        max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs
+    shapes = ((2,), (cu_num + 1,), (max_works, WORK_INFO_COLS), (tiles + 1,), (tiles, 2), (max_partials,))
+    return {name: (shape, "uint64" if i == 0 else "int32") for i, (name, shape) in enumerate(zip(BUFFER_NAMES, shapes))}
 
 
 def buffer_lengths_from_info(info: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, int]:
@@ -193,11 +175,9 @@ def _normalise_buffer_lengths(given: Mapping[str, Any], default: dict[str, int])
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
     """Output of :func:`plan_ps_prefill`: AITER's PS metadata as int32 CPU tensors of the full buffer
-    lengths, tails as the real planner leaves them (``docs/aiter-contract.md#planner-io``, ``#work-info``):
-    ``work_indptr [cu_num + 1]`` (0 past ``cu_num`` in a longer buffer), ``work_info [max_works, 8]``,
-    ``reduce_indptr [tiles + 1]``, ``reduce_final_map [tiles, 2]``, ``reduce_partial_map [n]`` (slot row
-    offsets, multiples of 256); ``num_works`` is the used ``work_info`` rows, ``num_partials`` the distinct
-    slots, ``need_lse`` whether every tile got a slot. Not to be modified in place.
+    lengths, tails as the real planner leaves them (``docs/aiter-contract.md#planner-io``, ``#work-info``);
+    ``num_works`` is the used ``work_info`` rows, ``num_partials`` the distinct slots, ``need_lse`` whether
+    every tile got a slot. Not to be modified in place.
     """
 
     work_indptr: torch.Tensor
@@ -213,30 +193,13 @@ class PsPlan:
     revision: str = PLANNER_PRE_3606
     need_lse: bool = False
 
-    @property
-    def used_work_info(self) -> torch.Tensor:
-        """``work_info[:num_works]`` (a view), shape ``[num_works, 8]``."""
-        return self.work_info[: self.num_works]
-
-    @property
-    def used_reduce_indptr(self) -> torch.Tensor:
-        """``reduce_indptr[:num_reduce_groups + 1]`` (a view)."""
-        return self.reduce_indptr[: self.num_reduce_groups + 1]
-
-    @property
-    def used_reduce_final_map(self) -> torch.Tensor:
-        """``reduce_final_map[:num_reduce_groups]`` (a view), shape ``[num_reduce_groups, 2]``."""
-        return self.reduce_final_map[: self.num_reduce_groups]
-
-    @property
-    def used_reduce_partial_map(self) -> torch.Tensor:
-        """``reduce_partial_map[:num_partials]`` (a view)."""
-        return self.reduce_partial_map[: self.num_partials]
-
-    @property
-    def partial_rows(self) -> int:
-        """Rows ``splitData``/``splitLse`` need: ``256 * num_partials`` (all heads share them)."""
-        return Q_TILE * self.num_partials
+    # the used parts of the buffers (views)
+    used_work_info = property(lambda self: self.work_info[: self.num_works])
+    used_reduce_indptr = property(lambda self: self.reduce_indptr[: self.num_reduce_groups + 1])
+    used_reduce_final_map = property(lambda self: self.reduce_final_map[: self.num_reduce_groups])
+    used_reduce_partial_map = property(lambda self: self.reduce_partial_map[: self.num_partials])
+    #: Rows ``splitData``/``splitLse`` need: ``256 * num_partials`` (all heads share them).
+    partial_rows = property(lambda self: Q_TILE * self.num_partials)
 
 
 # get_ps_metadata_v1, step 0: validated inputs
@@ -258,9 +221,8 @@ def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granu
             raise PsPlanError(f"{name}={val} is not supported: only {name}=1 is (the PS prefill is MHA, H_q == H_kv,"
                               " one head per work)")
     if _as_int("qlen_granularity", qlen_granularity) != Q_TILE:
-        raise PsPlanError(
-            f"qlen_granularity={qlen_granularity} is not supported: only {Q_TILE} is (the PS kernel's q-tile)"
-        )
+        raise PsPlanError(f"qlen_granularity={qlen_granularity} is not supported: only {Q_TILE} is (the PS"
+                          " kernel's q-tile)")
     block_size = _as_int("block_size", block_size, minimum=1, allowed="must be an integer >= 1")
     kvlen_granularity = _as_int("kvlen_granularity", kvlen_granularity)
     if kvlen_granularity < 1 or kvlen_granularity & (kvlen_granularity - 1):
@@ -310,9 +272,8 @@ def _ping_pong(n: int) -> list[int]:
 
 
 def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
-    """Step 1: ``(tiles, total_units)``; a tile is ``(batch, qs, qe, eff_kv, blocks)`` with local rows
-    ``[qs, qe)``, ``eff_kv`` the KV tokens its last row sees and ``blocks = units * kvlen_granularity //
-    block_size``, ``units = ceil(eff_kv / kvlen_granularity)``."""
+    """Step 1: ``(tiles, total_units)``; a tile is ``(batch, qs, qe, eff_kv, blocks)``: local rows ``[qs, qe)``,
+    the KV tokens its last row sees, and ``ceil(eff_kv / kvlen_granularity)`` units in pages."""
     g = inp.kvlen_granularity
     blocks_per_unit = g // inp.block_size
     tiles: list[tuple[int, int, int, int, int]] = []
@@ -330,11 +291,11 @@ def _q_tiles(inp: _Inputs) -> tuple[list[tuple[int, int, int, int, int]], int]:
 
 
 def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse: bool, revision: str):
-    """Steps 2-3: the units dealt out to the ``tgs`` TGs of one cluster (every head and cluster repeats
-    it), tiles split at the capacity. A finished tile gets ``partial_o_loc = -1`` if it was never split and
-    ``need_lse`` is False, or at ``v0.1.22`` if it consumes no KV blocks; every other piece a new slot
-    ``256 * p``. Returns per-head rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)`` and
-    ``tg_bounds``, TG ``t`` owning rows ``[tg_bounds[t], tg_bounds[t + 1])``.
+    """Steps 2-3: the units dealt out to the ``tgs`` TGs of one cluster (repeated by every head and
+    cluster), tiles split at the capacity. A finished tile gets ``partial_o_loc = -1`` if never split and
+    not ``need_lse``, or at ``v0.1.22`` if it consumes no KV; every other piece a new slot ``256 * p``.
+    Returns rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)`` and ``tg_bounds`` (TG ``t``
+    owns rows ``[tg_bounds[t], tg_bounds[t + 1])``).
     """
     qo, kv, ctx, bs = inp.qo, inp.kv, inp.ctx, inp.block_size
     blocks_per_unit = inp.kvlen_granularity // bs
@@ -342,10 +303,9 @@ def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse:
     rows: list[tuple[int, int, int, int, int, int, int]] = []
     tg_bounds = [0]
     cur_tile, cur_blk, p = 0, 0, 0
-    ntiles = len(tiles)
     for t in range(tgs):
-        cap = (avg + (1 if t < rem else 0)) * blocks_per_unit
-        while cur_tile < ntiles and cap > 0:
+        cap = (avg + (t < rem)) * blocks_per_unit
+        while cur_tile < len(tiles) and cap > 0:
             b, qs, qe, eff, blocks = tiles[cur_tile]
             kv_start = kv[b] + cur_blk
             if eff - cur_blk * bs <= cap * bs:  # the rest of the tile fits
@@ -353,24 +313,22 @@ def _tile_one_cluster(inp: _Inputs, tiles, total_units: int, tgs: int, need_lse:
                     loc = -1
                 else:
                     loc, p = Q_TILE * p, p + 1
-                kv_end = min(kv_start + blocks - cur_blk, kv[b + 1])
-                kv_off = 0
+                kv_end, kv_off = min(kv_start + blocks - cur_blk, kv[b + 1]), 0
                 cap -= blocks - cur_blk
                 cur_tile, cur_blk = cur_tile + 1, 0
             else:  # split the tile at the capacity
                 loc, p = Q_TILE * p, p + 1
                 kv_end = min(kv_start + cap, kv[b + 1])
                 kv_off = ctx[b] - (kv_end - kv[b]) * bs
-                cur_blk += cap
-                cap = 0
+                cur_blk, cap = cur_blk + cap, 0
             rows.append((b, loc, qo[b] + qs, qo[b] + qe, kv_start, kv_end, kv_off))
         tg_bounds.append(len(rows))
     return rows, tg_bounds
 
 
 def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """Step 4: ``(keys, indptr, partial_map)`` of the reduce groups (works with a slot, by ``(qo_start,
-    qo_end)``): the sorted keys, the prefix sums of the group sizes, each group's slots ascending."""
+    """Step 4: ``(keys, indptr, partial_map)``: works with a slot grouped by sorted ``(qo_start, qo_end)``,
+    each group's slots ascending."""
     groups: dict[tuple[int, int], set[int]] = {}
     for r in rows:
         if r[1] != -1:
@@ -388,7 +346,7 @@ def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
 
 
 def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_groups: int, num_partials: int) -> None:
-    """The real planner writes without bounds checks; refuse a plan that would not fit."""
+    """Refuse a plan that would not fit (the real planner writes without bounds checks)."""
     for key, need in (("work_indptr", cu_num + 1), ("work_info_rows", num_works), ("reduce_indptr", num_groups + 1),
                       ("reduce_final_map_rows", num_groups), ("reduce_partial_map", num_partials)):
         if lengths[key] < need:
@@ -399,8 +357,8 @@ def _check_lengths(lengths: dict[str, int], cu_num: int, num_works: int, num_gro
 
 
 def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[str, int]):
-    """``work_indptr`` and ``work_info``: TG ``t`` of cluster ``c`` is workgroup ``c*T + t`` and runs its
-    rows once per head of ``[c*hpc, (c+1)*hpc)``, head-major."""
+    """``work_indptr`` and ``work_info``: TG ``t`` of cluster ``c`` is workgroup ``c*T + t``; it runs its rows
+    once per head of ``[c*hpc, (c+1)*hpc)``, head-major."""
     num_clusters = math.gcd(num_heads_k, cu_num)
     tgs = cu_num // num_clusters
     hpc = num_heads_k // num_clusters
@@ -412,13 +370,9 @@ def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[
             wind[c * tgs + t + 1] = c * works_per_cluster + hpc * tg_bounds[t + 1]
     work_info = torch.zeros((lengths["work_info_rows"], WORK_INFO_COLS), dtype=torch.int32)
     if num_works:
-        idx: list[int] = []
-        head_local: list[int] = []
-        for t in range(tgs):
-            lo, hi = tg_bounds[t], tg_bounds[t + 1]
-            for j in range(hpc):
-                idx.extend(range(lo, hi))
-                head_local.extend([j] * (hi - lo))
+        spans = [(j, tg_bounds[t], tg_bounds[t + 1]) for t in range(tgs) for j in range(hpc)]
+        idx = [i for _j, lo, hi in spans for i in range(lo, hi)]
+        head_local = [j for j, lo, hi in spans for _ in range(lo, hi)]
         block = torch.tensor(rows, dtype=torch.int64)[torch.tensor(idx, dtype=torch.int64)]
         heads = torch.tensor(head_local, dtype=torch.int64)[None, :] + (
             torch.arange(num_clusters, dtype=torch.int64) * hpc
@@ -436,16 +390,14 @@ def _reduce_buffers(keys, indptr, partial_map, lengths: dict[str, int]):
     """``reduce_indptr`` (tail = num_partials), ``reduce_final_map`` and ``reduce_partial_map`` (tails 0)."""
     num_partials = len(partial_map)
     rind = indptr + [num_partials] * (lengths["reduce_indptr"] - len(indptr))
-    rfm = torch.zeros((lengths["reduce_final_map_rows"], 2), dtype=torch.int32)
-    if keys:
-        rfm[: len(keys)] = torch.tensor(keys, dtype=torch.int32)
+    rfm = keys + [(0, 0)] * (lengths["reduce_final_map_rows"] - len(keys))
     rpm = partial_map + [0] * (lengths["reduce_partial_map"] - num_partials)
-    return torch.tensor(rind, dtype=torch.int32), rfm, torch.tensor(rpm, dtype=torch.int32)
+    rind, rfm, rpm = (torch.tensor(x, dtype=torch.int32) for x in (rind, rfm, rpm))
+    return rind, rfm.reshape(-1, 2), rpm
 
 
 def _default_lengths(inp: _Inputs, revision: str, buffer_lengths: Mapping[str, Any] | None) -> dict[str, int]:
-    """Buffer lengths from the revision's info function (``pr3606-ref``: ``max_kvlen`` = the largest
-    ``context_lens``), overridden by ``buffer_lengths``."""
+    """Buffer lengths from the revision's info function, overridden by ``buffer_lengths``."""
     nb = len(inp.qo) - 1
     max_qlen = max(inp.qo[b + 1] - inp.qo[b] for b in range(nb))
     extra = {"max_kvlen": max(inp.ctx), "kvlen_granularity": KV_TILE} if revision == PLANNER_PR_3606_REF else {}
@@ -465,35 +417,26 @@ def plan_ps_prefill(
     block_size: int = 1, is_causal: bool = True, buffer_lengths: Mapping[str, Any] | None = None,
     revision: str = PLANNER_PRE_3606, need_lse: bool | None = None,
 ) -> PsPlan:
-    """Plan a PS prefill exactly as AITER's host ``get_ps_metadata_v1`` does
-    (``docs/aiter-contract.md#planner-algorithm``).
+    """Plan a PS prefill as AITER's host ``get_ps_metadata_v1`` does (``docs/aiter-contract.md#planner-algorithm``).
 
     Args:
-        qo_indptr, kv_indptr: ``seqlens_qo_indptr`` / ``pages_kv_indptr`` ``[B+1]``: cumulative q lengths /
-            KV pages (tokens at ``block_size=1``), from 0, non-decreasing; int lists or 1-D int tensors.
-        context_lens: ``[B]`` KV tokens per sequence: the page count at ``block_size=1``, else at most
-            ``pages * block_size``; ``q_len < kv_len`` is a context chunk.
+        qo_indptr, kv_indptr: ``[B+1]`` cumulative q lengths / KV pages from 0, non-decreasing (int lists or
+            1-D int tensors). context_lens: ``[B]`` KV tokens per sequence (= pages at ``block_size=1``).
         num_heads_k: KV heads, 1 .. 65535 (H_q == H_kv). cu_num: device CU count (256 on MI355X).
         gqa_ratio, qhead_granularity, qlen_granularity: only 1, 1 and 256 are supported.
-        kvlen_granularity: KV split granularity in tokens, a power-of-two multiple of ``block_size``
-            (tokens per page, >= 1; the PS kernel runs at 1); use 128 (AITER's binding default is 1).
-        is_causal: bottom-right causal (query i sees key j iff ``j <= kv_len - q_len + i``; needs
-            ``q_len <= kv_len``).
-        buffer_lengths: leading dims of the buffers the real planner fills, keyed as in
-            :data:`BUFFER_LENGTH_KEYS` or by buffer name; ints or ``(shape, dtype)`` pairs (a
-            :func:`ps_metadata_info` dict works). Missing keys: the revision's :func:`ps_metadata_info`
-            (``pr3606-ref`` with ``max_kvlen = max(context_lens)``).
-        revision: one of :data:`PLANNER_REVISIONS`.
-        need_lse: ``v0.1.22`` only (default False): every work that consumes KV gets a partial slot and
-            every tile a reduce group.
+        kvlen_granularity: KV split granularity in tokens, a power-of-two multiple of ``block_size``; use 128.
+        is_causal: bottom-right causal (query i sees key j iff ``j <= kv_len - q_len + i``).
+        buffer_lengths: leading dims of the buffers, keyed as :data:`BUFFER_LENGTH_KEYS` or by buffer name,
+            ints or ``(shape, dtype)`` pairs; missing keys from the revision's :func:`ps_metadata_info`
+            (``pr3606-ref``: ``max_kvlen = max(context_lens)``).
+        revision: one of :data:`PLANNER_REVISIONS`. need_lse: ``v0.1.22`` only (default False): every
+            work that consumes KV gets a partial slot and every tile a reduce group.
 
-    Returns:
-        A :class:`PsPlan` with buffers of exactly the requested lengths.
+    Returns a :class:`PsPlan` with buffers of exactly the requested lengths.
 
     Raises:
         PsPlanError (a ValueError) naming the bad value: an argument outside what is allowed above,
-        malformed indptrs, values beyond int32, or a ``buffer_lengths`` entry too small for the plan
-        (the real planner would overrun host memory there).
+        malformed indptrs, values beyond int32, or a ``buffer_lengths`` entry too small for the plan.
     """
     heads, cus, kv_gran, bs, causal = _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity,
                                                      qlen_granularity, kvlen_granularity, block_size, is_causal)
@@ -540,14 +483,11 @@ def fill_aiter_buffers(
 ) -> None:
     """Write ``plan`` into the six buffers of :func:`ps_metadata_info` in place (any device), the *whole*
     of each as the real planner does: the used part from the plan, the tail as AITER leaves it (0, except
-    ``reduce_indptr``'s: ``num_partials``). ``work_metadata_ptrs`` (>= 2 elements, any dtype) is only
-    size-checked; the others are int32 ``work_indptr [>= cu_num + 1]``, ``work_info [>= num_works, 8]``,
-    ``reduce_indptr [>= num_reduce_groups + 1]``, ``reduce_final_map [>= num_reduce_groups, 2]``,
-    ``reduce_partial_map [>= num_partials]``.
+    ``reduce_indptr``'s: ``num_partials``). ``work_metadata_ptrs`` (>= 2 elements) is only size-checked.
 
     Raises:
         PsPlanError (a ValueError): a buffer that is not a contiguous int32 tensor of the right rank, or
-        too small for the plan (AITER would corrupt host memory). Nothing is written then.
+        too small for the plan. Nothing is written then.
     """
     if not isinstance(plan, PsPlan):
         raise PsPlanError(f"plan must be a PsPlan, got {type(plan).__name__}")

@@ -1,10 +1,8 @@
-"""A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill.
-
-:func:`make_standin_aiter` builds a module named ``"aiter"`` with the four primitives as an install of the
-emulated AITER version shows them (docs/aiter-contract.md#standin, #api, #versions): opaque
-``(*args, **kwargs)`` compiled ops whose parameters are only in the op schema registered with torch, and the
-plain-Python info function. Every primitive validates like a strict launcher (:class:`StandinContractError`),
-then runs the planner port or the emulator. Never imports the real ``aiter``.
+"""A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill
+(docs/aiter-contract.md#standin, #api, #versions): the four primitives as the emulated AITER version shows
+them (opaque ``(*args, **kwargs)`` ops with a registered torch op schema, and the plain-Python info
+function), each validating like a strict launcher (:class:`StandinContractError`), then running the planner
+port or the emulator. Never imports the real ``aiter``.
 """
 
 from __future__ import annotations
@@ -92,8 +90,7 @@ class _Checker:
 
     def array(self, name: str, t: Any, dtypes: tuple[torch.dtype, ...], want: str, why: str = "",
               contiguous: str | None = None) -> torch.Tensor:
-        """A tensor of one of ``dtypes`` (``why`` follows the dtype message) and the rank of ``want``
-        (``"[R, H]"``), contiguous unless ``contiguous`` (the reason named otherwise) is None."""
+        """A tensor of ``dtypes`` and the rank of ``want`` (``"[R, H]"``); contiguous if ``contiguous`` (why)."""
         t = self.tensor(name, t)
         self.dtype(name, t, *dtypes, why=why)
         if t.dim() != want.count(",") + 1:
@@ -123,7 +120,7 @@ class _Checker:
         return v
 
     def indptr(self, name: str, t: Any) -> list[int]:
-        """A valid int32 indptr tensor's values (``[B+1]``, from 0, non-decreasing)."""
+        """An int32 indptr's values (``[B+1]``, from 0, non-decreasing)."""
         vals = self.ints(name, t).tolist()
         if len(vals) < 2:
             self.fail(f"{name} has {len(vals)} entries: needs B+1 >= 2")
@@ -164,7 +161,7 @@ class _State:
         return self.revision != PLANNER_PRE_3606
 
     def record(self, name: str, args: dict[str, Any], body: Callable[[], Any]) -> Any:
-        """Run ``body`` and log ``{"name", "args", "ok", "error"}`` (args summarised)."""
+        """Run ``body`` and log ``{"name", "args", "ok", "error"}``."""
         entry = {"name": name, "args": {k: _summary(v) for k, v in args.items()}, "ok": None, "error": None}
         self.calls.append(entry)
         try:
@@ -180,8 +177,7 @@ class _State:
 
 
 def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
-    """Six ``(shape, dtype)`` pairs at ``st.cu_num``: 1-D sizes as bare ints, 2-D shapes as tuples, like
-    the real function (``aiter/ops/attention.py``)."""
+    """Six ``(shape, dtype)`` pairs at ``st.cu_num``, 1-D sizes as bare ints as in ``aiter/ops/attention.py``."""
     from mla_fp8_bench.aiter_ps.planner import PsPlanError, ps_metadata_info
 
     ck = _Checker("get_ps_metadata_info_v1")
@@ -204,54 +200,6 @@ def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
 # get_ps_metadata_v1
 
 
-def _check_planner_scalars(ck: _Checker, a: dict[str, Any]) -> tuple[int, bool]:
-    """The fixed keywords of the PS prefill; returns ``(kvlen_granularity, is_causal)``."""
-    if ck.py_int("gqa_ratio", a["gqa_ratio"]) != 1:
-        ck.fail(f"gqa_ratio={a['gqa_ratio']}: the PS prefill kernel exists only for gqa_ratio=1 (MHA)")
-    if ck.py_int("num_heads_k", a["num_heads_k"]) < 1:
-        ck.fail(f"num_heads_k={a['num_heads_k']} must be >= 1")
-    if ck.py_int("qhead_granularity", a["qhead_granularity"]) != 1:
-        ck.fail(f"qhead_granularity={a['qhead_granularity']}: must be 1 (one head per work)")
-    if ck.py_int("qlen_granularity", a["qlen_granularity"]) != Q_TILE:
-        ck.fail(f"qlen_granularity={a['qlen_granularity']}: must be {Q_TILE} (the kernel's q-tile)")
-    bs = ck.py_int("block_size", a["block_size"])
-    if bs != 1:
-        ck.fail(f"block_size={bs}: the PS prefill runs at page size 1")
-    kg = ck.py_int("kvlen_granularity", a["kvlen_granularity"])
-    if kg != kvlen_granularity_for(bs):
-        ck.fail(f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
-                "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
-                "kernel's 128-key tiles")
-    return kg, ck.py_bool("is_causal", a["is_causal"])
-
-
-def _check_planner_buffers(ck: _Checker, a: dict[str, Any], cu_num: int) -> None:
-    """Buffer dtypes/ranks, and ``work_indptr`` sized for this device's CU count."""
-    ck.tensor("work_metadata_ptrs", a["work_metadata_ptrs"])
-    if a["work_metadata_ptrs"].numel() < 2:
-        ck.fail(f"work_metadata_ptrs has {a['work_metadata_ptrs'].numel()} elements: must be uint64 [2]")
-    wi = ck.ints("work_indptr", a["work_indptr"])
-    if wi.numel() != cu_num + 1:
-        ck.fail(f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {cu_num + 1} for this "
-                f"device ({cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
-                "(no CU masking)")
-    ck.ints("work_info", a["work_info"], WORK_INFO_COLS)
-    ck.ints("reduce_indptr", a["reduce_indptr"])
-    ck.ints("reduce_final_map", a["reduce_final_map"], 2)
-    ck.ints("reduce_partial_map", a["reduce_partial_map"])
-
-
-def _check_plan_fits(ck: _Checker, a: dict[str, Any], plan: Any) -> None:
-    """Every buffer holds what the plan writes (the real planner writes without bounds checks)."""
-    ng = plan.num_reduce_groups
-    for name, need, unit in (("work_info", plan.num_works, "rows"), ("reduce_indptr", ng + 1, "entries"),
-                             ("reduce_final_map", ng, "rows"), ("reduce_partial_map", plan.num_partials, "entries")):
-        if (have := a[name].shape[0]) < need:
-            ck.fail(f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
-                    "planner writes past it without bounds checks and corrupts host memory "
-                    "(size with get_ps_metadata_info_v1)")
-
-
 def _planner_body(st: _State, a: dict[str, Any]) -> None:
     """Validate, plan with the port (this version's semantics) and fill the six buffers in place."""
     from mla_fp8_bench.aiter_ps.planner import PsPlanError, fill_aiter_buffers, plan_ps_prefill
@@ -263,18 +211,47 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     if len(kv) != len(qo) or len(ctx) != len(qo) - 1:
         ck.fail(f"lengths disagree: seqlens_qo_indptr {len(qo)}, pages_kv_indptr {len(kv)} (need B+1), "
                 f"context_lens {len(ctx)} (need B)")
-    kg, causal = _check_planner_scalars(ck, a)
+    # the fixed keywords of the PS prefill
+    for k, ok, why in (("gqa_ratio", 1, "the PS prefill kernel exists only for gqa_ratio=1 (MHA)"),
+                       ("num_heads_k", None, None), ("qhead_granularity", 1, "must be 1 (one head per work)"),
+                       ("qlen_granularity", Q_TILE, f"must be {Q_TILE} (the kernel's q-tile)"),
+                       ("block_size", 1, "the PS prefill runs at page size 1")):
+        v = ck.py_int(k, a[k])
+        if ok is None and v < 1:
+            ck.fail(f"{k}={v} must be >= 1")
+        if ok is not None and v != ok:
+            ck.fail(f"{k}={v}: {why}")
+    kg = ck.py_int("kvlen_granularity", a["kvlen_granularity"])
+    if kg != kvlen_granularity_for(a["block_size"]):
+        ck.fail(f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the "
+                "binding's real default is 1 (the stub shows 16), which plans KV splits off the "
+                "kernel's 128-key tiles")
+    causal = ck.py_bool("is_causal", a["is_causal"])
     need_lse = ck.py_bool("need_lse", a["need_lse"]) if "need_lse" in a else None
-    _check_planner_buffers(ck, a, st.cu_num)
+    # buffer dtypes/ranks; work_indptr sized for this device's CU count
+    ck.tensor("work_metadata_ptrs", a["work_metadata_ptrs"])
+    if a["work_metadata_ptrs"].numel() < 2:
+        ck.fail(f"work_metadata_ptrs has {a['work_metadata_ptrs'].numel()} elements: must be uint64 [2]")
+    wi = ck.ints("work_indptr", a["work_indptr"])
+    if wi.numel() != st.cu_num + 1:
+        ck.fail(f"work_indptr has {wi.numel()} entries: must be cu_num+1 = {st.cu_num + 1} for this "
+                f"device ({st.cu_num} CUs); size buffers with get_ps_metadata_info_v1 on the same device "
+                "(no CU masking)")
+    for name, cols in (("work_info", WORK_INFO_COLS), ("reduce_indptr", None), ("reduce_final_map", 2),
+                       ("reduce_partial_map", None)):
+        ck.ints(name, a[name], cols)
     try:
-        plan = plan_ps_prefill(
-            qo, kv, ctx, num_heads_k=a["num_heads_k"], cu_num=st.cu_num, gqa_ratio=1, qhead_granularity=1,
-            qlen_granularity=Q_TILE, kvlen_granularity=kg, block_size=1, is_causal=causal,
-            revision=st.revision, need_lse=need_lse,
-        )  # fmt: skip
+        plan = plan_ps_prefill(qo, kv, ctx, num_heads_k=a["num_heads_k"], cu_num=st.cu_num, kvlen_granularity=kg,
+                               block_size=1, is_causal=causal, revision=st.revision, need_lse=need_lse)
     except PsPlanError as exc:
         ck.fail(f"invalid planner input: {exc}")
-    _check_plan_fits(ck, a, plan)
+    ng = plan.num_reduce_groups  # the real planner writes without bounds checks
+    for name, need, unit in (("work_info", plan.num_works, "rows"), ("reduce_indptr", ng + 1, "entries"),
+                             ("reduce_final_map", ng, "rows"), ("reduce_partial_map", plan.num_partials, "entries")):
+        if (have := a[name].shape[0]) < need:
+            ck.fail(f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real "
+                    "planner writes past it without bounds checks and corrupts host memory "
+                    "(size with get_ps_metadata_info_v1)")
     fill_aiter_buffers(plan, *(a[n] for n in BUFFER_NAMES))
 
 
@@ -303,7 +280,7 @@ def _check_kernel_qkv(ck: _Checker, Q: Any, K: Any, V: Any) -> tuple[int, int]:
 
 
 def _check_kernel_metadata(ck: _Checker, a: dict[str, Any], T: int, num_page: int) -> tuple[list[int], ...]:
-    """Index pointers, page indices and the work buffers; returns ``(qo, kvp, work_indptr)`` as lists."""
+    """Indptrs, page indices and work buffers; returns ``(qo, kvp, work_indptr)`` as lists."""
     qo = ck.indptr("qo_indptr", a["qo_indptr"])
     kvp = ck.indptr("kv_indptr", a["kv_indptr"])
     if len(qo) != len(kvp):
@@ -322,17 +299,6 @@ def _check_kernel_metadata(ck: _Checker, a: dict[str, Any], T: int, num_page: in
     if wi[-1] > winfo.shape[0]:
         ck.fail(f"work_indptr reaches work {wi[-1]} but work_info_set has {winfo.shape[0]} rows")
     return qo, kvp, wi
-
-
-def _check_kernel_scalars(ck: _Checker, a: dict[str, Any]) -> bool:
-    """``max_seqlen_q`` int, ``softmax_scale`` a finite positive float, ``is_causal`` bool (returned)."""
-    ck.py_int("max_seqlen_q", a["max_seqlen_q"])
-    sm = a["softmax_scale"]
-    if isinstance(sm, bool) or not isinstance(sm, (int, float)):
-        ck.fail(f"softmax_scale must be a Python float, got {type(sm).__name__}")
-    if not math.isfinite(sm) or sm <= 0:
-        ck.fail(f"softmax_scale={sm} must be finite and > 0")
-    return ck.py_bool("is_causal", a["is_causal"])
 
 
 def _check_kernel_outputs(ck: _Checker, a: dict[str, Any], T: int, H: int, dev: torch.device) -> None:
@@ -356,19 +322,9 @@ def _check_kernel_outputs(ck: _Checker, a: dict[str, Any], T: int, H: int, dev: 
             ck.fail(f"{name} is on {a[name].device}: every tensor must be on Q's device {dev}")
 
 
-def _check_kernel_ranges(ck: _Checker, T: int, num_page: int, H: int, split_rows: int) -> None:
-    """32-bit buffer-descriptor limits (from the kernel's disassembly)."""
-    for name, n_tok, width in (("Q", T, 192), ("K", num_page, 192), ("output", T, 256)):
-        if n_tok * H * width >= 2**32:
-            ck.fail(f"{name} spans {n_tok * H * width} bytes: the kernel's 32-bit buffer range needs < 2**32")
-    if split_rows * H * _V_DIM * 4 >= SPLIT_DATA_MAX_BYTES:
-        ck.fail(f"splitData spans {split_rows * H * _V_DIM * 4} bytes: must be < 2**31 (32-bit signed range)")
-
-
 def _check_kernel_works(ck: _Checker, rows: list[list[int]], qo: list[int], kvp: list[int], H: int, causal: bool,
                         split_rows: int) -> None:
-    """Every work inside its sequence and the head range; partial slots multiples of 256 that fit;
-    causal needs q_len <= kv_len."""
+    """Works inside their sequence and head range; slots multiples of 256 that fit; causal q_len <= kv_len."""
     need_rows, B = 0, len(qo) - 1
     for n, (b, loc, q0, q1, k0, k1, _off, hr) in enumerate(rows):
         if not 0 <= b < B:
@@ -398,15 +354,26 @@ def _kernel_body(st: _State, a: dict[str, Any]) -> None:
     T, H = _check_kernel_qkv(ck, a["Q"], a["K"], a["V"])
     num_page = int(a["K"].shape[0])
     qo, kvp, wi = _check_kernel_metadata(ck, a, T, num_page)
-    causal = _check_kernel_scalars(ck, a)
+    ck.py_int("max_seqlen_q", a["max_seqlen_q"])
+    sm = a["softmax_scale"]
+    if isinstance(sm, bool) or not isinstance(sm, (int, float)):
+        ck.fail(f"softmax_scale must be a Python float, got {type(sm).__name__}")
+    if not math.isfinite(sm) or sm <= 0:
+        ck.fail(f"softmax_scale={sm} must be finite and > 0")
+    causal = ck.py_bool("is_causal", a["is_causal"])
     _check_kernel_outputs(ck, a, T, H, a["Q"].device)
     split_rows = int(a["splitData"].shape[0])
-    _check_kernel_ranges(ck, T, num_page, H, split_rows)
+    # 32-bit buffer-descriptor limits (from the kernel's disassembly)
+    for name, n_tok, width in (("Q", T, 192), ("K", num_page, 192), ("output", T, 256)):
+        if n_tok * H * width >= 2**32:
+            ck.fail(f"{name} spans {n_tok * H * width} bytes: the kernel's 32-bit buffer range needs < 2**32")
+    if split_rows * H * _V_DIM * 4 >= SPLIT_DATA_MAX_BYTES:
+        ck.fail(f"splitData spans {split_rows * H * _V_DIM * 4} bytes: must be < 2**31 (32-bit signed range)")
     rows = a["work_info_set"][: wi[-1]].tolist() if wi[-1] else []
     _check_kernel_works(ck, rows, qo, kvp, H, causal, split_rows)
     st.emulator.mla_prefill_ps_asm_fwd(
         a["Q"], a["K"], a["V"], a["qo_indptr"], a["kv_indptr"], a["kv_page_indices"], a["work_indptr"],
-        a["work_info_set"], a["max_seqlen_q"], float(a["softmax_scale"]), causal, a["splitData"], a["splitLse"],
+        a["work_info_set"], a["max_seqlen_q"], float(sm), causal, a["splitData"], a["splitLse"],
         a["output"], a["q_scale"], a["k_scale"], a["v_scale"],
     )  # fmt: skip
 
@@ -414,9 +381,10 @@ def _kernel_body(st: _State, a: dict[str, Any]) -> None:
 # mla_reduce_v1
 
 
-def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple[Any, ...]:
-    """Partials fp32 contiguous, int32 maps, the int slots of this ``variant`` really ints (a tensor there
-    is the vLLM #46760 positional shift). Returns ``(po, pl, ri, fmap, pmap)``."""
+def _reduce_body(st: _State, a: dict[str, Any]) -> None:
+    """Validate like a strict launcher, then run the emulated reduce in place."""
+    ck, variant = _Checker("mla_reduce_v1"), st.variant
+    # inputs: fp32 contiguous partials, int32 maps, the int slots of this variant really ints
     rows = "partials are addressed as raw contiguous rows"
     po = ck.array("partial_output", a["partial_output"], (torch.float32,), "[R, H, dv]", " (fp32 partials)", rows)
     pl = ck.array("partial_lse", a["partial_lse"], (torch.float32,), "[R, H]", " (fp32 partial LSE)", rows)
@@ -430,12 +398,7 @@ def _check_reduce_inputs(ck: _Checker, a: dict[str, Any], variant: int) -> tuple
                     f"{variant}-argument binding (vLLM #46760)")
         if k in a:
             ck.py_int(k, a[k])
-    return po, pl, ri, fmap, pmap
-
-
-def _check_reduce_outputs(ck: _Checker, a: dict[str, Any], po: torch.Tensor, pl: torch.Tensor) -> torch.Tensor:
-    """final_output bf16/fp16 ``[total_q, H, dv]`` (last dim contiguous), final_lse fp32 ``[total_q, H]``
-    contiguous or None, everything on partial_output's device. Returns final_output."""
+    # outputs: final_output bf16/fp16 [total_q, H, dv], final_lse fp32 [total_q, H] or None, one device
     fo = ck.array("final_output", a["final_output"], (torch.bfloat16, torch.float16), "[total_q, H, dv]")
     if fo.stride(-1) != 1:
         ck.fail(f"final_output's last dim is not contiguous (strides {tuple(fo.stride())})")
@@ -448,8 +411,7 @@ def _check_reduce_outputs(ck: _Checker, a: dict[str, Any], po: torch.Tensor, pl:
     others = [("partial_lse", pl), ("reduce_indptr", a["reduce_indptr"]), ("reduce_final_map", a["reduce_final_map"]),
               ("reduce_partial_map", a["reduce_partial_map"]), ("final_output", fo)]  # fmt: skip
     if fl is not None:
-        ck.tensor("final_lse", fl)
-        ck.dtype("final_lse", fl, torch.float32)
+        ck.dtype("final_lse", ck.tensor("final_lse", fl), torch.float32)
         if tuple(fl.shape) != (fo.shape[0], H):
             ck.fail(f"final_lse has shape {tuple(fl.shape)}: must be [total_q, H] = [{fo.shape[0]}, {H}]")
         ck.contiguous("final_lse", fl, "addressed as seq*H + head")
@@ -457,13 +419,7 @@ def _check_reduce_outputs(ck: _Checker, a: dict[str, Any], po: torch.Tensor, pl:
     for nm, t in others:
         if t.device != po.device:
             ck.fail(f"{nm} is on {t.device}: every tensor must be on partial_output's device {po.device}")
-    return fo
-
-
-def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.Tensor, ri: list[int],
-                         fmap: torch.Tensor, pmap: torch.Tensor) -> None:
-    """Head-count dispatch of this version; every live group's partial rows and output rows in range."""
-    H, dv = int(po.shape[-2]), int(fo.shape[-1])
+    # head-count dispatch of this version; every live group's partial rows and output rows in range
     if len(ri) > 1 and (dv != _V_DIM or H not in st.heads_ok):
         ck.fail(f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)} "
                 f"dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, "
@@ -488,14 +444,7 @@ def _check_reduce_groups(ck: _Checker, st: _State, po: torch.Tensor, fo: torch.T
         if not (0 <= q0 <= q1 and q1 - q0 <= Q_TILE):
             ck.fail(f"reduce_final_map row {g} is [{q0}, {q1}): a group's rows must satisfy 0 <= q0 <= q1 and "
                     f"q1 - q0 <= {Q_TILE} (one partial slot)")
-
-
-def _reduce_body(st: _State, a: dict[str, Any]) -> None:
-    ck = _Checker("mla_reduce_v1")
-    po, pl, ri, fmap, pmap = _check_reduce_inputs(ck, a, st.variant)
-    fo = _check_reduce_outputs(ck, a, po, pl)
-    _check_reduce_groups(ck, st, po, fo, ri, fmap, pmap)
-    st.emulator.mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, a["final_lse"], post_3606=st.post_3606)
+    st.emulator.mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, fl, post_3606=st.post_3606)
 
 
 # parameters, opaque wrappers and registered schemas (as AITER's compile_ops / torch_compile_guard expose them)
@@ -579,21 +528,13 @@ def make_standin_aiter(
     *, reduce_variant: int | None = None, cu_num: int = 256, emulator: Emulator | None = None,
     aiter_version: Any = NEWEST_MODELLED_VERSION, planner_revision: str | None = None,
 ) -> types.ModuleType:
-    """Build a stand-in ``aiter`` module (docs/aiter-contract.md#versions, #api, #limits, #pr-3606, #standin).
-
-    Args:
-        reduce_variant: 7, 8 or 9, the ``mla_reduce_v1`` form (a mixed install); None: ``aiter_version``'s.
-        cu_num: the device CU count the planner and the info call read (256 on MI355X).
-        emulator: the kernel and reduce emulation (default the faithful one).
-        aiter_version: emulated AITER version (``(0, 1, 20)``, ``"0.1.20.post1"``; default the newest
-            modelled): reduce head counts and form, planner revision; below 0.1.10 only ``mla_reduce_v1``.
-        planner_revision: a planner revision to expose instead of the version's (``"pr3606-ref"``).
-
-    Returns:
-        A package module named ``"aiter"`` (not in ``sys.modules``) with the primitives, ``__version__``,
-        ``StandinContractError``, ``calls`` (one ``{"name", "args", "ok", "error"}`` dict per call),
-        ``is_standin = True``, ``cu_num``, ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``,
-        ``post_3606``, ``planner_revision`` and ``aiter_op_namespace``.
+    """A stand-in ``aiter`` package module (not in ``sys.modules``; docs/aiter-contract.md#standin) emulating
+    AITER ``aiter_version`` (default the newest modelled; below 0.1.10 only ``mla_reduce_v1``) at ``cu_num``
+    CUs, with ``reduce_variant`` (7, 8, 9; None: the version's) and ``planner_revision`` (None: the
+    version's) overridable. Besides the primitives it has ``__version__``, ``StandinContractError``,
+    ``calls`` (one ``{"name", "args", "ok", "error"}`` dict per call), ``is_standin``, ``cu_num``,
+    ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``, ``post_3606``, ``planner_revision``
+    and ``aiter_op_namespace``.
 
     Raises:
         ValueError: ``reduce_variant`` not in {7, 8, 9}, ``cu_num < 1``, a malformed version, or an

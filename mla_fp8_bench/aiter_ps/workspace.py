@@ -34,10 +34,9 @@ class WorkspaceBytes:
 
 def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_head_dim: int = V_HEAD_DIM, *,
                     align: int = 1, extra: int = 0) -> WorkspaceBytes:
-    """fp32 scratch for ``partial_slots`` 256-row partial slots and ``final_lse_rows`` q rows (``num_heads``
-    heads, vLLM: the padded count) and ``extra`` bytes of a further buffer reserved with them, each buffer
-    rounded up to a multiple of ``align`` bytes (vLLM: 256): ``partial_output = slots*256*H*dv*4``,
-    ``partial_lse = slots*256*H*4``, ``final_lse = rows*H*4``.
+    """fp32 scratch for ``partial_slots`` 256-row slots and ``final_lse_rows`` q rows of ``num_heads`` heads
+    (vLLM: the padded count), plus ``extra`` bytes, each buffer rounded up to a multiple of ``align`` bytes:
+    ``partial_output = slots*256*H*dv*4``, ``partial_lse = slots*256*H*4``, ``final_lse = rows*H*4``.
 
     Raises:
         ValueError: a non-integer or negative count, ``num_heads``, ``v_head_dim`` or ``align`` below 1.
@@ -50,7 +49,7 @@ def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_h
     rows = partial_slots * Q_TILE
     sizes = (rows * num_heads * v_head_dim * FP32_BYTES, rows * num_heads * FP32_BYTES,
              final_lse_rows * num_heads * FP32_BYTES, extra)
-    return WorkspaceBytes(*(-(-n // align) * align for n in sizes))  # each rounded up to a multiple of align
+    return WorkspaceBytes(*(-(-n // align) * align for n in sizes))
 
 
 def vllm_padded_heads(num_heads: int) -> int:
@@ -60,13 +59,9 @@ def vllm_padded_heads(num_heads: int) -> int:
 
 def vllm_partial_tiles(*, budget_sizing: bool, info_partial_slots: int, max_num_batched_tokens: int,
                        max_num_reqs: int, num_compute_units: int) -> int:
-    """Partial slots P that vLLM's ``_init_fp8_prefill_ps_buffers`` reserves.
-
-    Up to vLLM 0.30 (``budget_sizing=False``): AITER's ``reduce_partial_map`` size
-    (``info_partial_slots``, from ``get_ps_metadata_info_v1(max_num_reqs, H, max_prefill_qlen, 256)``,
-    called without ``max_kvlen``). From 0.31: ``ceil(max_num_batched_tokens / 256) + max_num_reqs - 1
-    + num_compute_units``.
-    """
+    """Partial slots vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: up to vLLM 0.30
+    (``budget_sizing=False``) AITER's ``reduce_partial_map`` size ``info_partial_slots`` (info call without
+    ``max_kvlen``); from 0.31 ``ceil(max_num_batched_tokens / 256) + max_num_reqs - 1 + num_compute_units``."""
     if budget_sizing:
         return math.ceil(max_num_batched_tokens / Q_TILE) + max_num_reqs - 1 + num_compute_units
     return info_partial_slots
@@ -78,8 +73,8 @@ def vllm_reserved(*, budget_sizing: bool, pads_heads: bool, info_partial_slots: 
     """What vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: ``(partial slots, bytes)``, the slots of
     :func:`vllm_partial_tiles` at the padded head count ``num_head_k``, each buffer rounded to
     :data:`VLLM_WORKSPACE_ALIGN`, plus (``pads_heads``: vLLM >= 0.29, and only when ``num_heads <
-    num_head_k``) the output scratch ``max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize``
-    bytes in the model dtype; docs/aiter-contract.md#workspace."""
+    num_head_k``) the model-dtype output scratch ``max_num_batched_tokens * num_head_k * v_head_dim *
+    out_itemsize`` bytes."""
     p = vllm_partial_tiles(budget_sizing=budget_sizing, info_partial_slots=info_partial_slots,
                            max_num_batched_tokens=max_num_batched_tokens, max_num_reqs=max_num_reqs,
                            num_compute_units=num_compute_units)
