@@ -35,6 +35,7 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``abtrials``  ``studies/ab_trials.py``: ``mla-fp8-bench ab`` A/A and +3 % trials (an FA3 install with a
               calibrated extra kernel), ``--ab-trials`` of each, ``--ab-rounds`` rounds per side
 ``after``     ``studies/after_effect.py`` in two processes: the small-case state before and after a large case
+``sets``      ``studies/buffer_sets.py``: small cases over 8 segment-separated buffer sets in 6 processes
 ``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
 ``asv-tiny-fork`` the same with ``--launch-method forkserver``
 ``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key and a
@@ -85,7 +86,7 @@ GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "cudn
 CV_CASES = "s128,s2048,s8192,s32768"
 SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
 ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv", "order", "sbs",
-             "ab", "cudnn", "abtrials", "after")
+             "ab", "cudnn", "abtrials", "after", "sets")
 #: Orders of the order-independence processes (studies/order_check.py), the first one on a fresh machine.
 ORDERS = ("sorted", "reversed", "shuffled")
 #: The GPU grid of the order check (docs/methodology.md §10.2, §11.2): 33 params of the H200 asv grid.
@@ -503,6 +504,14 @@ def do_after(c) -> None:
     s.step("after", max(rcs), t)
 
 
+def do_sets(c) -> None:
+    s, jd = c.s, c.jd
+    rc, w = s.sh("sets", [py(), "studies/buffer_sets.py", "--procs", "6", "--cases", "s128,s512,s2048",
+                          "--deadline", str(max(0.0, s.left() - 90)), "--json", str(jd / "buffer_sets.json")],
+                 max(60.0, s.left() - 10))
+    s.step("sets", rc, w)
+
+
 def do_cudnn(c) -> None:
     s, jd = c.s, c.jd
     code = ("import json, sys\n"
@@ -581,7 +590,8 @@ def main() -> int:
     s.summary["emu_cap_supported"] = emu_cap_supported()
     c = SimpleNamespace(s=s, args=args, jd=jd, sha=sha, grid=grid, sel_run=sel_run, work=work, asv_home=asv_home,
                         asv_env_base=asv_env_base, machine_done=[])
-    table = {"abtrials": (do_abtrials, 60), "after": (do_after, 30), "order": (do_order, 60), "sbs": (do_sbs, 60),
+    table = {"abtrials": (do_abtrials, 60), "after": (do_after, 30), "sets": (do_sets, 120), "order": (do_order, 60),
+             "sbs": (do_sbs, 60),
              "ab": (do_ab, 60),
              "cudnn": (do_cudnn, 40),
              "env": (do_env, 10), "smoke": (do_smoke, 60), "pytest": (do_pytest, 60), "ceilings": (do_ceilings, 40),

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Does averaging over buffer sets in separate allocation segments make a small case's latency hold
+across processes? Separate processes on one GPU.
+
+Each process builds ``--sets`` input sets of every case, each after a spacer allocation of 64-512 MiB
+(so each set lands in its own allocation segment of torch's caching allocator), prepares each set and
+times it with the suite's :func:`~mla_fp8_bench.measure.timing.time_device`. Per process and case it
+records every set's latency (seconds per launch) and SM cycles per launch. ``--summarize`` compares,
+across processes, two figures per case: the first set alone (what the suite times today) and the median
+over the sets, as the max/min spread of each figure over processes::
+
+    python3 studies/buffer_sets.py --procs 6 --cases s128,s512,s2048 --json out.json
+    python3 studies/buffer_sets.py --summarize out.json
+
+The question comes from ``../shared/docs/h200-small-case-modes.md``: a per-process offset (~5%) and a
+placement effect inside a process (2-4% across segment-separated sets). A median over sets removes the
+second; this measures how much of the process-to-process spread is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SPACER_MIB = (64, 512)
+
+
+def measure(backend: str, cases: list[str], sets: int, seed: int) -> dict:
+    """One process: ``{case: {"latency_s": [per set], "sm_cycles": [per set]}}``."""
+    import torch
+
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.measure.devices import platform_info
+    from mla_fp8_bench.measure.timing import clock_fields, time_device
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    rng = random.Random(seed)
+    pinfo = platform_info("auto")
+    dev = pinfo.device
+    b = get_backend(backend)
+    out = {}
+    for cid in cases:
+        case = parse_case_id(cid)
+        keep, lat, cyc = [], [], []
+        for _ in range(sets):
+            mib = rng.randint(*SPACER_MIB)
+            keep.append(torch.empty(mib << 20, dtype=torch.uint8, device=dev))
+            prep = b.prepare_case(make_inputs(case, dev, pinfo.fp8_dtype))
+            keep.append(prep)
+            tr = time_device(prep.run, dev, graph_capturable=prep.graph_capturable)
+            lat.append(tr.median_s)
+            cyc.append(clock_fields(tr).get("latency_sm_cycles"))
+        out[cid] = {"latency_s": lat, "sm_cycles": cyc}
+        print(f"{cid}: " + " ".join(f"{x * 1e6:.2f}" for x in lat) + " us", flush=True)
+        del keep
+        torch.cuda.empty_cache()
+    return out
+
+
+def spread(vals: list[float]) -> float:
+    return max(vals) / min(vals) - 1.0
+
+
+def summarize(doc: dict) -> dict:
+    """Per case: the spread over processes of the first set's latency and of the median over sets."""
+    procs = [p["cases"] for p in doc["processes"] if p.get("cases")]
+    rows = {}
+    for cid in procs[0] if procs else []:
+        first = [p[cid]["latency_s"][0] for p in procs if cid in p]
+        med = [statistics.median(p[cid]["latency_s"]) for p in procs if cid in p]
+        inside = [spread(p[cid]["latency_s"]) for p in procs if cid in p]
+        rows[cid] = {"processes": len(first), "first_set_spread": spread(first), "median_of_sets_spread": spread(med),
+                     "within_process_spread_median": statistics.median(inside)}
+        print(f"{cid:8s} processes {len(first)}  first set {spread(first) * 100:5.2f}%  median of sets "
+              f"{spread(med) * 100:5.2f}%  inside a process {statistics.median(inside) * 100:5.2f}%")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="fa3-fp8")
+    ap.add_argument("--cases", default="s128,s512,s2048")
+    ap.add_argument("--sets", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=6, help="separate processes (0: measure in this one)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deadline", type=float, default=0.0, help="start no process after this many seconds")
+    ap.add_argument("--json")
+    ap.add_argument("--summarize", metavar="JSON")
+    a = ap.parse_args(argv)
+    if a.summarize:
+        summarize(json.loads(Path(a.summarize).read_text()))
+        return 0
+    if a.sets < 1 or a.procs < 0:
+        ap.error(f"--sets {a.sets} / --procs {a.procs}: need --sets >= 1 and --procs >= 0")
+    cases = [c for c in a.cases.split(",") if c]
+    if a.procs == 0:
+        print(json.dumps(measure(a.backend, cases, a.sets, a.seed)))
+        return 0
+    t0 = time.monotonic()
+    doc = {"backend": a.backend, "sets": a.sets, "spacer_mib": SPACER_MIB, "processes": []}
+    for i in range(a.procs):
+        if a.deadline and time.monotonic() - t0 > a.deadline:
+            break
+        r = subprocess.run([sys.executable, __file__, "--procs", "0", "--backend", a.backend, "--cases", a.cases,
+                            "--sets", str(a.sets), "--seed", str(a.seed + i)], capture_output=True, text=True)
+        sys.stderr.write(r.stderr[-2000:])
+        lines = r.stdout.strip().splitlines()
+        print("\n".join(lines[:-1]), flush=True)
+        try:
+            cases_out = json.loads(lines[-1]) if r.returncode == 0 and lines else None
+        except json.JSONDecodeError:
+            cases_out = None
+        doc["processes"].append({"seed": a.seed + i, "rc": r.returncode, "cases": cases_out})
+        if a.json:
+            Path(a.json).write_text(json.dumps(doc, indent=1))
+    doc["summary"] = summarize(doc)
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
