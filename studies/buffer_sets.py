@@ -12,8 +12,8 @@ over the sets, as the max/min spread of each figure over processes::
     python3 studies/buffer_sets.py --procs 6 --cases s128,s512,s2048 --json out.json
     python3 studies/buffer_sets.py --summarize out.json
 
-The question comes from ``../shared/docs/h200-small-case-modes.md``: a per-process offset (~5%) and a
-placement effect inside a process (2-4% across segment-separated sets). A median over sets removes the
+On an H200, small FA3-FP8 cases read at per-process levels 4-7% apart (docs/methodology.md §12, §13), and
+segment-separated buffer sets inside one process were seen 2-4% apart. A median over sets removes the
 second; this measures how much of the process-to-process spread is left.
 """
 
