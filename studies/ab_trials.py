@@ -8,6 +8,13 @@ HEAD is a second *install* of the library under test, FA3: a directory holding a
 per case (``--calibrate``, on the device) so the extra device time per call is ``--slowdown`` x the
 call's graph-replay time: a kernel inside a graph lasts at least about 1 us on an H200, so for small
 cases (s512: 3 % is about 0.5 us) the kernel is ``every`` x longer and runs on every ``every``-th call.
+With ``--pad-injection``, cases whose target is at least ``PAD_MIN_S`` are slowed by the same kernel
+doing more work instead: a causal single sequence of ``S`` tokens runs as ``S + rows`` (zero rows appended
+to q, k and v once, on the first eager call; the output and LSE are the first ``S`` rows, unchanged, since
+causal row i sees keys <= i). ``rows`` is calibrated in process, starting from ``S * (sqrt(1 + slowdown) -
+1)``; the work grows in whole query tiles (one 128-row tile more of s8192 is about +3%). The slowdown then
+shares the case's power and clock behaviour, where an added memory-bound kernel under the power cap did
+not add a constant share (docs/methodology.md §13).
 BASE (and the second BASE of an A/A trial) is an empty directory: the real FA3.
 
 Each trial is one :func:`mla_fp8_bench.analysis.ab.measure_ab` run (``--rounds`` rounds per side, BASE
@@ -54,16 +61,41 @@ with open(os.path.join(_here, "slowdown.json")) as _f:
 _state = {}
 
 
+def _padded(x, rows):
+    import torch
+    y = torch.zeros((x.shape[0] + rows,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    y[:x.shape[0]] = x
+    return y
+
+
+def _pad_call(q, k, v, cu_q, cu_k, max_q, max_k, rows, **kwargs):
+    import torch
+    t = q.shape[0]
+    st = _state.setdefault(("pad", t), {})
+    ident = (q.data_ptr(), k.data_ptr(), v.data_ptr(), t, rows)
+    if st.get("ident") != ident:  # first (eager) call on these inputs: padded copies, reused by captured calls
+        # (the inputs of a timed case do not change between calls; a latency round reads no output)
+        st.update(ident=ident, q=_padded(q, rows), k=_padded(k, rows), v=_padded(v, rows),
+                  cu=torch.tensor([0, t + rows], dtype=torch.int32, device=q.device))
+    res = _real.flash_attn_varlen_func(st["q"], st["k"], st["v"], st["cu"], st["cu"], t + rows, t + rows, **kwargs)
+    if isinstance(res, torch.Tensor):
+        return res[:t]
+    out, lse, *rest = res
+    return (out[:t], lse[..., :t] if lse.shape[-1] == t + rows else lse[:t], *rest)
+
+
 def flash_attn_varlen_func(q, *args, **kwargs):
-    out = _real.flash_attn_varlen_func(q, *args, **kwargs)
     key = str(q.shape[0])
     c = _cfg.get(key)
+    if c and c.get("mode") == "pad" and args[2].numel() == 2 and args[0].shape[0] == q.shape[0]:
+        return _pad_call(q, *args[:6], rows=int(c["rows"]), **kwargs)
+    out = _real.flash_attn_varlen_func(q, *args, **kwargs)
     if c:
         import torch
-        st = _state.get(key)
-        if st is None:
-            st = _state[key] = {"buf": torch.ones(c["n"], dtype=torch.float32, device=q.device), "i": 0}
+        st = _state.setdefault(key, {"i": 0})
         st["i"] += 1
+        if "buf" not in st:
+            st["buf"] = torch.ones(c["n"], dtype=torch.float32, device=q.device)
         if st["i"] % c["every"] == 0:
             st["buf"].mul_(1.0)
     return out
@@ -71,6 +103,7 @@ def flash_attn_varlen_func(q, *args, **kwargs):
 
 
 CALIBRATION_STEPS = 6
+PAD_MIN_S = 5e-6  # targets from here on are padded (with --pad-injection); below, the extra kernel
 CALIBRATION_TOL = 0.003  # the injected slowdown, measured next to the case's kernel, within 0.3 points of the target
 
 
@@ -87,8 +120,46 @@ def _slowed(run, buf, every: int):
     return slow
 
 
-def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> dict:
-    """{tokens: {"n", "every", "buf", "base_s", "kernel_s", "target_s", "verify_ratio"}} on this GPU."""
+def _calibrate_pad(b, inputs, dev, slowdown: float, work_dir: Path) -> dict:
+    """``rows`` appended to the sequence that add ``slowdown`` next to the case's own call, found in this
+    process through the shim itself (its ``flash_attn_varlen_func`` bound into a second prepared case)."""
+    import importlib.util
+
+    from mla_fp8_bench.measure.timing import time_device
+    from mla_fp8_bench.peers.fa3 import load_fa3
+
+    key = str(int(inputs.q.shape[0]))
+    seq = int(inputs.max_seqlen_q)
+    rows = max(1, math.ceil(seq * (math.sqrt(1 + slowdown) - 1)))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "slowdown.json").write_text(json.dumps({key: {"mode": "pad", "rows": rows}}))
+    (work_dir / "fa3_fwd_interface.py").write_text(SHIM)
+    spec = importlib.util.spec_from_file_location("ab_trials_shim", work_dir / "fa3_fwd_interface.py")
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    mod = load_fa3()
+    real = mod.flash_attn_varlen_func
+    base = b.prepare_case(inputs)
+    mod.flash_attn_varlen_func = shim.flash_attn_varlen_func
+    try:
+        slow = b.prepare_case(inputs)
+    finally:
+        mod.flash_attn_varlen_func = real
+    for _step in range(CALIBRATION_STEPS):
+        shim._cfg[key]["rows"] = rows
+        r = [time_device(slow.run, dev, graph_capturable=slow.graph_capturable).median_s /
+             time_device(base.run, dev, graph_capturable=base.graph_capturable).median_s for _ in range(3)]
+        added = statistics.median(r) - 1.0
+        if abs(added - slowdown) <= CALIBRATION_TOL:
+            break
+        rows = max(1, min(seq, round(rows * slowdown / max(added, slowdown / 4))))
+    return {"mode": "pad", "rows": shim._cfg[key]["rows"], "verify_ratio": r}
+
+
+def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8", pad_dir: Path | None = None) -> dict:
+    """{tokens: {"n", "every", "buf", "base_s", "kernel_s", "target_s", "verify_ratio"}} on this GPU; with
+    ``pad_dir`` (a scratch directory), cases whose target is at least ``PAD_MIN_S`` get
+    {"mode": "pad", "rows", "base_s", "target_s", "verify_ratio"} instead."""
     import torch
     from latency_ab import _graph_kernel_s, extra_kernel
 
@@ -110,6 +181,16 @@ def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> di
         floor_s = _graph_kernel_s(functools.partial(torch.ones(1 << 10, dtype=torch.float32, device=dev).mul_, 1.0),
                                   dev)
         target = slowdown * base_s
+        tokens = int(inputs.q.shape[0]) if hasattr(inputs, "q") else case.total_tokens
+        if pad_dir is not None and target >= PAD_MIN_S:
+            w = _calibrate_pad(b, inputs, dev, slowdown, pad_dir / cid)
+            on_target = abs(statistics.median(w["verify_ratio"]) - 1.0 - slowdown) <= CALIBRATION_TOL
+            out[str(tokens)] = {"case": cid, **w, "base_s": base_s, "target_s": target, "calibrated": on_target}
+            print(f"{cid}: base {base_s * 1e6:.2f} us, padded by {w['rows']} rows, measured ratio "
+                  f"{[round(x, 4) for x in w['verify_ratio']]}", flush=True)
+            del prep
+            torch.cuda.empty_cache()
+            continue
         every = 1 if target >= 3 * floor_s else int(math.ceil(3 * floor_s / target))
         kernel_target = target * every
         # Measure the added time next to the case's own kernel, and resize until it is the target: a
@@ -124,7 +205,6 @@ def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8") -> di
             if abs(added - slowdown) <= CALIBRATION_TOL:
                 break
             kernel_target = info["kernel_s"] * min(4.0, max(0.25, slowdown / max(added, slowdown / 4)))
-        tokens = int(inputs.q.shape[0]) if hasattr(inputs, "q") else case.total_tokens
         out[str(tokens)] = {"case": cid, "n": n, "every": every, "buf": n, "base_s": base_s, "floor_s": floor_s,
                             "kernel_s": info["kernel_s"], "target_s": target, "verify_ratio": r,
                             "calibrated": abs(statistics.median(r) - 1.0 - slowdown) <= CALIBRATION_TOL}
@@ -184,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=300.0, help="start no trial after this many seconds")
     ap.add_argument("--calibrate", metavar="JSON", help="only calibrate, write the spec here")
     ap.add_argument("--summarize", nargs="+")
+    ap.add_argument("--pad-injection", action="store_true",
+                    help=f"targets of at least {PAD_MIN_S * 1e6:.0f} us: the sequence padded, not an extra kernel")
     ap.add_argument("--factor", type=float, default=None)
     ap.add_argument("--noise-k", type=float, default=None)
     a = ap.parse_args(argv)
@@ -198,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cases = a.cases.split(",")
     if a.calibrate:
-        Path(a.calibrate).write_text(json.dumps(calibrate(cases, a.slowdown), indent=1))
+        scratch = Path(a.calibrate).parent / "pad_calibration" if a.pad_injection else None
+        spec = calibrate(cases, a.slowdown, pad_dir=scratch)
+        Path(a.calibrate).write_text(json.dumps(spec, indent=1))
         return 0
     t0 = time.monotonic()
     work = Path(a.work)
@@ -207,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         d.mkdir(parents=True, exist_ok=True)
     spec = work / "slowdown.json"
     rc = subprocess.run([sys.executable, __file__, "--calibrate", str(spec), "--cases", a.cases, "--slowdown",
-                         str(a.slowdown)]).returncode
+                         str(a.slowdown)] + (["--pad-injection"] if a.pad_injection else [])).returncode
     if rc != 0:
         print(f"calibration failed (rc {rc})")
         return 1

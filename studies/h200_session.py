@@ -33,7 +33,8 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``ab``        ``studies/latency_ab.py`` on fa3-fp8 ``--ab-case``: A/A and +1/2/3/5% device-kernel slowdowns
 ``cudnn``     the runner on cudnn-fp8, cudnn-bf16 and fa3-fp8 over the sweep, ragged and ctx/prefix cases
 ``abtrials``  ``studies/ab_trials.py``: ``mla-fp8-bench ab`` A/A and +3 % trials (an FA3 install with a
-              calibrated extra kernel), ``--ab-trials`` of each, ``--ab-rounds`` rounds per side
+              calibrated extra kernel, or with ``--ab-pad-injection`` a padded sequence on large cases),
+              ``--ab-trials`` of each, ``--ab-rounds`` rounds per side
 ``after``     ``studies/after_effect.py`` in two processes: the small-case state before and after a large case
 ``sets``      ``studies/buffer_sets.py``: small cases over 8 segment-separated buffer sets in 6 processes
 ``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
@@ -487,7 +488,8 @@ def do_abtrials(c) -> None:
     s, args, jd = c.s, c.args, c.jd
     rc, w = s.sh("abtrials", [py(), "studies/ab_trials.py", "--work", "/tmp/ab_trials", "--out",
                               str(jd / "ab_trials.json"), "--trials", str(args.ab_trials), "--rounds",
-                              str(args.ab_rounds), "--deadline", str(max(20.0, s.left() - args.ab_reserve))],
+                              str(args.ab_rounds), "--deadline", str(max(20.0, s.left() - args.ab_reserve))]
+                 + (["--pad-injection"] if args.ab_pad_injection else []),
                  s.left() - args.ab_reserve + 50)
     s.step("abtrials", rc, w)
 
@@ -551,6 +553,8 @@ def main() -> int:
     ap.add_argument("--ab-case", default="s8192", help="case of the sensitivity trials")
     ap.add_argument("--ab-trials", type=int, default=5, help="abtrials: trials of each kind (A/A, +3 %%)")
     ap.add_argument("--ab-rounds", type=int, default=4, help="abtrials: rounds per side of each ab run")
+    ap.add_argument("--ab-pad-injection", action="store_true",
+                    help="abtrials: large cases slowed by a padded sequence (more work), not an extra kernel")
     ap.add_argument("--ab-reserve", type=float, default=60.0, help="abtrials: seconds left for the steps after it")
     ap.add_argument("--asv-backends", default="", help="asv: only these backends (comma-separated)")
     ap.add_argument("--asv-cases", default="", help="asv: only these case ids (MLA_FP8_BENCH_CASES)")
