@@ -13,7 +13,7 @@ doing more work instead: a causal single sequence of ``S`` tokens runs as ``S + 
 to q, k and v once, on the first eager call; the output and LSE are the first ``S`` rows, unchanged, since
 causal row i sees keys <= i). ``rows`` is calibrated in process, starting from ``S * (sqrt(1 + slowdown) -
 1)``; the work grows in whole query tiles (with 128-row tiles, one more of s8192 is +3.1% of the causal
-tile pairs). The slowdown then shares the case's power and clock behaviour, where an added memory-bound
+tile pairs). The slowdown should then share the case's power and clock behaviour, where an added memory-bound
 kernel under the power cap did not add a constant share (docs/methodology.md §13).
 BASE (and the second BASE of an A/A trial) is an empty directory: the real FA3.
 
