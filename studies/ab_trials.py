@@ -120,12 +120,19 @@ def _slowed(run, buf, every: int):
     return slow
 
 
+def _verify_ratio(slow, base, dev, graph_capturable: bool) -> list[float]:
+    """Three in-process readings of slowed / unslowed kernel time (graph replay, :func:`time_device`)."""
+    from mla_fp8_bench.measure.timing import time_device
+
+    return [time_device(slow, dev, graph_capturable=graph_capturable).median_s /
+            time_device(base, dev, graph_capturable=graph_capturable).median_s for _ in range(3)]
+
+
 def _calibrate_pad(b, inputs, dev, slowdown: float, work_dir: Path) -> dict:
     """``rows`` appended to the sequence that add ``slowdown`` next to the case's own call, found in this
     process through the shim itself (its ``flash_attn_varlen_func`` bound into a second prepared case)."""
     import importlib.util
 
-    from mla_fp8_bench.measure.timing import time_device
     from mla_fp8_bench.peers.fa3 import load_fa3
 
     key = str(int(inputs.q.shape[0]))
@@ -147,8 +154,7 @@ def _calibrate_pad(b, inputs, dev, slowdown: float, work_dir: Path) -> dict:
         mod.flash_attn_varlen_func = real
     for _step in range(CALIBRATION_STEPS):
         shim._cfg[key]["rows"] = rows
-        r = [time_device(slow.run, dev, graph_capturable=slow.graph_capturable).median_s /
-             time_device(base.run, dev, graph_capturable=base.graph_capturable).median_s for _ in range(3)]
+        r = _verify_ratio(slow.run, base.run, dev, base.graph_capturable)
         added = statistics.median(r) - 1.0
         if abs(added - slowdown) <= CALIBRATION_TOL:
             break
@@ -199,8 +205,7 @@ def calibrate(cases: list[str], slowdown: float, backend: str = "fa3-fp8", pad_d
             _fn, info = extra_kernel(dev, kernel_target)
             n = int(info["n"])
             slow = _slowed(prep.run, torch.ones(n, dtype=torch.float32, device=dev), every)
-            r = [time_device(slow, dev, graph_capturable=prep.graph_capturable).median_s /
-                 time_device(prep.run, dev, graph_capturable=prep.graph_capturable).median_s for _ in range(3)]
+            r = _verify_ratio(slow, prep.run, dev, prep.graph_capturable)
             added = statistics.median(r) - 1.0
             if abs(added - slowdown) <= CALIBRATION_TOL:
                 break
