@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -70,9 +71,26 @@ def spread(vals: list[float]) -> float:
     return max(vals) / min(vals) - 1.0
 
 
-def summarize(doc: dict) -> dict:
-    """Per case: the spread over processes of the first set's latency and of the median over sets."""
-    procs = [p["cases"] for p in doc["processes"] if p.get("cases")]
+def _check(doc: object, src: str) -> list[dict]:
+    """The measured processes of a ``--json`` document; ValueError naming ``src`` and the first bad part."""
+    procs = doc.get("processes") if isinstance(doc, dict) else None
+    if not isinstance(procs, list) or not all(isinstance(p, dict) for p in procs):
+        raise ValueError(f"{src}: no 'processes' list of objects (a buffer_sets.py --json document is needed)")
+    out = [p["cases"] for p in procs if isinstance(p.get("cases"), dict)]
+    for p in out:
+        for cid, row in p.items():
+            lat = row.get("latency_s") if isinstance(row, dict) else None
+            if not (isinstance(lat, list) and lat and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          and math.isfinite(x) and x > 0 for x in lat)):
+                raise ValueError(f"{src}: case {cid!r} has latency_s {lat!r}: a non-empty list of finite "
+                                 "seconds > 0 is needed")
+    return out
+
+
+def summarize(doc: dict, src: str = "document") -> dict:
+    """Per case: the spread over processes of the first set's latency and of the median over sets.
+    ValueError naming ``src`` for a document that is not a buffer_sets.py result."""
+    procs = _check(doc, src)
     rows = {}
     for cid in procs[0] if procs else []:
         first = [p[cid]["latency_s"][0] for p in procs if cid in p]
@@ -96,12 +114,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--summarize", metavar="JSON")
     a = ap.parse_args(argv)
-    if a.summarize:
-        summarize(json.loads(Path(a.summarize).read_text()))
+    from mla_fp8_bench.jsonio import check_output_path, load_json, write_json_atomic
+
+    if a.summarize is not None:
+        try:
+            summarize(load_json(a.summarize, "--summarize"), a.summarize)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
-    if a.sets < 1 or a.procs < 0:
-        ap.error(f"--sets {a.sets} / --procs {a.procs}: need --sets >= 1 and --procs >= 0")
     cases = [c for c in a.cases.split(",") if c]
+    try:
+        if a.sets < 1 or a.procs < 0:
+            raise ValueError(f"--sets {a.sets} / --procs {a.procs}: need --sets >= 1 and --procs >= 0")
+        from mla_fp8_bench.backends import get_backend
+        from mla_fp8_bench.problem.cases import parse_case_id
+
+        get_backend(a.backend)
+        if not cases:
+            raise ValueError(f"--cases {a.cases!r} names no case, e.g. s128,s512")
+        for c in cases:
+            parse_case_id(c)
+        if a.json:
+            if Path(a.json).exists():
+                raise ValueError(f"--json {a.json} exists: give a new file (a stored result is never replaced)")
+            check_output_path(a.json, "--json")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if a.procs == 0:
         print(json.dumps(measure(a.backend, cases, a.sets, a.seed)))
         return 0
@@ -121,11 +161,12 @@ def main(argv: list[str] | None = None) -> int:
             cases_out = None
         doc["processes"].append({"seed": a.seed + i, "rc": r.returncode, "cases": cases_out})
         if a.json:
-            Path(a.json).write_text(json.dumps(doc, indent=1))
-    doc["summary"] = summarize(doc)
+            write_json_atomic(doc, a.json)
+    measured = any(p["cases"] for p in doc["processes"])
+    doc["summary"] = summarize(doc, "this run") if measured else {}
     if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1))
-    return 0
+        write_json_atomic(doc, a.json)
+    return 0 if measured else 1
 
 
 if __name__ == "__main__":
