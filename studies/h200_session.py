@@ -488,7 +488,8 @@ def do_abtrials(c) -> None:
     s, args, jd = c.s, c.args, c.jd
     rc, w = s.sh("abtrials", [py(), "studies/ab_trials.py", "--work", "/tmp/ab_trials", "--out",
                               str(jd / "ab_trials.json"), "--trials", str(args.ab_trials), "--rounds",
-                              str(args.ab_rounds), "--deadline", str(max(20.0, s.left() - args.ab_reserve))]
+                              str(args.ab_rounds), "--cases", args.ab_cases,
+                              "--deadline", str(max(20.0, s.left() - args.ab_reserve))]
                  + (["--pad-injection"] if args.ab_pad_injection else []),
                  s.left() - args.ab_reserve + 50)
     s.step("abtrials", rc, w)
@@ -552,6 +553,7 @@ def main() -> int:
     ap.add_argument("--sbs-procs", type=int, default=5, help="side-by-side processes (alternating order)")
     ap.add_argument("--ab-case", default="s8192", help="case of the sensitivity trials")
     ap.add_argument("--ab-trials", type=int, default=5, help="abtrials: trials of each kind (A/A, +3 %%)")
+    ap.add_argument("--ab-cases", default="s512,s8192", help="abtrials: the cases of every trial")
     ap.add_argument("--ab-rounds", type=int, default=4, help="abtrials: rounds per side of each ab run")
     ap.add_argument("--ab-pad-injection", action="store_true",
                     help="abtrials: large cases slowed by a padded sequence (more work), not an extra kernel")
