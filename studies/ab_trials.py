@@ -51,10 +51,13 @@ sys.path.insert(0, str(ROOT / "studies"))
 SHIM = '''"""fa3_fwd_interface with an injected device-side slowdown (studies/ab_trials.py)."""
 import importlib.machinery, importlib.util, json, os, sys
 _here = os.path.dirname(os.path.abspath(__file__))
-_path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-_spec = importlib.machinery.PathFinder.find_spec("fa3_fwd_interface", _path)
-_real = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_real)
+_real = sys.modules.get("fa3_fwd_interface")
+if _real is None or os.path.dirname(os.path.abspath(getattr(_real, "__file__", "") or _here)) == _here:
+    # HEAD's install: load the real module under another name (one copy of its custom ops per process)
+    _path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    _spec = importlib.machinery.PathFinder.find_spec("fa3_fwd_interface", _path)
+    _real = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_real)
 globals().update({k: v for k, v in vars(_real).items() if not k.startswith("__")})
 with open(os.path.join(_here, "slowdown.json")) as _f:
     _cfg = json.load(_f)
@@ -141,10 +144,10 @@ def _calibrate_pad(b, inputs, dev, slowdown: float, work_dir: Path) -> dict:
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "slowdown.json").write_text(json.dumps({key: {"mode": "pad", "rows": rows}}))
     (work_dir / "fa3_fwd_interface.py").write_text(SHIM)
+    mod = load_fa3()  # imported first: the shim then wraps this module instead of loading a second copy
     spec = importlib.util.spec_from_file_location("ab_trials_shim", work_dir / "fa3_fwd_interface.py")
     shim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim)
-    mod = load_fa3()
     real = mod.flash_attn_varlen_func
     base = b.prepare_case(inputs)
     mod.flash_attn_varlen_func = shim.flash_attn_varlen_func
@@ -295,8 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     for d in (base, base2, head):
         d.mkdir(parents=True, exist_ok=True)
     spec = work / "slowdown.json"
-    rc = subprocess.run([sys.executable, __file__, "--calibrate", str(spec), "--cases", a.cases, "--slowdown",
-                         str(a.slowdown)] + (["--pad-injection"] if a.pad_injection else [])).returncode
+    for _attempt in range(3):  # a fresh process each time
+        rc = subprocess.run([sys.executable, __file__, "--calibrate", str(spec), "--cases", a.cases, "--slowdown",
+                             str(a.slowdown)] + (["--pad-injection"] if a.pad_injection else [])).returncode
+        if rc == 0:
+            break
     if rc != 0:
         print(f"calibration failed (rc {rc})")
         return 1
