@@ -40,15 +40,17 @@ def split_list(values: list[str] | None, option: str) -> list[str] | None:
 
 
 def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool) -> float:
-    """``kind(text)`` checked finite and ``>= minimum`` (``>`` when ``strict``); ValueError names ``what``."""
+    """``kind(text)`` checked finite and ``>= minimum`` (``>`` when ``strict``); ValueError names ``what``
+    and the allowed range."""
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
     try:
         val = kind(str(text).strip())
     except (TypeError, ValueError):
-        raise ValueError(f"{what}={text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        noun = "an integer" if kind is int else "a number"
+        raise ValueError(f"{what}={text!r} is not {noun}: must be {noun} {bound}") from None
     if isinstance(val, float) and not math.isfinite(val):
         raise ValueError(f"{what}={text!r} is invalid: a finite number is needed")
     if val < minimum or (strict and val == minimum):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise ValueError(f"{what}={text!r} is invalid: must be {bound}")
     return val
 

@@ -30,6 +30,14 @@ def no_work(monkeypatch):
     monkeypatch.setattr(ab, "measure_ab", refuse)
 
 
+def _sides(tmp_path: Path) -> list[str]:
+    """Two empty install directories: BASE and HEAD the library as installed."""
+    sides = [tmp_path / "base", tmp_path / "head"]
+    for d in sides:
+        d.mkdir(exist_ok=True)
+    return [str(d) for d in sides]
+
+
 @pytest.mark.parametrize("extra, named", [
     (["--factor", "nan"], "--factor nan"), (["--factor", "inf"], "--factor inf"), (["--factor", "0"], "--factor 0.0"),
     (["--factor", "-1"], "--factor -1.0"), (["--noise-k", "nan"], "--noise-k nan"),
@@ -38,7 +46,7 @@ def no_work(monkeypatch):
     (["-c", ","], "--cases ','"),
 ])
 def test_ab_refuses_bad_numbers_and_empty_cases_before_work(tmp_path, capsys, no_work, extra, named):
-    args = ["ab", str(tmp_path), str(tmp_path), *CPU, "--rounds", "2", *extra]
+    args = ["ab", *_sides(tmp_path), *CPU, "--rounds", "2", *extra]
     assert main(args) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert out.startswith("error:") and named in out
@@ -64,8 +72,107 @@ def test_ab_refuses_a_side_that_cannot_run_a_round(tmp_path, capsys, no_work):
         if sides[1] == shutil.which("python3") and rc != 2:
             continue  # that interpreter has torch and the suite: a valid side
         assert rc == 2 and out.startswith("error:") and named in out and "cannot run a round" in out, out
-    assert main(["ab", str(tmp_path), str(tmp_path), *CPU[:4], "--device", "nosuch"]) == 2
+    assert main(["ab", *_sides(tmp_path), *CPU[:4], "--device", "nosuch"]) == 2
     assert "'nosuch'" in capsys.readouterr().out
+
+
+@pytest.fixture
+def no_probe(monkeypatch):
+    """``ab`` may check its arguments but never start a side's interpreter."""
+    def refuse(*a, **k):
+        raise AssertionError("a side was probed")
+    monkeypatch.setattr(ab, "probe_side", refuse)
+
+
+def _one_error_line(capsys) -> str:
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("error: ") and out.count("\n") == 1, out
+    return out
+
+
+def _env_root(path: Path, marker: str) -> str:
+    path.mkdir()
+    (path / marker).mkdir() if marker == "conda-meta" else (path / marker).write_text("home = /usr/bin\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda t: str(t / "missing"), "does not exist"),
+    (lambda t: (t / "plain").write_text("x") and str(t / "plain"), "is a file that is not executable"),
+    (lambda t: _env_root(t / "venv", "pyvenv.cfg"), "is the root of an environment"),
+    (lambda t: _env_root(t / "conda", "conda-meta"), "is the root of an environment"),
+], ids=["missing", "not-executable", "venv-root", "conda-root"])
+@pytest.mark.parametrize("label", ["BASE", "HEAD"])
+def test_ab_refuses_an_unusable_side_before_any_probe_or_round(tmp_path, capsys, no_work, no_probe, make, named,
+                                                               label):
+    bad, good = make(tmp_path), _sides(tmp_path)[0]
+    sides = [bad, good] if label == "BASE" else [good, bad]
+    assert main(["ab", *sides, *CPU]) == 2
+    out = _one_error_line(capsys)
+    assert f"{label} {bad!r} {named}" in out and "give " in out and "interpreter" in out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every directory")
+def test_ab_refuses_an_unreadable_install_directory(tmp_path, capsys, no_work, no_probe):
+    base, head = _sides(tmp_path)
+    os.chmod(head, 0)
+    try:
+        assert main(["ab", base, head, *CPU]) == 2
+    finally:
+        os.chmod(head, 0o755)
+    assert f"HEAD {head!r} is a directory this user cannot read" in _one_error_line(capsys)
+
+
+def test_ab_takes_empty_install_directories_as_the_library_as_installed(tmp_path, monkeypatch):
+    probed: list[str] = []
+
+    def measure(*a, **k):
+        raise KeyboardInterrupt  # past every check: stop before measuring
+
+    monkeypatch.setattr(ab, "probe_side", lambda side, *a, **k: probed.append(side.label))
+    monkeypatch.setattr(ab, "measure_ab", measure)
+    assert main(["ab", *_sides(tmp_path), *CPU]) == 128 + signal.SIGINT
+    assert probed == ["BASE", "HEAD"]
+
+
+def _linked_python(env: Path, *names: str) -> list[str]:
+    (env / "bin").mkdir(parents=True)
+    for n in names:
+        (env / "bin" / n).symlink_to(sys.executable)
+    return [str(env / "bin" / n) for n in names]
+
+
+def test_ab_refuses_base_and_head_naming_one_install(tmp_path, capsys, no_work, no_probe):
+    base, head = _sides(tmp_path)
+    (tmp_path / "link").symlink_to(base)
+    python, python3 = _linked_python(tmp_path / "env", "python", "python3")
+    for sides, named in (([base, base], f"BASE and HEAD are both {base}:"),
+                         ([base, base + "/"], f"BASE and HEAD are both {base}:"),
+                         ([str(tmp_path / "link"), base], f"both {base}:"),
+                         ([python, python3], f"one interpreter started from {tmp_path / 'env' / 'bin'}:")):
+        assert main(["ab", *sides, *CPU]) == 2
+        out = _one_error_line(capsys)
+        assert named in out and "an A/B needs two different installs" in out, out
+    # two environments that link one interpreter are two sides; so are an install and an interpreter
+    ab.check_distinct(ab.parse_side(python, "BASE"), ab.parse_side(_linked_python(tmp_path / "env2", "python")[0],
+                                                                   "HEAD"))
+    ab.check_distinct(ab.parse_side(base, "BASE"), ab.parse_side(sys.executable, "HEAD"))
+    ab.check_distinct(ab.parse_side(base, "BASE"), ab.parse_side(head, "HEAD"))
+
+
+def test_ab_refuses_an_unknown_backend_before_probing(tmp_path, capsys, no_work, no_probe):
+    assert main(["ab", *_sides(tmp_path), "-b", "torch-sdpa-bf16,nosuch", "-c", "s64", "--device", "cpu"]) == 2
+    out = _one_error_line(capsys)
+    assert "unknown ['nosuch']; allowed " in out and "torch-sdpa-bf16" in out
+
+
+def test_ab_refuses_a_backend_a_side_cannot_run_before_any_round(tmp_path, capsys, no_work):
+    """fa3-fp8 on a CPU: the side's probe (its interpreter, its install) says why, before any round."""
+    base, _ = sides = _sides(tmp_path)
+    assert main(["ab", *sides, "-b", "torch-sdpa-bf16,fa3-fp8", "-c", "s64", "--device", "cpu"]) == 2
+    out = _one_error_line(capsys)
+    assert f"--backends fa3-fp8 unavailable to BASE {base!r} on --device cpu (fa3-fp8: needs an NVIDIA Hopper" in out
+    assert "torch-sdpa-bf16" not in out
 
 
 def test_round_server_that_answers_garbage_is_an_error_round(tmp_path):
@@ -188,13 +295,13 @@ def test_sigterm_during_ab_kills_the_rounds_and_exits_143(tmp_path, monkeypatch,
             pass
 
     monkeypatch.setattr(ab, "ServerRunner", Terminated)
-    monkeypatch.setattr(ab, "probe_side", lambda side, device="auto": None)
+    monkeypatch.setattr(ab, "probe_side", lambda *a, **k: None)
     def outside(signum, frame):  # what a SIGTERM that ab does not handle reaches (instead of ending pytest)
         raise AssertionError("ab left SIGTERM unhandled")
 
     old = signal.signal(signal.SIGTERM, outside)
     try:
-        assert main(["ab", str(tmp_path), str(tmp_path), *CPU]) == 128 + signal.SIGTERM
+        assert main(["ab", *_sides(tmp_path), *CPU]) == 128 + signal.SIGTERM
         assert signal.getsignal(signal.SIGTERM) is outside
     finally:
         signal.signal(signal.SIGTERM, old)
@@ -242,16 +349,16 @@ def test_ab_that_measured_nothing_keeps_the_stored_json(tmp_path, monkeypatch, c
             pass
 
     monkeypatch.setattr(ab, "ServerRunner", Failing)
-    monkeypatch.setattr(ab, "probe_side", lambda side, device="auto": None)
+    monkeypatch.setattr(ab, "probe_side", lambda *a, **k: None)
     stored = tmp_path / "ab.json"
     stored.write_text('{"rows": ["an earlier, complete result"]}')
-    assert main(["ab", str(tmp_path), str(tmp_path), *CPU, "--json", str(stored)]) == 2
+    assert main(["ab", *_sides(tmp_path), *CPU, "--json", str(stored)]) == 2
     assert json.loads(stored.read_text()) == {"rows": ["an earlier, complete result"]}
     failed = json.loads((tmp_path / "ab.failed.json").read_text())
     assert failed["rows"] == [] and failed["measured"]["base"]["rounds"][0]["error"].startswith("round server")
     assert "no latency was measured on both sides" in capsys.readouterr().out
     fresh = tmp_path / "new.json"  # no earlier file: the document goes where asked
-    assert main(["ab", str(tmp_path), str(tmp_path), *CPU, "--json", str(fresh)]) == 2 and fresh.exists()
+    assert main(["ab", *_sides(tmp_path), *CPU, "--json", str(fresh)]) == 2 and fresh.exists()
 
 
 def test_ab_measures_a_backend_named_twice_once_and_refuses_one_file_for_two_outputs(tmp_path, monkeypatch, no_work):
@@ -262,8 +369,8 @@ def test_ab_measures_a_backend_named_twice_once_and_refuses_one_file_for_two_out
         raise KeyboardInterrupt  # stop here: only the arguments matter
 
     monkeypatch.setattr(ab, "measure_ab", measure)
-    monkeypatch.setattr(ab, "probe_side", lambda side, device="auto": None)
-    args = ["ab", str(tmp_path), str(tmp_path), "-c", "s64", "--device", "cpu"]
+    monkeypatch.setattr(ab, "probe_side", lambda *a, **k: None)
+    args = ["ab", *_sides(tmp_path), "-c", "s64", "--device", "cpu"]
     assert main([*args, "-b", "torch-sdpa-bf16,torch-fp8-ref,torch-sdpa-bf16"]) == 130
     assert seen == [["torch-sdpa-bf16", "torch-fp8-ref"]]
     out = str(tmp_path / "x.json")

@@ -96,7 +96,7 @@ def test_run_json_creates_missing_directories_and_writes_after_measuring(tmp_pat
 @pytest.mark.parametrize("option,value,needle", [
     ("--samples", "0", "argument --samples: '0' is invalid: must be >= 1"),
     ("--samples", "-3", "argument --samples: '-3' is invalid: must be >= 1"),
-    ("--samples", "many", "argument --samples: 'many' is not an integer"),
+    ("--samples", "many", "argument --samples: 'many' is not an integer: must be an integer >= 1"),
     ("--samples", "2.5", "argument --samples: '2.5' is not an integer"),
     ("--time-budget", "0", "argument --time-budget: '0' is invalid: must be > 0"),
     ("--time-budget", "-1", "argument --time-budget: '-1' is invalid: must be > 0"),
@@ -168,14 +168,14 @@ def test_run_options_refuse_values_that_would_fail_every_record(kw, needle):
 @pytest.mark.parametrize("var,value,needle", [
     ("MLA_FP8_BENCH_SAMPLES", "-1", "MLA_FP8_BENCH_SAMPLES='-1' is invalid: must be >= 1"),
     ("MLA_FP8_BENCH_SAMPLES", "0", "MLA_FP8_BENCH_SAMPLES='0' is invalid: must be >= 1"),
-    ("MLA_FP8_BENCH_SAMPLES", "1e3", "MLA_FP8_BENCH_SAMPLES='1e3' is not an integer"),
-    ("MLA_FP8_BENCH_TIME_BUDGET", "abc", "MLA_FP8_BENCH_TIME_BUDGET='abc' is not a number"),
+    ("MLA_FP8_BENCH_SAMPLES", "1e3", "MLA_FP8_BENCH_SAMPLES='1e3' is not an integer: must be an integer >= 1"),
+    ("MLA_FP8_BENCH_TIME_BUDGET", "abc", "MLA_FP8_BENCH_TIME_BUDGET='abc' is not a number: must be a number > 0"),
     ("MLA_FP8_BENCH_TIME_BUDGET", "0", "MLA_FP8_BENCH_TIME_BUDGET='0' is invalid: must be > 0"),
     ("MLA_FP8_BENCH_TIME_BUDGET", "-5", "MLA_FP8_BENCH_TIME_BUDGET='-5' is invalid"),
     ("MLA_FP8_BENCH_TIME_BUDGET", "nan", "MLA_FP8_BENCH_TIME_BUDGET='nan' is invalid: a finite number"),
     ("MLA_FP8_BENCH_MAX_TOKENS", "0", "MLA_FP8_BENCH_MAX_TOKENS='0' is invalid: must be >= 1"),
     ("MLA_FP8_BENCH_MAX_TOKENS", "-5", "MLA_FP8_BENCH_MAX_TOKENS='-5' is invalid"),
-    ("MLA_FP8_BENCH_MAX_TOKENS", "lots", "MLA_FP8_BENCH_MAX_TOKENS='lots' is not an integer"),
+    ("MLA_FP8_BENCH_MAX_TOKENS", "lots", "MLA_FP8_BENCH_MAX_TOKENS='lots' is not an integer: must be an integer >= 1"),
 ])
 def test_asv_env_vars_are_refused_naming_the_variable_before_measuring(monkeypatch, no_measuring, var, value,
                                                                         needle):

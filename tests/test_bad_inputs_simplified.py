@@ -158,10 +158,13 @@ def test_emulated_cu_count_is_bounded_everywhere(tmp_path, capsys):
     assert "--cu-num=65537 is out of range: allowed 1..65536" in _no_traceback(capsys)
 
 
-def test_ab_that_measured_nothing_keeps_the_stored_summary(tmp_path, capsys):
-    """ab whose rounds measured nothing on both sides (fa3-fp8 on a CPU) keeps a stored --summary as it
-    keeps a stored --json (the summary was replaced by a 'nothing compared' one before); its own
-    documents go beside them."""
+def test_ab_that_measured_nothing_keeps_the_stored_summary(tmp_path, capsys, monkeypatch):
+    """ab whose rounds measured nothing on both sides (fa3-fp8 on a CPU, past a side probe that would refuse
+    it) keeps a stored --summary as it keeps a stored --json (the summary was replaced by a 'nothing
+    compared' one before); its own documents go beside them."""
+    from mla_fp8_bench.analysis import ab
+
+    monkeypatch.setattr(ab, "probe_side", lambda *a, **k: None)
     base, head = tmp_path / "base", tmp_path / "head"
     base.mkdir()
     head.mkdir()
@@ -180,7 +183,8 @@ def test_ab_that_measured_nothing_keeps_the_stored_summary(tmp_path, capsys):
 @pytest.mark.parametrize("flag", ["--json", "--summary"])
 def test_ab_output_that_is_a_directory_names_the_flag(tmp_path, capsys, flag):
     """ab --json / --summary naming a directory: the one line names the flag (it said 'output file')."""
-    assert main(["ab", str(tmp_path), str(tmp_path), "-b", "torch-fp8-ref", "-c", "s64", "--rounds", "2",
+    (tmp_path / "base").mkdir()
+    assert main(["ab", str(tmp_path / "base"), str(tmp_path), "-b", "torch-fp8-ref", "-c", "s64", "--rounds", "2",
                  "--device", "cpu", flag, str(tmp_path)]) == 2
     assert f"{flag} {tmp_path} is a directory" in _no_traceback(capsys)
 

@@ -247,7 +247,7 @@ def test_ab_catches_three_percent_and_passes_aa_with_fake_rounds(tmp_path):
 
 
 def test_ab_side_spec_errors(tmp_path):
-    with pytest.raises(ab.AbUsageError, match="neither a Python interpreter"):
+    with pytest.raises(ab.AbUsageError, match="does not exist: give a Python interpreter"):
         ab.parse_side(str(tmp_path / "missing"), "BASE")
     exe = ab.parse_side(sys.executable, "HEAD")
     assert exe.python == sys.executable and exe.prepend == ()
@@ -260,10 +260,13 @@ def test_ab_cli_refuses_bad_input_before_work(tmp_path, capsys):
     from mla_fp8_bench.cli import main
 
     (tmp_path / "b").mkdir()
+    (tmp_path / "h").mkdir()
     assert main(["ab", str(tmp_path / "b"), str(tmp_path / "nope")]) == 2
-    assert "neither a Python interpreter" in capsys.readouterr().out
-    assert main(["ab", str(tmp_path / "b"), str(tmp_path / "b"), "--rounds", "1"]) == 2
-    assert main(["ab", str(tmp_path / "b"), str(tmp_path / "b"), "-b", "nosuch"]) == 2
+    assert "does not exist: give a Python interpreter" in capsys.readouterr().out
+    assert main(["ab", str(tmp_path / "b"), str(tmp_path / "h"), "--rounds", "1"]) == 2
+    assert "--rounds 1 is invalid" in capsys.readouterr().out
+    assert main(["ab", str(tmp_path / "b"), str(tmp_path / "h"), "-b", "nosuch"]) == 2
+    assert "--backends 'nosuch': unknown ['nosuch']; allowed" in capsys.readouterr().out
 
 
 def test_ci_templates_run_ab_in_the_pr_job_with_existing_options():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -48,38 +49,97 @@ class SideSpec:
         return suite_env(self.prepend, base)
 
 
-def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
-    """A :class:`SideSpec` from ``spec``: an executable file is an interpreter, a directory an install
-    (else AbUsageError)."""
+_SIDE_FORMS = ("give a Python interpreter (an executable file) or a directory holding an install of the library "
+               "under test (an empty one: the library as installed)")
 
+
+def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
+    """A :class:`SideSpec` from ``spec``: an executable file is an interpreter, a directory an install put
+    first on ``PYTHONPATH`` (empty: nothing overridden).
+
+    Raises:
+        AbUsageError: ``spec`` does not exist, is a file that is not executable, a directory that cannot
+            be read, or the root of a virtual or conda environment (its interpreter is meant).
+    """
     if os.path.isdir(spec):
+        if not os.access(spec, os.R_OK | os.X_OK):
+            raise AbUsageError(f"{label} {spec!r} is a directory this user cannot read: {_SIDE_FORMS}")
+        if os.path.exists(os.path.join(spec, "pyvenv.cfg")) or os.path.isdir(os.path.join(spec, "conda-meta")):
+            exe = os.path.join(spec, "bin", "python")
+            raise AbUsageError(f"{label} {spec!r} is the root of an environment, not an install directory: give "
+                               f"its interpreter ({exe})")
         return SideSpec(label, spec, python or sys.executable, (os.path.abspath(spec),))
     if os.path.isfile(spec) and os.access(spec, os.X_OK):
         return SideSpec(label, spec, spec)
-    raise AbUsageError(f"{label} {spec!r} is neither a Python interpreter (an executable file) nor a directory "
-                       "holding an install of the library under test")
+    what = "is a file that is not executable" if os.path.isfile(spec) else (
+        "is neither a file nor a directory" if os.path.exists(spec) else "does not exist")
+    raise AbUsageError(f"{label} {spec!r} {what}: {_SIDE_FORMS}")
 
 
-#: What a side's interpreter must import and resolve for a round (:func:`probe_side`); prints ``ok``.
-_PROBE = ("import sys, torch, mla_fp8_bench.harness.rounds\n"
-          "from mla_fp8_bench.measure.devices import normalize_device\n"
-          "sys.argv[1] == 'auto' or normalize_device(sys.argv[1])\nprint('ok')")
+def _identity(side: SideSpec) -> tuple[str, ...]:
+    """What makes two sides the same: an install's real path; an interpreter's real file and the real
+    directory it is started from (two environments may link one interpreter)."""
+    if side.prepend:
+        return ("dir", os.path.realpath(side.spec))
+    return ("python", os.path.realpath(side.spec), os.path.realpath(os.path.dirname(os.path.abspath(side.spec))))
 
 
-def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0) -> None:
-    """Check, before any round, that ``side``'s interpreter starts, imports torch and this suite (with its
-    environment) and resolves ``device``; AbUsageError naming the side, its spec and the last error line."""
+def check_distinct(base: SideSpec, head: SideSpec) -> None:
+    """AbUsageError when ``base`` and ``head`` name the same install or environment."""
+    if _identity(base) != _identity(head):
+        return
+    a, b = os.path.abspath(base.spec), os.path.abspath(head.spec)
+    both = (f"both {a}" if a == b else f"{base.spec!r} and {head.spec!r}, both {_identity(base)[1]}" if base.prepend
+            else f"{base.spec!r} and {head.spec!r}, one interpreter started from {_identity(base)[2]}")
+    raise AbUsageError(f"BASE and HEAD are {both}: an A/B needs two different installs")
+
+
+#: What a side's interpreter must import and resolve for a round (:func:`probe_side`): argv ``device
+#: backend ...``; prints ``ok`` and a JSON object of the backends unavailable there with their reasons.
+_PROBE = """\
+import json, sys, torch, mla_fp8_bench.harness.rounds
+from mla_fp8_bench.backends import get_backend
+from mla_fp8_bench.config import RunConfig
+from mla_fp8_bench.measure.devices import platform_info
+pinfo, config, no = platform_info(sys.argv[1]), RunConfig.from_env(), {}
+for b in sys.argv[2:]:
     try:
-        p = subprocess.run([side.python, "-c", _PROBE, device], env=side.env(), capture_output=True, text=True,
-                           timeout=timeout)
-        ok = p.returncode == 0 and p.stdout.strip().splitlines()[-1:] == ["ok"]
+        v = get_backend(b, config).availability(pinfo)
+        v or no.update({b: v.reason})
+    except Exception as exc:
+        no[b] = f"availability check failed: {type(exc).__name__}: {exc}"
+print("ok " + json.dumps(no))
+"""
+
+
+def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0, backends: Sequence[str] = ()) -> None:
+    """Check, before any round, that ``side``'s interpreter starts, imports torch and this suite (with its
+    environment), resolves ``device`` and has each of ``backends`` available there (a backend may come
+    from the side's install; a GPU is touched only in that child).
+
+    Raises:
+        AbUsageError: naming the side, its spec and the last error line; or the backends unavailable to
+            that side with their reasons.
+    """
+    no: dict[str, str] = {}
+    try:
+        p = subprocess.run([side.python, "-c", _PROBE, device, *backends], env=side.env(), capture_output=True,
+                           text=True, timeout=timeout)
+        last = p.stdout.strip().splitlines()[-1:]
+        ok = p.returncode == 0 and bool(last) and last[0].startswith("ok ")
         why = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        if ok:
+            no = json.loads(last[0][3:])
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         ok, why = False, str(exc)
     if not ok:
         raise AbUsageError(f"{side.label} {side.spec!r} cannot run a round ({why[:300]}): give a Python interpreter "
                            "with torch and this suite importable, or a directory of an install, and a --device "
                            "it has")
+    if no:
+        why = "; ".join(f"{b}: {' '.join(str(r).split())[:300]}" for b, r in no.items())
+        raise AbUsageError(f"--backends {','.join(no)} unavailable to {side.label} {side.spec!r} on --device {device} "
+                           f"({why}): name backends that side can run (its `mla-fp8-bench env` lists them)")
 
 
 def schedule(rounds: int) -> list[tuple[int, str]]:
@@ -179,6 +239,13 @@ class ServerRunner:
 
 
 def cmd_ab(args: argparse.Namespace, console) -> int:
+    """``ab``; the gate's exit status.
+
+    Raises:
+        AbUsageError / ValueError (exit 2, before any round): a side that cannot be used
+            (:func:`parse_side`, :func:`probe_side`), BASE and HEAD the same (:func:`check_distinct`), an
+            unknown or unavailable backend, no case, a bad number or output path.
+    """
     from mla_fp8_bench.analysis import gate as G
     from mla_fp8_bench.backends import backend_names
     from mla_fp8_bench.config import MAX_ROUNDS
@@ -186,6 +253,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     from mla_fp8_bench.problem.cases import resolve_cases
 
     base, head = parse_side(args.base, "BASE"), parse_side(args.head, "HEAD")
+    check_distinct(base, head)
     backends = list(dict.fromkeys(b for b in args.backends.split(",") if b))  # a pair twice would be two rounds
     unknown = [b for b in backends if b not in backend_names()]
     if unknown or not backends:
@@ -204,7 +272,7 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     if args.json and args.summary and os.path.realpath(args.json) == os.path.realpath(args.summary):
         raise AbUsageError(f"--json and --summary are both {args.json!r}: give two different files")
     for side in (base, head):
-        probe_side(side, args.device)
+        probe_side(side, args.device, backends=backends)
     runner = functools.partial(spawn_round, device=args.device) if args.spawn else ServerRunner(backends, args.device)
     try:
         measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
@@ -269,7 +337,8 @@ def add_parser(subparsers) -> None:
                                      "judged), 2 bad usage or nothing measured on both sides; 128 + N when "
                                      "signal N ended it.")
     p.add_argument("base", metavar="BASE", help="Python interpreter of the base environment, or a directory "
-                   "holding the base install of the library under test")
+                   "holding the base install of the library under test (put first on PYTHONPATH; an empty one: "
+                   "the library as installed)")
     p.add_argument("head", metavar="HEAD", help="the same for the head")
     p.add_argument("-b", "--backends", default="fa3-fp8", help="comma-separated backends (default fa3-fp8)")
     p.add_argument("-c", "--cases", default="s512,s8192", help="comma-separated case ids (default s512,s8192)")
