@@ -158,7 +158,7 @@ def _doc(tmp_path: Path, name: str, records: list, time_utc: str | None = None) 
 
 
 def test_nan_on_base_does_not_hide_a_broken_head(tmp_path, capsys):
-    """BASE accuracy NaN, HEAD 0.75 (50x the usual error): INVALID, exit 1 (was: not comparable, passed)."""
+    """BASE accuracy NaN, HEAD 0.75 (50x the usual error): INVALID, exit 1."""
     b = _doc(tmp_path, "b.json", [_rec(max_abs_error_fp8_ref=float("nan"))])
     h = _doc(tmp_path, "h.json", [_rec(seed=1, max_abs_error_fp8_ref=0.75)])
     assert main(["gate", b, h]) == 1
@@ -308,7 +308,7 @@ def test_sigterm_and_sighup_keep_what_was_measured(tmp_path, sig, code):
 
 
 def test_a_second_run_writing_the_same_json_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
-    """Two `run --json same.json` at once: the second is refused (was: both succeeded, one run lost)."""
+    """Two `run --json same.json` at once: the second is refused."""
     import fcntl
 
     out = tmp_path / "same.json"
@@ -514,7 +514,7 @@ def test_publish_replaces_its_own_site(tmp_path):
 
 
 def test_publish_fails_on_an_unreadable_result_file(tmp_path, capsys):
-    """asv publish skips a truncated file silently; publish names it and exits 2 (was: exit 0)."""
+    """asv publish skips a truncated file silently; publish names it and exits 2."""
     assets = _assets_or_skip()
     results = _results(tmp_path / "results")
     extra = results / "cpu-2core" / "bbbbbbbb-virtualenv-py3.11-torch2.13.0.json"

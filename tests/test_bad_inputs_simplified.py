@@ -344,7 +344,7 @@ def test_interleaved_ratio_near_the_float_limit():
 
 
 def test_merge_refuses_a_symlink_loop(tmp_path, capsys):
-    """A source or destination that is a symlink loop: one line, exit 2 (was a RuntimeError traceback)."""
+    """A source or destination that is a symlink loop: one line, exit 2."""
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert main(["merge-results", str(tmp_path / "a"), "--into", str(tmp_path / "m")]) == 2

@@ -938,7 +938,7 @@ def test_standin_nine_argument_call_on_eight_argument_binding_is_a_type_error(ra
 
 def test_standin_kernel_on_an_empty_q_reads_zeros():
     """A plan's split works over a Q of zero rows: every Q row is past its end and reads as zeros, as on
-    hardware (was an IndexError inside the emulator). Scores are then 0 for every key, so each head's partial
+    hardware. Scores are then 0 for every key, so each head's partial
     output is the mean of V's rows in the work's KV range."""
     H, P = 2, 300
     cu = torch.tensor([0, P], dtype=torch.int32)
