@@ -11,6 +11,7 @@ import os
 import platform as _pf
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,34 +117,87 @@ def _records_table(data: dict) -> Table:
     return t
 
 
-def _interrupted_path(path: str, data: dict) -> str:
-    """Where an interrupted run's records go: ``path``, unless a file there holds as many or more; then the
-    first of ``<stem>.interrupted<suffix>``, ``<stem>.interrupted-2<suffix>``, ... that holds no more."""
-    from mla_fp8_bench.jsonio import load_json, output_target
+def _path_keeping(path: str, tag: str, loses: Callable[[Path, bool], str | None]) -> tuple[str, str | None]:
+    """(where a run's records go, what replacing ``path`` would lose or None), so that no stored file is
+    replaced by less: ``path``, unless ``loses(file, False)`` names what replacing its file (symlinks
+    followed) would lose; then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ... for
+    which ``loses(file, True)`` is None. An absent file loses nothing."""
+    from mla_fp8_bench.jsonio import output_target
 
-    def n_records(candidate: str) -> int:
+    def lost(candidate: str, beside: bool) -> str | None:
         target = output_target(candidate)
-        if not target.exists():
-            return -1
+        return loses(target, beside) if target.exists() else None
+
+    why = lost(path, False)
+    if why is None:
+        return path, None
+    p = Path(path)
+    candidates = (str(p.with_name(p.stem + f".{tag}" + (f"-{i}" if i > 1 else "") + (p.suffix or ".json")))
+                  for i in itertools.count(1))
+    return next(c for c in candidates if lost(c, True) is None), why
+
+
+def _interrupted_path(path: str, data: dict) -> str:
+    """Where an interrupted run's records go (:func:`_path_keeping`, tag ``interrupted``): ``path`` unless a
+    file there holds as many records or more; a file beside it is replaced when it holds no more."""
+    from mla_fp8_bench.jsonio import load_json
+
+    n = len(data["records"])
+
+    def loses(target: Path, beside: bool) -> str | None:
         try:
             old = load_json(target, "run JSON")
         except ValueError:
             old = None
-        return len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
+        held = len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
+        return f"{held} records" if held > n or (held == n and not beside) else None
 
-    n = len(data["records"])
-    if n_records(path) < n:
-        return path
-    p = Path(path)
-    beside = (str(p.with_name(p.stem + ".interrupted" + (f"-{i}" if i > 1 else "") + (p.suffix or ".json")))
-              for i in itertools.count(1))
-    return next(c for c in beside if n_records(c) <= n)
+    return _path_keeping(path, "interrupted", loses)[0]
+
+
+def _measured(records: list[dict]) -> dict[tuple[str, str], bool]:
+    """(backend, case) of each ``ok`` record -> whether it holds a latency (a finite ``latency_s``)."""
+    from mla_fp8_bench.jsonio import finite_number
+
+    out: dict[tuple[str, str], bool] = {}
+    for r in records:
+        if r.get("status") == "ok":
+            key = (r["backend"], r["case"])
+            out[key] = out.get(key, False) or finite_number(r.get("latency_s")) is not None
+    return out
+
+
+def _run_loses(target: Path, data: dict) -> str | None:
+    """What replacing the file ``target`` by the completed run ``data`` would lose, or None: a file that
+    is not a run JSON (an empty one holds nothing), or (backend, case) records it holds ``ok`` that
+    ``data`` lacks, holds not ``ok``, or holds without the latency the stored one has."""
+    from mla_fp8_bench.harness.results import ResultsError, load_run_json
+
+    if target.is_file() and target.stat().st_size == 0:
+        return None
+    try:
+        stored = load_run_json(target)
+    except ResultsError as exc:
+        return f"it is not a run JSON ({exc})"
+    new = _measured(data["records"])
+    lost = [k for k, timed in _measured(stored.records).items() if k not in new or (timed and not new[k])]
+    if not lost:
+        return None
+    return (f"it holds {len(lost)} measured (backend, case) record(s) this run lacks or did not measure "
+            f"(e.g. {lost[0][0]} {lost[0][1]})")
+
+
+def _completed_path(path: str, data: dict) -> tuple[str, str | None]:
+    """(where a completed run's records go, why ``path`` is kept or None): ``path``, unless replacing its
+    file would lose something (:func:`_run_loses`); then beside it (:func:`_path_keeping`, tag ``new``)."""
+    return _path_keeping(path, "new", lambda target, _beside: _run_loses(target, data))
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
     Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``,
-    :func:`_interrupted_path`) and exit 128 + the signal's number."""
+    :func:`_interrupted_path`) and exit 128 + the signal's number. A completed run never replaces a
+    ``--json`` file holding what it lacks (:func:`_completed_path`): it goes beside it, named on stderr."""
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import check_output_path, locked, write_json_or_rescue
@@ -172,14 +226,20 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             if args.rounds > 1:
                 rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
             attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
-        out = _interrupted_path(args.json, data) if args.json and interrupted else args.json
+        out, kept = args.json, None
+        if args.json and interrupted:
+            out = _interrupted_path(args.json, data)
+        elif args.json:
+            out, kept = _completed_path(args.json, data)
         if out:
             write_json_or_rescue(data, out, "run's records")
     console.print(_records_table(data))
     if out:
         console.print(f"wrote {out}" + (" (marked interrupted)" if interrupted else "")
-                      + (f"; {args.json} holds as many records or more and is kept" if out != args.json else ""),
-                      highlight=False)
+                      + (f"; {args.json} holds as many records or more and is kept" if interrupted and out != args.json
+                         else ""), highlight=False)
+    if kept:
+        print(f"{args.json} is kept: {kept}; this run was written to {out}", file=sys.stderr, flush=True)
     if interrupted:
         console.print(f"[red]interrupted:[/red] {len(data['records'])} of {data['planned']} (backend, case) "
                       f"records completed; stopped at {data['interrupted_before']}", highlight=False)
@@ -308,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "
                    "(default: the device's seq_len sweep)")
     r.add_argument("--max-seq-len", type=positive_int, default=None, help="cap of the default sweep")
-    r.add_argument("--json", help="write records to this JSON file (atomically)")
+    r.add_argument("--json", help="write records to this JSON file (atomically); a file there holding (backend, "
+                   "case) results this run lacks is kept and the records go to <stem>.new.json")
     r.add_argument("--samples", type=int_in(1, MAX_SAMPLES), default=30, help="latency samples per (backend, case)")
     r.add_argument("--time-budget", type=positive_float, default=20.0,
                    help="seconds of latency sampling per (backend, case)")

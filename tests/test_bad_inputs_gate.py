@@ -202,6 +202,37 @@ def test_zero_latency_is_invalid_not_improved(tmp_path, capsys):
     assert _gate(h, b) == 1 and "impossible value 0 on BASE" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("side,key,bad,what", [
+    ("h", "latency_s", [1e-4], "is an array"),
+    ("h", "latency_s", {"median": 1e-4}, "is an object"),
+    ("h", "latency_s", "1e-4", "is a string"),
+    ("h", "latency_s", "fast", "is a string"),
+    ("h", "latency_s", True, "is a bool"),
+    ("b", "latency_s", [1e-4], "is an array"),
+    ("b", "call_latency_s", "1e-4", "is a string"),
+])
+def test_a_latency_that_is_not_a_number_is_refused_before_comparing(tmp_path, capsys, side, key, bad, what):
+    """A list / object / string / bool where a latency goes: exit 2, one line naming the file, the record
+    and the field, no traceback."""
+    recs = {"b": [_rec(call=2e-4)], "h": [_rec(seed=1, call=2e-4)]}
+    recs[side][0][key] = bad
+    b, h = _write(tmp_path, "b.json", recs["b"]), _write(tmp_path, "h.json", recs["h"])
+    assert _gate(b, h) == 2
+    c = capsys.readouterr()
+    lines = (c.out + c.err).strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    label = {"b": f"BASE {b}", "h": f"HEAD {h}"}[side]
+    assert lines[0].startswith(f"error: {label}: record 0 (fa3-fp8, s1024): {key} = {repr(bad)[:40]} {what}")
+    assert lines[0].endswith("allowed a finite number of seconds > 0, or null")
+
+
+def test_flops_that_are_not_a_number_are_refused(tmp_path, capsys):
+    b = _write(tmp_path, "b.json", [{**_rec(), "flops": [1e12]}])
+    assert _gate(b, _write(tmp_path, "h.json", [_rec(seed=1)])) == 2
+    assert "flops = [1000000000000.0] is an array, not a number: allowed a finite number of FLOPs > 0, or null" in (
+        capsys.readouterr().out)
+
+
 # ------------------------------------------------------------------------------- figures that are not a kernel's
 def test_cpu_run_latency_x3_passes_but_accuracy_x3_fails(tmp_path, capsys):
     recs = [_rec(backend="torch-sdpa-bf16", case=c, scope="call", latency=2e-3) for c in ("s128", "s512")]

@@ -283,6 +283,91 @@ def test_an_interrupted_run_never_replaces_a_file_with_more_records(tmp_path, mo
     assert [r["case"] for r in _records(tmp_path / "r.interrupted.json")] == ["s16-h2", "s32-h2"]
 
 
+def _stored(path: Path, *records: dict, **extra) -> bytes:
+    path.write_text(json.dumps({"env": {"vendor": "cpu"}, "records": list(records), **extra}) + "\n")
+    return path.read_bytes()
+
+
+def _ok(case: str, **values) -> dict:
+    return {"backend": "torch-fp8-ref", "case": case, "status": "ok", "reason": "", **values}
+
+
+def _one_line_on_stderr(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_smaller_completed_run_never_replaces_a_file_with_more_records(tmp_path, capsys):
+    """r.json holds three measured cases; a run of two goes to r.new.json, one of one to r.new-2.json
+    (r.new.json holds a case it lacks); r.json is byte-identical throughout."""
+    out = tmp_path / "r.json"
+    assert main([*RUN, "-c", "s16-h2,s32-h2,s48-h2", "--json", str(out)]) == 0
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main([*RUN, "-c", "s16-h2,s32-h2", "--json", str(out)]) == 0
+    assert out.read_bytes() == before
+    side = tmp_path / "r.new.json"
+    assert [r["case"] for r in _records(side)] == ["s16-h2", "s32-h2"]
+    err = _one_line_on_stderr(capsys)
+    assert f"{out} is kept" in err and "torch-fp8-ref s48-h2" in err and f"written to {side}" in err
+    assert main([*RUN, "-c", "s16-h2", "--json", str(out)]) == 0
+    assert out.read_bytes() == before and [r["case"] for r in _records(side)] == ["s16-h2", "s32-h2"]
+    assert [r["case"] for r in _records(tmp_path / "r.new-2.json")] == ["s16-h2"]
+    assert f"written to {tmp_path / 'r.new-2.json'}" in _one_line_on_stderr(capsys)
+
+
+@pytest.mark.parametrize("stored,why", [
+    ([_ok("s16-h2", latency_s=1e-3)], "did not measure (e.g. torch-fp8-ref s16-h2)"),  # timed, this run is not
+    ([_ok("s16-h2"), _ok("s32-h2")], "lacks"),  # s32-h2 ok there, an error here
+    (None, "is not a run JSON"),
+])
+def test_a_completed_run_never_replaces_measured_values_or_a_foreign_file(tmp_path, monkeypatch, capsys, stored,
+                                                                          why):
+    import mla_fp8_bench.harness.runner as runner
+
+    orig = runner.evaluate_one
+
+    def one(backend, ctx, pinfo, opts):
+        rec = orig(backend, ctx, pinfo, opts)
+        if ctx.case.id == "s32-h2":
+            rec.status, rec.reason = "error", "boom"
+        return rec
+
+    monkeypatch.setattr(runner, "evaluate_one", one)
+    out = tmp_path / "r.json"
+    if stored is None:
+        out.write_text('{"settings": {"keep": "me"}}\n')
+        before = out.read_bytes()
+    else:
+        before = _stored(out, *stored)
+    assert main([*RUN, "-c", "s16-h2,s32-h2", "--json", str(out)]) == 0
+    assert out.read_bytes() == before
+    assert [(r["case"], r["status"]) for r in _records(tmp_path / "r.new.json")] == [("s16-h2", "ok"),
+                                                                                     ("s32-h2", "error")]
+    err = _one_line_on_stderr(capsys)
+    assert err.startswith(f"{out} is kept: it ") and why in err
+    assert err.endswith(f"written to {tmp_path / 'r.new.json'}")
+
+
+@pytest.mark.parametrize("stored", [
+    [_ok("s16-h2", marker=1)],  # the same (backend, case) measured: a newer measurement replaces it
+    [_ok("s16-h2", marker=1), {**_ok("s48-h2"), "status": "skipped"}, {**_ok("s64-h2"), "status": "error"}],
+    [],
+    "",  # an empty file holds nothing
+])
+def test_a_completed_run_at_least_as_full_replaces_the_file(tmp_path, capsys, stored):
+    out = tmp_path / "r.json"
+    if isinstance(stored, str):
+        out.write_text(stored)
+    else:
+        _stored(out, *stored)
+    assert main([*RUN, "-c", "s16-h2,s32-h2", "--json", str(out)]) == 0
+    assert [(r["case"], r["status"], "marker" in r) for r in _records(out)] == [("s16-h2", "ok", False),
+                                                                             ("s32-h2", "ok", False)]
+    assert not list(tmp_path.glob("r.new*")) and capsys.readouterr().err == ""
+
+
 _SIGNAL_CHILD = """
 import os, signal, sys
 import mla_fp8_bench.harness.runner as runner

@@ -164,9 +164,38 @@ def _parsed(doc: Any, label: str, convert) -> Any:
         raise GateUsageError(f"{label}: {exc}") from None
 
 
+#: Record keys holding a number of seconds (and ``flops``, which ``seconds_per_pflop`` divides by): each a
+#: JSON number or null in a run JSON the gate reads.
+_NUMBER_KEYS = {**{m.record_key: "a finite number of seconds > 0, or null" for m in metric_table.METRICS
+                   if m.unit == "seconds"}, "flops": "a finite number of FLOPs > 0, or null"}
+_JSON_TYPES = {"list": "an array", "dict": "an object", "str": "a string", "bool": "a bool"}
+
+
+def check_run_numbers(doc: RunDoc, label: str) -> None:
+    """Refuse a run JSON whose latency (or ``flops``) is not a JSON number or null (a list, object, string,
+    bool), before any comparison; a number out of range is left to the comparison (``INVALID``).
+
+    Raises:
+        GateUsageError: naming ``label`` (the side and its file), the record's (backend, case), the field
+        and what is allowed.
+    """
+    for i, r in enumerate(doc.records):
+        for key, allowed in _NUMBER_KEYS.items():
+            v = r.get(key)
+            if v is not None and json_number(v) is None:
+                what = _JSON_TYPES.get(type(v).__name__, "an integer beyond the float range")
+                raise GateUsageError(f"{label}: record {i} ({r['backend']}, {r['case']}): {key} = {repr(v)[:40]} "
+                                     f"is {what}, not a number: allowed {allowed}")
+
+
 def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:
-    """A side from ``mla-fp8-bench run --json`` output (a :class:`RunDoc` or the parsed document)."""
+    """A side from ``mla-fp8-bench run --json`` output (a :class:`RunDoc` or the parsed document).
+
+    Raises:
+        GateUsageError: a malformed document, or a latency that is not a number (:func:`check_run_numbers`).
+    """
     doc = _parsed(doc, label, run_doc_from_data)
+    check_run_numbers(doc, label)
     env = doc.env
     vendor = str(env.get("vendor") or "").lower()
     side = Side(label, machine={"machine": None,
