@@ -139,17 +139,22 @@ def _path_keeping(path: str, tag: str, loses: Callable[[Path, bool], str | None]
 
 def _interrupted_path(path: str, data: dict) -> str:
     """Where an interrupted run's records go (:func:`_path_keeping`, tag ``interrupted``): ``path`` unless a
-    file there holds as many records or more; a file beside it is replaced when it holds no more."""
+    file there holds as many records or more, or is not a run JSON (an empty file holds nothing); a file
+    beside it is replaced when it holds no more."""
     from mla_fp8_bench.jsonio import load_json
 
     n = len(data["records"])
 
     def loses(target: Path, beside: bool) -> str | None:
+        if target.is_file() and target.stat().st_size == 0:
+            return None
         try:
             old = load_json(target, "run JSON")
         except ValueError:
             old = None
-        held = len(old["records"]) if isinstance(old, dict) and isinstance(old.get("records"), list) else 0
+        if not (isinstance(old, dict) and isinstance(old.get("records"), list)):
+            return "a file that is not a run JSON"
+        held = len(old["records"])
         return f"{held} records" if held > n or (held == n and not beside) else None
 
     return _path_keeping(path, "interrupted", loses)[0]

@@ -233,7 +233,8 @@ def test_ctrl_c_in_a_multi_case_run_writes_the_completed_records_and_exits_130(t
     out = tmp_path / "r.json"
     out.write_text('{"old": true}\n')
     assert _run("-b", "torch-fp8-ref", "-c", "s16-h2,s32-h2,s48-h2,s64-h2", "--json", str(out)) == 130
-    data = json.loads(out.read_text())
+    assert out.read_text() == '{"old": true}\n'  # not a run JSON: kept, the records go beside it
+    data = json.loads((tmp_path / "r.interrupted.json").read_text())
     assert data["interrupted"] is True and data["planned"] == 4
     assert data["interrupted_before"] == {"backend": "torch-fp8-ref", "case": "s48-h2"}
     assert [(r["case"], r["status"]) for r in data["records"]] == [("s16-h2", "ok"), ("s32-h2", "ok")]
