@@ -1,6 +1,7 @@
 """Validation of user-supplied values before any work: one line naming the value and what is allowed.
 ``positive_int`` / ``positive_float`` / ``int_in`` / ``safe_name`` are argparse ``type=`` callables (exit
-status 2); environment variables: :mod:`mla_fp8_bench.config`.
+status 2); environment variables: :mod:`mla_fp8_bench.config`. The integers these helpers take are read by
+:func:`read_int`: ASCII digits only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ import re
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 #: Names asv itself uses as keys of ``~/.asv-machine.json`` or as files/directories in results/.
 RESERVED_NAMES = frozenset({"version", "benchmarks.json", "machine.json", "html"})
+#: An integer as typed: ASCII digits; a leading '-' is read only so that a negative value is refused as out
+#: of range. ``int()`` would also take '+5', '1_000' and other scripts' digits ('\u0665' is 5).
+INT_RE = re.compile(r"-?[0-9]+")
+ASCII_SPACE = " \t\n\r\f\v"
+#: The form an integer must take, for messages.
+INT_FORM = "ASCII digits 0-9"
 
 
 def check_name(value: str, what: str) -> str:
@@ -39,15 +46,73 @@ def split_list(values: list[str] | None, option: str) -> list[str] | None:
     return list(dict.fromkeys(items))
 
 
-def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool) -> float:
-    """``kind(text)`` checked finite and ``>= minimum`` (``>`` when ``strict``); ValueError names ``what``
-    and the allowed range."""
-    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+def read_int(text: object) -> int | None:
+    """The integer ``text`` spells (:data:`INT_RE`, surrounding ASCII whitespace ignored), else None
+    ('+5', '٥', '²', '1_000', '5x', '', and numbers past Python's int-string digit limit)."""
+    s = str(text).strip(ASCII_SPACE)
+    if not INT_RE.fullmatch(s):
+        return None
     try:
-        val = kind(str(text).strip())
-    except (TypeError, ValueError):
-        noun = "an integer" if kind is int else "a number"
-        raise ValueError(f"{what}={text!r} is not {noun}: must be {noun} {bound}") from None
+        return int(s)
+    except ValueError:  # past Python's int-string digit limit
+        return None
+
+
+def parse_int(text: object, what: str, lo: int, hi: int) -> int:
+    """The integer ``text`` (:func:`read_int`) from ``lo`` to ``hi``.
+
+    Raises:
+        ValueError: one line, ``<what>='<text>' is not an integer: ...`` or ``<what>=<v> is out of range:
+        allowed <lo>..<hi>``.
+    """
+    v = read_int(text)
+    if v is None and INT_RE.fullmatch(digits := str(text).strip(ASCII_SPACE)):
+        raise ValueError(f"{what}={digits[:20]}... ({len(digits)} digits) is out of range: allowed {lo}..{hi}")
+    if v is None:
+        raise ValueError(f"{what}={text!r} is not an integer: allowed {lo}..{hi}, written in {INT_FORM}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{what}={v} is out of range: allowed {lo}..{hi}")
+    return v
+
+
+def parse_int_list(text: object, what: str, lo: int, hi: int, max_items: int) -> tuple[int, ...]:
+    """The comma-separated integers of ``text`` (each read by :func:`parse_int`, named ``<what>[i]``), in order.
+
+    Raises:
+        ValueError: one line naming the empty or bad item, or the count above ``max_items``, and the allowed form.
+    """
+    form = f"{what} takes a comma-separated list of integers >= {lo} written in {INT_FORM}, e.g. 512,1024"
+    parts = str(text).split(",")
+    empty = [i for i, p in enumerate(parts) if not p.strip(ASCII_SPACE)]
+    if empty:
+        which = "it is empty" if len(parts) == 1 else f"{what}[{empty[0]}] is empty"
+        raise ValueError(f"{what}={text!r} is not a comma-separated list of integers: {which}; {form}")
+    if len(parts) > max_items:
+        raise ValueError(f"{what} has {len(parts)} items: allowed 1..{max_items}")
+    out = []
+    for i, p in enumerate(parts):
+        if not INT_RE.fullmatch(p.strip(ASCII_SPACE)):
+            raise ValueError(f"{what}[{i}]={p!r} is not an integer: {form}")
+        out.append(parse_int(p, f"{what}[{i}]", lo, hi))
+    return tuple(out)
+
+
+def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool) -> float:
+    """``kind(text)`` (an int by :func:`read_int`) checked finite and ``>= minimum`` (``>`` when ``strict``).
+
+    Raises:
+        ValueError: one line naming ``what``, the text and the allowed values.
+    """
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+    if kind is int:
+        val = read_int(text)
+        if val is None:
+            raise ValueError(f"{what}={text!r} is not an integer: must be an integer {bound}, written in {INT_FORM}")
+    else:
+        try:
+            val = kind(str(text).strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"{what}={text!r} is not a number: must be a number {bound}") from None
     if isinstance(val, float) and not math.isfinite(val):
         raise ValueError(f"{what}={text!r} is invalid: a finite number is needed")
     if val < minimum or (strict and val == minimum):

@@ -109,8 +109,13 @@ def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
 
 def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maximum: int | None = None
          ) -> int | None:
-    """The integer in ``raw`` (None when empty); with ``allowed``, any bad value (also one above
-    ``maximum``) reads ``<VAR>=<raw> is invalid: <allowed>``."""
+    """The integer in ``raw`` (None when empty or blank), read by :func:`~mla_fp8_bench.argtypes.read_int`
+    (ASCII digits only).
+
+    Raises:
+        ValueError: one line naming the variable: not an integer, below ``minimum`` or above ``maximum``; with
+        ``allowed`` it reads ``<VAR>=<raw> is invalid: <allowed>``.
+    """
     if not raw.strip():
         return None
     try:

@@ -105,12 +105,86 @@ def test_run_json_creates_missing_directories_and_writes_after_measuring(tmp_pat
     ("--time-budget", "abc", "argument --time-budget: 'abc' is not a number"),
     ("--max-seq-len", "0", "argument --max-seq-len: '0' is invalid: must be >= 1"),
     ("--max-seq-len", "-128", "argument --max-seq-len: '-128' is invalid: must be >= 1"),
+    ("--samples", "\u0665", "argument --samples: '\u0665' is not an integer: must be an integer >= 1, written in "
+                         "ASCII digits 0-9"),
+    ("--samples", "++5", "argument --samples: '++5' is not an integer"),
+    ("--samples", "+5", "argument --samples: '+5' is not an integer"),
+    ("--max-seq-len", "\u00b2", "argument --max-seq-len: '\u00b2' is not an integer"),
+    ("--max-seq-len", "1_024", "argument --max-seq-len: '1_024' is not an integer"),
 ])
 def test_run_refuses_bad_numbers_up_front(capsys, no_measuring, option, value, needle):
     with pytest.raises(SystemExit) as exc:
         main(["--device", "cpu", "run", "-b", "torch-fp8-ref", "-c", "s16-h2", f"{option}={value}"])
     assert exc.value.code == 2
     assert needle in _out(capsys)
+
+
+@pytest.mark.parametrize("text", ["++5", "+5", "\u00b2", "\u0665", "5x", "1_000", "", " ", "5 5", "\u20035"])
+def test_read_int_takes_ascii_digits_only(text):
+    from mla_fp8_bench.argtypes import parse_int, read_int
+
+    assert read_int(text) is None
+    with pytest.raises(ValueError) as exc:
+        parse_int(text, "--n", 0, 9)
+    msg = str(exc.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith(f"--n={text!r} is not an integer: allowed 0..9, written")
+
+
+@pytest.mark.parametrize("text,value", [("5", 5), (" 512 ", 512), ("\t0\n", 0), ("007", 7), ("-3", -3)])
+def test_read_int_reads_what_it_did_before(text, value):
+    from mla_fp8_bench.argtypes import read_int
+
+    assert read_int(text) == value
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("5,,6", "--l='5,,6' is not a comma-separated list of integers: --l[1] is empty; --l takes a comma-separated "
+             "list of integers >= 0 written in ASCII digits 0-9, e.g. 512,1024"),
+    ("", "--l='' is not a comma-separated list of integers: it is empty; --l takes"),
+    ("5,", "--l='5,' is not a comma-separated list of integers: --l[1] is empty"),
+    ("++5", "--l[0]='++5' is not an integer: --l takes a comma-separated list of integers >= 0"),
+    ("1,\u00b2", "--l[1]='\u00b2' is not an integer: --l takes"),
+    ("\u0665", "--l[0]='\u0665' is not an integer: --l takes"),
+    ("5x", "--l[0]='5x' is not an integer: --l takes"),
+    ("1,2,3,4", "--l has 4 items: allowed 1..3"),
+    ("1,-1", "--l[1]=-1 is out of range: allowed 0..100"),
+    ("1,101", "--l[1]=101 is out of range: allowed 0..100"),
+    ("9" * 5000, "--l[0]=99999999999999999999... (5000 digits) is out of range: allowed 0..100"),
+])
+def test_int_lists_name_the_bad_item_in_one_line(text, needle):
+    from mla_fp8_bench.argtypes import parse_int_list
+
+    with pytest.raises(ValueError) as exc:
+        parse_int_list(text, "--l", 0, 100, 3)
+    assert str(exc.value).startswith(needle) and len(str(exc.value).splitlines()) == 1, str(exc.value)
+
+
+def test_int_lists_keep_the_forms_accepted_before():
+    from mla_fp8_bench.argtypes import parse_int_list
+
+    assert parse_int_list("512,1024", "--l", 0, 2048, 3) == (512, 1024)
+    assert parse_int_list(" 512 , 1024 ", "--l", 0, 2048, 3) == (512, 1024)
+    assert parse_int_list("0", "--l", 0, 2048, 3) == (0,)
+
+
+@pytest.mark.parametrize("var,value,needle", [
+    ("SAMPLES", "\u0665", "MLA_FP8_BENCH_SAMPLES='\u0665' is not an integer: must be an integer >= 1, written in "
+                         "ASCII digits 0-9"),
+    ("SAMPLES", "++5", "MLA_FP8_BENCH_SAMPLES='++5' is not an integer"),
+    ("MAX_TOKENS", "\u00b2", "MLA_FP8_BENCH_MAX_TOKENS='\u00b2' is not an integer"),
+    ("MAX_TOKENS", "1_024", "MLA_FP8_BENCH_MAX_TOKENS='1_024' is not an integer"),
+    ("EMU_CU_NUM", "\u0662\u0665\u0666", "MLA_FP8_BENCH_EMU_CU_NUM='\u0662\u0665\u0666' is invalid: an integer from 1"),
+])
+def test_env_integers_take_ascii_digits_only(var, value, needle):
+    with pytest.raises(ValueError) as exc:
+        RunConfig.from_env({"MLA_FP8_BENCH_" + var: value})
+    assert str(exc.value).startswith(needle) and len(str(exc.value).splitlines()) == 1, str(exc.value)
+
+
+def test_env_integers_keep_the_forms_accepted_before():
+    cfg = RunConfig.from_env({"MLA_FP8_BENCH_SAMPLES": " 30 ", "MLA_FP8_BENCH_MAX_TOKENS": "512",
+                              "MLA_FP8_BENCH_EMU_CU_NUM": "", "MLA_FP8_BENCH_ROUNDS": "3"})
+    assert (cfg.samples, cfg.max_tokens, cfg.emu_cu_num, cfg.rounds) == (30, 512, 256, 3)
 
 
 def test_max_seq_len_below_the_sweep_runs_nothing_is_refused(capsys, no_measuring):

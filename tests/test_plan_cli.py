@@ -138,6 +138,8 @@ def test_plan_readme_example(capsys):
     assert "need_lse=True" in text and "reduce groups: 3 of 3 q-tiles" in text  # every tile has a group
 
 
+#: The allowed form every --qo-lens item message names.
+LIST_FORM = r"--qo-lens takes a comma-separated list of integers >= 0 written in ASCII digits 0-9, e.g\. 512,1024"
 BAD = {
     "mismatched": (["--qo-lens", "256,300", "--kv-lens", "4352"], r"--qo-lens has 2 sequences but --kv-lens has 1"),
     "q-gt-kv": (["--qo-lens", "300", "--kv-lens", "200"], r"q_len=300 > kv_len=200"),
@@ -157,6 +159,30 @@ BAD = {
     "future-version": (["--aiter", "9.9.9"], r"--aiter='9\.9\.9' is invalid: .* from 0\.1\.10 to 0\.1\.22"),
     "need-lse-text": (["--need-lse", "yes"], r"--need-lse='yes' is invalid: allowed 0 or 1"),
     "need-lse-old": (["--aiter", "0.1.20", "--need-lse", "1"], r"AITER 0\.1\.20 has no need_lse"),
+    # integers are ASCII digits only: int() would misread these
+    "double-plus": (["--qo-lens", "++5"], r"--qo-lens\[0\]='\+\+5' is not an integer: " + LIST_FORM),
+    "plus": (["--qo-lens", "+5"], r"--qo-lens\[0\]='\+5' is not an integer: " + LIST_FORM),
+    "superscript": (["--qo-lens", "256,\u00b2"], r"--qo-lens\[1\]='\u00b2' is not an integer: " + LIST_FORM),
+    "arabic-indic": (["--qo-lens", "\u0665"], r"--qo-lens\[0\]='\u0665' is not an integer: " + LIST_FORM),
+    "underscore": (["--qo-lens", "1_000"], r"--qo-lens\[0\]='1_000' is not an integer: " + LIST_FORM),
+    "trailing-text": (["--qo-lens", "5x"], r"--qo-lens\[0\]='5x' is not an integer: " + LIST_FORM),
+    "inner-empty": (["--qo-lens", "5,,6"], r"--qo-lens='5,,6' is not a comma-separated list of integers: "
+                                            r"--qo-lens\[1\] is empty; " + LIST_FORM),
+    "all-empty": (["--qo-lens", ""], r"--qo-lens='' is not a comma-separated list of integers: it is empty; "
+                                      + LIST_FORM),
+    "kv-arabic-indic": (["--kv-lens", "\u0665\u0660\u0660"],
+                        r"--kv-lens\[0\]='\u0665\u0660\u0660' is not an integer: --kv-lens takes a comma-separated"),
+    "heads-arabic-indic": (["--heads", "\u0661\u0666"],
+                           r"--heads='\u0661\u0666' is not an integer: allowed 1\.\.65535, written in ASCII digits"),
+    "vllm-seqs-empty": (["--vllm-max-num-seqs", ""], r"--vllm-max-num-seqs='' is not an integer: allowed 1\.\.65536"),
+    "vllm-tokens-empty": (["--vllm-max-num-batched-tokens", ""],
+                          r"--vllm-max-num-batched-tokens='' is not an integer: allowed 1\.\.2147483647"),
+    "vllm-model-len-empty": (["--vllm-max-model-len", ""], r"--vllm-max-model-len='' is not an integer: allowed 1\."),
+    "vllm-seqs-arabic-indic": (["--vllm-max-num-seqs", "\u0665"], r"--vllm-max-num-seqs='\u0665' is not an integer"),
+    # the message names the value given, not one derived from it
+    "zero-lens-tokens-below-b": (["--qo-lens", "0,0", "--kv-lens", "300,300", "--vllm-max-num-batched-tokens", "1"],
+                                 r"--vllm-max-num-batched-tokens=1 < max_num_seqs=2 \(B, the default of "
+                                 r"--vllm-max-num-seqs\): vLLM refuses it .*allowed >= 2"),
 }
 
 
@@ -175,6 +201,28 @@ def test_plan_bad_input(name, capsys):
     out = capsys.readouterr().out.strip()
     assert len(out.splitlines()) == 1 and out.startswith("error:"), out
     assert re.search(pattern, out), out
+
+
+@pytest.mark.parametrize("qo,kv", [("512,1024", "512,1024"), (" 512 , 1024 ", "512, 1024\t"),
+                                   ("0512,1024", "512,01024")])
+def test_plan_reads_ascii_integer_lists(qo, kv, tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--qo-lens", qo, "--kv-lens", kv, "--heads", " 16 ", "--limit", "0", "--json", str(out)]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert (config["seq_lens_q"], config["seq_lens_kv"], config["num_heads_k"]) == ([512, 1024], [512, 1024], 16)
+
+
+def test_plan_zero_length_sequences_are_planned(tmp_path, capsys):
+    """qo_indptr with equal neighbours is a valid planner input (no q-tiles for that sequence), also for every
+    sequence; vLLM's default builder inputs are then the smallest it accepts (tokens >= max_num_seqs = B)."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--qo-lens", "0,0", "--kv-lens", "300,300", "--heads", "16", "--json", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "works: 0" in text and "max_num_seqs=2, max_num_batched_tokens=2, max_model_len=300" in text
+    assert json.loads(out.read_text())["outputs"]["num_works"] == 0
+    assert main(["plan", "--qo-lens", "0,300,0", "--kv-lens", "300,300,300", "--heads", "16", "--limit", "0",
+                 "--vllm-max-num-seqs", "8"]) == 0
+    assert "max_num_seqs=8, max_num_batched_tokens=300," in " ".join(capsys.readouterr().out.split())
 
 
 def test_plan_unwritable_json(tmp_path, capsys):

@@ -27,6 +27,7 @@ from mla_fp8_bench.aiter_ps.facts import (
 )
 from mla_fp8_bench.aiter_ps.planner import PsPlan, buffer_lengths_from_info, plan_ps_prefill, ps_metadata_info
 from mla_fp8_bench.aiter_ps.workspace import WorkspaceBytes, vllm_padded_heads, vllm_reserved, workspace_bytes
+from mla_fp8_bench.argtypes import parse_int, parse_int_list
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
 EXIT_USAGE = 2
@@ -62,23 +63,10 @@ class PlanRequest:
         return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
 
 
-def _int(name: str, text: Any, lo: int, hi: int) -> int:
-    s = str(text).strip()
-    if not s.lstrip("+").isdigit() and not (s.startswith("-") and s[1:].isdigit()):
-        raise ValueError(f"{name}={text!r} is not an integer: allowed {lo}..{hi}")
-    v = int(s)
-    if not lo <= v <= hi:
-        raise ValueError(f"{name}={v} is out of range: allowed {lo}..{hi}")
-    return v
-
-
-def _lens(name: str, text: str) -> tuple[int, ...]:
-    parts = str(text).split(",")
-    if not parts or any(p.strip() == "" for p in parts):
-        raise ValueError(f"{name}={text!r} is not a comma-separated list of integers (e.g. 256,300)")
-    if len(parts) > MAX_SEQUENCES:
-        raise ValueError(f"{name} has {len(parts)} sequences: allowed 1..{MAX_SEQUENCES}")
-    return tuple(_int(f"{name}[{i}]", p, 0, INT32_MAX) for i, p in enumerate(parts))
+def _given_int(name: str, text: Any, lo: int, hi: int) -> int | None:
+    """An optional option's value: None when not given; given (even ``""``), ValueError unless an integer
+    from ``lo`` to ``hi``."""
+    return None if text is None else parse_int(text, name, lo, hi)
 
 
 def _tiles(q_lens: tuple[int, ...]) -> int:
@@ -102,41 +90,59 @@ def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: in
                          f" too large to plan here (allowed <= {MAX_WORKS})")
 
 
-def _check_vllm(q: tuple[int, ...], kv: tuple[int, ...], seqs: int, tokens: int, model_len: int) -> None:
-    """Refuse vLLM settings under which vLLM would never run this batch; ``ValueError`` naming the setting."""
-    if tokens < seqs:
-        raise ValueError(f"--vllm-max-num-batched-tokens={tokens} < --vllm-max-num-seqs={seqs}: vLLM refuses it "
-                         "(max_num_batched_tokens must be >= max_num_seqs)")
-    if len(q) > seqs:
-        raise ValueError(f"the batch has {len(q)} sequences but --vllm-max-num-seqs={seqs}: vLLM never schedules "
-                         f"more than max_num_seqs in one step (allowed >= {len(q)})")
-    if sum(q) > tokens:
+def _vllm_settings(q: tuple[int, ...], kv: tuple[int, ...], seqs: int | None, tokens: int | None,
+                   model_len: int | None) -> tuple[int, int, int]:
+    """vLLM's builder inputs ``(max_num_seqs, max_num_batched_tokens, max_model_len)``: those given, the others
+    the smallest vLLM accepts for this batch (B; the q tokens, at least max_num_seqs; the largest kv_len).
+
+    Raises:
+        ValueError: a given setting under which vLLM would never run this batch, named with the allowed values.
+    """
+    b = len(q)
+    if seqs is not None and b > seqs:
+        raise ValueError(f"the batch has {b} sequences but --vllm-max-num-seqs={seqs}: vLLM never schedules "
+                         f"more than max_num_seqs in one step (allowed >= {b})")
+    if seqs is None:
+        seqs, seqs_of = b, f"max_num_seqs={b} (B, the default of --vllm-max-num-seqs)"
+    else:
+        seqs_of = f"--vllm-max-num-seqs={seqs}"
+    if tokens is None:
+        tokens = max(1, sum(q), seqs)
+    elif tokens < seqs:
+        raise ValueError(f"--vllm-max-num-batched-tokens={tokens} < {seqs_of}: vLLM refuses it "
+                         f"(max_num_batched_tokens must be >= max_num_seqs; allowed >= {seqs})")
+    elif sum(q) > tokens:
         raise ValueError(f"the batch has {sum(q)} new tokens but --vllm-max-num-batched-tokens={tokens}: one step of "
                          f"vLLM holds at most max_num_batched_tokens (allowed >= {sum(q)})")
-    if max(kv) > model_len:
+    if model_len is None:
+        model_len = max(1, max(kv))
+    elif max(kv) > model_len:
         raise ValueError(f"a kv_len of {max(kv)} exceeds --vllm-max-model-len={model_len}: vLLM rejects such a "
                          f"sequence (allowed >= {max(kv)})")
+    return seqs, tokens, model_len
 
 
 def plan_request(args: argparse.Namespace) -> PlanRequest:
-    """Validate ``plan``'s arguments; ``ValueError``: one line naming the bad value and the allowed ones."""
-    q = _lens("--qo-lens", args.qo_lens)
-    kv = _lens("--kv-lens", args.kv_lens)
-    heads = _int("--heads", args.heads, 1, MAX_HEADS)
-    cu_num = _int("--cu-num", args.cu_num, 1, MAX_CU_NUM)
+    """Validate ``plan``'s arguments, each option's own value first, then how they fit together.
+
+    Raises:
+        ValueError: one line naming the bad value and the allowed ones.
+    """
+    q = parse_int_list(args.qo_lens, "--qo-lens", 0, INT32_MAX, MAX_SEQUENCES)
+    kv = parse_int_list(args.kv_lens, "--kv-lens", 0, INT32_MAX, MAX_SEQUENCES)
+    heads = parse_int(args.heads, "--heads", 1, MAX_HEADS)
+    cu_num = parse_int(args.cu_num, "--cu-num", 1, MAX_CU_NUM)
     version = modelled_version(str(args.aiter), "--aiter")
+    limit = parse_int(args.limit, "--limit", 0, MAX_WORKS)
+    given = (_given_int("--vllm-max-num-seqs", args.vllm_max_num_seqs, 1, MAX_SEQUENCES),
+             _given_int("--vllm-max-num-batched-tokens", args.vllm_max_num_batched_tokens, 1, INT32_MAX),
+             _given_int("--vllm-max-model-len", args.vllm_max_model_len, 1, INT32_MAX))
+    if args.need_lse is not None and str(args.need_lse) not in ("0", "1"):
+        raise ValueError(f"--need-lse={args.need_lse!r} is invalid: allowed 0 or 1")
     _check_batch(q, kv, heads, cu_num)
-    limit = _int("--limit", args.limit, 0, MAX_WORKS)
-    seqs = _int("--vllm-max-num-seqs", args.vllm_max_num_seqs, 1, MAX_SEQUENCES) if args.vllm_max_num_seqs else len(q)
-    tokens = (_int("--vllm-max-num-batched-tokens", args.vllm_max_num_batched_tokens, 1, INT32_MAX)
-              if args.vllm_max_num_batched_tokens else max(1, sum(q)))
-    model_len = (_int("--vllm-max-model-len", args.vllm_max_model_len, 1, INT32_MAX)
-                 if args.vllm_max_model_len else max(1, max(kv)))
-    _check_vllm(q, kv, seqs, tokens, model_len)
+    seqs, tokens, model_len = _vllm_settings(q, kv, *given)
     need_lse = None
     if args.need_lse is not None:
-        if str(args.need_lse) not in ("0", "1"):
-            raise ValueError(f"--need-lse={args.need_lse!r} is invalid: allowed 0 or 1")
         if planner_revision_for(version) != PLANNER_V0_1_22:
             raise ValueError(f"--need-lse: the planner of AITER {format_version(version)} has no need_lse"
                              " (added in 0.1.22)")
@@ -299,9 +305,10 @@ def add_parser(subparsers) -> None:
     """Register ``plan`` on the CLI's sub-parsers."""
     p = subparsers.add_parser("plan", help="inspect AITER's PS prefill plan for a batch (works, reduce groups, "
                                            "partial slots and workspace used vs reserved), no GPU needed")
-    p.add_argument("--qo-lens", required=True, help="new-query lengths per sequence, comma-separated (e.g. 256,300)")
+    p.add_argument("--qo-lens", required=True,
+                   help="new-query lengths per sequence (>= 0), comma-separated ASCII integers (e.g. 256,300)")
     p.add_argument("--kv-lens", required=True,
-                   help="kv lengths per sequence (>= q length: context + new tokens), comma-separated")
+                   help="kv lengths per sequence (>= q length: context + new tokens), comma-separated ASCII integers")
     p.add_argument("--heads", required=True, help="num_heads (= KV heads, MHA)")
     p.add_argument("--cu-num", default="256", help="device CU count (256 on MI355X)")
     p.add_argument("--aiter", default=format_version((0, 1, 22)),
@@ -313,6 +320,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", default="16", help="works and reduce groups to print (default 16)")
     p.add_argument("--vllm-max-num-seqs", default=None, help="vLLM max_num_seqs for its reservation (default B)")
     p.add_argument("--vllm-max-num-batched-tokens", default=None,
-                   help="vLLM max_num_batched_tokens (default: the batch's q tokens)")
+                   help="vLLM max_num_batched_tokens (default: the batch's q tokens, at least max_num_seqs)")
     p.add_argument("--vllm-max-model-len", default=None, help="vLLM max_model_len (default: the largest kv_len)")
     p.set_defaults(handler=cmd_plan)
