@@ -1,7 +1,7 @@
 """Validation of user-supplied values before any work: one line naming the value and what is allowed.
-``positive_int`` / ``positive_float`` / ``int_in`` / ``safe_name`` are argparse ``type=`` callables (exit
-status 2); environment variables: :mod:`mla_fp8_bench.config`. The integers these helpers take are read by
-:func:`read_int`: ASCII digits only.
+``positive_int`` / ``positive_float`` / ``ascii_int`` / ``int_in`` / ``safe_name`` are argparse ``type=``
+callables (exit status 2); environment variables: :mod:`mla_fp8_bench.config`. The integers these helpers
+take are read by :func:`read_int`: ASCII digits only.
 """
 
 from __future__ import annotations
@@ -132,6 +132,14 @@ def _argtype(kind: type, minimum: float, strict: bool):
 #: argparse types: an integer >= 1; a finite number > 0.
 positive_int = _argtype(int, 1, strict=False)
 positive_float = _argtype(float, 0.0, strict=True)
+
+
+def ascii_int(text: str) -> int:
+    """argparse type: any integer written in :data:`INT_FORM` (its range is checked where it is used)."""
+    v = read_int(text)
+    if v is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer: written in {INT_FORM}")
+    return v
 
 
 def int_in(lo: int, hi: int):

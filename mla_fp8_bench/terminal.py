@@ -33,7 +33,7 @@ def make_console(file: TextIO | None = None) -> Console:
         if (file if file is not None else sys.stdout).isatty():
             return Console(file=file)
     cols = os.environ.get("COLUMNS", "")
-    width = int(cols) if cols.isdigit() and int(cols) > 0 else LOG_WIDTH
+    width = int(cols) if cols.isascii() and cols.isdigit() and int(cols) > 0 else LOG_WIDTH
     return Console(file=file, width=width, force_terminal=False, highlight=False)
 
 

@@ -52,6 +52,17 @@ def test_ab_refuses_bad_numbers_and_empty_cases_before_work(tmp_path, capsys, no
     assert out.startswith("error:") and named in out
 
 
+@pytest.mark.parametrize("flag, value", [("--rounds", "\u0665"), ("--rounds", "+5"), ("--seed", "\u00b2"),
+                                         ("--seed", "1_000")])
+def test_ab_integers_are_ascii_digits(tmp_path, capsys, no_work, flag, value):
+    """'\u0665' (Arabic-Indic five), '+5', '\u00b2' and '1_000' are integers to ``int()``, not as typed here."""
+    with pytest.raises(SystemExit) as exc:
+        main(["ab", *_sides(tmp_path), *CPU, "--rounds", "2", flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(f"argument {flag}: {value!r} is not an integer: written in ASCII digits 0-9")
+
+
 def _script(path: Path, text: str) -> str:
     path.write_text(text)
     path.chmod(0o755)

@@ -123,6 +123,17 @@ def test_tolerance_margin_beyond_the_float_range(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ numbers beyond what a run can hold
+@pytest.mark.parametrize("flag, value", [("--seeds", "\u0665"), ("--validate-seeds", "\u00b2")])
+def test_calibrate_seed_counts_are_ascii_digits(tmp_path, capsys, flag, value):
+    """Counts ``int()`` would read ('\u0665' is 5, '\u00b2' is 2) are refused by argparse: exit 2, one line."""
+    out = tmp_path / "tol.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--out", str(out), "--no-probes", "-b", "torch-fp8-ref", "-c", "s64", flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}: {value!r} is not an integer: written in ASCII digits 0-9" in _no_traceback(capsys)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flag, value, want", [
     ("--seeds", "99999999999", "--seeds 99999999999 is too many: at most 1000"),
     ("--seeds", "1001", "--seeds 1001 is too many: at most 1000 (the held-out seeds start at 1000)"),
@@ -132,10 +143,9 @@ def test_tolerance_margin_beyond_the_float_range(tmp_path, capsys):
     ("--backends", "torch-fp8-ref,cudnn-fp8", "backend 'cudnn-fp8' cannot be calibrated on this CPU"),
 ])
 def test_calibrate_refuses_before_measuring(tmp_path, capsys, flag, value, want):
-    """calibrate with a seed count that exhausts memory (a MemoryError before), calibration seeds that
-    reach the held-out ones, a negative held-out count (silently an empty validation before), or a
-    backend this CPU cannot run (a RuntimeError traceback after measuring the others before): one line,
-    exit 2, nothing written."""
+    """calibrate with a seed count that would exhaust memory, calibration seeds that reach the held-out
+    ones, a negative held-out count, or a backend this CPU cannot run: one
+    line, exit 2, nothing written."""
     out = tmp_path / "tol.json"
     args = ["calibrate", "--out", str(out), "--no-probes", "-b", "torch-fp8-ref", "-c", "s64", flag, value]
     assert main(args) == 2

@@ -316,11 +316,11 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
 
 def add_parser(subparsers) -> None:
     from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
-    from mla_fp8_bench.argtypes import int_in, safe_name
+    from mla_fp8_bench.argtypes import ascii_int, int_in, safe_name
 
     p = subparsers.add_parser("calibrate", help="measure error distributions over seeds and write tolerances JSON")
-    p.add_argument("--seeds", type=int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
-    p.add_argument("--validate-seeds", type=int, default=MIN_SEEDS,
+    p.add_argument("--seeds", type=ascii_int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
+    p.add_argument("--validate-seeds", type=ascii_int, default=MIN_SEEDS,
                    help=f"held-out seeds {VALIDATION_SEED0}.. checked against the new tolerances (0: skip)")
     p.add_argument("--backends", "-b", action="append", help=f"comma-separated (default {','.join(DEFAULT_BACKENDS)})")
     p.add_argument("--cases", "-c", action="append",

@@ -414,13 +414,15 @@ class RoundServer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mla_fp8_bench.argtypes import ascii_int
+
     ap = argparse.ArgumentParser(description="one latency-only round over (backend, case) in this process")
     ap.add_argument("--serve", action="store_true", help="fork a child per JSON request on stdin (RoundServer)")
     ap.add_argument("--preload", default="", help="with --serve: backends to import before forking")
     ap.add_argument("--backends", default="", help="comma-separated backend names")
     ap.add_argument("--cases", default="", help="comma-separated case ids")
     ap.add_argument("--order", default="sorted", choices=ORDERS)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=ascii_int, default=0)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", help="where to write the round document")
     a = ap.parse_args(argv)

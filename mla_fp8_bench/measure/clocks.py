@@ -162,7 +162,8 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
     reasons = []
     if vendor in (None, "cuda"):
         vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-        idx = int(vis[index]) if index < len(vis) and vis[index].strip().isdigit() else index
+        entry = vis[index].strip() if index < len(vis) else ""
+        idx = int(entry) if entry.isascii() and entry.isdigit() else index
         try:
             import pynvml
 
