@@ -113,7 +113,7 @@ def _checkout_head() -> str:
 ], ids=["unknown-case", "max-tokens-not-a-number", "machine-override-contradicts", "commit-override-contradicts"])
 def test_a_bad_knob_or_contradicting_override_never_replaces_stored_values(tmp_path, knob, needle):
     """A narrowed `-E existing` run with a bad knob: refused while asv discovers the benchmarks, so the
-    stored result file of the commit is byte-identical (it used to become null everywhere)."""
+    stored result file of the commit is byte-identical, not nulled."""
     cfg, env = _setup(tmp_path)
     head = _head()
     ok = _asv_run(cfg, env, head, MLA_FP8_BENCH_BACKENDS="torch-fp8-ref", MLA_FP8_BENCH_MAX_TOKENS="128")

@@ -177,7 +177,7 @@ def test_nan_latency_on_base_does_not_hide_a_10x_slower_head(tmp_path, capsys):
 
 
 def test_duplicate_head_records_are_ambiguous_and_fail(tmp_path, capsys):
-    """An error record followed by an ok one of the same (backend, case): the last no longer wins."""
+    """An error record followed by an ok one of the same (backend, case): an ambiguous pair, not whichever came last."""
     b = _doc(tmp_path, "b.json", [_rec()])
     h = _doc(tmp_path, "h.json", [_rec(status="error"), _rec(seed=1)])
     assert main(["gate", b, h]) == 1
@@ -635,7 +635,7 @@ sys.exit(main(["merge-results", sys.argv[1], "--into", sys.argv[2]]))
 
 
 def test_two_merges_into_one_destination_keep_both(tmp_path):
-    """Both used to report success while one machine's files were missing afterwards."""
+    """Two merges at once both succeed and leave every machine's files in the destination."""
     import time
 
     dest = _machine_src(tmp_path / "dest", "cpu-2core")
@@ -702,7 +702,7 @@ def _git_repo(tmp_path: Path, n: int = 3) -> tuple[Path, list[str]]:
     ({"good": 0, "bad": 125}, "--bad {bad} measures skip"),
 ])
 def test_bisect_measures_both_ends_before_trusting_them(tmp_path, monkeypatch, capsys, measured, needle):
-    """`--bad` used to be named "first bad commit" without ever being measured."""
+    """Both ends are measured before `--bad` can be named the first bad commit."""
     import mla_fp8_bench.analysis.bisect as bisect
 
     monkeypatch.setenv("HOME", str(tmp_path))

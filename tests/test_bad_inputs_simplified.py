@@ -170,8 +170,8 @@ def test_emulated_cu_count_is_bounded_everywhere(tmp_path, capsys):
 
 def test_ab_that_measured_nothing_keeps_the_stored_summary(tmp_path, capsys, monkeypatch):
     """ab whose rounds measured nothing on both sides (fa3-fp8 on a CPU, past a side probe that would refuse
-    it) keeps a stored --summary as it keeps a stored --json (the summary was replaced by a 'nothing
-    compared' one before); its own documents go beside them."""
+    it) keeps a stored --summary as it keeps a stored --json, not replaced by a 'nothing compared' one;
+    its own documents go beside them."""
     from mla_fp8_bench.analysis import ab
 
     monkeypatch.setattr(ab, "probe_side", lambda *a, **k: None)
