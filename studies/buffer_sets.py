@@ -34,8 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SPACER_MIB = (64, 512)
 
 
-def measure(backend: str, cases: list[str], sets: int, seed: int) -> dict:
-    """One process: ``{case: {"latency_s": [per set], "sm_cycles": [per set]}}``."""
+def measure(backend: str, cases: list[str], sets: int, seed: int, samples: int = 30, settle_s: float = 0.15) -> dict:
+    """One process: ``{case: {"latency_s": [per set], "sm_cycles": [per set], "timing_wall_s": float}}``;
+    ``samples`` and ``settle_s`` go to :func:`time_device` (``samples``, ``warmup_s``); ``timing_wall_s`` is the
+    host time of the case's ``time_device`` calls, summed over its sets."""
     import torch
 
     from mla_fp8_bench.backends import get_backend
@@ -51,16 +53,19 @@ def measure(backend: str, cases: list[str], sets: int, seed: int) -> dict:
     out = {}
     for cid in cases:
         case = parse_case_id(cid)
-        keep, lat, cyc = [], [], []
+        keep, lat, cyc, wall = [], [], [], 0.0
         for _ in range(sets):
             mib = rng.randint(*SPACER_MIB)
             keep.append(torch.empty(mib << 20, dtype=torch.uint8, device=dev))
             prep = b.prepare_case(make_inputs(case, dev, pinfo.fp8_dtype))
             keep.append(prep)
-            tr = time_device(prep.run, dev, graph_capturable=prep.graph_capturable)
+            t0 = time.perf_counter()
+            tr = time_device(prep.run, dev, graph_capturable=prep.graph_capturable, samples=samples,
+                             warmup_s=settle_s)
+            wall += time.perf_counter() - t0
             lat.append(tr.median_s)
             cyc.append(clock_fields(tr).get("latency_sm_cycles"))
-        out[cid] = {"latency_s": lat, "sm_cycles": cyc}
+        out[cid] = {"latency_s": lat, "sm_cycles": cyc, "timing_wall_s": wall}
         print(f"{cid}: " + " ".join(f"{x * 1e6:.2f}" for x in lat) + " us", flush=True)
         del keep
         torch.cuda.empty_cache()
@@ -112,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", type=int, default=8)
     ap.add_argument("--procs", type=int, default=6, help="separate processes (0: measure in this one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=30, help="time_device samples per set (at least 5)")
+    ap.add_argument("--settle-s", type=float, default=0.15, help="time_device warmup_s per set (seconds, >= 0)")
     ap.add_argument("--deadline", type=float, default=0.0, help="start no process after this many seconds")
     ap.add_argument("--json")
     ap.add_argument("--summarize", metavar="JSON")
@@ -129,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.sets < 1 or a.procs < 0:
             raise ValueError(f"--sets {a.sets} / --procs {a.procs}: need --sets >= 1 and --procs >= 0")
+        if a.samples < 5 or not 0 <= a.settle_s <= 10:
+            raise ValueError(f"--samples {a.samples} / --settle-s {a.settle_s}: need --samples >= 5 and "
+                             "0 <= --settle-s <= 10")
         from mla_fp8_bench.backends import get_backend
         from mla_fp8_bench.problem.cases import parse_case_id
 
@@ -145,15 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if a.procs == 0:
-        print(json.dumps(measure(a.backend, cases, a.sets, a.seed)))
+        print(json.dumps(measure(a.backend, cases, a.sets, a.seed, a.samples, a.settle_s)))
         return 0
     t0 = time.monotonic()
-    doc = {"backend": a.backend, "sets": a.sets, "spacer_mib": SPACER_MIB, "processes": []}
+    doc = {"backend": a.backend, "sets": a.sets, "samples": a.samples, "settle_s": a.settle_s,
+           "spacer_mib": SPACER_MIB, "processes": []}
     for i in range(a.procs):
         if a.deadline and time.monotonic() - t0 > a.deadline:
             break
         r = subprocess.run([sys.executable, __file__, "--procs", "0", "--backend", a.backend, "--cases", a.cases,
-                            "--sets", str(a.sets), "--seed", str(a.seed + i)], capture_output=True, text=True)
+                            "--sets", str(a.sets), "--seed", str(a.seed + i), "--samples", str(a.samples),
+                            "--settle-s", str(a.settle_s)], capture_output=True, text=True)
         sys.stderr.write(r.stderr[-2000:])
         lines = r.stdout.strip().splitlines()
         print("\n".join(lines[:-1]), flush=True)

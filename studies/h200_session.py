@@ -508,8 +508,10 @@ def do_after(c) -> None:
 
 
 def do_sets(c) -> None:
-    s, jd = c.s, c.jd
-    rc, w = s.sh("sets", [py(), "studies/buffer_sets.py", "--procs", "6", "--cases", "s128,s512,s2048",
+    s, args, jd = c.s, c.args, c.jd
+    rc, w = s.sh("sets", [py(), "studies/buffer_sets.py", "--procs", "6", "--cases", args.sets_cases,
+                          "--sets", str(args.sets_per_process), "--samples", str(args.sets_samples),
+                          "--settle-s", str(args.sets_settle_s),
                           "--deadline", str(max(0.0, s.left() - 90)), "--json", str(jd / "buffer_sets.json")],
                  max(60.0, s.left() - 10))
     s.step("sets", rc, w)
@@ -553,6 +555,10 @@ def main() -> int:
     ap.add_argument("--sbs-procs", type=int, default=5, help="side-by-side processes (alternating order)")
     ap.add_argument("--ab-case", default="s8192", help="case of the sensitivity trials")
     ap.add_argument("--ab-trials", type=int, default=5, help="abtrials: trials of each kind (A/A, +3 %%)")
+    ap.add_argument("--sets-cases", default="s128,s512,s2048", help="sets: the cases")
+    ap.add_argument("--sets-per-process", type=int, default=8, help="sets: input sets per process and case")
+    ap.add_argument("--sets-samples", type=int, default=30, help="sets: time_device samples per set")
+    ap.add_argument("--sets-settle-s", type=float, default=0.15, help="sets: time_device warmup_s per set")
     ap.add_argument("--ab-cases", default="s512,s8192", help="abtrials: the cases of every trial")
     ap.add_argument("--ab-rounds", type=int, default=4, help="abtrials: rounds per side of each ab run")
     ap.add_argument("--ab-pad-injection", action="store_true",
