@@ -229,8 +229,41 @@ def test_a_latency_that_is_not_a_number_is_refused_before_comparing(tmp_path, ca
 def test_flops_that_are_not_a_number_are_refused(tmp_path, capsys):
     b = _write(tmp_path, "b.json", [{**_rec(), "flops": [1e12]}])
     assert _gate(b, _write(tmp_path, "h.json", [_rec(seed=1)])) == 2
-    assert "flops = [1000000000000.0] is an array, not a number: allowed a finite number of FLOPs > 0, or null" in (
+    assert "flops = [1000000000000.0] is an array, not a number: allowed a finite number of FLOPs >= 1, or null" in (
         capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("flops", [5e-324, 0, -1.0, "-inf", "inf"])
+def test_flops_out_of_range_are_refused(tmp_path, capsys, flops):
+    """A FLOP count below 1 or not finite (``-1e309`` reads as -inf): exit 2, one line, no traceback."""
+    value = float(flops) if isinstance(flops, str) else flops
+    b = _write(tmp_path, "b.json", [_rec()])
+    h = _write(tmp_path, "h.json", [{**_rec(seed=1), "flops": value}])
+    assert _gate(b, h) == 2
+    c = capsys.readouterr()
+    lines = (c.out + c.err).strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert "(fa3-fp8, s1024): flops = " in lines[0] and lines[0].endswith(
+        "is out of range: allowed a finite number of FLOPs >= 1, or null")
+
+
+@pytest.mark.parametrize("bad, what", [("0.1,0.2", "a string"), ({"a": 1}, "an object"), (0.1, "a number")])
+def test_samples_that_are_not_a_list_are_refused(tmp_path, capsys, bad, what):
+    b = _write(tmp_path, "b.json", [_rec()])
+    h = _write(tmp_path, "h.json", [{**_rec(seed=1), "latency_samples_s": bad}])
+    assert _gate(b, h) == 2
+    out = capsys.readouterr().out
+    assert f"latency_samples_s = {repr(bad)[:40]} is {what}: allowed a list of numbers of seconds, or null" in out
+
+
+@pytest.mark.parametrize("latency", [float("inf"), 0.0, -0.0])
+def test_an_impossible_latency_is_judged_though_its_samples_look_fine(tmp_path, capsys, latency):
+    """The stored latency is what is compared: good samples beside an impossible value do not hide it."""
+    b = _write(tmp_path, "b.json", [_rec()])
+    h = _write(tmp_path, "h.json", [{**_rec(seed=1), "latency_s": latency}])
+    assert _gate(b, h) == 1
+    out = capsys.readouterr().out
+    assert ("REGRESSION: fa3-fp8 s1024 latency_s" if latency > 0 else "INVALID: fa3-fp8 s1024 latency_s") in out
 
 
 # ------------------------------------------------------------------------------- figures that are not a kernel's

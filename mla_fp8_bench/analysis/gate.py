@@ -133,13 +133,16 @@ def _ok_measure(m: Metric | None, v: float, samples: Any, ci=None, version=None,
                 rounds: Any = None) -> Measure:
     """An ok Measure with the metric's floor applied (asv stores floored values); an impossible value
     (e.g. a negative error) is kept as it is, so the comparison can report it."""
-    fv = m.floored(v) if m is not None and m.possible(v) else v
+    possible = m is None or m.possible(v)
+    fv = m.floored(v) if m is not None and possible else v
     for name, vals, absent in (("samples", samples, ()), ("rounds", rounds, (None,))):
         bad = [x for x in vals if x not in absent and _number(x) in ("invalid", None)] if isinstance(vals, list) else []
         if bad or (name == "rounds" and vals is not None and not isinstance(vals, list)):
             what = repr(bad[0])[:40] if bad else f"{type(vals).__name__} {repr(vals)[:40]}"
             return Measure("invalid", reason=f"{name} hold {what}, not a number: a list of latencies in seconds")
-    smp = [float(x) for x in samples] if isinstance(samples, list) and samples else None
+    # an impossible or infinite stored value is what gets compared, never hidden behind its samples
+    smp = ([float(x) for x in samples] if possible and math.isfinite(v) and isinstance(samples, list) and samples
+           else None)
     rnd = [float(x) for x in rounds if x is not None] if isinstance(rounds, list) else None
     if rnd and (odd := [x for x in rnd if not _is_latency(x)]):
         return Measure("invalid", reason=f"rounds hold {odd[0]!r}, not a finite latency > 0 s")
@@ -167,13 +170,16 @@ def _parsed(doc: Any, label: str, convert) -> Any:
 #: Record keys holding a number of seconds (and ``flops``, which ``seconds_per_pflop`` divides by): each a
 #: JSON number or null in a run JSON the gate reads.
 _NUMBER_KEYS = {**{m.record_key: "a finite number of seconds > 0, or null" for m in metric_table.METRICS
-                   if m.unit == "seconds"}, "flops": "a finite number of FLOPs > 0, or null"}
+                   if m.unit == "seconds"}, "flops": "a finite number of FLOPs >= 1, or null"}
+#: Record keys of raw samples: a list (of numbers; a non-number in it is judged ``INVALID``) or null.
+_SAMPLES_KEYS = tuple(m.samples_key for m in metric_table.METRICS if m.samples_key)
 _JSON_TYPES = {"list": "an array", "dict": "an object", "str": "a string", "bool": "a bool"}
 
 
 def check_run_numbers(doc: RunDoc, label: str) -> None:
     """Refuse a run JSON whose latency (or ``flops``) is not a JSON number or null (a list, object, string,
-    bool), before any comparison; a number out of range is left to the comparison (``INVALID``).
+    bool), whose ``flops`` is not a finite number >= 1, or whose samples are not a list, before any
+    comparison; a latency out of range is left to the comparison (``INVALID``).
 
     Raises:
         GateUsageError: naming ``label`` (the side and its file), the record's (backend, case), the field
@@ -186,6 +192,15 @@ def check_run_numbers(doc: RunDoc, label: str) -> None:
                 what = _JSON_TYPES.get(type(v).__name__, "an integer beyond the float range")
                 raise GateUsageError(f"{label}: record {i} ({r['backend']}, {r['case']}): {key} = {repr(v)[:40]} "
                                      f"is {what}, not a number: allowed {allowed}")
+            if key == "flops" and v is not None and not (math.isfinite(float(v)) and float(v) >= 1):
+                raise GateUsageError(f"{label}: record {i} ({r['backend']}, {r['case']}): flops = {repr(v)[:40]} "
+                                     f"is out of range: allowed {allowed}")
+        for key in _SAMPLES_KEYS:
+            v = r.get(key)
+            if v is not None and not isinstance(v, list):
+                what = _JSON_TYPES.get(type(v).__name__, "a number")
+                raise GateUsageError(f"{label}: record {i} ({r['backend']}, {r['case']}): {key} = {repr(v)[:40]} "
+                                     "is " + what + ": allowed a list of numbers of seconds, or null")
 
 
 def side_from_run_json(doc: RunDoc | dict[str, Any], label: str) -> Side:

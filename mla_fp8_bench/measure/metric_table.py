@@ -120,7 +120,7 @@ def record_is_emulation(rec: dict[str, Any]) -> bool:
 def _seconds_per_pflop(rec: dict[str, Any]) -> float | None:
     """latency_s / (flops / 1e15); None for an emulation's latency (not a kernel's throughput)."""
     lat, flops = rec.get("latency_s"), rec.get("flops")
-    if record_is_emulation(rec) or lat is None or not flops:
+    if record_is_emulation(rec) or lat is None or not flops or float(flops) < 1:
         return None
     return float(lat) / (float(flops) / 1e15)
 
