@@ -121,12 +121,20 @@ def _path_keeping(path: str, tag: str, loses: Callable[[Path, bool], str | None]
     """(where a run's records go, what replacing ``path`` would lose or None), so that no stored file is
     replaced by less: ``path``, unless ``loses(file, False)`` names what replacing its file (symlinks
     followed) would lose; then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ... for
-    which ``loses(file, True)`` is None. An absent file loses nothing."""
-    from mla_fp8_bench.jsonio import output_target
+    which ``loses(file, True)`` is None. An absent file loses nothing; ``loses`` reads only regular files:
+    a name that is not one (a FIFO, a device, a directory, a symlink loop) is never written either."""
+    from mla_fp8_bench.jsonio import OutputError, output_target
 
     def lost(candidate: str, beside: bool) -> str | None:
-        target = output_target(candidate)
-        return loses(target, beside) if target.exists() else None
+        try:
+            target = output_target(candidate)
+            if not os.path.lexists(target):
+                return None
+            if not target.is_file():
+                return "it is not a regular file"
+        except (OSError, OutputError) as exc:
+            return f"it cannot be used ({exc})"
+        return loses(target, beside)
 
     why = lost(path, False)
     if why is None:
@@ -138,22 +146,19 @@ def _path_keeping(path: str, tag: str, loses: Callable[[Path, bool], str | None]
 
 
 def _interrupted_path(path: str, data: dict) -> str:
-    """Where an interrupted run's records go (:func:`_path_keeping`, tag ``interrupted``): ``path`` unless a
-    file there holds as many records or more, or is not a run JSON (an empty file holds nothing); a file
-    beside it is replaced when it holds no more."""
+    """Where an interrupted run's records go (:func:`_path_keeping`, tag ``interrupted``): ``path`` unless
+    replacing its file would lose what a completed run would (:func:`_run_loses`) or it holds as many
+    records or more; a file beside it is replaced only when that loses nothing and it holds fewer or as many."""
     from mla_fp8_bench.jsonio import load_json
 
     n = len(data["records"])
 
     def loses(target: Path, beside: bool) -> str | None:
-        if target.is_file() and target.stat().st_size == 0:
+        if why := _run_loses(target, data):
+            return why
+        if target.stat().st_size == 0:
             return None
-        try:
-            old = load_json(target, "run JSON")
-        except ValueError:
-            old = None
-        if not (isinstance(old, dict) and isinstance(old.get("records"), list)):
-            return "a file that is not a run JSON"
+        old = load_json(target, "run JSON")
         held = len(old["records"])
         return f"{held} records" if held > n or (held == n and not beside) else None
 
@@ -178,7 +183,7 @@ def _run_loses(target: Path, data: dict) -> str | None:
     ``data`` lacks, holds not ``ok``, or holds without the latency the stored one has."""
     from mla_fp8_bench.harness.results import ResultsError, load_run_json
 
-    if target.is_file() and target.stat().st_size == 0:
+    if target.stat().st_size == 0:
         return None
     try:
         stored = load_run_json(target)

@@ -317,6 +317,35 @@ def test_a_smaller_completed_run_never_replaces_a_file_with_more_records(tmp_pat
     assert f"written to {tmp_path / 'r.new-2.json'}" in _one_line_on_stderr(capsys)
 
 
+@pytest.mark.parametrize("kind", ["loop", "fifo", "device"])
+def test_a_side_file_name_that_is_not_a_regular_file_is_passed_over(tmp_path, capsys, kind):
+    """r.json is kept and r.new.json is a symlink loop, a FIFO or a link to /dev/zero: the run's records go
+    to r.new-2.json (nothing is read from or written to r.new.json; the run does not hang or lose records)."""
+    out, side = tmp_path / "r.json", tmp_path / "r.new.json"
+    before = _stored(out, _ok("s16-h2"), _ok("s32-h2"))
+    if kind == "loop":
+        side.symlink_to(side.name)
+    elif kind == "fifo":
+        os.mkfifo(side)
+    else:
+        side.symlink_to("/dev/zero")
+    assert main([*RUN, "-c", "s16-h2", "--json", str(out)]) == 0
+    assert out.read_bytes() == before
+    assert [r["case"] for r in _records(tmp_path / "r.new-2.json")] == ["s16-h2"]
+    assert f"written to {tmp_path / 'r.new-2.json'}" in _one_line_on_stderr(capsys)
+
+
+def test_an_interrupted_run_never_replaces_a_result_it_did_not_measure(tmp_path, monkeypatch):
+    """r.json holds one measured (backend, case) of another backend; an interrupted run of two records
+    goes beside it, though it holds more records."""
+    out = tmp_path / "r.json"
+    before = _stored(out, {**_ok("s16-h2"), "backend": "torch-sdpa-bf16"})
+    _interrupt_at(monkeypatch, "s48-h2")
+    assert main([*RUN, "-c", "s16-h2,s32-h2,s48-h2", "--json", str(out)]) == 130
+    assert out.read_bytes() == before
+    assert [r["case"] for r in _records(tmp_path / "r.interrupted.json")] == ["s16-h2", "s32-h2"]
+
+
 @pytest.mark.parametrize("stored,why", [
     ([_ok("s16-h2", latency_s=1e-3)], "did not measure (e.g. torch-fp8-ref s16-h2)"),  # timed, this run is not
     ([_ok("s16-h2"), _ok("s32-h2")], "lacks"),  # s32-h2 ok there, an error here
