@@ -1,7 +1,7 @@
 """Validation of user-supplied values before any work: one line naming the value and what is allowed.
-``positive_int`` / ``positive_float`` / ``ascii_int`` / ``int_in`` / ``safe_name`` are argparse ``type=``
-callables (exit status 2); environment variables: :mod:`mla_fp8_bench.config`. The integers these helpers
-take are read by :func:`read_int`: ASCII digits only.
+``positive_int`` / ``positive_float`` / ``ascii_int`` / ``ascii_float`` / ``int_in`` / ``safe_name`` are argparse
+``type=`` callables (exit status 2); environment variables: :mod:`mla_fp8_bench.config`. Integers are read by
+:func:`read_int` (ASCII digits only), numbers by :func:`read_float` (ASCII only).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ INT_RE = re.compile(r"-?[0-9]+")
 ASCII_SPACE = " \t\n\r\f\v"
 #: The form an integer must take, for messages.
 INT_FORM = "ASCII digits 0-9"
+#: A number as typed: ASCII decimal or exponent notation, or inf / nan (refused where a finite one is needed).
+#: ``float()`` would also take '1_0' and other scripts' digits.
+FLOAT_RE = re.compile(r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
 
 
 def check_name(value: str, what: str) -> str:
@@ -56,6 +59,12 @@ def read_int(text: object) -> int | None:
         return int(s)
     except ValueError:  # past Python's int-string digit limit
         return None
+
+
+def read_float(text: object) -> float | None:
+    """The number ``text`` spells (:data:`FLOAT_RE`, surrounding ASCII whitespace ignored), else None."""
+    s = str(text).strip(ASCII_SPACE)
+    return float(s) if FLOAT_RE.fullmatch(s) else None
 
 
 def parse_int(text: object, what: str, lo: int, hi: int) -> int:
@@ -109,10 +118,10 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
         if val is None:
             raise ValueError(f"{what}={text!r} is not an integer: must be an integer {bound}, written in {INT_FORM}")
     else:
-        try:
-            val = kind(str(text).strip())
-        except (TypeError, ValueError):
-            raise ValueError(f"{what}={text!r} is not a number: must be a number {bound}") from None
+        val = read_float(text)
+        if val is None:
+            raise ValueError(f"{what}={text!r} is not a number: must be a number {bound}, written in ASCII "
+                             "(e.g. 2.5 or 1e-3)")
     if isinstance(val, float) and not math.isfinite(val):
         raise ValueError(f"{what}={text!r} is invalid: a finite number is needed")
     if val < minimum or (strict and val == minimum):
@@ -139,6 +148,14 @@ def ascii_int(text: str) -> int:
     v = read_int(text)
     if v is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer: written in {INT_FORM}")
+    return v
+
+
+def ascii_float(text: str) -> float:
+    """argparse type: any number written as :data:`FLOAT_RE` allows (its range is checked where it is used)."""
+    v = read_float(text)
+    if v is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: written in ASCII (e.g. 2.5 or 1e-3)")
     return v
 
 

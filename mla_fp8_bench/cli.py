@@ -347,6 +347,13 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (``PROG: error: MESSAGE (PROG --help)``), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.aiter_ps import plan_cli
     from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
@@ -354,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.config import MAX_ROUNDS, MAX_SAMPLES
     from mla_fp8_bench.report import plot, publish, results_merge, site_view
 
-    p = argparse.ArgumentParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
+    p = OneLineParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
                                 "prefill attention; one subcommand per task (mla-fp8-bench SUBCOMMAND --help).",
                                 epilog="Exit status: 0 success, 2 bad usage (one line naming the bad value); "
                                        "gate and ab exit 1 on a regression (their --help says more).")
@@ -408,7 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     from mla_fp8_bench.terminal import make_console
 
     console = make_console()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # no subcommand: the list of them
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
     try:
         return args.handler(args, console)
     except (FileNotFoundError, ValueError) as exc:  # bad input: unknown backend or case, bad device, ...

@@ -60,7 +60,8 @@ def test_ab_integers_are_ascii_digits(tmp_path, capsys, no_work, flag, value):
         main(["ab", *_sides(tmp_path), *CPU, "--rounds", "2", flag, value])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith(f"argument {flag}: {value!r} is not an integer: written in ASCII digits 0-9")
+    assert err == [f"mla-fp8-bench ab: error: argument {flag}: {value!r} is not an integer: written in ASCII digits "
+                   "0-9 (mla-fp8-bench ab --help)"]
 
 
 def _script(path: Path, text: str) -> str:

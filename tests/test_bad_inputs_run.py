@@ -716,3 +716,26 @@ def test_calibrate_measure_restores_the_emulated_cu_count(monkeypatch):
     # 16 heads x 512 tokens: 304 CUs split tiles (6 live partial slots), 8 CUs split none
     assert rec["status"] == few["status"] == "ok" and (rec["num_partials"], few["num_partials"]) == (6, 0)
     assert "MLA_FP8_BENCH_EMU_CU_NUM" not in os.environ
+
+
+@pytest.mark.parametrize("argv", [["run", "--samples", "\u0665"], ["run", "--time-budget", "1_0"], ["nosuch"],
+                                  ["gate", "a.json"], ["ab", "x", "y", "--factor", "\u0661.\u0665"]])
+def test_a_usage_error_is_one_line(capsys, argv):
+    """argparse's refusals: one line naming the command, the bad value and where help is; exit 2."""
+    from mla_fp8_bench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    c = capsys.readouterr()
+    lines = c.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mla-fp8-bench") and ": error: " in lines[0], c.err
+    assert lines[0].endswith("--help)") and c.out == ""
+
+
+def test_no_subcommand_prints_the_list_of_them(capsys):
+    from mla_fp8_bench.cli import main
+
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: mla-fp8-bench") and "run" in err and "gate" in err

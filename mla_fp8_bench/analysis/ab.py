@@ -329,7 +329,7 @@ def _handler(args: argparse.Namespace, console) -> int:
 
 def add_parser(subparsers) -> None:
     from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_AB_NOISE_K
-    from mla_fp8_bench.argtypes import ascii_int
+    from mla_fp8_bench.argtypes import ascii_float, ascii_int
 
     p = subparsers.add_parser("ab", help="PR mode: BASE and HEAD installs in alternating processes, then the gate",
                               description="Measure two installs of the library under test on this machine in "
@@ -344,10 +344,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("-b", "--backends", default="fa3-fp8", help="comma-separated backends (default fa3-fp8)")
     p.add_argument("-c", "--cases", default="s512,s8192", help="comma-separated case ids (default s512,s8192)")
     p.add_argument("--rounds", type=ascii_int, default=4, help="rounds (processes) per side (default 4)")
-    p.add_argument("--factor", type=float, default=DEFAULT_AB_FACTOR,
+    p.add_argument("--factor", type=ascii_float, default=DEFAULT_AB_FACTOR,
                    help=f"least latency growth that fails (default {DEFAULT_AB_FACTOR}; the per-param "
                         "threshold is max(factor, 1 + k x standard error of the ratio))")
-    p.add_argument("--noise-k", type=float, default=DEFAULT_AB_NOISE_K,
+    p.add_argument("--noise-k", type=ascii_float, default=DEFAULT_AB_NOISE_K,
                    help=f"k of the threshold max(factor, 1 + k x standard error of the ratio) (default "
                         f"{DEFAULT_AB_NOISE_K})")
     p.add_argument("--seed", type=ascii_int, default=0, help="seed of the shuffled case order")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mla_fp8_bench.argtypes import check_name
+from mla_fp8_bench.argtypes import ascii_float, check_name
 from mla_fp8_bench.harness.results import ResultsError, find_result, load_asv_conf, load_asv_result
 
 METRICS = ("track_max_abs_error", "track_latency")
@@ -276,7 +276,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--benchmark", required=True, help="regex selecting ONE benchmark combination, matched against "
                    "asv's 'name(param, ...)' (e.g. \"MLAPrefill.track_max_abs_error\\('aiter', 's4096'\\)\")")
     p.add_argument("--metric", required=True, choices=METRICS)
-    p.add_argument("--threshold", required=True, type=float, help="value above which a commit is bad")
+    p.add_argument("--threshold", required=True, type=ascii_float, help="value above which a commit is bad")
     p.add_argument("--config", default="asv.aiter.conf.json", help="asv config of the suite; its repo is --repo")
     p.add_argument("--python", help="interpreter of the existing environment (default: this one)")
     p.add_argument("--install-cmd", default=DEFAULT_INSTALL, help="builds/installs the checked-out commit; "
@@ -291,7 +291,7 @@ def _main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("step", help="one git-bisect-run probe (internal)")
     s.add_argument("--benchmark", required=True)
-    s.add_argument("--threshold", required=True, type=float)
+    s.add_argument("--threshold", required=True, type=ascii_float)
     s.add_argument("--config", required=True)
     s.add_argument("--python", required=True)
     s.add_argument("--install-cmd", default=DEFAULT_INSTALL)

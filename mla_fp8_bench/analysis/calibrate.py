@@ -316,7 +316,7 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
 
 def add_parser(subparsers) -> None:
     from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
-    from mla_fp8_bench.argtypes import ascii_int, int_in, safe_name
+    from mla_fp8_bench.argtypes import ascii_float, ascii_int, int_in, safe_name
 
     p = subparsers.add_parser("calibrate", help="measure error distributions over seeds and write tolerances JSON")
     p.add_argument("--seeds", type=ascii_int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
@@ -327,7 +327,7 @@ def add_parser(subparsers) -> None:
                    help=f"comma-separated case shapes, no suffixes (default {','.join(DEFAULT_CASES)})")
     p.add_argument("--quants", action="append", help=f"comma-separated (default {','.join(QUANTS)})")
     p.add_argument("--dists", action="append", help=f"comma-separated (default {','.join(DISTS)})")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="tolerance = max over seeds x margin")
+    p.add_argument("--margin", type=ascii_float, default=DEFAULT_MARGIN, help="tolerance = max over seeds x margin")
     p.add_argument("--name", default=DEFAULT_NAME, type=safe_name("tolerance set name"),
                    help="tolerance set name (file tolerances/<name>.json)")
     p.add_argument("--out", help="output JSON path (default tolerances/<name>.json)")

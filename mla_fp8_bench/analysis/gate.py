@@ -1035,6 +1035,8 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
 
 
 def add_parser(subparsers) -> None:
+    from mla_fp8_bench.argtypes import ascii_float
+
     p = subparsers.add_parser("gate", help="PR gate: HEAD vs BASE (accuracy vs tolerances, latency with statistics)",
                               description="Compare HEAD with BASE per (backend, case, metric): accuracy against "
                                           "calibrated tolerances, latency with a noise-aware threshold.",
@@ -1046,11 +1048,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--machine", help="asv machine name (default: the only one in --results-dir, or the only one "
                    "holding both commits)")
     p.add_argument("--env", help="substring of the asv environment name when a commit has several")
-    p.add_argument("--factor", type=float, default=DEFAULT_FACTOR, help="latency/resource growth factor (1.05)")
-    p.add_argument("--acc-factor", type=float, default=DEFAULT_ACC_FACTOR,
+    p.add_argument("--factor", type=ascii_float, default=DEFAULT_FACTOR, help="latency/resource growth factor (1.05)")
+    p.add_argument("--acc-factor", type=ascii_float, default=DEFAULT_ACC_FACTOR,
                    help="accuracy growth factor over BASE (2.0, the calibration margin)")
-    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="Mann-Whitney significance level (0.01)")
-    p.add_argument("--noise-k", type=float, default=DEFAULT_NOISE_K,
+    p.add_argument("--alpha", type=ascii_float, default=DEFAULT_ALPHA, help="Mann-Whitney significance level (0.01)")
+    p.add_argument("--noise-k", type=ascii_float, default=DEFAULT_NOISE_K,
                    help=f"latency threshold per param: max(--factor, 1 + k x spread) (default k {DEFAULT_NOISE_K})")
     p.add_argument("--history", action="store_true",
                    help="for params without rounds, take the spread from the machine's stored results in "
