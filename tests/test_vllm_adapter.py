@@ -335,7 +335,8 @@ def test_registry_and_cpu_availability_never_import_vllm_or_aiter():
     assert isinstance(b, VllmAiter)
     before = {m for m in sys.modules if m.split(".")[0] in ("vllm", "aiter")}
     v = b.availability(CPU)
-    assert not v and v.reason == "needs an AMD gfx950 GPU with ROCm torch; found a CPU-only torch"
+    assert not v and v.reason == ("needs an AMD gfx950 GPU with ROCm torch; found no GPU visible to torch "
+                                  f"{CPU.torch_version}")
     nv = replace(CPU, vendor="cuda", arch="sm_90", device=torch.device("cpu"))
     assert "found an NVIDIA sm_90 GPU with a CUDA torch" in b.availability(nv).reason
     mi300 = replace(CPU, vendor="rocm", arch="gfx942")

@@ -280,7 +280,7 @@ class AiterPsDriver:
 def aiter_gate(platform: PlatformInfo) -> Verdict:
     """Yes on gfx950 with a ROCm torch; otherwise no with what was found (gfx942 named as unsupported)."""
     if platform.vendor != "rocm":
-        found = platform.arch if platform.vendor == "cuda" else "a CPU-only torch"
+        found = platform.arch if platform.vendor == "cuda" else platform.no_gpu()
         return Verdict.no(f"needs an AMD gfx950 GPU with a ROCm build of torch; found {found}")
     if platform.arch != "gfx950":
         gfx942 = ": fp8 mla persistent prefill is not supported on gfx942" if platform.arch == "gfx942" else ""

@@ -259,7 +259,7 @@ class VllmAiter(Backend):
     def availability(self, platform: PlatformInfo) -> Verdict:
         if not self.bypass_gate:
             if platform.vendor != "rocm":
-                found = ("a CPU-only torch" if platform.vendor == "cpu"
+                found = (platform.no_gpu() if platform.vendor == "cpu"
                          else f"an NVIDIA {platform.arch} GPU with a CUDA torch")
                 return Verdict.no(f"needs an AMD gfx950 GPU with ROCm torch; found {found}")
             gate = aiter_gate(platform)

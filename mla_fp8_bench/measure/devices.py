@@ -40,6 +40,10 @@ class PlatformInfo:
         """``"cpu"`` or ``"cuda"`` (ROCm included)."""
         return self.device.type
 
+    def no_gpu(self) -> str:
+        """Why a GPU backend finds none here, e.g. ``no GPU visible to torch 2.13.0+cpu``."""
+        return f"no GPU visible to torch {self.torch_version}"
+
     def describe(self) -> str:
         """The device in words, for an availability reason: ``cpu``, ``an AMD GPU (name, gfx950)``,
         ``NVIDIA H200 (sm_90)``."""
