@@ -927,11 +927,11 @@ def render_text(rows: list[Row], title: str, console, *, show_all: bool = False)
     if removed and not show_all:
         say(f"absent on HEAD (measured on BASE): {len(removed)} row(s), metrics "
             f"{', '.join(sorted({r.metric for r in removed}))} (--all lists them)")
-    info = [r for r in rows if r.verdict == "info" and r.detail]
+    info = [r for r in rows if r.verdict == "info"]
     if info and not show_all:
-        kinds = sorted({r.detail.split(":")[0] for r in info})
-        say(f"informational, never gating: {len(info)} row(s) ({'; '.join(kinds)})")
-    say("compared (backend, case, metric) rows: " + _verdict_counts(rows))
+        kinds = sorted({r.detail.split(":")[0] for r in info if r.detail})
+        say(f"informational, never gating: {len(info)} row(s)" + (f" ({'; '.join(kinds)})" if kinds else ""))
+    say(f"(backend, case, metric) rows by verdict: {_verdict_counts(rows)}; judged: {compared_count(rows)}")
 
 
 #: Rows per markdown table: a GitHub comment holds at most 65,536 characters.
