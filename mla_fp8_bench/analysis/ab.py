@@ -257,7 +257,8 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     backends = list(dict.fromkeys(b for b in args.backends.split(",") if b))  # a pair twice would be two rounds
     unknown = [b for b in backends if b not in backend_names()]
     if unknown or not backends:
-        raise AbUsageError(f"--backends {args.backends!r}: unknown {unknown}; allowed {', '.join(backend_names())}")
+        what = f"unknown {', '.join(unknown)}" if unknown else "names nothing"
+        raise AbUsageError(f"--backends {args.backends!r}: {what}; allowed {', '.join(backend_names())}")
     cases = [c.id for c in resolve_cases([c for c in args.cases.split(",") if c])]
     if not cases:
         raise AbUsageError(f"--cases {args.cases!r} names no case: give comma-separated case ids or suite names")
