@@ -42,6 +42,18 @@ class TimingResult:
         """Input placements the samples came from (1 without placements)."""
         return len(set(self.placements)) or 1
 
+    @property
+    def iqr_s(self) -> float:
+        """Inter-quartile range of the samples, seconds (0 for fewer than 4 samples)."""
+        q = statistics.quantiles(self.samples_s, n=4) if len(self.samples_s) >= 4 else (0.0, 0.0, 0.0)
+        return q[2] - q[0]
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation (stdev / mean) of the samples (0 for fewer than 2)."""
+        s = self.samples_s
+        return statistics.stdev(s) / statistics.fmean(s) if len(s) >= 2 else 0.0
+
 
 def placement_figure(values: Sequence[float], placements: Sequence[int] = ()) -> float:
     """The median of ``values``; with ``placements`` (one index per value, several distinct) the mean over
@@ -58,18 +70,6 @@ def placement_figure(values: Sequence[float], placements: Sequence[int] = ()) ->
     for p, v in zip(placements, values):
         groups.setdefault(p, []).append(v)
     return statistics.fmean(statistics.median(g) for g in groups.values())
-
-    @property
-    def iqr_s(self) -> float:
-        """Inter-quartile range of the samples, seconds (0 for fewer than 4 samples)."""
-        q = statistics.quantiles(self.samples_s, n=4) if len(self.samples_s) >= 4 else (0.0, 0.0, 0.0)
-        return q[2] - q[0]
-
-    @property
-    def cv(self) -> float:
-        """Coefficient of variation (stdev / mean) of the samples (0 for fewer than 2)."""
-        s = self.samples_s
-        return statistics.stdev(s) / statistics.fmean(s) if len(s) >= 2 else 0.0
 
 
 def _warmup(run: Callable[[], object], sync: Callable[[], None], max_calls: int = 20, budget_s: float = 2.0,
