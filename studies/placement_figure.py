@@ -38,7 +38,8 @@ def measure(backend: str, cases: list[str], placements: int, first: str) -> dict
 
 def summarize(doc: dict) -> dict:
     """Per (backend, case) and figure: the spread over processes, the median latency (s), the median timing
-    phase (s) and the placements used. ValueError: not a placement_figure.py document."""
+    phase (s), the placements used and the median spread of the placements' medians inside a process.
+    ValueError: not a placement_figure.py document."""
     procs = doc.get("processes") if isinstance(doc, dict) else None
     if not isinstance(procs, list):
         raise ValueError("no 'processes' list: a placement_figure.py --json document is needed")
@@ -47,8 +48,12 @@ def summarize(doc: dict) -> dict:
         for which, rd in (p.get("rounds") or {}).items():
             for r in rd.get("rows", []):
                 if isinstance(r.get("latency_s"), (int, float)):
-                    d = rows.setdefault((r["backend"], r["case"]), {}).setdefault(which, {"lat": [], "t": [], "k": []})
+                    d = rows.setdefault((r["backend"], r["case"]), {}).setdefault(which, {"lat": [], "t": [], "k": [],
+                                                                                        "inside": []})
                     d["lat"].append(r["latency_s"])
+                    per = r.get("placement_latency_s") or []
+                    if len(per) > 1:
+                        d["inside"].append(max(per) / min(per) - 1)
                     d["t"].append((r.get("phases_s") or {}).get("timing", 0.0) + (r.get("phases_s") or {}).get(
                         "placements", 0.0))
                     d["k"].append(r.get("placements", 1))
@@ -58,11 +63,14 @@ def summarize(doc: dict) -> dict:
         for which, d in figs.items():
             res[which] = {"processes": len(d["lat"]), "spread": max(d["lat"]) / min(d["lat"]) - 1,
                           "median_s": statistics.median(d["lat"]), "timing_s": statistics.median(d["t"]),
-                          "placements": max(d["k"])}
+                          "placements": max(d["k"]),
+                          "inside_spread": statistics.median(d["inside"]) if d["inside"] else None}
         out[f"{b}|{c}"] = res
         print(f"{b:10s} {c:8s} " + "  ".join(
             f"{w}: {r['spread'] * 100:5.2f}% over {r['processes']} ({r['median_s'] * 1e6:9.2f} us, "
-            f"{r['placements']:2d} placements, {r['timing_s']:.2f} s)" for w, r in sorted(res.items())))
+            f"{r['placements']:2d} placements, {r['timing_s']:.2f} s"
+            + (f", inside {r['inside_spread'] * 100:.2f}%)" if r["inside_spread"] is not None else ")")
+            for w, r in sorted(res.items())))
     return out
 
 

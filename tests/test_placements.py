@@ -21,7 +21,7 @@ def _tensors(inp):
         v = getattr(inp, f.name)
         if isinstance(v, torch.Tensor):
             yield f.name, v
-        elif hasattr(v, "data") and isinstance(getattr(v, "data"), torch.Tensor):
+        elif isinstance(getattr(v, "data", None), torch.Tensor):
             yield f.name + ".data", v.data
             yield f.name + ".descale", v.descale
 
@@ -59,6 +59,7 @@ def test_placement_figure_mean_of_medians():
 def test_timing_result_latency_follows_placements():
     tr = TimingResult([10.0, 20.0, 11.0, 22.0], "graph", 1, 3, placements=[0, 1, 0, 1])
     assert tr.latency_s == pytest.approx((10.5 + 21.0) / 2) and tr.placement_count == 2
+    assert tr.placement_medians_s == [10.5, 21.0]
     assert tr.median_s == statistics.median([10.0, 20.0, 11.0, 22.0])
     one = TimingResult([10.0, 20.0, 11.0], "graph", 1, 3)
     assert one.latency_s == 11.0 and one.placement_count == 1
@@ -86,8 +87,15 @@ class _Fake(Backend):
 def on_fake_gpu(monkeypatch):
     """Inputs that say they are on a GPU; ``memory_allocated`` grows 30 bytes per prepared copy."""
     inp = dataclasses.replace(make_inputs(parse_case_id("s64")), device=torch.device("cuda", 0))
-    state = {"bk": None}
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: 30 * state["bk"].prepared)
+    state = {"bk": None, "spacers": 0}
+
+    def spacer(dev, rng, held):  # a spacer of 1000 bytes, not counted against the copies' budget
+        state["spacers"] += 1
+        return torch.empty(1000, dtype=torch.uint8)
+
+    monkeypatch.setattr(pl, "_spacer", spacer)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: 30 * state["bk"].prepared
+                        + 1000 * state["spacers"])
     return inp, state
 
 
@@ -96,7 +104,7 @@ def test_extra_placements_fill_the_budget(on_fake_gpu):
     bk = state["bk"] = _Fake()
     with pl.extra_placements(bk, inp, 32, budget_bytes=100) as more:
         assert [r() for r in more] == [1, 2, 3]  # floor(100 / 30) copies fit
-    assert bk.cleaned == [3, 2, 1]
+    assert bk.cleaned == [3, 2, 1] and state["spacers"] == 3  # one spacer before each copy
 
 
 def test_extra_placements_count_caps_and_one_means_none(on_fake_gpu):
@@ -177,3 +185,21 @@ def test_cli_run_refuses_bad_placements(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--placements" in err and "0" in err and len(err.strip().splitlines()) == 1
+
+
+def test_spacer_respects_its_limits(monkeypatch):
+    """A spacer is refused when the spacers held would pass SPACER_BYTES or a quarter of the free memory."""
+    made = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (4 << 30, 8 << 30))
+    monkeypatch.setattr(torch, "empty", lambda n, **kw: made.append(n) or n)
+
+    class Rng:
+        def randint(self, lo, hi):
+            return 300  # MiB
+
+    dev = torch.device("cuda", 0)
+    assert pl._spacer(dev, Rng(), 0) == 300 << 20 and made == [300 << 20]
+    assert pl._spacer(dev, Rng(), (1 << 30) - (300 << 20) + 1) is None  # a quarter of 4 GiB free is 1 GiB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 40, 1 << 40))
+    assert pl._spacer(dev, Rng(), pl.SPACER_BYTES - (300 << 20)) == 300 << 20
+    assert pl._spacer(dev, Rng(), pl.SPACER_BYTES - (300 << 20) + 1) is None

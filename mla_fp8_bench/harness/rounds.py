@@ -89,7 +89,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
         "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {..., "error"}]}``; seconds;
         ``phases_s``: ``inputs`` (~0 when reused), ``prepare``, ``placements`` (preparing the extra input
         placements, :mod:`~mla_fp8_bench.harness.placements`), ``timing`` (the first pair's holds the heat-up);
-        ``placements``: the input placements the latency averages.
+        ``placements``: the input placements the latency averages, ``placement_latency_s`` each one's median.
     """
     import torch
 
@@ -146,7 +146,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             row.update(latency_s=tr.latency_s, **{k: clock.get(k) for k in ROUND_FIELDS[1:4]},
                        off_plateau_fraction=(len(off) / n) if off is not None and n else None, samples=n,
                        method=tr.method, launches_per_sample=tr.launches_per_sample,
-                       placements=tr.placement_count)
+                       placements=tr.placement_count, placement_latency_s=tr.placement_medians_s)
         except Exception as exc:  # noqa: BLE001 - one failing pair never loses the others
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:

@@ -127,7 +127,7 @@ def _measure_timing(v: dict[str, Any], backend: Backend, inputs: CaseInputs, pre
              latency_method=tr.method, launches_per_sample=tr.launches_per_sample,
              latency_placements=tr.placement_count)
     if tr.placements:
-        v["latency_sample_placements"] = tr.placements
+        v.update(latency_sample_placements=tr.placements, latency_placement_medians_s=tr.placement_medians_s)
     if tr.note:
         v["latency_note"] = tr.note
     v.update(clock_fields(tr))

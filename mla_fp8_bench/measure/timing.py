@@ -38,6 +38,14 @@ class TimingResult:
         return placement_figure(self.samples_s, self.placements)
 
     @property
+    def placement_medians_s(self) -> list[float]:
+        """Each placement's median sample, seconds, in placement order (one value without placements)."""
+        if not self.placements:
+            return [self.median_s]
+        return [statistics.median(x for x, p in zip(self.samples_s, self.placements) if p == k)
+                for k in sorted(set(self.placements))]
+
+    @property
     def placement_count(self) -> int:
         """Input placements the samples came from (1 without placements)."""
         return len(set(self.placements)) or 1
