@@ -222,7 +222,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if note:
             console.print(f"[dim]{note}[/dim]")
         opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
-                          flush_l2=args.flush_l2, placements=args.placements)
+                          flush_l2=args.flush_l2)
         interrupted = False
         with signals_interrupt() as signals, case_progress(len(names) * len(cases), console) as step:
             try:
@@ -275,7 +275,6 @@ def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console:
         env[PREFIX + "AITER_ANY_DEVICE"] = "1"
     if args.emu_aiter_version:
         env[PREFIX + "EMU_AITER_VERSION"] = args.emu_aiter_version
-    env[PREFIX + "PLACEMENTS"] = str(args.placements)
     with signals_interrupt() as got:
         try:
             data["rounds"] = fold_rounds(data["records"], args.rounds, device, env=env,
@@ -359,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.aiter_ps import plan_cli
     from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
     from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
-    from mla_fp8_bench.config import DEFAULT_PLACEMENTS, MAX_PLACEMENTS, MAX_ROUNDS, MAX_SAMPLES, PLACEMENT_BYTES
+    from mla_fp8_bench.config import MAX_ROUNDS, MAX_SAMPLES
     from mla_fp8_bench.report import plot, publish, results_merge, site_view
 
     p = OneLineParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
@@ -395,9 +394,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rounds", type=int_in(1, MAX_ROUNDS), default=1,
                    help="latency rounds: the run's own timing, then N-1 latency-only passes in fresh processes; "
                         "the latency is the median over rounds, each round kept in the record (default 1)")
-    r.add_argument("--placements", type=int_in(1, MAX_PLACEMENTS), default=DEFAULT_PLACEMENTS,
-                   help="GPU latency: input placements averaged, the case's inputs and copies at other addresses, "
-                        f"as many as fit in {PLACEMENT_BYTES >> 20} MiB (default %(default)s; 1: the inputs only)")
     r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
     r.add_argument("--aiter-any-device", action="store_true", help=any_device_help)

@@ -23,13 +23,6 @@ DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
 MAX_SAMPLES = 1_000_000
 #: Most latency rounds a run (``_ROUNDS``) or ``ab`` (``--rounds``) accepts.
 MAX_ROUNDS = 100
-#: Input placements averaged into one latency figure (the first is the case's own inputs), and the most a run
-#: accepts (``_PLACEMENTS``): :mod:`mla_fp8_bench.harness.placements`.
-DEFAULT_PLACEMENTS = 32
-MAX_PLACEMENTS = 256
-#: Device memory the extra placements of one case may take, bytes: fewer than the count fit for large cases
-#: (on an H200 with FA3-FP8: 32 at s512, about 10 at s2048, 2 at s8192).
-PLACEMENT_BYTES = 512 << 20
 #: Environment variables that make an asv run measure part of the grid.
 NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
 
@@ -45,7 +38,6 @@ class RunConfig:
     samples: int | None = None  # latency samples per param
     time_budget_s: float | None = None  # seconds of latency sampling per param
     rounds: int | None = None  # latency rounds
-    placements: int = DEFAULT_PLACEMENTS  # input placements per latency figure (1: the case's inputs only)
     emu_cu_num: int = DEFAULT_EMU_CU_NUM  # the emulated plan's CU count (256 = MI355X)
     emu_max_tokens: int | None = None  # the emulation's token cap (None: DEFAULT_EMU_MAX_TOKENS; 0: none)
     emu_aiter_version: tuple[int, int, int] | None = None  # the AITER version aiter-emulated models (None: newest)
@@ -74,8 +66,6 @@ class RunConfig:
             cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
             samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
             rounds=_int(get("ROUNDS"), "ROUNDS", 1, f"an integer from 1 to {MAX_ROUNDS}", MAX_ROUNDS),
-            placements=_int(get("PLACEMENTS"), "PLACEMENTS", 1, f"an integer from 1 to {MAX_PLACEMENTS}",
-                            MAX_PLACEMENTS) or DEFAULT_PLACEMENTS,
             emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, f"an integer from 1 to {MAX_CU_NUM} (256 = MI355X)",
                             MAX_CU_NUM) or DEFAULT_EMU_CU_NUM,
             emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, "an integer >= 0 (0 = no cap)"),

@@ -37,7 +37,6 @@ runs in its own subprocess, its log goes to ``logs/``):
               ``--ab-trials`` of each, ``--ab-rounds`` rounds per side
 ``after``     ``studies/after_effect.py`` in two processes: the small-case state before and after a large case
 ``sets``      ``studies/buffer_sets.py``: small cases over 8 segment-separated buffer sets in 6 processes
-``placements`` ``studies/placement_figure.py``: one input placement against the default count, per process
 ``asv-tiny``  a one-parameter ``asv run --dry-run`` (plumbing and spawn cost)
 ``asv-tiny-fork`` the same with ``--launch-method forkserver``
 ``asv``       the suite's asv run on this machine: ``asv machine`` (machine ``h200`` with a ``gpu`` key and a
@@ -88,7 +87,7 @@ GPU_BACKENDS = ("fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref", "cudn
 CV_CASES = "s128,s2048,s8192,s32768"
 SWEEP = "s128,s256,s512,s1024,s2048,s4096,s8192,s16384,s32768"
 ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "asv-tiny-fork", "asv", "order", "sbs",
-             "ab", "cudnn", "abtrials", "after", "sets", "placements")
+             "ab", "cudnn", "abtrials", "after", "sets")
 #: Orders of the order-independence processes (studies/order_check.py), the first one on a fresh machine.
 ORDERS = ("sorted", "reversed", "shuffled")
 #: The GPU grid of the order check (docs/methodology.md §10.2, §11.2): 33 params of the H200 asv grid.
@@ -518,14 +517,6 @@ def do_sets(c) -> None:
     s.step("sets", rc, w)
 
 
-def do_placements(c) -> None:
-    s, args, jd = c.s, c.args, c.jd
-    rc, w = s.sh("placements", [py(), "studies/placement_figure.py", "--procs", str(args.placement_procs),
-                                "--cases", args.placement_cases, "--deadline", str(max(0.0, s.left() - 60)),
-                                "--json", str(jd / "placement_figure.json")], max(60.0, s.left() - 10))
-    s.step("placements", rc, w)
-
-
 def do_cudnn(c) -> None:
     s, jd = c.s, c.jd
     code = ("import json, sys\n"
@@ -568,8 +559,6 @@ def main() -> int:
     ap.add_argument("--sets-per-process", type=int, default=8, help="sets: input sets per process and case")
     ap.add_argument("--sets-samples", type=int, default=30, help="sets: time_device samples per set")
     ap.add_argument("--sets-settle-s", type=float, default=0.15, help="sets: time_device warmup_s per set")
-    ap.add_argument("--placement-procs", type=int, default=8, help="placements: separate processes")
-    ap.add_argument("--placement-cases", default="s128,s512,s1024,s2048,s8192", help="placements: the cases")
     ap.add_argument("--ab-cases", default="s512,s8192", help="abtrials: the cases of every trial")
     ap.add_argument("--ab-rounds", type=int, default=4, help="abtrials: rounds per side of each ab run")
     ap.add_argument("--ab-pad-injection", action="store_true",
@@ -614,7 +603,6 @@ def main() -> int:
     c = SimpleNamespace(s=s, args=args, jd=jd, sha=sha, grid=grid, sel_run=sel_run, work=work, asv_home=asv_home,
                         asv_env_base=asv_env_base, machine_done=[])
     table = {"abtrials": (do_abtrials, 60), "after": (do_after, 30), "sets": (do_sets, 120), "order": (do_order, 60),
-             "placements": (do_placements, 60),
              "sbs": (do_sbs, 60),
              "ab": (do_ab, 60),
              "cudnn": (do_cudnn, 40),

@@ -374,32 +374,3 @@ def test_cudnn_accuracy_bands(case_id):
     e16 = error_metrics(out16, reference_bf16(inp)[0])
     assert e8.rel_l2_error < 0.045 and math.isfinite(e8.max_abs_error)
     assert e16.rel_l2_error < 0.005
-
-
-@needs_fa3
-def test_fa3_fp8_placements_on_gpu():
-    """Timing over input placements: every copy computes the case's output, samples rotate over the
-    placements (at least two each) and the figure is the mean of the per-placement medians."""
-    import statistics
-
-    from mla_fp8_bench.harness.placements import extra_placements
-    from mla_fp8_bench.measure.devices import platform_info
-    from mla_fp8_bench.measure.timing import time_device
-    from mla_fp8_bench.problem.cases import parse_case_id
-    from mla_fp8_bench.problem.inputs import make_inputs
-
-    pinfo = platform_info("cuda")
-    inp = make_inputs(parse_case_id("s512"), pinfo.device, pinfo.fp8_dtype)
-    bk = get_backend("fa3-fp8")
-    p = bk.prepare_case(inp)
-    want = p.run().clone()
-    with extra_placements(bk, inp, 4) as more:
-        assert len(more) == 3
-        for r in more:
-            assert torch.equal(r(), want)
-        tr = time_device(p.run, pinfo.device, graph_capturable=p.graph_capturable, samples=5, placements=more)
-    assert tr.method == "graph" and tr.placement_count == 4
-    assert len(tr.placements) == len(tr.samples_s) >= 8
-    assert all(tr.placements.count(i) >= 2 for i in range(4))
-    per = [statistics.median(x for x, k in zip(tr.samples_s, tr.placements) if k == i) for i in range(4)]
-    assert tr.latency_s == pytest.approx(sum(per) / 4, rel=1e-12)

@@ -349,10 +349,9 @@ def test_run_rounds_forks_each_round_from_one_server_in_alternating_order():
     assert [(d["round"], d["order"]) for d in docs] == [(1, "reversed"), (2, "shuffled")]
     assert docs[0]["pid"] != docs[1]["pid"]
     assert [r["case"] for r in docs[0]["rows"]] == ["s64", "s128"]  # least work first
-    for d in docs:  # where a round's wall time goes: setup, then per pair inputs / prepare / placements / timing
+    for d in docs:  # where a round's wall time goes: setup, then per pair inputs / prepare / timing
         phases = [r["phases_s"] for r in d["rows"]]
-        assert all(set(ph) == {"inputs", "prepare", "placements", "timing"} and min(ph.values()) >= 0 for ph in phases)
-        assert all(r["placements"] == 1 for r in d["rows"])  # a CPU times the case's own inputs only
+        assert all(set(ph) == {"inputs", "prepare", "timing"} and min(ph.values()) >= 0 for ph in phases)
         assert 0 <= d["setup_s"] and d["setup_s"] + sum(sum(ph.values()) for ph in phases) <= d["wall_s"]
     assert all(r["latency_s"] > 0 for d in docs for r in d["rows"])
     assert len(logs) == 2 and logs[0].startswith("round 1 (reversed): 2/2 pairs in ")

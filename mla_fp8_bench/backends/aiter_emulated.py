@@ -22,7 +22,6 @@ class AiterEmulated(AiterPsBackend):
     name = "aiter-emulated"
     description = "AITER PS FP8 prefill path: planner port + PyTorch emulation of the gfx950 kernel and reduce"
     emulation = True
-    placements = Verdict.no("an emulation's latency is not compared, so it is timed on the case's own inputs only")
 
     def __init__(self, cu_num: int | None = None, aiter_version: Any = None, emulator: Emulator | None = None):
         """``cu_num`` / ``aiter_version``: the emulated plan's CU count and AITER version (None: the run

@@ -64,16 +64,13 @@ class Backend(ABC):
     """One implementation of FP8 (or baseline) MLA prefill attention. ``name``: the registry name (CLI,
     asv parameter); ``fp8``: False for bf16 baselines; ``emulation``: a PyTorch model of a kernel (latency
     labelled, never compared); ``context_chunks``: yes when :meth:`prepare` runs ``ctx`` cases (q_len <
-    kv_len, non-causal) with LSE on every row, else no with the reason; ``placements``: yes when timing may
-    prepare the case again on copies of its inputs at other device addresses
-    (:mod:`mla_fp8_bench.harness.placements`), else no with the reason; ``config``: the run's configuration."""
+    kv_len, non-causal) with LSE on every row, else no with the reason; ``config``: the run's configuration."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     fp8: ClassVar[bool] = True
     emulation: ClassVar[bool] = False
     context_chunks: ClassVar[Verdict] = Verdict.no("does not run context-chunk attention (q_len < kv_len, non-causal)")
-    placements: ClassVar[Verdict] = Verdict.yes()
     config: RunConfig = RunConfig()
 
     @abstractmethod

@@ -209,7 +209,6 @@ class VllmAiter(Backend):
     description = "vLLM AiterMLAImpl._mla_fp8_prefill_attn (real vLLM code; bf16 in, casts/padding timed)"
     fp8 = True
     context_chunks = Verdict.no(CHUNKED_CONTEXT_SKIP)
-    placements = Verdict.no("prepare resets vLLM's process-wide workspace manager, so one call is prepared at a time")
     #: Import paths of vLLM's ``rocm_aiter_mla`` and workspace modules.
     vllm_module: str = DEFAULT_VLLM_MODULE
     workspace_module: str = DEFAULT_WORKSPACE_MODULE

@@ -158,7 +158,7 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
 
     cfg = config or check_knobs()
     pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
-    opts = RunOptions(samples=cfg.samples or 30, placements=cfg.placements,
+    opts = RunOptions(samples=cfg.samples or 30,
                       time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
     parent = open_parent_stderr() if asv_context(cfg) is not None else None
     streams = (sys.stderr,) + ((parent,) if parent is not None else ())

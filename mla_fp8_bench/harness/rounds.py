@@ -87,21 +87,17 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     Returns:
         ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
         "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {..., "error"}]}``; seconds;
-        ``phases_s``: ``inputs`` (~0 when reused), ``prepare``, ``placements`` (preparing the extra input
-        placements, :mod:`~mla_fp8_bench.harness.placements`), ``timing`` (the first pair's holds the heat-up);
-        ``placements``: the input placements the latency averages, ``placement_latency_s`` each one's median.
+        ``phases_s``: ``inputs`` (~0 when reused), ``prepare``, ``timing`` (the first pair's holds the heat-up).
     """
     import torch
 
     from mla_fp8_bench.backends import get_backend
-    from mla_fp8_bench.harness.placements import extra_placements
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.measure.timing import _PROCESS_STATE, clock_fields, measure_latency
     from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.problem.inputs import make_inputs
 
     t0 = time.perf_counter()
-    placements = (config or RunConfig()).placements
     pinfo = platform_info(device)
     bks: dict[str, Any] = {}
     for b in backends:  # a backend that cannot load, or cannot say whether it is available, fails its own rows only
@@ -136,17 +132,14 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
             t2 = time.perf_counter()
             prep = bk.prepare_case(inputs[c])
             t3 = time.perf_counter()
-            with extra_placements(bk, inputs[c], placements) as more:
-                t4 = time.perf_counter()
-                kw = {"placements": more} if pinfo.device.type == "cuda" else {"warmup": False}
-                tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
-            phases.update(inputs=t2 - t1, prepare=t3 - t2, placements=t4 - t3, timing=time.perf_counter() - t4)
+            kw = {} if pinfo.device.type == "cuda" else {"warmup": False}
+            tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
+            phases.update(inputs=t2 - t1, prepare=t3 - t2, timing=time.perf_counter() - t3)
             clock, n = clock_fields(tr), len(tr.samples_s)
             off = clock.get("clock_off_plateau_samples")
-            row.update(latency_s=tr.latency_s, **{k: clock.get(k) for k in ROUND_FIELDS[1:4]},
+            row.update(latency_s=tr.median_s, **{k: clock.get(k) for k in ROUND_FIELDS[1:4]},
                        off_plateau_fraction=(len(off) / n) if off is not None and n else None, samples=n,
-                       method=tr.method, launches_per_sample=tr.launches_per_sample,
-                       placements=tr.placement_count, placement_latency_s=tr.placement_medians_s)
+                       method=tr.method, launches_per_sample=tr.launches_per_sample)
         except Exception as exc:  # noqa: BLE001 - one failing pair never loses the others
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:

@@ -24,8 +24,7 @@ from mla_fp8_bench.backends import (
     Verdict,
     get_backend,
 )
-from mla_fp8_bench.config import DEFAULT_PLACEMENTS, MAX_PLACEMENTS, MAX_SAMPLES, RunConfig
-from mla_fp8_bench.harness.placements import extra_placements
+from mla_fp8_bench.config import MAX_SAMPLES, RunConfig
 from mla_fp8_bench.measure import metric_table
 from mla_fp8_bench.measure.devices import PlatformInfo, environment, platform_info, synchronize
 from mla_fp8_bench.measure.metrics import error_metrics, lse_metrics
@@ -48,7 +47,6 @@ class RunOptions:
     time_budget_s: float = 20.0  # wall-clock budget of one (backend, case)'s latency samples
     call_latency: bool = True  # also host-inclusive call latency on GPUs
     flush_l2: bool = False  # flush L2 before each sample (GPU)
-    placements: int = DEFAULT_PLACEMENTS  # input placements averaged into a GPU latency (1: the case's own only)
     determinism: bool = True  # run twice, record the largest difference (``nondeterminism_max_abs``)
     ref_dtype: torch.dtype | None = None  # reference dtype (None: float64 on CPU, float32 on GPU)
 
@@ -60,8 +58,6 @@ class RunOptions:
         tb = self.time_budget_s
         if isinstance(tb, bool) or not isinstance(tb, (int, float)) or not math.isfinite(tb) or tb <= 0:
             raise ValueError(f"time_budget_s={tb!r} is invalid: a finite number of seconds > 0")
-        if type(self.placements) is not int or not 1 <= self.placements <= MAX_PLACEMENTS:
-            raise ValueError(f"placements={self.placements!r} is invalid: an integer from 1 to {MAX_PLACEMENTS}")
 
 
 @dataclass
@@ -114,24 +110,17 @@ class CaseData:
         return reference_bf16(self.inputs, self._ref_dtype)
 
 
-def _measure_timing(v: dict[str, Any], backend: Backend, inputs: CaseInputs, prepared, pinfo: PlatformInfo,
-                    opts: RunOptions) -> None:
-    """Latency (on GPUs also host call latency) of ``prepared.run`` into the record values ``v``, averaged over
-    ``opts.placements`` input placements where the backend allows (:func:`extra_placements`)."""
-    with extra_placements(backend, inputs, opts.placements) as more:
-        tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
-                             samples=opts.samples, time_budget_s=opts.time_budget_s,
-                             **({"flush_l2": opts.flush_l2, "placements": more} if pinfo.device.type == "cuda"
-                                else {"warmup": False}))
-    v.update(latency_s=tr.latency_s, latency_samples_s=tr.samples_s, latency_iqr_s=tr.iqr_s, latency_cv=tr.cv,
-             latency_method=tr.method, launches_per_sample=tr.launches_per_sample,
-             latency_placements=tr.placement_count)
-    if tr.placements:
-        v.update(latency_sample_placements=tr.placements, latency_placement_medians_s=tr.placement_medians_s)
+def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunOptions) -> None:
+    """Latency (on GPUs also host call latency) of ``prepared.run`` into the record values ``v``."""
+    tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
+                         samples=opts.samples, time_budget_s=opts.time_budget_s,
+                         **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
+    v.update(latency_s=tr.median_s, latency_samples_s=tr.samples_s, latency_iqr_s=tr.iqr_s, latency_cv=tr.cv,
+             latency_method=tr.method, launches_per_sample=tr.launches_per_sample)
     if tr.note:
         v["latency_note"] = tr.note
     v.update(clock_fields(tr))
-    v.update(tflops=tflops(v["flops"], tr.latency_s), gb_s=v["bytes"] / tr.latency_s / 1e9)
+    v.update(tflops=tflops(v["flops"], tr.median_s), gb_s=v["bytes"] / tr.median_s / 1e9)
     if opts.call_latency and pinfo.device.type == "cuda":
         cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
         v.update(call_latency_s=cl.median_s, call_latency_samples_s=cl.samples_s)
@@ -187,7 +176,7 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         v.update(flops=case_flops(case), bytes=case_min_bytes(case))
         _check_finite(rec)
         if opts.timing and rec.status == "ok":
-            _measure_timing(v, backend, case_data.inputs, prepared, pinfo, opts)
+            _measure_timing(v, prepared, pinfo, opts)
         v.update({k: val for k, val in prepared.extras.items() if k not in v})
     except (BackendUnavailable, CaseUnsupported) as exc:
         rec.status, rec.reason = "skipped", str(exc)

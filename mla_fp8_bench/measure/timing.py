@@ -9,7 +9,7 @@ import contextlib
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -26,29 +26,10 @@ class TimingResult:
     flush_l2: bool = False  # whether L2 was flushed before each sample
     note: str = ""  # why a fallback happened, if one did
     extra: dict = field(default_factory=dict)  # :func:`time_device`'s warm-up and clock details
-    placements: list[int] = field(default_factory=list)  # each sample's input placement (empty: all 0)
 
     @property
     def median_s(self) -> float:
         return statistics.median(self.samples_s)
-
-    @property
-    def latency_s(self) -> float:
-        """The latency figure, seconds per launch: :func:`placement_figure` of the samples."""
-        return placement_figure(self.samples_s, self.placements)
-
-    @property
-    def placement_medians_s(self) -> list[float]:
-        """Each placement's median sample, seconds, in placement order (one value without placements)."""
-        if not self.placements:
-            return [self.median_s]
-        return [statistics.median(x for x, p in zip(self.samples_s, self.placements) if p == k)
-                for k in sorted(set(self.placements))]
-
-    @property
-    def placement_count(self) -> int:
-        """Input placements the samples came from (1 without placements)."""
-        return len(set(self.placements)) or 1
 
     @property
     def iqr_s(self) -> float:
@@ -61,23 +42,6 @@ class TimingResult:
         """Coefficient of variation (stdev / mean) of the samples (0 for fewer than 2)."""
         s = self.samples_s
         return statistics.stdev(s) / statistics.fmean(s) if len(s) >= 2 else 0.0
-
-
-def placement_figure(values: Sequence[float], placements: Sequence[int] = ()) -> float:
-    """The median of ``values``; with ``placements`` (one index per value, several distinct) the mean over
-    placements of each placement's median (docs/methodology.md §2: latency at small sizes takes one of
-    a few levels by where the inputs sit, so the figure averages placements). ValueError: no values, or
-    ``placements`` not one per value."""
-    if not values:
-        raise ValueError("placement_figure of no values")
-    if not placements:
-        return statistics.median(values)
-    if len(placements) != len(values):
-        raise ValueError(f"placement_figure: {len(placements)} placements for {len(values)} values")
-    groups: dict[int, list[float]] = {}
-    for p, v in zip(placements, values):
-        groups.setdefault(p, []).append(v)
-    return statistics.fmean(statistics.median(g) for g in groups.values())
 
 
 def _warmup(run: Callable[[], object], sync: Callable[[], None], max_calls: int = 20, budget_s: float = 2.0,
@@ -212,30 +176,28 @@ def _probe_launch_s(run: Callable[[], object], device: torch.device, stream, syn
     return max(_chunk(run, 3, _events(), stream, sync) / 3, 1e-7), graph_capturable, note
 
 
-def _sample_loop(sample_fns: Sequence[Callable[[], None]], samples: int, stream, flush_buf, time_budget_s: float,
+def _sample_loop(one_sample: Callable[[], None], samples: int, stream, flush_buf, time_budget_s: float,
                  reader) -> tuple[list[tuple], list]:
-    """Take up to ``samples`` event-bracketed samples, sample ``i`` from ``sample_fns[i % len(sample_fns)]``,
-    with one sample in flight while the host waits for the previous one and reads the clock (so the GPU
-    never idles between samples and each reading is taken while its sample runs). At least 5 samples and
-    one per function are taken before ``time_budget_s`` may stop it. Returns ``(event pairs, clock readings)``."""
+    """Take up to ``samples`` event-bracketed samples with one sample in flight while the host waits for
+    the previous one and reads the clock (so the GPU never idles between samples and each reading is
+    taken while its sample runs). Returns ``(event pairs, clock readings)``."""
     pairs: list[tuple] = []
     readings: list = []
     t_budget = time.perf_counter() + time_budget_s
     mid = samples // 2
-    least = max(4, len(sample_fns) - 1)
     for i in range(samples):
         if flush_buf is not None:
             flush_buf.zero_()
         e0, e1 = _events()
         e0.record(stream)
-        sample_fns[i % len(sample_fns)]()
+        one_sample()
         e1.record(stream)
         pairs.append((e0, e1))
         if reader is not None:
             if i > 0:
                 pairs[i - 1][1].synchronize()
             readings.append(reader.read(full=i in (0, mid, samples - 1)))
-        if i >= least and time.perf_counter() > t_budget:
+        if i >= 4 and time.perf_counter() > t_budget:
             break
     return pairs, readings
 
@@ -244,19 +206,16 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
                 samples: int = 30, target_sample_s: float = 2e-3, max_launches: int = 200,
                 flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
                 warmup_max_s: float = 1.0, warmup_tol: float = 0.005, min_window_s: float = 0.1,
-                clocks: bool = True, placements: Sequence[Callable[[], object]] = ()) -> TimingResult:
+                clocks: bool = True) -> TimingResult:
     """Kernel-only latency of ``run`` (device work, no host sync) on a ``cuda:N`` device, in seconds per launch
     (docs/methodology.md §2): warm-up, a one-launch probe, a graph of ``launches`` calls (events if capture
     fails), the clock-aware settle (``warmup_s`` .. ``warmup_max_s`` until within ``warmup_tol``), samples.
 
     ``samples``: least samples (fewer, never under 5, once ``time_budget_s`` runs out; up to 4x to span
     ``min_window_s``); a sample lasts about ``target_sample_s`` (at most ``max_launches``; one launch with
-    ``flush_l2``, which flushes L2 before each). ``placements``: the same call on other copies of its inputs
-    (:func:`~mla_fp8_bench.problem.inputs.relocated`); each gets its own graph, samples rotate over ``run``
-    and them (at least two each), ``TimingResult.placements`` says which sample came from which and
-    ``TimingResult.latency_s`` averages them. ``extra``: ``est_launch_s``, ``warmup_replays``,
-    ``warmup_device_s``, ``warmup_settled``, ``warmup_sm_mhz``, and ``clocks`` (:func:`clocks.mark_samples`)
-    when ``clocks`` reads them. ValueError for a device not a GPU.
+    ``flush_l2``, which flushes L2 before each). ``extra``: ``est_launch_s``, ``warmup_replays``, ``warmup_device_s``,
+    ``warmup_settled``, ``warmup_sm_mhz``, and ``clocks`` (:func:`clocks.mark_samples`) when ``clocks``
+    reads them. ValueError for a device not a GPU.
     """
     if device.type != "cuda":
         raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
@@ -271,37 +230,32 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     if flush_l2:  # twice the L2 (64 MiB where torch does not report it) of fp32, zeroed before each sample
         l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20)
         flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device=device)
-    runs = [run, *placements]
-    graphs: list = []
+    graph = None
     if graph_capturable:
         try:
-            graphs = [_capture(r, launches, stream, sync) for r in runs]
+            graph = _capture(run, launches, stream, sync)
         except Exception as exc:  # noqa: BLE001
-            graphs = []
             note = _capture_failed(exc, device)
-    method = "graph" if graphs else "events"
+    method = "events" if graph is None else "graph"
 
-    def eager(r: Callable[[], object]) -> Callable[[], None]:
-        def sample() -> None:
+    def one_sample() -> None:
+        if graph is not None:
+            graph.replay()
+        else:
             for _ in range(launches):
-                r()
-        return sample
+                run()
 
-    sample_fns = [g.replay for g in graphs] if graphs else [eager(r) for r in runs]
-    settle = _settle(sample_fns[0], one * launches, stream, sync, warmup_s, warmup_max_s, warmup_tol, reader=reader)
+    settle = _settle(one_sample, one * launches, stream, sync, warmup_s, warmup_max_s, warmup_tol, reader=reader)
     n = min(4 * samples, max(samples, int(min_window_s / max(one * launches, 1e-9)) + 1))
-    if len(runs) > 1:
-        n = max(n, 2 * len(runs))
-    pairs, readings = _sample_loop(sample_fns, n, stream, flush_buf, time_budget_s, reader)
+    pairs, readings = _sample_loop(one_sample, n, stream, flush_buf, time_budget_s, reader)
     sync()
     out = [e0.elapsed_time(e1) / 1e3 / launches for e0, e1 in pairs]
-    graphs = sample_fns = []  # free the graph pools before the next case
+    graph = None  # free the graph pool before the next case
     extra = {"est_launch_s": one, "warmup_replays": settle["replays"], "warmup_device_s": settle["device_s"],
              "warmup_settled": settle["settled"], "warmup_sm_mhz": settle["sm_mhz"]}
     if reader is not None:
         extra["clocks"] = mark_samples(readings)
-    where = [i % len(runs) for i in range(len(out))] if len(runs) > 1 else []
-    return TimingResult(out, method, launches, warm, flush_l2, note, extra=extra, placements=where)
+    return TimingResult(out, method, launches, warm, flush_l2, note, extra=extra)
 
 
 def _host_samples(run: Callable[[], object], sync: Callable[[], None], samples: int, min_samples: int,
@@ -347,18 +301,15 @@ def measure_latency(run: Callable[[], object], device: torch.device, *, graph_ca
 
 def clock_fields(tr: TimingResult) -> dict:
     """Record fields of the clock state of ``tr`` (empty without clock readings): ``latency_sm_cycles``
-    (latency x the SM clock read during each sample, as nvbench-compare-robust derives it, reduced as
-    :attr:`TimingResult.latency_s` is) and its samples; median SM clock (MHz), temperature (deg C), power
-    (W); the :func:`clocks.mark_samples` lists, ``clock_locked``, ``warmup_settled``."""
+    (median of latency x the SM clock read during each sample, as nvbench-compare-robust derives it) and its
+    samples; median SM clock (MHz), temperature (deg C), power (W); the :func:`clocks.mark_samples` lists,
+    ``clock_locked``, ``warmup_settled``."""
     c = tr.extra.get("clocks")
     if not c:
         return {}
     st = next(iter(_PROCESS_STATE.values()), {})
-    where = tr.placements or [0] * len(tr.samples_s)
-    pairs = [(t * f * 1e6, p) for t, f, p in zip(tr.samples_s, c["sm_mhz"], where) if f is not None]
-    cycles = [x for x, _p in pairs]
-    figure = placement_figure(cycles, [p for _x, p in pairs] if tr.placements else ()) if cycles else None
-    return {"latency_sm_cycles": figure, "latency_sm_cycles_samples": cycles,
+    cycles = [t * f * 1e6 for t, f in zip(tr.samples_s, c["sm_mhz"]) if f is not None]
+    return {"latency_sm_cycles": statistics.median(cycles) if cycles else None, "latency_sm_cycles_samples": cycles,
             "sm_clock_mhz": c["sm_mhz_median"], "gpu_temp_c": c["temp_c_median"], "gpu_power_w": c["power_w_median"],
             "sm_clock_samples_mhz": c["sm_mhz"], "clock_throttled_samples": c["throttled"],
             "clock_off_plateau_samples": c["off_plateau"], "clock_reasons": c["reasons"],

@@ -100,8 +100,6 @@ class _CudnnBase(Backend):
 
     context_chunks: ClassVar[Verdict] = Verdict.no("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats "
                                                    "output is not wired), which ctx and prefix cases need")
-    placements: ClassVar[Verdict] = Verdict.no("prepare builds and plans a cuDNN graph each time: too slow to "
-                                               "repeat per placement")
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         arch = str(platform.arch)

@@ -10,7 +10,6 @@ output, vLLM's ``forward_mha`` split); ``const`` (all-equal q/k, constant-per-ch
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -122,24 +121,3 @@ def make_inputs(case: Case, device: torch.device | str = "cpu",
     q8, k8, v8 = (quantize(x, case.quant, fp8_dtype) for x in (q, k, v))
     return CaseInputs(case, q, k, v, q8, k8, v8, cu_q.to(device), cu_q, cu_kv.to(device), cu_kv, case.max_seq_len,
                       case.max_kv_len, case.causal, shapes.DEFAULT_SOFTMAX_SCALE, fp8_dtype, device)
-
-
-def _relocated_tensor(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values and layout (shape, strides, offset into its base) in a new allocation."""
-    base = t._base if t._base is not None else t
-    return base.clone(memory_format=torch.preserve_format).as_strided(t.size(), t.stride(), t.storage_offset())
-
-
-def relocated(inputs: CaseInputs) -> CaseInputs:
-    """The same inputs (values, dtypes, shapes, strides) in new device allocations: one more *placement* of
-    the case (docs/methodology.md §2). Raises ``torch.OutOfMemoryError`` when the
-    device cannot hold the copy."""
-    changes = {}
-    for f in dataclasses.fields(inputs):
-        val = getattr(inputs, f.name)
-        if isinstance(val, torch.Tensor):
-            changes[f.name] = _relocated_tensor(val)
-        elif isinstance(val, Quantized):
-            changes[f.name] = dataclasses.replace(val, data=_relocated_tensor(val.data),
-                                                  descale=_relocated_tensor(val.descale))
-    return dataclasses.replace(inputs, **changes)
