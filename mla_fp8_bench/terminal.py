@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -28,13 +29,18 @@ def fmt_seconds(x: float | None) -> str:
 
 def make_console(file: TextIO | None = None) -> Console:
     """A rich console for ``file`` (default stdout): rich's width on a terminal, else ``COLUMNS`` if set,
-    else :data:`LOG_WIDTH`."""
+    else :data:`LOG_WIDTH`. A ``COLUMNS`` or ``LINES`` that is not ASCII digits (rich would fail to read
+    it) is passed over: the terminal's size is used, or 25 lines off a terminal."""
+    cols, lines = os.environ.get("COLUMNS", ""), os.environ.get("LINES", "")
+    bad = any(v and not (v.isascii() and v.isdigit()) for v in (cols, lines))
     with contextlib.suppress(AttributeError, ValueError):
         if (file if file is not None else sys.stdout).isatty():
-            return Console(file=file)
-    cols = os.environ.get("COLUMNS", "")
+            if not bad:
+                return Console(file=file)
+            size = shutil.get_terminal_size()
+            return Console(file=file, width=size.columns, height=size.lines)
     width = int(cols) if cols.isascii() and cols.isdigit() and int(cols) > 0 else LOG_WIDTH
-    return Console(file=file, width=width, force_terminal=False, highlight=False)
+    return Console(file=file, width=width, force_terminal=False, highlight=False, **({"height": 25} if bad else {}))
 
 
 def case_line(done: int, total: int, backend: str, case: str, status: str, elapsed_s: float, total_s: float,

@@ -46,6 +46,27 @@ def test_console_respects_columns_off_terminal(monkeypatch):
     assert make_console(io.StringIO()).width == 132
 
 
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("var", ["COLUMNS", "LINES"])
+@pytest.mark.parametrize("value", ["\u00b2", "\u0665", "12x"])
+def test_console_passes_over_a_size_that_is_not_ascii_digits(monkeypatch, var, value):
+    """rich reads COLUMNS / LINES with int() after str.isdigit(), which '²' passes: the console must not."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((123, 45)))
+    con = make_console(_Tty())
+    assert (con.width, con.height) == (123, 45)
+    con.print("tty ok")
+    off = make_console(io.StringIO())
+    assert (off.width, off.height) == (LOG_WIDTH, 25)
+    off.print("log ok")
+
+
 def test_case_line_format():
     assert case_line(3, 30, "aiter-emulated", "s512", "ok", 4.06, 12.84) == \
         "[3/30] aiter-emulated s512: ok (4.1 s; 12.8 s so far)"

@@ -58,8 +58,9 @@ def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
     first on ``PYTHONPATH`` (empty: nothing overridden).
 
     Raises:
-        AbUsageError: ``spec`` does not exist, is a file that is not executable, a directory that cannot
-            be read, or the root of a virtual or conda environment (its interpreter is meant).
+        AbUsageError: ``spec`` does not exist (or is a link that does not resolve), is a file that is not
+            executable, a directory that cannot be read, or the root of a virtual or conda environment (its
+            interpreter is meant).
     """
     if os.path.isdir(spec):
         if not os.access(spec, os.R_OK | os.X_OK):
@@ -72,7 +73,9 @@ def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
     if os.path.isfile(spec) and os.access(spec, os.X_OK):
         return SideSpec(label, spec, spec)
     what = "is a file that is not executable" if os.path.isfile(spec) else (
-        "is neither a file nor a directory" if os.path.exists(spec) else "does not exist")
+        "is neither a file nor a directory" if os.path.exists(spec) else
+        "is a symbolic link that does not resolve (a loop, or its target is missing)" if os.path.islink(spec)
+        else "does not exist")
     raise AbUsageError(f"{label} {spec!r} {what}: {_SIDE_FORMS}")
 
 
