@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
 from mla_fp8_bench.argtypes import parse_number
+from mla_fp8_bench.problem.cases import MAX_TOTAL_TOKENS
 
 PREFIX = "MLA_FP8_BENCH_"
 #: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
@@ -61,7 +62,7 @@ class RunConfig:
             raise ValueError(f"{PREFIX}SAMPLES={samples} is invalid: at most {MAX_SAMPLES}")
         return replace(
             cls.locating(environ), device=check_device(get("DEVICE").strip() or "auto", f"{PREFIX}DEVICE"),
-            max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1),
+            max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1, maximum=MAX_TOTAL_TOKENS),
             backends=_names(get("BACKENDS"), "BACKENDS", grid and grid[0], "backends"),
             cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
             samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),

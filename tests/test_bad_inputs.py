@@ -414,7 +414,8 @@ def test_unknown_case_or_suite_name(capsys):
     ("MLA_FP8_BENCH_MAX_TOKENS", "abc", "MLA_FP8_BENCH_MAX_TOKENS='abc' is not an integer: must be an integer >= 1"),
     ("MLA_FP8_BENCH_BACKENDS", "nope", "MLA_FP8_BENCH_BACKENDS names unknown backends ['nope']: allowed aiter"),
     ("MLA_FP8_BENCH_SAMPLES", "many", "MLA_FP8_BENCH_SAMPLES='many' is not an integer: must be an integer >= 1"),
-], ids=["MAX_TOKENS", "BACKENDS", "SAMPLES"])
+    ("MLA_FP8_BENCH_MAX_TOKENS", "1048577", "MLA_FP8_BENCH_MAX_TOKENS='1048577' is invalid: at most 1048576"),
+], ids=["MAX_TOKENS", "BACKENDS", "SAMPLES", "MAX_TOKENS-above-any-case"])
 def test_bad_asv_env_vars_fail_before_measuring(monkeypatch, var, value, needle):
     monkeypatch.setenv(var, value)
     monkeypatch.delenv("MLA_FP8_BENCH_EXPECT_COMMIT", raising=False)
