@@ -26,6 +26,12 @@ INT_FORM = "ASCII digits 0-9"
 FLOAT_RE = re.compile(r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
 
 
+def shown(text: object, limit: int = 60) -> str:
+    """``repr(text)`` for a message, cut to about ``limit`` characters (a pasted megabyte stays one short line)."""
+    r = repr(text)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(str(text))} characters)"
+
+
 def check_name(value: str, what: str) -> str:
     """``value`` if a safe path component (:data:`NAME_RE`, no ``..``, not :data:`RESERVED_NAMES`), else ValueError."""
     if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
@@ -115,17 +121,20 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
     bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
     if kind is int:
         val = read_int(text)
+        if val is None and INT_RE.fullmatch(digits := str(text).strip(ASCII_SPACE)):
+            raise ValueError(f"{what}={digits[:20]}... ({len(digits)} digits) is invalid: too large")
         if val is None:
-            raise ValueError(f"{what}={text!r} is not an integer: must be an integer {bound}, written in {INT_FORM}")
+            raise ValueError(f"{what}={shown(text)} is not an integer: must be an integer {bound}, written in "
+                             f"{INT_FORM}")
     else:
         val = read_float(text)
         if val is None:
-            raise ValueError(f"{what}={text!r} is not a number: must be a number {bound}, written in ASCII "
+            raise ValueError(f"{what}={shown(text)} is not a number: must be a number {bound}, written in ASCII "
                              "(e.g. 2.5 or 1e-3)")
     if isinstance(val, float) and not math.isfinite(val):
-        raise ValueError(f"{what}={text!r} is invalid: a finite number is needed")
+        raise ValueError(f"{what}={shown(text)} is invalid: a finite number is needed")
     if val < minimum or (strict and val == minimum):
-        raise ValueError(f"{what}={text!r} is invalid: must be {bound}")
+        raise ValueError(f"{what}={shown(text)} is invalid: must be {bound}")
     return val
 
 

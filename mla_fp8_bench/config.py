@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
-from mla_fp8_bench.argtypes import parse_number
+from mla_fp8_bench.argtypes import parse_number, shown
 from mla_fp8_bench.problem.cases import MAX_TOTAL_TOKENS
 
 PREFIX = "MLA_FP8_BENCH_"
@@ -123,11 +123,11 @@ def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maxi
         v = int(parse_number(raw, int, PREFIX + name, minimum, strict=False))
         if maximum is None or v <= maximum:
             return v
-        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: at most {maximum}")
+        raise ValueError(f"{PREFIX}{name}={shown(raw)} is invalid: at most {maximum}")
     except ValueError:
         if allowed is None:
             raise
-        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: {allowed}") from None
+        raise ValueError(f"{PREFIX}{name}={shown(raw)} is invalid: {allowed}") from None
 
 
 def _float(raw: str, name: str) -> float | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -27,19 +26,34 @@ def fmt_seconds(x: float | None) -> str:
     return f"{x:.4g} s" if x >= 1 else f"{x * 1e3:.4g} ms" if x >= 1e-3 else f"{x * 1e6:.4g} us"
 
 
+def _size_ok(value: str) -> bool:
+    """Whether ``COLUMNS`` / ``LINES`` is unset or a size rich can use: ASCII digits, 1 .. :data:`LOG_WIDTH`."""
+    return not value or (value.isascii() and value.isdigit() and 0 < int(value) <= LOG_WIDTH)
+
+
+def _terminal_size(file: TextIO | None) -> tuple[int, int]:
+    """The terminal's (columns, lines) as the OS reports them (never from the environment), else (80, 25)."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        size = os.get_terminal_size((file if file is not None else sys.stdout).fileno())
+        if size.columns > 0 and size.lines > 0:
+            return size.columns, size.lines
+    return 80, 25
+
+
 def make_console(file: TextIO | None = None) -> Console:
     """A rich console for ``file`` (default stdout): rich's width on a terminal, else ``COLUMNS`` if set,
-    else :data:`LOG_WIDTH`. A ``COLUMNS`` or ``LINES`` that is not ASCII digits (rich would fail to read
-    it) is passed over: the terminal's size is used, or 25 lines off a terminal."""
+    else :data:`LOG_WIDTH`. A ``COLUMNS`` or ``LINES`` that is not a size (ASCII digits, 1 .. LOG_WIDTH;
+    rich would fail on '²' or print nothing at 0) is passed over: the terminal's own size is used, or
+    the log width and 25 lines off a terminal."""
     cols, lines = os.environ.get("COLUMNS", ""), os.environ.get("LINES", "")
-    bad = any(v and not (v.isascii() and v.isdigit()) for v in (cols, lines))
+    bad = not (_size_ok(cols) and _size_ok(lines))
     with contextlib.suppress(AttributeError, ValueError):
         if (file if file is not None else sys.stdout).isatty():
             if not bad:
                 return Console(file=file)
-            size = shutil.get_terminal_size()
-            return Console(file=file, width=size.columns, height=size.lines)
-    width = int(cols) if cols.isascii() and cols.isdigit() and int(cols) > 0 else LOG_WIDTH
+            width, height = _terminal_size(file)
+            return Console(file=file, width=width, height=height)
+    width = int(cols) if cols and _size_ok(cols) else LOG_WIDTH
     return Console(file=file, width=width, force_terminal=False, highlight=False, **({"height": 25} if bad else {}))
 
 

@@ -159,10 +159,10 @@ def test_ab_refuses_base_and_head_naming_one_install(tmp_path, capsys, no_work, 
     base, head = _sides(tmp_path)
     (tmp_path / "link").symlink_to(base)
     python, python3 = _linked_python(tmp_path / "env", "python", "python3")
-    for sides, named in (([base, base], f"BASE and HEAD are both {base}:"),
-                         ([base, base + "/"], f"BASE and HEAD are both {base}:"),
-                         ([str(tmp_path / "link"), base], f"both {base}:"),
-                         ([python, python3], f"one interpreter started from {tmp_path / 'env' / 'bin'}:")):
+    for sides, named in (([base, base], f"BASE and HEAD are both {base!r}:"),
+                         ([base, base + "/"], f"BASE and HEAD are both {base!r}:"),
+                         ([str(tmp_path / "link"), base], f"both {base!r}:"),
+                         ([python, python3], f"one interpreter started from {str(tmp_path / 'env' / 'bin')!r}:")):
         assert main(["ab", *sides, *CPU]) == 2
         out = _one_error_line(capsys)
         assert named in out and "an A/B needs two different installs" in out, out
@@ -388,3 +388,30 @@ def test_ab_measures_a_backend_named_twice_once_and_refuses_one_file_for_two_out
     assert seen == [["torch-sdpa-bf16", "torch-fp8-ref"]]
     out = str(tmp_path / "x.json")
     assert main([*args, "-b", "torch-sdpa-bf16", "--json", out, "--summary", out]) == 2 and len(seen) == 1
+
+
+def test_ab_same_install_named_with_a_newline_is_one_line(tmp_path, capsys, no_work, no_probe):
+    odd = tmp_path / "new\nline"
+    odd.mkdir()
+    assert main(["ab", str(odd), str(odd) + "/", *CPU]) == 2
+    out = _one_error_line(capsys)
+    assert "BASE and HEAD are both" in out and "\\n" in out
+
+
+def test_ab_refuses_an_install_path_holding_the_pythonpath_separator(tmp_path, capsys, no_work, no_probe):
+    odd = tmp_path / f"x{os.pathsep}y"
+    odd.mkdir()
+    assert main(["ab", str(odd), _sides(tmp_path)[1], *CPU]) == 2
+    out = _one_error_line(capsys)
+    assert f"BASE {str(odd)!r} holds {os.pathsep!r}, which PYTHONPATH reads as a separator" in out
+
+
+def test_ab_runs_the_interpreter_file_it_checked_not_one_on_path(tmp_path, monkeypatch):
+    """A bare relative name of an executable file in the working directory is that file (subprocess would
+    look the name up on PATH instead)."""
+    monkeypatch.chdir(tmp_path)
+    wrapper = tmp_path / "python3"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    side = ab.parse_side("python3", "BASE")
+    assert side.python == str(wrapper) and os.path.isabs(side.python)

@@ -50,15 +50,20 @@ class _Tty(io.StringIO):
     def isatty(self):
         return True
 
+    def fileno(self):
+        return 1
+
 
 @pytest.mark.parametrize("var", ["COLUMNS", "LINES"])
-@pytest.mark.parametrize("value", ["\u00b2", "\u0665", "12x"])
-def test_console_passes_over_a_size_that_is_not_ascii_digits(monkeypatch, var, value):
-    """rich reads COLUMNS / LINES with int() after str.isdigit(), which '²' passes: the console must not."""
+@pytest.mark.parametrize("value", ["\u00b2", "\u0665", "12x", "0", "00", " 80", "99999999999999999999"])
+def test_console_passes_over_a_size_that_is_not_a_size(monkeypatch, var, value):
+    """rich reads COLUMNS / LINES with int() after str.isdigit(), which '²' passes, and prints nothing at
+    width 0: the console uses the terminal's own size instead (and shutil, which reads them too, is not asked)."""
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.delenv("LINES", raising=False)
     monkeypatch.setenv(var, value)
-    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((123, 45)))
+    monkeypatch.setattr(os, "get_terminal_size", lambda *a, **k: os.terminal_size((123, 45)))
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: pytest.fail("shutil reads COLUMNS itself"))
     con = make_console(_Tty())
     assert (con.width, con.height) == (123, 45)
     con.print("tty ok")

@@ -69,9 +69,12 @@ def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
             exe = os.path.join(spec, "bin", "python")
             raise AbUsageError(f"{label} {spec!r} is the root of an environment, not an install directory: give "
                                f"its interpreter ({exe})")
+        if os.pathsep in os.path.abspath(spec):
+            raise AbUsageError(f"{label} {spec!r} holds {os.pathsep!r}, which PYTHONPATH reads as a separator: "
+                               "move or link the install to a path without it")
         return SideSpec(label, spec, python or sys.executable, (os.path.abspath(spec),))
     if os.path.isfile(spec) and os.access(spec, os.X_OK):
-        return SideSpec(label, spec, spec)
+        return SideSpec(label, spec, os.path.abspath(spec))  # the file checked, not a name looked up on PATH
     what = "is a file that is not executable" if os.path.isfile(spec) else (
         "is neither a file nor a directory" if os.path.exists(spec) else
         "is a symbolic link that does not resolve (a loop, or its target is missing)" if os.path.islink(spec)
@@ -92,8 +95,8 @@ def check_distinct(base: SideSpec, head: SideSpec) -> None:
     if _identity(base) != _identity(head):
         return
     a, b = os.path.abspath(base.spec), os.path.abspath(head.spec)
-    both = (f"both {a}" if a == b else f"{base.spec!r} and {head.spec!r}, both {_identity(base)[1]}" if base.prepend
-            else f"{base.spec!r} and {head.spec!r}, one interpreter started from {_identity(base)[2]}")
+    both = (f"both {a!r}" if a == b else f"{base.spec!r} and {head.spec!r}, both {_identity(base)[1]!r}" if base.prepend
+            else f"{base.spec!r} and {head.spec!r}, one interpreter started from {_identity(base)[2]!r}")
     raise AbUsageError(f"BASE and HEAD are {both}: an A/B needs two different installs")
 
 
