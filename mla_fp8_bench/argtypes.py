@@ -67,6 +67,14 @@ def read_int(text: object) -> int | None:
         return None
 
 
+def _past_digit_limit(text: object, what: str, why: str) -> None:
+    """ValueError ``<what>=<first digits>... (<n> digits) is <why>`` when ``text`` is ASCII digits that
+    :func:`read_int` cannot read (past Python's int-string digit limit)."""
+    digits = str(text).strip(ASCII_SPACE)
+    if INT_RE.fullmatch(digits) and read_int(digits) is None:
+        raise ValueError(f"{what}={digits[:20]}... ({len(digits)} digits) is {why}")
+
+
 def read_float(text: object) -> float | None:
     """The number ``text`` spells (:data:`FLOAT_RE`, surrounding ASCII whitespace ignored), else None."""
     s = str(text).strip(ASCII_SPACE)
@@ -81,10 +89,9 @@ def parse_int(text: object, what: str, lo: int, hi: int) -> int:
         allowed <lo>..<hi>``.
     """
     v = read_int(text)
-    if v is None and INT_RE.fullmatch(digits := str(text).strip(ASCII_SPACE)):
-        raise ValueError(f"{what}={digits[:20]}... ({len(digits)} digits) is out of range: allowed {lo}..{hi}")
     if v is None:
-        raise ValueError(f"{what}={text!r} is not an integer: allowed {lo}..{hi}, written in {INT_FORM}")
+        _past_digit_limit(text, what, f"out of range: allowed {lo}..{hi}")
+        raise ValueError(f"{what}={shown(text)} is not an integer: allowed {lo}..{hi}, written in {INT_FORM}")
     if not lo <= v <= hi:
         raise ValueError(f"{what}={v} is out of range: allowed {lo}..{hi}")
     return v
@@ -107,7 +114,7 @@ def parse_int_list(text: object, what: str, lo: int, hi: int, max_items: int) ->
     out = []
     for i, p in enumerate(parts):
         if not INT_RE.fullmatch(p.strip(ASCII_SPACE)):
-            raise ValueError(f"{what}[{i}]={p!r} is not an integer: {form}")
+            raise ValueError(f"{what}[{i}]={shown(p)} is not an integer: {form}")
         out.append(parse_int(p, f"{what}[{i}]", lo, hi))
     return tuple(out)
 
@@ -121,9 +128,8 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
     bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
     if kind is int:
         val = read_int(text)
-        if val is None and INT_RE.fullmatch(digits := str(text).strip(ASCII_SPACE)):
-            raise ValueError(f"{what}={digits[:20]}... ({len(digits)} digits) is invalid: too large")
         if val is None:
+            _past_digit_limit(text, what, "invalid: too large")
             raise ValueError(f"{what}={shown(text)} is not an integer: must be an integer {bound}, written in "
                              f"{INT_FORM}")
     else:

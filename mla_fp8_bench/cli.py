@@ -149,17 +149,12 @@ def _interrupted_path(path: str, data: dict) -> str:
     """Where an interrupted run's records go (:func:`_path_keeping`, tag ``interrupted``): ``path`` unless
     replacing its file would lose what a completed run would (:func:`_run_loses`) or it holds as many
     records or more; a file beside it is replaced only when that loses nothing and it holds fewer or as many."""
-    from mla_fp8_bench.jsonio import load_json
-
     n = len(data["records"])
 
     def loses(target: Path, beside: bool) -> str | None:
-        if why := _run_loses(target, data):
+        why, held = _run_loses(target, data)
+        if why:
             return why
-        if target.stat().st_size == 0:
-            return None
-        old = load_json(target, "run JSON")
-        held = len(old["records"])
         return f"{held} records" if held > n or (held == n and not beside) else None
 
     return _path_keeping(path, "interrupted", loses)[0]
@@ -177,30 +172,30 @@ def _measured(records: list[dict]) -> dict[tuple[str, str], bool]:
     return out
 
 
-def _run_loses(target: Path, data: dict) -> str | None:
-    """What replacing the file ``target`` by the completed run ``data`` would lose, or None: a file that
-    is not a run JSON (an empty one holds nothing), or (backend, case) records it holds ``ok`` that
-    ``data`` lacks, holds not ``ok``, or holds without the latency the stored one has."""
+def _run_loses(target: Path, data: dict) -> tuple[str | None, int]:
+    """(what replacing the file ``target`` by the run ``data`` would lose, or None; the records it holds):
+    a file that is not a run JSON (an empty one holds nothing), or (backend, case) records it holds ``ok``
+    that ``data`` lacks, holds not ``ok``, or holds without the latency the stored one has."""
     from mla_fp8_bench.harness.results import ResultsError, load_run_json
 
     if target.stat().st_size == 0:
-        return None
+        return None, 0
     try:
         stored = load_run_json(target)
     except ResultsError as exc:
-        return f"it is not a run JSON ({exc})"
+        return f"it is not a run JSON ({exc})", 0
     new = _measured(data["records"])
     lost = [k for k, timed in _measured(stored.records).items() if k not in new or (timed and not new[k])]
     if not lost:
-        return None
+        return None, len(stored.records)
     return (f"it holds {len(lost)} measured (backend, case) record(s) this run lacks or did not measure "
-            f"(e.g. {lost[0][0]} {lost[0][1]})")
+            f"(e.g. {lost[0][0]} {lost[0][1]})"), len(stored.records)
 
 
 def _completed_path(path: str, data: dict) -> tuple[str, str | None]:
     """(where a completed run's records go, why ``path`` is kept or None): ``path``, unless replacing its
     file would lose something (:func:`_run_loses`); then beside it (:func:`_path_keeping`, tag ``new``)."""
-    return _path_keeping(path, "new", lambda target, _beside: _run_loses(target, data))
+    return _path_keeping(path, "new", lambda target, _beside: _run_loses(target, data)[0])
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
