@@ -13,27 +13,32 @@ from urllib.parse import quote
 
 
 def kernel_latency_view(site: Path) -> str | None:
-    """The site address (after ``#``) of the kernel latency over the cases at the newest commit, one line
-    per backend, on the machine with a GPU that has the most such values; None when none has any."""
+    """The site address (after ``#``) of the kernel latency history on the machine with a GPU that has the
+    most such values at its newest commit: one line per backend measured there, for the case most of them
+    measured (of those, the slowest); None when no machine with a GPU has any."""
     from mla_fp8_bench.measure.metric_table import find
 
     name = find("track_latency").asv_name
     index = json.loads((site / "index.json").read_text())
     if (bench := index["benchmarks"].get(name)) is None:
         return None
-    best: tuple[int, str, list] = (0, "", [])
+    best: tuple[int, str, dict] = (0, "", {})
     for f in site.glob(f"graphs/**/{name}.json"):
-        machine = next((p[len("machine-"):] for p in f.parts if p.startswith("machine-")), None)
+        machine = next((p[len("machine-"):] for p in f.parts if p.startswith("machine-")), "")
         if str((index["machines"].get(machine) or {}).get("gpu", "none")) != "none":
             rows = json.loads(f.read_text())
             last = rows[-1][1] if rows and isinstance(rows[-1][1], list) else []
-            have = [c for c, v in zip(itertools.product(*bench["params"]), last)
-                    if isinstance(v, (int, float)) and math.isfinite(v)]
+            have = {c: v for c, v in zip(itertools.product(*bench["params"]), last)
+                    if isinstance(v, (int, float)) and math.isfinite(v)}
             best = max(best, (len(have), machine, have))
     n, machine, have = best
-    backend, case = bench["param_names"]
-    shown = "".join(f"&p-{backend}={quote(b)}" for b in bench["params"][0] if any(c[0] == b for c in have))
-    return f"{name}?machine={quote(machine)}&x-axis={case}&y-axis-scale=log{shown}" if n else None
+    if not n:
+        return None
+    cases = {c[1]: [v for k, v in have.items() if k[1] == c[1]] for c in have}
+    case = max(cases, key=lambda c: (len(cases[c]), sum(cases[c])))
+    backend_name, case_name = bench["param_names"]
+    shown = "".join(f"&p-{backend_name}={quote(b)}" for b in bench["params"][0] if (b, case) in have)
+    return f"{name}?machine={quote(machine)}{shown}&p-{case_name}={quote(case)}"
 
 
 def open_on_kernel_latency(site: Path) -> str | None:
