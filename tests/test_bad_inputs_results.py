@@ -315,65 +315,30 @@ def test_plot_boolean_latency_is_named(tmp_path, capsys):
 
 
 # ============================================================ publish
-def test_publish_missing_assets_says_the_one_command(tmp_path, capsys):
-    assert main(["publish", "--results-dir", str(_results_dir(tmp_path / "results")), "--html-dir",
-                 str(tmp_path / "html"), "--assets", str(tmp_path / "none")]) == 2
-    out = _out(capsys)
-    assert f"`mla-fp8-benchpublish--install-assets--assets{tmp_path / 'none'}`" in out
-    assert not (tmp_path / "html").exists()
-
-
-def _assets_or_skip():
-    from mla_fp8_bench.report.publish import asset_problems, assets_dir
-
-    if asset_problems(assets_dir()):
-        pytest.skip("site assets not installed (mla-fp8-bench publish --install-assets)")
-    return assets_dir()
-
-
 def test_publish_html_dir_is_a_file(tmp_path, capsys):
-    assets = _assets_or_skip()
     f = tmp_path / "site.html"
     f.write_text("x")
-    assert main(["publish", "--results-dir", str(_results_dir(tmp_path / "results")), "--html-dir", str(f),
-                 "--assets", str(assets)]) == 2
-    assert _sq(f"--html-dir {f} is a file, not a directory") in _out(capsys) and f.read_text() == "x"
+    assert main(["publish", "--results-dir", str(_results_dir(tmp_path / "results")), "--html-dir", str(f)]) == 2
+    assert _sq(f"--html-dir {f} is a file, not a folder") in _out(capsys) and f.read_text() == "x"
 
 
 def test_publish_refuses_to_replace_a_folder_that_is_not_a_site(tmp_path, capsys):
-    assets = _assets_or_skip()
     d = tmp_path / "docs"
     d.mkdir()
     (d / "notes.md").write_text("mine")
-    assert main(["publish", "--results-dir", str(_results_dir(tmp_path / "results")), "--html-dir", str(d),
-                 "--assets", str(assets)]) == 2
-    assert "isanon-emptyfolderthatisnotanasvsite" in _out(capsys) and (d / "notes.md").read_text() == "mine"
+    assert main(["publish", "--results-dir", str(_results_dir(tmp_path / "results")), "--html-dir", str(d)]) == 2
+    assert "holdswhatpublishdidnotwrite(notes.md)" in _out(capsys) and (d / "notes.md").read_text() == "mine"
 
 
 def test_publish_empty_results_dir(tmp_path, capsys):
-    assets = _assets_or_skip()
     (tmp_path / "results" / "m1").mkdir(parents=True)
     (tmp_path / "results" / "m1" / "machine.json").write_text(json.dumps(_machine("m1")))
-    assert main(["publish", "--results-dir", str(tmp_path / "results"), "--html-dir", str(tmp_path / "html"),
-                 "--assets", str(assets)]) == 2
-    assert "holdsnoasvresultfiles:nothingtopublish" in _out(capsys)
-
-
-def test_publish_tampered_asset_is_refused(tmp_path, capsys):
-    import shutil
-
-    assets = _assets_or_skip()
-    copy = tmp_path / "assets"
-    shutil.copytree(assets, copy)
-    (copy / "node_modules" / "jquery" / "dist" / "jquery.min.js").write_text("alert('not jquery')")
-    assert main(["publish", "--results-dir", str(_results_dir(tmp_path / "results")), "--html-dir",
-                 str(tmp_path / "html"), "--assets", str(copy)]) == 2
-    assert "jquery/dist/jquery.min.jsisnotthepinnedversion" in _out(capsys)
+    assert main(["publish", "--results-dir", str(tmp_path / "results"), "--html-dir", str(tmp_path / "html")]) == 2
+    assert "holdsnobenchmarks.json:nothingtopublish" in _out(capsys) and not (tmp_path / "html").exists()
 
 
 def test_publish_bad_config(tmp_path, capsys):
-    assets = _assets_or_skip()
     cfg = tmp_path / "asv.conf.json"
     cfg.write_text("{ not json")
-    assert main(["publish", "--config", str(cfg), "--assets", str(assets)]) == 2
+    assert main(["publish", "--config", str(cfg)]) == 2
     assert _sq(f"asv config {cfg} cannot be read") in _out(capsys)

@@ -1,5 +1,5 @@
 """What a CI log and a person see: unwrapped tables off a terminal, per-case progress lines, ratios that
-read right, the site's presentation rewrites, ``preview`` on 127.0.0.1, nightly refusing offline."""
+read right, ``preview`` on 127.0.0.1, nightly refusing offline."""
 
 from __future__ import annotations
 
@@ -214,65 +214,6 @@ def test_readme_gate_example_runs_on_committed_results(capsys):
 
 
 # ------------------------------------------------------------------------------------------ site
-def _mini_site(tmp_path: Path) -> Path:
-    site = tmp_path / "site"
-    g = site / "graphs" / "machine-cpu"
-    g.mkdir(parents=True)
-    (site / "graphs" / "summary").mkdir()
-    lat = "bench_mla_prefill.MLAPrefill.track_latency"
-    clk = "bench_mla_prefill.MLAPrefill.track_sm_clock"
-    params = [["'aiter-emulated'", "'torch-fp8-ref'"], ["'s128'", "'s256'"]]
-    index = {"benchmarks": {lat: {"params": params}, clk: {"params": params}}}
-    (site / "index.json").write_text(json.dumps(index))
-    (g / f"{lat}.json").write_text(json.dumps([[1, [0.5, 0.9, 0.01, 0.02]], [2, [0.6, None, None, None]]]))
-    (g / f"{clk}.json").write_text(json.dumps([[1, [None, None, None, None]]]))
-    (site / "graphs" / "summary" / f"{clk}.json").write_text(json.dumps([[1, None]]))
-    return site
-
-
-def test_site_drops_emulation_from_kernel_latency_and_empty_benchmarks(tmp_path):
-    from mla_fp8_bench.report.site_view import drop_empty_benchmarks, drop_emulation_from_kernel_latency
-
-    site = _mini_site(tmp_path)
-    assert drop_emulation_from_kernel_latency(site) == 3
-    g = json.loads((site / "graphs" / "machine-cpu" / "bench_mla_prefill.MLAPrefill.track_latency.json").read_text())
-    assert g == [[1, [None, None, 0.01, 0.02]]]  # a revision left with no value is dropped
-    assert drop_empty_benchmarks(site) == ["bench_mla_prefill.MLAPrefill.track_sm_clock"]
-    assert list(json.loads((site / "index.json").read_text())["benchmarks"]) == [
-        "bench_mla_prefill.MLAPrefill.track_latency"]
-
-
-def test_site_pages_regression_factor_and_file_url(tmp_path):
-    from mla_fp8_bench.report import site_view
-
-    asv_www = Path(__import__("asv").__file__).parent / "www"
-    site = tmp_path / "site"
-    site.mkdir()
-    for f in ("regressions.js", "graphdisplay.js", "index.html"):
-        shutil.copy(asv_www / f, site / f)
-    assert site_view._patch_regressions_js(site) and site_view._patch_graph_display(site, {"b.track_x": "cpu"})
-    assert site_view._patch_pages(site) == 1
-    reg = (site / "regressions.js").read_text()
-    assert "factor.toFixed(2)" not in reg and reg.count("mlaFactorText(") == 3
-    assert "$.asv.pretty_unit(old_value" not in reg and reg.count("mlaValueText(") == 5
-    gd = (site / "graphdisplay.js").read_text()
-    assert "mla-legend" in gd and gd.count("mlaDefaultMachines(index, current_benchmark)") == 2
-    assert 'var MLA_DEFAULT_MACHINE = {"b.track_x": "cpu"};' in gd
-    page = (site / "index.html").read_text()
-    assert "location.protocol === 'file:'" in page and "jQuery.holdReady(true)" in page
-    assert "mla-fp8-bench preview" in page
-    # idempotent: a second pass changes nothing
-    assert not site_view._patch_regressions_js(site) and site_view._patch_pages(site) == 0
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed: the factor text function is not evaluated")
-    js = reg.split("function mlaFactorText", 1)[1].split("\n}\n", 1)[0]
-    prog = ("function mlaFactorText" + js + "\n}\nconsole.log(JSON.stringify([mlaFactorText(1e-12, 64), "
-            "mlaFactorText(9.7449e-6, 10.2346e-6), mlaFactorText(2, 3)]));")
-    out = subprocess.run([node, "-e", prog], capture_output=True, text=True, timeout=60)
-    assert json.loads(out.stdout) == ["0 → 64 (new)", "1.0503x", "1.5000x"]
-
-
 def test_preview_serves_on_localhost_only(tmp_path):
     import http.client
 
@@ -346,31 +287,6 @@ def test_nightly_uses_a_mirror_that_holds_the_commit(tmp_path, monkeypatch, caps
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "--no-pull" in out and sha in out
-
-
-def test_site_thumbnails_come_from_one_machine(tmp_path):
-    from mla_fp8_bench.report.site_view import _patch_summary_grid, summaries_from_one_machine
-
-    site = tmp_path / "site"
-    lat = "bench_mla_prefill.MLAPrefill.track_latency"
-    emu = "bench_mla_prefill.MLAPrefill.track_emulation_latency"
-    for m, rows in (("cpu", {lat: [[1, [2.0, 8.0]], [3, [4.0, 4.0]]], emu: [[3, [0.5, None]]]}),
-                    ("h200", {lat: [[2, [1e-5, 4e-5]]]})):
-        d = site / "graphs" / "arch-x86_64" / f"machine-{m}"
-        d.mkdir(parents=True)
-        for name, r in rows.items():
-            (d / f"{name}.json").write_text(json.dumps(r))
-    (site / "graphs" / "summary").mkdir()
-    (site / "index.json").write_text(json.dumps({
-        "benchmarks": {lat: {}, emu: {}},
-        "machines": {"cpu": {"gpu": "none"}, "h200": {"gpu": "NVIDIA H200"}}}))
-    assert summaries_from_one_machine(site) == {lat: "h200", emu: "cpu"}
-    got = json.loads((site / "graphs" / "summary" / f"{lat}.json").read_text())
-    assert got[0][0] == 2 and got[0][1] == pytest.approx(2e-5) and len(got) == 1  # geometric mean, H200 only
-    assert json.loads((site / "graphs" / "summary" / f"{emu}.json").read_text()) == [[3, 0.5]]
-    asv_www = Path(__import__("asv").__file__).parent / "www"
-    shutil.copy(asv_www / "summarygrid.js", site / "summarygrid.js")
-    assert _patch_summary_grid(site) and "points: { show: data.length < 3" in (site / "summarygrid.js").read_text()
 
 
 def test_parent_stderr_is_shared_only_when_it_is_not_a_regular_file(tmp_path):

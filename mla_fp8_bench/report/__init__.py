@@ -1,2 +1,2 @@
-"""Reporting: figures (``plot``), the published asv site (``publish``, ``site_view``) and the merge of
-several runners' results (``results_merge``). Optional: ``pip install -e '.[plot]'`` / ``'.[site]'``."""
+"""Reporting: what a person reads of stored results, e.g. the published asv site (``publish``, ``site_view``;
+needs asv: ``pip install -e '.[site]'``)."""

@@ -71,43 +71,35 @@ def asset_problems() -> list[str]:
             if not (nm / rel).is_file() or hashlib.sha256((nm / rel).read_bytes()).hexdigest() != digest]
 
 
-def install_assets(timeout: float = 300) -> Path:
-    """``npm install`` :data:`ASSET_PACKAGES` into :func:`assets_dir`, then check every pinned file."""
+def install_assets() -> Path:
+    """``npm install`` :data:`ASSET_PACKAGES` into :func:`assets_dir` (npm's output shown), then check them."""
     if (npm := shutil.which("npm")) is None:
         raise PublishError("--install-assets needs npm, which is not installed (Debian: apt-get install -y npm)")
-    try:
-        p = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--no-save", "--package-lock=false",
-                            "--prefix", str(assets_dir()), *ASSET_PACKAGES], capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise PublishError(f"npm install did not finish in {timeout:.0f} s") from None
-    if p.returncode != 0 or (bad := asset_problems()):
-        why = " ".join((p.stderr or p.stdout).split())[-300:] if p.returncode else f"not as pinned: {bad}"
-        raise PublishError(f"npm install of {' '.join(ASSET_PACKAGES)} into {assets_dir()} failed: {why}")
+    cmd = [npm, "install", "--no-audit", "--no-fund", "--no-save", "--package-lock=false", "--prefix"]
+    if subprocess.run([*cmd, str(assets_dir()), *ASSET_PACKAGES]).returncode:
+        raise PublishError(f"npm install of {' '.join(ASSET_PACKAGES)} into {assets_dir()} failed (see above)")
+    if bad := asset_problems():
+        raise PublishError(f"npm installed files that are not the pinned ones: {', '.join(bad)}")
     return assets_dir()
 
 
-def vendorize(site: Path) -> int:
+def vendorize(site: Path) -> None:
     """Copy the pinned files into ``site/_assets/`` and point every CDN script and stylesheet of the top
-    pages at its copy (their ``integrity`` dropped: the SHA-256 of :data:`PINNED` stands for it); returns
-    how many tags changed. PublishError: a CDN file with no pinned copy (asv changed its pages)."""
+    pages at its copy, ``integrity`` dropped (the SHA-256 of :data:`PINNED` stands for it). PublishError:
+    a CDN file with no pinned copy (asv changed its pages)."""
     for rel in PINNED:
         (site / "_assets" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(assets_dir() / "node_modules" / rel, site / "_assets" / rel)
 
     def local(m: re.Match) -> str:
-        tail, copy = next(((t, c) for t, c in CDN_COPIES.items() if re.search(t + "$", m[1])), (None, None))
-        if tail is None:
-            raise PublishError(f"the site loads {m[1]}, which has no pinned copy (extend CDN_COPIES)")
-        path = "_assets/" + re.search(tail + "$", m[1]).expand(copy)
-        return re.sub(r'\s(integrity|crossorigin|referrerpolicy)="[^"]*"', "", m[0]).replace(m[1], path)
+        for tail, copy in CDN_COPIES.items():
+            if hit := re.search(tail + "$", m[1]):
+                tag = re.sub(r'\s(integrity|crossorigin|referrerpolicy)="[^"]*"', "", m[0])
+                return tag.replace(m[1], "_assets/" + hit.expand(copy))
+        raise PublishError(f"the site loads {m[1]}, which has no pinned copy (extend CDN_COPIES)")
 
-    n = 0
     for page in site.glob("*.html"):
-        text, k = _REMOTE_TAG.subn(local, page.read_text())
-        page.write_text(text)
-        n += k
-    return n
+        page.write_text(_REMOTE_TAG.sub(local, page.read_text()))
 
 
 def _written_by_publish(html: Path) -> None:
@@ -123,34 +115,32 @@ def _written_by_publish(html: Path) -> None:
                            f"{', ...' if len(top) > 3 else ''}): move that away, or publish to another --html-dir")
 
 
-def _asv_publish(conf: dict, base: Path, results: Path, site: Path, timeout: float) -> list[str]:
+def _asv_publish(conf: dict, base: Path, results: Path, site: Path) -> list[str]:
     """``asv publish`` of ``results`` into ``site`` under a copy of ``conf`` (of the config in ``base``)
     with absolute paths; returns the lines asv printed about files it left out."""
-    work = site.parent
     repo = str(conf.get("repo", "."))
     conf = dict(conf, repo=repo if re.match(r"\w+://|git@", repo) else str((base / repo).resolve()),
-                results_dir=str(results.resolve()), html_dir=str(site), env_dir=str(work / "env"),
+                results_dir=str(results.resolve()), html_dir=str(site), env_dir=str(site.parent / "env"),
                 benchmark_dir=str((base / conf.get("benchmark_dir", "benchmarks")).resolve()))
-    (work / "asv.conf.json").write_text(json.dumps(conf))
-    try:
-        p = subprocess.run([sys.executable, "-m", "asv", "publish", "--no-pull", "--config", "asv.conf.json"],
-                           cwd=work, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise PublishError(f"asv publish did not finish in {timeout:.0f} s") from None
-    log = (p.stdout or "") + (p.stderr or "")
+    (site.parent / "asv.conf.json").write_text(json.dumps(conf))
+    p = subprocess.run([sys.executable, "-m", "asv", "publish", "--no-pull", "--config", "asv.conf.json"],
+                       cwd=site.parent, capture_output=True, text=True)
+    log = p.stdout + p.stderr
     if p.returncode != 0 or not (site / "index.html").is_file():
         raise PublishError(f"asv publish failed (exit {p.returncode}): {' '.join(log.split())[-600:]}")
     return [" ".join(s.split("··", 1)[1].split()) for s in log.splitlines() if "··" in s]
 
 
 def publish_site(config: str | os.PathLike = "asv.conf.json", html_dir: str | os.PathLike | None = None,
-                 results_dir: str | os.PathLike | None = None, offline: bool = False,
-                 timeout: float = 900) -> tuple[Path, list[str]]:
-    """``asv publish`` of ``results_dir`` into ``html_dir`` (defaults: the ``config``'s), the site fixes
-    applied, CDN files made local when ``offline``; returns the site and asv's lines about files it left
-    out. PublishError (one line, nothing changed): a missing input or asset, an ``html_dir`` holding what
-    publish did not write, a failing ``asv publish``."""
+                 results_dir: str | os.PathLike | None = None, offline: bool = False) -> tuple[Path, list[str]]:
+    """``asv publish`` of ``results_dir`` into ``html_dir`` (defaults: the ``config``'s), the site made to
+    open on the kernel latencies, CDN files made local when ``offline``; returns the site and asv's lines
+    about files it left out. PublishError (one line, nothing changed): a bad input, missing copies, an
+    ``html_dir`` holding what publish did not write, a failing ``asv publish``."""
     from asv import util
+
+    from mla_fp8_bench.jsonio import locked
+    from mla_fp8_bench.report.site_view import open_on_kernel_latency
 
     try:  # asv's own loader: JSON with comments
         conf = util.load_json(str(config), js_comments=True)
@@ -165,37 +155,27 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", html_dir: str | os
         if offline and (missing := asset_problems()):
             raise PublishError(f"--offline needs the site's scripts in {assets_dir()} ({len(missing)} of "
                                f"{len(PINNED)} missing or changed): run `mla-fp8-bench publish --install-assets`")
-        return _publish(conf, base, results, html, offline, timeout)
-    except OSError as exc:
-        raise PublishError(f"cannot publish: {exc.strerror or exc}: {exc.filename or html}") from None
-
-
-def _publish(conf: dict, base: Path, results: Path, html: Path, offline: bool, timeout: float):
-    from mla_fp8_bench.jsonio import OutputError, locked
-    from mla_fp8_bench.report.site_view import open_on_kernel_latency
-
-    try:
         with locked(html, "--html-dir"):
             _written_by_publish(html)
-            work = Path(tempfile.mkdtemp(prefix=".publish-", dir=html.parent))
+            site = Path(tempfile.mkdtemp(prefix=".publish-", dir=html.parent)) / "site"
             try:
-                left_out = _asv_publish(conf, base, results, work / "site", timeout)
-                open_on_kernel_latency(work / "site")
+                left_out = _asv_publish(conf, base, results, site)
+                open_on_kernel_latency(site)
                 if offline:
-                    vendorize(work / "site")
-                paths = sorted(str(p.relative_to(work / "site")) for p in (work / "site").rglob("*"))
-                (work / "site" / SITE_MARKER).write_text("\n".join(["written by mla-fp8-bench publish:", *paths]))
+                    vendorize(site)
+                paths = sorted(str(p.relative_to(site)) for p in site.rglob("*"))
+                (site / SITE_MARKER).write_text("\n".join(["written by mla-fp8-bench publish:", *paths]))
                 if html.exists():
-                    html.rename(work / "previous")
+                    html.rename(site.parent / "previous")
                 try:
-                    (work / "site").rename(html)
+                    site.rename(html)
                 except OSError:
-                    (work / "previous").rename(html)
+                    (site.parent / "previous").rename(html)
                     raise
             finally:
-                shutil.rmtree(work, ignore_errors=True)
-    except OutputError as exc:
-        raise PublishError(str(exc)) from None
+                shutil.rmtree(site.parent, ignore_errors=True)
+    except OSError as exc:
+        raise PublishError(f"cannot publish: {exc.strerror or exc}: {exc.filename or html}") from None
     return html, left_out
 
 
