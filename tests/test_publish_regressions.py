@@ -94,6 +94,17 @@ def test_a_folder_copied_into_the_site_stops_the_next_publish(tmp_path, capsys):
     assert "(a.md)" in capsys.readouterr().out and (tmp_path / "docs" / "a.md").read_text() == "a"
 
 
+def test_a_file_asv_cannot_read_is_named_and_the_rest_published(tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(ROOT / "results", tmp_path / "results")
+    (tmp_path / "results" / "h200" / "run.new.json").write_text('{"records": []}')
+    assert main(["publish", "--results-dir", str(tmp_path / "results"), "--html-dir", str(tmp_path / "html")]) == 0
+    out = capsys.readouterr().out
+    assert " ".join(out.split()).count(f"asv publish: No version specified in {tmp_path}/results/h200/run.new.json") == 1
+    assert (tmp_path / "html" / "index.html").is_file()
+
+
 def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path, capsys):
     long = tmp_path / ("a" * 300)
     assert main(["publish", "--results-dir", str(ROOT / "results"), "--html-dir", str(long)]) == 2

@@ -128,7 +128,7 @@ def _asv_publish(conf: dict, base: Path, results: Path, site: Path) -> list[str]
     log = p.stdout + p.stderr
     if p.returncode != 0 or not (site / "index.html").is_file():
         raise PublishError(f"asv publish failed (exit {p.returncode}): {' '.join(log.split())[-600:]}")
-    return [" ".join(s.split("··", 1)[1].split()) for s in log.splitlines() if "··" in s]
+    return list(dict.fromkeys(" ".join(s.split("··", 1)[1].split()) for s in log.splitlines() if "··" in s))
 
 
 def publish_site(config: str | os.PathLike = "asv.conf.json", html_dir: str | os.PathLike | None = None,
