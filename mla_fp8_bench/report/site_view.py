@@ -30,7 +30,7 @@ def kernel_latency_view(site: Path) -> str | None:
             last = rows[-1][1] if rows and isinstance(rows[-1][1], list) else []
             have = {c: v for c, v in zip(itertools.product(*bench["params"]), last)
                     if isinstance(v, (int, float)) and math.isfinite(v)}
-            best = max(best, (len(have), machine, have))
+            best = max(best, (len(have), machine, have), key=lambda t: t[:2])
     n, machine, have = best
     if not n:
         return None
