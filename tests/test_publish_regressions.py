@@ -138,3 +138,20 @@ def test_offline_site_loads_nothing_from_the_network(site, tmp_path):
     for ref in re.findall(r'(?:src|href)="(_assets/[^"]+)"', page):
         assert (html / ref).is_file(), ref
     assert page.count('"_assets/') == 10
+
+
+def test_the_opening_view_never_picks_a_machine_without_a_gpu(tmp_path):
+    from mla_fp8_bench.report.site_view import kernel_latency_view
+
+    params = [["'fa3-fp8'", "'torch-fp8-ref'"], ["'s128'", "'s256'"]]
+    machines = {"cpu": {"gpu": "none"}, "gpu1": {"gpu": "NVIDIA H200"}}
+    (tmp_path / "index.json").write_text(json.dumps({"machines": machines, "benchmarks": {
+        LAT: {"params": params, "param_names": ["backend", "case"]}}}))
+    for machine, last in (("cpu", [1e-3, 2e-3, 3e-3, 4e-3]), ("gpu1", [None, None, 5e-6, None])):
+        (tmp_path / "graphs" / f"machine-{machine}").mkdir(parents=True)
+        (tmp_path / "graphs" / f"machine-{machine}" / f"{LAT}.json").write_text(json.dumps([[1, last]]))
+    assert kernel_latency_view(tmp_path) == f"{LAT}?machine=gpu1&p-backend=%27torch-fp8-ref%27&p-case=%27s128%27"
+    machines["gpu1"]["gpu"] = "none"
+    (tmp_path / "index.json").write_text(json.dumps({"machines": machines, "benchmarks": {
+        LAT: {"params": params, "param_names": ["backend", "case"]}}}))
+    assert kernel_latency_view(tmp_path) is None
