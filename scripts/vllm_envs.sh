@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the CPU-only vLLM environments of the real-vLLM test tier (tests/vllm_tier, docs/vllm-tier.md).
+# Build the CPU-only vLLM environments of the real-vLLM test tier (tests/vllm_tier, docs/cpu-tiers.md).
 #
 # One venv per vLLM release under $VLLM_ENVS_DIR (default ${XDG_CACHE_HOME:-~/.cache}/mla_fp8_bench/vllm-envs):
 #   vllm-<ver>/  Python 3.11, torch==2.13.0 (CPU), numpy, `pip install --no-deps vllm==<ver>`, the

@@ -14,7 +14,7 @@ to q, k and v once, on the first eager call; the output and LSE are the first ``
 causal row i sees keys <= i). ``rows`` is calibrated in process, starting from ``S * (sqrt(1 + slowdown) -
 1)``; the work grows in whole query tiles (with 128-row tiles, one more of s8192 is +3.1% of the causal
 tile pairs). The slowdown should then share the case's power and clock behaviour, where an added memory-bound
-kernel under the power cap did not add a constant share (docs/methodology.md §13).
+kernel under the power cap did not add a constant share (studies/h200-measurements.md, section 13).
 BASE (and the second BASE of an A/A trial) is an empty directory: the real FA3.
 
 Each trial is one :func:`mla_fp8_bench.analysis.ab.measure_ab` run (``--rounds`` rounds per side, BASE

@@ -12,9 +12,9 @@ over the sets and the mean over the sets, as the max/min spread of each figure o
     python3 studies/buffer_sets.py --procs 6 --cases s128,s512,s2048 --json out.json
     python3 studies/buffer_sets.py --summarize out.json
 
-On an H200, small FA3-FP8 cases read at per-process levels 4-7% apart (docs/methodology.md §12, §13), and
-segment-separated buffer sets inside one process were seen 2-4% apart. A median over sets removes the
-second; this measures how much of the process-to-process spread is left.
+On an H200, small FA3-FP8 cases read at per-process levels 4-7% apart (studies/h200-measurements.md,
+sections 12 and 13), and segment-separated buffer sets inside one process were seen 2-4% apart. A median
+over sets removes the second; this measures how much of the process-to-process spread is left.
 """
 
 from __future__ import annotations

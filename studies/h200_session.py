@@ -90,7 +90,7 @@ ALL_STEPS = ("env", "smoke", "pytest", "ceilings", "cv", "sweep", "asv-tiny", "a
              "ab", "cudnn", "abtrials", "after", "sets")
 #: Orders of the order-independence processes (studies/order_check.py), the first one on a fresh machine.
 ORDERS = ("sorted", "reversed", "shuffled")
-#: The GPU grid of the order check (docs/methodology.md §10.2, §11.2): 33 params of the H200 asv grid.
+#: The GPU grid of the order check (studies/h200-measurements.md, 10.2 and 11.2): 33 params of the H200 asv grid.
 ORDER_BACKENDS = "fa3-fp8,fa3-bf16,cudnn-fp8"
 ORDER_CASES = SWEEP + ",ragged-6992-6896-2495,ragged-4096x4"
 #: Cases of the cuDNN peer sweep: the sweep, ragged and edge cases, context-chunk and prefix cases.

@@ -233,7 +233,7 @@ def test_flops_match_brute_force_pair_count(lens, heads):
 
 
 def test_flops_bytes_and_tflops():
-    assert causal_flops([4096], 16) == pytest.approx(8.59e10, rel=1e-3)  # docs/reference-facts.md#flops table
+    assert causal_flops([4096], 16) == pytest.approx(8.59e10, rel=1e-3)  # docs/methodology.md#flops
     assert case_min_bytes(Case((100,), num_heads=16)) == 768 * 16 * 100
     assert tflops(1e12, 0.5) == 2.0
     assert math.isnan(tflops(1.0, 0.0))

@@ -4,7 +4,7 @@ Identifies the library and its commit (:func:`identify`), runs the asv suite aga
 config with ``asv run -E existing:<python> --set-commit-hash <sha>``, gates the result against the
 previous stored one (or ``--base``) and publishes the site. Exit 1 on a regression, 0 otherwise, 3 when
 asv stored no result, 2 on bad usage; ``--dry-run`` prints the commands. Steps and sources of the
-commit: docs/nightly.md.
+commit: docs/gfx950-runner.md, section 3.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _from_direct_url(text: str | None) -> tuple[str | None, str | None, str]:
 def identify(library: str, python: str, checkout: str | None = None, commit: str | None = None) -> LibraryUnderTest:
     """The library under test (``aiter``, ``vllm`` or ``auto``: the one installed) and its commit: ``commit``
     if given, else the HEAD of ``checkout``, else read off the distribution installed for ``python``
-    (docs/nightly.md, step 1).
+    (docs/gfx950-runner.md, section 3, step 1).
 
     Raises:
         NightlyError: unknown library, nothing identifiable installed, both installed with ``auto``, a

@@ -1,5 +1,5 @@
 """``vllm-aiter``: the real ``AiterMLAImpl._mla_fp8_prefill_attn`` set up as vLLM's seed test (PR #51457)
-does (docs/aiter-contract.md#vllm-entry, docs/vllm-tier.md). Timing scope ``"call"``: the fp8 casts and head
+does (docs/aiter-contract.md#vllm-entry, docs/cpu-tiers.md). Timing scope ``"call"``: the fp8 casts and head
 padding are timed; planning and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
 """
 

@@ -1,5 +1,5 @@
 """FlashAttention-3 on Hopper: the full-FP8 peer (``fa3-fp8``) and its bf16 twin (``fa3-bf16``), from the
-PyPI wheel ``fa3-fwd`` 0.0.3 (module ``fa3_fwd_interface``, lazily imported; docs/reference-facts.md#fa3).
+PyPI wheel ``fa3-fwd`` 0.0.3 (module ``fa3_fwd_interface``, lazily imported; docs/aiter-contract.md#fa3).
 ``run()`` is one ``flash_attn_varlen_func`` call with ``return_attn_probs=True``, host-sync free.
 
 * q ``[T, H, 192]``, k ``[T_kv, H, 192]``, v ``[T_kv, H, 128]``: ``float8_e4m3fn`` or bf16, last dim

@@ -1,5 +1,5 @@
 """FLOPs and bytes of MLA prefill cases, and achieved throughput. Convention (FA3, FlashInfer, AITER's op
-test; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D``, halved for the causal
+test; docs/methodology.md#flops): two GEMMs of ``2 * rows * cols * D``, halved for the causal
 triangle (``320 * H * sum S_i^2`` for q_len == kv_len at 192/128); softmax work is not counted.
 """
 
@@ -30,7 +30,7 @@ def tflops(flops: float, seconds: float) -> float:
     return flops / seconds / 1e12 if seconds and seconds > 0 else float("nan")
 
 
-#: Dense datasheet peaks in TFLOP/s (docs/reference-facts.md#peaks).
+#: Dense datasheet peaks in TFLOP/s (docs/methodology.md#peaks).
 DATASHEET_PEAKS_TFLOPS = {
     "NVIDIA H200": {"fp8": 1979.0, "bf16": 989.5, "hbm_tb_s": 4.8},
     "NVIDIA H100 80GB HBM3": {"fp8": 1979.0, "bf16": 989.5, "hbm_tb_s": 3.35},

@@ -1,6 +1,6 @@
 """The real-AITER tier runs only when asked for: ``-m aiter`` (a marker expression selecting ``aiter``) or
 ``MLA_FP8_BENCH_AITER_TIER=1``. Otherwise every test marked ``aiter`` is skipped, so a plain ``pytest`` never
-starts it. Its sources come from ``AITER_SRC_DIR`` (docs/aiter-tier.md)."""
+starts it. Its sources come from ``AITER_SRC_DIR`` (docs/cpu-tiers.md)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def trees(tmp_path_factory) -> dict[str, Path]:
     src = _src_dir()
     if src is None:
         pytest.skip(f"{SRC_ENV} is not set to a directory of AITER sources (aiter-<name>.tar.gz archives or "
-                    "`git clone https://github.com/ROCm/aiter` checkouts, one per revision): docs/aiter-tier.md")
+                    "`git clone https://github.com/ROCm/aiter` checkouts, one per revision): docs/cpu-tiers.md")
     found = real_layer.source_trees(src, tmp_path_factory.mktemp("aiter-src"))
     if not found:
         pytest.skip(f"{SRC_ENV}={src} holds no AITER source tree (aiter/ops/attention.py)")
