@@ -1,0 +1,220 @@
+"""The gate's verdict per (backend, case, metric): one latency rule, one accuracy rule, resources and lost
+results (the rules: :mod:`mla_fp8_bench.analysis.gate`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mla_fp8_bench.analysis.gate.load import JUDGED_KINDS, Side, Value
+from mla_fp8_bench.analysis.stats import latency_ratio, mode_mean
+from mla_fp8_bench.analysis.tolerances import Tolerances, tolerance_key
+from mla_fp8_bench.measure.clocks import OFF_PLATEAU_REL
+from mla_fp8_bench.measure.metric_table import ASV_ACCURACY_FLOOR, DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, metric
+from mla_fp8_bench.terminal import fmt_seconds
+
+#: k of the latency threshold ``max(factor, 1 + k x se)`` (``gate --noise-k``, ``ab --noise-k``).
+DEFAULT_NOISE_K = 3.0
+#: ``ab``'s factor: both sides measured in alternating processes on one machine.
+DEFAULT_AB_FACTOR = 1.02
+#: Accuracy growth below this absolute change is never a regression (values within rounding of 0).
+ACC_ABS_FLOOR = 1e-6
+#: Verdicts that fail (LOST not with ``--allow-missing``).
+GATING = ("REGRESSION", "FAILED", "INVALID", "LOST", "NOTHING COMPARED")
+_LATENCY = ("kernel_latency", "host_latency")
+
+
+@dataclass
+class Options:
+    factor: float = DEFAULT_FACTOR  # latency and resource growth that fails
+    acc_factor: float = DEFAULT_ACC_FACTOR  # accuracy growth that fails where no tolerance covers the value
+    noise_k: float = DEFAULT_NOISE_K
+    tolerances: Tolerances | None = None
+    gate_host_latency: bool = False  # call latency and planner time gate too
+    interleaved: bool = False  # ``ab``: both sides share the machine's state, so time is gated, never cycles
+
+
+@dataclass
+class Row:
+    backend: str
+    case: str
+    metric: str
+    base: str
+    head: str
+    verdict: str  # GATING, or ok | improved | new | info | not comparable
+    ratio: str = "-"
+    detail: str = ""
+    judged: bool = False  # a HEAD value was judged against BASE or a tolerance
+
+
+def _shown(x: Value | None, m: Metric) -> str:
+    if x is None or x.status != "ok":
+        return x.status if x is not None else "-"
+    if m.kind in _LATENCY and all(math.isfinite(v) and v > 0 for v in x.values):
+        return fmt_seconds(mode_mean(x.values)) + (f" ({len(x.values)})" if len(x.values) > 1 else "")
+    return "0" if m.floor is not None and x.center <= m.floor else f"{x.center:.4g}"
+
+
+def _ratio(bv: float, hv: float, against: float) -> str:
+    """HEAD / BASE with as many decimals (3 to 6) as it takes to differ from ``against``; ``0 -> x`` from 0."""
+    if not (math.isfinite(bv) and math.isfinite(hv)) or (bv <= ASV_ACCURACY_FLOOR and hv <= bv):
+        return "-"
+    if bv <= ASV_ACCURACY_FLOOR:  # an exact 0, stored floored: a ratio against it means nothing
+        return f"0 -> {hv:.4g}"
+    x = hv / bv
+    return next((t for d in (3, 4, 5, 6) if float(t := f"{x:.{d}f}") != against), repr(x)) + "x"
+
+
+def _impossible(m: Metric, *values: Value | None) -> str:
+    """Why a stored value cannot be judged (outside the metric's bounds, a latency not finite); "" if none."""
+    for side, x in zip(("BASE", "HEAD"), values):
+        for v in (x.center, *x.values) if x is not None and x.status == "ok" else ():
+            nan_acc = m.kind == "accuracy" and math.isnan(v)
+            if not nan_acc and not (m.possible(v) and (m.kind == "accuracy" or math.isfinite(v))):
+                return f"impossible value {v:.4g} on {side} (possible: {m.bounds_text})"
+    return ""
+
+
+def _tolerance(opts: Options, row: Row, m: Metric) -> tuple[float, str] | None:
+    if m.gate == "zero":
+        return 0.0, "must be 0"
+    if opts.tolerances is None or not m.calibrated:
+        return None
+    lim, how = opts.tolerances.lookup(row.backend, tolerance_key({"backend": row.backend, "case": row.case}))
+    return (float(lim[m.record_key]), how.split(" (")[0]) if lim and m.record_key in lim else None
+
+
+def _accuracy(row: Row, m: Metric, bm: Value | None, hm: Value, opts: Options) -> None:
+    """Over its tolerance (calibrated, or 0 for a count that must be 0); where none covers it, grown over
+    BASE beyond ``acc_factor``. A non-finite value is over every limit."""
+    hv, tol = hm.center, _tolerance(opts, row, m)
+    b_ok = bm is not None and bm.status == "ok"
+    if b_ok:
+        row.ratio = _ratio(bm.center, hv, opts.acc_factor)
+    if tol is not None:
+        row.judged, over = True, not hv <= tol[0]
+        row.verdict = "REGRESSION" if over else "ok"
+        row.detail = f"{hv:.4g} {'>' if over else '<='} tolerance {tol[0]:.4g} ({tol[1]})"
+    elif b_ok:
+        row.judged = True
+        grew = not math.isfinite(hv) or (hv > bm.center * opts.acc_factor and hv - bm.center > ACC_ABS_FLOOR)
+        row.verdict = "REGRESSION" if grew else "improved" if hv < bm.center / opts.acc_factor else "ok"
+        row.detail = f"grew beyond {opts.acc_factor}x over BASE" if grew else ""
+    else:
+        row.verdict = "new"
+    if b_ok and bm.version != hm.version and row.judged:
+        row.detail = "; ".join(x for x in (row.detail, "benchmark version changed") if x)
+
+
+def _plateau(side: Side) -> float | None:
+    """The highest SM clock of the side's kernel params: the clock of a lightly loaded case."""
+    clocks = [x.center for (b, c, k), x in side.data.items() if k == "sm_clock_mhz" and x.status == "ok"
+              and (b, c) not in side.emulated]
+    return max(clocks) if clocks else None
+
+
+def _figure(base: Side, head: Side, key: tuple[str, str, str], bm: Value, hm: Value, opts: Options,
+            plateaus: tuple) -> tuple[str, Value, Value]:
+    """``SM cycles`` where the SM clock of a ``latency_s`` param lies off its side's plateau on either side
+    (a power-capped case) and both sides hold cycles; elsewhere, and always in ``ab``, ``time``."""
+    if key[2] != "latency_s" or opts.interleaved:
+        return "time", bm, hm
+    clocks = [s.data.get((*key[:2], "sm_clock_mhz")) for s in (base, head)]
+    off = any(x is not None and x.status == "ok" and p and x.center < p * (1 - OFF_PLATEAU_REL)
+              for x, p in zip(clocks, plateaus))
+    cb, ch = (s.data.get((*key[:2], "latency_sm_cycles")) for s in (base, head))
+    if off and cb is not None and ch is not None and cb.status == ch.status == "ok":
+        return "SM cycles", cb, ch
+    return "time", bm, hm
+
+
+def _latency(row: Row, m: Metric, scope: str, fig: tuple[str, Value, Value], opts: Options) -> None:
+    name, gb, gh = fig
+    if _impossible(m, gb, gh):
+        row.verdict, row.detail = "INVALID", _impossible(m, gb, gh)
+        return
+    ratio, thr, se = latency_ratio(gb.values, gh.values, opts.factor, opts.noise_k)
+    row.ratio = _ratio(mode_mean(gb.values), mode_mean(gh.values), thr)
+    if scope:
+        row.verdict, row.detail = "info", scope
+        return
+    if name != "time":
+        row.base, row.head = (f"{mode_mean(x.values):.4g} cycles" for x in (gb, gh))
+    row.judged = True
+    row.verdict = "REGRESSION" if ratio > thr else "improved" if ratio < 1 / thr else "ok"
+    row.detail = (f"threshold {thr:.3f} (se {se:.2%} over {len(gb.values)}/{len(gh.values)} values)"
+                  + (f"; gated on {name} (SM clock off its plateau)" if name != "time" else ""))
+
+
+def _scope(key: tuple[str, str, str], m: Metric, base: Side, head: Side, opts: Options) -> str:
+    """Why a latency is informational ("" when it gates)."""
+    if m.kind not in _LATENCY:
+        return ""
+    if key[:2] in base.emulated | head.emulated:
+        return "an emulation's host time, not a kernel's: informational"
+    if base.cpu or head.cpu:
+        return "CPU host time, not a kernel's: informational"
+    return "" if m.kind == "kernel_latency" or opts.gate_host_latency else \
+        "host-side latency: informational (--gate-call-latency gates it)"
+
+
+def judge_one(key: tuple[str, str, str], base: Side, head: Side, opts: Options, plateaus: tuple) -> Row | None:
+    """The row of one (backend, case, metric); None where neither side holds a value."""
+    m = metric(key[2])
+    bm, hm = base.data.get(key), head.data.get(key)
+    row = Row(key[0], key[1], key[2], _shown(bm, m), _shown(hm, m), "ok")
+    b_ok, scope = bm is not None and bm.status == "ok", _scope(key, m, base, head, opts)
+    if hm is None or hm.status != "ok":
+        if not b_ok or scope:
+            return None
+        row.verdict = "FAILED" if hm is not None and hm.status == "failed" else "LOST"
+        row.detail = f"{'absent' if hm is None else hm.status} on HEAD, measured on BASE"
+    elif m.kind not in _LATENCY and _impossible(m, bm, hm):
+        row.verdict, row.detail = "INVALID", _impossible(m, bm, hm)
+    elif m.kind == "accuracy":
+        _accuracy(row, m, bm, hm, opts)
+    elif not b_ok:
+        row.verdict = "new"
+    elif bm.version != hm.version:
+        row.verdict, row.detail = "not comparable", f"benchmark version {bm.version} -> {hm.version}"
+    elif m.kind == "resource":
+        row.judged, row.ratio = True, _ratio(bm.center, hm.center, opts.factor)
+        row.verdict = "REGRESSION" if hm.center > bm.center * opts.factor else "ok"
+        row.detail = f"grew beyond {opts.factor}x" if row.verdict != "ok" else ""
+    else:
+        _latency(row, m, scope, _figure(base, head, key, bm, hm, opts, plateaus), opts)
+    return row
+
+
+def compare(base: Side, head: Side, opts: Options) -> list[Row]:
+    """Every judged (backend, case, metric), after one row per (backend, case) ok on BASE and failed,
+    skipped or absent on HEAD; a NOTHING COMPARED row when no value was judged."""
+    rows, lost = [], set()
+    for key in sorted(base.params.keys() | head.params.keys()):
+        (bs, _), (hs, why) = (s.params.get(key, ("absent", "")) for s in (base, head))
+        if bs == "ok" and hs != "ok":
+            lost.add(key)
+            rows.append(Row(*key, "-", "ok", hs, "FAILED" if hs == "failed" else "LOST",
+                            detail=f"ok on BASE, {hs} on HEAD" + (f": {why}" if why else "")))
+    plateaus = (_plateau(base), _plateau(head))
+    for key in sorted(base.data.keys() | head.data.keys()):
+        if key[:2] not in lost and metric(key[2]).kind in JUDGED_KINDS:
+            rows += [r for r in [judge_one(key, base, head, opts, plateaus)] if r is not None]
+    if not any(r.judged for r in rows):
+        why = ("BASE holds no results" if not base.params else "HEAD holds no results" if not head.params
+               else "no value of HEAD could be judged against BASE or a tolerance")
+        rows.append(Row("*", "*", "-", f"{len(base.data)} value(s)", f"{len(head.data)} value(s)",
+                        "NOTHING COMPARED", detail=why + f" ({counts(rows) or 'no rows'})"))
+    return rows
+
+
+def counts(rows: list[Row]) -> str:
+    """``verdict n`` per verdict, sorted."""
+    seen: dict[str, int] = {}
+    for r in rows:
+        seen[r.verdict] = seen.get(r.verdict, 0) + 1
+    return ", ".join(f"{v} {n}" for v, n in sorted(seen.items()))
+
+
+def failing(rows: list[Row], allow_missing: bool = False) -> list[Row]:
+    return [r for r in rows if r.verdict in GATING and not (allow_missing and r.verdict == "LOST")]

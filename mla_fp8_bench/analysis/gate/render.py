@@ -1,0 +1,66 @@
+"""The gate's reports: a text table for a terminal and a CI log (one line per row, never wrapped) and
+markdown for a PR comment."""
+
+from __future__ import annotations
+
+from mla_fp8_bench.analysis.gate.judge import Row, counts, failing
+
+COLUMNS = ("verdict", "backend", "case", "metric", "BASE", "HEAD", "ratio", "detail")
+#: Verdicts listed only with ``--all`` (counted always).
+QUIET = ("ok", "info", "new")
+#: Rows of a markdown table: a GitHub comment holds at most 65,536 characters.
+MD_MAX_ROWS = 50
+
+
+def _cells(r: Row) -> tuple[str, ...]:
+    return tuple(" ".join(str(x).split()) for x in (r.verdict, r.backend, r.case, r.metric, r.base, r.head,
+                                                    r.ratio, r.detail))
+
+
+def table(rows: list[Row]) -> list[str]:
+    """A header and one line per row, columns padded to their widest cell."""
+    cells = [COLUMNS, *map(_cells, rows)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS) - 1)]
+    return ["  ".join([*(x.ljust(w) for x, w in zip(c, widths)), c[-1]]).rstrip() for c in cells]
+
+
+def verdict_line(rows: list[Row], word: str, allow_missing: bool = False) -> str:
+    """``GATE PASSED: ...``, ``GATE FAILED: REGRESSION 1, ...`` or ``GATE FAILED: nothing judged: ...``."""
+    bad, judged = failing(rows, allow_missing), sum(r.judged for r in rows)
+    nothing = next((r for r in bad if r.verdict == "NOTHING COMPARED"), None)
+    if nothing is not None:
+        return f"{word} FAILED: nothing judged: {nothing.detail}"
+    return f"{word} {'FAILED: ' + counts(bad) + ';' if bad else 'PASSED:'} {judged} value(s) judged"
+
+
+def _info_line(rows: list[Row]) -> list[str]:
+    info = [r for r in rows if r.verdict == "info"]
+    why = "; ".join(sorted({r.detail.split(":")[0] for r in info}))
+    return [f"informational, never gating: {len(info)} latency row(s) ({why})"] if info else []
+
+
+def text(rows: list[Row], title: str, settings: str, *, word: str = "GATE", allow_missing: bool = False,
+         show_all: bool = False) -> list[str]:
+    """The title, the rules, the table of notable rows (every row with ``show_all``), the counts and the
+    verdict line."""
+    shown = rows if show_all else [r for r in rows if r.verdict not in QUIET]
+    return [title, settings, *(table(shown) if shown else []), *([] if show_all else _info_line(rows)),
+            f"rows by verdict: {counts(rows)}" + ("" if show_all else " (--all lists every row)"),
+            verdict_line(rows, word, allow_missing)]
+
+
+def markdown(rows: list[Row], title: str, settings: str, *, word: str = "gate", allow_missing: bool = False,
+             plots: str | None = None) -> str:
+    """A PR comment: the verdict, what was compared and how, the notable rows (at most :data:`MD_MAX_ROWS`)."""
+    shown = [r for r in rows if r.verdict not in QUIET]
+    out = [f"## mla-fp8-bench {word}", "", f"**{verdict_line(rows, word.upper(), allow_missing)}**", "",
+           f"{title}; {settings}", ""]
+    if shown:
+        out += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        out += ["| " + " | ".join(x.replace("|", "\\|") for x in _cells(r)) + " |" for r in shown[:MD_MAX_ROWS]]
+        out += [f"\n... and {len(shown) - MD_MAX_ROWS} more (the text report lists every row)"] * (
+            len(shown) > MD_MAX_ROWS) + [""]
+    out += [*_info_line(rows), f"Rows by verdict: {counts(rows)}"]
+    if plots:
+        out.append(f"Plots: {plots if '://' in plots else '`' + plots + '`'}")
+    return "\n".join(out) + "\n"
