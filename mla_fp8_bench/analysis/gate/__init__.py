@@ -74,7 +74,7 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
         rows = compare(base, head, opts)
     title = f"gate: BASE {base.src} vs HEAD {head.src}"
     if args.format == "markdown":
-        console.print(markdown(rows, title, rules(opts), allow_missing=args.allow_missing, plots=args.plots),
+        console.print(markdown(rows, title, rules(opts), allow_missing=args.allow_missing, plots=args.plots).rstrip(),
                       markup=False, highlight=False, soft_wrap=True)
     else:
         lines = text(rows, title, rules(opts), allow_missing=args.allow_missing, show_all=args.all)
