@@ -70,7 +70,9 @@ class RunDoc:
 
 def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
     """:func:`load_run_json` of an already parsed document."""
-    recs = data.get("records") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise ResultsError(f"run JSON {path} is a JSON {type(data).__name__}, not an object with a 'records' list")
+    recs = data.get("records")
     if not isinstance(recs, list):
         raise ResultsError(f"run JSON {path} has no 'records' list: not written by `mla-fp8-bench run --json`")
     for i, r in enumerate(recs):
@@ -93,9 +95,10 @@ def _load_versioned(path: str | os.PathLike, name: str, what: str, version: int)
     """The file ``name`` in directory ``path`` (or the file ``path``), read and api-version-checked."""
     f = Path(path) / name if Path(path).is_dir() else Path(path)
     data = _load(f, what)
-    if not isinstance(data, dict) or data.get("version") != version:
-        got = data.get("version") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
-        raise ResultsError(f"{what} {f} has api version {got!r}; expected {version} (asv 0.6.x)")
+    if not isinstance(data, dict):
+        raise ResultsError(f"{what} {f} is a JSON {type(data).__name__}, not an object")
+    if data.get("version") != version:
+        raise ResultsError(f"{what} {f} has api version {data.get('version')!r}; expected {version} (asv 0.6.x)")
     return f, data
 
 
