@@ -130,7 +130,7 @@ def test_truncated_result_is_named_not_no_results(results_dir):
 
 @pytest.mark.parametrize("mutate, match", [
     (lambda d: d.update(version=1), "api version 1; expected 2"),
-    (lambda d: d.pop("results"), "lacks results"),
+    (lambda d: d.pop("results"), "lacks a key or a column"),
     (lambda d: d.update(results=[1]), "holds malformed rows"),
     (lambda d: d["results"][LAT][0].__setitem__(0, "fast"), "holds a value that is not a number \\('fast'"),
     (lambda d: d["results"][LAT][11][0].__setitem__(1, "x"), "holds a value that is not a number"),

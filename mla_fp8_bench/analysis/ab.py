@@ -1,12 +1,8 @@
-"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test measured on one machine in
-alternating processes, then judged by the gate's latency rule on time (:mod:`mla_fp8_bench.analysis.gate`).
-
-BASE and HEAD are each a Python interpreter or a directory put first on ``PYTHONPATH``. ``--rounds``
-rounds per side run in :func:`schedule` order with the case order of
-:func:`mla_fp8_bench.harness.rounds.round_order`; each side keeps one
-:class:`~mla_fp8_bench.harness.rounds.RoundServer` (``--spawn``: a new interpreter per round). Exit
-status as the gate's: a run in which nothing could be judged (no latency on both sides, or only a
-CPU's host time) fails.
+"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test (each a Python interpreter, or
+a directory put first on ``PYTHONPATH``) measured on one machine in alternating processes (:func:`schedule`;
+one :class:`~mla_fp8_bench.harness.rounds.RoundServer` per side forks each round), then judged by the gate's
+latency rule on time (:mod:`mla_fp8_bench.analysis.gate`). Exit status as the gate's: a run in which nothing
+could be judged (no latency on both sides, or a CPU's host time alone) fails.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mla_fp8_bench.analysis import stats as S
 from mla_fp8_bench.analysis.gate import judge as J
 from mla_fp8_bench.harness import rounds as RD
 
@@ -62,28 +59,21 @@ def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
         return SideSpec(label, spec, python or sys.executable, (os.path.abspath(spec),))
     if os.path.isfile(spec) and os.access(spec, os.X_OK):
         return SideSpec(label, spec, os.path.abspath(spec))  # the file checked, not a name looked up on PATH
-    what = ("is a file that is not executable" if os.path.isfile(spec) else "is neither a file nor a directory"
-            if os.path.exists(spec) else "is a symbolic link that does not resolve" if os.path.islink(spec)
-            else "does not exist")
+    what = "is a file that is not executable" if os.path.isfile(spec) else "does not exist or is no file"
     raise AbUsageError(f"{label} {spec!r} {what}: {_FORMS}")
 
 
-def _identity(side: SideSpec) -> tuple[str, ...]:
-    """An install's real path; an interpreter's real file and the real directory it is started from."""
-    if side.prepend:
-        return ("dir", os.path.realpath(side.spec))
-    return ("python", os.path.realpath(side.spec), os.path.realpath(os.path.dirname(os.path.abspath(side.spec))))
-
-
 def check_distinct(base: SideSpec, head: SideSpec) -> None:
-    """AbUsageError when ``base`` and ``head`` name the same install or environment."""
-    if _identity(base) == _identity(head):
-        raise AbUsageError(f"BASE {base.spec!r} and HEAD {head.spec!r} are one install ({_identity(base)[1]!r}): "
-                           "an A/B needs two different installs")
+    """AbUsageError when both sides are one install (its real path) or one interpreter (its real file, started
+    from one real directory: two environments may link one interpreter)."""
+    ids = [(os.path.realpath(s.spec), bool(s.prepend) or os.path.realpath(os.path.dirname(os.path.abspath(s.spec))))
+           for s in (base, head)]
+    if ids[0] == ids[1]:
+        raise AbUsageError(f"BASE {base.spec!r} and HEAD {head.spec!r} are one install ({ids[0][0]!r}): an A/B "
+                           "needs two different installs")
 
 
-#: What a side's interpreter must import and resolve for a round: argv ``device backend ...``; prints
-#: ``ok`` and a JSON object of the backends unavailable there with their reasons.
+#: argv ``device backend ...``: prints ``ok`` and the backends unavailable there with their reasons.
 _PROBE = """\
 import json, sys, torch, mla_fp8_bench.harness.rounds
 from mla_fp8_bench.backends import get_backend
@@ -130,13 +120,9 @@ def schedule(rounds: int) -> list[tuple[int, str]]:
 def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: Sequence[str], rounds: int,
                runner: Callable[..., dict[str, Any]], seed: int = 0, log: Callable[[str], None] | None = None
                ) -> dict[str, Any]:
-    """Both sides, ``rounds`` rounds each, in :func:`schedule` order; round ``i`` of both sides uses
-    ``round_order(i)`` and seed ``seed + i``; ``runner(side, backends, cases, order, seed, out)`` runs one
-    round and returns its document (``{"order", "rows": [...]}``).
-
-    Returns:
-        ``{"base": {"spec", "label", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...]}``.
-    """
+    """``{"base": {"spec", "label", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...]}``:
+    both sides, ``rounds`` rounds each, in :func:`schedule` order, round ``i`` in ``round_order(i)`` with seed
+    ``seed + i``; ``runner(side, backends, cases, order, seed, out)`` returns one round's ``{"order", "rows"}``."""
     sides = {"base": base, "head": head}
     out: dict[str, Any] = {s: {"spec": sides[s].spec, "label": sides[s].label, "rounds": []} for s in sides}
     plan = schedule(rounds)
@@ -165,7 +151,7 @@ def side_document(measured: dict[str, Any], side: str) -> dict[str, Any]:
                     "ab_spec": measured[side]["spec"]}, "records": RD.records_from_rounds(rounds)}
 
 
-def judge(measured: dict[str, Any], factor: float = J.DEFAULT_AB_FACTOR, noise_k: float = J.DEFAULT_NOISE_K
+def judge(measured: dict[str, Any], factor: float = S.DEFAULT_AB_FACTOR, noise_k: float = S.DEFAULT_NOISE_K
           ) -> tuple[dict[str, dict[str, Any]], list[J.Row]]:
     """The two side documents of a :func:`measure_ab` result and the gate's rows for them, on time."""
     from mla_fp8_bench.analysis.gate.load import side_from_run
@@ -174,12 +160,6 @@ def judge(measured: dict[str, Any], factor: float = J.DEFAULT_AB_FACTOR, noise_k
     docs = {s: side_document(measured, s) for s in ("base", "head")}
     base, head = (side_from_run(run_doc_from_data(docs[s], measured[s]["spec"]), s.upper()) for s in docs)
     return docs, J.compare(base, head, J.Options(factor=factor, noise_k=noise_k, interleaved=True))
-
-
-def spawn_round(side, backends, cases, order, seed, out, device: str = "auto", timeout: float = 600.0):
-    """A round runner of :func:`measure_ab` that starts a new interpreter per round."""
-    cmd = RD.worker_command(side.python, backends, cases, order, seed, out, device)
-    return RD.run_worker(cmd, out, side.env(), timeout)
 
 
 class ServerRunner:
@@ -194,14 +174,12 @@ class ServerRunner:
             self.servers[side.label] = RD.RoundServer(side.python, side.env(), self.preload)
         return self.servers[side.label].round(backends, cases, order, seed, out, self.device, timeout=self.timeout)
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """End every server (``now``: and its running round child at once)."""
         for s in self.servers.values():
-            s.close()
+            s.kill() if now else s.close()
 
-    def kill(self) -> None:
-        """End every server and its running round child now."""
-        for s in self.servers.values():
-            s.kill()
+    kill = functools.partialmethod(close, now=True)
 
 
 def _check_args(args: argparse.Namespace) -> tuple[SideSpec, SideSpec, list[str], list[str]]:
@@ -233,6 +211,16 @@ def _check_args(args: argparse.Namespace) -> tuple[SideSpec, SideSpec, list[str]
     return base, head, backends, cases
 
 
+def _kept(path: str, judged: bool, console) -> str:
+    """``path``, or beside it when a file is there and this run judged nothing (the stored file stays)."""
+    if judged or not os.path.exists(path):
+        return path
+    root, ext = os.path.splitext(path)
+    console.print(f"nothing judged: {path} kept, this run's document goes to {root}.failed{ext}", highlight=False,
+                  markup=False)
+    return f"{root}.failed{ext}"
+
+
 def cmd_ab(args: argparse.Namespace, console) -> int:
     """``ab``: every argument and both sides checked before any round; the gate's exit status."""
     from mla_fp8_bench.analysis.gate import render
@@ -241,38 +229,24 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     base, head, backends, cases = _check_args(args)
     for side in (base, head):
         probe_side(side, args.device, backends=backends)
-    runner = functools.partial(spawn_round, device=args.device) if args.spawn else ServerRunner(backends, args.device)
+    runner = ServerRunner(backends, args.device)
     try:
         measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
                               log=lambda s: console.print(s, highlight=False, markup=False))
     finally:
-        if isinstance(runner, ServerRunner):
-            runner.close()
+        runner.close()
     docs, rows = judge(measured, args.factor, args.noise_k)
-    failed = J.failing(rows)
     judged = any(r.judged for r in rows)
-
-    def keep(path: str, ext: str) -> str:  # a stored file stays when this run judged nothing
-        if judged or not os.path.exists(path):
-            return path
-        out = f"{os.path.splitext(path)[0]}.failed{os.path.splitext(path)[1] or ext}"
-        console.print(f"nothing judged: {path} kept, this run's document goes to {out}", highlight=False, markup=False)
-        return out
-
-    settings = (f"{args.rounds} rounds per side in alternating processes; "
-                f"time: ratio of fastest-mode means > max({args.factor}, 1 + {args.noise_k} x se)")
     title = f"ab: BASE {args.base} vs HEAD {args.head}"
+    settings = (f"{args.rounds} rounds per side in alternating processes; time: ratio of fastest-mode means > "
+                f"max({args.factor}, 1 + {args.noise_k} x se)")
     if args.json:
-        write_json_atomic({"measured": measured, "base": docs["base"], "head": docs["head"], "rows": [
-            r.__dict__ for r in rows], "settings": {"factor": args.factor, "noise_k": args.noise_k,
-                                                     "rounds": args.rounds}}, keep(args.json, ".json"))
+        write_json_atomic({"measured": measured, **docs, "rows": [r.__dict__ for r in rows], "settings": {
+            "factor": args.factor, "noise_k": args.noise_k, "rounds": args.rounds}}, _kept(args.json, judged, console))
     if args.summary:
         md = render.markdown(rows, title, settings, word="ab")
-        write_file_atomic(keep(args.summary, ".md"), lambda f: f.write(md))
-    lines = render.text(rows, title, settings, word="AB", show_all=True)
-    console.print("\n".join(lines[:-1]), highlight=False, markup=False, soft_wrap=True)
-    console.print(lines[-1], style="bold red" if failed else "green", highlight=False, markup=False, soft_wrap=True)
-    return 1 if failed else 0
+        write_file_atomic(_kept(args.summary, judged, console), lambda f: f.write(md))
+    return int(render.show(console, rows, title, settings, word="AB", show_all=True))
 
 
 def _handler(args: argparse.Namespace, console) -> int:
@@ -293,25 +267,19 @@ def add_parser(subparsers) -> None:
     from mla_fp8_bench.argtypes import ascii_float, ascii_int
 
     p = subparsers.add_parser("ab", help="PR mode: BASE and HEAD installs in alternating processes, then the gate",
-                              description="Measure two installs of the library under test on this machine in "
-                                          "alternating processes and gate HEAD's kernel time against BASE's.",
                               epilog="Exit status: 0 passed, 1 a regression or nothing judged, 2 bad usage; "
                                      "128 + N when signal N ended it.")
-    p.add_argument("base", metavar="BASE", help="Python interpreter of the base environment, or a directory "
-                   "holding the base install of the library under test (put first on PYTHONPATH; an empty one: "
-                   "the library as installed)")
+    p.add_argument("base", metavar="BASE", help="Python interpreter, or a directory holding an install of the "
+                   "library under test (put first on PYTHONPATH; an empty one: the library as installed)")
     p.add_argument("head", metavar="HEAD", help="the same for the head")
     p.add_argument("-b", "--backends", default="fa3-fp8", help="comma-separated backends (default fa3-fp8)")
     p.add_argument("-c", "--cases", default="s512,s8192", help="comma-separated case ids (default s512,s8192)")
     p.add_argument("--rounds", type=ascii_int, default=4, help="rounds (processes) per side (default 4)")
-    p.add_argument("--factor", type=ascii_float, default=J.DEFAULT_AB_FACTOR,
-                   help=f"least latency growth that fails (default {J.DEFAULT_AB_FACTOR}; the threshold is "
-                        "max(factor, 1 + k x standard error of the ratio))")
-    p.add_argument("--noise-k", type=ascii_float, default=J.DEFAULT_NOISE_K,
-                   help=f"k of that threshold (default {J.DEFAULT_NOISE_K})")
+    for flag, default, what in (("--factor", S.DEFAULT_AB_FACTOR, "least latency growth that fails"),
+                                ("--noise-k", S.DEFAULT_NOISE_K, "k of the threshold max(--factor, 1 + k x se)")):
+        p.add_argument(flag, type=ascii_float, default=default, help=f"{what} (default {default})")
     p.add_argument("--seed", type=ascii_int, default=0, help="seed of the shuffled case order")
     p.add_argument("--device", default="auto", help="auto, cuda or cuda:N, cpu (default auto)")
-    p.add_argument("--spawn", action="store_true", help="a new interpreter per round instead of a forking server")
     p.add_argument("--json", help="write both sides' rounds, documents and verdicts here")
     p.add_argument("--summary", metavar="MD", help="write the verdict as markdown (a PR comment) here")
     p.set_defaults(handler=_handler)

@@ -17,6 +17,10 @@ from collections.abc import Sequence
 
 #: Values within this fraction of a side's fastest value belong to its fastest mode.
 MODE_WIDTH_REL = 0.02
+#: k of the threshold ``max(factor, 1 + k x se)`` (``gate --noise-k``, ``ab --noise-k``).
+DEFAULT_NOISE_K = 3.0
+#: ``ab``'s factor: both sides measured in alternating processes on one machine.
+DEFAULT_AB_FACTOR = 1.02
 
 
 def fastest_mode(values: Sequence[float]) -> list[float]:

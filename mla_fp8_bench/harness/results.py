@@ -1,26 +1,20 @@
-"""The one reader of stored results: asv results directories and ``mla-fp8-bench run --json`` files; a
-read error is a one-line :class:`ResultsError` naming the file. Only regular files are read.
+"""The one reader of stored results: asv results directories and ``mla-fp8-bench run --json`` files. Only
+regular files are read; a read error is a one-line :class:`ResultsError` naming the file.
 
-asv 0.6.x layout (``results_dir`` of ``asv.conf.json``)::
-
-    results/benchmarks.json                 {"version": 2, "<benchmark name>": {definition}, ...}
-    results/<machine>/machine.json          {"version": 1, "machine": "<machine>", "arch": ..., ...}
-    results/<machine>/<sha8>-<env>.json     one (commit, environment) result file, api version 2
-
-A result file holds ``commit_hash``, ``env_name``, ``date`` and ``params`` (machine facts),
-``result_columns`` (``result, params, version, started_at, duration, stats_ci_99_a, stats_ci_99_b,
-stats_q_25, stats_q_75, stats_number, stats_repeat, samples, profile``) and ``results``: per benchmark one
-row in column order (trailing ones may be absent); ``result``, ``stats_*`` and ``samples`` are lists over
-``itertools.product(*params)`` of the parameters' values as Python literals (``"'aiter'"``), a failed
-combination ``null``, a skipped one ``NaN``. A run JSON is ``{"env": {...}, "records": [{"backend": str,
-"case": str, "status": str, ...}, ...]}``, maybe with ``ceilings``.
+asv 0.6.x: ``results/benchmarks.json`` (api version 2: name -> definition), ``results/<machine>/machine.json``
+(version 1) and ``results/<machine>/<sha8>-<env>.json``, one (commit, environment) result file (version 2)
+with ``commit_hash``, ``env_name``, ``date``, ``params`` (machine facts), ``result_columns`` and
+``results``: per benchmark one row in column order (``result, params, version, started_at, ...,
+stats_q_25, stats_q_75, ..., samples``; trailing ones may be absent) whose ``result``, ``stats_*`` and
+``samples`` are lists over ``itertools.product(*params)`` (values as Python literals, ``"'aiter'"``), a
+failed combination ``null``, a skipped one ``NaN``. A run JSON is ``{"env": {...}, "records": [{"backend",
+"case", "status", ...}, ...]}``, maybe with ``ceilings``.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
-import json
 import math
 import os
 import re
@@ -30,10 +24,9 @@ from typing import Any
 
 from mla_fp8_bench.jsonio import finite_number, json_number, load_json
 
-ASV_RESULTS_API_VERSION = 2
-ASV_BENCHMARKS_API_VERSION = 2
-ASV_MACHINE_API_VERSION = 1
+ASV_RESULTS_API_VERSION, ASV_BENCHMARKS_API_VERSION, ASV_MACHINE_API_VERSION = 2, 2, 1
 _NAME_RE = re.compile(r"([0-9a-fA-F]{8})-(.+)\.json")
+_PREFIX_RE = re.compile(r"[0-9a-fA-F]{4,}")
 
 
 class ResultsError(ValueError):
@@ -42,20 +35,15 @@ class ResultsError(ValueError):
 
 def _load(path: Path, what: str) -> Any:
     if not path.is_file():
-        why = "does not exist" if not path.exists() else "is not a regular file"
-        raise ResultsError(f"{what} {path} {why}")
+        raise ResultsError(f"{what} {path} {'is not a regular file' if path.exists() else 'does not exist'}")
     return load_json(path, what, ResultsError, "it may be truncated or corrupt")
 
 
 def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
-    """An asv config (JSON with ``//`` comments), read with json5 as asv >= 0.6.4 does, or without json5
-    with whole-line comments dropped. ValueError: not JSON/JSONC; OSError: unreadable."""
-    text = Path(path).read_text()
-    try:
-        import json5
-    except ImportError:
-        return json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
-    return json5.loads(text)
+    """An asv config (JSON with comments), read with json5 as asv does; ValueError / OSError."""
+    import json5
+
+    return json5.loads(Path(path).read_text())
 
 
 @dataclass
@@ -72,27 +60,23 @@ def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
     """:func:`load_run_json` of an already parsed document."""
     if not isinstance(data, dict):
         raise ResultsError(f"run JSON {path} is a JSON {type(data).__name__}, not an object with a 'records' list")
-    recs = data.get("records")
+    recs, env, ceilings = data.get("records"), data.get("env"), data.get("ceilings")
     if not isinstance(recs, list):
         raise ResultsError(f"run JSON {path} has no 'records' list: not written by `mla-fp8-bench run --json`")
     for i, r in enumerate(recs):
         if not isinstance(r, dict) or not isinstance(r.get("backend"), str) or not isinstance(r.get("case"), str):
             raise ResultsError(f"run JSON {path}: record {i} is malformed ({str(r)[:60]!s}; needs an object with "
                                "'backend' and 'case' strings)")
-    env, ceilings = data.get("env"), data.get("ceilings")
     if env is not None and not isinstance(env, dict):
         raise ResultsError(f"run JSON {path}: 'env' is a {type(env).__name__}, not an object")
     return RunDoc(Path(path), env or {}, recs, ceilings if isinstance(ceilings, dict) else None)
 
 
 def load_run_json(path: str | os.PathLike) -> RunDoc:
-    """Read a run JSON; ResultsError: not a regular file, unreadable, not JSON, no ``records`` list, or a
-    record that is not an object with ``backend``/``case`` strings."""
     return run_doc_from_data(_load(Path(path), "run JSON"), path)
 
 
 def _load_versioned(path: str | os.PathLike, name: str, what: str, version: int) -> tuple[Path, dict[str, Any]]:
-    """The file ``name`` in directory ``path`` (or the file ``path``), read and api-version-checked."""
     f = Path(path) / name if Path(path).is_dir() else Path(path)
     data = _load(f, what)
     if not isinstance(data, dict):
@@ -103,8 +87,7 @@ def _load_versioned(path: str | os.PathLike, name: str, what: str, version: int)
 
 
 def load_machine(path: str | os.PathLike) -> dict[str, Any]:
-    """``machine.json`` (``path``: its directory or the file); ResultsError: missing/corrupt file, wrong
-    api version, no ``machine`` name."""
+    """``machine.json`` (``path``: its directory or the file), with a ``machine`` name."""
     f, mj = _load_versioned(path, "machine.json", "asv machine file", ASV_MACHINE_API_VERSION)
     if not isinstance(mj.get("machine"), str) or not mj["machine"]:
         raise ResultsError(f"asv machine file {f} has no 'machine' name")
@@ -136,9 +119,7 @@ def machine_dirs(results_dir: str | os.PathLike) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class ResultFileName:
-    """A result file as named by asv: ``<commit prefix>-<env name>.json``."""
-
+class ResultFileName:  # asv names a result file <commit prefix>-<env name>.json
     path: Path
     commit: str  # the 8-hex-digit prefix asv puts in the name ("" when the name has none)
     env: str
@@ -149,56 +130,36 @@ def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
     p = Path(machine_dir)
     if not p.is_dir():
         raise ResultsError(f"asv machine directory {p} does not exist or is not a directory")
-    out = []
-    for f in sorted(p.glob("*.json")):
-        if f.name not in ("machine.json", "benchmarks.json") and f.is_file():
-            m = _NAME_RE.fullmatch(f.name)
-            out.append(ResultFileName(f, m.group(1).lower(), m.group(2)) if m else ResultFileName(f, "", f.stem))
-    return out
-
-
-def _commit_prefix(prefix: str) -> str:
-    if not re.fullmatch(r"[0-9a-fA-F]{4,}", prefix):
-        raise ResultsError(f"{prefix!r} is not a commit hash prefix (>= 4 hex digits)")
-    return prefix.lower()
+    names = [(f, _NAME_RE.fullmatch(f.name)) for f in sorted(p.glob("*.json"))
+             if f.name not in ("machine.json", "benchmarks.json") and f.is_file()]
+    return [ResultFileName(f, m.group(1).lower(), m.group(2)) if m else ResultFileName(f, "", f.stem) for f, m in names]
 
 
 def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: str | None = None) -> Path:
     """The result file of commit ``commit`` (a prefix of >= 4 hex digits) on ``machine``, of the one
-    environment whose name contains ``env``. ResultsError: bad prefix, unknown machine, corrupt candidate
-    (named), no result, an ambiguous prefix, or several environments without ``env``."""
-    prefix = _commit_prefix(commit)
-    mdir = Path(results_dir) / machine
+    environment whose name contains ``env``; ResultsError names what is missing or ambiguous."""
+    if not _PREFIX_RE.fullmatch(commit):
+        raise ResultsError(f"{commit!r} is not a commit hash prefix (>= 4 hex digits)")
+    mdir, prefix = Path(results_dir) / machine, commit.lower()
     if not is_machine_dir(mdir):
         have = ", ".join(m.name for m in machine_dirs(results_dir)) if Path(results_dir).is_dir() else ""
         raise ResultsError(f"machine {machine!r} has no results in {results_dir}: machines present {have or 'none'}")
-    hits: dict[str, list[tuple[Path, str]]] = {}
-    files = list_result_files(mdir)
+    files, hits = list_result_files(mdir), {}
     for rf in files:
         if rf.commit and (rf.commit.startswith(prefix[:8]) or prefix.startswith(rf.commit)):
             res = load_asv_result(rf.path)
             if res.commit_hash.lower().startswith(prefix):
                 hits.setdefault(res.commit_hash, []).append((rf.path, res.env_name))
-    if not hits:
-        have = ", ".join(sorted({r.commit for r in files if r.commit})) or "none"
-        raise ResultsError(f"commit {commit} has no asv results in {mdir}: commits present {have}")
-    if len(hits) > 1:
-        raise ResultsError(f"commit prefix {commit} is ambiguous in {mdir}: {', '.join(sorted(h[:12] for h in hits))}")
+    if len(hits) != 1:
+        have = ", ".join(sorted(h[:12] for h in hits) or sorted({r.commit for r in files if r.commit})) or "none"
+        raise ResultsError(f"commit prefix {commit} is ambiguous in {mdir}: {have}" if hits else
+                           f"commit {commit} has no asv results in {mdir}: commits present {have}")
     found = [f for f in next(iter(hits.values())) if not env or env in f[1]]
-    if not found:
-        raise ResultsError(f"commit {commit} in {mdir}: no result file whose environment contains {env!r}")
-    if len(found) > 1:
-        raise ResultsError(f"commit {commit} has results of {len(found)} environments in {mdir} "
-                           f"({', '.join(e for _, e in found)}): choose one (--env)")
+    if len(found) != 1:
+        which = f"whose name contains {env!r}" if env else f"({', '.join(e for _, e in found)})"
+        raise ResultsError(f"commit {commit} has results of {len(found)} environments {which} in {mdir}: choose one "
+                           "(--env)")
     return found[0][0]
-
-
-def _literal(text: Any) -> str:
-    """One stored parameter value as the benchmark saw it: ``"'aiter'"`` -> ``"aiter"``."""
-    try:
-        return str(ast.literal_eval(text)) if isinstance(text, str) else str(text)
-    except (ValueError, SyntaxError):
-        return text
 
 
 @dataclass(frozen=True)
@@ -213,6 +174,14 @@ class Measurement:
     q75: float | None = None
     samples: list[float] | None = None
     version: str | None = None  # the benchmark's version string
+
+
+def _literal(text: Any) -> str:
+    """One stored parameter value as the benchmark saw it: ``"'aiter'"`` -> ``"aiter"``."""
+    try:
+        return str(ast.literal_eval(text)) if isinstance(text, str) else str(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 @dataclass
@@ -230,7 +199,6 @@ class AsvResult:
 
     @property
     def machine(self) -> str | None:
-        """The machine name asv copied from machine.json into the file's params."""
         return m if isinstance(m := self.params.get("machine"), str) else None
 
     def benchmarks(self) -> list[str]:
@@ -238,15 +206,14 @@ class AsvResult:
 
     def row(self, benchmark: str) -> dict[str, Any]:
         """One benchmark's row as column name -> value (absent trailing columns are None)."""
-        row = self.results.get(benchmark)
-        if row is None:
+        if (row := self.results.get(benchmark)) is None:
             raise ResultsError(f"asv result file {self.path} has no result for benchmark {benchmark!r}")
         return {c: (row[i] if i < len(row) else None) for i, c in enumerate(self.result_columns)}
 
     def started_at(self) -> float:
         """The newest ``started_at`` (ms) of its benchmarks; 0.0 when absent."""
-        vals = [finite_number(self.row(n).get("started_at")) for n in self.results]
-        return max([v for v in vals if v is not None] or [0.0])
+        return max([v for n in self.results if (v := finite_number(self.row(n).get("started_at"))) is not None]
+                   or [0.0])
 
     def measurements(self, benchmark: str) -> dict[tuple[str, ...], Measurement]:
         """params -> :class:`Measurement` for one benchmark (combinations without a stored value are absent)."""
@@ -256,43 +223,35 @@ class AsvResult:
             raise ResultsError(f"asv result file {self.path}: benchmark {benchmark!r} has malformed params")
         combos = [tuple(_literal(x) for x in c) for c in itertools.product(*params)] if params else [()]
         vals = d.get("result") if isinstance(d.get("result"), list) else [d.get("result")] * len(combos)
-
-        def col(name: str, i: int) -> Any:
-            c = d.get(name)
-            return c[i] if isinstance(c, list) and i < len(c) else None
-
+        cols = {k: d.get(k) if isinstance(d.get(k), list) else [] for k in ("stats_q_25", "stats_q_75", "samples")}
         out: dict[tuple[str, ...], Measurement] = {}
         for i, (combo, v) in enumerate(zip(combos, vals)):
+            q25, q75, smp = (c[i] if i < len(c) else None for c in cols.values())
             status = "failed" if v is None else "skipped" if (isinstance(v, float) and math.isnan(v)) else "ok"
-            smp = col("samples", i)
-            if status == "ok" and (json_number(v) is None or (isinstance(smp, list) and any(
-                    json_number(x) is None for x in smp))):
+            if status == "ok" and (json_number(v) is None or any(json_number(x) is None for x in smp or ())):
                 raise ResultsError(f"asv result file {self.path}: {benchmark}{combo} holds a value that is not a "
                                    f"number ({repr(v)[:40]}, samples {repr(smp)[:40]})")
-            out[combo] = Measurement(benchmark, combo, status, float(v) if status == "ok" else None,
-                                     finite_number(col("stats_q_25", i)), finite_number(col("stats_q_75", i)),
-                                     [float(x) for x in smp] if isinstance(smp, list) else None, d.get("version"))
+            out[combo] = Measurement(benchmark, combo, status, float(v) if status == "ok" else None, finite_number(q25),
+                                     finite_number(q75), [float(x) for x in smp] if isinstance(smp, list) else None,
+                                     d.get("version"))
         return out
 
 
 def _asv_result(data: Any, path: Path) -> AsvResult:
+    cols, res = (data.get(k) if isinstance(data, dict) else None for k in ("result_columns", "results"))
     if not isinstance(data, dict) or data.get("version") != ASV_RESULTS_API_VERSION:
         raise ResultsError(f"asv result file {path} is not an asv 0.6 result file (api version "
                            f"{data.get('version') if isinstance(data, dict) else None!r}; expected 2)")
-    missing = [k for k in ("commit_hash", "env_name", "params", "result_columns", "results") if k not in data]
-    cols, res = data.get("result_columns"), data.get("results")
-    if missing or not isinstance(cols, list) or "result" not in cols or "params" not in cols \
-            or not isinstance(res, dict) or not all(isinstance(r, list) for r in res.values()):
-        raise ResultsError(f"asv result file {path} lacks {', '.join(missing) or 'a result/params column'} or "
-                           "holds malformed rows: not an asv 0.6 result file")
-    params = data["params"] if isinstance(data["params"], dict) else {}
+    if any(k not in data for k in ("commit_hash", "env_name", "params")) or not isinstance(cols, list) \
+            or not {"result", "params"} <= set(cols) or not isinstance(res, dict) \
+            or not all(isinstance(r, list) for r in res.values()):
+        raise ResultsError(f"asv result file {path} lacks a key or a column, or holds malformed rows: not an asv 0.6 "
+                           "result file")
     return AsvResult(path, str(data["commit_hash"]), str(data["env_name"]), finite_number(data.get("date")),
-                     params, cols, res, data)
+                     data["params"] if isinstance(data["params"], dict) else {}, cols, res, data)
 
 
 def load_asv_result(path: str | os.PathLike) -> AsvResult:
-    """Read one asv result file; ResultsError: not a regular file, unreadable, not JSON, wrong api version
-    or missing keys."""
     return _asv_result(_load(Path(path), "asv result file"), Path(path))
 
 
@@ -307,12 +266,9 @@ def load_any(path: str | os.PathLike) -> RunDoc | AsvResult:
 
 
 def newest_result(machine_dir: str | os.PathLike, commit: str | None = None) -> AsvResult:
-    """The newest result file in ``machine_dir`` (by ``date``, then ``started_at``), optionally of one
-    commit; ResultsError: no result files, a corrupt one (named), or no result of ``commit``."""
-    loaded = [load_asv_result(f.path) for f in list_result_files(machine_dir)]
-    if commit:
-        prefix = _commit_prefix(commit)
-        loaded = [r for r in loaded if r.commit_hash.lower().startswith(prefix)]
+    """The newest result file in ``machine_dir`` (by ``date``, then ``started_at``), maybe of one commit."""
+    loaded = [r for f in list_result_files(machine_dir) if (r := load_asv_result(f.path)).commit_hash.lower()
+              .startswith((commit or "").lower())]
     if not loaded:
         raise ResultsError(f"no result file{f' of commit {commit}' if commit else ''} in {machine_dir}")
     return max(loaded, key=lambda r: (r.date or 0.0, r.started_at()))

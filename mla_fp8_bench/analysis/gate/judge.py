@@ -4,19 +4,16 @@ results (the rules: :mod:`mla_fp8_bench.analysis.gate`)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from mla_fp8_bench.analysis.gate.load import JUDGED_KINDS, Side, Value
-from mla_fp8_bench.analysis.stats import latency_ratio, mode_mean
+from mla_fp8_bench.analysis.stats import DEFAULT_NOISE_K, latency_ratio, mode_mean
 from mla_fp8_bench.analysis.tolerances import Tolerances, tolerance_key
 from mla_fp8_bench.measure.clocks import OFF_PLATEAU_REL
 from mla_fp8_bench.measure.metric_table import ASV_ACCURACY_FLOOR, DEFAULT_ACC_FACTOR, DEFAULT_FACTOR, Metric, metric
 from mla_fp8_bench.terminal import fmt_seconds
 
-#: k of the latency threshold ``max(factor, 1 + k x se)`` (``gate --noise-k``, ``ab --noise-k``).
-DEFAULT_NOISE_K = 3.0
-#: ``ab``'s factor: both sides measured in alternating processes on one machine.
-DEFAULT_AB_FACTOR = 1.02
 #: Accuracy growth below this absolute change is never a regression (values within rounding of 0).
 ACC_ABS_FLOOR = 1e-6
 #: Verdicts that fail (LOST not with ``--allow-missing``).
@@ -44,7 +41,8 @@ class Row:
     verdict: str  # GATING, or ok | improved | new | info | not comparable
     ratio: str = "-"
     detail: str = ""
-    judged: bool = False  # a HEAD value was judged against BASE or a tolerance
+
+    judged = property(lambda self: self.verdict in ("ok", "improved", "REGRESSION"), doc="HEAD's value was judged")
 
 
 def _shown(x: Value | None, m: Metric) -> str:
@@ -61,77 +59,64 @@ def _ratio(bv: float, hv: float, against: float) -> str:
         return "-"
     if bv <= ASV_ACCURACY_FLOOR:  # an exact 0, stored floored: a ratio against it means nothing
         return f"0 -> {hv:.4g}"
-    x = hv / bv
-    return next((t for d in (3, 4, 5, 6) if float(t := f"{x:.{d}f}") != against), repr(x)) + "x"
+    return next((t for d in (3, 4, 5, 6) if float(t := f"{hv / bv:.{d}f}") != against), repr(hv / bv)) + "x"
 
 
 def _impossible(m: Metric, *values: Value | None) -> str:
-    """Why a stored value cannot be judged (outside the metric's bounds, a latency not finite); "" if none."""
+    """Why a stored value cannot be judged (outside its bounds, a latency not finite; a NaN error is over
+    every limit); "" when none."""
     for side, x in zip(("BASE", "HEAD"), values):
         for v in (x.center, *x.values) if x is not None and x.status == "ok" else ():
-            nan_acc = m.kind == "accuracy" and math.isnan(v)
-            if not nan_acc and not (m.possible(v) and (m.kind == "accuracy" or math.isfinite(v))):
+            if not (m.kind == "accuracy" and math.isnan(v)) and not (m.possible(v) and (
+                    m.kind == "accuracy" or math.isfinite(v))):
                 return f"impossible value {v:.4g} on {side} (possible: {m.bounds_text})"
     return ""
 
 
-def _tolerance(opts: Options, row: Row, m: Metric) -> tuple[float, str] | None:
-    if m.gate == "zero":
-        return 0.0, "must be 0"
-    if opts.tolerances is None or not m.calibrated:
-        return None
-    lim, how = opts.tolerances.lookup(row.backend, tolerance_key({"backend": row.backend, "case": row.case}))
-    return (float(lim[m.record_key]), how.split(" (")[0]) if lim and m.record_key in lim else None
+def _grown(row: Row, bv: float, hv: float, limit: float, floor: float = 0.0) -> None:
+    row.ratio = _ratio(bv, hv, limit)
+    grew = not math.isfinite(hv) or (hv > bv * limit and hv - bv > floor)
+    row.verdict = "REGRESSION" if grew else "improved" if hv < bv / limit else "ok"
+    row.detail = f"grew beyond {limit}x over BASE" if grew else ""
 
 
 def _accuracy(row: Row, m: Metric, bm: Value | None, hm: Value, opts: Options) -> None:
     """Over its tolerance (calibrated, or 0 for a count that must be 0); where none covers it, grown over
     BASE beyond ``acc_factor``. A non-finite value is over every limit."""
-    hv, tol = hm.center, _tolerance(opts, row, m)
-    b_ok = bm is not None and bm.status == "ok"
-    if b_ok:
-        row.ratio = _ratio(bm.center, hv, opts.acc_factor)
+    tol, b_ok = None, bm is not None and bm.status == "ok"
+    if m.gate == "zero":
+        tol = (0.0, "must be 0")
+    elif opts.tolerances is not None and m.calibrated:
+        lim, how = opts.tolerances.lookup(row.backend, tolerance_key({"backend": row.backend, "case": row.case}))
+        tol = (float(lim[m.record_key]), how.split(" (")[0]) if lim and m.record_key in lim else None
     if tol is not None:
-        row.judged, over = True, not hv <= tol[0]
+        over = not hm.center <= tol[0]
         row.verdict = "REGRESSION" if over else "ok"
-        row.detail = f"{hv:.4g} {'>' if over else '<='} tolerance {tol[0]:.4g} ({tol[1]})"
+        row.ratio = _ratio(bm.center, hm.center, opts.acc_factor) if b_ok else "-"
+        row.detail = f"{hm.center:.4g} {'>' if over else '<='} tolerance {tol[0]:.4g} ({tol[1]})"
     elif b_ok:
-        row.judged = True
-        grew = not math.isfinite(hv) or (hv > bm.center * opts.acc_factor and hv - bm.center > ACC_ABS_FLOOR)
-        row.verdict = "REGRESSION" if grew else "improved" if hv < bm.center / opts.acc_factor else "ok"
-        row.detail = f"grew beyond {opts.acc_factor}x over BASE" if grew else ""
+        _grown(row, bm.center, hm.center, opts.acc_factor, ACC_ABS_FLOOR)
     else:
         row.verdict = "new"
-    if b_ok and bm.version != hm.version and row.judged:
+    if b_ok and bm.version != hm.version:
         row.detail = "; ".join(x for x in (row.detail, "benchmark version changed") if x)
 
 
-def _plateau(side: Side) -> float | None:
-    """The highest SM clock of the side's kernel params: the clock of a lightly loaded case."""
-    clocks = [x.center for (b, c, k), x in side.data.items() if k == "sm_clock_mhz" and x.status == "ok"
-              and (b, c) not in side.emulated]
-    return max(clocks) if clocks else None
-
-
-def _figure(base: Side, head: Side, key: tuple[str, str, str], bm: Value, hm: Value, opts: Options,
-            plateaus: tuple) -> tuple[str, Value, Value]:
+def _figure(base: Side, head: Side, key: tuple[str, str, str], opts: Options) -> tuple[str, Value, Value]:
     """``SM cycles`` where the SM clock of a ``latency_s`` param lies off its side's plateau on either side
     (a power-capped case) and both sides hold cycles; elsewhere, and always in ``ab``, ``time``."""
-    if key[2] != "latency_s" or opts.interleaved:
-        return "time", bm, hm
-    clocks = [s.data.get((*key[:2], "sm_clock_mhz")) for s in (base, head)]
-    off = any(x is not None and x.status == "ok" and p and x.center < p * (1 - OFF_PLATEAU_REL)
-              for x, p in zip(clocks, plateaus))
+    clocks = [(s.data.get((*key[:2], "sm_clock_mhz")), s.plateau) for s in (base, head)]
     cb, ch = (s.data.get((*key[:2], "latency_sm_cycles")) for s in (base, head))
-    if off and cb is not None and ch is not None and cb.status == ch.status == "ok":
+    if key[2] == "latency_s" and not opts.interleaved and cb and ch and cb.status == ch.status == "ok" and any(
+            x is not None and x.status == "ok" and p and x.center < p * (1 - OFF_PLATEAU_REL) for x, p in clocks):
         return "SM cycles", cb, ch
-    return "time", bm, hm
+    return "time", base.data[key], head.data[key]
 
 
 def _latency(row: Row, m: Metric, scope: str, fig: tuple[str, Value, Value], opts: Options) -> None:
     name, gb, gh = fig
-    if _impossible(m, gb, gh):
-        row.verdict, row.detail = "INVALID", _impossible(m, gb, gh)
+    if why := _impossible(m, gb, gh):
+        row.verdict, row.detail = "INVALID", why
         return
     ratio, thr, se = latency_ratio(gb.values, gh.values, opts.factor, opts.noise_k)
     row.ratio = _ratio(mode_mean(gb.values), mode_mean(gh.values), thr)
@@ -140,7 +125,6 @@ def _latency(row: Row, m: Metric, scope: str, fig: tuple[str, Value, Value], opt
         return
     if name != "time":
         row.base, row.head = (f"{mode_mean(x.values):.4g} cycles" for x in (gb, gh))
-    row.judged = True
     row.verdict = "REGRESSION" if ratio > thr else "improved" if ratio < 1 / thr else "ok"
     row.detail = (f"threshold {thr:.3f} (se {se:.2%} over {len(gb.values)}/{len(gh.values)} values)"
                   + (f"; gated on {name} (SM clock off its plateau)" if name != "time" else ""))
@@ -148,21 +132,18 @@ def _latency(row: Row, m: Metric, scope: str, fig: tuple[str, Value, Value], opt
 
 def _scope(key: tuple[str, str, str], m: Metric, base: Side, head: Side, opts: Options) -> str:
     """Why a latency is informational ("" when it gates)."""
-    if m.kind not in _LATENCY:
-        return ""
-    if key[:2] in base.emulated | head.emulated:
-        return "an emulation's host time, not a kernel's: informational"
-    if base.cpu or head.cpu:
-        return "CPU host time, not a kernel's: informational"
-    return "" if m.kind == "kernel_latency" or opts.gate_host_latency else \
-        "host-side latency: informational (--gate-call-latency gates it)"
+    why = "" if m.kind not in _LATENCY else "an emulation's host time, not a kernel's" if key[:2] in (
+        base.emulated | head.emulated) else "CPU host time, not a kernel's" if base.cpu or head.cpu else \
+        "host-side latency (--gate-call-latency gates it)" if m.kind == "host_latency" and not opts.gate_host_latency \
+        else ""
+    return why and f"{why}: informational"
 
 
-def judge_one(key: tuple[str, str, str], base: Side, head: Side, opts: Options, plateaus: tuple) -> Row | None:
-    """The row of one (backend, case, metric); None where neither side holds a value."""
+def judge_one(key: tuple[str, str, str], base: Side, head: Side, opts: Options) -> Row | None:
+    """The row of one (backend, case, metric); None where HEAD holds no value that BASE held and gates."""
     m = metric(key[2])
     bm, hm = base.data.get(key), head.data.get(key)
-    row = Row(key[0], key[1], key[2], _shown(bm, m), _shown(hm, m), "ok")
+    row = Row(*key, _shown(bm, m), _shown(hm, m), "")
     b_ok, scope = bm is not None and bm.status == "ok", _scope(key, m, base, head, opts)
     if hm is None or hm.status != "ok":
         if not b_ok or scope:
@@ -178,17 +159,15 @@ def judge_one(key: tuple[str, str, str], base: Side, head: Side, opts: Options, 
     elif bm.version != hm.version:
         row.verdict, row.detail = "not comparable", f"benchmark version {bm.version} -> {hm.version}"
     elif m.kind == "resource":
-        row.judged, row.ratio = True, _ratio(bm.center, hm.center, opts.factor)
-        row.verdict = "REGRESSION" if hm.center > bm.center * opts.factor else "ok"
-        row.detail = f"grew beyond {opts.factor}x" if row.verdict != "ok" else ""
+        _grown(row, bm.center, hm.center, opts.factor)
     else:
-        _latency(row, m, scope, _figure(base, head, key, bm, hm, opts, plateaus), opts)
+        _latency(row, m, scope, _figure(base, head, key, opts), opts)
     return row
 
 
 def compare(base: Side, head: Side, opts: Options) -> list[Row]:
-    """Every judged (backend, case, metric), after one row per (backend, case) ok on BASE and failed,
-    skipped or absent on HEAD; a NOTHING COMPARED row when no value was judged."""
+    """One row per (backend, case) ok on BASE and failed, skipped or absent on HEAD, then every other
+    (backend, case, metric) of a judged kind; a NOTHING COMPARED row when no value was judged."""
     rows, lost = [], set()
     for key in sorted(base.params.keys() | head.params.keys()):
         (bs, _), (hs, why) = (s.params.get(key, ("absent", "")) for s in (base, head))
@@ -196,10 +175,9 @@ def compare(base: Side, head: Side, opts: Options) -> list[Row]:
             lost.add(key)
             rows.append(Row(*key, "-", "ok", hs, "FAILED" if hs == "failed" else "LOST",
                             detail=f"ok on BASE, {hs} on HEAD" + (f": {why}" if why else "")))
-    plateaus = (_plateau(base), _plateau(head))
     for key in sorted(base.data.keys() | head.data.keys()):
         if key[:2] not in lost and metric(key[2]).kind in JUDGED_KINDS:
-            rows += [r for r in [judge_one(key, base, head, opts, plateaus)] if r is not None]
+            rows += [r for r in [judge_one(key, base, head, opts)] if r is not None]
     if not any(r.judged for r in rows):
         why = ("BASE holds no results" if not base.params else "HEAD holds no results" if not head.params
                else "no value of HEAD could be judged against BASE or a tolerance")
@@ -210,10 +188,7 @@ def compare(base: Side, head: Side, opts: Options) -> list[Row]:
 
 def counts(rows: list[Row]) -> str:
     """``verdict n`` per verdict, sorted."""
-    seen: dict[str, int] = {}
-    for r in rows:
-        seen[r.verdict] = seen.get(r.verdict, 0) + 1
-    return ", ".join(f"{v} {n}" for v, n in sorted(seen.items()))
+    return ", ".join(f"{v} {n}" for v, n in sorted(Counter(r.verdict for r in rows).items()))
 
 
 def failing(rows: list[Row], allow_missing: bool = False) -> list[Row]:

@@ -1,4 +1,4 @@
-"""The gate's reports: a text table for a terminal and a CI log (one line per row, never wrapped) and
+"""The gate's reports: a text table for a terminal and a CI log (one line per row, never wrapped), or
 markdown for a PR comment."""
 
 from __future__ import annotations
@@ -27,26 +27,33 @@ def table(rows: list[Row]) -> list[str]:
 def verdict_line(rows: list[Row], word: str, allow_missing: bool = False) -> str:
     """``GATE PASSED: ...``, ``GATE FAILED: REGRESSION 1, ...`` or ``GATE FAILED: nothing judged: ...``."""
     bad, judged = failing(rows, allow_missing), sum(r.judged for r in rows)
-    nothing = next((r for r in bad if r.verdict == "NOTHING COMPARED"), None)
-    if nothing is not None:
-        return f"{word} FAILED: nothing judged: {nothing.detail}"
+    if nothing := [r for r in bad if r.verdict == "NOTHING COMPARED"]:
+        return f"{word} FAILED: nothing judged: {nothing[0].detail}"
     return f"{word} {'FAILED: ' + counts(bad) + ';' if bad else 'PASSED:'} {judged} value(s) judged"
 
 
-def _info_line(rows: list[Row]) -> list[str]:
+def _summary(rows: list[Row], plots: str | None) -> list[str]:
     info = [r for r in rows if r.verdict == "info"]
     why = "; ".join(sorted({r.detail.split(":")[0] for r in info}))
-    return [f"informational, never gating: {len(info)} latency row(s) ({why})"] if info else []
+    return ([f"informational, never gating: {len(info)} latency row(s) ({why})"] if info else []) + [
+        f"rows by verdict: {counts(rows)}"] + ([f"plots: {plots}"] if plots else [])
 
 
-def text(rows: list[Row], title: str, settings: str, *, word: str = "GATE", allow_missing: bool = False,
-         show_all: bool = False) -> list[str]:
-    """The title, the rules, the table of notable rows (every row with ``show_all``), the counts and the
-    verdict line."""
+def show(console, rows: list[Row], title: str, settings: str, *, word: str = "GATE", fmt: str = "text",
+         allow_missing: bool = False, show_all: bool = False, plots: str | None = None) -> bool:
+    """Print the text or markdown report (the notable rows; every row with ``show_all``); True when the
+    verdict failed."""
+    failed = bool(failing(rows, allow_missing))
+    if fmt == "markdown":
+        lines = markdown(rows, title, settings, word=word.lower(), allow_missing=allow_missing, plots=plots)
+        console.print(lines.rstrip(), markup=False, highlight=False, soft_wrap=True)
+        return failed
     shown = rows if show_all else [r for r in rows if r.verdict not in QUIET]
-    return [title, settings, *(table(shown) if shown else []), *([] if show_all else _info_line(rows)),
-            f"rows by verdict: {counts(rows)}" + ("" if show_all else " (--all lists every row)"),
-            verdict_line(rows, word, allow_missing)]
+    lines = [title, settings, *(table(shown) if shown else []), *_summary(rows, plots)]
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    console.print(verdict_line(rows, word, allow_missing), style="bold red" if failed else "green", markup=False,
+                  highlight=False, soft_wrap=True)
+    return failed
 
 
 def markdown(rows: list[Row], title: str, settings: str, *, word: str = "gate", allow_missing: bool = False,
@@ -60,7 +67,5 @@ def markdown(rows: list[Row], title: str, settings: str, *, word: str = "gate", 
         out += ["| " + " | ".join(x.replace("|", "\\|") for x in _cells(r)) + " |" for r in shown[:MD_MAX_ROWS]]
         out += [f"\n... and {len(shown) - MD_MAX_ROWS} more (the text report lists every row)"] * (
             len(shown) > MD_MAX_ROWS) + [""]
-    out += [*_info_line(rows), f"Rows by verdict: {counts(rows)}"]
-    if plots:
-        out.append(f"Plots: {plots if '://' in plots else '`' + plots + '`'}")
-    return "\n".join(out) + "\n"
+    plots = plots if not plots or "://" in plots else f"`{plots}`"
+    return "\n".join(out + [x[0].upper() + x[1:] for x in _summary(rows, plots)]) + "\n"
