@@ -128,7 +128,8 @@ def test_corrupt_machine_json_given_to_plot_is_named(tmp_path, capsys):
     res = _results_dir(tmp_path / "results")
     (res / "cpu-2core" / "machine.json").write_text("[]")
     assert main(["plot", str(res / "cpu-2core"), "--out", str(tmp_path / "img")]) == 2
-    assert _sq(f"asv machine file {res / 'cpu-2core' / 'machine.json'} is a JSON list, not an object") in _out(capsys)
+    f = res / "cpu-2core" / "machine.json"
+    assert _sq(f"asv machine file {f} holds a JSON list; expected an object") in _out(capsys)
 
 
 def test_result_file_with_a_string_value_is_named(tmp_path, capsys):

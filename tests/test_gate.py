@@ -258,13 +258,13 @@ def test_commits_are_found_on_the_one_machine_holding_both(tmp_path, capsys):
 def test_markdown_report_for_a_pr_comment(tmp_path, capsys):
     base = run_json(tmp_path, "b.json", [rec(latency_s=1.00e-3)])
     head = run_json(tmp_path, "h.json", [rec(latency_s=1.20e-3)])
-    rc, out = gate(capsys, base, head, "--format", "markdown", "--plots", "https://x/plots")
+    rc, out = gate(capsys, base, head, "--format", "markdown")
     lines = out.splitlines()
     assert rc == 1 and lines[0] == "## mla-fp8-bench gate"
     assert lines[2] == "**GATE FAILED: REGRESSION 1; 1 value(s) judged**"
     assert "| verdict | backend | case | metric | BASE | HEAD | ratio | detail |" in lines
     assert any(x.startswith("| REGRESSION | fa3-fp8 | s512 | latency_s | 1 ms | 1.2 ms | 1.200x |") for x in lines)
-    assert lines[-1] == "Plots: https://x/plots"
+    assert lines[-1] == "Rows by verdict: REGRESSION 1"
 
 
 def test_committed_cpu_results_pass_as_the_readme_example(capsys):

@@ -64,10 +64,10 @@ def test_two_runners_side_by_side_and_the_union_of_their_definitions(tmp_path, c
 def test_merging_again_changes_nothing(tmp_path, capsys):
     src = runner_dir(tmp_path / "src", "h200", "NVIDIA H200", {"b.M.track_latency": [2e-5, 3e-5]})
     into = tmp_path / "results"
-    assert merge_results([str(src)], str(into)).copied == ["h200/machine.json", "h200/aaaaaaaa-existing-py.json"]
+    assert merge_results([str(src)], str(into))["copied"] == ["h200/machine.json", "h200/aaaaaaaa-existing-py.json"]
     before = snapshot(into)
     again = merge_results([str(src)], str(into))
-    assert (again.copied, again.unchanged, again.added) == (
+    assert (again["copied"], again["unchanged"], again["added"]) == (
         [], ["h200/machine.json", "h200/aaaaaaaa-existing-py.json"], [])
     assert snapshot(into) == before
 

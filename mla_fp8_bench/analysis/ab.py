@@ -1,9 +1,7 @@
-"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test (each a Python interpreter, or
-a directory put first on ``PYTHONPATH``) measured on one machine in alternating processes (:func:`schedule`;
-one :class:`~mla_fp8_bench.harness.rounds.RoundServer` per side forks each round), then judged by the gate's
-latency rule on time (:mod:`mla_fp8_bench.analysis.gate`). Exit status as the gate's: a run in which nothing
-could be judged (no latency on both sides, or a CPU's host time alone) fails.
-"""
+"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test (each a Python interpreter, or a
+directory put first on ``PYTHONPATH``) measured on one machine in alternating processes (:func:`schedule`; a
+:class:`~mla_fp8_bench.harness.rounds.RoundServer` per side forks each round), judged by the gate's latency
+rule on time. Exit status as the gate's: a run in which nothing could be judged (a CPU's host time) fails."""
 
 from __future__ import annotations
 
@@ -11,6 +9,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,9 @@ from typing import Any
 
 from mla_fp8_bench.analysis import stats as S
 from mla_fp8_bench.analysis.gate import judge as J
+from mla_fp8_bench.analysis.gate.load import side_from_run
 from mla_fp8_bench.harness import rounds as RD
+from mla_fp8_bench.harness.results import run_doc_from_data
 
 
 class AbUsageError(ValueError):
@@ -28,9 +29,7 @@ class AbUsageError(ValueError):
 
 
 @dataclass(frozen=True)
-class SideSpec:
-    """How to run one side: the interpreter and the directories put first on ``PYTHONPATH``."""
-
+class SideSpec:  # how to run one side: the interpreter and the directories put first on PYTHONPATH
     label: str
     spec: str
     python: str
@@ -44,9 +43,8 @@ _FORMS = ("give a Python interpreter (an executable file) or a directory holding
           "test (an empty one: the library as installed)")
 
 
-def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
-    """An executable file is an interpreter, a directory an install put first on ``PYTHONPATH``; AbUsageError
-    for anything else, an unreadable directory, an environment's root or a path holding ``os.pathsep``."""
+def parse_side(spec: str, label: str) -> SideSpec:
+    """An executable file is an interpreter, a directory an install put first on ``PYTHONPATH``."""
     if os.path.isdir(spec):
         if not os.access(spec, os.R_OK | os.X_OK):
             raise AbUsageError(f"{label} {spec!r} is a directory this user cannot read: {_FORMS}")
@@ -56,7 +54,7 @@ def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
         if os.pathsep in os.path.abspath(spec):
             raise AbUsageError(f"{label} {spec!r} holds {os.pathsep!r}, which PYTHONPATH reads as a separator: "
                                "move or link the install to a path without it")
-        return SideSpec(label, spec, python or sys.executable, (os.path.abspath(spec),))
+        return SideSpec(label, spec, sys.executable, (os.path.abspath(spec),))
     if os.path.isfile(spec) and os.access(spec, os.X_OK):
         return SideSpec(label, spec, os.path.abspath(spec))  # the file checked, not a name looked up on PATH
     what = "is a file that is not executable" if os.path.isfile(spec) else "does not exist or is no file"
@@ -64,8 +62,7 @@ def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
 
 
 def check_distinct(base: SideSpec, head: SideSpec) -> None:
-    """AbUsageError when both sides are one install (its real path) or one interpreter (its real file, started
-    from one real directory: two environments may link one interpreter)."""
+    """AbUsageError for one install twice, or one interpreter (real file) started from one real directory."""
     ids = [(os.path.realpath(s.spec), bool(s.prepend) or os.path.realpath(os.path.dirname(os.path.abspath(s.spec))))
            for s in (base, head)]
     if ids[0] == ids[1]:
@@ -91,8 +88,7 @@ print("ok " + json.dumps(no))
 
 
 def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0, backends: Sequence[str] = ()) -> None:
-    """AbUsageError unless ``side``'s interpreter starts, imports torch and this suite, resolves ``device``
-    and has each of ``backends`` available there (a GPU is touched only in that child)."""
+    """AbUsageError unless ``side``'s interpreter imports torch and this suite and has ``backends`` on ``device``."""
     try:
         p = subprocess.run([side.python, "-c", _PROBE, device, *backends], env=side.env(), capture_output=True,
                            text=True, timeout=timeout)
@@ -111,9 +107,7 @@ def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0, bac
 
 
 def schedule(rounds: int) -> list[tuple[int, str]]:
-    """(round index, side) in measuring order: BASE HEAD, HEAD BASE, BASE HEAD, ...; ValueError below 1."""
-    if rounds < 1:
-        raise ValueError(f"rounds={rounds} is invalid: an integer >= 1")
+    """(round index, side) in measuring order: BASE HEAD, HEAD BASE, BASE HEAD, ..."""
     return [(i, s) for i in range(rounds) for s in (("base", "head") if i % 2 == 0 else ("head", "base"))]
 
 
@@ -143,21 +137,15 @@ def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: S
     return out
 
 
-def side_document(measured: dict[str, Any], side: str) -> dict[str, Any]:
-    """The run document of one side: records from its rounds; env names the side and its device."""
-    rounds = measured[side]["rounds"]
-    first = {k: next((r.get(k) for r in rounds if r.get(k)), None) for k in ("device", "vendor")}
-    return {"env": {"vendor": first["vendor"], "device_name": first["device"], "ab_side": side,
-                    "ab_spec": measured[side]["spec"]}, "records": RD.records_from_rounds(rounds)}
-
-
 def judge(measured: dict[str, Any], factor: float = S.DEFAULT_AB_FACTOR, noise_k: float = S.DEFAULT_NOISE_K
           ) -> tuple[dict[str, dict[str, Any]], list[J.Row]]:
-    """The two side documents of a :func:`measure_ab` result and the gate's rows for them, on time."""
-    from mla_fp8_bench.analysis.gate.load import side_from_run
-    from mla_fp8_bench.harness.results import run_doc_from_data
-
-    docs = {s: side_document(measured, s) for s in ("base", "head")}
+    """The run documents of both sides of a :func:`measure_ab` result and the gate's rows for them, on time."""
+    docs = {}
+    for s in ("base", "head"):
+        rounds = measured[s]["rounds"]
+        first = {k: next((r.get(k) for r in rounds if r.get(k)), None) for k in ("device", "vendor")}
+        docs[s] = {"env": {"vendor": first["vendor"], "device_name": first["device"], "ab_side": s,
+                           "ab_spec": measured[s]["spec"]}, "records": RD.records_from_rounds(rounds)}
     base, head = (side_from_run(run_doc_from_data(docs[s], measured[s]["spec"]), s.upper()) for s in docs)
     return docs, J.compare(base, head, J.Options(factor=factor, noise_k=noise_k, interleaved=True))
 
@@ -174,8 +162,7 @@ class ServerRunner:
             self.servers[side.label] = RD.RoundServer(side.python, side.env(), self.preload)
         return self.servers[side.label].round(backends, cases, order, seed, out, self.device, timeout=self.timeout)
 
-    def close(self, now: bool = False) -> None:
-        """End every server (``now``: and its running round child at once)."""
+    def close(self, now: bool = False) -> None:  # now: also the running round child, at once
         for s in self.servers.values():
             s.kill() if now else s.close()
 
@@ -211,8 +198,7 @@ def _check_args(args: argparse.Namespace) -> tuple[SideSpec, SideSpec, list[str]
     return base, head, backends, cases
 
 
-def _kept(path: str, judged: bool, console) -> str:
-    """``path``, or beside it when a file is there and this run judged nothing (the stored file stays)."""
+def _kept(path: str, judged: bool, console) -> str:  # beside a stored file when this run judged nothing
     if judged or not os.path.exists(path):
         return path
     root, ext = os.path.splitext(path)
@@ -225,14 +211,20 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
     """``ab``: every argument and both sides checked before any round; the gate's exit status."""
     from mla_fp8_bench.analysis.gate import render
     from mla_fp8_bench.jsonio import write_file_atomic, write_json_atomic
+    from mla_fp8_bench.terminal import signals_interrupt
 
     base, head, backends, cases = _check_args(args)
-    for side in (base, head):
-        probe_side(side, args.device, backends=backends)
     runner = ServerRunner(backends, args.device)
     try:
-        measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
-                              log=lambda s: console.print(s, highlight=False, markup=False))
+        with signals_interrupt() as signals:  # SIGTERM/SIGHUP (a cancelled CI job) end the rounds as Ctrl-C does
+            for side in (base, head):
+                probe_side(side, args.device, backends=backends)
+            measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
+                                  log=lambda s: console.print(s, highlight=False, markup=False))
+    except KeyboardInterrupt:
+        sig = signals[0] if signals else signal.SIGINT
+        console.print(f"interrupted ({signal.Signals(sig).name}): no verdict", highlight=False, markup=False)
+        return 128 + sig
     finally:
         runner.close()
     docs, rows = judge(measured, args.factor, args.noise_k)
@@ -247,20 +239,6 @@ def cmd_ab(args: argparse.Namespace, console) -> int:
         md = render.markdown(rows, title, settings, word="ab")
         write_file_atomic(_kept(args.summary, judged, console), lambda f: f.write(md))
     return int(render.show(console, rows, title, settings, word="AB", show_all=True))
-
-
-def _handler(args: argparse.Namespace, console) -> int:
-    import signal
-
-    from mla_fp8_bench.terminal import signals_interrupt
-
-    try:
-        with signals_interrupt() as signals:  # SIGTERM/SIGHUP (a cancelled CI job) end the rounds as Ctrl-C does
-            return cmd_ab(args, console)
-    except KeyboardInterrupt:
-        sig = signals[0] if signals else signal.SIGINT
-        console.print(f"[red]interrupted[/red] ({signal.Signals(sig).name}): no verdict", highlight=False)
-        return 128 + sig
 
 
 def add_parser(subparsers) -> None:
@@ -282,4 +260,4 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto, cuda or cuda:N, cpu (default auto)")
     p.add_argument("--json", help="write both sides' rounds, documents and verdicts here")
     p.add_argument("--summary", metavar="MD", help="write the verdict as markdown (a PR comment) here")
-    p.set_defaults(handler=_handler)
+    p.set_defaults(handler=cmd_ab)

@@ -1,12 +1,11 @@
-"""The statistics of the analysis layer: the latency rule of ``gate`` and ``ab`` and the summary
-statistics of ``calibrate``.
+"""The statistics of the analysis layer: the latency rule of ``gate`` and ``ab``, and ``calibrate``'s summary.
 
-The latency rule compares like with like: a fresh process reads a case at one of a few levels (FA3-FP8
-s512 on an H200: 15.16 or 16.21 us), a slower level is a slower process rather than a slower library,
-and a library change moves every level. So each side's figure is the mean of its *fastest mode* (its
-values within :data:`MODE_WIDTH_REL` of its fastest), and HEAD regresses when the ratio of the two
-figures exceeds ``max(factor, 1 + k x se)``, ``se`` the ratio's relative standard error
-``sqrt(sd_b^2 / n_b + sd_h^2 / n_h)`` from each mode's relative robust standard deviation (1.4826 x MAD).
+The latency rule compares like with like: a fresh process reads a case at one of a few levels (FA3-FP8 s512
+on an H200: 15.16 or 16.21 us), a slower level is a slower process rather than a slower library, and a
+library change moves every level. So a side's figure is the mean of its *fastest mode* (its values within
+:data:`MODE_WIDTH_REL` of its fastest); HEAD regresses when the ratio of the figures exceeds
+``max(factor, 1 + k x se)``, ``se`` the ratio's relative standard error ``sqrt(sd_b^2 / n_b + sd_h^2 / n_h)``
+from each mode's relative robust standard deviation (1.4826 x MAD).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ DEFAULT_AB_FACTOR = 1.02
 
 
 def fastest_mode(values: Sequence[float]) -> list[float]:
-    """The values within :data:`MODE_WIDTH_REL` of the smallest."""
     lo = min(values)
     return [float(v) for v in values if v <= lo * (1 + MODE_WIDTH_REL)]
 
@@ -32,8 +30,7 @@ def fastest_mode(values: Sequence[float]) -> list[float]:
 def mode_mean(values: Sequence[float]) -> float:
     """Mean of :func:`fastest_mode`, summed relative to its smallest value (no overflow near the float limit)."""
     mode = fastest_mode(values)
-    lo = min(mode)
-    return lo * statistics.fmean(x / lo for x in mode)
+    return min(mode) * statistics.fmean(x / min(mode) for x in mode)
 
 
 def robust_sd(values: Sequence[float]) -> float:
@@ -44,20 +41,15 @@ def robust_sd(values: Sequence[float]) -> float:
 
 def latency_ratio(base: Sequence[float], head: Sequence[float], factor: float, k: float
                   ) -> tuple[float, float, float]:
-    """``(ratio, threshold, se)`` of the latency rule (module docstring) for two non-empty lists of finite
-    latencies > 0 (rounds, else samples, else the one stored value: a single value has ``se`` 0)."""
+    """``(ratio, threshold, se)`` of the latency rule for two non-empty lists of finite latencies > 0 (one
+    value a side has ``se`` 0)."""
     modes = [fastest_mode(v) for v in (base, head)]
-    ratio = mode_mean(head) / mode_mean(base)
     se = math.sqrt(sum((robust_sd(m) / statistics.median(m)) ** 2 / len(m) for m in modes))
-    return ratio, max(factor, 1 + k * se), se
+    return mode_mean(head) / mode_mean(base), max(factor, 1 + k * se), se
 
 
 def summary(xs: Sequence[float]) -> dict[str, float]:
-    """``n``, ``min``, ``median``, ``max``, ``mean``, ``std`` (sample standard deviation; 0 for one value).
-
-    Raises:
-        ValueError: an empty sequence.
-    """
+    """``n``, ``min``, ``median``, ``max``, ``mean``, ``std`` (sample; 0 for one value); ValueError when empty."""
     if not xs:
         raise ValueError("summary of an empty sequence")
     return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs),

@@ -47,9 +47,7 @@ def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
 
 
 @dataclass
-class RunDoc:
-    """A parsed ``mla-fp8-bench run --json`` file."""
-
+class RunDoc:  # a parsed ``mla-fp8-bench run --json`` file
     path: Path
     env: dict[str, Any]  # the run's environment (device, versions); {} when absent
     records: list[dict[str, Any]]  # one per (backend, case), each with ``backend`` and ``case`` strings
@@ -79,10 +77,9 @@ def load_run_json(path: str | os.PathLike) -> RunDoc:
 def _load_versioned(path: str | os.PathLike, name: str, what: str, version: int) -> tuple[Path, dict[str, Any]]:
     f = Path(path) / name if Path(path).is_dir() else Path(path)
     data = _load(f, what)
-    if not isinstance(data, dict):
-        raise ResultsError(f"{what} {f} is a JSON {type(data).__name__}, not an object")
-    if data.get("version") != version:
-        raise ResultsError(f"{what} {f} has api version {data.get('version')!r}; expected {version} (asv 0.6.x)")
+    if not isinstance(data, dict) or data.get("version") != version:
+        got = f"api version {data.get('version')!r}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise ResultsError(f"{what} {f} holds {got}; expected an object of api version {version} (asv 0.6.x)")
     return f, data
 
 
@@ -163,9 +160,7 @@ def find_result(results_dir: str | os.PathLike, machine: str, commit: str, env: 
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """One stored value: a benchmark at one parameter combination."""
-
+class Measurement:  # one stored value: a benchmark at one parameter combination
     benchmark: str  # full asv name (bench_mla_prefill.MLAPrefill.track_latency)
     params: tuple[str, ...]  # the combination's values as strings (("aiter", "s4096")); () if unparameterised
     status: str  # ok, failed (asv stored null) or skipped (NaN)
@@ -176,8 +171,7 @@ class Measurement:
     version: str | None = None  # the benchmark's version string
 
 
-def _literal(text: Any) -> str:
-    """One stored parameter value as the benchmark saw it: ``"'aiter'"`` -> ``"aiter"``."""
+def _literal(text: Any) -> str:  # a stored parameter value as the benchmark saw it: "'aiter'" -> "aiter"
     try:
         return str(ast.literal_eval(text)) if isinstance(text, str) else str(text)
     except (ValueError, SyntaxError):
@@ -185,9 +179,7 @@ def _literal(text: Any) -> str:
 
 
 @dataclass
-class AsvResult:
-    """A parsed asv result file (api version 2; the format: module docstring)."""
-
+class AsvResult:  # a parsed asv result file (api version 2; the format: module docstring)
     path: Path
     commit_hash: str
     env_name: str

@@ -1,7 +1,7 @@
 """``mla-fp8-bench gate BASE HEAD``: the PR gate. Each side is a run JSON, an asv result file or a commit
-prefix under ``<results-dir>/<machine>/`` (:mod:`.load`); each (backend, case, metric) gets a verdict
-(:mod:`.judge`); the report is a text table, or markdown for a PR comment (:mod:`.render`). Metric kinds
-come from :mod:`mla_fp8_bench.measure.metric_table`. The rules:
+prefix under ``<results-dir>/<machine>/`` (:mod:`.load`); each (backend, case, metric) of a kind in
+:mod:`mla_fp8_bench.measure.metric_table` gets a verdict (:mod:`.judge`); the report is a text table or
+markdown for a PR comment (:mod:`.render`). The rules:
 
 - **Latency.** Each side's figure is the mean of its fastest mode: its rounds (one per process; else its
   samples, else its one value) within 2 % of its fastest. HEAD regresses when the ratio of the figures
@@ -10,14 +10,12 @@ come from :mod:`mla_fp8_bench.measure.metric_table`. The rules:
   side's plateau (power-capped) is judged on SM cycles per launch. Emulation and CPU host latencies are
   informational, and so are call latency and planner time without ``--gate-call-latency``; a benchmark
   version change makes a latency not comparable.
-- **Accuracy.** A value over its calibrated tolerance (``--tolerances``; a non-finite count's is 0)
-  regresses; where no tolerance covers it, growth over BASE beyond ``--acc-factor`` does. A non-finite
-  value is over every limit; a benchmark version change stops neither check.
-- **Resources** (workspace bytes, partial slots): growth beyond ``--factor`` regresses.
-- **Lost results**: ok on BASE, skipped, failed or absent on HEAD (LOST, or FAILED; ``--allow-missing``
-  lets LOST pass). A value outside its metric's range is INVALID; a comparison that judged nothing fails.
-
-Exit status: 0 passed, 1 failed, 2 bad usage (one line naming the value, before any comparison).
+- **Accuracy.** A value over its calibrated tolerance (``--tolerances``; a non-finite count's is 0), or
+  where none covers it grown over BASE beyond ``--acc-factor``, regresses; a non-finite value is over every
+  limit; a benchmark version change stops neither check. **Resources** grown beyond ``--factor`` regress.
+- **Lost results** (ok on BASE; skipped, failed or absent on HEAD) fail: LOST (``--allow-missing`` lets
+  them pass) or FAILED. So do values outside their metric's range (INVALID) and a comparison that judged
+  nothing (NOTHING COMPARED). Exit status: 0 passed, 1 failed, 2 bad usage (one line, before any work).
 """
 
 from __future__ import annotations
@@ -40,12 +38,6 @@ def check_flags(*checks: tuple[str, float, float, str]) -> None:
             raise GateUsageError(f"{flag} {v} is invalid: {want}")
 
 
-def rules(opts: Options) -> str:
-    tol = f"over its tolerance ({opts.tolerances.name}), else " if opts.tolerances else ""
-    return (f"rules: latency ratio of fastest-mode means > max({opts.factor}, 1 + {opts.noise_k} x se); accuracy "
-            f"{tol}grown > {opts.acc_factor}x; resources grown > {opts.factor}x; lost results fail")
-
-
 def cmd_gate(args: argparse.Namespace, console) -> int:
     from mla_fp8_bench.analysis.tolerances import load_tolerances
 
@@ -61,14 +53,13 @@ def cmd_gate(args: argparse.Namespace, console) -> int:
                   for s, label in ((args.base, "BASE"), (args.head, "HEAD")))
     if not args.allow_cross_machine:
         check_same_machine(base, head)
-    if os.path.realpath(base.src) == os.path.realpath(head.src):
-        rows = [Row("*", "*", "-", base.src, head.src, "NOTHING COMPARED",
-                    detail="BASE and HEAD are the same file: give two different runs or commits")]
-    else:
-        rows = compare(base, head, opts)
-    failed = show(console, rows, f"gate: BASE {base.src} vs HEAD {head.src}", rules(opts), fmt=args.format,
-                  allow_missing=args.allow_missing, show_all=args.all, plots=args.plots)
-    return 1 if failed else 0
+    rows = compare(base, head, opts) if os.path.realpath(base.src) != os.path.realpath(head.src) else [
+        Row("*", "*", "-", base.src, head.src, "NOTHING COMPARED", detail="BASE and HEAD are the same file")]
+    tol = f"over its tolerance ({opts.tolerances.name}), else " if opts.tolerances else ""
+    rules = (f"rules: latency ratio of fastest-mode means > max({opts.factor}, 1 + {opts.noise_k} x se); accuracy "
+             f"{tol}grown > {opts.acc_factor}x; resources grown > {opts.factor}x; lost results fail")
+    return int(show(console, rows, f"gate: BASE {base.src} vs HEAD {head.src}", rules, fmt=args.format,
+                    allow_missing=args.allow_missing, show_all=args.all))
 
 
 def add_parser(subparsers) -> None:
@@ -90,7 +81,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tolerances", help="calibrated tolerance JSON (e.g. tolerances/cpu-emulated-v1.json)")
     p.add_argument("--all", action="store_true", help="list every row, not only notable ones")
     p.add_argument("--format", choices=("text", "markdown"), default="text", help="text, or markdown for a PR comment")
-    p.add_argument("--plots", metavar="PATH_OR_URL", help="where the plots of this run are (named in the report)")
     p.add_argument("--gate-call-latency", "--gate-host-latency", dest="gate_call_latency", action="store_true",
                    help="also gate host-side latencies (call latency, planner time)")
     p.add_argument("--allow-missing", action="store_true", help="list LOST results without failing")

@@ -41,7 +41,6 @@ class Row:
     verdict: str  # GATING, or ok | improved | new | info | not comparable
     ratio: str = "-"
     detail: str = ""
-
     judged = property(lambda self: self.verdict in ("ok", "improved", "REGRESSION"), doc="HEAD's value was judged")
 
 
@@ -186,8 +185,7 @@ def compare(base: Side, head: Side, opts: Options) -> list[Row]:
     return rows
 
 
-def counts(rows: list[Row]) -> str:
-    """``verdict n`` per verdict, sorted."""
+def counts(rows: list[Row]) -> str:  # "verdict n" per verdict, sorted
     return ", ".join(f"{v} {n}" for v, n in sorted(Counter(r.verdict for r in rows).items()))
 
 

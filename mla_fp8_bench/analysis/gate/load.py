@@ -15,7 +15,6 @@ from mla_fp8_bench.measure.metric_table import METRICS, find, record_is_emulatio
 #: Kinds of metric the gate judges; the SM clock and SM cycles are read for the gated figure.
 JUDGED_KINDS = ("accuracy", "kernel_latency", "host_latency", "resource")
 _HEX = re.compile(r"[0-9a-fA-F]{4,}")
-_RANK = {"ok": 2, "failed": 1, "skipped": 0}
 _READ = {m.record_key: m for m in METRICS if m.kind in JUDGED_KINDS or m.name in ("sm_clock", "sm_cycles")}
 
 
@@ -25,8 +24,7 @@ class GateUsageError(ValueError):
 
 @dataclass
 class Value:
-    """One metric of one (backend, case) on one side: ok, failed or skipped; the stored figure (floored as asv
-    stores it); the rounds (one per process) when two or more were stored, else the samples, else the figure."""
+    """A metric of a (backend, case): its status, stored figure (floored), and rounds, else samples, else figure."""
 
     status: str
     center: float | None = None
@@ -46,8 +44,7 @@ class Side:
     params: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # (status, reason)
 
     @functools.cached_property
-    def plateau(self) -> float | None:
-        """The highest SM clock of the side's kernel params: the clock of a lightly loaded case."""
+    def plateau(self) -> float | None:  # the highest SM clock of the side's kernel params (a light case's)
         clocks = [x.center for (b, c, k), x in self.data.items() if k == "sm_clock_mhz" and x.status == "ok"
                   and (b, c) not in self.emulated]
         return max(clocks) if clocks else None
@@ -103,8 +100,8 @@ def _from_asv(res: R.AsvResult, label: str) -> Side:
             ok = x.status == "ok"
             side.data[(*key, m.record_key)] = Value(x.status, m.floored(x.value) if ok else None,
                                                     tuple(x.samples or (x.value,)) if ok else (), x.version)
-            if _RANK[x.status] >= _RANK[side.params.get(key, ("skipped", ""))[0]]:  # ok if any value is
-                side.params[key] = (x.status, "")
+            prev = side.params.get(key, ("skipped", ""))[0]  # ok if any value is, else failed if any is
+            side.params[key] = (max(prev, x.status, key=("skipped", "failed", "ok").index), "")
     side.emulated = {k for k in side.params if backend_flag(k[0], "emulation")}
     return side
 
@@ -127,8 +124,8 @@ def pick_machine(results_dir: str, machine: str | None, specs: tuple[str, ...], 
     except R.ResultsError as exc:
         raise GateUsageError(str(exc)) from None
     holding = [n for n in names if _holds(results_dir, n, commits, env)]
-    if len(names) == 1 or len(holding) == 1:
-        return (names if len(names) == 1 else holding)[0]
+    if len(holding) == 1 or len(names) == 1:
+        return (holding or names)[0]
     raise GateUsageError(f"{results_dir} holds {len(names)} machines ({', '.join(names)}), {len(holding)} of them "
                          "with both commits: pass --machine")
 
