@@ -9,6 +9,7 @@ refused, named. Every input is read first; each file is written atomically, unde
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from mla_fp8_bench.harness import results as R
@@ -50,8 +51,7 @@ def _plan(sources: list[Path], dest: Path, report: dict[str, list]) -> dict[Path
                 raise MergeError(f"{target} exists and is not a regular file; nothing was written")
             if have is not None and have != data:
                 raise MergeError(f"{f} differs from {'the same file of another source' if target in writes else target}"
-                                 ": refusing to overwrite a stored result (move or remove one of them); nothing was "
-                                 "written")
+                                 ": refusing to overwrite a stored result (move one of them); nothing was written")
             if have is None:
                 writes[target] = data
                 report["copied"].append(rel)
@@ -79,10 +79,10 @@ def merge_results(sources: list[str], into: str, *, dry_run: bool = False) -> di
     """Merge the asv results directories ``sources`` into ``into`` (module docstring); returns the lists of
     ``machines``, ``copied`` and ``unchanged`` files, ``added`` definitions and ``kept`` notes. MergeError
     before anything is written."""
-    dest, srcs = Path(into), [Path(s) for s in sources]
-    if dest.exists() and (not dest.is_dir() or R.is_machine_dir(dest)):
-        raise MergeError(f"destination {dest} is not a results directory (a file, or one machine's folder)")
-    if any(s.resolve() == dest.resolve() or s.resolve() in dest.resolve().parents for s in srcs):
+    dest, srcs, real = Path(into), [Path(s) for s in sources], Path(os.path.realpath(into))  # realpath: no loop error
+    if (dest.exists() or dest.is_symlink()) and (not dest.is_dir() or R.is_machine_dir(dest)):
+        raise MergeError(f"destination {dest} is not a results directory (a file, a broken link, a machine's folder)")
+    if any((r := Path(os.path.realpath(s))) == real or r in real.parents for s in srcs):
         raise MergeError(f"destination {dest} is a source or lies inside one: give a destination outside them")
     report: dict[str, list] = {k: [] for k in ("machines", "copied", "unchanged", "added", "kept")}
     try:

@@ -62,12 +62,14 @@ def _ratio(bv: float, hv: float, against: float) -> str:
 
 
 def _impossible(m: Metric, *values: Value | None) -> str:
-    """Why a stored value cannot be judged (outside its bounds, a latency not finite; a NaN error is over
-    every limit); "" when none."""
+    """Why a value cannot be judged: null, not finite, out of bounds (a HEAD error that is not finite is judged:
+    over every limit); "" when none."""
     for side, x in zip(("BASE", "HEAD"), values):
+        if x is not None and x.status == "missing":
+            return f"{m.record_key} is null on {side}"
         for v in (x.center, *x.values) if x is not None and x.status == "ok" else ():
-            if not (m.kind == "accuracy" and math.isnan(v)) and not (m.possible(v) and (
-                    m.kind == "accuracy" or math.isfinite(v))):
+            if not (side == "HEAD" and m.kind == "accuracy" and not math.isfinite(v)) and not (
+                    m.possible(v) and math.isfinite(v)):
                 return f"impossible value {v:.4g} on {side} (possible: {m.bounds_text})"
     return ""
 
@@ -80,8 +82,7 @@ def _grown(row: Row, bv: float, hv: float, limit: float, floor: float = 0.0) -> 
 
 
 def _accuracy(row: Row, m: Metric, bm: Value | None, hm: Value, opts: Options) -> None:
-    """Over its tolerance (calibrated, or 0 for a count that must be 0); where none covers it, grown over
-    BASE beyond ``acc_factor``. A non-finite value is over every limit."""
+    """Over its tolerance (calibrated; 0 for a count that must be 0), else grown beyond ``acc_factor``."""
     tol, b_ok = None, bm is not None and bm.status == "ok"
     if m.gate == "zero":
         tol = (0.0, "must be 0")
@@ -102,8 +103,7 @@ def _accuracy(row: Row, m: Metric, bm: Value | None, hm: Value, opts: Options) -
 
 
 def _figure(base: Side, head: Side, key: tuple[str, str, str], opts: Options) -> tuple[str, Value, Value]:
-    """``SM cycles`` where the SM clock of a ``latency_s`` param lies off its side's plateau on either side
-    (a power-capped case) and both sides hold cycles; elsewhere, and always in ``ab``, ``time``."""
+    """``SM cycles`` where a ``latency_s`` param's SM clock is off its side's plateau (power-capped), not in ab."""
     clocks = [(s.data.get((*key[:2], "sm_clock_mhz")), s.plateau) for s in (base, head)]
     cb, ch = (s.data.get((*key[:2], "latency_sm_cycles")) for s in (base, head))
     if key[2] == "latency_s" and not opts.interleaved and cb and ch and cb.status == ch.status == "ok" and any(
@@ -165,8 +165,7 @@ def judge_one(key: tuple[str, str, str], base: Side, head: Side, opts: Options) 
 
 
 def compare(base: Side, head: Side, opts: Options) -> list[Row]:
-    """One row per (backend, case) ok on BASE and failed, skipped or absent on HEAD, then every other
-    (backend, case, metric) of a judged kind; a NOTHING COMPARED row when no value was judged."""
+    """A row per (backend, case) lost on HEAD, then per judged (backend, case, metric); NOTHING COMPARED if none."""
     rows, lost = [], set()
     for key in sorted(base.params.keys() | head.params.keys()):
         (bs, _), (hs, why) = (s.params.get(key, ("absent", "")) for s in (base, head))

@@ -75,14 +75,15 @@ def side_from_run(doc: R.RunDoc, label: str) -> Side:
                                  f"({key[0]}, {key[1]}): which one holds is unknown")
         status = r.get("status") if r.get("status") in ("ok", "skipped") else "failed"
         side.params[key] = (status, " ".join(str(r.get("reason") or "").split()))
-        if record_is_emulation(r):
-            side.emulated.add(key)
+        side.emulated |= {key} if record_is_emulation(r) else set()
         for m in metric_table.METRICS if status == "ok" else ():  # the table now: a test may extend it
             where = f"{label} {doc.path}: record {i} ({key[0]}, {key[1]}): "
             lists = [_numbers(r.get(k), where + k) for k in (m.rounds_key, m.samples_key) if k]
             series = next((x for x in lists if len(x) >= 2), None) or next((x for x in lists if x), ())
             if (v := _number(m.value(r), where + m.record_key)) is not None:
                 side.data[(*key, m.record_key)] = Value("ok", m.floored(v), tuple(series) or (v,))
+            elif m.kind == "accuracy" and m.record_key in r:  # an ok record whose error is null: unjudgeable
+                side.data[(*key, m.record_key)] = Value("missing")
     return side
 
 
