@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factor", type=float, default=None)
     ap.add_argument("--noise-k", type=float, default=None)
     a = ap.parse_args(argv)
-    from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_AB_NOISE_K
+    from mla_fp8_bench.analysis.stats import DEFAULT_AB_FACTOR
+    from mla_fp8_bench.analysis.stats import DEFAULT_NOISE_K as DEFAULT_AB_NOISE_K
 
     factor = a.factor or DEFAULT_AB_FACTOR
     k = DEFAULT_AB_NOISE_K if a.noise_k is None else a.noise_k

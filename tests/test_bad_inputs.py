@@ -384,9 +384,6 @@ def test_unknown_machine_name_for_plot_and_merge(tmp_path, capsys):
     res = _asv_results(tmp_path)
     assert main(["plot", str(res), "--machine", "h100", "--out", str(tmp_path / "img")]) == 2
     assert "machine 'h100' is not in the given results: machines present cpu-2core" in _out(capsys)
-    assert main(["merge-results", str(res), "--into", str(tmp_path / "merged"), "--machine", "h100"]) == 2
-    assert "machine 'h100' is in none of the sources: they have cpu-2core" in _out(capsys)
-    assert not (tmp_path / "merged").exists()
     # the same directory plots fine with the right name (the refusal was about the name only)
     assert main(["plot", str(res), "--machine", "cpu-2core", "--out", str(tmp_path / "img"), "--format", "png"]) == 0
 

@@ -34,23 +34,23 @@ def _no_traceback(capsys) -> str:
     return " ".join((cap.out + cap.err).split())
 
 
-def test_gate_judges_an_integer_beyond_the_float_range_invalid(tmp_path, capsys):
-    """A run JSON value of 400 digits is valid JSON but no float: INVALID (exit 1), not an OverflowError."""
+def test_gate_refuses_an_integer_beyond_the_float_range(tmp_path, capsys):
+    """A run JSON value of 400 digits is valid JSON but no float: one line naming it (exit 2), not an
+    OverflowError."""
     base = _run_json(tmp_path / "b.json")
     head = _run_json(tmp_path / "h.json", max_abs_error_fp8_ref=HUGE)
-    assert main(["gate", base, head]) == 1
+    assert main(["gate", base, head]) == 2
     out = _no_traceback(capsys)
-    assert "INVALID: torch-fp8-ref s64 max_abs_error_fp8_ref" in out and "is not a number" in out
+    assert "(torch-fp8-ref, s64): max_abs_error_fp8_ref = 1000" in out and "is not a number" in out
     assert "0" * 60 not in out  # the value is shown shortened
 
 
-def test_gate_judges_non_numbers_among_latency_samples_invalid(tmp_path, capsys):
-    """Samples holding a string: the param is INVALID naming the value, not 'could not convert string'."""
+def test_gate_refuses_non_numbers_among_latency_samples(tmp_path, capsys):
+    """Samples holding a string: one line naming the value, not 'could not convert string'."""
     base = _run_json(tmp_path / "b.json", latency_s=1e-3, latency_samples_s=[1e-3, 1.1e-3])
     head = _run_json(tmp_path / "h.json", latency_s=1e-3, latency_samples_s=[1e-3, "fast", 1.2e-3])
-    assert main(["gate", base, head]) == 1
-    out = _no_traceback(capsys)
-    assert "INVALID: torch-fp8-ref s64 latency_s" in out and "samples hold 'fast', not a number" in out
+    assert main(["gate", base, head]) == 2
+    assert "latency_samples_s = 'fast' is not a number" in _no_traceback(capsys)
 
 
 @pytest.mark.parametrize("where", ["value", "date", "started_at"])
@@ -74,7 +74,7 @@ def test_asv_result_with_an_integer_beyond_the_float_range(tmp_path, capsys, whe
     rc = main(["gate", str(ASV_FILE), str(bad)])
     out = _no_traceback(capsys)
     if where == "value":
-        assert rc == 2 and "has a non-numeric value 1000" in out and "float range" in out
+        assert rc == 2 and "holds a value that is not a number (1000" in out
     else:
         assert rc in (0, 1)
     if where != "value":
@@ -183,7 +183,7 @@ def test_ab_that_measured_nothing_keeps_the_stored_summary(tmp_path, capsys, mon
     md.write_text("## stored verdict\n")
     rc = main(["ab", str(base), str(head), "-b", "fa3-fp8", "-c", "s64", "--rounds", "2", "--device", "cpu",
                "--json", str(js), "--summary", str(md)])
-    assert rc == 2
+    assert rc == 1
     out = _no_traceback(capsys)
     assert js.read_text() == '{"stored": true}' and md.read_text() == "## stored verdict\n"
     assert (tmp_path / "ab.failed.json").is_file() and (tmp_path / "ab.failed.md").is_file()
@@ -235,8 +235,8 @@ def test_bisect_refuses_before_installing(tmp_path, capsys, extra, want):
 
 # ------------------------------------------------------------------ merge-results into a source
 @pytest.mark.parametrize("into, want", [
-    ("src/cpu-2core", "is one machine's directory (it holds machine.json)"),
-    ("src/merged", "lies inside source"),
+    ("src/cpu-2core", "is not a results directory (a file, a broken link, a machine's folder)"),
+    ("src/merged", "is a source or lies inside one"),
 ])
 def test_merge_refuses_a_destination_inside_a_source(tmp_path, capsys, into, want):
     """merge-results into a machine's directory of the source (it wrote cpu-2core/, h200/ and a
@@ -263,8 +263,8 @@ def test_gate_reports_keep_a_multi_line_reason_on_one_line(tmp_path, capsys):
     assert rows and all(line.endswith("second line \\| pipe ``` |") for line in rows)
     assert not any(line.startswith(("second line", "```")) for line in md.splitlines())
     assert main(["gate", base, head]) == 1
-    text = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAILED: ")]
-    assert text and all(line.endswith("RuntimeError: boom second line | pipe ```)") for line in text)
+    text = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAILED ")]
+    assert text and all(line.endswith("RuntimeError: boom second line | pipe ```") for line in text)
 
 
 # ------------------------------------------------------------------ interrupted runs beside a kept file
@@ -317,7 +317,7 @@ def _gpu_json(path: Path, rounds: list) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("bad, shown", [(float("inf"), "inf"), (-1e-4, "-0.0001"), (0.0, "0.0")])
+@pytest.mark.parametrize("bad, shown", [(float("inf"), "inf"), (-1e-4, "-0.0001"), (0.0, "0")])
 def test_gate_judges_a_round_that_is_no_latency_invalid(tmp_path, capsys, bad, shown):
     """A stored round of inf, a negative or zero seconds is no latency: INVALID naming it (an inf round made
     the spread, and so the threshold, infinite and passed a 5x slower HEAD)."""
@@ -325,30 +325,25 @@ def test_gate_judges_a_round_that_is_no_latency_invalid(tmp_path, capsys, bad, s
     head = _gpu_json(tmp_path / "h.json", [5e-4] * 3)
     assert main(["gate", base, head]) == 1
     out = _no_traceback(capsys)
-    assert "INVALID: fa3-fp8 s1024 latency_s" in out and f"rounds hold {shown}, not a finite latency > 0 s" in out
+    assert "INVALID fa3-fp8 s1024 latency_s" in out and f"impossible value {shown} on BASE" in out
 
 
-def test_gate_does_not_judge_rounds_spread_over_half_their_median(tmp_path, capsys):
-    """One stalled round (10x the others) sets a spread of 900 %: no threshold that wide judges anything, so
-    the param is AMBIGUOUS (the gate fails) rather than ok next to a 5x slower HEAD."""
+def test_a_stalled_round_does_not_hide_a_5x_slower_head(tmp_path, capsys):
+    """One stalled round (10x the others) falls out of BASE's fastest mode: a 5x slower HEAD regresses."""
     base = _gpu_json(tmp_path / "b.json", [1e-4, 1e-4, 1e-3])
     head = _gpu_json(tmp_path / "h.json", [5e-4] * 3)
     assert main(["gate", base, head]) == 1
     out = _no_traceback(capsys)
-    assert "AMBIGUOUS: fa3-fp8 s1024 latency_s" in out and "threshold 10 from the round spread is over 1.5" in out
+    assert "REGRESSION fa3-fp8 s1024 latency_s 100 us (3) 500 us (3) 5.000x" in out
 
 
-def test_interleaved_ratio_near_the_float_limit():
+def test_the_latency_ratio_near_the_float_limit():
     """Means of rounds near 1e308 are taken relative to the fastest round: no overflow to a NaN ratio (which
-    read as ok); an integer beyond the float range is a bad round, not an OverflowError."""
-    from mla_fp8_bench.analysis import gate as G
+    read as ok)."""
+    from mla_fp8_bench.analysis.stats import latency_ratio
 
-    ratio, thr, _src = G.interleaved_ratio([1e308] * 3, [1.7e308] * 3, 1.02, 3.0)
+    ratio, thr, _se = latency_ratio([1e308] * 3, [1.7e308] * 3, 1.02, 3.0)
     assert ratio == pytest.approx(1.7) and ratio > thr
-    with pytest.raises(ValueError, match="every round must be a finite latency > 0"):
-        G.interleaved_ratio([HUGE, 1.0], [1.0, 1.0], 1.02, 3.0)
-    with pytest.raises(ValueError, match="every round must be a finite latency > 0"):
-        G.interleaved_ratio([True, True], [1.0, 1.0], 1.02, 3.0)
 
 
 def test_merge_refuses_a_symlink_loop(tmp_path, capsys):
@@ -356,6 +351,6 @@ def test_merge_refuses_a_symlink_loop(tmp_path, capsys):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert main(["merge-results", str(tmp_path / "a"), "--into", str(tmp_path / "m")]) == 2
-    assert "cannot be resolved" in _no_traceback(capsys)
+    assert "is not an asv results directory" in _no_traceback(capsys)
     assert main(["merge-results", str(REPO / "results"), "--into", str(tmp_path / "a"), "--dry-run"]) == 2
-    assert "cannot be resolved" in _no_traceback(capsys)
+    assert "is not a results directory" in _no_traceback(capsys)

@@ -172,34 +172,23 @@ def test_emulation_latency_has_its_own_track():
 
 
 # ------------------------------------------------------------------------------------------ gate numbers
-def test_ratio_text_has_the_digits_that_decide():
-    from mla_fp8_bench.analysis.gate import growth_text, ratio_str
-
-    assert ratio_str(10.2346 / 9.7449, 1.05) == "1.0503"
-    assert ratio_str(1.0672) == "1.067"
-    assert ratio_str(1.0500001, 1.05) == "1.0500001" or ratio_str(1.0500001, 1.05).startswith("1.05000")
-    assert growth_text(1e-12, 64.0, 1e-12) == "0 → 64 (new)"
-    assert growth_text(2.0, 3.0, 1e-12, 1.05) == "1.500x"
-
-
 def test_gate_rows_for_a_floored_zero_and_a_close_latency():
-    from mla_fp8_bench.analysis.gate import Measure, Side, compare
+    """The ratio column has the digits that decide (1.0503 beside a threshold of 1.05, never 1.050); a
+    growth from a floored 0 reads ``0 -> 64``."""
+    from mla_fp8_bench.analysis.gate.judge import Options, compare
+    from mla_fp8_bench.analysis.gate.load import Side, Value
 
-    base = Side("BASE", kinds={"num_partials": "resource", "latency_s": "kernel_latency"})
-    head = Side("HEAD", kinds=dict(base.kinds))
-    base.data[("aiter", "s16384", "num_partials")] = Measure("ok", 1e-12)
-    head.data[("aiter", "s16384", "num_partials")] = Measure("ok", 64.0)
-    base.data[("fa3-fp8", "s128", "latency_s")] = Measure("ok", 9.7449e-6)
-    head.data[("fa3-fp8", "s128", "latency_s")] = Measure("ok", 10.2346e-6)
-    for s in (base, head):
-        s.params.update({("aiter", "s16384"): ("ok", ""), ("fa3-fp8", "s128"): ("ok", "")})
-    rows = {r.metric: r for r in compare(base, head)}
+    base, head = Side("BASE", "b"), Side("HEAD", "h")
+    for side, partials, lat in ((base, 1e-12, 9.7449e-6), (head, 64.0, 10.2346e-6)):
+        side.data[("aiter", "s16384", "num_partials")] = Value("ok", partials, (partials,))
+        side.data[("fa3-fp8", "s128", "latency_s")] = Value("ok", lat, (lat,))
+        side.params.update({("aiter", "s16384"): ("ok", ""), ("fa3-fp8", "s128"): ("ok", "")})
+    rows = {r.metric: r for r in compare(base, head, Options())}
     np_row = rows["num_partials"]
-    assert np_row.verdict == "REGRESSION" and np_row.base == "0" and np_row.head == "64"
-    assert np_row.ratio_note == "0 → 64 (new)" and "0 → 64 (new)" in np_row.detail
+    assert (np_row.verdict, np_row.base, np_row.head, np_row.ratio) == ("REGRESSION", "0", "64", "0 -> 64")
     lat = rows["latency_s"]
-    assert lat.verdict == "REGRESSION" and lat.base == "9.745 us" and lat.head == "10.23 us"
-    assert lat.detail.startswith("1.0503x > 1.05")
+    assert (lat.verdict, lat.base, lat.head, lat.ratio) == ("REGRESSION", "9.745 us", "10.23 us", "1.0503x")
+    assert lat.detail.startswith("threshold 1.050")
 
 
 def test_readme_gate_example_runs_on_committed_results(capsys):

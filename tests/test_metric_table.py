@@ -115,10 +115,6 @@ def test_published_names_units_and_pretty_names_are_kept():
     assert bench.MLAPrefill.track_sm_cycles.version == "mla-prefill-v1+rounds"
     assert not hasattr(bench.AiterPlan.track_num_partials, "version") or \
         bench.AiterPlan.track_num_partials.version == "aiter-plan-v1"
-    from mla_fp8_bench.analysis.gate import LEGACY_SAMPLE_VERSIONS
-
-    assert "mla-prefill-v1" in LEGACY_SAMPLE_VERSIONS
-    assert bench.MLAPrefill.track_latency.version not in LEGACY_SAMPLE_VERSIONS
 
 
 def test_asv_discovers_the_published_benchmarks_unchanged():
@@ -221,15 +217,18 @@ def test_calibrate_derives_max_times_margin_floored_and_group_maxima():
 
 
 def test_gate_kinds_come_from_the_table(tmp_path):
-    from mla_fp8_bench.analysis.gate import side_from_run_json
+    from mla_fp8_bench.analysis.gate.judge import Options, compare
+    from mla_fp8_bench.analysis.gate.load import side_from_run
+    from mla_fp8_bench.harness.results import run_doc_from_data
 
     rec = {"backend": "fa3-fp8", "case": "s128", "status": "ok", "latency_s": 1e-4, "max_abs_error_fp8_ref": 0.02,
            "num_partials": 0, "call_latency_s": 2e-4, "tflops": 100.0}
-    side = side_from_run_json({"env": {}, "records": [rec]}, "HEAD")
-    for m in mt.METRICS:
-        assert side.kinds[m.record_key] == m.kind
+    side = side_from_run(run_doc_from_data({"env": {}, "records": [rec]}, "x.json"), "HEAD")
+    rows = {r.metric: r.verdict for r in compare(side, side, Options())}
+    # judged kinds get a row (host latency informational), informational figures none
+    assert rows == {"latency_s": "ok", "max_abs_error_fp8_ref": "ok", "num_partials": "ok", "call_latency_s": "info"}
     # floors applied as asv stores them
-    assert side.data[("fa3-fp8", "s128", "num_partials")].value == 1e-12
+    assert side.data[("fa3-fp8", "s128", "num_partials")].center == 1e-12
 
 
 # ------------------------------------------------------------------------------------------ asv.conf.json
@@ -275,18 +274,15 @@ def test_threshold_regexes_are_disjoint_and_cover_every_gated_track():
 
 
 def _gate_verdict(m: mt.Metric, base: float, head: float) -> str:
-    from mla_fp8_bench.analysis import gate
+    from mla_fp8_bench.analysis.gate import judge, load
 
     key = ("fa3-fp8", "s1024", m.record_key)
 
-    def side(label: str, v: float) -> gate.Side:
-        # latency: 40 tight samples, so a growth is significant and the ratio of medians decides
-        meas = (gate.Measure("ok", v, samples=[v * (1 + 1e-4 * i) for i in range(40)])
-                if m.kind == "kernel_latency" else gate.Measure("ok", v))
-        return gate.Side(label, kinds={m.record_key: m.kind}, data={key: meas},
-                         params={key[:2]: ("ok", "")})
+    def side(label: str, v: float) -> load.Side:  # one value a side: the latency threshold is --factor
+        return load.Side(label, label, data={key: load.Value("ok", v, (v,))}, params={key[:2]: ("ok", "")})
 
-    return gate.compare_one(key, side("BASE", base), side("HEAD", head), gate.GateOptions()).verdict
+    rows = judge.compare(side("BASE", base), side("HEAD", head), judge.Options())
+    return next((r.verdict for r in rows if r.metric == m.record_key), "no row")
 
 
 @pytest.mark.parametrize("track", [m.track for m in mt.asv_metrics()])
@@ -307,22 +303,21 @@ def test_asv_thresholds_flag_what_the_gate_flags(track):
 
 
 def test_a_calibrated_metric_a_tolerance_file_lacks_is_an_error(tmp_path):
-    """Never a silent pass: the gate names the metric and the file; loading a file whose metric list
-    lacks a calibrated metric of the table is refused, naming both."""
-    from mla_fp8_bench.analysis import gate
+    """Never a silent pass: where the tolerance file lacks a metric, the gate judges it on growth over BASE;
+    loading a file whose metric list lacks a calibrated metric of the table is refused, naming both."""
+    from mla_fp8_bench.analysis.gate import judge, load
     from mla_fp8_bench.analysis.tolerances import ToleranceFileError, Tolerances, load_tolerances
 
     src = ROOT / "tolerances" / "cpu-emulated-v1.json"
     doc = json.loads(src.read_text())
     del doc["tolerances"]["aiter-emulated"]["s512"]["mismatch_fraction"]
     tol = Tolerances(str(tmp_path / "tol.json"), doc)
-    m = mt.metric("mismatch_fraction")
-    key = ("aiter-emulated", "s512", m.record_key)
-    side = gate.Side("x", kinds={m.record_key: "accuracy"}, data={key: gate.Measure("ok", 0.01)},
-                     params={key[:2]: ("ok", "")})
-    with pytest.raises(gate.GateUsageError, match=r"tol\.json lacks calibrated metric mismatch_fraction for "
-                                                  r"aiter-emulated / s512"):
-        gate.compare(side, side, tolerances=tol)
+    key = ("aiter-emulated", "s512", "mismatch_fraction")
+
+    def side(v: float) -> load.Side:
+        return load.Side("x", "x", data={key: load.Value("ok", v, (v,))}, params={key[:2]: ("ok", "")})
+    (row,) = judge.compare(side(0.01), side(0.03), judge.Options(tolerances=tol))
+    assert (row.verdict, row.detail) == ("REGRESSION", "grew beyond 2.0x over BASE")
     doc["metrics"].remove("lse_rel_error_fp8_ref")
     (tmp_path / "tol2.json").write_text(json.dumps(doc))
     with pytest.raises(ToleranceFileError, match=r"tol2\.json: lacks calibrated metric lse_rel_error_fp8_ref"):

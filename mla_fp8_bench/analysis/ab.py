@@ -1,12 +1,7 @@
-"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test measured on one machine in
-alternating processes, then gated.
-
-BASE and HEAD are each a Python interpreter or a directory put first on ``PYTHONPATH``. ``--rounds``
-rounds per side run in :func:`schedule` order with the case order of
-:func:`mla_fp8_bench.harness.rounds.round_order`; each side keeps one
-:class:`~mla_fp8_bench.harness.rounds.RoundServer` (``--spawn``: a new interpreter per round). The gate's
-rounds rule judges the per-round records (docs/methodology.md, PR mode). Exit status as the gate's.
-"""
+"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test (each a Python interpreter, or a
+directory put first on ``PYTHONPATH``) measured on one machine in alternating processes (:func:`schedule`; a
+:class:`~mla_fp8_bench.harness.rounds.RoundServer` per side forks each round), judged by the gate's latency
+rule on time. Exit status as the gate's: a run in which nothing could be judged (a CPU's host time) fails."""
 
 from __future__ import annotations
 
@@ -14,22 +9,19 @@ import argparse
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mla_fp8_bench.harness.rounds import (
-    RoundServer,
-    records_from_rounds,
-    round_order,
-    run_worker,
-    suite_env,
-    worker_command,
-)
+from mla_fp8_bench.analysis import stats as S
+from mla_fp8_bench.analysis.gate import judge as J
+from mla_fp8_bench.analysis.gate.load import side_from_run
+from mla_fp8_bench.harness import rounds as RD
+from mla_fp8_bench.harness.results import run_doc_from_data
 
 
 class AbUsageError(ValueError):
@@ -37,71 +29,48 @@ class AbUsageError(ValueError):
 
 
 @dataclass(frozen=True)
-class SideSpec:
-    """How to run one side: the interpreter and the directories put first on ``PYTHONPATH``."""
-
+class SideSpec:  # how to run one side: the interpreter and the directories put first on PYTHONPATH
     label: str
     spec: str
     python: str
     prepend: tuple[str, ...] = ()
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        return suite_env(self.prepend, base)
+        return RD.suite_env(self.prepend, base)
 
 
-_SIDE_FORMS = ("give a Python interpreter (an executable file) or a directory holding an install of the library "
-               "under test (an empty one: the library as installed)")
+_FORMS = ("give a Python interpreter (an executable file) or a directory holding an install of the library under "
+          "test (an empty one: the library as installed)")
 
 
-def parse_side(spec: str, label: str, python: str | None = None) -> SideSpec:
-    """A :class:`SideSpec` from ``spec``: an executable file is an interpreter, a directory an install put
-    first on ``PYTHONPATH`` (empty: nothing overridden).
-
-    Raises:
-        AbUsageError: ``spec`` does not exist (or is a link that does not resolve), is a file that is not
-            executable, a directory that cannot be read, or the root of a virtual or conda environment (its
-            interpreter is meant).
-    """
+def parse_side(spec: str, label: str) -> SideSpec:
+    """An executable file is an interpreter, a directory an install put first on ``PYTHONPATH``."""
     if os.path.isdir(spec):
         if not os.access(spec, os.R_OK | os.X_OK):
-            raise AbUsageError(f"{label} {spec!r} is a directory this user cannot read: {_SIDE_FORMS}")
+            raise AbUsageError(f"{label} {spec!r} is a directory this user cannot read: {_FORMS}")
         if os.path.exists(os.path.join(spec, "pyvenv.cfg")) or os.path.isdir(os.path.join(spec, "conda-meta")):
-            exe = os.path.join(spec, "bin", "python")
             raise AbUsageError(f"{label} {spec!r} is the root of an environment, not an install directory: give "
-                               f"its interpreter ({exe})")
+                               f"its interpreter ({os.path.join(spec, 'bin', 'python')})")
         if os.pathsep in os.path.abspath(spec):
             raise AbUsageError(f"{label} {spec!r} holds {os.pathsep!r}, which PYTHONPATH reads as a separator: "
                                "move or link the install to a path without it")
-        return SideSpec(label, spec, python or sys.executable, (os.path.abspath(spec),))
+        return SideSpec(label, spec, sys.executable, (os.path.abspath(spec),))
     if os.path.isfile(spec) and os.access(spec, os.X_OK):
         return SideSpec(label, spec, os.path.abspath(spec))  # the file checked, not a name looked up on PATH
-    what = "is a file that is not executable" if os.path.isfile(spec) else (
-        "is neither a file nor a directory" if os.path.exists(spec) else
-        "is a symbolic link that does not resolve (a loop, or its target is missing)" if os.path.islink(spec)
-        else "does not exist")
-    raise AbUsageError(f"{label} {spec!r} {what}: {_SIDE_FORMS}")
-
-
-def _identity(side: SideSpec) -> tuple[str, ...]:
-    """What makes two sides the same: an install's real path; an interpreter's real file and the real
-    directory it is started from (two environments may link one interpreter)."""
-    if side.prepend:
-        return ("dir", os.path.realpath(side.spec))
-    return ("python", os.path.realpath(side.spec), os.path.realpath(os.path.dirname(os.path.abspath(side.spec))))
+    what = "is a file that is not executable" if os.path.isfile(spec) else "does not exist or is no file"
+    raise AbUsageError(f"{label} {spec!r} {what}: {_FORMS}")
 
 
 def check_distinct(base: SideSpec, head: SideSpec) -> None:
-    """AbUsageError when ``base`` and ``head`` name the same install or environment."""
-    if _identity(base) != _identity(head):
-        return
-    a, b = os.path.abspath(base.spec), os.path.abspath(head.spec)
-    both = (f"both {a!r}" if a == b else f"{base.spec!r} and {head.spec!r}, both {_identity(base)[1]!r}" if base.prepend
-            else f"{base.spec!r} and {head.spec!r}, one interpreter started from {_identity(base)[2]!r}")
-    raise AbUsageError(f"BASE and HEAD are {both}: an A/B needs two different installs")
+    """AbUsageError for one install twice, or one interpreter (real file) started from one real directory."""
+    ids = [(os.path.realpath(s.spec), bool(s.prepend) or os.path.realpath(os.path.dirname(os.path.abspath(s.spec))))
+           for s in (base, head)]
+    if ids[0] == ids[1]:
+        raise AbUsageError(f"BASE {base.spec!r} and HEAD {head.spec!r} are one install ({ids[0][0]!r}): an A/B "
+                           "needs two different installs")
 
 
-#: What a side's interpreter must import and resolve for a round (:func:`probe_side`): argv ``device
-#: backend ...``; prints ``ok`` and a JSON object of the backends unavailable there with their reasons.
+#: argv ``device backend ...``: prints ``ok`` and the backends unavailable there with their reasons.
 _PROBE = """\
 import json, sys, torch, mla_fp8_bench.harness.rounds
 from mla_fp8_bench.backends import get_backend
@@ -119,29 +88,18 @@ print("ok " + json.dumps(no))
 
 
 def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0, backends: Sequence[str] = ()) -> None:
-    """Check, before any round, that ``side``'s interpreter starts, imports torch and this suite (with its
-    environment), resolves ``device`` and has each of ``backends`` available there (a backend may come
-    from the side's install; a GPU is touched only in that child).
-
-    Raises:
-        AbUsageError: naming the side, its spec and the last error line; or the backends unavailable to
-            that side with their reasons.
-    """
-    no: dict[str, str] = {}
+    """AbUsageError unless ``side``'s interpreter imports torch and this suite and has ``backends`` on ``device``."""
     try:
         p = subprocess.run([side.python, "-c", _PROBE, device, *backends], env=side.env(), capture_output=True,
                            text=True, timeout=timeout)
-        last = p.stdout.strip().splitlines()[-1:]
-        ok = p.returncode == 0 and bool(last) and last[0].startswith("ok ")
+        last = (p.stdout.strip().splitlines() or [""])[-1]
         why = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-        if ok:
-            no = json.loads(last[0][3:])
+        no = json.loads(last[3:]) if p.returncode == 0 and last.startswith("ok ") else None
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-        ok, why = False, str(exc)
-    if not ok:
+        no, why = None, str(exc)
+    if no is None:
         raise AbUsageError(f"{side.label} {side.spec!r} cannot run a round ({why[:300]}): give a Python interpreter "
-                           "with torch and this suite importable, or a directory of an install, and a --device "
-                           "it has")
+                           "with torch and this suite importable, or a directory of an install, and a --device it has")
     if no:
         why = "; ".join(f"{b}: {' '.join(str(r).split())[:300]}" for b, r in no.items())
         raise AbUsageError(f"--backends {','.join(no)} unavailable to {side.label} {side.spec!r} on --device {device} "
@@ -149,77 +107,47 @@ def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0, bac
 
 
 def schedule(rounds: int) -> list[tuple[int, str]]:
-    """(round index, side) in measuring order: BASE HEAD, HEAD BASE, BASE HEAD, ...
-
-    Raises:
-        ValueError: ``rounds`` < 1.
-    """
-    if rounds < 1:
-        raise ValueError(f"rounds={rounds} is invalid: an integer >= 1")
+    """(round index, side) in measuring order: BASE HEAD, HEAD BASE, BASE HEAD, ..."""
     return [(i, s) for i in range(rounds) for s in (("base", "head") if i % 2 == 0 else ("head", "base"))]
 
 
 def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: Sequence[str], rounds: int,
                runner: Callable[..., dict[str, Any]], seed: int = 0, log: Callable[[str], None] | None = None
                ) -> dict[str, Any]:
-    """Both sides, ``rounds`` rounds each, in :func:`schedule` order; round ``i`` of both sides uses
-    :func:`~mla_fp8_bench.harness.rounds.round_order` ``(i)`` and shuffle seed ``seed + i``.
-    ``runner(side, backends, cases, order, seed, out)`` runs one round of one side and returns its round
-    document (``{"order", "rows": [...]}``).
-
-    Returns:
-        ``{"base": {"spec", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...], "wall_s"}``.
-    """
-    t0 = time.perf_counter()
+    """``{"base": {"spec", "label", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...]}``:
+    both sides, ``rounds`` rounds each, in :func:`schedule` order, round ``i`` in ``round_order(i)`` with seed
+    ``seed + i``; ``runner(side, backends, cases, order, seed, out)`` returns one round's ``{"order", "rows"}``."""
     sides = {"base": base, "head": head}
     out: dict[str, Any] = {s: {"spec": sides[s].spec, "label": sides[s].label, "rounds": []} for s in sides}
     plan = schedule(rounds)
     with tempfile.TemporaryDirectory(prefix="mla_fp8_ab_") as tmp:
         try:
             for k, (i, s) in enumerate(plan):
-                path = os.path.join(tmp, f"{s}_round{i}.json")
-                doc = runner(sides[s], backends, cases, round_order(i), seed + i, path)
+                doc = runner(sides[s], backends, cases, RD.round_order(i), seed + i, os.path.join(tmp, f"{s}{i}.json"))
                 doc.update(round=i, position=k)
                 out[s]["rounds"].append(doc)
                 if log is not None:
-                    ok = sum(1 for r in doc.get("rows", []) if "latency_s" in r)
-                    log(f"[{k + 1}/{len(plan)}] {s} round {i} ({round_order(i)}): "
-                        + (doc["error"] if doc.get("error") else f"{ok} pairs"))
+                    done = doc.get("error") or f"{sum(1 for r in doc.get('rows', []) if 'latency_s' in r)} pairs"
+                    log(f"[{k + 1}/{len(plan)}] {s} round {i} ({RD.round_order(i)}): {done}")
         except BaseException:  # interrupted: no round child may write into tmp after it is removed
-            kill = getattr(runner, "kill", None)
-            if callable(kill):
+            if callable(kill := getattr(runner, "kill", None)):
                 kill()
             raise
     out["schedule"] = [list(x) for x in plan]
-    out["wall_s"] = time.perf_counter() - t0
     return out
 
 
-def side_document(measured: dict[str, Any], side: str) -> dict[str, Any]:
-    """The run document of one side (records from its rounds; env names the side)."""
-    rounds = measured[side]["rounds"]
-    dev = next((r.get("device") for r in rounds if r.get("device")), None)
-    vendor = next((r.get("vendor") for r in rounds if r.get("vendor")), None)
-    return {"env": {"vendor": vendor, "device_name": dev, "ab_side": side,
-                    "ab_spec": measured[side]["spec"]},
-            "records": records_from_rounds(rounds)}
-
-
-def judge(measured: dict[str, Any], factor: float, noise_k: float, base_label: str = "BASE",
-          head_label: str = "HEAD") -> tuple[dict[str, dict[str, Any]], list[Any]]:
-    """The two side documents of a :func:`measure_ab` result and the gate's rows for them (the
-    interleaved rule, :func:`mla_fp8_bench.analysis.gate.interleaved_ratio`)."""
-    from mla_fp8_bench.analysis import gate as G
-
-    docs = {s: side_document(measured, s) for s in ("base", "head")}
-    rows = G.compare(G.side_from_run_json(docs["base"], base_label), G.side_from_run_json(docs["head"], head_label),
-                     factor=factor, noise_k=noise_k, alpha=G.DEFAULT_ALPHA, interleaved=True)
-    return docs, rows
-
-
-def spawn_round(side, backends, cases, order, seed, out, device: str = "auto", timeout: float = 600.0):
-    """A round runner of :func:`measure_ab` that starts a new interpreter per round (:func:`run_worker`)."""
-    return run_worker(worker_command(side.python, backends, cases, order, seed, out, device), out, side.env(), timeout)
+def judge(measured: dict[str, Any], factor: float = S.DEFAULT_AB_FACTOR, noise_k: float = S.DEFAULT_NOISE_K
+          ) -> tuple[dict[str, dict[str, Any]], list[J.Row]]:
+    """The run documents of both sides of a :func:`measure_ab` result and the gate's rows for them, on time."""
+    docs = {}
+    for s in ("base", "head"):
+        rounds = measured[s]["rounds"]
+        first = {k: next((r.get(k) for r in rounds if r.get(k)), None) for k in ("device", "vendor")}
+        docs[s] = {"env": {"vendor": first["vendor"], "device_name": first["device"], "ab_side": s,
+                           "ab_spec": measured[s]["spec"]}, "records": RD.records_from_rounds(rounds)}
+    base, head = (side_from_run(run_doc_from_data(docs[s], measured[s]["spec"]), s.upper()) for s in docs)
+    return docs, J.compare(base, head, J.Options(factor=factor, noise_k=noise_k, interleaved=True))
 
 
 class ServerRunner:
@@ -227,139 +155,109 @@ class ServerRunner:
 
     def __init__(self, preload: Sequence[str], device: str = "auto", timeout: float = 600.0):
         self.preload, self.device, self.timeout = tuple(preload), device, timeout
-        self.servers: dict[str, RoundServer] = {}
+        self.servers: dict[str, RD.RoundServer] = {}
 
     def __call__(self, side, backends, cases, order, seed, out):
         if side.label not in self.servers or self.servers[side.label].proc.poll() is not None:
-            self.servers[side.label] = RoundServer(side.python, side.env(), self.preload)
+            self.servers[side.label] = RD.RoundServer(side.python, side.env(), self.preload)
         return self.servers[side.label].round(backends, cases, order, seed, out, self.device, timeout=self.timeout)
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:  # now: also the running round child, at once
         for s in self.servers.values():
-            s.close()
+            s.kill() if now else s.close()
 
-    def kill(self) -> None:
-        """End every server and its running round child now."""
-        for s in self.servers.values():
-            s.kill()
+    kill = functools.partialmethod(close, now=True)
 
 
-def cmd_ab(args: argparse.Namespace, console) -> int:
-    """``ab``; the gate's exit status.
-
-    Raises:
-        AbUsageError / ValueError (exit 2, before any round): a side that cannot be used
-            (:func:`parse_side`, :func:`probe_side`), BASE and HEAD the same (:func:`check_distinct`), an
-            unknown or unavailable backend, no case, a bad number or output path.
-    """
-    from mla_fp8_bench.analysis import gate as G
+def _check_args(args: argparse.Namespace) -> tuple[SideSpec, SideSpec, list[str], list[str]]:
+    """The two sides, backends and cases; AbUsageError / ValueError (exit 2) for any bad argument."""
+    from mla_fp8_bench.analysis.gate import check_flags
     from mla_fp8_bench.backends import backend_names
     from mla_fp8_bench.config import MAX_ROUNDS
-    from mla_fp8_bench.jsonio import check_output_path, write_file_atomic, write_json_atomic
+    from mla_fp8_bench.jsonio import check_output_path
     from mla_fp8_bench.problem.cases import resolve_cases
 
     base, head = parse_side(args.base, "BASE"), parse_side(args.head, "HEAD")
     check_distinct(base, head)
     backends = list(dict.fromkeys(b for b in args.backends.split(",") if b))  # a pair twice would be two rounds
-    unknown = [b for b in backends if b not in backend_names()]
-    if unknown or not backends:
-        what = f"unknown {', '.join(unknown)}" if unknown else "names nothing"
+    if not backends or (unknown := [b for b in backends if b not in backend_names()]):
+        what = f"unknown {', '.join(unknown)}" if backends else "names nothing"
         raise AbUsageError(f"--backends {args.backends!r}: {what}; allowed {', '.join(backend_names())}")
     cases = [c.id for c in resolve_cases([c for c in args.cases.split(",") if c])]
     if not cases:
         raise AbUsageError(f"--cases {args.cases!r} names no case: give comma-separated case ids or suite names")
     if not 2 <= args.rounds <= MAX_ROUNDS:
-        raise AbUsageError(f"--rounds {args.rounds} is invalid: an integer from 2 (the spread needs two rounds) "
-                           f"to {MAX_ROUNDS}")
-    G.check_flags(("--factor", args.factor, 1.0, "a finite ratio >= 1.0 (e.g. 1.02)"),
-                  ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 3.0)"))
+        raise AbUsageError(f"--rounds {args.rounds} is invalid: an integer from 2 to {MAX_ROUNDS}")
+    check_flags(("--factor", args.factor, 1.0, "a finite ratio >= 1.0 (e.g. 1.02)"),
+                ("--noise-k", args.noise_k, 0.0, "a finite number >= 0 (e.g. 3.0)"))
     for flag, path in (("--json", args.json), ("--summary", args.summary)):
         if path:
             check_output_path(path, flag)
     if args.json and args.summary and os.path.realpath(args.json) == os.path.realpath(args.summary):
         raise AbUsageError(f"--json and --summary are both {args.json!r}: give two different files")
-    for side in (base, head):
-        probe_side(side, args.device, backends=backends)
-    runner = functools.partial(spawn_round, device=args.device) if args.spawn else ServerRunner(backends, args.device)
-    try:
-        measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
-                              log=lambda s: console.print(s, highlight=False, markup=False))
-    finally:
-        if isinstance(runner, ServerRunner):
-            runner.close()
-    docs, rows = judge(measured, args.factor, args.noise_k, f"BASE {args.base}", f"HEAD {args.head}")
-    lat = [r for r in rows if r.kind == "kernel_latency"]
-    both = any(r.base not in ("-", "skipped", "failed") and r.head not in ("-", "skipped", "failed") for r in lat)
-    def kept(path: str, ext: str) -> str:  # beside a stored file when the run measured nothing on both sides
-        if both or not os.path.exists(path):
-            return path
-        root, own = os.path.splitext(path)
-        out = f"{root}.failed{own or ext}"
-        console.print(f"nothing measured on both sides: {path} kept, this run's document goes to {out}",
-                      highlight=False, markup=False)
-        return out
-
-    if args.json:
-        out = kept(args.json, ".json")
-        write_json_atomic({"measured": measured, "base": docs["base"], "head": docs["head"],
-                           "settings": {"factor": args.factor, "noise_k": args.noise_k, "rounds": args.rounds},
-                           "rows": [r.__dict__ for r in lat]}, out)
-    bad = [r for r in rows if r.gating]
-    settings = (f"{args.rounds} rounds per side in alternating processes; latency threshold max({args.factor}, "
-                f"1 + {args.noise_k} x the ratio's standard error) on the ratio of the rounds' fastest-mode means "
-                "of time")
-    if args.summary:
-        md = G.render_markdown(rows, base_src=args.base, head_src=args.head, settings=settings, allow_missing=False,
-                               plots=None).replace("## mla-fp8-bench gate", "## mla-fp8-bench ab", 1)
-        write_file_atomic(kept(args.summary, ".md"), lambda f: f.write(md))
-    G.render_text(lat, f"ab: BASE {args.base} vs HEAD {args.head} ({settings})", console, show_all=True)
-    if not both:
-        console.print("[red]error:[/red] no latency was measured on both sides", highlight=False)
-        return G.EXIT_USAGE
-    console.print("[bold red]AB FAILED[/bold red]" if bad else "[green]AB PASSED[/green]")
-    return G.EXIT_REGRESSION if bad else G.EXIT_OK
+    return base, head, backends, cases
 
 
-def _handler(args: argparse.Namespace, console) -> int:
-    import signal
+def _kept(path: str, judged: bool, console) -> str:  # beside a stored file when this run judged nothing
+    if judged or not os.path.exists(path):
+        return path
+    root, ext = os.path.splitext(path)
+    console.print(f"nothing judged: {path} kept, this run's document goes to {root}.failed{ext}", highlight=False,
+                  markup=False)
+    return f"{root}.failed{ext}"
 
+
+def cmd_ab(args: argparse.Namespace, console) -> int:
+    """``ab``: every argument and both sides checked before any round; the gate's exit status."""
+    from mla_fp8_bench.analysis.gate import render
+    from mla_fp8_bench.jsonio import write_file_atomic, write_json_atomic
     from mla_fp8_bench.terminal import signals_interrupt
 
+    base, head, backends, cases = _check_args(args)
+    runner = ServerRunner(backends, args.device)
     try:
         with signals_interrupt() as signals:  # SIGTERM/SIGHUP (a cancelled CI job) end the rounds as Ctrl-C does
-            return cmd_ab(args, console)
+            for side in (base, head):
+                probe_side(side, args.device, backends=backends)
+            measured = measure_ab(base, head, backends, cases, args.rounds, runner, args.seed,
+                                  log=lambda s: console.print(s, highlight=False, markup=False))
     except KeyboardInterrupt:
         sig = signals[0] if signals else signal.SIGINT
-        console.print(f"[red]interrupted[/red] ({signal.Signals(sig).name}): no verdict", highlight=False)
+        console.print(f"interrupted ({signal.Signals(sig).name}): no verdict", highlight=False, markup=False)
         return 128 + sig
+    finally:
+        runner.close()
+    docs, rows = judge(measured, args.factor, args.noise_k)
+    judged = any(r.judged for r in rows)
+    title = f"ab: BASE {args.base} vs HEAD {args.head}"
+    settings = (f"{args.rounds} rounds per side in alternating processes; time: ratio of fastest-mode means > "
+                f"max({args.factor}, 1 + {args.noise_k} x se)")
+    if args.json:
+        write_json_atomic({"measured": measured, **docs, "rows": [r.__dict__ for r in rows], "settings": {
+            "factor": args.factor, "noise_k": args.noise_k, "rounds": args.rounds}}, _kept(args.json, judged, console))
+    if args.summary:
+        md = render.markdown(rows, title, settings, word="ab")
+        write_file_atomic(_kept(args.summary, judged, console), lambda f: f.write(md))
+    return int(render.show(console, rows, title, settings, word="AB", show_all=True))
 
 
 def add_parser(subparsers) -> None:
-    from mla_fp8_bench.analysis.gate import DEFAULT_AB_FACTOR, DEFAULT_AB_NOISE_K
     from mla_fp8_bench.argtypes import ascii_float, ascii_int
 
     p = subparsers.add_parser("ab", help="PR mode: BASE and HEAD installs in alternating processes, then the gate",
-                              description="Measure two installs of the library under test on this machine in "
-                                          "alternating processes and gate HEAD's kernel time against BASE's.",
-                              epilog="Exit status: 0 passed, 1 a regression (or a round set that cannot be "
-                                     "judged), 2 bad usage or nothing measured on both sides; 128 + N when "
-                                     "signal N ended it.")
-    p.add_argument("base", metavar="BASE", help="Python interpreter of the base environment, or a directory "
-                   "holding the base install of the library under test (put first on PYTHONPATH; an empty one: "
-                   "the library as installed)")
+                              epilog="Exit status: 0 passed, 1 a regression or nothing judged, 2 bad usage; "
+                                     "128 + N when signal N ended it.")
+    p.add_argument("base", metavar="BASE", help="Python interpreter, or a directory holding an install of the "
+                   "library under test (put first on PYTHONPATH; an empty one: the library as installed)")
     p.add_argument("head", metavar="HEAD", help="the same for the head")
     p.add_argument("-b", "--backends", default="fa3-fp8", help="comma-separated backends (default fa3-fp8)")
     p.add_argument("-c", "--cases", default="s512,s8192", help="comma-separated case ids (default s512,s8192)")
     p.add_argument("--rounds", type=ascii_int, default=4, help="rounds (processes) per side (default 4)")
-    p.add_argument("--factor", type=ascii_float, default=DEFAULT_AB_FACTOR,
-                   help=f"least latency growth that fails (default {DEFAULT_AB_FACTOR}; the per-param "
-                        "threshold is max(factor, 1 + k x standard error of the ratio))")
-    p.add_argument("--noise-k", type=ascii_float, default=DEFAULT_AB_NOISE_K,
-                   help=f"k of the threshold max(factor, 1 + k x standard error of the ratio) (default "
-                        f"{DEFAULT_AB_NOISE_K})")
+    for flag, default, what in (("--factor", S.DEFAULT_AB_FACTOR, "least latency growth that fails"),
+                                ("--noise-k", S.DEFAULT_NOISE_K, "k of the threshold max(--factor, 1 + k x se)")):
+        p.add_argument(flag, type=ascii_float, default=default, help=f"{what} (default {default})")
     p.add_argument("--seed", type=ascii_int, default=0, help="seed of the shuffled case order")
     p.add_argument("--device", default="auto", help="auto, cuda or cuda:N, cpu (default auto)")
-    p.add_argument("--spawn", action="store_true", help="a new interpreter per round instead of a forking server")
     p.add_argument("--json", help="write both sides' rounds, documents and verdicts here")
     p.add_argument("--summary", metavar="MD", help="write the verdict as markdown (a PR comment) here")
-    p.set_defaults(handler=_handler)
+    p.set_defaults(handler=cmd_ab)
