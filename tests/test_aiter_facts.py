@@ -119,11 +119,9 @@ def test_work_info_layout_matches_aiter_data():
     with gzip.open(DATA / "ps_planner_golden_v2_post3606.json.gz", "rt") as f:
         meta = json.load(f)["meta"]
     assert tuple(meta["work_info_fields"]) == facts.WORK_INFO_FIELDS
-    assert (facts.WI.BATCH_IDX, facts.WI.PARTIAL_O_LOC, facts.WI.Q_HEAD_RANGE) == (0, 1, 7)
     assert facts.pack_q_head_range(5, 6) == 5 | (6 << 16)
     assert facts.unpack_q_head_range(facts.pack_q_head_range(127, 128)) == (127, 128)
-    assert (facts.Q_TILE, facts.KV_TILE, facts.KVLEN_GRANULARITY, facts.kvlen_granularity_for(256)) == (
-        256, 128, 128, 256)
+    assert (facts.Q_TILE, facts.KV_TILE, facts.KVLEN_GRANULARITY) == (256, 128, 128)
 
 
 def test_dist_version_missing():

@@ -827,7 +827,7 @@ PLANNER_VIOLATIONS = {
     "work_info_int64": (lambda a: {"work_info": a["work_info"].long()}, r"work_info has dtype int64"),
     "gqa_2": (lambda a: {"gqa_ratio": 2}, r"gqa_ratio=2"),
     "qlen_gran_128": (lambda a: {"qlen_granularity": 128}, r"qlen_granularity=128"),
-    "context_len_mismatch": (lambda a: {"context_lens": a["context_lens"][:1].clone()}, r"lengths disagree"),
+    "context_len_mismatch": (lambda a: {"context_lens": a["context_lens"][:1].clone()}, r"context_lens has length 1"),
     "is_causal_str": (lambda a: {"is_causal": "yes"}, r"is_causal must be a bool"),
 }
 

@@ -658,8 +658,8 @@ def test_tensor_inputs_match_lists():
                             num_heads_k=8, cu_num=80)
         assert torch.equal(p.work_info, ref.work_info) and torch.equal(p.work_indptr, ref.work_indptr)
         assert torch.equal(p.reduce_partial_map, ref.reduce_partial_map)
-    p = plan_ps_prefill(tuple(qo), tuple(kv), tuple(ctx), num_heads_k=8, cu_num=80, buffer_lengths=ps_metadata_info(
-        3, 8, 1200, cu_num=80))
+    lengths = buffer_lengths_from_info(ps_metadata_info(3, 8, 1200, cu_num=80))
+    p = plan_ps_prefill(tuple(qo), tuple(kv), tuple(ctx), num_heads_k=8, cu_num=80, buffer_lengths=lengths)
     assert torch.equal(p.work_info, ref.work_info)
 
 
@@ -742,40 +742,6 @@ def test_fill_larger_and_exact_buffers():
     assert torch.equal(bufs["reduce_partial_map"], plan.used_reduce_partial_map)
 
 
-@pytest.mark.parametrize(
-    "name, delta",
-    [("work_indptr", -1), ("work_info", -1), ("reduce_indptr", -1), ("reduce_final_map", -1),
-     ("reduce_partial_map", -1), ("work_metadata_ptrs", -1)],
-)
-def test_fill_rejects_small_buffers(name, delta):
-    plan, info = _split_plan()
-    need = {
-        "work_indptr": plan.cu_num + 1, "work_info": plan.num_works, "reduce_indptr": plan.num_reduce_groups + 1,
-        "reduce_final_map": plan.num_reduce_groups, "reduce_partial_map": plan.num_partials, "work_metadata_ptrs": 2,
-    }[name]
-    bufs = _alloc(info, **{name: need + delta})
-    with pytest.raises(ValueError, match=name):
-        fill_aiter_buffers(plan, *(bufs[n] for n in BUFFER_NAMES))
-    assert all(bool(b.eq(-5).all()) for b in bufs.values()), "nothing may be written on error"
-
-
-def test_fill_rejects_bad_buffers():
-    plan, info = _split_plan()
-    bufs = _alloc(info)
-    bad = dict(bufs, work_info=bufs["work_info"].to(torch.int64))
-    with pytest.raises(ValueError, match="work_info has dtype torch.int64"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-    bad = dict(bufs, reduce_final_map=torch.zeros(info["reduce_final_map"][0][0], 3, dtype=torch.int32))
-    with pytest.raises(ValueError, match="reduce_final_map has shape"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-    bad = dict(bufs, work_indptr=torch.zeros(2 * 81, dtype=torch.int32)[::2])
-    with pytest.raises(ValueError, match="work_indptr is not contiguous"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-    bad = dict(bufs, reduce_partial_map=[0] * 100)
-    with pytest.raises(ValueError, match="reduce_partial_map must be a torch.Tensor"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-
-
 # ------------------------------------------------------------------------------------------------
 # validation
 # ------------------------------------------------------------------------------------------------
@@ -788,9 +754,9 @@ BAD_INPUTS = {
     "qo-decreasing": (dict(qo_indptr=[0, 10, 5]), r"qo_indptr\[2\]=5 < qo_indptr\[1\]=10"),
     "kv-decreasing": (dict(kv_indptr=[0, 20, 19], context_lens=[20, 0]), r"kv_indptr\[2\]=19"),
     "qo-too-short": (dict(qo_indptr=[0], kv_indptr=[0], context_lens=[]), r"qo_indptr has length 1"),
-    "kv-length-mismatch": (dict(kv_indptr=[0, 20]), r"kv_indptr has length 2 .* 3"),
+    "kv-length-mismatch": (dict(kv_indptr=[0, 20]), r"kv_indptr has length 2: .* as many as qo_indptr"),
     "ctx-length-mismatch": (dict(context_lens=[20, 380, 1]), r"context_lens has length 3: must have B=2"),
-    "ctx-inconsistent": (dict(context_lens=[21, 380]), r"context_lens\[0\]=21 != .* = 20"),
+    "ctx-inconsistent": (dict(context_lens=[21, 380]), r"context_lens\[0\]=21 is invalid: .* 20 pages"),
     "ctx-negative": (dict(context_lens=[-1, 380], kv_indptr=[0, -1, 379]), r"(-1)"),
     "causal-q-gt-kv": (dict(qo_indptr=[0, 30, 300], kv_indptr=[0, 20, 400], context_lens=[20, 380]),
                        r"sequence 0: q_len=30 > kv_len=20"),
@@ -800,7 +766,7 @@ BAD_INPUTS = {
     "cu-zero": (dict(cu_num=0), r"cu_num=0"),
     "gqa": (dict(gqa_ratio=2), r"gqa_ratio=2 is not supported: only gqa_ratio=1"),
     "qhead-gran": (dict(qhead_granularity=4), r"qhead_granularity=4 is not supported"),
-    "qlen-gran": (dict(qlen_granularity=128), r"qlen_granularity=128 is not supported: only 256"),
+    "qlen-gran": (dict(qlen_granularity=128), r"qlen_granularity=128 is not supported: only qlen_granularity=256"),
     "kv-gran-not-pow2": (dict(kvlen_granularity=96), r"kvlen_granularity=96 .* power of two"),
     "kv-gran-zero": (dict(kvlen_granularity=0), r"kvlen_granularity=0"),
     "kv-gran-lt-block": (dict(kvlen_granularity=64, block_size=128, kv_indptr=[0, 1, 4]),
@@ -808,9 +774,9 @@ BAD_INPUTS = {
     "block-size-zero": (dict(block_size=0), r"block_size=0"),
     "kv-gran-not-multiple": (dict(kvlen_granularity=128, block_size=48, kv_indptr=[0, 1, 9]),
                              r"kvlen_granularity=128 .* block_size=48 and a multiple"),
-    "ctx-exceeds-pages": (dict(block_size=16, kv_indptr=[0, 1, 2]), r"context_lens\[0\]=20 exceeds"),
+    "ctx-exceeds-pages": (dict(block_size=16, kv_indptr=[0, 1, 2]), r"context_lens\[0\]=20 is invalid: .* 1 pages x"),
     "float-tensor": (dict(qo_indptr=torch.tensor([0.0, 10.0, 300.0])), r"qo_indptr has dtype torch.float32"),
-    "2d-tensor": (dict(kv_indptr=torch.zeros(3, 1, dtype=torch.int32)), r"kv_indptr has shape \(3, 1\)"),
+    "2d-tensor": (dict(kv_indptr=torch.zeros(3, 1, dtype=torch.int32)), r"kv_indptr has .* shape \(3, 1\): a 1-D"),
     "float-element": (dict(qo_indptr=[0, 1.5, 300]), r"qo_indptr\[1\]=1\.5"),
     "not-a-sequence": (dict(context_lens=5), r"context_lens=5"),
     "int32-overflow": (dict(qo_indptr=[0, 10, 2**31], kv_indptr=[0, 20, 2**31 + 10], context_lens=[20, 2**31 - 10],
@@ -819,7 +785,7 @@ BAD_INPUTS = {
     "buffer-too-small": (dict(buffer_lengths={"work_info_rows": 3}),
                          r"buffer_lengths\['work_info_rows'\]=3 is too small"),
     "buffer-indptr-small": (dict(buffer_lengths={"work_indptr": 256}), r"buffer_lengths\['work_indptr'\]=256"),
-    "buffer-unknown-key": (dict(buffer_lengths={"work_infos": 3}), r"unknown key 'work_infos'"),
+    "buffer-unknown-key": (dict(buffer_lengths={"work_infos": 3}), r"buffer_lengths=\{'work_infos': 3\} must be"),
     "buffer-negative": (dict(buffer_lengths={"reduce_partial_map": -2}), r"reduce_partial_map'\]=-2"),
 }
 
