@@ -293,7 +293,7 @@ def test_context_chunks_vs_float64_both_revisions(post_3606, causal):
 
 def test_run_emulated_prefill_rejects_q_longer_than_kv_when_causal():
     d = _inputs([300], H=1, kv_lens=[200])
-    with pytest.raises(ValueError, match=r"sequence 0: q_len 300 > kv_len 200 with causal=True"):
+    with pytest.raises(ValueError, match=r"sequence 0: q_len=300 > kv_len=200 with is_causal=True"):
         _run(d, cu_num=4, cu_seqlens_kv=d["cu_kv"])
     with pytest.raises(ValueError, match=r"cu_seqlens_kv must rise from 0 to P=200"):
         _run(d, cu_num=4, causal=False, cu_seqlens_kv=torch.tensor([0, 100], dtype=torch.int32))

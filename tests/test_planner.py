@@ -33,6 +33,7 @@ from mla_fp8_bench.aiter_ps.planner import (
     fill_aiter_buffers,
     plan_ps_prefill,
     ps_metadata_info,
+    total_qlen_violations,
 )
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -827,3 +828,79 @@ def test_error_messages_are_readable():
     with pytest.raises(ValueError) as e:
         plan_ps_prefill([0, 5], [0, 3], [3], num_heads_k=1, cu_num=80)
     assert re.search(r"q_len=5 > kv_len=3", str(e.value)) and "undefined" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# the total_qlen budget (modelled by the invariants AITER's op_tests/test_ps_metadata_sizing.py pins)
+# ------------------------------------------------------------------------------------------------
+
+
+def _lengths(info) -> dict:
+    return {name: shape[0] for name, (shape, _dt) in info.items()}
+
+
+def test_total_qlen_info_by_hand():
+    """B=256, H=16, max_qlen=16384, cu 256: unbudgeted partial map 256*64 + 16 - 1 = 16399 slots; at a budget of
+    16639 tokens the largest the pinned bound allows, (16639 + 256*(256 + 256)) // 256 = 576; reduce_final_map keeps
+    256*64 rows (>= ceil(16384/256) = 64); a budget above the bound's reach changes nothing; None gives v0.1.22's."""
+    base = ps_metadata_info(256, 16, 16384, cu_num=256, revision="v0.1.22")
+    assert ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen") == base
+    got = _lengths(ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen", total_qlen=16639))
+    assert got == dict(_lengths(base), reduce_partial_map=576) and _lengths(base)["reduce_partial_map"] == 16399
+    assert got["reduce_final_map"] == 256 * 64 and got["work_info"] == (256 + 15) * 64 * 16
+    big = ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen", total_qlen=10**9)
+    assert big == base
+    # DeepSeek-V3 TP8 at a 16k budget (B 256, 16 heads, v 512): 128 GiB of fp32 partials + LSE without the budget
+    rows = 256 * ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen")["reduce_partial_map"][0][0]
+    assert rows * 16 * 513 * 4 / 2**30 == pytest.approx(128.37, abs=0.01)  # 16399 * 256 * 16 * 513 * 4 B
+    for bad in (0, -5):
+        with pytest.raises(AssertionError):
+            ps_metadata_info(1, 16, 100, cu_num=256, revision="total-qlen", total_qlen=bad)
+    with pytest.raises(ValueError, match="total_qlen=100: the v0.1.22 get_ps_metadata_info_v1 has no total_qlen"):
+        ps_metadata_info(1, 16, 100, cu_num=256, revision="v0.1.22", total_qlen=100)
+
+
+def test_total_qlen_violations_name_each_invariant():
+    """Hand-made buffer lengths breaking one pinned invariant each (B=2, max_qlen=1000, budget 600, cu 4):
+    pool <= max(600, 1000) + 256*(2 + 4) = 2536 rows, i.e. 9 slots; reduce_final_map >= ceil(1000/256) = 4 rows."""
+    plain = dict(work_metadata_ptrs=2, work_indptr=5, work_info=80, reduce_indptr=9, reduce_final_map=8,
+                 reduce_partial_map=11)
+    kw = dict(batch_size=2, max_qlen=1000, total_qlen=600, cu_num=4)
+    assert total_qlen_violations(dict(plain, reduce_partial_map=9), plain, **kw) == []
+    (msg,) = total_qlen_violations(dict(plain, reduce_partial_map=10), plain, **kw)
+    assert "2560 partial rows" in msg and "= 2536" in msg
+    (msg,) = total_qlen_violations(dict(plain, reduce_partial_map=9, reduce_final_map=3), plain, **kw)
+    assert "reduce_final_map has 3 rows" in msg and ">= ceil(max_qlen / 256) = 4" in msg
+    (msg,) = total_qlen_violations(dict(plain, reduce_partial_map=9, work_info=81), plain, **kw)
+    assert msg.startswith("work_info has 81 with total_qlen=600 but 80 without")
+
+
+#: AITER's sizing workloads (op test): one long request + single tokens, every request one token over a tile,
+#: exactly one tile, ragged; batch 1 and 17 (the port plans at qlen_granularity 256 only).
+BUDGET_WORKLOADS = {
+    "long-plus-singles": [5000] + [1] * 16, "one-over-a-tile": [257] * 17, "one-tile": [256] * 17,
+    "ragged": [700, 3, 1500, 256, 1, 90, 2048, 5, 300, 17, 1024, 1, 1, 600, 257, 33, 4000], "batch-1": [3000],
+}
+
+
+@pytest.mark.parametrize("need_lse", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", list(BUDGET_WORKLOADS))
+def test_total_qlen_model_keeps_the_invariants_and_the_plan_fits(name, causal, need_lse):
+    """At the batch's own token count as the budget, the modelled sizes break no pinned invariant and the
+    planner's output fits them (the plan is v0.1.22's, element by element)."""
+    q = BUDGET_WORKLOADS[name]
+    qo, kv, ctx = _build(q, q)
+    for cu, heads in ((256, 16), (80, 12)):
+        args = (len(q), heads, max(q))
+        budget = _lengths(ps_metadata_info(*args, cu_num=cu, revision="total-qlen", total_qlen=sum(q)))
+        plain = _lengths(ps_metadata_info(*args, cu_num=cu, revision="v0.1.22"))
+        assert total_qlen_violations(budget, plain, batch_size=len(q), max_qlen=max(q), total_qlen=sum(q),
+                                     cu_num=cu) == []
+        lengths = dict(zip(BUFFER_LENGTH_KEYS, budget.values()))
+        got = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, revision="total-qlen",
+                              need_lse=need_lse, buffer_lengths=lengths)
+        want = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, revision="v0.1.22",
+                               need_lse=need_lse)
+        assert torch.equal(got.used_work_info, want.used_work_info) and got.num_partials == want.num_partials
+        assert got.num_partials <= budget["reduce_partial_map"]

@@ -1,21 +1,13 @@
 """PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill: the ASM kernel ``mla_prefill_ps_asm_fwd``
-(``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``), ``mla_reduce_v1``, and the whole path
-(:meth:`Emulator.run_prefill`). Source: docs/aiter-contract.md#work-info, #kernel, #reduce, #pr-3606,
-#emulation; AITER main ``e4048607a535`` and ROCm/aiter#3606.
+(``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``), ``mla_reduce_v1`` and the whole path
+(:meth:`Emulator.run_prefill`); docs/aiter-contract.md#kernel, #reduce, #pr-3606, #emulation.
 
-Arithmetic model (choices where the hardware is not observable):
-
-* ``Q8 @ K8^T`` and ``P8 @ V8`` are exact in float64 (a product of two e4m3 values is a multiple of 2^-18
-  below 2^18; sums of <= 192 fit in 53 bits), rounded once to fp32; ``P8 @ V8`` is added to ``alpha * O``
-  with one rounding (an order-independent fp32-accumulating MFMA, so batching heads/works cannot change a
-  result).
-* ``p = exp2(s*c2 - m_new*c2)`` is a fused multiply-add (``m_new*c2`` rounded to fp32 first); ``l`` sums a
-  tile's fp32 ``p`` in float64 and rounds once.
-* ``exp2`` / ``log2`` are torch's fp32 functions, not the hardware ``v_exp_f32``/``v_log_f32``.
-* The wrong non-causal LSE of v0.1.19 is not modelled; pre- and post-#3606 differ only by plan and reduce.
-
-CPU and CUDA results may differ in the last ulp of exp2/log2 only. Each arithmetic step a bug would change
-is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
+Arithmetic model (choices where the hardware is not observable): ``Q8 @ K8^T`` and ``P8 @ V8`` are exact in
+float64 (products of e4m3 values sum exactly in 53 bits), rounded once to fp32, ``P8 @ V8`` added to
+``alpha * O`` with one rounding (an order-independent fp32 MFMA, so batching heads cannot change a result);
+``p = exp2(s*c2 - m_new*c2)`` is one fused multiply-add; ``l`` sums a tile's fp32 ``p`` in float64, rounded
+once; ``exp2``/``log2`` are torch's fp32 functions. v0.1.19's wrong non-causal LSE is not modelled. Each step
+a bug would change is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpack_q_head_range
+from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
@@ -235,13 +228,8 @@ class Emulator:
         softmax_scale: float, is_causal: bool, splitData: torch.Tensor, splitLse: torch.Tensor, output: torch.Tensor,
         q_scale: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
     ) -> None:
-        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` in place, same argument order (docs/aiter-contract.md#kernel-args,
-        #work-info, #kernel); ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the kernel. Arguments are
-        trusted (the stand-in validates them): Q/K/V ``[total_q, H, 192]`` / ``[num_page, H, 192]`` /
-        ``[num_page, H, 128]`` float8_e4m3fn; ``kv_indptr`` indexes ``kv_page_indices`` (position -> K/V
-        row); splitData/splitLse ``[R, H, 128]`` / ``[R, H]`` fp32 partials and natural-log LSE; output
-        ``[total_q, H, 128]`` bf16; one-element fp32 scales (real = fp8 * scale).
-        """
+        """``aiter.mla_prefill_ps_asm_fwd`` in place, same arguments (docs/aiter-contract.md#kernel-args, #kernel),
+        trusted (the stand-in validates them); ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the kernel."""
         total_q, H = int(Q.shape[0]), int(Q.shape[1])
         cs = self.softmax_consts(softmax_scale, *(x.detach().reshape(()).to(Q.device, torch.float32)
                                                   for x in (q_scale, k_scale, v_scale)))
@@ -261,13 +249,9 @@ class Emulator:
         reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor, final_output: torch.Tensor,
         final_lse: torch.Tensor | None = None, *, post_3606: bool = False,
     ) -> None:
-        """Emulate ``aiter.mla_reduce_v1`` (every 7/8/9-argument form; trusted arguments). Source:
-        docs/aiter-contract.md#reduce, #pr-3606; AITER ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
-
-        Per group with >= 2 partials (``post_3606``: >= 1 real slot), head and row, in fp32, partials in map
-        order: ``lse*`` of :meth:`merged_lse` (``+inf`` if S is 0 or NaN), ``final_output = cast(sum
-        exp(lse_i - lse*) * O_i)`` (``[total_q, H, Dv]`` bf16/fp16, any strides), ``final_lse = lse*``.
-        """
+        """``aiter.mla_reduce_v1`` (any form; trusted arguments; docs/aiter-contract.md#reduce): per group with >= 2
+        partials (``post_3606``: >= 1 real slot), in fp32, partials in map order: ``lse*`` of :meth:`merged_lse`
+        (``+inf`` if S is 0 or NaN), ``final_output = cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``."""
         ri, fmap, pmap = reduce_indptr.reshape(-1).tolist(), reduce_final_map.tolist(), reduce_partial_map.tolist()
         min_partials = 1 if post_3606 else 2
         groups = [(fmap[g], pmap[ri[g] : ri[g + 1]])  # a group of one runs only with a real slot
@@ -291,42 +275,24 @@ class Emulator:
         cu_num: int = 256, return_lse: bool = False, poison: bool = True, cu_seqlens_kv: torch.Tensor | None = None,
         post_3606: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """An emulated AITER PS FP8 MLA prefill: plan with the v0.1.22 planner port (``need_lse=post_3606``,
-        identity ``kv_page_indices``), then run the kernel and reduce with ``splitData``/``splitLse`` sized
-        from the live partial count. Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606.
-
-        Args:
-            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * one-element
-                fp32 ``q_scale`` / ``k_scale`` / ``v_scale``. softmax_scale: natural-log, e.g. ``1/sqrt(192)``.
-            cu_seqlens, cu_seqlens_kv: int32 ``[B+1]`` cumulative q / kv lengths ending at T / P (default:
-                ``cu_seqlens``). causal: bottom-right. cu_num: CUs planned for.
-            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE (pre-#3606 only rows of split
-                tiles; others NaN when ``poison``: NaN-fill outputs and partials first).
-            post_3606: ``need_lse=True`` and the #3606 reduce; False plans as AITER <= v0.1.21.
-
-        Returns ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
-
-        Raises:
-            ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with
-                ``causal``, or a scale that is None or not one element.
+        """The emulated path: plan with the v0.1.22 planner port (``need_lse=post_3606``; False plans as AITER
+        <= v0.1.21, with the pre-#3606 reduce), then the kernel and the reduce with ``splitData``/``splitLse``
+        sized from the live partial count (docs/aiter-contract.md#call-sequence). ``q8``/``k8``/``v8``:
+        ``[T, H, 192]`` / ``[P, H, 192]`` / ``[P, H, 128]`` float8_e4m3fn, real = fp8 * the one-element fp32
+        scales; ``cu_seqlens``/``cu_seqlens_kv``: int32 ``[B+1]`` ending at T / P (keys default to the queries);
+        ``poison``: NaN-fill outputs and partials first. Returns ``output`` ``[T, H, 128]`` bf16, and with
+        ``return_lse`` the ``[T, H]`` natural-log final LSE. ValueError naming a bad argument.
         """
         _check_fp8_qkv(q8, k8, v8, (q_scale, k_scale, v_scale))
         T, H = int(q8.shape[0]), int(q8.shape[1])
         cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
         cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
-        if cu_q.numel() != cu_kv.numel():
-            raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
-        for b, (q_len, kv_len) in enumerate(zip(cu_q.diff().tolist(), cu_kv.diff().tolist())):
-            if causal and q_len > kv_len:  # bottom-right alignment needs q_len <= kv_len
-                raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
         dev, dv = q8.device, int(v8.shape[-1])
         fill = float("nan") if poison else 0.0
         output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)
         final_lse = torch.full((T, H), fill, dtype=torch.float32, device=dev)
         if cu_q.numel() < 2 or T == 0:
             return (output, final_lse) if return_lse else output
-        from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
-
         plan = plan_ps_prefill(cu_q, cu_kv, cu_kv.diff(), num_heads_k=H,
                                cu_num=int(cu_num), kvlen_granularity=KV_TILE, block_size=1, is_causal=bool(causal),
                                revision=PLANNER_V0_1_22, need_lse=bool(post_3606))

@@ -1,7 +1,7 @@
-"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, without a GPU (docs/usage.md): the planner port
-of the ``--aiter`` release, its works, reduce groups, and partial slots and workspace bytes used against those
-reserved by the info bound and by vLLM's builder (``docs/aiter-contract.md#workspace``); ``--json`` writes the
-plan in the layout of the planner golden files (``tests/data/README.md``).
+"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, without a GPU: the planner port of the ``--aiter``
+release, its works, reduce groups, and the partial slots and workspace bytes used against those reserved by the
+info bound (with or without a ``total_qlen`` budget) and by vLLM's builder (``docs/aiter-contract.md#workspace``);
+``--json`` writes the plan in the layout of the planner golden files (``tests/data/README.md``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from mla_fp8_bench.aiter_ps.facts import (
     KVLEN_GRANULARITY,
     MAX_CU_NUM,
     MAX_HEADS,
+    PLANNER_TOTAL_QLEN,
     PLANNER_V0_1_22,
     Q_TILE,
     WORK_INFO_FIELDS,
@@ -26,7 +27,14 @@ from mla_fp8_bench.aiter_ps.facts import (
     unpack_q_head_range,
 )
 from mla_fp8_bench.aiter_ps.planner import PsPlan, buffer_lengths_from_info, plan_ps_prefill, ps_metadata_info
-from mla_fp8_bench.aiter_ps.workspace import WorkspaceBytes, vllm_padded_heads, vllm_reserved, workspace_bytes
+from mla_fp8_bench.aiter_ps.workspace import (
+    WorkspaceBytes,
+    used_partial_slots,
+    used_workspace_bytes,
+    vllm_padded_heads,
+    vllm_reserved,
+    workspace_bytes,
+)
 from mla_fp8_bench.argtypes import parse_int, parse_int_list
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
@@ -38,7 +46,7 @@ MAX_WORKS = 10_000_000  # work_info rows held in memory (320 MB of int32)
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """Validated inputs of ``plan`` (see :func:`plan_request`)."""
+    """Validated inputs of ``plan`` (see :func:`plan_request`); ``total_qlen`` None: no budget."""
 
     q_lens: tuple[int, ...]
     kv_lens: tuple[int, ...]
@@ -46,26 +54,21 @@ class PlanRequest:
     cu_num: int
     aiter_version: tuple[int, int, int]
     is_causal: bool
-    json_path: str | None = None
-    limit: int = 16
-    vllm_max_num_seqs: int = 0
-    vllm_max_num_batched_tokens: int = 0
-    vllm_max_model_len: int = 0
-    need_lse_given: bool | None = None
-
-    revision = property(lambda self: planner_revision_for(self.aiter_version))
+    json_path: str | None
+    limit: int
+    vllm_max_num_seqs: int
+    vllm_max_num_batched_tokens: int
+    vllm_max_model_len: int
+    need_lse: bool | None  # for the v0.1.22 planners (default not is_causal); None for older ones
+    total_qlen: int | None = None
 
     @property
-    def need_lse(self) -> bool | None:
-        """``need_lse`` for the v0.1.22 planner (given, else ``not is_causal``); None for other planners."""
-        if self.revision != PLANNER_V0_1_22:
-            return None
-        return self.need_lse_given if self.need_lse_given is not None else not self.is_causal
+    def revision(self) -> str:
+        return PLANNER_TOTAL_QLEN if self.total_qlen is not None else planner_revision_for(self.aiter_version)
 
 
 def _given_int(name: str, text: Any, lo: int, hi: int) -> int | None:
-    """An optional option's value: None when not given; given (even ``""``), ValueError unless an integer
-    from ``lo`` to ``hi``."""
+    """An optional option's value: None when not given; else an integer from ``lo`` to ``hi`` (ValueError)."""
     return None if text is None else parse_int(text, name, lo, hi)
 
 
@@ -83,29 +86,23 @@ def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: in
     if sum(kv) > INT32_MAX:
         raise ValueError(f"total kv tokens {sum(kv)} do not fit int32 indptrs: allowed <= {INT32_MAX}")
     tiles, tgs = _tiles(q), cu_num // math.gcd(heads, cu_num)
-    if tiles > MAX_TILES:
-        raise ValueError(f"{tiles} q-tiles of {Q_TILE} rows: too large to plan here (allowed <= {MAX_TILES})")
-    if heads * (tiles + tgs) > MAX_WORKS:
-        raise ValueError(f"up to {heads * (tiles + tgs)} works (heads x (tiles + workgroups per cluster)):"
-                         f" too large to plan here (allowed <= {MAX_WORKS})")
+    if tiles > MAX_TILES or heads * (tiles + tgs) > MAX_WORKS:
+        raise ValueError(f"{tiles} q-tiles of {Q_TILE} rows, up to {heads * (tiles + tgs)} works: too large to plan"
+                         f" here (allowed <= {MAX_TILES} tiles and {MAX_WORKS} works)")
 
 
 def _vllm_settings(q: tuple[int, ...], kv: tuple[int, ...], seqs: int | None, tokens: int | None,
                    model_len: int | None) -> tuple[int, int, int]:
     """vLLM's builder inputs ``(max_num_seqs, max_num_batched_tokens, max_model_len)``: those given, the others
     the smallest vLLM accepts for this batch (B; the q tokens, at least max_num_seqs; the largest kv_len).
-
-    Raises:
-        ValueError: a given setting under which vLLM would never run this batch, named with the allowed values.
-    """
+    ValueError for a given setting under which vLLM would never run this batch."""
     b = len(q)
     if seqs is not None and b > seqs:
         raise ValueError(f"the batch has {b} sequences but --vllm-max-num-seqs={seqs}: vLLM never schedules "
                          f"more than max_num_seqs in one step (allowed >= {b})")
-    if seqs is None:
-        seqs, seqs_of = b, f"max_num_seqs={b} (B, the default of --vllm-max-num-seqs)"
-    else:
-        seqs_of = f"--vllm-max-num-seqs={seqs}"
+    seqs_of = f"max_num_seqs={b} (B, the default of --vllm-max-num-seqs)" if seqs is None else \
+        f"--vllm-max-num-seqs={seqs}"
+    seqs = b if seqs is None else seqs
     if tokens is None:
         tokens = max(1, sum(q), seqs)
     elif tokens < seqs:
@@ -114,68 +111,69 @@ def _vllm_settings(q: tuple[int, ...], kv: tuple[int, ...], seqs: int | None, to
     elif sum(q) > tokens:
         raise ValueError(f"the batch has {sum(q)} new tokens but --vllm-max-num-batched-tokens={tokens}: one step of "
                          f"vLLM holds at most max_num_batched_tokens (allowed >= {sum(q)})")
-    if model_len is None:
-        model_len = max(1, max(kv))
-    elif max(kv) > model_len:
+    if model_len is not None and max(kv) > model_len:
         raise ValueError(f"a kv_len of {max(kv)} exceeds --vllm-max-model-len={model_len}: vLLM rejects such a "
                          f"sequence (allowed >= {max(kv)})")
-    return seqs, tokens, model_len
+    return seqs, tokens, max(1, max(kv)) if model_len is None else model_len
 
 
 def plan_request(args: argparse.Namespace) -> PlanRequest:
-    """Validate ``plan``'s arguments, each option's own value first, then how they fit together.
-
-    Raises:
-        ValueError: one line naming the bad value and the allowed ones.
-    """
+    """Validate ``plan``'s arguments, each option's own value first, then how they fit together; ValueError:
+    one line naming the bad value and the allowed ones."""
     q = parse_int_list(args.qo_lens, "--qo-lens", 0, INT32_MAX, MAX_SEQUENCES)
     kv = parse_int_list(args.kv_lens, "--kv-lens", 0, INT32_MAX, MAX_SEQUENCES)
-    heads = parse_int(args.heads, "--heads", 1, MAX_HEADS)
-    cu_num = parse_int(args.cu_num, "--cu-num", 1, MAX_CU_NUM)
+    heads, cu_num = parse_int(args.heads, "--heads", 1, MAX_HEADS), parse_int(args.cu_num, "--cu-num", 1, MAX_CU_NUM)
     version = modelled_version(str(args.aiter), "--aiter")
     limit = parse_int(args.limit, "--limit", 0, MAX_WORKS)
     given = (_given_int("--vllm-max-num-seqs", args.vllm_max_num_seqs, 1, MAX_SEQUENCES),
              _given_int("--vllm-max-num-batched-tokens", args.vllm_max_num_batched_tokens, 1, INT32_MAX),
              _given_int("--vllm-max-model-len", args.vllm_max_model_len, 1, INT32_MAX))
+    total_qlen = _given_int("--total-qlen", args.total_qlen, 1, INT32_MAX)
     if args.need_lse is not None and str(args.need_lse) not in ("0", "1"):
         raise ValueError(f"--need-lse={args.need_lse!r} is invalid: allowed 0 or 1")
     _check_batch(q, kv, heads, cu_num)
     seqs, tokens, model_len = _vllm_settings(q, kv, *given)
-    need_lse = None
-    if args.need_lse is not None:
-        if planner_revision_for(version) != PLANNER_V0_1_22:
-            raise ValueError(f"--need-lse: the planner of AITER {format_version(version)} has no need_lse"
-                             " (added in 0.1.22)")
-        need_lse = args.need_lse == "1"
+    new_planner = planner_revision_for(version) == PLANNER_V0_1_22
+    for opt, val in (("--need-lse", args.need_lse), ("--total-qlen", total_qlen)):
+        if val is not None and not new_planner:
+            raise ValueError(f"{opt}: the planner of AITER {format_version(version)} has no"
+                             f" {opt[2:].replace('-', '_')} (allowed from 0.1.22)")
+    if total_qlen is not None and sum(q) > total_qlen:
+        raise ValueError(f"the batch has {sum(q)} new tokens but --total-qlen={total_qlen}: a budget holds the"
+                         f" batch's tokens (allowed >= {sum(q)})")
+    need_lse = (bool(args.non_causal) if args.need_lse is None else args.need_lse == "1") if new_planner else None
     json_path = None
     if args.json is not None:
         from mla_fp8_bench.jsonio import check_output_path
 
         json_path = str(check_output_path(args.json, "--json"))
     return PlanRequest(q, kv, heads, cu_num, version, not args.non_causal, json_path, limit, seqs, tokens, model_len,
-                       need_lse)
+                       need_lse, total_qlen)
 
 
 # planning and the golden-file record
 
 
 def _info_args(req: PlanRequest) -> dict[str, Any]:
+    budget = {} if req.total_qlen is None else {"total_qlen": req.total_qlen}
     return {"batch_size": len(req.q_lens), "num_head_k": req.num_heads, "max_qlen": max(req.q_lens),
-            "qlen_granularity": Q_TILE}
+            "qlen_granularity": Q_TILE, **budget}
 
 
 def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
-    """Plan ``req``: ``(plan, info)``, with room for every work (the info bound may be smaller than the use
-    for inputs AITER never sees)."""
-    info = ps_metadata_info(*_info_args(req).values(), cu_num=req.cu_num, revision=req.revision)
+    """Plan ``req``: ``(plan, info)``, with room for every work (the info bound can be smaller than the use for
+    inputs AITER never sees, such as a batch over the ``total_qlen`` budget)."""
+    args = _info_args(req)
+    info = ps_metadata_info(*list(args.values())[:4], cu_num=req.cu_num, revision=req.revision,
+                            total_qlen=args.get("total_qlen"))
     lengths = buffer_lengths_from_info(info)
     tiles, tgs = _tiles(req.q_lens), req.cu_num // math.gcd(req.num_heads, req.cu_num)
     roomy = dict(lengths, work_info_rows=max(lengths["work_info_rows"], req.num_heads * (tiles + tgs)),
                  reduce_partial_map=max(lengths["reduce_partial_map"], tiles + tgs))
     plan = plan_ps_prefill(cu_seqlens_of(req.q_lens), cu_seqlens_of(req.kv_lens), list(req.kv_lens),
-                           num_heads_k=req.num_heads, cu_num=req.cu_num, qlen_granularity=Q_TILE,
-                           kvlen_granularity=KVLEN_GRANULARITY, block_size=1, is_causal=req.is_causal,
-                           buffer_lengths=roomy, revision=req.revision, need_lse=req.need_lse)
+                           num_heads_k=req.num_heads, cu_num=req.cu_num, kvlen_granularity=KVLEN_GRANULARITY,
+                           is_causal=req.is_causal, buffer_lengths=roomy, revision=req.revision,
+                           need_lse=req.need_lse)
     return plan, info
 
 
@@ -201,26 +199,20 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
     return {"config": config, "info_args": _info_args(req), "info_shapes": shapes, "outputs": outputs}
 
 
-# sizes: used vs reserved
-
-
-def _vllm_info_slots(req: PlanRequest) -> int:
-    """``reduce_partial_map`` size of vLLM's info call ``(max_num_reqs, H_padded, min(max_model_len,
-    max_num_batched_tokens), 256)``."""
-    max_qlen = min(req.vllm_max_model_len, req.vllm_max_num_batched_tokens)
-    info = ps_metadata_info(req.vllm_max_num_seqs, vllm_padded_heads(req.num_heads), max_qlen, Q_TILE,
-                            cu_num=req.cu_num, revision=req.revision)
-    return info["reduce_partial_map"][0][0]
-
-
 def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int, WorkspaceBytes]]:
-    """``(what, partial slots, bytes)`` rows: used, reserved by the info bound, reserved by vLLM's builder."""
+    """``(what, partial slots, bytes)`` rows: used (the definition of ``aiter_ps.workspace``), reserved by the
+    info bound, reserved by vLLM's builder (its info call ``(max_num_seqs, padded heads, min(max_model_len,
+    max_num_batched_tokens), 256)`` up to 0.30, its budget formula from 0.31)."""
     h, tokens, hp = req.num_heads, sum(req.q_lens), vllm_padded_heads(req.num_heads)
     bound = info["reduce_partial_map"][0][0]
-    rows = [(label, n, workspace_bytes(n, tokens, h)) for label, n in
-            (("used (live reduce_indptr[-1])", plan.num_partials), ("reserved: info bound", bound))]
+    rows = [(f"used (live reduce_indptr[-1] = {plan.num_partials}, >= 1)", used_partial_slots(plan.num_partials),
+             used_workspace_bytes(plan.num_partials, tokens, h)),
+            ("reserved: info bound", bound, workspace_bytes(bound, tokens, h))]
+    vllm_qlen = min(req.vllm_max_model_len, req.vllm_max_num_batched_tokens)
+    vllm_info = ps_metadata_info(req.vllm_max_num_seqs, hp, vllm_qlen, cu_num=req.cu_num,
+                                 revision=planner_revision_for(req.aiter_version))["reduce_partial_map"][0][0]
     for label, budget in (("vLLM <= 0.30 builder (info bound)", False), ("vLLM >= 0.31 builder (budget)", True)):
-        p, wb = vllm_reserved(budget_sizing=budget, pads_heads=True, info_partial_slots=_vllm_info_slots(req),
+        p, wb = vllm_reserved(budget_sizing=budget, pads_heads=True, info_partial_slots=vllm_info,
                               max_num_batched_tokens=req.vllm_max_num_batched_tokens,
                               max_num_reqs=req.vllm_max_num_seqs, num_compute_units=req.cu_num, num_heads=h,
                               num_head_k=hp)
@@ -235,43 +227,35 @@ def _line(console, text: str) -> None:
     console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
-def _print_works(console, req: PlanRequest, plan: PsPlan) -> None:
-    n = min(req.limit, plan.num_works)
-    _line(console, f"works: {plan.num_works} ({plan.num_works // plan.num_heads_k} per head);"
-                   f" first {n} (--limit), with their workgroup:")
-    names = ("work", "wg", *WORK_INFO_FIELDS[:-1], "head")
-    _line(console, "  " + " ".join(f"{c:>13}" for c in names))
-    wind = plan.work_indptr[: plan.cu_num + 1].tolist()
-    g = 0
-    for i, row in enumerate(plan.used_work_info[:n].tolist()):
-        while wind[g + 1] <= i:
-            g += 1
-        first, end = unpack_q_head_range(row[7] & 0xFFFFFFFF)
-        head = str(first) if end == first + 1 else f"{first}..{end - 1}"
-        _line(console, "  " + " ".join(f"{v:>13}" for v in (i, g, *row[:7], head)))
-
-
-def _print_groups(console, req: PlanRequest, plan: PsPlan) -> None:
-    ng = plan.num_reduce_groups
-    n = min(req.limit, ng)
-    _line(console, f"reduce groups: {ng} of {_tiles(req.q_lens)} q-tiles;"
-                   f" first {n}: [qo_start, qo_end) <- partial slot row offsets")
-    ind, fm, pm = plan.reduce_indptr.tolist(), plan.used_reduce_final_map.tolist(), plan.reduce_partial_map.tolist()
-    for g in range(n):
-        _line(console, f"  {g:>6} [{fm[g][0]}, {fm[g][1]}) <- {' '.join(map(str, pm[ind[g]:ind[g + 1]]))}")
-
-
 def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
     """Print the plan: header, works, reduce groups, partial slots and workspace bytes used vs reserved."""
     sem = f"{req.revision} planner" + ("" if req.need_lse is None else f", need_lse={req.need_lse}")
     _line(console, f"AITER {format_version(req.aiter_version)} ({sem}), cu_num={req.cu_num}, num_heads={req.num_heads},"
                    f" {'causal (bottom-right)' if req.is_causal else 'non-causal'}, B={len(req.q_lens)},"
                    f" q tokens={sum(req.q_lens)}, kv tokens={sum(req.kv_lens)}")
-    if req.num_heads not in reduce_heads_for(req.aiter_version):
+    _line(console, "info sizing: no total_qlen budget" if req.total_qlen is None else
+          f"info sizing: total_qlen={req.total_qlen} budget (modelled by the bounds AITER's op test pins; AITER's"
+          " own sizes can be smaller)")
+    if req.num_heads not in (ok := reduce_heads_for(req.aiter_version)):
         _line(console, f"note: mla_reduce_v1 of AITER {format_version(req.aiter_version)} does not dispatch"
-                       f" num_heads={req.num_heads} (allowed {sorted(reduce_heads_for(req.aiter_version))})")
-    _print_works(console, req, plan)
-    _print_groups(console, req, plan)
+                       f" num_heads={req.num_heads} (allowed {sorted(ok)})")
+    n = min(req.limit, plan.num_works)
+    _line(console, f"works: {plan.num_works} ({plan.num_works // plan.num_heads_k} per head);"
+                   f" first {n} (--limit), with their workgroup:")
+    _line(console, "  " + " ".join(f"{c:>13}" for c in ("work", "wg", *WORK_INFO_FIELDS[:-1], "head")))
+    wind, g = plan.work_indptr[: plan.cu_num + 1].tolist(), 0
+    for i, row in enumerate(plan.used_work_info[:n].tolist()):
+        while wind[g + 1] <= i:
+            g += 1
+        first, end = unpack_q_head_range(row[7] & 0xFFFFFFFF)
+        head = str(first) if end == first + 1 else f"{first}..{end - 1}"
+        _line(console, "  " + " ".join(f"{v:>13}" for v in (i, g, *row[:7], head)))
+    ng = plan.num_reduce_groups
+    _line(console, f"reduce groups: {ng} of {_tiles(req.q_lens)} q-tiles; first {min(req.limit, ng)}:"
+                   " [qo_start, qo_end) <- partial slot row offsets")
+    ind, fm, pm = plan.reduce_indptr.tolist(), plan.used_reduce_final_map.tolist(), plan.reduce_partial_map.tolist()
+    for g in range(min(req.limit, ng)):
+        _line(console, f"  {g:>6} [{fm[g][0]}, {fm[g][1]}) <- {' '.join(map(str, pm[ind[g]:ind[g + 1]]))}")
     _line(console, f"work_info rows: used {plan.num_works:,}, info bound {info['work_info'][0][0]:,}")
     _line(console, f"partial slots ({Q_TILE} rows each); fp32 bytes of all buffers (partials + partial LSE +"
                    " final LSE [+ padded-head scratch]), then of the partials:")
@@ -311,10 +295,13 @@ def add_parser(subparsers) -> None:
                    help="kv lengths per sequence (>= q length: context + new tokens), comma-separated ASCII integers")
     p.add_argument("--heads", required=True, help="num_heads (= KV heads, MHA)")
     p.add_argument("--cu-num", default="256", help="device CU count (256 on MI355X)")
-    p.add_argument("--aiter", default=format_version((0, 1, 22)),
+    p.add_argument("--aiter", default="0.1.22",
                    help="AITER version whose planner to use; below 0.1.22 = pre-#3606 (default 0.1.22)")
     p.add_argument("--need-lse", default=None, metavar="0|1",
                    help="need_lse for the 0.1.22 planner (default: 0 causal, 1 with --non-causal, as callers pass it)")
+    p.add_argument("--total-qlen", default=None, metavar="TOKENS",
+                   help="size the info bound with this total_qlen token budget (an AITER whose "
+                        "get_ps_metadata_info_v1 takes it, as vLLM passes max_num_batched_tokens; default: none)")
     p.add_argument("--non-causal", action="store_true", help="non-causal (a context chunk); default causal")
     p.add_argument("--json", metavar="PATH", help="write the plan in the planner golden files' layout")
     p.add_argument("--limit", default="16", help="works and reduce groups to print (default 16)")
