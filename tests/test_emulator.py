@@ -295,7 +295,7 @@ def test_run_emulated_prefill_rejects_q_longer_than_kv_when_causal():
     d = _inputs([300], H=1, kv_lens=[200])
     with pytest.raises(ValueError, match=r"sequence 0: q_len=300 > kv_len=200 with is_causal=True"):
         _run(d, cu_num=4, cu_seqlens_kv=d["cu_kv"])
-    with pytest.raises(ValueError, match=r"cu_seqlens_kv must rise from 0 to P=200"):
+    with pytest.raises(ValueError, match=r"cu_seqlens_kv must be a 1-D int32 tensor rising from 0 to 200"):
         _run(d, cu_num=4, causal=False, cu_seqlens_kv=torch.tensor([0, 100], dtype=torch.int32))
     out = _run(d, cu_num=4, causal=False, cu_seqlens_kv=d["cu_kv"])  # non-causal q_len > kv_len is defined
     assert bool(torch.isfinite(out).all())
@@ -559,12 +559,12 @@ def test_run_emulated_prefill_rejects_bad_inputs():
                              softmax_scale=SM_SCALE)
     with pytest.raises(ValueError, match="v_scale must be a one-element fp32"):
         EMULATOR.run_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], None, d["cu"], softmax_scale=SM_SCALE)
-    with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to T=16"):
+    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32 tensor rising from 0 to 16"):
         EMULATOR.run_prefill(
             d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], torch.tensor([0, 15], dtype=torch.int32),
             softmax_scale=SM_SCALE,
         )  # fmt: skip
-    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32"):
+    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32 tensor rising from 0 to 16, got tensor"):
         EMULATOR.run_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"].long(),
                              softmax_scale=SM_SCALE)
 

@@ -30,12 +30,9 @@ def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
-# kernel: argument decoding
-
-
 @dataclass(frozen=True)
 class SoftmaxConsts:
-    """Per-call constants of the kernel (docs/aiter-contract.md#kernel, step 1)."""
+    """Per-call constants of the kernel."""
 
     c: torch.Tensor  # softmax_scale * q_scale * k_scale (natural-log units per raw score)
     c2: torch.Tensor  # c * log2(e) (base-2 units)
@@ -83,17 +80,12 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
     return order
 
 
-# kernel: one work (row limits, online softmax over 128-key tiles, epilogue)
-
-
 def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
                     kv_base: int, k0l: int, k1l: int, lim: torch.Tensor,
                     cs: SoftmaxConsts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)`` (docs/aiter-contract.md#kernel,
-    steps 3-4); keys past ``len(pages)`` read page 0. ``qt``: ``[nh, nr, Dqk]`` float64 raw fp8 values.
-    Returns fp32 ``(m, l, acc)``: running max of raw scores ``[nh, nr]`` (from ``-FLT_MAX``), sum of p
-    ``[nh, nr]``, ``sum e4m3fn(p) @ V8`` ``[nh, nr, Dv]``.
-    """
+    """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)`` (keys past ``len(pages)`` read
+    page 0) for ``qt`` ``[nh, nr, Dqk]`` (raw fp8 values as float64): fp32 ``(m, l, acc)``, the running max of raw
+    scores from ``-FLT_MAX``, the sum of p and ``sum e4m3fn(p) @ V8``."""
     dev = qt.device
     nh, nrows = int(qt.shape[0]), int(qt.shape[1])
     ninf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
@@ -148,38 +140,19 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     split_lse[w.loc : w.loc + nfit, dst] = lse[:, :nfit].T.to(split_lse.dtype)
 
 
-# whole path: plan, kernel, reduce
-
-
-def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: tuple) -> None:
-    """q8 ``[T, H, Dqk]``, k8 ``[P, H, Dqk]``, v8 ``[P, H, Dv]`` float8_e4m3fn on one device; one-element
-    fp32 scales. ValueError otherwise."""
-    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
-            raise ValueError(f"{name} must be a 3-D float8_e4m3fn tensor, got "
-                             f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
-    H, dqk = q8.shape[1:]
-    if k8.shape[1:] != (H, dqk) or v8.shape[:2] != (k8.shape[0], H):
-        raise ValueError(f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: "
-                         f"got k8 {tuple(k8.shape)}, v8 {tuple(v8.shape)}")
-    if k8.device != q8.device or v8.device != q8.device:
-        raise ValueError(f"q8/k8/v8 must share a device: {q8.device}, {k8.device}, {v8.device}")
-    for name, sc in zip(("q_scale", "k_scale", "v_scale"), scales):
-        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or sc.numel() != 1:
-            raise ValueError(f"{name} must be a one-element fp32 tensor, got {sc!r:.80}")
-
-
-def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tensor:
-    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(cu, 'dtype', type(cu))}")
-    cu_cpu = cu.detach().cpu().contiguous()
-    vals = cu_cpu.tolist()
-    if len(vals) < 1 or vals[0] != 0 or vals[-1] != total or vals != sorted(vals):
-        raise ValueError(f"{name} must rise from 0 to {label}={total}, got {vals[:8]}{'...' if len(vals) > 8 else ''}")
-    return cu_cpu
-
-
-# the emulator object
+def _check_args(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: tuple, cus: dict) -> None:
+    """ValueError unless q8/k8/v8 are 3-D float8_e4m3fn, the scales one-element fp32 and each ``cus`` entry
+    ``name: (cu, total)`` a 1-D int32 tensor rising from 0 to ``total``."""
+    for name, t in (("q8", q8), ("k8", k8), ("v8", v8), *zip(("q_scale", "k_scale", "v_scale"), scales)):
+        want = (torch.float8_e4m3fn, 3) if name.endswith("8") else (torch.float32, None)
+        if not isinstance(t, torch.Tensor) or t.dtype != want[0] or t.dim() != (want[1] or t.dim()) or \
+                (want[1] is None and t.numel() != 1):
+            raise ValueError(f"{name} must be a {'3-D float8_e4m3fn' if want[1] else 'one-element fp32'} tensor,"
+                             f" got {t!r:.80}")
+    for name, (cu, total) in cus.items():
+        vals = cu.tolist() if isinstance(cu, torch.Tensor) and cu.dtype == torch.int32 and cu.dim() == 1 else None
+        if vals is None or not vals or vals[0] != 0 or vals[-1] != total or vals != sorted(vals):
+            raise ValueError(f"{name} must be a 1-D int32 tensor rising from 0 to {total}, got {cu!r:.80}")
 
 
 class Emulator:
@@ -277,16 +250,17 @@ class Emulator:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The emulated path: plan with the v0.1.22 planner port (``need_lse=post_3606``; False plans as AITER
         <= v0.1.21, with the pre-#3606 reduce), then the kernel and the reduce with ``splitData``/``splitLse``
-        sized from the live partial count (docs/aiter-contract.md#call-sequence). ``q8``/``k8``/``v8``:
-        ``[T, H, 192]`` / ``[P, H, 192]`` / ``[P, H, 128]`` float8_e4m3fn, real = fp8 * the one-element fp32
-        scales; ``cu_seqlens``/``cu_seqlens_kv``: int32 ``[B+1]`` ending at T / P (keys default to the queries);
-        ``poison``: NaN-fill outputs and partials first. Returns ``output`` ``[T, H, 128]`` bf16, and with
-        ``return_lse`` the ``[T, H]`` natural-log final LSE. ValueError naming a bad argument.
-        """
-        _check_fp8_qkv(q8, k8, v8, (q_scale, k_scale, v_scale))
+        sized from the live partial count. ``q8``/``k8``/``v8``: ``[T, H, 192]`` / ``[P, H, 192]`` / ``[P, H, 128]``
+        float8_e4m3fn, real = fp8 * the one-element fp32 scales; ``cu_seqlens``/``cu_seqlens_kv``: int32 ``[B+1]``
+        ending at T / P (keys default to the queries); ``poison``: NaN-fill outputs and partials first. Returns
+        ``output`` ``[T, H, 128]`` bf16, and with ``return_lse`` the natural-log final LSE ``[T, H]``."""
         T, H = int(q8.shape[0]), int(q8.shape[1])
-        cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
-        cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
+        cus = {"cu_seqlens": (cu_seqlens, T)}
+        if cu_seqlens_kv is not None:
+            cus["cu_seqlens_kv"] = (cu_seqlens_kv, int(k8.shape[0]))
+        _check_args(q8, k8, v8, (q_scale, k_scale, v_scale), cus)
+        cu_q = cu_seqlens.detach().cpu()
+        cu_kv = cu_q if cu_seqlens_kv is None else cu_seqlens_kv.detach().cpu()
         dev, dv = q8.device, int(v8.shape[-1])
         fill = float("nan") if poison else 0.0
         output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)

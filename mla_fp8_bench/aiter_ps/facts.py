@@ -13,13 +13,10 @@ from typing import Any
 
 AITER_DIST = "amd-aiter"  # the distribution name (importlib.metadata)
 
-#: Rows of one q-tile: ``qlen_granularity``, the kernel's ``m32x8`` tile, one partial slot, vLLM's
-#: ``_FP8_PREFILL_TILE_Q``.
-Q_TILE = 256
+Q_TILE = 256  # rows of one q-tile: qlen_granularity, the kernel's m32x8 tile, one partial slot
 KV_TILE = 128  # keys per inner KV tile of the kernel (n128x1); the planner's KV split granularity
 QHEAD_GRANULARITY = 1  # heads per work (the PS prefill is MHA)
-#: ``kvlen_granularity`` to pass at ``block_size=1``: ``max(128, block_size)`` (the binding's default of 1 is wrong).
-KVLEN_GRANULARITY = KV_TILE
+KVLEN_GRANULARITY = KV_TILE  # max(128, block_size) at block_size 1 (the binding's default of 1 is wrong)
 #: The four ``aiter`` exports the PS FP8 prefill path calls.
 PRIMITIVES = ("get_ps_metadata_info_v1", "get_ps_metadata_v1", "mla_prefill_ps_asm_fwd", "mla_reduce_v1")
 #: The six planner buffers, in the order ``get_ps_metadata_info_v1`` returns them.
@@ -32,8 +29,6 @@ WORK_INFO_COLS = len(WORK_INFO_FIELDS)
 MAX_HEADS = 0xFFFF  # q_head_range packs the first and the end head into 16 bits each
 INT32_MAX = 2**31 - 1  # the planner's buffers and indptrs are int32
 MAX_CU_NUM = 65536  # largest CU count a plan is made for (the planner allocates per-CU work lists)
-#: ``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (kernel disassembly).
-SPLIT_DATA_MAX_BYTES = 2**31
 
 
 def pack_q_head_range(first_head: Any, end_head: Any) -> Any:
@@ -45,8 +40,6 @@ def unpack_q_head_range(value: int) -> tuple[int, int]:
     """``(first_head, end_head)`` of a packed ``q_head_range``."""
     return value & 0xFFFF, (value >> 16) & 0xFFFF
 
-
-# versions and planner revisions
 
 Version = tuple[int, int, int]
 
@@ -60,15 +53,13 @@ REDUCE_HEADS_BY_VERSION: tuple[tuple[Version, tuple[int, ...]], ...] = (
     ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)), ((0, 1, 11), (32, 64)), ((0, 1, 12), (40,)), ((0, 1, 20), (48, 96)),
 )
 
-PLANNER_PRE_3606 = "pre-3606"  #: up to v0.1.21: a tile computed by one work gets no slot and no reduce group
-#: ``refs/pull/3606/merge`` (``b97d239``), never released: every work gets a slot; no ``need_lse``;
-#: ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``.
-PLANNER_PR_3606_REF = "pr3606-ref"
-#: ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` gains ``need_lse`` (True: every tile gets a slot).
-PLANNER_V0_1_22 = "v0.1.22"
-#: The v0.1.22 planner whose info function takes the optional ``total_qlen`` token budget (ROCm/aiter#5759;
-#: which release carries it is not established): detected from the info function's signature only.
-PLANNER_TOTAL_QLEN = "total-qlen"
+#: Planner revisions: up to v0.1.21 a tile computed by one work gets no slot and no reduce group; the never
+#: released ``refs/pull/3606/merge`` (b97d239) gives every work a slot and its info function takes ``max_kvlen``
+#: / ``kvlen_granularity``; ROCm/aiter#3606 as merged adds ``need_lse`` (True: every tile gets a slot); the
+#: v0.1.22 planner whose info function takes the optional ``total_qlen`` budget (ROCm/aiter#5759; which
+#: release carries it is not established) is told from that signature alone.
+PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22, PLANNER_TOTAL_QLEN = "pre-3606", "pr3606-ref", "v0.1.22", \
+    "total-qlen"
 PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22, PLANNER_TOTAL_QLEN)
 #: Revisions whose ``get_ps_metadata_v1`` takes ``need_lse``.
 NEED_LSE_REVISIONS = (PLANNER_V0_1_22, PLANNER_TOTAL_QLEN)
@@ -130,9 +121,6 @@ def planner_revision_for(version: str | Iterable[int]) -> str:
     return PLANNER_V0_1_22 if parse_aiter_version(version) >= POST_3606_FIRST_VERSION else PLANNER_PRE_3606
 
 
-# feature detection on an installed aiter (real or stand-in)
-
-
 @dataclass(frozen=True)
 class Detected:
     """One detected feature: ``value`` (None when it could not be told) and ``source``: where it was read, or
@@ -167,6 +155,7 @@ def info_params(module: Any) -> tuple[str, ...]:
 
 
 def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: str) -> Detected:
+    """``fact`` at ``version`` where no op schema told it (``src``: why), or ``Detected(None, why)``."""
     ver = parse_aiter_version_or_none(version)
     if ver is None:
         return Detected(None, f"{what} cannot be told: {src} and no readable AITER version")
@@ -210,9 +199,6 @@ def effective_version(version: Version | None, reduce_arity: int | None,
         PLANNER_TOTAL_QLEN: POST_3606_FIRST_VERSION}.get(planner_revision, PS_PREFILL_FIRST_VERSION)
     cands = [v for v in (version, arity_floor, revision_floor) if v is not None]
     return max(cands) if cands else None
-
-
-# the installed aiter
 
 
 def dist_version(dist: str) -> str | None:

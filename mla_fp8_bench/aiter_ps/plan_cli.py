@@ -11,30 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mla_fp8_bench.aiter_ps.facts import (
-    INT32_MAX,
-    KVLEN_GRANULARITY,
-    MAX_CU_NUM,
-    MAX_HEADS,
-    PLANNER_TOTAL_QLEN,
-    PLANNER_V0_1_22,
-    Q_TILE,
-    WORK_INFO_FIELDS,
-    format_version,
-    modelled_version,
-    planner_revision_for,
-    reduce_heads_for,
-    unpack_q_head_range,
-)
+from mla_fp8_bench.aiter_ps import facts
+from mla_fp8_bench.aiter_ps import workspace as ws
 from mla_fp8_bench.aiter_ps.planner import PsPlan, buffer_lengths_from_info, plan_ps_prefill, ps_metadata_info
-from mla_fp8_bench.aiter_ps.workspace import (
-    WorkspaceBytes,
-    used_partial_slots,
-    used_workspace_bytes,
-    vllm_padded_heads,
-    vllm_reserved,
-    workspace_bytes,
-)
 from mla_fp8_bench.argtypes import parse_int, parse_int_list
 from mla_fp8_bench.problem.shapes import cu_seqlens_of
 
@@ -62,18 +41,12 @@ class PlanRequest:
     need_lse: bool | None  # for the v0.1.22 planners (default not is_causal); None for older ones
     total_qlen: int | None = None
 
-    @property
-    def revision(self) -> str:
-        return PLANNER_TOTAL_QLEN if self.total_qlen is not None else planner_revision_for(self.aiter_version)
-
-
-def _given_int(name: str, text: Any, lo: int, hi: int) -> int | None:
-    """An optional option's value: None when not given; else an integer from ``lo`` to ``hi`` (ValueError)."""
-    return None if text is None else parse_int(text, name, lo, hi)
+    revision = property(lambda self: facts.PLANNER_TOTAL_QLEN if self.total_qlen is not None else
+                        facts.planner_revision_for(self.aiter_version))
 
 
 def _tiles(q_lens: tuple[int, ...]) -> int:
-    return sum(math.ceil(x / Q_TILE) for x in q_lens)
+    return sum(math.ceil(x / facts.Q_TILE) for x in q_lens)
 
 
 def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: int) -> None:
@@ -83,12 +56,12 @@ def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: in
         if ql > kl:
             raise ValueError(f"sequence {b}: q_len={ql} > kv_len={kl}: allowed q_len <= kv_len (new queries"
                              " attend to themselves and any cached context)")
-    if sum(kv) > INT32_MAX:
-        raise ValueError(f"total kv tokens {sum(kv)} do not fit int32 indptrs: allowed <= {INT32_MAX}")
+    if sum(kv) > facts.INT32_MAX:
+        raise ValueError(f"total kv tokens {sum(kv)} do not fit int32 indptrs: allowed <= {facts.INT32_MAX}")
     tiles, tgs = _tiles(q), cu_num // math.gcd(heads, cu_num)
     if tiles > MAX_TILES or heads * (tiles + tgs) > MAX_WORKS:
-        raise ValueError(f"{tiles} q-tiles of {Q_TILE} rows, up to {heads * (tiles + tgs)} works: too large to plan"
-                         f" here (allowed <= {MAX_TILES} tiles and {MAX_WORKS} works)")
+        raise ValueError(f"{tiles} q-tiles of {facts.Q_TILE} rows, up to {heads * (tiles + tgs)} works: too large to"
+                         f" plan here (allowed <= {MAX_TILES} tiles and {MAX_WORKS} works)")
 
 
 def _vllm_settings(q: tuple[int, ...], kv: tuple[int, ...], seqs: int | None, tokens: int | None,
@@ -120,23 +93,26 @@ def _vllm_settings(q: tuple[int, ...], kv: tuple[int, ...], seqs: int | None, to
 def plan_request(args: argparse.Namespace) -> PlanRequest:
     """Validate ``plan``'s arguments, each option's own value first, then how they fit together; ValueError:
     one line naming the bad value and the allowed ones."""
-    q = parse_int_list(args.qo_lens, "--qo-lens", 0, INT32_MAX, MAX_SEQUENCES)
-    kv = parse_int_list(args.kv_lens, "--kv-lens", 0, INT32_MAX, MAX_SEQUENCES)
-    heads, cu_num = parse_int(args.heads, "--heads", 1, MAX_HEADS), parse_int(args.cu_num, "--cu-num", 1, MAX_CU_NUM)
-    version = modelled_version(str(args.aiter), "--aiter")
+    q = parse_int_list(args.qo_lens, "--qo-lens", 0, facts.INT32_MAX, MAX_SEQUENCES)
+    kv = parse_int_list(args.kv_lens, "--kv-lens", 0, facts.INT32_MAX, MAX_SEQUENCES)
+    heads = parse_int(args.heads, "--heads", 1, facts.MAX_HEADS)
+    cu_num = parse_int(args.cu_num, "--cu-num", 1, facts.MAX_CU_NUM)
+    version = facts.modelled_version(str(args.aiter), "--aiter")
     limit = parse_int(args.limit, "--limit", 0, MAX_WORKS)
-    given = (_given_int("--vllm-max-num-seqs", args.vllm_max_num_seqs, 1, MAX_SEQUENCES),
-             _given_int("--vllm-max-num-batched-tokens", args.vllm_max_num_batched_tokens, 1, INT32_MAX),
-             _given_int("--vllm-max-model-len", args.vllm_max_model_len, 1, INT32_MAX))
-    total_qlen = _given_int("--total-qlen", args.total_qlen, 1, INT32_MAX)
+    given = [None if text is None else parse_int(text, name, 1, hi) for name, text, hi in (
+        ("--vllm-max-num-seqs", args.vllm_max_num_seqs, MAX_SEQUENCES),
+        ("--vllm-max-num-batched-tokens", args.vllm_max_num_batched_tokens, facts.INT32_MAX),
+        ("--vllm-max-model-len", args.vllm_max_model_len, facts.INT32_MAX),
+        ("--total-qlen", args.total_qlen, facts.INT32_MAX))]
+    total_qlen = given.pop()
     if args.need_lse is not None and str(args.need_lse) not in ("0", "1"):
         raise ValueError(f"--need-lse={args.need_lse!r} is invalid: allowed 0 or 1")
     _check_batch(q, kv, heads, cu_num)
     seqs, tokens, model_len = _vllm_settings(q, kv, *given)
-    new_planner = planner_revision_for(version) == PLANNER_V0_1_22
+    new_planner = facts.planner_revision_for(version) == facts.PLANNER_V0_1_22
     for opt, val in (("--need-lse", args.need_lse), ("--total-qlen", total_qlen)):
         if val is not None and not new_planner:
-            raise ValueError(f"{opt}: the planner of AITER {format_version(version)} has no"
+            raise ValueError(f"{opt}: the planner of AITER {facts.format_version(version)} has no"
                              f" {opt[2:].replace('-', '_')} (allowed from 0.1.22)")
     if total_qlen is not None and sum(q) > total_qlen:
         raise ValueError(f"the batch has {sum(q)} new tokens but --total-qlen={total_qlen}: a budget holds the"
@@ -151,13 +127,10 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
                        need_lse, total_qlen)
 
 
-# planning and the golden-file record
-
-
 def _info_args(req: PlanRequest) -> dict[str, Any]:
     budget = {} if req.total_qlen is None else {"total_qlen": req.total_qlen}
     return {"batch_size": len(req.q_lens), "num_head_k": req.num_heads, "max_qlen": max(req.q_lens),
-            "qlen_granularity": Q_TILE, **budget}
+            "qlen_granularity": facts.Q_TILE, **budget}
 
 
 def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
@@ -171,7 +144,7 @@ def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
     roomy = dict(lengths, work_info_rows=max(lengths["work_info_rows"], req.num_heads * (tiles + tgs)),
                  reduce_partial_map=max(lengths["reduce_partial_map"], tiles + tgs))
     plan = plan_ps_prefill(cu_seqlens_of(req.q_lens), cu_seqlens_of(req.kv_lens), list(req.kv_lens),
-                           num_heads_k=req.num_heads, cu_num=req.cu_num, kvlen_granularity=KVLEN_GRANULARITY,
+                           num_heads_k=req.num_heads, cu_num=req.cu_num, kvlen_granularity=facts.KVLEN_GRANULARITY,
                            is_causal=req.is_causal, buffer_lengths=roomy, revision=req.revision,
                            need_lse=req.need_lse)
     return plan, info
@@ -180,11 +153,11 @@ def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
 def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
     """The plan as one record of the planner golden files: ``config``, ``info_args``, ``info_shapes``, ``outputs``."""
     config = {"cu_num": req.cu_num, "num_heads_k": req.num_heads, "gqa_ratio": 1, "qhead_granularity": 1,
-              "qlen_granularity": Q_TILE, "kvlen_granularity": KVLEN_GRANULARITY, "block_size": 1,
+              "qlen_granularity": facts.Q_TILE, "kvlen_granularity": facts.KVLEN_GRANULARITY, "block_size": 1,
               "is_causal": req.is_causal, "batch_size": len(req.q_lens), "seq_lens_q": list(req.q_lens),
               "seq_lens_kv": list(req.kv_lens), "max_qlen": max(req.q_lens), "max_kvlen": max(req.kv_lens),
               "seqlens_qo_indptr": cu_seqlens_of(req.q_lens), "pages_kv_indptr": cu_seqlens_of(req.kv_lens),
-              "context_lens": list(req.kv_lens), "aiter_version": format_version(req.aiter_version),
+              "context_lens": list(req.kv_lens), "aiter_version": facts.format_version(req.aiter_version),
               "planner_revision": req.revision}
     if req.need_lse is not None:
         config["need_lse"] = req.need_lse
@@ -199,28 +172,24 @@ def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
     return {"config": config, "info_args": _info_args(req), "info_shapes": shapes, "outputs": outputs}
 
 
-def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int, WorkspaceBytes]]:
-    """``(what, partial slots, bytes)`` rows: used (the definition of ``aiter_ps.workspace``), reserved by the
-    info bound, reserved by vLLM's builder (its info call ``(max_num_seqs, padded heads, min(max_model_len,
-    max_num_batched_tokens), 256)`` up to 0.30, its budget formula from 0.31)."""
-    h, tokens, hp = req.num_heads, sum(req.q_lens), vllm_padded_heads(req.num_heads)
+def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int, ws.WorkspaceBytes]]:
+    """``(what, partial slots, bytes)`` rows: used (``aiter_ps.workspace``'s definition), reserved by the info bound
+    and by vLLM's builder (up to 0.30 its info call at ``min(max_model_len, max_num_batched_tokens)``)."""
+    h, tokens, hp = req.num_heads, sum(req.q_lens), ws.vllm_padded_heads(req.num_heads)
     bound = info["reduce_partial_map"][0][0]
-    rows = [(f"used (live reduce_indptr[-1] = {plan.num_partials}, >= 1)", used_partial_slots(plan.num_partials),
-             used_workspace_bytes(plan.num_partials, tokens, h)),
-            ("reserved: info bound", bound, workspace_bytes(bound, tokens, h))]
+    rows = [(f"used (live reduce_indptr[-1] = {plan.num_partials}, >= 1)", ws.used_partial_slots(plan.num_partials),
+             ws.used_workspace_bytes(plan.num_partials, tokens, h)),
+            ("reserved: info bound", bound, ws.workspace_bytes(bound, tokens, h))]
     vllm_qlen = min(req.vllm_max_model_len, req.vllm_max_num_batched_tokens)
     vllm_info = ps_metadata_info(req.vllm_max_num_seqs, hp, vllm_qlen, cu_num=req.cu_num,
-                                 revision=planner_revision_for(req.aiter_version))["reduce_partial_map"][0][0]
+                                 revision=facts.planner_revision_for(req.aiter_version))["reduce_partial_map"][0][0]
     for label, budget in (("vLLM <= 0.30 builder (info bound)", False), ("vLLM >= 0.31 builder (budget)", True)):
-        p, wb = vllm_reserved(budget_sizing=budget, pads_heads=True, info_partial_slots=vllm_info,
+        p, wb = ws.vllm_reserved(budget_sizing=budget, pads_heads=True, info_partial_slots=vllm_info,
                               max_num_batched_tokens=req.vllm_max_num_batched_tokens,
                               max_num_reqs=req.vllm_max_num_seqs, num_compute_units=req.cu_num, num_heads=h,
                               num_head_k=hp)
         rows.append((f"reserved: {label}, H={hp}", p, wb))
     return rows
-
-
-# printing
 
 
 def _line(console, text: str) -> None:
@@ -230,24 +199,25 @@ def _line(console, text: str) -> None:
 def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
     """Print the plan: header, works, reduce groups, partial slots and workspace bytes used vs reserved."""
     sem = f"{req.revision} planner" + ("" if req.need_lse is None else f", need_lse={req.need_lse}")
-    _line(console, f"AITER {format_version(req.aiter_version)} ({sem}), cu_num={req.cu_num}, num_heads={req.num_heads},"
-                   f" {'causal (bottom-right)' if req.is_causal else 'non-causal'}, B={len(req.q_lens)},"
-                   f" q tokens={sum(req.q_lens)}, kv tokens={sum(req.kv_lens)}")
+    mask = "causal (bottom-right)" if req.is_causal else "non-causal"
+    _line(console, f"AITER {facts.format_version(req.aiter_version)} ({sem}), cu_num={req.cu_num},"
+                   f" num_heads={req.num_heads}, {mask}, B={len(req.q_lens)}, q tokens={sum(req.q_lens)},"
+                   f" kv tokens={sum(req.kv_lens)}")
     _line(console, "info sizing: no total_qlen budget" if req.total_qlen is None else
           f"info sizing: total_qlen={req.total_qlen} budget (modelled by the bounds AITER's op test pins; AITER's"
           " own sizes can be smaller)")
-    if req.num_heads not in (ok := reduce_heads_for(req.aiter_version)):
-        _line(console, f"note: mla_reduce_v1 of AITER {format_version(req.aiter_version)} does not dispatch"
+    if req.num_heads not in (ok := facts.reduce_heads_for(req.aiter_version)):
+        _line(console, f"note: mla_reduce_v1 of AITER {facts.format_version(req.aiter_version)} does not dispatch"
                        f" num_heads={req.num_heads} (allowed {sorted(ok)})")
     n = min(req.limit, plan.num_works)
     _line(console, f"works: {plan.num_works} ({plan.num_works // plan.num_heads_k} per head);"
                    f" first {n} (--limit), with their workgroup:")
-    _line(console, "  " + " ".join(f"{c:>13}" for c in ("work", "wg", *WORK_INFO_FIELDS[:-1], "head")))
+    _line(console, "  " + " ".join(f"{c:>13}" for c in ("work", "wg", *facts.WORK_INFO_FIELDS[:-1], "head")))
     wind, g = plan.work_indptr[: plan.cu_num + 1].tolist(), 0
     for i, row in enumerate(plan.used_work_info[:n].tolist()):
         while wind[g + 1] <= i:
             g += 1
-        first, end = unpack_q_head_range(row[7] & 0xFFFFFFFF)
+        first, end = facts.unpack_q_head_range(row[7] & 0xFFFFFFFF)
         head = str(first) if end == first + 1 else f"{first}..{end - 1}"
         _line(console, "  " + " ".join(f"{v:>13}" for v in (i, g, *row[:7], head)))
     ng = plan.num_reduce_groups
@@ -257,7 +227,7 @@ def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
     for g in range(min(req.limit, ng)):
         _line(console, f"  {g:>6} [{fm[g][0]}, {fm[g][1]}) <- {' '.join(map(str, pm[ind[g]:ind[g + 1]]))}")
     _line(console, f"work_info rows: used {plan.num_works:,}, info bound {info['work_info'][0][0]:,}")
-    _line(console, f"partial slots ({Q_TILE} rows each); fp32 bytes of all buffers (partials + partial LSE +"
+    _line(console, f"partial slots ({facts.Q_TILE} rows each); fp32 bytes of all buffers (partials + partial LSE +"
                    " final LSE [+ padded-head scratch]), then of the partials:")
     for label, slots, wb in size_rows(req, plan, info):
         short = "  (fewer slots than used: too small for this batch)" if slots < plan.num_partials else ""

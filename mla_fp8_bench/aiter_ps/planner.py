@@ -15,20 +15,7 @@ from typing import Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.facts import (
-    BUFFER_NAMES,
-    INT32_MAX,
-    KV_TILE,
-    MAX_HEADS,
-    NEED_LSE_REVISIONS,
-    PLANNER_PR_3606_REF,
-    PLANNER_PRE_3606,
-    PLANNER_REVISIONS,
-    PLANNER_TOTAL_QLEN,
-    Q_TILE,
-    WORK_INFO_COLS,
-    pack_q_head_range,
-)
+from mla_fp8_bench.aiter_ps import facts
 
 #: Keys of a buffer-length dict (as in the golden files' ``outputs.buffer_lengths``), in :data:`BUFFER_NAMES` order.
 BUFFER_LENGTH_KEYS = ("work_metadata_ptrs", "work_indptr", "work_info_rows", "reduce_indptr", "reduce_final_map_rows",
@@ -53,55 +40,45 @@ def _int(name: str, v: Any, lo: int | None = None, why: str = "") -> int:
     return v
 
 
-def _check_revision(revision: Any) -> str:
-    if revision not in PLANNER_REVISIONS:
-        raise PsPlanError(f"revision={revision!r} is unknown: allowed {', '.join(PLANNER_REVISIONS)}")
-    return revision
-
-
-# get_ps_metadata_info_v1
+def _check_revision(revision: Any) -> None:
+    if revision not in facts.PLANNER_REVISIONS:
+        raise PsPlanError(f"revision={revision!r} is unknown: allowed {', '.join(facts.PLANNER_REVISIONS)}")
 
 
 def ps_metadata_info(
-    batch_size: int, num_heads_k: int, max_qlen: int, qlen_granularity: int = Q_TILE, *, cu_num: int,
-    revision: str = PLANNER_PRE_3606, max_kvlen: int | None = None, kvlen_granularity: int = KV_TILE,
+    batch_size: int, num_heads_k: int, max_qlen: int, qlen_granularity: int = facts.Q_TILE, *, cu_num: int,
+    revision: str = facts.PLANNER_PRE_3606, max_kvlen: int | None = None, kvlen_granularity: int = facts.KV_TILE,
     total_qlen: int | None = None,
 ) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``get_ps_metadata_info_v1``: ``{name: (shape, dtype_name)}`` for the six :data:`BUFFER_NAMES`
-    (``docs/aiter-contract.md#info-sizes``) on a device of ``cu_num`` CUs. Only ``pr3606-ref`` takes
-    ``max_kvlen`` / ``kvlen_granularity``; only ``total-qlen`` takes ``total_qlen`` (None: v0.1.22's sizes;
-    <= 0: AssertionError, as AITER asserts).
+    """``get_ps_metadata_info_v1``: ``{name: (shape, dtype_name)}`` for the six buffers on a device of ``cu_num``
+    CUs (``docs/aiter-contract.md#info-sizes``). Only ``pr3606-ref`` takes ``max_kvlen``/``kvlen_granularity``;
+    only ``total-qlen`` takes ``total_qlen`` (None: v0.1.22's sizes; <= 0: AssertionError, as AITER asserts).
+    PsPlanError for a bad argument or one the revision does not have.
 
-    The ``total_qlen`` budget is modelled by the invariants AITER's ``op_tests/test_ps_metadata_sizing.py``
-    pins, not by AITER's formula, which is not known here: ``reduce_partial_map`` gets the largest length
-    the pinned bound allows, ``(max(total_qlen, max_qlen) + qlen_granularity*(batch_size + cu_num)) //
-    qlen_granularity``, never above the unbudgeted length; the other buffers keep the unbudgeted sizes
-    (so ``reduce_final_map`` keeps >= ``ceil(max_qlen / qlen_granularity)`` rows). Real sizes can be smaller.
-
-    Raises:
-        PsPlanError (a ValueError): a non-integer or out-of-range argument, an unknown ``revision``, or a
-        parameter the revision does not have.
-    """
+    AITER's ``total_qlen`` formula is not known: the budget is modelled by the invariants its
+    ``op_tests/test_ps_metadata_sizing.py`` pins. ``reduce_partial_map`` gets the largest length the pinned
+    bound allows, ``(max(total_qlen, max_qlen) + qlen_granularity*(batch_size + cu_num)) // qlen_granularity``,
+    never above the unbudgeted one; the other buffers keep their unbudgeted sizes. AITER's can be smaller."""
     batch_size, max_qlen = _int("batch_size", batch_size, 0), _int("max_qlen", max_qlen, 0)
     num_heads_k, cu_num = _int("num_heads_k", num_heads_k, 1), _int("cu_num", cu_num, 1, "the device CU count, >= 1")
     qlen_granularity = _int("qlen_granularity", qlen_granularity, 1)
-    revision = _check_revision(revision)
-    if revision != PLANNER_PR_3606_REF and (max_kvlen is not None or kvlen_granularity != KV_TILE):
+    _check_revision(revision)
+    if revision != facts.PLANNER_PR_3606_REF and (max_kvlen is not None or kvlen_granularity != facts.KV_TILE):
         raise PsPlanError(f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the {revision}"
                           " get_ps_metadata_info_v1 has no such parameters (only the pr3606-ref revision has them)")
-    if revision != PLANNER_TOTAL_QLEN and total_qlen is not None:
+    if revision != facts.PLANNER_TOTAL_QLEN and total_qlen is not None:
         raise PsPlanError(f"total_qlen={total_qlen!r}: the {revision} get_ps_metadata_info_v1 has no total_qlen"
-                          f" (only the {PLANNER_TOTAL_QLEN} revision has it)")
+                          f" (only the {facts.PLANNER_TOTAL_QLEN} revision has it)")
     cpc = cu_num // math.gcd(num_heads_k, cu_num)
     mqs = _ceil_div(max_qlen, qlen_granularity)
     tiles = batch_size * mqs
     max_works = (batch_size + cpc - 1) * mqs * num_heads_k
-    if revision == PLANNER_PR_3606_REF:
+    if revision == facts.PLANNER_PR_3606_REF:
         max_kvlen = None if max_kvlen is None else _int("max_kvlen", max_kvlen, 0)
         kv_gran = _int("kvlen_granularity", kvlen_granularity, 1)
         max_partials = tiles * (max(1, _ceil_div(max_kvlen or max_qlen, kv_gran)) + cpc)
         max_works = num_heads_k * max_partials
-    elif revision in NEED_LSE_REVISIONS:
+    elif revision in facts.NEED_LSE_REVISIONS:
         max_partials = tiles + cpc - 1
         if total_qlen is not None:
             assert _int("total_qlen", total_qlen) > 0, f"total_qlen must be positive, got {total_qlen}"
@@ -109,23 +86,22 @@ def ps_metadata_info(
             max_partials = min(max_partials, pool // qlen_granularity)
     else:
         max_partials = min(batch_size + cpc - 1, 2 * (cpc - 1)) * mqs
-    shapes = ((2,), (cu_num + 1,), (max_works, WORK_INFO_COLS), (tiles + 1,), (tiles, 2), (max_partials,))
-    return {name: (shape, "uint64" if i == 0 else "int32") for i, (name, shape) in enumerate(zip(BUFFER_NAMES, shapes))}
+    shapes = ((2,), (cu_num + 1,), (max_works, facts.WORK_INFO_COLS), (tiles + 1,), (tiles, 2), (max_partials,))
+    return {n: (shape, "int32" if i else "uint64") for i, (n, shape) in enumerate(zip(facts.BUFFER_NAMES, shapes))}
 
 
 def buffer_lengths_from_info(info: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, int]:
     """Leading dims of :func:`ps_metadata_info`'s shapes, keyed as in :data:`BUFFER_LENGTH_KEYS`."""
-    return {key: info[name][0][0] for key, name in zip(BUFFER_LENGTH_KEYS, BUFFER_NAMES)}
+    return {key: info[name][0][0] for key, name in zip(BUFFER_LENGTH_KEYS, facts.BUFFER_NAMES)}
 
 
-def total_qlen_violations(budgeted: Mapping[str, int], unbudgeted: Mapping[str, int], *, batch_size: int,
-                          max_qlen: int, total_qlen: int, cu_num: int, qlen_granularity: int = Q_TILE) -> list[str]:
-    """What breaks the ``total_qlen`` invariants AITER's op test pins, for buffer leading dims keyed by
-    :data:`BUFFER_NAMES` (one line each; empty: none): partial pool rows (``reduce_partial_map`` x
-    ``qlen_granularity``) <= ``max(total_qlen, max_qlen) + qlen_granularity*(batch_size + cu_num)``,
-    ``reduce_final_map`` >= ``ceil(max_qlen / qlen_granularity)`` rows, no buffer larger than unbudgeted."""
+def total_qlen_violations(budgeted: Mapping[str, int], unbudgeted: Mapping[str, int], *, batch_size: int, max_qlen: int,
+                          total_qlen: int, cu_num: int, qlen_granularity: int = facts.Q_TILE) -> list[str]:
+    """The ``total_qlen`` invariants AITER's op test pins that buffer leading dims (keyed by buffer name) break,
+    one line each: a budget never makes a buffer larger; partial pool rows <= ``max(total_qlen, max_qlen) +
+    qlen_granularity*(batch_size + cu_num)``; ``reduce_final_map`` >= ``ceil(max_qlen / qlen_granularity)``."""
     bad = [f"{n} has {budgeted[n]} with total_qlen={total_qlen} but {unbudgeted[n]} without: a budget never"
-           " makes a buffer larger" for n in BUFFER_NAMES if budgeted[n] > unbudgeted[n]]
+           " makes a buffer larger" for n in facts.BUFFER_NAMES if budgeted[n] > unbudgeted[n]]
     pool, cap = budgeted["reduce_partial_map"] * qlen_granularity, (
         max(total_qlen, max_qlen) + qlen_granularity * (batch_size + cu_num))
     if pool > cap:
@@ -135,9 +111,6 @@ def total_qlen_violations(budgeted: Mapping[str, int], unbudgeted: Mapping[str, 
         bad.append(f"reduce_final_map has {budgeted['reduce_final_map']} rows with total_qlen={total_qlen}: needs"
                    f" >= ceil(max_qlen / {qlen_granularity}) = {need}")
     return bad
-
-
-# the plan
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -156,7 +129,7 @@ class PsPlan:
     num_partials: int
     cu_num: int
     num_heads_k: int
-    revision: str = PLANNER_PRE_3606
+    revision: str = facts.PLANNER_PRE_3606
     need_lse: bool = False
 
     used_work_info = property(lambda self: self.work_info[: self.num_works])
@@ -164,52 +137,40 @@ class PsPlan:
     used_reduce_final_map = property(lambda self: self.reduce_final_map[: self.num_reduce_groups])
     used_reduce_partial_map = property(lambda self: self.reduce_partial_map[: self.num_partials])
     #: Rows ``splitData``/``splitLse`` need: ``256 * num_partials`` (all heads share them).
-    partial_rows = property(lambda self: Q_TILE * self.num_partials)
-
-
-# get_ps_metadata_v1, step 0: validated inputs
+    partial_rows = property(lambda self: facts.Q_TILE * self.num_partials)
 
 
 def _int_list(name: str, x: Any) -> list[int]:
-    if isinstance(x, torch.Tensor):
-        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool or x.dim() != 1:
-            raise PsPlanError(f"{name} has dtype {x.dtype}, shape {tuple(x.shape)}: a 1-D integer tensor is required")
-        return x.tolist()
-    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
-        raise PsPlanError(f"{name}={x!r} is not a 1-D sequence of integers (list, tuple or int tensor)")
-    return [_int(f"{name}[{i}]", v) for i, v in enumerate(x)]
+    """A 1-D int tensor's or an int sequence's values."""
+    if isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype == torch.bool or x.dim() != 1):
+        raise PsPlanError(f"{name} has dtype {x.dtype}, shape {tuple(x.shape)}: a 1-D integer tensor is required")
+    return x.tolist() if isinstance(x, torch.Tensor) else [_int(f"{name}[{i}]", v) for i, v in enumerate(x)]
 
 
 def _indptr(name: str, x: Any, length: int | None) -> list[int]:
     p = _int_list(name, x)
-    if len(p) < 2 or (length is not None and len(p) != length):
-        raise PsPlanError(f"{name} has length {len(p)}: needs B+1 >= 2 entries, as many as qo_indptr")
-    if p[0] != 0:
-        raise PsPlanError(f"{name}[0]={p[0]} is invalid: an indptr must start at 0")
-    if (i := next((i for i in range(1, len(p)) if p[i] < p[i - 1]), None)) is not None:
-        raise PsPlanError(f"{name}[{i}]={p[i]} < {name}[{i - 1}]={p[i - 1]}: an indptr must be non-decreasing")
-    if p[-1] > INT32_MAX:
-        raise PsPlanError(f"{name}[-1]={p[-1]} does not fit in int32")
+    if len(p) < 2 or (length is not None and len(p) != length) or p[0] != 0 or p != sorted(p) \
+            or p[-1] > facts.INT32_MAX:
+        raise PsPlanError(f"{name}={p[:8]}{'...' if len(p) > 8 else ''} is invalid: an int32 indptr from 0,"
+                          " non-decreasing, of B+1 >= 2 entries as qo_indptr")
     return p
 
 
 def _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granularity, kvlen_granularity,
-                   block_size, is_causal) -> None:
+                   block_size) -> None:
     _int("num_heads_k", num_heads_k, 1)
-    if num_heads_k > MAX_HEADS:
-        raise PsPlanError(f"num_heads_k={num_heads_k} is invalid: must be <= {MAX_HEADS} (16-bit q_head_range)")
+    if num_heads_k > facts.MAX_HEADS:
+        raise PsPlanError(f"num_heads_k={num_heads_k} is invalid: must be <= {facts.MAX_HEADS} (16-bit q_head_range)")
     _int("cu_num", cu_num, 1, "the device CU count, >= 1")
     for name, val, want in (("gqa_ratio", gqa_ratio, 1), ("qhead_granularity", qhead_granularity, 1),
-                            ("qlen_granularity", qlen_granularity, Q_TILE)):
+                            ("qlen_granularity", qlen_granularity, facts.Q_TILE)):
         if _int(name, val) != want:
             raise PsPlanError(f"{name}={val} is not supported: only {name}={want} is (the PS prefill kernel is MHA,"
-                              f" one head per work, {Q_TILE}-row q-tiles)")
+                              f" one head per work, {facts.Q_TILE}-row q-tiles)")
     bs, kg = _int("block_size", block_size, 1), _int("kvlen_granularity", kvlen_granularity)
     if kg < 1 or kg & (kg - 1) or kg < bs or kg % bs:
         raise PsPlanError(f"kvlen_granularity={kg} is invalid: must be a power of two, >= block_size={bs} and a"
                           " multiple of it (use max(128, block_size))")
-    if not isinstance(is_causal, bool):
-        raise PsPlanError(f"is_causal={is_causal!r} is invalid: must be a bool")
 
 
 def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_causal: bool):
@@ -229,9 +190,6 @@ def _check_sequences(qo_indptr, kv_indptr, context_lens, block_size: int, is_cau
     return qo, kv, ctx
 
 
-# get_ps_metadata_v1, steps 1-4: q-tiles, the tiling of one cluster, reduce groups
-
-
 def _ping_pong(n: int) -> list[int]:
     """Tile visiting order 0, n-1, 1, n-2, ... (pairs heavy and light causal tiles)."""
     return [x for i in range(n // 2) for x in (i, n - 1 - i)] + ([n // 2] if n % 2 else [])
@@ -243,8 +201,8 @@ def _q_tiles(qo, ctx, kv_gran: int, bs: int, causal: bool) -> tuple[list[tuple[i
     tiles, total_units = [], 0
     for b in range(len(qo) - 1):
         qlen, kvlen = qo[b + 1] - qo[b], ctx[b]
-        for i in _ping_pong(_ceil_div(qlen, Q_TILE)):
-            qs, qe = Q_TILE * i, min(Q_TILE * i + Q_TILE, qlen)
+        for i in _ping_pong(_ceil_div(qlen, facts.Q_TILE)):
+            qs, qe = facts.Q_TILE * i, min(facts.Q_TILE * i + facts.Q_TILE, qlen)
             eff = min(kvlen - qlen + qe, kvlen) if causal else kvlen
             units = _ceil_div(eff, kv_gran)  # eff >= 0: C's truncating division agrees
             total_units += units
@@ -268,15 +226,15 @@ def _tile_one_cluster(qo, kv, ctx, tiles, total_units: int, tgs: int, blocks_per
             b, qs, qe, eff, blocks = tiles[cur_tile]
             kv_start = kv[b] + cur_blk
             if eff - cur_blk * bs <= cap * bs:  # the rest of the tile fits
-                if (cur_blk == 0 and not need_lse) or (blocks == 0 and revision in NEED_LSE_REVISIONS):
+                if (cur_blk == 0 and not need_lse) or (blocks == 0 and revision in facts.NEED_LSE_REVISIONS):
                     loc = -1
                 else:
-                    loc, p = Q_TILE * p, p + 1
+                    loc, p = facts.Q_TILE * p, p + 1
                 kv_end, kv_off = min(kv_start + blocks - cur_blk, kv[b + 1]), 0
                 cap -= blocks - cur_blk
                 cur_tile, cur_blk = cur_tile + 1, 0
             else:  # split the tile at the capacity
-                loc, p = Q_TILE * p, p + 1
+                loc, p = facts.Q_TILE * p, p + 1
                 kv_end = min(kv_start + cap, kv[b + 1])
                 kv_off = ctx[b] - (kv_end - kv[b]) * bs
                 cur_blk, cap = cur_blk + cap, 0
@@ -311,15 +269,15 @@ def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[
     for c in range(num_clusters):
         for t in range(tgs):
             wind[c * tgs + t + 1] = c * per_cluster + hpc * tg_bounds[t + 1]
-    work_info = torch.zeros((lengths["work_info_rows"], WORK_INFO_COLS), dtype=torch.int32)
+    work_info = torch.zeros((lengths["work_info_rows"], facts.WORK_INFO_COLS), dtype=torch.int32)
     if num_works:
         spans = [(j, tg_bounds[t], tg_bounds[t + 1]) for t in range(tgs) for j in range(hpc)]
         idx = torch.tensor([i for _j, lo, hi in spans for i in range(lo, hi)], dtype=torch.int64)
         head_local = torch.tensor([j for j, lo, hi in spans for _ in range(lo, hi)], dtype=torch.int64)
         heads = head_local[None, :] + (torch.arange(num_clusters, dtype=torch.int64) * hpc)[:, None]
-        q_head_range = pack_q_head_range(heads, heads + 1)
+        q_head_range = facts.pack_q_head_range(heads, heads + 1)
         q_head_range = (q_head_range + 2**31) % 2**32 - 2**31  # int32 two's complement, as in C++
-        used = work_info[:num_works].view(num_clusters, per_cluster, WORK_INFO_COLS)
+        used = work_info[:num_works].view(num_clusters, per_cluster, facts.WORK_INFO_COLS)
         used[:, :, :7] = torch.tensor(rows, dtype=torch.int64)[idx].to(torch.int32).unsqueeze(0)
         used[:, :, 7] = q_head_range.to(torch.int32)
     return torch.tensor(wind, dtype=torch.int32), work_info
@@ -327,48 +285,39 @@ def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[
 
 def _default_lengths(qo, ctx, heads: int, cu_num: int, revision: str, given: Mapping[str, Any] | None):
     """Buffer lengths from the revision's info function, overridden by ``given``."""
-    extra = {"max_kvlen": max(ctx)} if revision == PLANNER_PR_3606_REF else {}
+    extra = {"max_kvlen": max(ctx)} if revision == facts.PLANNER_PR_3606_REF else {}
     max_qlen = max(b - a for a, b in zip(qo, qo[1:]))
     lengths = buffer_lengths_from_info(ps_metadata_info(len(ctx), heads, max_qlen, cu_num=cu_num, revision=revision,
                                                         **extra))
-    if given is not None:
-        if not isinstance(given, Mapping) or not set(given) <= set(BUFFER_LENGTH_KEYS):
-            raise PsPlanError(f"buffer_lengths={given!r} must be a dict with keys from {', '.join(BUFFER_LENGTH_KEYS)}")
-        lengths.update({k: _int(f"buffer_lengths[{k!r}]", v, 0) for k, v in given.items()})
-    return lengths
+    if not set(given or ()) <= set(BUFFER_LENGTH_KEYS):
+        raise PsPlanError(f"buffer_lengths={given!r} must be keyed by {', '.join(BUFFER_LENGTH_KEYS)}")
+    return {**lengths, **(given or {})}
 
 
 def plan_ps_prefill(
     qo_indptr: Sequence[int] | torch.Tensor, kv_indptr: Sequence[int] | torch.Tensor,
     context_lens: Sequence[int] | torch.Tensor, *, num_heads_k: int, cu_num: int, gqa_ratio: int = 1,
-    qhead_granularity: int = 1, qlen_granularity: int = Q_TILE, kvlen_granularity: int = KV_TILE,
+    qhead_granularity: int = 1, qlen_granularity: int = facts.Q_TILE, kvlen_granularity: int = facts.KV_TILE,
     block_size: int = 1, is_causal: bool = True, buffer_lengths: Mapping[str, int] | None = None,
-    revision: str = PLANNER_PRE_3606, need_lse: bool | None = None,
+    revision: str = facts.PLANNER_PRE_3606, need_lse: bool | None = None,
 ) -> PsPlan:
-    """Plan a PS prefill as AITER's host ``get_ps_metadata_v1`` does (``docs/aiter-contract.md#planner-algorithm``).
-
-    ``qo_indptr``/``kv_indptr``: ``[B+1]`` cumulative q lengths / KV pages from 0; ``context_lens``: ``[B]`` KV
-    tokens (int lists or 1-D int tensors). ``num_heads_k`` 1..65535 (H_q == H_kv); ``cu_num``: the device's CU
-    count; ``gqa_ratio``/``qhead_granularity``/``qlen_granularity`` only 1/1/256; ``kvlen_granularity``: a
-    power-of-two multiple of ``block_size`` (use 128); ``is_causal``: bottom-right. ``buffer_lengths``: leading
-    dims keyed as :data:`BUFFER_LENGTH_KEYS` (missing ones from the revision's :func:`ps_metadata_info`).
-    ``need_lse``: the v0.1.22 planners only (default False): every work that reads KV gets a slot.
-
-    Returns a :class:`PsPlan` with buffers of exactly the requested lengths.
-
-    Raises:
-        PsPlanError (a ValueError) naming the bad value, or a ``buffer_lengths`` entry too small for the plan.
-    """
+    """Plan a PS prefill as AITER's host ``get_ps_metadata_v1`` does (``docs/aiter-contract.md#planner-algorithm``):
+    a :class:`PsPlan` with buffers of the lengths ``buffer_lengths`` (keyed as :data:`BUFFER_LENGTH_KEYS`; missing
+    ones from the revision's :func:`ps_metadata_info`). ``qo_indptr``/``kv_indptr``: ``[B+1]`` q lengths / KV
+    pages from 0; ``context_lens``: ``[B]`` KV tokens (int lists or 1-D int tensors); ``num_heads_k`` = H_q;
+    ``gqa_ratio``/``qhead_granularity``/``qlen_granularity`` only 1/1/256; ``kvlen_granularity`` a power-of-two
+    multiple of ``block_size`` (use 128); ``is_causal``: bottom-right; ``need_lse``: v0.1.22 planners only.
+    PsPlanError naming a bad value, or a buffer too small for the plan."""
     _check_scalars(num_heads_k, cu_num, gqa_ratio, qhead_granularity, qlen_granularity, kvlen_granularity,
-                   block_size, is_causal)
+                   block_size)
     qo, kv, ctx = _check_sequences(qo_indptr, kv_indptr, context_lens, block_size, is_causal)
-    revision = _check_revision(revision)
-    if revision not in NEED_LSE_REVISIONS and need_lse is not None:
+    _check_revision(revision)
+    if revision not in facts.NEED_LSE_REVISIONS and need_lse is not None:
         raise PsPlanError(f"need_lse={need_lse!r}: the {revision} get_ps_metadata_v1 has no need_lse parameter"
                           " (added by the v0.1.22 planner)")
     if need_lse is not None and not isinstance(need_lse, bool):
         raise PsPlanError(f"need_lse={need_lse!r} is invalid: must be a bool")
-    need_lse = revision == PLANNER_PR_3606_REF or bool(need_lse)
+    need_lse = revision == facts.PLANNER_PR_3606_REF or bool(need_lse)
     lengths = _default_lengths(qo, ctx, num_heads_k, cu_num, revision, buffer_lengths)
 
     tiles, total_units = _q_tiles(qo, ctx, kvlen_granularity, block_size, is_causal)

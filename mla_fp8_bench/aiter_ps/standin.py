@@ -1,10 +1,9 @@
 """A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill
 (docs/aiter-contract.md#standin): the four primitives as the emulated AITER version shows them (opaque
-``(*args, **kwargs)`` ops with a registered torch op schema, and the plain-Python info function), each
-validating like a strict launcher (:class:`StandinContractError`), then running the planner port or the
-emulator. With ``deferred`` the kernel and reduce run as a GPU stream does: a launch is recorded and runs at
-the module's ``synchronize()``, reading its tensors (the plan buffers too) as they are then. Never imports
-the real ``aiter``.
+``(*args, **kwargs)`` ops with a registered torch op schema; the plain-Python info function), each validating
+like a strict launcher (:class:`StandinContractError`), then running the planner port or the emulator. With
+``deferred`` the kernel and the reduce run as on a GPU stream: recorded at launch, run at ``synchronize()``
+reading their tensors (the plan buffers too) as they are then. Never imports the real ``aiter``.
 """
 
 from __future__ import annotations
@@ -20,28 +19,9 @@ from typing import Any
 
 import torch
 
+from mla_fp8_bench.aiter_ps import facts
 from mla_fp8_bench.aiter_ps import planner as ps
 from mla_fp8_bench.aiter_ps.emulator import EMULATOR, Emulator
-from mla_fp8_bench.aiter_ps.facts import (
-    BUFFER_NAMES,
-    KV_TILE,
-    NEED_LSE_REVISIONS,
-    NEWEST_MODELLED_VERSION,
-    PLANNER_PR_3606_REF,
-    PLANNER_PRE_3606,
-    PLANNER_REVISIONS,
-    PLANNER_TOTAL_QLEN,
-    PS_PREFILL_FIRST_VERSION,
-    Q_TILE,
-    SPLIT_DATA_MAX_BYTES,
-    WORK_INFO_COLS,
-    format_version,
-    parse_aiter_version,
-    planner_revision_for,
-    reduce_arity_for_version,
-    reduce_heads_for,
-    unpack_q_head_range,
-)
 from mla_fp8_bench.problem.shapes import QK_HEAD_DIM as _QK_DIM  # the kernel's hard-wired H*192 / H*128 strides
 from mla_fp8_bench.problem.shapes import V_HEAD_DIM as _V_DIM
 
@@ -54,18 +34,18 @@ class StandinContractError(ValueError):
     dispatch error); the message names the function, the argument and the contract."""
 
 
+def _dt(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
 def _summary(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        d: dict[str, Any] = {"shape": tuple(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
-                             "device": str(v.device), "contiguous": v.is_contiguous()}
+        d: dict[str, Any] = {"shape": tuple(v.shape), "dtype": _dt(v.dtype), "device": str(v.device),
+                             "contiguous": v.is_contiguous()}
         if v.numel() == 1 and v.dtype in (torch.float32, torch.int32) and v.device.type != "meta":
             d["value"] = v.item()
         return d
     return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)[:80]
-
-
-def _dt(d: torch.dtype) -> str:
-    return str(d).replace("torch.", "")
 
 
 class _Checker:
@@ -133,10 +113,7 @@ class _State:
     calls: list[dict[str, Any]] = field(default_factory=list)
     stream: list[Callable[[], None]] = field(default_factory=list)
 
-    @property
-    def post_3606(self) -> bool:
-        """The reduce merges groups of one partial (every revision after the pre-#3606 one)."""
-        return self.revision != PLANNER_PRE_3606
+    post_3606 = property(lambda self: self.revision != facts.PLANNER_PRE_3606)  # the reduce merges groups of one
 
     def record(self, name: str, args: dict[str, Any], body: Callable[[], Any], device: bool) -> Any:
         """Log ``{"name", "args", "ok", "error"}`` and run ``body``; a ``device`` op of a deferred module only
@@ -159,8 +136,7 @@ class _State:
         return run()
 
     def synchronize(self) -> None:
-        """Run the pending launches in order (a contract violation raises here, as a GPU fault surfaces at a
-        sync; the launches after it are dropped)."""
+        """Run the pending launches in order; a violation raises here (a GPU fault surfaces at a sync)."""
         pending, self.stream[:] = list(self.stream), []
         for run in pending:
             run()
@@ -170,8 +146,8 @@ def _info_body(st: _State, a: dict[str, Any]) -> list[tuple[Any, torch.dtype]]:
     """Six ``(shape, dtype)`` pairs at ``st.cu_num``, 1-D sizes as bare ints as in ``aiter/ops/attention.py``."""
     ck = _Checker("get_ps_metadata_info_v1")
     for k in ("batch_size", "num_head_k", "max_qlen", "qlen_granularity", "kvlen_granularity", "max_kvlen"):
-        if a.get(k) is not None and ck.py(k, a[k], int) < (0 if k in ("batch_size", "max_qlen", "max_kvlen") else 1):
-            ck.fail(f"{k}={a[k]} is out of range")
+        if a.get(k) is not None:
+            ck.py(k, a[k], int)
     extra = {k: a[k] for k in ("max_kvlen", "kvlen_granularity", "total_qlen") if k in a}
     try:
         info = ps.ps_metadata_info(a["batch_size"], a["num_head_k"], a["max_qlen"], a["qlen_granularity"],
@@ -188,17 +164,16 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     ctx = ck.ints("context_lens", a["context_lens"]).tolist()
     if ck.py("block_size", a["block_size"], int) != 1:
         ck.fail(f"block_size={a['block_size']}: the PS prefill runs at page size 1")
-    if (kg := ck.py("kvlen_granularity", a["kvlen_granularity"], int)) != max(KV_TILE, a["block_size"]):
-        ck.fail(f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly - the binding's real"
-                " default is 1 (the stub shows 16), which plans KV splits off the kernel's 128-key tiles")
+    if (kg := ck.py("kvlen_granularity", a["kvlen_granularity"], int)) != max(facts.KV_TILE, a["block_size"]):
+        ck.fail(f"kvlen_granularity={kg}: must be max(128, block_size)=128, passed explicitly (the binding's real"
+                " default is 1, the stub shows 16)")
     causal = ck.py("is_causal", a["is_causal"], bool)
     need_lse = ck.py("need_lse", a["need_lse"], bool) if "need_lse" in a else None
     if not isinstance(wmp := a["work_metadata_ptrs"], torch.Tensor) or wmp.numel() < 2:
         ck.fail(f"work_metadata_ptrs is {_summary(wmp)}: must be a uint64 [2] tensor")
     if (n := ck.ints("work_indptr", a["work_indptr"]).numel()) != st.cu_num + 1:
-        ck.fail(f"work_indptr has {n} entries: must be cu_num+1 = {st.cu_num + 1} for this device ({st.cu_num} CUs);"
-                " size buffers with get_ps_metadata_info_v1 on the same device (no CU masking)")
-    for name, cols in (("work_info", WORK_INFO_COLS), ("reduce_indptr", None), ("reduce_final_map", 2),
+        ck.fail(f"work_indptr has {n} entries: must be cu_num+1 = {st.cu_num + 1} (size buffers on this device)")
+    for name, cols in (("work_info", facts.WORK_INFO_COLS), ("reduce_indptr", None), ("reduce_final_map", 2),
                        ("reduce_partial_map", None)):
         ck.ints(name, a[name], cols)
     try:
@@ -211,14 +186,13 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     for name, need, unit in (("work_info", plan.num_works, "rows"), ("reduce_indptr", ng + 1, "entries"),
                              ("reduce_final_map", ng, "rows"), ("reduce_partial_map", plan.num_partials, "entries")):
         if (have := a[name].shape[0]) < need:
-            ck.fail(f"{name} is undersized: {have} {unit} < {need} needed by this plan; the real planner writes"
-                    " past it without bounds checks and corrupts host memory (size with get_ps_metadata_info_v1)")
-    ps.fill_aiter_buffers(plan, *(a[n] for n in BUFFER_NAMES))
+            ck.fail(f"{name} is undersized: {have} {unit} < {need} needed by this plan (the real planner corrupts"
+                    " host memory)")
+    ps.fill_aiter_buffers(plan, *(a[n] for n in facts.BUFFER_NAMES))
 
 
 def _check_kernel_tensors(ck: _Checker, a: dict[str, Any]) -> tuple[int, int]:
-    """Q/K/V float8_e4m3fn ``[T, H, 192]`` / ``[P, H, 192]`` / ``[P, H, 128]``, the fp32 partials, the bf16 output,
-    the scales and the int32 metadata, all contiguous on Q's device; returns ``(T, H)``."""
+    """Q/K/V, the partials, the output and the scales as the kernel reads them, on Q's device; ``(T, H)``."""
     for name, d in (("Q", _QK_DIM), ("K", _QK_DIM), ("V", _V_DIM)):
         t = a[name]
         if isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fnuz:
@@ -230,8 +204,7 @@ def _check_kernel_tensors(ck: _Checker, a: dict[str, Any]) -> tuple[int, int]:
     Q, K, V = a["Q"], a["K"], a["V"]
     T, H = int(Q.shape[0]), int(Q.shape[1])
     if K.shape[1] != H or V.shape[1] != H or K.shape[0] != V.shape[0]:
-        ck.fail(f"head counts differ or pages differ: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}"
-                " (H_q must equal H_kv)")
+        ck.fail(f"head counts differ (H_q must equal H_kv) or pages: Q/K/V {[tuple(x.shape) for x in (Q, K, V)]}")
     if a["work_indptr"] is None:
         ck.fail("work_indptr is None: the grid is work_indptr.size(0)-1 with no null check")
     sd = ck.array("splitData", a["splitData"], (torch.float32,), f"[R, {H}, {_V_DIM}]", " (fp32 partials)", _RAW)
@@ -245,29 +218,22 @@ def _check_kernel_tensors(ck: _Checker, a: dict[str, Any]) -> tuple[int, int]:
         ck.fail(f"output has shape {tuple(out.shape)}: must be [{T}, {H}, {_V_DIM}]")
     for name in ("q_scale", "k_scale", "v_scale"):
         if a[name] is None:
-            ck.fail(f"{name} is None: the kernel always reads the scale, a null dereference on hardware (pass a"
-                    " one-element fp32 device tensor, 1.0 for unit scale; docs/aiter-contract.md#kernel-args)")
+            ck.fail(f"{name} is None: the kernel always reads the scale (pass 1.0 as a one-element fp32 device tensor)")
         if ck.array(name, a[name], (torch.float32,), None, " (one-element fp32 dequant multiplier)").numel() != 1 \
                 or a[name].dim() > 1:
             ck.fail(f"{name} has shape {tuple(a[name].shape)}: must be [1] or [] (one fp32 element)")
         if a[name].device != Q.device:
             ck.fail(f"{name} is on {a[name].device}: must be a device tensor on {Q.device} like Q")
-    for name, n_tok, width in (("Q", T, 192), ("K", int(K.shape[0]), 192), ("output", T, 256)):
-        if n_tok * H * width >= 2**32:
-            ck.fail(f"{name} spans {n_tok * H * width} bytes: the kernel's 32-bit buffer range needs < 2**32")
-    if sd.shape[0] * H * _V_DIM * 4 >= SPLIT_DATA_MAX_BYTES:
-        ck.fail(f"splitData spans {sd.shape[0] * H * _V_DIM * 4} bytes: must be < 2**31 (32-bit signed range)")
     ck.devices(a, ("K", "V", "qo_indptr", "kv_indptr", "kv_page_indices", "work_indptr", "work_info_set",
                    "splitData", "splitLse", "output"), Q.device, "Q")
     return T, H
 
 
 def _check_kernel_works(ck: _Checker, a: dict[str, Any], T: int, H: int, causal: bool) -> None:
-    """Indptrs, page indices and works: inside their sequence and head range; slots multiples of 256 that fit
-    ``splitData``; causal q_len <= kv_len."""
+    """Indptrs, page indices and works inside their sequences, heads and ``splitData``; causal q_len <= kv_len."""
     qo, kvp = ck.indptr("qo_indptr", a["qo_indptr"]), ck.indptr("kv_indptr", a["kv_indptr"])
     pages, wi = ck.ints("kv_page_indices", a["kv_page_indices"]), ck.indptr("work_indptr", a["work_indptr"])
-    winfo = ck.ints("work_info_set", a["work_info_set"], WORK_INFO_COLS)
+    winfo = ck.ints("work_info_set", a["work_info_set"], facts.WORK_INFO_COLS)
     if len(qo) != len(kvp) or qo[-1] > T or kvp[-1] > pages.numel():
         ck.fail(f"qo_indptr / kv_indptr ({len(qo)} / {len(kvp)} entries, ending at {qo[-1]} / {kvp[-1]}) must both be"
                 f" B+1 long and fit Q's {T} rows / kv_page_indices' {pages.numel()} entries")
@@ -277,21 +243,19 @@ def _check_kernel_works(ck: _Checker, a: dict[str, Any], T: int, H: int, causal:
         ck.fail(f"work_indptr reaches work {wi[-1]} but work_info_set has {winfo.shape[0]} rows")
     need_rows, B = 0, len(qo) - 1
     for n, (b, loc, q0, q1, k0, k1, _off, hr) in enumerate(winfo[: wi[-1]].tolist()):
-        h_lo, h_hi = unpack_q_head_range(hr & 0xFFFFFFFF)
+        h_lo, h_hi = facts.unpack_q_head_range(hr & 0xFFFFFFFF)
         if not (0 <= b < B and qo[b] <= q0 <= q1 <= qo[b + 1] and kvp[b] <= k0 <= k1 <= kvp[b + 1]
                 and 0 <= h_lo < h_hi <= H):
             ck.fail(f"work {n}: batch {b}, rows [{q0},{q1}), kv [{k0},{k1}), heads [{h_lo},{h_hi}) outside the"
                     f" batch's {B} sequences or {H} heads (a memory fault on hardware)")
-        if loc != -1 and (loc < 0 or loc % Q_TILE):
-            ck.fail(f"work {n}: partial_o_loc {loc} is not -1 or a multiple of {Q_TILE}")
-        need_rows = max(need_rows, loc + Q_TILE if loc != -1 else 0)
+        if loc != -1 and (loc < 0 or loc % facts.Q_TILE):
+            ck.fail(f"work {n}: partial_o_loc {loc} is not -1 or a multiple of {facts.Q_TILE}")
+        need_rows = max(need_rows, loc + facts.Q_TILE if loc != -1 else 0)
     for b in range(B):
         if causal and qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]:
-            ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]} with is_causal"
-                    " (undefined: bottom-right alignment needs q_len <= kv_len)")
+            ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]}, causal (undefined)")
     if (rows := int(a["splitData"].shape[0])) < need_rows:
-        ck.fail(f"splitData/splitLse have {rows} rows but the plan's partial slots need {need_rows} (256 per slot;"
-                " the kernel writes all 256 rows of a slot without bounds checks)")
+        ck.fail(f"splitData/splitLse have {rows} rows but the plan's partial slots need {need_rows} (256 each)")
 
 
 def _kernel_body(st: _State, a: dict[str, Any]) -> None:
@@ -315,13 +279,12 @@ def _reduce_body(st: _State, a: dict[str, Any]) -> None:
     po = ck.array("partial_output", a["partial_output"], (torch.float32,), "[R, H, dv]", " (fp32 partials)", _RAW)
     pl = ck.array("partial_lse", a["partial_lse"], (torch.float32,), "[R, H]", " (fp32 partial LSE)", _RAW)
     ri = ck.indptr("reduce_indptr", a["reduce_indptr"])
-    fmap, pmap = ck.ints("reduce_final_map", a["reduce_final_map"], 2), ck.ints("reduce_partial_map",
-                                                                                  a["reduce_partial_map"])
+    fmap, pmap = ck.ints("reduce_final_map", a["reduce_final_map"], 2), ck.ints("reduce_partial_map", a[
+        "reduce_partial_map"])
     for k in ("max_seqlen_q", "num_kv_splits"):
         if isinstance(a.get(k), torch.Tensor):
-            ck.fail(f"{k} got a Tensor {tuple(a[k].shape)}: an int is expected there - a call written for the"
-                    f" {variant - 1}-argument form puts final_output into the int slot of this {variant}-argument"
-                    " binding (vLLM #46760)")
+            ck.fail(f"{k} got a Tensor {tuple(a[k].shape)}: an int is expected there - a {variant - 1}-argument"
+                    f" call puts final_output into this {variant}-argument binding's int slot (vLLM #46760)")
         if k in a:
             ck.py(k, a[k], int)
     fo = ck.array("final_output", a["final_output"], (torch.bfloat16, torch.float16), "[total_q, H, dv]")
@@ -338,13 +301,13 @@ def _reduce_body(st: _State, a: dict[str, Any]) -> None:
     ck.devices(a, ("partial_lse", "reduce_indptr", "reduce_final_map", "reduce_partial_map", "final_output",
                    "final_lse"), po.device, "partial_output")
     if len(ri) > 1 and (dv != _V_DIM or H not in st.heads_ok):
-        ck.fail(f"doesn't support the specified settings: H={H}, dv={dv} (AITER {format_version(st.version)}"
+        ck.fail(f"doesn't support the specified settings: H={H}, dv={dv} (AITER {facts.format_version(st.version)}"
                 f" dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, since"
                 " dispatch happens whenever reduce_indptr has more than one element")
     locs = pmap[: ri[-1]].tolist()
     if ri[-1] > pmap.numel() or any(p < 0 for p in locs):
         ck.fail(f"reduce_indptr[-1]={ri[-1]} exceeds reduce_partial_map's {pmap.numel()} entries or a location is < 0")
-    if po.shape[0] < (need := max(locs, default=-Q_TILE) + Q_TILE):
+    if po.shape[0] < (need := max(locs, default=-facts.Q_TILE) + facts.Q_TILE):
         ck.fail(f"partial_output/partial_lse have {po.shape[0]} rows but reduce_partial_map needs {need}"
                 " (256 rows per partial slot)")
     live = [g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= (1 if st.post_3606 else 2)]
@@ -352,9 +315,9 @@ def _reduce_body(st: _State, a: dict[str, Any]) -> None:
         ck.fail(f"reduce_final_map has {fmap.shape[0]} rows but group {max(live)} is live")
     for g in live:
         q0, q1 = int(fmap[g, 0]), int(fmap[g, 1])
-        if not (0 <= q0 <= q1 <= fo.shape[0] and q1 - q0 <= Q_TILE):
+        if not (0 <= q0 <= q1 <= fo.shape[0] and q1 - q0 <= facts.Q_TILE):
             ck.fail(f"reduce_final_map row {g} is [{q0}, {q1}): a group's rows must satisfy 0 <= q0 <= q1 <="
-                    f" total_q={fo.shape[0]} and q1 - q0 <= {Q_TILE} (one partial slot)")
+                    f" total_q={fo.shape[0]} and q1 - q0 <= {facts.Q_TILE} (one partial slot)")
     st.emulator.mla_reduce_v1(po, pl, a["reduce_indptr"], fmap, pmap, fo, fl, post_3606=st.post_3606)
 
 
@@ -366,7 +329,7 @@ _PARAMS: dict[str, list[tuple]] = {  # (name, schema type[, default]) as in AITE
                                 ("qlen_granularity", _I, 256)],
     "get_ps_metadata_v1": [
         ("seqlens_qo_indptr", _T), ("pages_kv_indptr", _T), ("context_lens", _T), ("gqa_ratio", _I),
-        ("num_heads_k", _I), *((name, _TM) for name in BUFFER_NAMES), ("qhead_granularity", _I, 1),
+        ("num_heads_k", _I), *((name, _TM) for name in facts.BUFFER_NAMES), ("qhead_granularity", _I, 1),
         ("qlen_granularity", _I, 256), ("kvlen_granularity", _I, 16), ("block_size", _I, 16), ("is_causal", _B, True),
     ],
     "mla_prefill_ps_asm_fwd": [
@@ -388,11 +351,11 @@ _NAMESPACES = itertools.count()
 def _params(st: _State, name: str) -> list[tuple]:
     """``name``'s parameters at this stand-in's planner revision and reduce form."""
     params = list(_PARAMS[name])
-    if name == "get_ps_metadata_v1" and st.revision in NEED_LSE_REVISIONS:
+    if name == "get_ps_metadata_v1" and st.revision in facts.NEED_LSE_REVISIONS:
         params.append(("need_lse", _B, False))
-    if name == "get_ps_metadata_info_v1" and st.revision == PLANNER_PR_3606_REF:
+    if name == "get_ps_metadata_info_v1" and st.revision == facts.PLANNER_PR_3606_REF:
         params += [("max_kvlen", _I, None), ("kvlen_granularity", _I, 128)]
-    if name == "get_ps_metadata_info_v1" and st.revision == PLANNER_TOTAL_QLEN:
+    if name == "get_ps_metadata_info_v1" and st.revision == facts.PLANNER_TOTAL_QLEN:
         params.append(("total_qlen", _I, None))
     if name == "mla_reduce_v1":
         params[5:5] = [("max_seqlen_q", _I), ("num_kv_splits", _I)][: st.variant - 7]
@@ -428,7 +391,7 @@ def _op(st: _State, name: str, body: Callable[[_State, dict[str, Any]], Any], pl
 
 def make_standin_aiter(
     *, reduce_variant: int | None = None, cu_num: int = 256, emulator: Emulator | None = None,
-    aiter_version: Any = NEWEST_MODELLED_VERSION, planner_revision: str | None = None, deferred: bool = False,
+    aiter_version: Any = facts.NEWEST_MODELLED_VERSION, planner_revision: str | None = None, deferred: bool = False,
 ) -> types.ModuleType:
     """A stand-in ``aiter`` package module (not in ``sys.modules``) emulating AITER ``aiter_version`` (below
     0.1.10 only ``mla_reduce_v1``) at ``cu_num`` CUs, with ``reduce_variant`` (7, 8, 9) and
@@ -438,27 +401,25 @@ def make_standin_aiter(
     ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``, ``post_3606``, ``planner_revision`` and
     ``aiter_op_namespace``. ValueError for a bad variant, ``cu_num``, version or revision.
     """
-    ver = parse_aiter_version(aiter_version)
-    revision = planner_revision_for(ver) if planner_revision is None else planner_revision
-    if revision not in PLANNER_REVISIONS:
-        raise ValueError(f"planner_revision={planner_revision!r} is unknown: allowed {', '.join(PLANNER_REVISIONS)}")
-    variant = reduce_arity_for_version(ver) if reduce_variant is None else reduce_variant
+    ver = facts.parse_aiter_version(aiter_version)
+    revision = facts.planner_revision_for(ver) if planner_revision is None else planner_revision
+    if revision not in facts.PLANNER_REVISIONS:
+        raise ValueError(f"planner_revision={planner_revision!r} is unknown: allowed {facts.PLANNER_REVISIONS}")
+    variant = facts.reduce_arity_for_version(ver) if reduce_variant is None else reduce_variant
     if variant not in (7, 8, 9) or isinstance(variant, bool):
         raise ValueError(f"reduce_variant={reduce_variant!r} is invalid: must be 7, 8, 9 or None")
     if isinstance(cu_num, bool) or not isinstance(cu_num, int) or cu_num < 1:
         raise ValueError(f"cu_num={cu_num!r} is invalid: must be an int >= 1")
-    st = _State(cu_num=cu_num, version=ver, variant=variant, heads_ok=tuple(sorted(reduce_heads_for(ver))),
+    st = _State(cu_num=cu_num, version=ver, variant=variant, heads_ok=tuple(sorted(facts.reduce_heads_for(ver))),
                 emulator=emulator or EMULATOR, revision=revision, deferred=deferred)
     mod = types.ModuleType("aiter", "Stand-in aiter (mla_fp8_bench.aiter_ps.standin): emulated, CPU-only.")
-    mod.__spec__ = importlib.machinery.ModuleSpec("aiter", None, is_package=True)
-    mod.__path__ = []
-    mod.__version__ = format_version(ver)
-    mod.is_standin, mod.StandinContractError, mod.calls, mod.synchronize = True, StandinContractError, st.calls, \
-        st.synchronize
-    mod.cu_num, mod.aiter_version, mod.reduce_variant = cu_num, ver, variant
-    mod.accepted_reduce_heads, mod.post_3606, mod.planner_revision = st.heads_ok, st.post_3606, st.revision
+    mod.__dict__.update(
+        __spec__=importlib.machinery.ModuleSpec("aiter", None, is_package=True), __path__=[],
+        __version__=facts.format_version(ver), is_standin=True, StandinContractError=StandinContractError,
+        calls=st.calls, synchronize=st.synchronize, cu_num=cu_num, aiter_version=ver, reduce_variant=variant,
+        accepted_reduce_heads=st.heads_ok, post_3606=st.post_3606, planner_revision=st.revision)
     compiled = {"mla_reduce_v1": _reduce_body}
-    if ver >= PS_PREFILL_FIRST_VERSION:
+    if ver >= facts.PS_PREFILL_FIRST_VERSION:
         compiled.update(get_ps_metadata_v1=_planner_body, mla_prefill_ps_asm_fwd=_kernel_body)
         mod.get_ps_metadata_info_v1 = _op(st, "get_ps_metadata_info_v1", _info_body, plain=True)
     mod.aiter_op_namespace = f"aiter_standin_{next(_NAMESPACES)}"

@@ -38,12 +38,7 @@ def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_h
                     align: int = 1, extra: int = 0) -> WorkspaceBytes:
     """fp32 scratch for ``partial_slots`` 256-row slots and ``final_lse_rows`` q rows of ``num_heads`` heads,
     plus ``extra`` bytes, each buffer rounded up to ``align`` bytes: ``partial_output = slots*256*H*dv*4``,
-    ``partial_lse = slots*256*H*4``, ``final_lse = rows*H*4``. ValueError for a negative or non-integer count."""
-    for name, v, lo in (("partial_slots", partial_slots, 0), ("final_lse_rows", final_lse_rows, 0),
-                        ("num_heads", num_heads, 1), ("v_head_dim", v_head_dim, 1), ("align", align, 1),
-                        ("extra", extra, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name}={v!r} is invalid: must be an integer >= {lo}")
+    ``partial_lse = slots*256*H*4``, ``final_lse = rows*H*4``."""
     rows = partial_slots * Q_TILE
     sizes = (rows * num_heads * v_head_dim * FP32_BYTES, rows * num_heads * FP32_BYTES,
              final_lse_rows * num_heads * FP32_BYTES, extra)
@@ -66,26 +61,16 @@ def vllm_padded_heads(num_heads: int) -> int:
     return math.ceil(num_heads / 16) * 16
 
 
-def vllm_partial_tiles(*, budget_sizing: bool, info_partial_slots: int, max_num_batched_tokens: int,
-                       max_num_reqs: int, num_compute_units: int) -> int:
-    """Partial slots vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: up to vLLM 0.30 (``budget_sizing=False``)
-    AITER's ``reduce_partial_map`` size ``info_partial_slots``; from 0.31 ``ceil(max_num_batched_tokens / 256)
-    + max_num_reqs - 1 + num_compute_units``."""
-    if budget_sizing:
-        return math.ceil(max_num_batched_tokens / Q_TILE) + max_num_reqs - 1 + num_compute_units
-    return info_partial_slots
-
-
 def vllm_reserved(*, budget_sizing: bool, pads_heads: bool, info_partial_slots: int, max_num_batched_tokens: int,
                   max_num_reqs: int, num_compute_units: int, num_heads: int, num_head_k: int,
                   v_head_dim: int = V_HEAD_DIM, out_itemsize: int = 2) -> tuple[int, WorkspaceBytes]:
-    """What vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: ``(partial slots, bytes)``, the slots of
-    :func:`vllm_partial_tiles` at the padded head count ``num_head_k``, each buffer rounded to
-    :data:`VLLM_WORKSPACE_ALIGN`, plus (``pads_heads``: vLLM >= 0.29, when ``num_heads < num_head_k``) the
-    model-dtype output scratch ``max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize`` bytes."""
-    p = vllm_partial_tiles(budget_sizing=budget_sizing, info_partial_slots=info_partial_slots,
-                           max_num_batched_tokens=max_num_batched_tokens, max_num_reqs=max_num_reqs,
-                           num_compute_units=num_compute_units)
+    """What vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: ``(partial slots, bytes)``. The slots: up to vLLM
+    0.30 (``budget_sizing=False``) AITER's ``reduce_partial_map`` size ``info_partial_slots``, from 0.31
+    ``ceil(max_num_batched_tokens / 256) + max_num_reqs - 1 + num_compute_units``, at the padded head count
+    ``num_head_k``, each buffer rounded to 256 bytes; plus (``pads_heads``: vLLM >= 0.29, when ``num_heads <
+    num_head_k``) the output scratch of ``max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize`` bytes."""
+    p = math.ceil(max_num_batched_tokens / Q_TILE) + max_num_reqs - 1 + num_compute_units if budget_sizing \
+        else info_partial_slots
     extra = max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize if pads_heads and num_heads < num_head_k \
         else 0
     return p, workspace_bytes(p, max_num_batched_tokens, num_head_k, v_head_dim, align=VLLM_WORKSPACE_ALIGN,
