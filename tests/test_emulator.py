@@ -343,7 +343,7 @@ def test_standin_info_sizes_by_revision(heads, cu_num):
         entries = tiles * (max(1, -(-(kv or max_q) // 128)) + cpc)
         got = ref(B, heads, max_q, 256, max_kvlen=kv)
         assert [s for s, _ in got] == [2, cu_num + 1, (entries * heads, 8), tiles + 1, (tiles, 2), entries]
-    with pytest.raises(StandinContractError, match=r"max_kvlen=-1 is out of range"):
+    with pytest.raises(StandinContractError, match=r"max_kvlen=-1 is invalid: must be >= 0"):
         ref(B, heads, max_q, max_kvlen=-1)
 
 

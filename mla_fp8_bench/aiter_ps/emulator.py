@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
-from dataclasses import dataclass
 
 import torch
 
@@ -30,13 +29,9 @@ def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
-@dataclass(frozen=True)
-class SoftmaxConsts:
-    """Per-call constants of the kernel."""
-
-    c: torch.Tensor  # softmax_scale * q_scale * k_scale (natural-log units per raw score)
-    c2: torch.Tensor  # c * log2(e) (base-2 units)
-    v_scale: torch.Tensor  # epilogue multiplier
+#: Per-call constants of the kernel: ``c = softmax_scale*q_scale*k_scale`` (natural-log units per raw score),
+#: ``c2 = c*log2(e)`` (base 2) and the epilogue's ``v_scale``.
+SoftmaxConsts = namedtuple("SoftmaxConsts", "c c2 v_scale")
 
 
 #: One decoded ``work_info`` row: sequence ``b``, slot ``loc`` (-1 = write ``output``), global q rows ``[q0, q1)``,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections import namedtuple
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 AITER_DIST = "amd-aiter"  # the distribution name (importlib.metadata)
@@ -121,13 +121,8 @@ def planner_revision_for(version: str | Iterable[int]) -> str:
     return PLANNER_V0_1_22 if parse_aiter_version(version) >= POST_3606_FIRST_VERSION else PLANNER_PRE_3606
 
 
-@dataclass(frozen=True)
-class Detected:
-    """One detected feature: ``value`` (None when it could not be told) and ``source``: where it was read, or
-    why it could not be."""
-
-    value: Any
-    source: str
+#: One detected feature: ``value`` (None when it could not be told) and ``source``, where it was read or why not.
+Detected = namedtuple("Detected", "value source")
 
 
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:

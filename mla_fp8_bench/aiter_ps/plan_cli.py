@@ -66,16 +66,14 @@ def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: in
 
 def _vllm_settings(q: tuple[int, ...], kv: tuple[int, ...], seqs: int | None, tokens: int | None,
                    model_len: int | None) -> tuple[int, int, int]:
-    """vLLM's builder inputs ``(max_num_seqs, max_num_batched_tokens, max_model_len)``: those given, the others
-    the smallest vLLM accepts for this batch (B; the q tokens, at least max_num_seqs; the largest kv_len).
-    ValueError for a given setting under which vLLM would never run this batch."""
+    """vLLM's builder inputs ``(max_num_seqs, max_num_batched_tokens, max_model_len)``: those given (ValueError
+    where vLLM would never run this batch), the others the smallest vLLM accepts for it."""
     b = len(q)
     if seqs is not None and b > seqs:
         raise ValueError(f"the batch has {b} sequences but --vllm-max-num-seqs={seqs}: vLLM never schedules "
                          f"more than max_num_seqs in one step (allowed >= {b})")
-    seqs_of = f"max_num_seqs={b} (B, the default of --vllm-max-num-seqs)" if seqs is None else \
-        f"--vllm-max-num-seqs={seqs}"
-    seqs = b if seqs is None else seqs
+    seqs, seqs_of = (b, f"max_num_seqs={b} (B, the default of --vllm-max-num-seqs)") if seqs is None else (
+        seqs, f"--vllm-max-num-seqs={seqs}")
     if tokens is None:
         tokens = max(1, sum(q), seqs)
     elif tokens < seqs:
@@ -91,8 +89,7 @@ def _vllm_settings(q: tuple[int, ...], kv: tuple[int, ...], seqs: int | None, to
 
 
 def plan_request(args: argparse.Namespace) -> PlanRequest:
-    """Validate ``plan``'s arguments, each option's own value first, then how they fit together; ValueError:
-    one line naming the bad value and the allowed ones."""
+    """``plan``'s arguments, each option's own value checked first, then how they fit; ValueError naming one."""
     q = parse_int_list(args.qo_lens, "--qo-lens", 0, facts.INT32_MAX, MAX_SEQUENCES)
     kv = parse_int_list(args.kv_lens, "--kv-lens", 0, facts.INT32_MAX, MAX_SEQUENCES)
     heads = parse_int(args.heads, "--heads", 1, facts.MAX_HEADS)
@@ -134,8 +131,8 @@ def _info_args(req: PlanRequest) -> dict[str, Any]:
 
 
 def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
-    """Plan ``req``: ``(plan, info)``, with room for every work (the info bound can be smaller than the use for
-    inputs AITER never sees, such as a batch over the ``total_qlen`` budget)."""
+    """``(plan, info)`` of ``req``, with room for every work (the info bound can be smaller than the use for inputs
+    AITER never sees)."""
     args = _info_args(req)
     info = ps_metadata_info(*list(args.values())[:4], cu_num=req.cu_num, revision=req.revision,
                             total_qlen=args.get("total_qlen"))
@@ -151,7 +148,7 @@ def run_plan(req: PlanRequest) -> tuple[PsPlan, dict]:
 
 
 def plan_record(req: PlanRequest, plan: PsPlan, info: dict) -> dict[str, Any]:
-    """The plan as one record of the planner golden files: ``config``, ``info_args``, ``info_shapes``, ``outputs``."""
+    """The plan as a record of the planner golden files: ``config``, ``info_args``, ``info_shapes``, ``outputs``."""
     config = {"cu_num": req.cu_num, "num_heads_k": req.num_heads, "gqa_ratio": 1, "qhead_granularity": 1,
               "qlen_granularity": facts.Q_TILE, "kvlen_granularity": facts.KVLEN_GRANULARITY, "block_size": 1,
               "is_causal": req.is_causal, "batch_size": len(req.q_lens), "seq_lens_q": list(req.q_lens),
@@ -259,24 +256,19 @@ def add_parser(subparsers) -> None:
     """Register ``plan`` on the CLI's sub-parsers."""
     p = subparsers.add_parser("plan", help="inspect AITER's PS prefill plan for a batch (works, reduce groups, "
                                            "partial slots and workspace used vs reserved), no GPU needed")
-    p.add_argument("--qo-lens", required=True,
-                   help="new-query lengths per sequence (>= 0), comma-separated ASCII integers (e.g. 256,300)")
-    p.add_argument("--kv-lens", required=True,
-                   help="kv lengths per sequence (>= q length: context + new tokens), comma-separated ASCII integers")
+    p.add_argument("--qo-lens", required=True, help="new-query lengths per sequence, comma-separated (e.g. 256,300)")
+    p.add_argument("--kv-lens", required=True, help="kv lengths per sequence (context + new tokens), comma-separated")
     p.add_argument("--heads", required=True, help="num_heads (= KV heads, MHA)")
     p.add_argument("--cu-num", default="256", help="device CU count (256 on MI355X)")
-    p.add_argument("--aiter", default="0.1.22",
-                   help="AITER version whose planner to use; below 0.1.22 = pre-#3606 (default 0.1.22)")
+    p.add_argument("--aiter", default="0.1.22", help="AITER version whose planner to use (default 0.1.22)")
     p.add_argument("--need-lse", default=None, metavar="0|1",
                    help="need_lse for the 0.1.22 planner (default: 0 causal, 1 with --non-causal, as callers pass it)")
     p.add_argument("--total-qlen", default=None, metavar="TOKENS",
-                   help="size the info bound with this total_qlen token budget (an AITER whose "
-                        "get_ps_metadata_info_v1 takes it, as vLLM passes max_num_batched_tokens; default: none)")
+                   help="size the info bound with this total_qlen token budget (default: none)")
     p.add_argument("--non-causal", action="store_true", help="non-causal (a context chunk); default causal")
     p.add_argument("--json", metavar="PATH", help="write the plan in the planner golden files' layout")
     p.add_argument("--limit", default="16", help="works and reduce groups to print (default 16)")
     p.add_argument("--vllm-max-num-seqs", default=None, help="vLLM max_num_seqs for its reservation (default B)")
-    p.add_argument("--vllm-max-num-batched-tokens", default=None,
-                   help="vLLM max_num_batched_tokens (default: the batch's q tokens, at least max_num_seqs)")
+    p.add_argument("--vllm-max-num-batched-tokens", default=None, help="vLLM max_num_batched_tokens (default q tokens)")
     p.add_argument("--vllm-max-model-len", default=None, help="vLLM max_model_len (default: the largest kv_len)")
     p.set_defaults(handler=cmd_plan)

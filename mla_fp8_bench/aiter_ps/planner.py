@@ -63,12 +63,11 @@ def ps_metadata_info(
     num_heads_k, cu_num = _int("num_heads_k", num_heads_k, 1), _int("cu_num", cu_num, 1, "the device CU count, >= 1")
     qlen_granularity = _int("qlen_granularity", qlen_granularity, 1)
     _check_revision(revision)
-    if revision != facts.PLANNER_PR_3606_REF and (max_kvlen is not None or kvlen_granularity != facts.KV_TILE):
-        raise PsPlanError(f"max_kvlen={max_kvlen!r}, kvlen_granularity={kvlen_granularity!r}: the {revision}"
-                          " get_ps_metadata_info_v1 has no such parameters (only the pr3606-ref revision has them)")
-    if revision != facts.PLANNER_TOTAL_QLEN and total_qlen is not None:
-        raise PsPlanError(f"total_qlen={total_qlen!r}: the {revision} get_ps_metadata_info_v1 has no total_qlen"
-                          f" (only the {facts.PLANNER_TOTAL_QLEN} revision has it)")
+    given = {"max_kvlen": max_kvlen, "kvlen_granularity": None if kvlen_granularity == facts.KV_TILE else
+             kvlen_granularity, "total_qlen": total_qlen}
+    own = {facts.PLANNER_PR_3606_REF: ("max_kvlen", "kvlen_granularity"), facts.PLANNER_TOTAL_QLEN: ("total_qlen",)}
+    if extra := [f"{k}={v!r}" for k, v in given.items() if v is not None and k not in own.get(revision, ())]:
+        raise PsPlanError(f"{', '.join(extra)}: the {revision} get_ps_metadata_info_v1 has no such parameter")
     cpc = cu_num // math.gcd(num_heads_k, cu_num)
     mqs = _ceil_div(max_qlen, qlen_granularity)
     tiles = batch_size * mqs

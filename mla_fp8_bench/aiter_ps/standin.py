@@ -94,9 +94,8 @@ class _Checker:
         return vals
 
     def devices(self, a: dict[str, Any], names: tuple[str, ...], dev: torch.device, of: str) -> None:
-        for n in names:
-            if a[n] is not None and a[n].device != dev:
-                self.fail(f"{n} is on {a[n].device}: every tensor must be on {of}'s device {dev}")
+        if bad := next((n for n in names if a[n] is not None and a[n].device != dev), None):
+            self.fail(f"{bad} is on {a[bad].device}: every tensor must be on {of}'s device {dev}")
 
 
 @dataclass
@@ -173,9 +172,6 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
         ck.fail(f"work_metadata_ptrs is {_summary(wmp)}: must be a uint64 [2] tensor")
     if (n := ck.ints("work_indptr", a["work_indptr"]).numel()) != st.cu_num + 1:
         ck.fail(f"work_indptr has {n} entries: must be cu_num+1 = {st.cu_num + 1} (size buffers on this device)")
-    for name, cols in (("work_info", facts.WORK_INFO_COLS), ("reduce_indptr", None), ("reduce_final_map", 2),
-                       ("reduce_partial_map", None)):
-        ck.ints(name, a[name], cols)
     try:
         plan = ps.plan_ps_prefill(qo, kv, ctx, num_heads_k=a["num_heads_k"], cu_num=st.cu_num, gqa_ratio=a["gqa_ratio"],
                                   qhead_granularity=a["qhead_granularity"], qlen_granularity=a["qlen_granularity"],
@@ -183,9 +179,10 @@ def _planner_body(st: _State, a: dict[str, Any]) -> None:
     except ps.PsPlanError as exc:
         ck.fail(f"invalid planner input: {exc}")
     ng = plan.num_reduce_groups  # the real planner writes without bounds checks
-    for name, need, unit in (("work_info", plan.num_works, "rows"), ("reduce_indptr", ng + 1, "entries"),
-                             ("reduce_final_map", ng, "rows"), ("reduce_partial_map", plan.num_partials, "entries")):
-        if (have := a[name].shape[0]) < need:
+    for name, cols, need in (("work_info", facts.WORK_INFO_COLS, plan.num_works), ("reduce_indptr", None, ng + 1),
+                             ("reduce_final_map", 2, ng), ("reduce_partial_map", None, plan.num_partials)):
+        if (have := ck.ints(name, a[name], cols).shape[0]) < need:
+            unit = "entries" if cols is None else "rows"
             ck.fail(f"{name} is undersized: {have} {unit} < {need} needed by this plan (the real planner corrupts"
                     " host memory)")
     ps.fill_aiter_buffers(plan, *(a[n] for n in facts.BUFFER_NAMES))
@@ -229,8 +226,16 @@ def _check_kernel_tensors(ck: _Checker, a: dict[str, Any]) -> tuple[int, int]:
     return T, H
 
 
-def _check_kernel_works(ck: _Checker, a: dict[str, Any], T: int, H: int, causal: bool) -> None:
-    """Indptrs, page indices and works inside their sequences, heads and ``splitData``; causal q_len <= kv_len."""
+def _kernel_body(st: _State, a: dict[str, Any]) -> None:
+    """Validate like a strict launcher (works inside their sequences, heads and ``splitData``), then run the
+    emulated kernel in place."""
+    ck = _Checker("mla_prefill_ps_asm_fwd")
+    T, H = _check_kernel_tensors(ck, a)
+    ck.py("max_seqlen_q", a["max_seqlen_q"], int)
+    if isinstance(sm := a["softmax_scale"], bool) or not isinstance(sm, (int, float)) or not math.isfinite(sm) \
+            or sm <= 0:
+        ck.fail(f"softmax_scale must be a Python float, finite and > 0, got {type(sm).__name__} {sm!r:.40}")
+    causal = ck.py("is_causal", a["is_causal"], bool)
     qo, kvp = ck.indptr("qo_indptr", a["qo_indptr"]), ck.indptr("kv_indptr", a["kv_indptr"])
     pages, wi = ck.ints("kv_page_indices", a["kv_page_indices"]), ck.indptr("work_indptr", a["work_indptr"])
     winfo = ck.ints("work_info_set", a["work_info_set"], facts.WORK_INFO_COLS)
@@ -256,19 +261,6 @@ def _check_kernel_works(ck: _Checker, a: dict[str, Any], T: int, H: int, causal:
             ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]}, causal (undefined)")
     if (rows := int(a["splitData"].shape[0])) < need_rows:
         ck.fail(f"splitData/splitLse have {rows} rows but the plan's partial slots need {need_rows} (256 each)")
-
-
-def _kernel_body(st: _State, a: dict[str, Any]) -> None:
-    """Validate like a strict launcher, then run the emulated kernel in place."""
-    ck = _Checker("mla_prefill_ps_asm_fwd")
-    T, H = _check_kernel_tensors(ck, a)
-    ck.py("max_seqlen_q", a["max_seqlen_q"], int)
-    if isinstance(sm := a["softmax_scale"], bool) or not isinstance(sm, (int, float)):
-        ck.fail(f"softmax_scale must be a Python float, got {type(sm).__name__}")
-    if not math.isfinite(sm) or sm <= 0:
-        ck.fail(f"softmax_scale={sm} must be finite and > 0")
-    causal = ck.py("is_causal", a["is_causal"], bool)
-    _check_kernel_works(ck, a, T, H, causal)
     st.emulator.mla_prefill_ps_asm_fwd(*(a[k] for k in list(a)[:9]), float(sm), causal,
                                        *(a[k] for k in list(a)[11:]))
 
@@ -363,9 +355,8 @@ def _params(st: _State, name: str) -> list[tuple]:
 
 
 def _op(st: _State, name: str, body: Callable[[_State, dict[str, Any]], Any], plain: bool = False) -> Callable:
-    """``name`` as AITER hands it out: a ``(*args, **kwargs)`` wrapper (``plain``: with the signature of a
-    Python function) that binds its arguments to :func:`_params` (a ``TypeError`` as for a Python call), then
-    records the call and runs ``body`` (the kernel and the reduce on the stream)."""
+    """``name`` as AITER hands it out: a ``(*args, **kwargs)`` wrapper (``plain``: with a Python signature) that
+    binds its arguments as a Python call would, records the call and runs ``body``."""
     defaults = _CALL_DEFAULTS.get(name, {})
     sig = inspect.Signature([
         inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -393,14 +384,10 @@ def make_standin_aiter(
     *, reduce_variant: int | None = None, cu_num: int = 256, emulator: Emulator | None = None,
     aiter_version: Any = facts.NEWEST_MODELLED_VERSION, planner_revision: str | None = None, deferred: bool = False,
 ) -> types.ModuleType:
-    """A stand-in ``aiter`` package module (not in ``sys.modules``) emulating AITER ``aiter_version`` (below
-    0.1.10 only ``mla_reduce_v1``) at ``cu_num`` CUs, with ``reduce_variant`` (7, 8, 9) and
-    ``planner_revision`` overridable (None: the version's); ``deferred``: the kernel and the reduce run at
-    ``synchronize()``. Besides the primitives it has ``__version__``, ``StandinContractError``, ``calls`` (one
-    ``{"name", "args", "ok", "error"}`` dict per call), ``synchronize``, ``is_standin``, ``cu_num``,
-    ``aiter_version``, ``reduce_variant``, ``accepted_reduce_heads``, ``post_3606``, ``planner_revision`` and
-    ``aiter_op_namespace``. ValueError for a bad variant, ``cu_num``, version or revision.
-    """
+    """A stand-in ``aiter`` package module (not in ``sys.modules``) emulating AITER ``aiter_version`` (below 0.1.10
+    only ``mla_reduce_v1``) at ``cu_num`` CUs, ``reduce_variant`` and ``planner_revision`` overridable; besides
+    the primitives it carries ``calls`` (one ``{"name", "args", "ok", "error"}`` per call), ``synchronize`` and
+    what it emulates. ValueError for a bad variant, ``cu_num``, version or revision."""
     ver = facts.parse_aiter_version(aiter_version)
     revision = facts.planner_revision_for(ver) if planner_revision is None else planner_revision
     if revision not in facts.PLANNER_REVISIONS:
