@@ -1,13 +1,9 @@
-"""PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill: the ASM kernel ``mla_prefill_ps_asm_fwd``
-(``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``), ``mla_reduce_v1`` and the whole path
-(:meth:`Emulator.run_prefill`); docs/aiter-contract.md#kernel, #reduce, #pr-3606, #emulation.
-
-Arithmetic model (choices where the hardware is not observable): ``Q8 @ K8^T`` and ``P8 @ V8`` are exact in
-float64 (products of e4m3 values sum exactly in 53 bits), rounded once to fp32, ``P8 @ V8`` added to
-``alpha * O`` with one rounding (an order-independent fp32 MFMA, so batching heads cannot change a result);
-``p = exp2(s*c2 - m_new*c2)`` is one fused multiply-add; ``l`` sums a tile's fp32 ``p`` in float64, rounded
-once; ``exp2``/``log2`` are torch's fp32 functions. v0.1.19's wrong non-causal LSE is not modelled. Each step
-a bug would change is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
+"""PyTorch emulation of AITER's PS FP8 MLA prefill kernel ``mla_prefill_ps_asm_fwd``, ``mla_reduce_v1`` and the
+whole path (docs/aiter-contract.md#kernel, #reduce, #emulation). Where the hardware is not observable:
+``Q8 @ K8^T`` and ``P8 @ V8`` are exact in float64, rounded once to fp32 (an order-independent fp32 MFMA, so
+batching heads cannot change a result); ``p = exp2(s*c2 - m_new*c2)`` is one FMA; ``l`` sums a tile's fp32
+``p`` rounded once; ``exp2``/``log2`` are torch's. Each step a bug would change is a method of
+:class:`Emulator`; :data:`EMULATOR` is the faithful one.
 """
 
 from __future__ import annotations
@@ -53,8 +49,8 @@ def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> lis
 
 
 def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows: int) -> list[tuple[_Work, list[int]]]:
-    """Batch works that differ only in their heads, in first-seen order; if any (row, head) destination is
-    written twice, keep every work on its own, in execution order, so later writes win as on hardware."""
+    """Works that differ only in their heads, batched in first-seen order; all on their own, in execution order,
+    when a (row, head) is written twice (later writes win, as on hardware)."""
     out_cnt = torch.zeros((max(total_q, 1), H), dtype=torch.int32)
     split_cnt = torch.zeros((max(n_split_rows, 1), H), dtype=torch.int32)
     for w in decoded:
@@ -109,9 +105,8 @@ def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: t
 def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
               pages: torch.Tensor, qo: list[int], kvp: list[int], causal: bool, cs: SoftmaxConsts,
               em: Emulator, bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-    """Compute one (batched-over-heads) work: ``loc == -1`` -> bf16 rows ``[q0, q1)`` of ``output``; else
-    all 256 rows of slot ``loc`` in ``splitData``/``splitLse`` (rows past ``q1`` from the Q rows that
-    follow, zeros past the end of Q, as on hardware)."""
+    """One work over ``heads``: bf16 rows ``[q0, q1)`` of ``output`` (``loc == -1``), else all 256 rows of slot ``loc``
+    (rows past ``q1`` from the Q rows that follow, zeros past the end of Q, as on hardware)."""
     split_data, split_lse, output = bufs
     dev, total_q = Q.device, int(Q.shape[0])
     hs = torch.tensor(heads, dtype=torch.long, device=dev)

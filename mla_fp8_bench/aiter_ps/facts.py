@@ -1,7 +1,6 @@
-"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, planner revisions
-and feature detection (``docs/aiter-contract.md`` ``#planner-io``, ``#work-info``, ``#versions``, ``#pr-3606``).
-Importing this module never imports ``aiter`` (its import runs ``rocminfo``); :func:`import_aiter` does.
-"""
+"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, planner revisions and
+feature detection (docs/aiter-contract.md#planner-io, #work-info, #versions, #pr-3606). Importing it never
+imports ``aiter`` (whose import runs ``rocminfo``); :func:`import_aiter` does."""
 
 from __future__ import annotations
 
@@ -189,11 +188,9 @@ def effective_version(version: Version | None, reduce_arity: int | None,
     release with the detected features (a source build reports 0.1.0). None when nothing is known."""
     arity_floor = next((since for since, n in REDUCE_ARITY_BY_VERSION if n == reduce_arity and n > 7), None)
     # any planner: the PS prefill exists; the PR ref sits on main after v0.1.20.post1
-    revision_floor = None if planner_revision is None else {
-        PLANNER_PR_3606_REF: (0, 1, 20), PLANNER_V0_1_22: POST_3606_FIRST_VERSION,
-        PLANNER_TOTAL_QLEN: POST_3606_FIRST_VERSION}.get(planner_revision, PS_PREFILL_FIRST_VERSION)
-    cands = [v for v in (version, arity_floor, revision_floor) if v is not None]
-    return max(cands) if cands else None
+    revision_floor = None if planner_revision is None else (0, 1, 20) if planner_revision == PLANNER_PR_3606_REF \
+        else POST_3606_FIRST_VERSION if planner_revision in NEED_LSE_REVISIONS else PS_PREFILL_FIRST_VERSION
+    return max((v for v in (version, arity_floor, revision_floor) if v is not None), default=None)
 
 
 def dist_version(dist: str) -> str | None:

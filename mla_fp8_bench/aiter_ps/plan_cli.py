@@ -1,7 +1,6 @@
-"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, without a GPU: the planner port of the ``--aiter``
-release, its works, reduce groups, and the partial slots and workspace bytes used against those reserved by the
-info bound (with or without a ``total_qlen`` budget) and by vLLM's builder (``docs/aiter-contract.md#workspace``);
-``--json`` writes the plan in the layout of the planner golden files (``tests/data/README.md``).
+"""``mla-fp8-bench plan``: AITER's PS prefill plan for a batch, no GPU needed: the ``--aiter`` release's planner,
+its works, reduce groups, and the workspace used against that reserved by the info bound (with or without a
+``total_qlen`` budget) and by vLLM's builder; ``--json`` writes it in the planner golden files' layout.
 """
 
 from __future__ import annotations
@@ -52,10 +51,9 @@ def _tiles(q_lens: tuple[int, ...]) -> int:
 def _check_batch(q: tuple[int, ...], kv: tuple[int, ...], heads: int, cu_num: int) -> None:
     if len(q) != len(kv):
         raise ValueError(f"--qo-lens has {len(q)} sequences but --kv-lens has {len(kv)}: they must match")
-    for b, (ql, kl) in enumerate(zip(q, kv)):
-        if ql > kl:
-            raise ValueError(f"sequence {b}: q_len={ql} > kv_len={kl}: allowed q_len <= kv_len (new queries"
-                             " attend to themselves and any cached context)")
+    if (b := next((b for b in range(len(q)) if q[b] > kv[b]), None)) is not None:
+        raise ValueError(f"sequence {b}: q_len={q[b]} > kv_len={kv[b]}: allowed q_len <= kv_len (new queries attend"
+                         " to themselves and any cached context)")
     if sum(kv) > facts.INT32_MAX:
         raise ValueError(f"total kv tokens {sum(kv)} do not fit int32 indptrs: allowed <= {facts.INT32_MAX}")
     tiles, tgs = _tiles(q), cu_num // math.gcd(heads, cu_num)
@@ -182,9 +180,8 @@ def size_rows(req: PlanRequest, plan: PsPlan, info: dict) -> list[tuple[str, int
                                  revision=facts.planner_revision_for(req.aiter_version))["reduce_partial_map"][0][0]
     for label, budget in (("vLLM <= 0.30 builder (info bound)", False), ("vLLM >= 0.31 builder (budget)", True)):
         p, wb = ws.vllm_reserved(budget_sizing=budget, pads_heads=True, info_partial_slots=vllm_info,
-                              max_num_batched_tokens=req.vllm_max_num_batched_tokens,
-                              max_num_reqs=req.vllm_max_num_seqs, num_compute_units=req.cu_num, num_heads=h,
-                              num_head_k=hp)
+                                 max_num_batched_tokens=req.vllm_max_num_batched_tokens, num_head_k=hp,
+                                 max_num_reqs=req.vllm_max_num_seqs, num_compute_units=req.cu_num, num_heads=h)
         rows.append((f"reserved: {label}, H={hp}", p, wb))
     return rows
 
@@ -200,9 +197,8 @@ def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
     _line(console, f"AITER {facts.format_version(req.aiter_version)} ({sem}), cu_num={req.cu_num},"
                    f" num_heads={req.num_heads}, {mask}, B={len(req.q_lens)}, q tokens={sum(req.q_lens)},"
                    f" kv tokens={sum(req.kv_lens)}")
-    _line(console, "info sizing: no total_qlen budget" if req.total_qlen is None else
-          f"info sizing: total_qlen={req.total_qlen} budget (modelled by the bounds AITER's op test pins; AITER's"
-          " own sizes can be smaller)")
+    _line(console, "info sizing: no total_qlen budget" if req.total_qlen is None else f"info sizing: total_qlen="
+          f"{req.total_qlen} budget (modelled by the bounds AITER's op test pins; AITER's can be smaller)")
     if req.num_heads not in (ok := facts.reduce_heads_for(req.aiter_version)):
         _line(console, f"note: mla_reduce_v1 of AITER {facts.format_version(req.aiter_version)} does not dispatch"
                        f" num_heads={req.num_heads} (allowed {sorted(ok)})")
@@ -230,9 +226,8 @@ def print_report(console, req: PlanRequest, plan: PsPlan, info: dict) -> None:
         short = "  (fewer slots than used: too small for this batch)" if slots < plan.num_partials else ""
         _line(console, f"  {label:<52} {slots:>12,} slots {wb.total:>18,} B ({wb.total / 2**30:>10,.3f} GiB)  partials"
                        f" {wb.partial_output / 2**30:>9,.3f} GiB{short}")
-    _line(console, f"  (vLLM builder inputs: max_num_seqs={req.vllm_max_num_seqs},"
-                   f" max_num_batched_tokens={req.vllm_max_num_batched_tokens},"
-                   f" max_model_len={req.vllm_max_model_len}; set with --vllm-*)")
+    _line(console, f"  (vLLM builder inputs: max_num_seqs={req.vllm_max_num_seqs}, max_num_batched_tokens="
+                   f"{req.vllm_max_num_batched_tokens}, max_model_len={req.vllm_max_model_len}; set with --vllm-*)")
 
 
 def cmd_plan(args: argparse.Namespace, console) -> int:

@@ -1,8 +1,6 @@
-"""Pure-Python port of AITER's persistent-scheduling (PS) prefill planner at the
-:data:`~mla_fp8_bench.aiter_ps.facts.PLANNER_REVISIONS`: ``get_ps_metadata_info_v1`` (``aiter/ops/attention.py``)
-is :func:`ps_metadata_info`; ``get_ps_metadata_v1`` (``csrc/kernels/mla/metadata/v1_2_host.cuh``) is
-:func:`plan_ps_prefill` and :func:`fill_aiter_buffers` (``docs/aiter-contract.md`` ``#planner-io``,
-``#planner-algorithm``, ``#info-sizes``, ``#pr-3606``).
+"""Pure-Python port of AITER's PS prefill planner at every ``facts.PLANNER_REVISIONS``: ``get_ps_metadata_info_v1``
+is :func:`ps_metadata_info`, ``get_ps_metadata_v1`` :func:`plan_ps_prefill` and :func:`fill_aiter_buffers`
+(docs/aiter-contract.md#planner-io, #planner-algorithm, #info-sizes, #pr-3606).
 """
 
 from __future__ import annotations
@@ -114,9 +112,8 @@ def total_qlen_violations(budgeted: Mapping[str, int], unbudgeted: Mapping[str, 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
-    """Output of :func:`plan_ps_prefill`: AITER's PS metadata as int32 CPU tensors of the full buffer
-    lengths, tails as the real planner leaves them; ``num_works`` used ``work_info`` rows, ``num_partials``
-    distinct slots, ``need_lse`` whether every tile got a slot. Not to be modified in place."""
+    """AITER's PS metadata of :func:`plan_ps_prefill` as int32 CPU tensors of the full buffer lengths, tails as the
+    real planner leaves them; ``num_partials`` counts the distinct slots. Not to be modified in place."""
 
     work_indptr: torch.Tensor
     work_info: torch.Tensor
@@ -195,8 +192,7 @@ def _ping_pong(n: int) -> list[int]:
 
 
 def _q_tiles(qo, ctx, kv_gran: int, bs: int, causal: bool) -> tuple[list[tuple[int, int, int, int, int]], int]:
-    """``(tiles, total_units)``; a tile is ``(batch, qs, qe, eff_kv, blocks)``: local rows ``[qs, qe)``, the KV
-    tokens its last row sees and ``ceil(eff_kv / kvlen_granularity)`` units in pages."""
+    """``(tiles, total_units)``; a tile is ``(batch, qs, qe, eff_kv, blocks)``: rows, KV its last row sees, pages."""
     tiles, total_units = [], 0
     for b in range(len(qo) - 1):
         qlen, kvlen = qo[b + 1] - qo[b], ctx[b]
@@ -211,10 +207,9 @@ def _q_tiles(qo, ctx, kv_gran: int, bs: int, causal: bool) -> tuple[list[tuple[i
 
 def _tile_one_cluster(qo, kv, ctx, tiles, total_units: int, tgs: int, blocks_per_unit: int, bs: int,
                       need_lse: bool, revision: str):
-    """The units dealt out to the ``tgs`` TGs of one cluster (repeated by every head and cluster), tiles split
-    at the capacity. A finished tile gets ``partial_o_loc = -1`` if never split and not ``need_lse``, or at
-    v0.1.22 if it consumes no KV; every other piece a new slot ``256 * p``. Returns rows ``(b, loc, qo_start,
-    qo_end, kv_start, kv_end, kv_offset)`` and ``tg_bounds`` (TG ``t`` owns rows ``[tg_bounds[t], [t + 1])``)."""
+    """The units dealt to the ``tgs`` TGs of one cluster (every head and cluster repeats it), tiles split at the
+    capacity: rows ``(b, loc, qo_start, qo_end, kv_start, kv_end, kv_offset)`` and ``tg_bounds``. A tile never
+    split gets ``loc = -1`` unless ``need_lse`` (v0.1.22: also one reading no KV); every other piece a new slot."""
     avg, rem = divmod(total_units, tgs)
     rows: list[tuple[int, ...]] = []
     tg_bounds = [0]
@@ -243,8 +238,7 @@ def _tile_one_cluster(qo, kv, ctx, tiles, total_units: int, tgs: int, blocks_per
 
 
 def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """``(keys, indptr, partial_map)``: works with a slot grouped by sorted ``(qo_start, qo_end)``, each
-    group's slots ascending."""
+    """``(keys, indptr, partial_map)``: slots grouped by sorted ``(qo_start, qo_end)``, ascending in a group."""
     groups: dict[tuple[int, int], set[int]] = {}
     for r in rows:
         if r[1] != -1:
@@ -258,8 +252,7 @@ def _reduce_info(rows) -> tuple[list[tuple[int, int]], list[int], list[int]]:
 
 
 def _work_buffers(rows, tg_bounds, num_heads_k: int, cu_num: int, lengths: dict[str, int]):
-    """``work_indptr`` and ``work_info``: TG ``t`` of cluster ``c`` is workgroup ``c*T + t``; it runs its rows
-    once per head of ``[c*hpc, (c+1)*hpc)``, head-major."""
+    """``work_indptr``, ``work_info``: workgroup ``c*T + t`` runs TG ``t``'s rows once per head of cluster ``c``."""
     num_clusters = math.gcd(num_heads_k, cu_num)
     tgs, hpc = cu_num // num_clusters, num_heads_k // num_clusters
     per_cluster = hpc * len(rows)
@@ -341,9 +334,8 @@ def plan_ps_prefill(
 def fill_aiter_buffers(plan: PsPlan, work_metadata_ptrs: torch.Tensor, work_indptr: torch.Tensor,
                        work_info: torch.Tensor, reduce_indptr: torch.Tensor, reduce_final_map: torch.Tensor,
                        reduce_partial_map: torch.Tensor) -> None:
-    """Write ``plan`` into the six :data:`BUFFER_NAMES` buffers in place (any device; the caller checks their
-    dtype and size), the *whole* of each as the real planner does: the used part from the plan, the tail as
-    AITER leaves it (0, except ``reduce_indptr``'s: ``num_partials``). ``work_metadata_ptrs`` is not written."""
+    """Write ``plan`` into the whole of each buffer (the caller checks them) as the real planner does: the used part,
+    then the tail AITER leaves (0; ``num_partials`` in ``reduce_indptr``). ``work_metadata_ptrs`` is not written."""
     ng, npart = plan.num_reduce_groups, plan.num_partials
     for dst, src, n, tail in ((work_indptr, plan.work_indptr, plan.cu_num + 1, 0),
                               (work_info, plan.work_info, plan.num_works, 0),

@@ -1,9 +1,7 @@
-"""A stand-in ``aiter`` module for CPU contract tests of code that drives AITER's PS FP8 MLA prefill
-(docs/aiter-contract.md#standin): the four primitives as the emulated AITER version shows them (opaque
-``(*args, **kwargs)`` ops with a registered torch op schema; the plain-Python info function), each validating
-like a strict launcher (:class:`StandinContractError`), then running the planner port or the emulator. With
-``deferred`` the kernel and the reduce run as on a GPU stream: recorded at launch, run at ``synchronize()``
-reading their tensors (the plan buffers too) as they are then. Never imports the real ``aiter``.
+"""A stand-in ``aiter`` module (docs/aiter-contract.md#standin): the four primitives as an AITER version shows them
+(``(*args, **kwargs)`` ops with registered op schemas; the plain-Python info function), each validating like a
+strict launcher, then running the planner port or the emulator. ``deferred``: the kernel and the reduce run as
+on a GPU stream, at ``synchronize()``, reading their tensors (the plan buffers too) as they are then.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ _RAW = "no strides reach the kernel"
 
 
 class StandinContractError(ValueError):
-    """A call the real AITER primitive would mishandle (garbage, GPU fault, memory corruption or a
-    dispatch error); the message names the function, the argument and the contract."""
+    """A call the real primitive would mishandle (garbage, a fault, memory corruption); names the argument."""
 
 
 def _dt(d: torch.dtype) -> str:
@@ -115,8 +112,7 @@ class _State:
     post_3606 = property(lambda self: self.revision != facts.PLANNER_PRE_3606)  # the reduce merges groups of one
 
     def record(self, name: str, args: dict[str, Any], body: Callable[[], Any], device: bool) -> Any:
-        """Log ``{"name", "args", "ok", "error"}`` and run ``body``; a ``device`` op of a deferred module only
-        when the stream is synchronised (``ok`` stays None until then)."""
+        """Log the call and run ``body``; a ``device`` op of a deferred module at :meth:`synchronize`."""
         entry = {"name": name, "args": {k: _summary(v) for k, v in args.items()}, "ok": None, "error": None}
         self.calls.append(entry)
 
@@ -256,9 +252,8 @@ def _kernel_body(st: _State, a: dict[str, Any]) -> None:
         if loc != -1 and (loc < 0 or loc % facts.Q_TILE):
             ck.fail(f"work {n}: partial_o_loc {loc} is not -1 or a multiple of {facts.Q_TILE}")
         need_rows = max(need_rows, loc + facts.Q_TILE if loc != -1 else 0)
-    for b in range(B):
-        if causal and qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]:
-            ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]}, causal (undefined)")
+    if causal and (b := next((b for b in range(B) if qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]), None)) is not None:
+        ck.fail(f"sequence {b}: q_len {qo[b + 1] - qo[b]} > kv_len {kvp[b + 1] - kvp[b]}, causal (undefined)")
     if (rows := int(a["splitData"].shape[0])) < need_rows:
         ck.fail(f"splitData/splitLse have {rows} rows but the plan's partial slots need {need_rows} (256 each)")
     st.emulator.mla_prefill_ps_asm_fwd(*(a[k] for k in list(a)[:9]), float(sm), causal,
@@ -294,14 +289,12 @@ def _reduce_body(st: _State, a: dict[str, Any]) -> None:
                    "final_lse"), po.device, "partial_output")
     if len(ri) > 1 and (dv != _V_DIM or H not in st.heads_ok):
         ck.fail(f"doesn't support the specified settings: H={H}, dv={dv} (AITER {facts.format_version(st.version)}"
-                f" dispatches dv=128 with H in {list(st.heads_ok)}); this fails even when nothing was split, since"
-                " dispatch happens whenever reduce_indptr has more than one element")
+                f" dispatches dv=128 with H in {list(st.heads_ok)}, also when nothing was split)")
     locs = pmap[: ri[-1]].tolist()
     if ri[-1] > pmap.numel() or any(p < 0 for p in locs):
         ck.fail(f"reduce_indptr[-1]={ri[-1]} exceeds reduce_partial_map's {pmap.numel()} entries or a location is < 0")
     if po.shape[0] < (need := max(locs, default=-facts.Q_TILE) + facts.Q_TILE):
-        ck.fail(f"partial_output/partial_lse have {po.shape[0]} rows but reduce_partial_map needs {need}"
-                " (256 rows per partial slot)")
+        ck.fail(f"partial_output/partial_lse have {po.shape[0]} rows but reduce_partial_map needs {need}")
     live = [g for g in range(len(ri) - 1) if ri[g + 1] - ri[g] >= (1 if st.post_3606 else 2)]
     if live and max(live) >= fmap.shape[0]:
         ck.fail(f"reduce_final_map has {fmap.shape[0]} rows but group {max(live)} is live")

@@ -1,10 +1,8 @@
-"""Workspace bytes of the PS FP8 prefill (``docs/aiter-contract.md#workspace``), one definition for ``plan``,
-the ``aiter`` driver and its ``workspace_bytes`` track:
-
-**Workspace bytes used** by one call are the fp32 scratch it allocates from its plan: ``splitData`` and
-``splitLse`` for ``max(1, reduce_indptr[-1])`` 256-row partial slots (a call always gets at least one slot,
-also when nothing is split) plus ``final_lse`` for every query row, all at the call's head count. What a
-caller *reserves* ahead of the plan (the info function's bound, vLLM's builder) is counted apart.
+"""Workspace bytes of the PS FP8 prefill (docs/aiter-contract.md#workspace), one definition for ``plan``, the
+``aiter`` driver and its ``workspace_bytes`` track: **workspace bytes used** by one call are the fp32 scratch it
+allocates from its plan: ``splitData`` and ``splitLse`` for ``max(1, reduce_indptr[-1])`` 256-row partial slots
+(at least one, also when nothing is split) plus ``final_lse`` for every query row, at the call's head count.
+What a caller reserves ahead of the plan (the info bound, vLLM's builder) is counted apart.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ VLLM_WORKSPACE_ALIGN = 256  # vLLM's WorkspaceManager.get_simultaneous rounds ev
 
 @dataclass(frozen=True)
 class WorkspaceBytes:
-    """Bytes of the fp32 scratch buffers of one call: ``partial_output`` (``splitData``, vLLM ``logits``),
-    ``partial_lse`` (``splitLse``), ``final_lse``; ``extra``: vLLM's padded-head output scratch."""
+    """Bytes of the fp32 ``splitData``, ``splitLse`` and ``final_lse`` of one call; ``extra``: vLLM's output scratch."""
 
     partial_output: int
     partial_lse: int
