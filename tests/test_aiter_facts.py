@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mla_fp8_bench.aiter_ps import facts
-from mla_fp8_bench.aiter_ps.workspace import vllm_padded_heads, vllm_partial_tiles, vllm_reserved, workspace_bytes
+from mla_fp8_bench.aiter_ps.workspace import vllm_padded_heads, vllm_reserved, workspace_bytes
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -119,11 +119,9 @@ def test_work_info_layout_matches_aiter_data():
     with gzip.open(DATA / "ps_planner_golden_v2_post3606.json.gz", "rt") as f:
         meta = json.load(f)["meta"]
     assert tuple(meta["work_info_fields"]) == facts.WORK_INFO_FIELDS
-    assert (facts.WI.BATCH_IDX, facts.WI.PARTIAL_O_LOC, facts.WI.Q_HEAD_RANGE) == (0, 1, 7)
     assert facts.pack_q_head_range(5, 6) == 5 | (6 << 16)
     assert facts.unpack_q_head_range(facts.pack_q_head_range(127, 128)) == (127, 128)
-    assert (facts.Q_TILE, facts.KV_TILE, facts.KVLEN_GRANULARITY, facts.kvlen_granularity_for(256)) == (
-        256, 128, 128, 256)
+    assert (facts.Q_TILE, facts.KV_TILE, facts.KVLEN_GRANULARITY) == (256, 128, 128)
 
 
 def test_dist_version_missing():
@@ -137,16 +135,13 @@ def test_workspace_bytes():
     assert workspace_bytes(147456, 16 * 16384, 16).total == 311_670_341_632
     # vLLM rounds each slice to 256 bytes
     assert workspace_bytes(0, 3, 1, align=256).final_lse == 256
-    with pytest.raises(ValueError, match="num_heads=0"):
-        workspace_bytes(1, 1, 0)
 
 
 def test_vllm_reservation():
     # vLLM >= 0.31: 8192 tokens, 1024 seqs, 256 CUs -> 1311 tiles (vLLM's own example)
-    assert vllm_partial_tiles(budget_sizing=True, info_partial_slots=9, max_num_batched_tokens=8192,
-                              max_num_reqs=1024, num_compute_units=256) == 1311
-    assert vllm_partial_tiles(budget_sizing=False, info_partial_slots=9, max_num_batched_tokens=8192,
-                              max_num_reqs=1024, num_compute_units=256) == 9
+    kw = dict(info_partial_slots=9, max_num_batched_tokens=8192, max_num_reqs=1024, num_compute_units=256,
+              pads_heads=True, num_heads=16, num_head_k=16)
+    assert vllm_reserved(budget_sizing=True, **kw)[0] == 1311 and vllm_reserved(budget_sizing=False, **kw)[0] == 9
     assert [vllm_padded_heads(h) for h in (8, 12, 16, 24, 128)] == [16, 16, 16, 32, 128]
     gib = workspace_bytes(1311, 8192, 16).partial_output / 2**30
     assert 2.55 < gib < 2.57  # "about 2.56 GiB of logits"

@@ -293,9 +293,9 @@ def test_context_chunks_vs_float64_both_revisions(post_3606, causal):
 
 def test_run_emulated_prefill_rejects_q_longer_than_kv_when_causal():
     d = _inputs([300], H=1, kv_lens=[200])
-    with pytest.raises(ValueError, match=r"sequence 0: q_len 300 > kv_len 200 with causal=True"):
+    with pytest.raises(ValueError, match=r"sequence 0: q_len=300 > kv_len=200 with is_causal=True"):
         _run(d, cu_num=4, cu_seqlens_kv=d["cu_kv"])
-    with pytest.raises(ValueError, match=r"cu_seqlens_kv must rise from 0 to P=200"):
+    with pytest.raises(ValueError, match=r"cu_seqlens_kv must be a 1-D int32 tensor rising from 0 to 200"):
         _run(d, cu_num=4, causal=False, cu_seqlens_kv=torch.tensor([0, 100], dtype=torch.int32))
     out = _run(d, cu_num=4, causal=False, cu_seqlens_kv=d["cu_kv"])  # non-causal q_len > kv_len is defined
     assert bool(torch.isfinite(out).all())
@@ -343,7 +343,7 @@ def test_standin_info_sizes_by_revision(heads, cu_num):
         entries = tiles * (max(1, -(-(kv or max_q) // 128)) + cpc)
         got = ref(B, heads, max_q, 256, max_kvlen=kv)
         assert [s for s, _ in got] == [2, cu_num + 1, (entries * heads, 8), tiles + 1, (tiles, 2), entries]
-    with pytest.raises(StandinContractError, match=r"max_kvlen=-1 is out of range"):
+    with pytest.raises(StandinContractError, match=r"max_kvlen=-1 is invalid: must be >= 0"):
         ref(B, heads, max_q, max_kvlen=-1)
 
 
@@ -559,12 +559,12 @@ def test_run_emulated_prefill_rejects_bad_inputs():
                              softmax_scale=SM_SCALE)
     with pytest.raises(ValueError, match="v_scale must be a one-element fp32"):
         EMULATOR.run_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], None, d["cu"], softmax_scale=SM_SCALE)
-    with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to T=16"):
+    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32 tensor rising from 0 to 16"):
         EMULATOR.run_prefill(
             d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], torch.tensor([0, 15], dtype=torch.int32),
             softmax_scale=SM_SCALE,
         )  # fmt: skip
-    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32"):
+    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D int32 tensor rising from 0 to 16, got tensor"):
         EMULATOR.run_prefill(d["q8"], d["k8"], d["v8"], d["qs"], d["ks"], d["vs"], d["cu"].long(),
                              softmax_scale=SM_SCALE)
 
@@ -827,7 +827,7 @@ PLANNER_VIOLATIONS = {
     "work_info_int64": (lambda a: {"work_info": a["work_info"].long()}, r"work_info has dtype int64"),
     "gqa_2": (lambda a: {"gqa_ratio": 2}, r"gqa_ratio=2"),
     "qlen_gran_128": (lambda a: {"qlen_granularity": 128}, r"qlen_granularity=128"),
-    "context_len_mismatch": (lambda a: {"context_lens": a["context_lens"][:1].clone()}, r"lengths disagree"),
+    "context_len_mismatch": (lambda a: {"context_lens": a["context_lens"][:1].clone()}, r"context_lens has length 1"),
     "is_causal_str": (lambda a: {"is_causal": "yes"}, r"is_causal must be a bool"),
 }
 
@@ -964,3 +964,124 @@ def test_standin_kernel_on_an_empty_q_reads_zeros():
             want = v8[k0:k1].double().mean(0)  # [H, 128]
             torch.testing.assert_close(a["splitData"][loc].double(), want, rtol=1e-5, atol=1e-5)
 
+
+
+# --- the total_qlen revision and the deferred stream ---------------------------------------------
+
+
+def test_standin_total_qlen_revision_info_function():
+    """The total-qlen stand-in shows total_qlen in its plain-Python info function (the only place a caller can
+    read it), keeps v0.1.22's sizes without it, asserts a positive budget, and is detected from the signature."""
+    from mla_fp8_bench.aiter_ps.facts import detect_planner_revision
+
+    aiter = make_standin_aiter(planner_revision="total-qlen")
+    assert list(inspect.signature(aiter.get_ps_metadata_info_v1).parameters)[-1] == "total_qlen"
+    assert detect_planner_revision(aiter).value == "total-qlen"
+    assert detect_planner_revision(make_standin_aiter()).value == "v0.1.22"
+    plain = make_standin_aiter().get_ps_metadata_info_v1(256, 16, 16384)
+    assert aiter.get_ps_metadata_info_v1(256, 16, 16384) == plain
+    # one 16384-token request + 255 single tokens: (16639 + 256 * (256 + 256)) // 256 = 576 slots, by hand
+    budget = aiter.get_ps_metadata_info_v1(256, 16, 16384, total_qlen=16639)
+    assert budget[5][0] == 576 and budget[:5] == plain[:5]
+    with pytest.raises(AssertionError):
+        aiter.get_ps_metadata_info_v1(1, 16, 100, total_qlen=0)
+
+
+def _case_inputs(cid):
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    return make_inputs(parse_case_id(cid), "cpu")
+
+
+def test_driver_passes_total_qlen_and_checks_the_sizes(monkeypatch):
+    """Where the info function takes total_qlen, the driver passes the call's tokens (vLLM passes its
+    max_num_batched_tokens) and refuses sizes that break AITER's pinned invariants, naming the broken one."""
+    from mla_fp8_bench.backends.aiter_real import AiterPsDriver
+
+    inp = _case_inputs("ragged-300-40-h2")
+    aiter = make_standin_aiter(planner_revision="total-qlen", cu_num=16)
+    AiterPsDriver(aiter, (0, 1, 22)).plan(inp.cu_seqlens_cpu, 2, torch.device("cpu"))
+    infos = [c["args"] for c in aiter.calls if c["name"] == "get_ps_metadata_info_v1"]
+    assert [i.get("total_qlen") for i in infos] == [None, 340]
+    old = make_standin_aiter(cu_num=16)
+    AiterPsDriver(old, (0, 1, 22)).plan(inp.cu_seqlens_cpu, 2, torch.device("cpu"))
+    assert all("total_qlen" not in c["args"] for c in old.calls if c["name"] == "get_ps_metadata_info_v1")
+    real_info = aiter.get_ps_metadata_info_v1
+
+    def oversized(*args, total_qlen=None, **kw):  # a budget that grows the partial map past the pinned bound
+        out = real_info(*args, **kw)
+        return out if total_qlen is None else out[:5] + [(10_000, out[5][1])]
+
+    oversized.__signature__ = inspect.signature(real_info)
+    monkeypatch.setattr(aiter, "get_ps_metadata_info_v1", oversized)
+    with pytest.raises(RuntimeError, match=r"reduce_partial_map has 10000 with total_qlen=340 but \d+ without"):
+        AiterPsDriver(aiter, (0, 1, 22)).plan(inp.cu_seqlens_cpu, 2, torch.device("cpu"))
+
+
+def test_deferred_standin_runs_launches_at_synchronize(kargs):
+    """A deferred stand-in records a launch and runs it at synchronize(), reading its tensors then."""
+    aiter = make_standin_aiter(cu_num=16, deferred=True)
+    kargs["splitData"].fill_(float("nan"))  # every tile of this plan is split: the kernel writes partials
+    assert aiter.mla_prefill_ps_asm_fwd(**kargs) is None
+    assert aiter.calls[-1]["ok"] is None and bool(torch.isnan(kargs["splitData"]).all())  # queued, not run
+    aiter.synchronize()
+    assert aiter.calls[-1]["ok"] is True and not bool(torch.isnan(kargs["splitData"]).any())
+    kargs["work_indptr"] = kargs["work_indptr"].clone()
+    aiter.mla_prefill_ps_asm_fwd(**kargs)
+    kargs["work_indptr"].fill_(0)
+    kargs["work_indptr"][-1] = 10**6  # rewritten by the host before the launch runs: the launch sees it
+    with pytest.raises(StandinContractError, match="work_indptr reaches work 1000000"):
+        aiter.synchronize()
+    assert aiter.calls[-1]["ok"] is False
+
+
+B2B = "b2b-s255-ragged-218-215-78-ragged-128x4-h2"  # vLLM's [8175], [6992, 6896, 2495], [4096]*4 at 1/32
+
+
+def _b2b_outputs(deferred: bool, share: bool):
+    """The b2b case through the driver over a stand-in (``deferred``: launches run at the stream sync after
+    every batch was planned and launched); ``share``: every batch plans into one slot (the fault)."""
+    from mla_fp8_bench.backends.aiter_real import AiterPsDriver
+
+    inp = _case_inputs(B2B)
+    aiter = make_standin_aiter(cu_num=16, deferred=deferred)
+    driver = AiterPsDriver(aiter, (0, 1, 22))
+    driver.share_plan_slot = share
+    prepared = driver.prepare(inp)
+    out = prepared.run()
+    aiter.synchronize()
+    return inp, out, aiter
+
+
+def _b2b_errors(inp, out):
+    """Max-abs error of each batch's rows against its own float64 reference (that batch alone)."""
+    errs, t0 = [], 0
+    for lens in inp.case.batches():
+        t1 = t0 + sum(lens)
+        cu = torch.tensor([0, *_cumsum(lens)], dtype=torch.int32)
+        d = dict(q8=inp.q8.data[t0:t1], k8=inp.k8.data[t0:t1], v8=inp.v8.data[t0:t1], qs=inp.q8.descale,
+                 ks=inp.k8.descale, vs=inp.v8.descale, cu=cu, cu_kv=cu)
+        errs.append(float((out[t0:t1].double() - _ref64(d)[0]).abs().max()))
+        t0 = t1
+    return errs
+
+
+def test_back_to_back_batches_each_match_their_own_reference():
+    """Three batches of different shapes planned and launched with no host sync between them, each in its own
+    plan slot: every batch's output equals its own reference, whether the launches run eagerly or at the sync."""
+    for deferred in (False, True):
+        inp, out, aiter = _b2b_outputs(deferred, share=False)
+        assert inp.case.batches() == [(255,), (218, 215, 78), (128, 128, 128, 128)]
+        assert all(e < 0.1 for e in _b2b_errors(inp, out)), _b2b_errors(inp, out)
+        assert [c["name"] for c in aiter.calls].count("get_ps_metadata_v1") == 3 and all(c["ok"] for c in aiter.calls)
+
+
+def test_back_to_back_case_catches_a_plan_rewritten_under_a_running_kernel():
+    """The injected fault: one plan slot for every batch. With launches that run when planned it is harmless;
+    with launches that run later (a GPU stream), the first batch's kernel reads the last batch's plan: its works
+    name sequences the first batch does not have (a memory fault on hardware), so the case fails."""
+    inp, out, _ = _b2b_outputs(deferred=False, share=True)
+    assert all(e < 0.1 for e in _b2b_errors(inp, out))
+    with pytest.raises(StandinContractError, match=r"work \d+: batch [1-3], .* outside the batch's 1 sequences"):
+        _b2b_outputs(deferred=True, share=True)

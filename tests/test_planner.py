@@ -25,14 +25,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from mla_fp8_bench.aiter_ps.facts import BUFFER_NAMES
 from mla_fp8_bench.aiter_ps.planner import (
     BUFFER_LENGTH_KEYS,
-    BUFFER_NAMES,
     PsPlan,
     buffer_lengths_from_info,
     fill_aiter_buffers,
     plan_ps_prefill,
     ps_metadata_info,
+    total_qlen_violations,
 )
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -658,8 +659,8 @@ def test_tensor_inputs_match_lists():
                             num_heads_k=8, cu_num=80)
         assert torch.equal(p.work_info, ref.work_info) and torch.equal(p.work_indptr, ref.work_indptr)
         assert torch.equal(p.reduce_partial_map, ref.reduce_partial_map)
-    p = plan_ps_prefill(tuple(qo), tuple(kv), tuple(ctx), num_heads_k=8, cu_num=80, buffer_lengths=ps_metadata_info(
-        3, 8, 1200, cu_num=80))
+    lengths = buffer_lengths_from_info(ps_metadata_info(3, 8, 1200, cu_num=80))
+    p = plan_ps_prefill(tuple(qo), tuple(kv), tuple(ctx), num_heads_k=8, cu_num=80, buffer_lengths=lengths)
     assert torch.equal(p.work_info, ref.work_info)
 
 
@@ -742,40 +743,6 @@ def test_fill_larger_and_exact_buffers():
     assert torch.equal(bufs["reduce_partial_map"], plan.used_reduce_partial_map)
 
 
-@pytest.mark.parametrize(
-    "name, delta",
-    [("work_indptr", -1), ("work_info", -1), ("reduce_indptr", -1), ("reduce_final_map", -1),
-     ("reduce_partial_map", -1), ("work_metadata_ptrs", -1)],
-)
-def test_fill_rejects_small_buffers(name, delta):
-    plan, info = _split_plan()
-    need = {
-        "work_indptr": plan.cu_num + 1, "work_info": plan.num_works, "reduce_indptr": plan.num_reduce_groups + 1,
-        "reduce_final_map": plan.num_reduce_groups, "reduce_partial_map": plan.num_partials, "work_metadata_ptrs": 2,
-    }[name]
-    bufs = _alloc(info, **{name: need + delta})
-    with pytest.raises(ValueError, match=name):
-        fill_aiter_buffers(plan, *(bufs[n] for n in BUFFER_NAMES))
-    assert all(bool(b.eq(-5).all()) for b in bufs.values()), "nothing may be written on error"
-
-
-def test_fill_rejects_bad_buffers():
-    plan, info = _split_plan()
-    bufs = _alloc(info)
-    bad = dict(bufs, work_info=bufs["work_info"].to(torch.int64))
-    with pytest.raises(ValueError, match="work_info has dtype torch.int64"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-    bad = dict(bufs, reduce_final_map=torch.zeros(info["reduce_final_map"][0][0], 3, dtype=torch.int32))
-    with pytest.raises(ValueError, match="reduce_final_map has shape"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-    bad = dict(bufs, work_indptr=torch.zeros(2 * 81, dtype=torch.int32)[::2])
-    with pytest.raises(ValueError, match="work_indptr is not contiguous"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-    bad = dict(bufs, reduce_partial_map=[0] * 100)
-    with pytest.raises(ValueError, match="reduce_partial_map must be a torch.Tensor"):
-        fill_aiter_buffers(plan, *(bad[n] for n in BUFFER_NAMES))
-
-
 # ------------------------------------------------------------------------------------------------
 # validation
 # ------------------------------------------------------------------------------------------------
@@ -783,14 +750,14 @@ def test_fill_rejects_bad_buffers():
 _OK = dict(qo_indptr=[0, 10, 300], kv_indptr=[0, 20, 400], context_lens=[20, 380], num_heads_k=16, cu_num=256)
 
 BAD_INPUTS = {
-    "qo-not-from-0": (dict(qo_indptr=[1, 10, 300]), r"qo_indptr\[0\]=1"),
-    "kv-not-from-0": (dict(kv_indptr=[3, 20, 400]), r"kv_indptr\[0\]=3"),
-    "qo-decreasing": (dict(qo_indptr=[0, 10, 5]), r"qo_indptr\[2\]=5 < qo_indptr\[1\]=10"),
-    "kv-decreasing": (dict(kv_indptr=[0, 20, 19], context_lens=[20, 0]), r"kv_indptr\[2\]=19"),
-    "qo-too-short": (dict(qo_indptr=[0], kv_indptr=[0], context_lens=[]), r"qo_indptr has length 1"),
-    "kv-length-mismatch": (dict(kv_indptr=[0, 20]), r"kv_indptr has length 2 .* 3"),
+    "qo-not-from-0": (dict(qo_indptr=[1, 10, 300]), r"qo_indptr=\[1, 10, 300\] is invalid: an int32 indptr from 0"),
+    "kv-not-from-0": (dict(kv_indptr=[3, 20, 400]), r"kv_indptr=\[3, 20, 400\] is invalid"),
+    "qo-decreasing": (dict(qo_indptr=[0, 10, 5]), r"qo_indptr=\[0, 10, 5\] is invalid: .* non-decreasing"),
+    "kv-decreasing": (dict(kv_indptr=[0, 20, 19], context_lens=[20, 0]), r"kv_indptr=\[0, 20, 19\] is invalid"),
+    "qo-too-short": (dict(qo_indptr=[0], kv_indptr=[0], context_lens=[]), r"qo_indptr=\[0\] is invalid: .* B\+1 >= 2"),
+    "kv-length-mismatch": (dict(kv_indptr=[0, 20]), r"kv_indptr=\[0, 20\] is invalid: .* as qo_indptr"),
     "ctx-length-mismatch": (dict(context_lens=[20, 380, 1]), r"context_lens has length 3: must have B=2"),
-    "ctx-inconsistent": (dict(context_lens=[21, 380]), r"context_lens\[0\]=21 != .* = 20"),
+    "ctx-inconsistent": (dict(context_lens=[21, 380]), r"context_lens\[0\]=21 is invalid: .* 20 pages"),
     "ctx-negative": (dict(context_lens=[-1, 380], kv_indptr=[0, -1, 379]), r"(-1)"),
     "causal-q-gt-kv": (dict(qo_indptr=[0, 30, 300], kv_indptr=[0, 20, 400], context_lens=[20, 380]),
                        r"sequence 0: q_len=30 > kv_len=20"),
@@ -800,7 +767,7 @@ BAD_INPUTS = {
     "cu-zero": (dict(cu_num=0), r"cu_num=0"),
     "gqa": (dict(gqa_ratio=2), r"gqa_ratio=2 is not supported: only gqa_ratio=1"),
     "qhead-gran": (dict(qhead_granularity=4), r"qhead_granularity=4 is not supported"),
-    "qlen-gran": (dict(qlen_granularity=128), r"qlen_granularity=128 is not supported: only 256"),
+    "qlen-gran": (dict(qlen_granularity=128), r"qlen_granularity=128 is not supported: only qlen_granularity=256"),
     "kv-gran-not-pow2": (dict(kvlen_granularity=96), r"kvlen_granularity=96 .* power of two"),
     "kv-gran-zero": (dict(kvlen_granularity=0), r"kvlen_granularity=0"),
     "kv-gran-lt-block": (dict(kvlen_granularity=64, block_size=128, kv_indptr=[0, 1, 4]),
@@ -808,19 +775,16 @@ BAD_INPUTS = {
     "block-size-zero": (dict(block_size=0), r"block_size=0"),
     "kv-gran-not-multiple": (dict(kvlen_granularity=128, block_size=48, kv_indptr=[0, 1, 9]),
                              r"kvlen_granularity=128 .* block_size=48 and a multiple"),
-    "ctx-exceeds-pages": (dict(block_size=16, kv_indptr=[0, 1, 2]), r"context_lens\[0\]=20 exceeds"),
+    "ctx-exceeds-pages": (dict(block_size=16, kv_indptr=[0, 1, 2]), r"context_lens\[0\]=20 is invalid: .* 1 pages x"),
     "float-tensor": (dict(qo_indptr=torch.tensor([0.0, 10.0, 300.0])), r"qo_indptr has dtype torch.float32"),
-    "2d-tensor": (dict(kv_indptr=torch.zeros(3, 1, dtype=torch.int32)), r"kv_indptr has shape \(3, 1\)"),
+    "2d-tensor": (dict(kv_indptr=torch.zeros(3, 1, dtype=torch.int32)), r"kv_indptr has .* shape \(3, 1\): a 1-D"),
     "float-element": (dict(qo_indptr=[0, 1.5, 300]), r"qo_indptr\[1\]=1\.5"),
-    "not-a-sequence": (dict(context_lens=5), r"context_lens=5"),
     "int32-overflow": (dict(qo_indptr=[0, 10, 2**31], kv_indptr=[0, 20, 2**31 + 10], context_lens=[20, 2**31 - 10],
-                            is_causal=False), r"qo_indptr\[-1\]=2147483648 does not fit in int32"),
-    "is-causal-str": (dict(is_causal="yes"), r"is_causal='yes'"),
+                            is_causal=False), r"qo_indptr=\[0, 10, 2147483648\] is invalid: an int32 indptr"),
     "buffer-too-small": (dict(buffer_lengths={"work_info_rows": 3}),
                          r"buffer_lengths\['work_info_rows'\]=3 is too small"),
     "buffer-indptr-small": (dict(buffer_lengths={"work_indptr": 256}), r"buffer_lengths\['work_indptr'\]=256"),
-    "buffer-unknown-key": (dict(buffer_lengths={"work_infos": 3}), r"unknown key 'work_infos'"),
-    "buffer-negative": (dict(buffer_lengths={"reduce_partial_map": -2}), r"reduce_partial_map'\]=-2"),
+    "buffer-unknown-key": (dict(buffer_lengths={"work_infos": 3}), r"buffer_lengths=\{'work_infos': 3\} must be"),
 }
 
 
@@ -861,3 +825,79 @@ def test_error_messages_are_readable():
     with pytest.raises(ValueError) as e:
         plan_ps_prefill([0, 5], [0, 3], [3], num_heads_k=1, cu_num=80)
     assert re.search(r"q_len=5 > kv_len=3", str(e.value)) and "undefined" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# the total_qlen budget (modelled by the invariants AITER's op_tests/test_ps_metadata_sizing.py pins)
+# ------------------------------------------------------------------------------------------------
+
+
+def _lengths(info) -> dict:
+    return {name: shape[0] for name, (shape, _dt) in info.items()}
+
+
+def test_total_qlen_info_by_hand():
+    """B=256, H=16, max_qlen=16384, cu 256: unbudgeted partial map 256*64 + 16 - 1 = 16399 slots; at a budget of
+    16639 tokens the largest the pinned bound allows, (16639 + 256*(256 + 256)) // 256 = 576; reduce_final_map keeps
+    256*64 rows (>= ceil(16384/256) = 64); a budget above the bound's reach changes nothing; None gives v0.1.22's."""
+    base = ps_metadata_info(256, 16, 16384, cu_num=256, revision="v0.1.22")
+    assert ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen") == base
+    got = _lengths(ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen", total_qlen=16639))
+    assert got == dict(_lengths(base), reduce_partial_map=576) and _lengths(base)["reduce_partial_map"] == 16399
+    assert got["reduce_final_map"] == 256 * 64 and got["work_info"] == (256 + 15) * 64 * 16
+    big = ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen", total_qlen=10**9)
+    assert big == base
+    # DeepSeek-V3 TP8 at a 16k budget (B 256, 16 heads, v 512): 128 GiB of fp32 partials + LSE without the budget
+    rows = 256 * ps_metadata_info(256, 16, 16384, cu_num=256, revision="total-qlen")["reduce_partial_map"][0][0]
+    assert rows * 16 * 513 * 4 / 2**30 == pytest.approx(128.37, abs=0.01)  # 16399 * 256 * 16 * 513 * 4 B
+    for bad in (0, -5):
+        with pytest.raises(AssertionError):
+            ps_metadata_info(1, 16, 100, cu_num=256, revision="total-qlen", total_qlen=bad)
+    with pytest.raises(ValueError, match="total_qlen=100: the v0.1.22 get_ps_metadata_info_v1 has no such"):
+        ps_metadata_info(1, 16, 100, cu_num=256, revision="v0.1.22", total_qlen=100)
+
+
+def test_total_qlen_violations_name_each_invariant():
+    """Hand-made buffer lengths breaking one pinned invariant each (B=2, max_qlen=1000, budget 600, cu 4):
+    pool <= max(600, 1000) + 256*(2 + 4) = 2536 rows, i.e. 9 slots; reduce_final_map >= ceil(1000/256) = 4 rows."""
+    plain = dict(work_metadata_ptrs=2, work_indptr=5, work_info=80, reduce_indptr=9, reduce_final_map=8,
+                 reduce_partial_map=11)
+    kw = dict(batch_size=2, max_qlen=1000, total_qlen=600, cu_num=4)
+    assert total_qlen_violations(dict(plain, reduce_partial_map=9), plain, **kw) == []
+    (msg,) = total_qlen_violations(dict(plain, reduce_partial_map=10), plain, **kw)
+    assert "2560 partial rows" in msg and "= 2536" in msg
+    (msg,) = total_qlen_violations(dict(plain, reduce_partial_map=9, reduce_final_map=3), plain, **kw)
+    assert "reduce_final_map has 3 rows" in msg and ">= ceil(max_qlen / 256) = 4" in msg
+    (msg,) = total_qlen_violations(dict(plain, reduce_partial_map=9, work_info=81), plain, **kw)
+    assert msg.startswith("work_info has 81 with total_qlen=600 but 80 without")
+
+
+#: AITER's sizing workloads (op test): one long request + single tokens, every request one token over a tile,
+#: exactly one tile, ragged; batch 1 and 17 (the port plans at qlen_granularity 256 only).
+BUDGET_WORKLOADS = {
+    "long-plus-singles": [5000] + [1] * 16, "one-over-a-tile": [257] * 17, "one-tile": [256] * 17,
+    "ragged": [700, 3, 1500, 256, 1, 90, 2048, 5, 300, 17, 1024, 1, 1, 600, 257, 33, 4000], "batch-1": [3000],
+}
+
+
+@pytest.mark.parametrize("need_lse", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", list(BUDGET_WORKLOADS))
+def test_total_qlen_model_keeps_the_invariants_and_the_plan_fits(name, causal, need_lse):
+    """At the batch's own token count as the budget, the modelled sizes break no pinned invariant and the
+    planner's output fits them (the plan is v0.1.22's, element by element)."""
+    q = BUDGET_WORKLOADS[name]
+    qo, kv, ctx = _build(q, q)
+    for cu, heads in ((256, 16), (80, 12)):
+        args = (len(q), heads, max(q))
+        budget = _lengths(ps_metadata_info(*args, cu_num=cu, revision="total-qlen", total_qlen=sum(q)))
+        plain = _lengths(ps_metadata_info(*args, cu_num=cu, revision="v0.1.22"))
+        assert total_qlen_violations(budget, plain, batch_size=len(q), max_qlen=max(q), total_qlen=sum(q),
+                                     cu_num=cu) == []
+        lengths = dict(zip(BUFFER_LENGTH_KEYS, budget.values()))
+        got = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, revision="total-qlen",
+                              need_lse=need_lse, buffer_lengths=lengths)
+        want = plan_ps_prefill(qo, kv, ctx, num_heads_k=heads, cu_num=cu, is_causal=causal, revision="v0.1.22",
+                               need_lse=need_lse)
+        assert torch.equal(got.used_work_info, want.used_work_info) and got.num_partials == want.num_partials
+        assert got.num_partials <= budget["reduce_partial_map"]

@@ -1,32 +1,20 @@
-"""PyTorch emulation of AITER's persistent-scheduled FP8 MLA prefill: the ASM kernel ``mla_prefill_ps_asm_fwd``
-(``hsa/gfx950/mla/mla_pfl_qh192_vh128_m32x8_n128x1_causal{0,1}.co``), ``mla_reduce_v1``, and the whole path
-(:meth:`Emulator.run_prefill`). Source: docs/aiter-contract.md#work-info, #kernel, #reduce, #pr-3606,
-#emulation; AITER main ``e4048607a535`` and ROCm/aiter#3606.
-
-Arithmetic model (choices where the hardware is not observable):
-
-* ``Q8 @ K8^T`` and ``P8 @ V8`` are exact in float64 (a product of two e4m3 values is a multiple of 2^-18
-  below 2^18; sums of <= 192 fit in 53 bits), rounded once to fp32; ``P8 @ V8`` is added to ``alpha * O``
-  with one rounding (an order-independent fp32-accumulating MFMA, so batching heads/works cannot change a
-  result).
-* ``p = exp2(s*c2 - m_new*c2)`` is a fused multiply-add (``m_new*c2`` rounded to fp32 first); ``l`` sums a
-  tile's fp32 ``p`` in float64 and rounds once.
-* ``exp2`` / ``log2`` are torch's fp32 functions, not the hardware ``v_exp_f32``/``v_log_f32``.
-* The wrong non-causal LSE of v0.1.19 is not modelled; pre- and post-#3606 differ only by plan and reduce.
-
-CPU and CUDA results may differ in the last ulp of exp2/log2 only. Each arithmetic step a bug would change
-is a method of :class:`Emulator`; :data:`EMULATOR` is the faithful one.
+"""PyTorch emulation of AITER's PS FP8 MLA prefill kernel ``mla_prefill_ps_asm_fwd``, ``mla_reduce_v1`` and the
+whole path (docs/aiter-contract.md#kernel, #reduce, #emulation). Where the hardware is not observable:
+``Q8 @ K8^T`` and ``P8 @ V8`` are exact in float64, rounded once to fp32 (an order-independent fp32 MFMA, so
+batching heads cannot change a result); ``p = exp2(s*c2 - m_new*c2)`` is one FMA; ``l`` sums a tile's fp32
+``p`` rounded once; ``exp2``/``log2`` are torch's. Each step a bug would change is a method of
+:class:`Emulator`; :data:`EMULATOR` is the faithful one.
 """
 
 from __future__ import annotations
 
 import math
 from collections import namedtuple
-from dataclasses import dataclass
 
 import torch
 
 from mla_fp8_bench.aiter_ps.facts import KV_TILE, PLANNER_V0_1_22, Q_TILE, unpack_q_head_range
+from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill
 
 _FLT_MAX = float(torch.finfo(torch.float32).max)
 _LOG2E = math.log2(math.e)
@@ -37,16 +25,9 @@ def _fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
-# kernel: argument decoding
-
-
-@dataclass(frozen=True)
-class SoftmaxConsts:
-    """Per-call constants of the kernel (docs/aiter-contract.md#kernel, step 1)."""
-
-    c: torch.Tensor  # softmax_scale * q_scale * k_scale (natural-log units per raw score)
-    c2: torch.Tensor  # c * log2(e) (base-2 units)
-    v_scale: torch.Tensor  # epilogue multiplier
+#: Per-call constants of the kernel: ``c = softmax_scale*q_scale*k_scale`` (natural-log units per raw score),
+#: ``c2 = c*log2(e)`` (base 2) and the epilogue's ``v_scale``.
+SoftmaxConsts = namedtuple("SoftmaxConsts", "c c2 v_scale")
 
 
 #: One decoded ``work_info`` row: sequence ``b``, slot ``loc`` (-1 = write ``output``), global q rows ``[q0, q1)``,
@@ -68,8 +49,8 @@ def _decode_works(work_indptr: torch.Tensor, work_info_set: torch.Tensor) -> lis
 
 
 def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows: int) -> list[tuple[_Work, list[int]]]:
-    """Batch works that differ only in their heads, in first-seen order; if any (row, head) destination is
-    written twice, keep every work on its own, in execution order, so later writes win as on hardware."""
+    """Works that differ only in their heads, batched in first-seen order; all on their own, in execution order,
+    when a (row, head) is written twice (later writes win, as on hardware)."""
     out_cnt = torch.zeros((max(total_q, 1), H), dtype=torch.int32)
     split_cnt = torch.zeros((max(n_split_rows, 1), H), dtype=torch.int32)
     for w in decoded:
@@ -90,17 +71,12 @@ def _batch_across_heads(decoded: list[_Work], total_q: int, H: int, n_split_rows
     return order
 
 
-# kernel: one work (row limits, online softmax over 128-key tiles, epilogue)
-
-
 def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, hs: torch.Tensor,
                     kv_base: int, k0l: int, k1l: int, lim: torch.Tensor,
                     cs: SoftmaxConsts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)`` (docs/aiter-contract.md#kernel,
-    steps 3-4); keys past ``len(pages)`` read page 0. ``qt``: ``[nh, nr, Dqk]`` float64 raw fp8 values.
-    Returns fp32 ``(m, l, acc)``: running max of raw scores ``[nh, nr]`` (from ``-FLT_MAX``), sum of p
-    ``[nh, nr]``, ``sum e4m3fn(p) @ V8`` ``[nh, nr, Dv]``.
-    """
+    """Base-2 online softmax over the 128-key tiles of local keys ``[k0l, k1l)`` (keys past ``len(pages)`` read
+    page 0) for ``qt`` ``[nh, nr, Dqk]`` (raw fp8 values as float64): fp32 ``(m, l, acc)``, the running max of raw
+    scores from ``-FLT_MAX``, the sum of p and ``sum e4m3fn(p) @ V8``."""
     dev = qt.device
     nh, nrows = int(qt.shape[0]), int(qt.shape[1])
     ninf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
@@ -129,9 +105,8 @@ def _online_softmax(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: t
 def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
               pages: torch.Tensor, qo: list[int], kvp: list[int], causal: bool, cs: SoftmaxConsts,
               em: Emulator, bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-    """Compute one (batched-over-heads) work: ``loc == -1`` -> bf16 rows ``[q0, q1)`` of ``output``; else
-    all 256 rows of slot ``loc`` in ``splitData``/``splitLse`` (rows past ``q1`` from the Q rows that
-    follow, zeros past the end of Q, as on hardware)."""
+    """One work over ``heads``: bf16 rows ``[q0, q1)`` of ``output`` (``loc == -1``), else all 256 rows of slot ``loc``
+    (rows past ``q1`` from the Q rows that follow, zeros past the end of Q, as on hardware)."""
     split_data, split_lse, output = bufs
     dev, total_q = Q.device, int(Q.shape[0])
     hs = torch.tensor(heads, dtype=torch.long, device=dev)
@@ -155,38 +130,19 @@ def _run_work(w: _Work, heads: list[int], dest: list[int], Q: torch.Tensor, K: t
     split_lse[w.loc : w.loc + nfit, dst] = lse[:, :nfit].T.to(split_lse.dtype)
 
 
-# whole path: plan, kernel, reduce
-
-
-def _check_fp8_qkv(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: tuple) -> None:
-    """q8 ``[T, H, Dqk]``, k8 ``[P, H, Dqk]``, v8 ``[P, H, Dv]`` float8_e4m3fn on one device; one-element
-    fp32 scales. ValueError otherwise."""
-    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float8_e4m3fn or t.dim() != 3:
-            raise ValueError(f"{name} must be a 3-D float8_e4m3fn tensor, got "
-                             f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
-    H, dqk = q8.shape[1:]
-    if k8.shape[1:] != (H, dqk) or v8.shape[:2] != (k8.shape[0], H):
-        raise ValueError(f"k8 must be [P, {H}, {dqk}] like q8 {tuple(q8.shape)} and v8 [P, {H}, Dv]: "
-                         f"got k8 {tuple(k8.shape)}, v8 {tuple(v8.shape)}")
-    if k8.device != q8.device or v8.device != q8.device:
-        raise ValueError(f"q8/k8/v8 must share a device: {q8.device}, {k8.device}, {v8.device}")
-    for name, sc in zip(("q_scale", "k_scale", "v_scale"), scales):
-        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or sc.numel() != 1:
-            raise ValueError(f"{name} must be a one-element fp32 tensor, got {sc!r:.80}")
-
-
-def _check_cu(name: str, cu: torch.Tensor, total: int, label: str) -> torch.Tensor:
-    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(cu, 'dtype', type(cu))}")
-    cu_cpu = cu.detach().cpu().contiguous()
-    vals = cu_cpu.tolist()
-    if len(vals) < 1 or vals[0] != 0 or vals[-1] != total or vals != sorted(vals):
-        raise ValueError(f"{name} must rise from 0 to {label}={total}, got {vals[:8]}{'...' if len(vals) > 8 else ''}")
-    return cu_cpu
-
-
-# the emulator object
+def _check_args(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: tuple, cus: dict) -> None:
+    """ValueError unless q8/k8/v8 are 3-D float8_e4m3fn, the scales one-element fp32 and each ``cus`` entry
+    ``name: (cu, total)`` a 1-D int32 tensor rising from 0 to ``total``."""
+    for name, t in (("q8", q8), ("k8", k8), ("v8", v8), *zip(("q_scale", "k_scale", "v_scale"), scales)):
+        want = (torch.float8_e4m3fn, 3) if name.endswith("8") else (torch.float32, None)
+        if not isinstance(t, torch.Tensor) or t.dtype != want[0] or t.dim() != (want[1] or t.dim()) or \
+                (want[1] is None and t.numel() != 1):
+            raise ValueError(f"{name} must be a {'3-D float8_e4m3fn' if want[1] else 'one-element fp32'} tensor,"
+                             f" got {t!r:.80}")
+    for name, (cu, total) in cus.items():
+        vals = cu.tolist() if isinstance(cu, torch.Tensor) and cu.dtype == torch.int32 and cu.dim() == 1 else None
+        if vals is None or not vals or vals[0] != 0 or vals[-1] != total or vals != sorted(vals):
+            raise ValueError(f"{name} must be a 1-D int32 tensor rising from 0 to {total}, got {cu!r:.80}")
 
 
 class Emulator:
@@ -235,13 +191,8 @@ class Emulator:
         softmax_scale: float, is_causal: bool, splitData: torch.Tensor, splitLse: torch.Tensor, output: torch.Tensor,
         q_scale: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
     ) -> None:
-        """Emulate ``aiter.mla_prefill_ps_asm_fwd`` in place, same argument order (docs/aiter-contract.md#kernel-args,
-        #work-info, #kernel); ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the kernel. Arguments are
-        trusted (the stand-in validates them): Q/K/V ``[total_q, H, 192]`` / ``[num_page, H, 192]`` /
-        ``[num_page, H, 128]`` float8_e4m3fn; ``kv_indptr`` indexes ``kv_page_indices`` (position -> K/V
-        row); splitData/splitLse ``[R, H, 128]`` / ``[R, H]`` fp32 partials and natural-log LSE; output
-        ``[total_q, H, 128]`` bf16; one-element fp32 scales (real = fp8 * scale).
-        """
+        """``aiter.mla_prefill_ps_asm_fwd`` in place, same arguments (docs/aiter-contract.md#kernel-args, #kernel),
+        trusted (the stand-in validates them); ``kv_offset`` and ``max_seqlen_q`` are ignored, as by the kernel."""
         total_q, H = int(Q.shape[0]), int(Q.shape[1])
         cs = self.softmax_consts(softmax_scale, *(x.detach().reshape(()).to(Q.device, torch.float32)
                                                   for x in (q_scale, k_scale, v_scale)))
@@ -261,13 +212,9 @@ class Emulator:
         reduce_final_map: torch.Tensor, reduce_partial_map: torch.Tensor, final_output: torch.Tensor,
         final_lse: torch.Tensor | None = None, *, post_3606: bool = False,
     ) -> None:
-        """Emulate ``aiter.mla_reduce_v1`` (every 7/8/9-argument form; trusted arguments). Source:
-        docs/aiter-contract.md#reduce, #pr-3606; AITER ``e4048607a535`` ``csrc/kernels/mla/reduce.cu``.
-
-        Per group with >= 2 partials (``post_3606``: >= 1 real slot), head and row, in fp32, partials in map
-        order: ``lse*`` of :meth:`merged_lse` (``+inf`` if S is 0 or NaN), ``final_output = cast(sum
-        exp(lse_i - lse*) * O_i)`` (``[total_q, H, Dv]`` bf16/fp16, any strides), ``final_lse = lse*``.
-        """
+        """``aiter.mla_reduce_v1`` (any form; trusted arguments; docs/aiter-contract.md#reduce): per group with >= 2
+        partials (``post_3606``: >= 1 real slot), in fp32, partials in map order: ``lse*`` of :meth:`merged_lse`
+        (``+inf`` if S is 0 or NaN), ``final_output = cast(sum exp(lse_i - lse*) * O_i)``, ``final_lse = lse*``."""
         ri, fmap, pmap = reduce_indptr.reshape(-1).tolist(), reduce_final_map.tolist(), reduce_partial_map.tolist()
         min_partials = 1 if post_3606 else 2
         groups = [(fmap[g], pmap[ri[g] : ri[g + 1]])  # a group of one runs only with a real slot
@@ -291,42 +238,25 @@ class Emulator:
         cu_num: int = 256, return_lse: bool = False, poison: bool = True, cu_seqlens_kv: torch.Tensor | None = None,
         post_3606: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """An emulated AITER PS FP8 MLA prefill: plan with the v0.1.22 planner port (``need_lse=post_3606``,
-        identity ``kv_page_indices``), then run the kernel and reduce with ``splitData``/``splitLse`` sized
-        from the live partial count. Source: docs/aiter-contract.md#call-sequence, #kernel, #reduce, #pr-3606.
-
-        Args:
-            q8, k8, v8: ``[T, H, 192]``, ``[P, H, 192]``, ``[P, H, 128]`` float8_e4m3fn; real = fp8 * one-element
-                fp32 ``q_scale`` / ``k_scale`` / ``v_scale``. softmax_scale: natural-log, e.g. ``1/sqrt(192)``.
-            cu_seqlens, cu_seqlens_kv: int32 ``[B+1]`` cumulative q / kv lengths ending at T / P (default:
-                ``cu_seqlens``). causal: bottom-right. cu_num: CUs planned for.
-            return_lse: also return the ``[T, H]`` fp32 natural-log final LSE (pre-#3606 only rows of split
-                tiles; others NaN when ``poison``: NaN-fill outputs and partials first).
-            post_3606: ``need_lse=True`` and the #3606 reduce; False plans as AITER <= v0.1.21.
-
-        Returns ``output`` ``[T, H, 128]`` bf16, or ``(output, final_lse)`` when ``return_lse``.
-
-        Raises:
-            ValueError: wrong dtypes/shapes/devices, cu_seqlens inconsistent with T/P, q_len > kv_len with
-                ``causal``, or a scale that is None or not one element.
-        """
-        _check_fp8_qkv(q8, k8, v8, (q_scale, k_scale, v_scale))
+        """The emulated path: plan with the v0.1.22 planner port (``need_lse=post_3606``; False plans as AITER
+        <= v0.1.21, with the pre-#3606 reduce), then the kernel and the reduce with ``splitData``/``splitLse``
+        sized from the live partial count. ``q8``/``k8``/``v8``: ``[T, H, 192]`` / ``[P, H, 192]`` / ``[P, H, 128]``
+        float8_e4m3fn, real = fp8 * the one-element fp32 scales; ``cu_seqlens``/``cu_seqlens_kv``: int32 ``[B+1]``
+        ending at T / P (keys default to the queries); ``poison``: NaN-fill outputs and partials first. Returns
+        ``output`` ``[T, H, 128]`` bf16, and with ``return_lse`` the natural-log final LSE ``[T, H]``."""
         T, H = int(q8.shape[0]), int(q8.shape[1])
-        cu_q = _check_cu("cu_seqlens", cu_seqlens, T, "T")
-        cu_kv = cu_q if cu_seqlens_kv is None else _check_cu("cu_seqlens_kv", cu_seqlens_kv, int(k8.shape[0]), "P")
-        if cu_q.numel() != cu_kv.numel():
-            raise ValueError(f"cu_seqlens has {cu_q.numel()} entries but cu_seqlens_kv has {cu_kv.numel()}: both B+1")
-        for b, (q_len, kv_len) in enumerate(zip(cu_q.diff().tolist(), cu_kv.diff().tolist())):
-            if causal and q_len > kv_len:  # bottom-right alignment needs q_len <= kv_len
-                raise ValueError(f"sequence {b}: q_len {q_len} > kv_len {kv_len} with causal=True (undefined)")
+        cus = {"cu_seqlens": (cu_seqlens, T)}
+        if cu_seqlens_kv is not None:
+            cus["cu_seqlens_kv"] = (cu_seqlens_kv, int(k8.shape[0]))
+        _check_args(q8, k8, v8, (q_scale, k_scale, v_scale), cus)
+        cu_q = cu_seqlens.detach().cpu()
+        cu_kv = cu_q if cu_seqlens_kv is None else cu_seqlens_kv.detach().cpu()
         dev, dv = q8.device, int(v8.shape[-1])
         fill = float("nan") if poison else 0.0
         output = torch.full((T, H, dv), fill, dtype=torch.bfloat16, device=dev)
         final_lse = torch.full((T, H), fill, dtype=torch.float32, device=dev)
         if cu_q.numel() < 2 or T == 0:
             return (output, final_lse) if return_lse else output
-        from mla_fp8_bench.aiter_ps.planner import plan_ps_prefill  # the kernel/reduce emulation does not need it
-
         plan = plan_ps_prefill(cu_q, cu_kv, cu_kv.diff(), num_heads_k=H,
                                cu_num=int(cu_num), kvlen_granularity=KV_TILE, block_size=1, is_causal=bool(causal),
                                revision=PLANNER_V0_1_22, need_lse=bool(post_3606))

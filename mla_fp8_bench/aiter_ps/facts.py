@@ -1,36 +1,21 @@
-"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, markers
-(``docs/aiter-contract.md`` ``#planner-io``, ``#work-info``, ``#versions``, ``#pr-3606``, ``#reduce``).
-Importing this module never imports ``aiter`` (its import runs ``rocminfo``); :func:`import_aiter` does.
-"""
+"""AITER facts the suite relies on, defined once: tiles, ``work_info`` layout, versions, planner revisions and
+feature detection (docs/aiter-contract.md#planner-io, #work-info, #versions, #pr-3606). Importing it never
+imports ``aiter`` (whose import runs ``rocminfo``); :func:`import_aiter` does."""
 
 from __future__ import annotations
 
 import inspect
 import re
-import types
+from collections import namedtuple
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 AITER_DIST = "amd-aiter"  # the distribution name (importlib.metadata)
 
-# tiles and buffers
-
-#: Rows of one q-tile: ``qlen_granularity``, the kernel's ``m32x8`` tile, one partial slot's rows, vLLM's
-#: ``_FP8_PREFILL_TILE_Q``.
-Q_TILE = 256
-KV_TILE = 128  # keys per inner KV tile of the kernel (n128x1); also the planner's KV split granularity
+Q_TILE = 256  # rows of one q-tile: qlen_granularity, the kernel's m32x8 tile, one partial slot
+KV_TILE = 128  # keys per inner KV tile of the kernel (n128x1); the planner's KV split granularity
 QHEAD_GRANULARITY = 1  # heads per work (the PS prefill is MHA)
-BLOCK_SIZE = 1  # tokens per KV page in the PS prefill (page = token)
-
-
-def kvlen_granularity_for(block_size: int = BLOCK_SIZE) -> int:
-    """``kvlen_granularity`` to pass to ``get_ps_metadata_v1``: ``max(128, block_size)`` (a power of two)."""
-    return max(KV_TILE, block_size)
-
-
-#: ``kvlen_granularity`` at ``block_size=1``: 128 (AITER's binding default of 1 is wrong for the kernel).
-KVLEN_GRANULARITY = kvlen_granularity_for(BLOCK_SIZE)
+KVLEN_GRANULARITY = KV_TILE  # max(128, block_size) at block_size 1 (the binding's default of 1 is wrong)
 #: The four ``aiter`` exports the PS FP8 prefill path calls.
 PRIMITIVES = ("get_ps_metadata_info_v1", "get_ps_metadata_v1", "mla_prefill_ps_asm_fwd", "mla_reduce_v1")
 #: The six planner buffers, in the order ``get_ps_metadata_info_v1`` returns them.
@@ -39,17 +24,10 @@ BUFFER_NAMES = ("work_metadata_ptrs", "work_indptr", "work_info", "reduce_indptr
 #: Columns of a ``work_info`` row (AITER ``WorkInfo``, ``csrc/include/ps.h``), int32 each.
 WORK_INFO_FIELDS = ("batch_idx", "partial_o_loc", "qo_start", "qo_end", "kv_start", "kv_end", "kv_offset",
                     "q_head_range")
-WORK_INFO_COLS = len(WORK_INFO_FIELDS)  # 8
-#: Column indices by name: ``WI.BATCH_IDX`` = 0 ... ``WI.Q_HEAD_RANGE`` = 7.
-WI = types.SimpleNamespace(**{name.upper(): i for i, name in enumerate(WORK_INFO_FIELDS)})
-
+WORK_INFO_COLS = len(WORK_INFO_FIELDS)
 MAX_HEADS = 0xFFFF  # q_head_range packs the first and the end head into 16 bits each
 INT32_MAX = 2**31 - 1  # the planner's buffers and indptrs are int32
-#: Largest CU count a plan is made for (``EMU_CU_NUM``, ``plan --cu-num``, ``calibrate --cu-num``): the
-#: planner allocates per-CU work lists.
-MAX_CU_NUM = 65536
-#: ``splitData`` buffer descriptors address less than 2 GiB: ``slots*256*H*dv*4 < 2**31`` (kernel disassembly).
-SPLIT_DATA_MAX_BYTES = 2**31
+MAX_CU_NUM = 65536  # largest CU count a plan is made for (the planner allocates per-CU work lists)
 
 
 def pack_q_head_range(first_head: Any, end_head: Any) -> Any:
@@ -62,59 +40,43 @@ def unpack_q_head_range(value: int) -> tuple[int, int]:
     return value & 0xFFFF, (value >> 16) & 0xFFFF
 
 
-# versions
-
 Version = tuple[int, int, int]
 
 PS_PREFILL_FIRST_VERSION: Version = (0, 1, 10)  # first with the PS prefill (tag v0.1.10.post1)
-REDUCE_8_ARG_VERSION: Version = (0, 1, 8)  # mla_reduce_v1 gains max_seqlen_q
-REDUCE_9_ARG_VERSION: Version = (0, 1, 16)  # mla_reduce_v1 gains num_kv_splits (ROCm/aiter#3391; vLLM #46760)
-#: First release with ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` takes ``need_lse``.
-POST_3606_FIRST_VERSION: Version = (0, 1, 22)
+POST_3606_FIRST_VERSION: Version = (0, 1, 22)  # ROCm/aiter#3606 as merged
 NEWEST_MODELLED_VERSION: Version = (0, 1, 22)  # the default emulated version
-
-# planner revisions (docs/aiter-contract.md#pr-3606)
-PLANNER_PRE_3606 = "pre-3606"  #: up to v0.1.21: a tile computed by one work gets no slot and no reduce group
-#: ``refs/pull/3606/merge`` (``b97d239``), never released: every work gets a slot; no ``need_lse``;
-#: ``get_ps_metadata_info_v1`` takes ``max_kvlen`` / ``kvlen_granularity``.
-PLANNER_PR_3606_REF = "pr3606-ref"
-#: ROCm/aiter#3606 as merged: ``get_ps_metadata_v1`` gains ``need_lse`` (True: every tile gets a slot and
-#: a reduce group); the info function sizes differently.
-PLANNER_V0_1_22 = "v0.1.22"
-PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22)
-
-AITER_OP_NAMESPACE = "aiter"  # torch.ops namespace of AITER's compiled ops (torch_compile_guard)
-
+#: ``mla_reduce_v1``'s argument count by the version that introduced it (9: ``num_kv_splits``, ROCm/aiter#3391).
+REDUCE_ARITY_BY_VERSION: tuple[tuple[Version, int], ...] = (((0, 1, 16), 9), ((0, 1, 8), 8), ((0, 0, 0), 7))
 #: Head counts ``mla_reduce_v1`` dispatches at ``v_head_dim`` 128, by the version that added them.
 REDUCE_HEADS_BY_VERSION: tuple[tuple[Version, tuple[int, ...]], ...] = (
     ((0, 0, 0), (1, 2, 4, 8, 10, 16, 128)), ((0, 1, 11), (32, 64)), ((0, 1, 12), (40,)), ((0, 1, 20), (48, 96)),
 )
 
-
-class AiterVersionError(ValueError):
-    """An AITER version that cannot be parsed (a ``ValueError``)."""
-
+#: Planner revisions: up to v0.1.21 a tile computed by one work gets no slot and no reduce group; the never
+#: released ``refs/pull/3606/merge`` (b97d239) gives every work a slot and its info function takes ``max_kvlen``
+#: / ``kvlen_granularity``; ROCm/aiter#3606 as merged adds ``need_lse`` (True: every tile gets a slot); the
+#: v0.1.22 planner whose info function takes the optional ``total_qlen`` budget (ROCm/aiter#5759; which
+#: release carries it is not established) is told from that signature alone.
+PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22, PLANNER_TOTAL_QLEN = "pre-3606", "pr3606-ref", "v0.1.22", \
+    "total-qlen"
+PLANNER_REVISIONS = (PLANNER_PRE_3606, PLANNER_PR_3606_REF, PLANNER_V0_1_22, PLANNER_TOTAL_QLEN)
+#: Revisions whose ``get_ps_metadata_v1`` takes ``need_lse``.
+NEED_LSE_REVISIONS = (PLANNER_V0_1_22, PLANNER_TOTAL_QLEN)
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[.+\-_a-zA-Z0-9]*)$")
 
 
 def parse_aiter_version(v: str | Iterable[int]) -> Version:
-    """``"0.1.20.post1"``, ``"v0.1.22"``, ``"0.1.22+rocm7"`` or ``(0, 1, 22)`` -> ``(major, minor, patch)``.
-
-    Raises:
-        AiterVersionError: not ``MAJOR.MINOR.PATCH[suffix]`` / not a sequence of >= 3 non-negative ints.
-    """
+    """``"0.1.20.post1"``, ``"v0.1.22"``, ``"0.1.22+rocm7"`` or ``(0, 1, 22)`` -> ``(major, minor, patch)``;
+    ValueError for anything else."""
     if isinstance(v, str):
         m = _VERSION_RE.match(v.strip())
         if not m:
-            raise AiterVersionError(f"AITER version {v!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.20, 0.1.20.post1, 0.1.22)")
+            raise ValueError(f"AITER version {v!r} is not MAJOR.MINOR.PATCH (e.g. 0.1.20, 0.1.20.post1, 0.1.22)")
         return int(m.group(1)), int(m.group(2)), int(m.group(3))
-    try:
-        parts = tuple(v)
-    except TypeError:
-        raise AiterVersionError(f"AITER version {v!r} is neither a string nor a tuple like (0, 1, 22)") from None
+    parts = tuple(v) if isinstance(v, (tuple, list)) else ()
     if len(parts) < 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in parts[:3]):
-        raise AiterVersionError(f"AITER version {v!r} must have 3 non-negative int components like (0, 1, 22)")
+        raise ValueError(f"AITER version {v!r} must be a string or 3 non-negative ints like (0, 1, 22)")
     return parts[0], parts[1], parts[2]
 
 
@@ -122,13 +84,12 @@ def parse_aiter_version_or_none(v: Any) -> Version | None:
     """:func:`parse_aiter_version`, or None for a missing or unparsable version (e.g. a dev build)."""
     try:
         return None if v is None else parse_aiter_version(v)
-    except AiterVersionError:
+    except ValueError:
         return None
 
 
 def modelled_version(raw: str, what: str) -> Version:
-    """The AITER version ``raw`` names, if this suite models its PS prefill planner; ValueError naming
-    ``what`` for anything else (not a version, or outside 0.1.10 ... the newest modelled)."""
+    """The AITER version ``raw`` names, if its PS prefill planner is modelled; ValueError naming ``what``."""
     ver = parse_aiter_version_or_none(raw)
     lo, hi = PS_PREFILL_FIRST_VERSION, NEWEST_MODELLED_VERSION
     if ver is None or not lo <= ver <= hi:
@@ -151,19 +112,7 @@ def reduce_heads_for(version: str | Iterable[int] | None) -> frozenset[int]:
 def reduce_arity_for_version(version: str | Iterable[int]) -> int:
     """``mla_reduce_v1`` argument count at ``version``: 7 (<= 0.1.7), 8 (0.1.8 .. 0.1.15.x), 9 (>= 0.1.16)."""
     ver = parse_aiter_version(version)
-    return 9 if ver >= REDUCE_9_ARG_VERSION else 8 if ver >= REDUCE_8_ARG_VERSION else 7
-
-
-# feature detection on an installed aiter (real or stand-in)
-
-
-@dataclass(frozen=True)
-class Detected:
-    """One detected feature: ``value`` (None when it could not be told) and ``source``: where it was read
-    (``"op schema aiter::mla_reduce_v1"``), or why it could not be."""
-
-    value: Any
-    source: str
+    return next(n for since, n in REDUCE_ARITY_BY_VERSION if ver >= since)
 
 
 def planner_revision_for(version: str | Iterable[int]) -> str:
@@ -171,13 +120,17 @@ def planner_revision_for(version: str | Iterable[int]) -> str:
     return PLANNER_V0_1_22 if parse_aiter_version(version) >= POST_3606_FIRST_VERSION else PLANNER_PRE_3606
 
 
+#: One detected feature: ``value`` (None when it could not be told) and ``source``, where it was read or why not.
+Detected = namedtuple("Detected", "value source")
+
+
 def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
     """``(names, "op schema ns::name")``: parameter names of ``torch.ops.<ns>.<name>.default._schema`` (``ns``:
-    ``module.aiter_op_namespace`` or :data:`AITER_OP_NAMESPACE`) without AITER's leading ``dummy`` tensor;
-    ``(None, reason)`` when no such op is registered."""
+    ``module.aiter_op_namespace``, else ``aiter``) without AITER's leading ``dummy`` tensor; ``(None, reason)``
+    when no such op is registered."""
     import torch
 
-    ns = getattr(module, "aiter_op_namespace", AITER_OP_NAMESPACE)
+    ns = getattr(module, "aiter_op_namespace", "aiter")
     try:
         schema = getattr(getattr(torch.ops, ns), name).default._schema
     except (AttributeError, RuntimeError) as exc:
@@ -186,8 +139,17 @@ def op_params(module: Any, name: str) -> tuple[tuple[str, ...] | None, str]:
     return names[1:] if names[:1] == ("dummy",) else names, f"op schema {ns}::{name}"
 
 
+def info_params(module: Any) -> tuple[str, ...]:
+    """Parameter names of the pure-Python ``get_ps_metadata_info_v1``; ``()`` if absent or ``(*args, **kwargs)``."""
+    try:
+        params = list(inspect.signature(module.get_ps_metadata_info_v1).parameters.values())
+    except (AttributeError, TypeError, ValueError):
+        return ()
+    return () if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params) else tuple(p.name for p in params)
+
+
 def _by_version(version: Any, fact: Callable[[Version], Any], src: str, what: str) -> Detected:
-    """``fact`` at ``version`` (``src``: why no schema told it), or ``Detected(None, why)``."""
+    """``fact`` at ``version`` where no op schema told it (``src``: why), or ``Detected(None, why)``."""
     ver = parse_aiter_version_or_none(version)
     if ver is None:
         return Detected(None, f"{what} cannot be told: {src} and no readable AITER version")
@@ -203,27 +165,19 @@ def detect_reduce_arity(module: Any, version: Any = None) -> Detected:
     return Detected(9 if "num_kv_splits" in params else 8 if "max_seqlen_q" in params else 7, src)
 
 
-def _info_params(module: Any) -> tuple[str, ...]:
-    """Parameter names of the pure-Python ``get_ps_metadata_info_v1``; ``()`` if absent or ``(*args, **kwargs)``."""
-    try:
-        params = list(inspect.signature(module.get_ps_metadata_info_v1).parameters.values())
-    except (AttributeError, TypeError, ValueError):
-        return ()
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return ()
-    return tuple(p.name for p in params)
-
-
 def detect_planner_revision(module: Any, version: Any = None) -> Detected:
-    """The planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema: v0.1.22;
-    else ``max_kvlen`` in ``get_ps_metadata_info_v1``: pr3606-ref; else pre-3606. Without a registered
-    planner op: the facts table at ``version``; else ``Detected(None, reason)``."""
+    """The planner revision ``module`` ships: ``need_lse`` in the ``get_ps_metadata_v1`` op schema: v0.1.22, or
+    total-qlen with ``total_qlen`` in ``get_ps_metadata_info_v1``; else ``max_kvlen`` there: pr3606-ref; else
+    pre-3606. Without a registered planner op: the facts table at ``version``, else ``Detected(None, reason)``."""
     params, src = op_params(module, "get_ps_metadata_v1")
     if params is None:
         return _by_version(version, planner_revision_for, src, "the planner revision")
+    info = info_params(module)
     if "need_lse" in params:
+        if "total_qlen" in info:
+            return Detected(PLANNER_TOTAL_QLEN, f"{src}; total_qlen in get_ps_metadata_info_v1")
         return Detected(PLANNER_V0_1_22, src)
-    if "max_kvlen" in _info_params(module):
+    if "max_kvlen" in info:
         return Detected(PLANNER_PR_3606_REF, f"{src}; max_kvlen in get_ps_metadata_info_v1")
     return Detected(PLANNER_PRE_3606, src)
 
@@ -232,15 +186,11 @@ def effective_version(version: Version | None, reduce_arity: int | None,
                       planner_revision: str | None) -> Version | None:
     """The version to key version-only facts (reduce head sets) on: the larger of ``version`` and the first
     release with the detected features (a source build reports 0.1.0). None when nothing is known."""
-    arity_floor = {9: REDUCE_9_ARG_VERSION, 8: REDUCE_8_ARG_VERSION}.get(reduce_arity)
+    arity_floor = next((since for since, n in REDUCE_ARITY_BY_VERSION if n == reduce_arity and n > 7), None)
     # any planner: the PS prefill exists; the PR ref sits on main after v0.1.20.post1
-    revision_floor = {None: None, PLANNER_PR_3606_REF: (0, 1, 20), PLANNER_V0_1_22: POST_3606_FIRST_VERSION}.get(
-        planner_revision, PS_PREFILL_FIRST_VERSION)
-    cands = [v for v in (version, arity_floor, revision_floor) if v is not None]
-    return max(cands) if cands else None
-
-
-# the installed aiter
+    revision_floor = None if planner_revision is None else (0, 1, 20) if planner_revision == PLANNER_PR_3606_REF \
+        else POST_3606_FIRST_VERSION if planner_revision in NEED_LSE_REVISIONS else PS_PREFILL_FIRST_VERSION
+    return max((v for v in (version, arity_floor, revision_floor) if v is not None), default=None)
 
 
 def dist_version(dist: str) -> str | None:
@@ -253,7 +203,7 @@ def dist_version(dist: str) -> str | None:
         return None
 
 
-def import_aiter() -> types.ModuleType:
+def import_aiter() -> Any:
     """Import the real ``aiter`` (only on a ROCm machine: its import runs ``rocminfo``); raises what it raises."""
     import aiter
 
@@ -261,8 +211,8 @@ def import_aiter() -> types.ModuleType:
 
 
 def aiter_version_of(module: Any) -> Version | None:
-    """The AITER version of ``module``: the stand-in's ``aiter_version``, else the installed
-    ``amd-aiter`` distribution, else ``module.__version__``; None when none parses."""
+    """The AITER version of ``module``: the stand-in's ``aiter_version``, else the installed ``amd-aiter``
+    distribution, else ``module.__version__``; None when none parses."""
     given = getattr(module, "aiter_version", None)
     if given is None:
         given = dist_version(AITER_DIST) or getattr(module, "__version__", None)

@@ -1,5 +1,8 @@
-"""Workspace bytes of the PS FP8 prefill: what a plan uses (its live partial count) and what callers
-reserve (a bound: the info function's, or vLLM's budget formula); ``docs/aiter-contract.md#workspace``.
+"""Workspace bytes of the PS FP8 prefill (docs/aiter-contract.md#workspace), one definition for ``plan``, the
+``aiter`` driver and its ``workspace_bytes`` track: **workspace bytes used** by one call are the fp32 scratch it
+allocates from its plan: ``splitData`` and ``splitLse`` for ``max(1, reduce_indptr[-1])`` 256-row partial slots
+(at least one, also when nothing is split) plus ``final_lse`` for every query row, at the call's head count.
+What a caller reserves ahead of the plan (the info bound, vLLM's builder) is counted apart.
 """
 
 from __future__ import annotations
@@ -11,15 +14,12 @@ from mla_fp8_bench.aiter_ps.facts import Q_TILE
 from mla_fp8_bench.problem.shapes import V_HEAD_DIM
 
 FP32_BYTES = 4
-VLLM_WORKSPACE_ALIGN = 256
-"""vLLM's ``WorkspaceManager.get_simultaneous`` rounds every slice up to 256 bytes."""
+VLLM_WORKSPACE_ALIGN = 256  # vLLM's WorkspaceManager.get_simultaneous rounds every slice up to 256 bytes
 
 
 @dataclass(frozen=True)
 class WorkspaceBytes:
-    """Bytes of the fp32 scratch buffers of one call: ``partial_output`` (``splitData``, vLLM ``logits``),
-    ``partial_lse`` (``splitLse``, vLLM ``attn_lse``), ``final_lse``; ``extra``: vLLM's padded-head output
-    scratch."""
+    """Bytes of the fp32 ``splitData``, ``splitLse`` and ``final_lse`` of one call; ``extra``: vLLM's output scratch."""
 
     partial_output: int
     partial_lse: int
@@ -28,28 +28,29 @@ class WorkspaceBytes:
 
     @property
     def total(self) -> int:
-        """Sum of all parts, in bytes."""
         return self.partial_output + self.partial_lse + self.final_lse + self.extra
 
 
 def workspace_bytes(partial_slots: int, final_lse_rows: int, num_heads: int, v_head_dim: int = V_HEAD_DIM, *,
                     align: int = 1, extra: int = 0) -> WorkspaceBytes:
-    """fp32 scratch for ``partial_slots`` 256-row slots and ``final_lse_rows`` q rows of ``num_heads`` heads
-    (vLLM: the padded count), plus ``extra`` bytes, each buffer rounded up to a multiple of ``align`` bytes:
-    ``partial_output = slots*256*H*dv*4``, ``partial_lse = slots*256*H*4``, ``final_lse = rows*H*4``.
-
-    Raises:
-        ValueError: a non-integer or negative count, ``num_heads``, ``v_head_dim`` or ``align`` below 1.
-    """
-    for name, v, lo in (("partial_slots", partial_slots, 0), ("final_lse_rows", final_lse_rows, 0),
-                        ("num_heads", num_heads, 1), ("v_head_dim", v_head_dim, 1), ("align", align, 1),
-                        ("extra", extra, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name}={v!r} is invalid: must be an integer >= {lo}")
+    """fp32 scratch for ``partial_slots`` 256-row slots and ``final_lse_rows`` q rows of ``num_heads`` heads,
+    plus ``extra`` bytes, each buffer rounded up to ``align`` bytes: ``partial_output = slots*256*H*dv*4``,
+    ``partial_lse = slots*256*H*4``, ``final_lse = rows*H*4``."""
     rows = partial_slots * Q_TILE
     sizes = (rows * num_heads * v_head_dim * FP32_BYTES, rows * num_heads * FP32_BYTES,
              final_lse_rows * num_heads * FP32_BYTES, extra)
     return WorkspaceBytes(*(-(-n // align) * align for n in sizes))
+
+
+def used_partial_slots(live_partials: int) -> int:
+    """Partial slots a call allocates for a plan with ``live_partials`` (``reduce_indptr[-1]``): at least one."""
+    return max(1, live_partials)
+
+
+def used_workspace_bytes(live_partials: int, q_rows: int, num_heads: int,
+                         v_head_dim: int = V_HEAD_DIM) -> WorkspaceBytes:
+    """Workspace bytes used by one call (the module's definition)."""
+    return workspace_bytes(used_partial_slots(live_partials), q_rows, num_heads, v_head_dim)
 
 
 def vllm_padded_heads(num_heads: int) -> int:
@@ -57,28 +58,17 @@ def vllm_padded_heads(num_heads: int) -> int:
     return math.ceil(num_heads / 16) * 16
 
 
-def vllm_partial_tiles(*, budget_sizing: bool, info_partial_slots: int, max_num_batched_tokens: int,
-                       max_num_reqs: int, num_compute_units: int) -> int:
-    """Partial slots vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: up to vLLM 0.30
-    (``budget_sizing=False``) AITER's ``reduce_partial_map`` size ``info_partial_slots`` (info call without
-    ``max_kvlen``); from 0.31 ``ceil(max_num_batched_tokens / 256) + max_num_reqs - 1 + num_compute_units``."""
-    if budget_sizing:
-        return math.ceil(max_num_batched_tokens / Q_TILE) + max_num_reqs - 1 + num_compute_units
-    return info_partial_slots
-
-
 def vllm_reserved(*, budget_sizing: bool, pads_heads: bool, info_partial_slots: int, max_num_batched_tokens: int,
                   max_num_reqs: int, num_compute_units: int, num_heads: int, num_head_k: int,
                   v_head_dim: int = V_HEAD_DIM, out_itemsize: int = 2) -> tuple[int, WorkspaceBytes]:
-    """What vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: ``(partial slots, bytes)``, the slots of
-    :func:`vllm_partial_tiles` at the padded head count ``num_head_k``, each buffer rounded to
-    :data:`VLLM_WORKSPACE_ALIGN`, plus (``pads_heads``: vLLM >= 0.29, and only when ``num_heads <
-    num_head_k``) the model-dtype output scratch ``max_num_batched_tokens * num_head_k * v_head_dim *
-    out_itemsize`` bytes."""
-    p = vllm_partial_tiles(budget_sizing=budget_sizing, info_partial_slots=info_partial_slots,
-                           max_num_batched_tokens=max_num_batched_tokens, max_num_reqs=max_num_reqs,
-                           num_compute_units=num_compute_units)
-    padded = pads_heads and num_heads < num_head_k
-    extra = max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize if padded else 0
+    """What vLLM's ``_init_fp8_prefill_ps_buffers`` reserves: ``(partial slots, bytes)``. The slots: up to vLLM
+    0.30 (``budget_sizing=False``) AITER's ``reduce_partial_map`` size ``info_partial_slots``, from 0.31
+    ``ceil(max_num_batched_tokens / 256) + max_num_reqs - 1 + num_compute_units``, at the padded head count
+    ``num_head_k``, each buffer rounded to 256 bytes; plus (``pads_heads``: vLLM >= 0.29, when ``num_heads <
+    num_head_k``) the output scratch of ``max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize`` bytes."""
+    p = math.ceil(max_num_batched_tokens / Q_TILE) + max_num_reqs - 1 + num_compute_units if budget_sizing \
+        else info_partial_slots
+    extra = max_num_batched_tokens * num_head_k * v_head_dim * out_itemsize if pads_heads and num_heads < num_head_k \
+        else 0
     return p, workspace_bytes(p, max_num_batched_tokens, num_head_k, v_head_dim, align=VLLM_WORKSPACE_ALIGN,
                               extra=extra)

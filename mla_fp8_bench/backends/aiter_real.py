@@ -6,6 +6,7 @@ docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks, #d
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ import torch
 
 from mla_fp8_bench.aiter_ps import facts
 from mla_fp8_bench.aiter_ps.facts import import_aiter
-from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
+from mla_fp8_bench.aiter_ps.planner import total_qlen_violations
+from mla_fp8_bench.aiter_ps.workspace import used_partial_slots, used_workspace_bytes, workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case, CaseKind
@@ -85,16 +87,22 @@ def lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch
 
 
 def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], cu_kv: list[int], causal: bool,
-               device: torch.device, has_context: bool = False
+               device: torch.device, has_context: bool = False, batch_sizes: tuple[int, ...] = ()
                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
     """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
     int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``): one
     for ``prefill``/``ctx``; for ``prefix`` (context keys, then new keys per sequence) the causal new-vs-new
-    and the non-causal new-vs-context call. ``need_lse`` as the imitated caller passes it
-    (docs/aiter-contract.md#driver; ``has_context``: a prefix's new chunk)."""
+    and the non-causal new-vs-context call; for ``b2b`` one call per batch of ``batch_sizes`` sequences, over
+    its own rows from 0. ``need_lse`` as the imitated caller passes it (docs/aiter-contract.md#driver;
+    ``has_context``: a prefix's new chunk)."""
 
     def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.int32, device=dev)
+
+    if kind.back_to_back:
+        ends = list(itertools.accumulate(batch_sizes))
+        cus = [[x - cu_q[a] for x in cu_q[a : b + 1]] for a, b in zip([0, *ends], ends)]
+        return [(i32(c), i32(c), torch.arange(c[-1], dtype=torch.int32, device=device), True, False) for c in cus]
 
     if not kind.composed:
         pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
@@ -132,6 +140,7 @@ class AiterPsDriver:
         self.post_3606 = self.planner_revision != facts.PLANNER_PRE_3606
         self.effective_version = facts.effective_version(version, self.reduce_arity, self.planner_revision)
         self.pass_need_lse = True
+        self.share_plan_slot = False  # b2b: every batch plans into one buffer slot (a fault, see _back_to_back)
 
     def detection(self) -> dict[str, str]:
         """What was detected and from where (``mla-fp8-bench env`` prints it)."""
@@ -148,43 +157,63 @@ class AiterPsDriver:
                               f"for v_head_dim 128; got {num_heads}")
         return Verdict.yes()
 
-    def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None) -> list:
+    def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None,
+                    total_qlen: int | None = None) -> list:
         """``get_ps_metadata_info_v1`` for this module; ``max_kvlen`` is passed only to the pre-merge PR
-        ref's info function and only when given (a context chunk)."""
+        ref's info function and only when given (a context chunk); ``total_qlen`` (the token budget, vLLM's
+        ``max_num_batched_tokens``) only where the installed function takes it, its sizes checked against the
+        invariants AITER's op test pins (RuntimeError naming the broken one)."""
         kw: dict[str, Any] = dict(batch_size=batch, num_head_k=num_heads, max_qlen=max_qlen,
                                   qlen_granularity=facts.Q_TILE)
         if self.planner_revision == facts.PLANNER_PR_3606_REF and max_kvlen is not None:
             kw.update(max_kvlen=max_kvlen, kvlen_granularity=facts.KVLEN_GRANULARITY)
-        return list(self.m.get_ps_metadata_info_v1(**kw))
+        plain = list(self.m.get_ps_metadata_info_v1(**kw))
+        if total_qlen is None or "total_qlen" not in facts.info_params(self.m):
+            return plain
+        budget = list(self.m.get_ps_metadata_info_v1(**kw, total_qlen=total_qlen))
+        lengths = [{n: int(shape) if isinstance(shape, int) else int(shape[0]) for n, (shape, _) in
+                    zip(facts.BUFFER_NAMES, info)} for info in (budget, plain)]
+        bad = total_qlen_violations(*lengths, batch_size=batch, max_qlen=max_qlen, total_qlen=total_qlen,
+                                    cu_num=lengths[1]["work_indptr"] - 1)
+        if bad:
+            raise RuntimeError(f"aiter's get_ps_metadata_info_v1 breaks AITER's sizing invariants: {'; '.join(bad)}")
+        return budget
+
+    def alloc(self, info: list, device: torch.device) -> dict[str, torch.Tensor]:
+        """The six planner buffers of ``info`` on ``device``, zeroed."""
+        return {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
+                               device=device) for n, (shape, dt) in zip(facts.BUFFER_NAMES, info)}
 
     def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device, *,
              cu_seqlens_kv_cpu: torch.Tensor | None = None, causal: bool = True,
-             need_lse: bool = False) -> dict[str, Any]:
-        """Allocate the six planner buffers on ``device`` (info-call sized) and run the host planner on
-        ``[B+1]`` int32 query / key starts (keys default to the queries; ``causal``: bottom-right; ``need_lse``
-        goes to a v0.1.22 planner when :attr:`pass_need_lse`). Returns the buffers, ``planner_s`` (seconds),
-        ``num_partials`` (``reduce_indptr[-1]``), ``info_partial_slots`` (the info call's
-        ``reduce_partial_map`` bound), ``post_3606`` and ``need_lse`` (None: not passed)."""
+             need_lse: bool = False, bufs: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """Allocate the six planner buffers on ``device`` (info-call sized, ``total_qlen`` the call's tokens) and
+        run the host planner on ``[B+1]`` int32 query / key starts (keys default to the queries; ``causal``:
+        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`). Returns the buffers,
+        ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``), ``info_partial_slots`` (the
+        ``reduce_partial_map`` length), ``q_rows``, ``post_3606`` and ``need_lse`` (None: not passed). Given
+        ``bufs`` (a slot of :meth:`alloc`), plans into them with no device sync or read: ``planner_s`` is host
+        time and ``num_partials`` None."""
         cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
         cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
         q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).contiguous(), (cu_kv[1:] - cu_kv[:-1]).contiguous()
-        chunk = not torch.equal(q_lens, kv_lens)
-        info = self.info_shapes(int(q_lens.numel()), num_heads, int(q_lens.max()),
-                                int(kv_lens.max()) if chunk else None)
-        bufs = {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
-                               device=device) for n, (shape, dt) in zip(facts.BUFFER_NAMES, info)}
+        chunk, slot = not torch.equal(q_lens, kv_lens), bufs is not None
+        if bufs is None:
+            bufs = self.alloc(self.info_shapes(int(q_lens.numel()), num_heads, int(q_lens.max()),
+                                               int(kv_lens.max()) if chunk else None, int(cu_q[-1])), device)
         extra: dict[str, Any] = {}
-        if self.planner_revision == facts.PLANNER_V0_1_22 and self.pass_need_lse:
+        if self.planner_revision in facts.NEED_LSE_REVISIONS and self.pass_need_lse:
             extra["need_lse"] = bool(need_lse)
         t0 = time.perf_counter()
         self.m.get_ps_metadata_v1(cu_q, cu_kv, kv_lens, 1, num_heads, *(bufs[n] for n in facts.BUFFER_NAMES),
                                   qhead_granularity=facts.QHEAD_GRANULARITY, qlen_granularity=facts.Q_TILE,
                                   kvlen_granularity=facts.KVLEN_GRANULARITY, block_size=1, is_causal=bool(causal),
                                   **extra)
-        synchronize(device)
+        if not slot:
+            synchronize(device)
         planner_s = time.perf_counter() - t0
-        return {**bufs, "planner_s": planner_s, "num_partials": int(bufs["reduce_indptr"][-1].item()),
-                "info_partial_slots": numel(info[facts.BUFFER_NAMES.index("reduce_partial_map")][0]),
+        return {**bufs, "planner_s": planner_s, "num_partials": None if slot else int(bufs["reduce_indptr"][-1].item()),
+                "info_partial_slots": bufs["reduce_partial_map"].numel(), "q_rows": int(cu_q[-1]),
                 "post_3606": self.post_3606, "need_lse": extra.get("need_lse")}
 
     def _piece(self, qo_cpu: torch.Tensor, kv_cpu: torch.Tensor, pages: torch.Tensor, causal: bool, need_lse: bool,
@@ -192,7 +221,7 @@ class AiterPsDriver:
         """Plan one call and allocate its buffers (output and final_lse NaN-poisoned, so unwritten rows show)."""
         plan = self.plan(qo_cpu, h, device, cu_seqlens_kv_cpu=kv_cpu, causal=causal, need_lse=need_lse)
         t = int(qo_cpu[-1])
-        rows = max(1, plan["num_partials"]) * facts.Q_TILE
+        rows = used_partial_slots(plan["num_partials"]) * facts.Q_TILE
         q_lens, kv_lens = (qo_cpu[1:] - qo_cpu[:-1]).long(), (kv_cpu[1:] - kv_cpu[:-1]).long()
         empty = torch.repeat_interleave(kv_lens == 0, q_lens, output_size=t)
         return _Piece(
@@ -230,7 +259,10 @@ class AiterPsDriver:
         scales = [x.descale.reshape(1).to(device=dev, dtype=torch.float32).contiguous()
                   for x in (inputs.q8, inputs.k8, inputs.v8)]
         calls = case_calls(case.kind, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
-                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), dev, has_context=inputs.has_context)
+                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), dev, has_context=inputs.has_context,
+                           batch_sizes=case.batch_sizes)
+        if case.kind.back_to_back:
+            return self._back_to_back(inputs, calls, q8, k8, v8, scales)
         pieces = [self._piece(*call, case.num_heads, int(v8.shape[-1]), dev) for call in calls]
         merged: dict[str, torch.Tensor] = {}
 
@@ -251,12 +283,51 @@ class AiterPsDriver:
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="kernel", lse=lse,
                         extras=self.plan_extras([p.plan for p in pieces], case))
 
+    def _back_to_back(self, inputs: CaseInputs, calls: list, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                      scales: list[torch.Tensor]) -> Prepared:
+        """``b2b``: every batch is planned into its own buffer slot, sized once for all batches as a serving
+        builder sizes its buffers (the most sequences, the longest, the most tokens as ``total_qlen``), and
+        launched, with no host sync between batches, so a batch's kernels can still run while the next batch is
+        planned; the partials share one workspace (stream-ordered). :attr:`share_plan_slot` plans every batch
+        into one slot: the fault vLLM #58887 fixed (the next plan under the previous batch's kernel)."""
+        case, dev, h, dv = inputs.case, inputs.device, inputs.case.num_heads, int(v8.shape[-1])
+        sizes = [sum(b) for b in case.batches()]
+        info = self.info_shapes(max(case.batch_sizes), h, case.max_seq_len, total_qlen=max(sizes))
+        slots = [self.alloc(info, dev) for _ in calls[: 1 if self.share_plan_slot else len(calls)]]
+        part = used_partial_slots(slots[0]["reduce_partial_map"].numel()) * facts.Q_TILE
+        split = (torch.empty(part, h, dv, dtype=torch.float32, device=dev),
+                 torch.empty(part, h, dtype=torch.float32, device=dev))
+        ends = list(itertools.accumulate(sizes))
+        rows = [slice(a, b) for a, b in zip([0, *ends], ends)]
+        out = torch.full((case.total_tokens, h, dv), float("nan"), dtype=torch.bfloat16, device=dev)
+        lse = torch.full((case.total_tokens, h), float("nan"), dtype=torch.float32, device=dev)
+        plans: list[dict[str, Any]] = []
+        extras: dict[str, Any] = {}
+
+        def run() -> torch.Tensor:
+            plans.clear()
+            for (qo, kv, pages, causal, need_lse), r, slot in zip(calls, rows, itertools.cycle(slots)):
+                plan = self.plan(qo, h, dev, causal=causal, need_lse=need_lse, bufs=slot)
+                piece = _Piece(qo.to(dev), kv.to(dev), pages, causal, int((qo[1:] - qo[:-1]).max()), plan, *split,
+                               out[r], lse[r], valid=torch.empty(0), empty=None)
+                self.launch(piece, q8[r], k8[r], v8[r], scales, inputs.softmax_scale)
+                plans.append(plan)
+            for plan in plans:  # after every launch
+                plan["num_partials"] = int(plan["reduce_indptr"][-1].item())
+            extras.update(self.plan_extras(plans, case))
+            return out
+
+        def lse_valid() -> tuple[torch.Tensor, torch.Tensor]:
+            return lse, torch.cat([lse_rows(p, p["q_rows"], self.post_3606) for p in plans])
+
+        return Prepared(run=run, graph_capturable=False, timing_scope="call", lse=lse_valid, extras=extras)
+
     def plan_extras(self, plans: list[dict[str, Any]], case: Case) -> dict[str, Any]:
         """Record extras of a case's plans: planner seconds, partial slots, live and reserved workspace bytes
         (docs/aiter-contract.md#workspace), the reduce form, planner revision and each call's ``need_lse``."""
-        t, h = case.total_tokens, case.num_heads
-        live = sum(workspace_bytes(max(1, p["num_partials"]), t, h).total for p in plans)
-        reserved = sum(workspace_bytes(p["info_partial_slots"], t, h).total for p in plans)
+        h = case.num_heads
+        live = sum(used_workspace_bytes(p["num_partials"], p["q_rows"], h).total for p in plans)
+        reserved = sum(workspace_bytes(p["info_partial_slots"], p["q_rows"], h).total for p in plans)
         return {"planner_s": sum(p["planner_s"] for p in plans), "num_partials": sum(p["num_partials"] for p in plans),
                 "workspace_bytes": live, "reserved_workspace_bytes": reserved, "reduce_arity": self.reduce_arity,
                 "aiter_post_3606": self.post_3606, "aiter_planner_revision": self.planner_revision,
@@ -266,7 +337,7 @@ class AiterPsDriver:
         """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
         reserved workspace bytes for ``case``."""
         calls = case_calls(case.kind, case.context_lens, case.cu_seqlens_q(), case.cu_seqlens_kv(), case.causal,
-                           torch.device("cpu"))
+                           torch.device("cpu"), batch_sizes=case.batch_sizes)
         samples, plans = [], []
         for _ in range(repeats):
             plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c, need_lse=n)
@@ -293,6 +364,7 @@ class AiterPsBackend(Backend):
 
     fp8 = True
     context_chunks = Verdict.yes()  # the driver runs non-causal context chunks (q_len < kv_len) with final_lse
+    back_to_back = Verdict.yes()  # and b2b batches, each in its own plan slot
     _driver: AiterPsDriver | None = None
 
     def make_driver(self) -> AiterPsDriver:

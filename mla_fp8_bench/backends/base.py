@@ -64,13 +64,15 @@ class Backend(ABC):
     """One implementation of FP8 (or baseline) MLA prefill attention. ``name``: the registry name (CLI,
     asv parameter); ``fp8``: False for bf16 baselines; ``emulation``: a PyTorch model of a kernel (latency
     labelled, never compared); ``context_chunks``: yes when :meth:`prepare` runs ``ctx`` cases (q_len <
-    kv_len, non-causal) with LSE on every row, else no with the reason; ``config``: the run's configuration."""
+    kv_len, non-causal) with LSE on every row, else no with the reason; ``back_to_back``: yes when :meth:`prepare`
+    runs ``b2b`` cases batch by batch; ``config``: the run's configuration."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     fp8: ClassVar[bool] = True
     emulation: ClassVar[bool] = False
     context_chunks: ClassVar[Verdict] = Verdict.no("does not run context-chunk attention (q_len < kv_len, non-causal)")
+    back_to_back: ClassVar[Verdict] = Verdict.no("launches one batch per call (b2b checks AITER's plan buffers)")
     config: RunConfig = RunConfig()
 
     @abstractmethod
@@ -82,7 +84,10 @@ class Backend(ABC):
         return Verdict.yes()
 
     def supports_kind(self, kind: CaseKind) -> Verdict:
-        """Whether :meth:`prepare_case` runs cases of ``kind``: kinds with context need :attr:`context_chunks`."""
+        """Whether :meth:`prepare_case` runs cases of ``kind``: kinds with context need :attr:`context_chunks`,
+        back-to-back kinds :attr:`back_to_back`."""
+        if kind.back_to_back:
+            return self.back_to_back
         return self.context_chunks if kind.context else Verdict.yes()
 
     @abstractmethod

@@ -27,13 +27,15 @@ class CaseKind:
     ``context``) then its new keys (seen when ``new_keys``, causally when ``causal``: bottom-right, query
     ``i`` sees key ``j`` iff ``j <= kv_len - q_len + i``). Kinds with context run only where
     ``Backend.supports_kind`` says yes, and their LSE is compared on every row. ``name`` is
-    ``Case.family``; ``id_lead`` prefixes the ids of a kind without context (``""``: none)."""
+    ``Case.family``; ``id_lead`` prefixes the ids of a kind without context (``""``: none); ``back_to_back``:
+    the case's batches (``Case.batch_sizes``) are planned and launched one after another without a host sync."""
 
     name: str
     context: bool
     new_keys: bool = True
     causal: bool = True
     id_lead: str = ""
+    back_to_back: bool = False
 
     @property
     def same_q_kv(self) -> bool:
@@ -52,11 +54,13 @@ class CaseKind:
 
 
 #: Case kinds by name: ``prefill`` (q_len == kv_len, causal), ``ctx`` (a context chunk: new queries over
-#: cached keys, non-causal), ``prefix`` (prefix-cached prefill: a causal and a ctx piece merged by LSE).
+#: cached keys, non-causal), ``prefix`` (prefix-cached prefill: a causal and a ctx piece merged by LSE), ``b2b``
+#: (prefill batches of different shapes back to back: each output is its batch's own prefill).
 KINDS: dict[str, CaseKind] = {k.name: k for k in (
     CaseKind("prefill", context=False),
     CaseKind("ctx", context=True, new_keys=False, causal=False),
     CaseKind("prefix", context=True),
+    CaseKind("b2b", context=False, id_lead="b2b", back_to_back=True),
 )}
 
 #: Most decimal digits a length, count, head count or seed may have in an id (refused before any work).
@@ -85,6 +89,7 @@ class Case:
     seed: int = 0
     context_lens: tuple[int, ...] = ()  # per-sequence cached context tokens (>= 0, one >= 1) for ctx/prefix
     family: str = "prefill"  # the name of its kind, a key of KINDS
+    batch_sizes: tuple[int, ...] = ()  # b2b: sequences per batch, in launch order (>= 2 batches)
 
     def __post_init__(self) -> None:
         lens, ctx = tuple(self.seq_lens), tuple(self.context_lens)
@@ -94,6 +99,12 @@ class Case:
             raise CaseError("empty batch: seq_lens must hold at least one sequence length")
         _check_lens(lens, "seq_len", 1)
         self._check_family(lens, ctx)
+        sizes = tuple(self.batch_sizes)
+        object.__setattr__(self, "batch_sizes", sizes)
+        if self.kind.back_to_back != bool(sizes) or sizes and (len(sizes) < 2 or min(sizes) < 1
+                                                               or sum(sizes) != len(lens)):
+            raise CaseError(f"batch_sizes {list(sizes)} is invalid for a {self.family} case: a b2b case splits its "
+                            f"{len(lens)} sequences into >= 2 batches of >= 1 sequence, other kinds have none")
         if sum(lens) > MAX_TOTAL_TOKENS:
             raise CaseError(f"total tokens {sum(lens)} exceed the supported maximum {MAX_TOTAL_TOKENS}")
         if self.total_kv_tokens > MAX_TOTAL_TOKENS:
@@ -143,6 +154,11 @@ class Case:
     def max_seq_len(self) -> int:
         return max(self.seq_lens)
 
+    def batches(self) -> list[tuple[int, ...]]:
+        """The seq_lens of each batch launched back to back (``b2b``), else of the one batch."""
+        ends = list(itertools.accumulate(self.batch_sizes or (len(self.seq_lens),)))
+        return [self.seq_lens[a:b] for a, b in zip([0, *ends], ends)]
+
     @property
     def kv_lens(self) -> tuple[int, ...]:
         """Per-sequence key counts: q_len (prefill), context_len (ctx), context_len + q_len (prefix)."""
@@ -186,7 +202,7 @@ def _format_runs(items: tuple) -> str:
 def _format_base(case: Case) -> str:
     if not case.kind.context:
         lead = f"{case.kind.id_lead}-" if case.kind.id_lead else ""
-        return lead + (f"s{case.seq_lens[0]}" if case.batch_size == 1 else "ragged-" + _format_runs(case.seq_lens))
+        return lead + "-".join(f"s{b[0]}" if len(b) == 1 else "ragged-" + _format_runs(b) for b in case.batches())
     if case.batch_size == 1:
         return f"{case.family}{case.context_lens[0]}-q{case.seq_lens[0]}"
     pairs = tuple(f"{c}q{q}" for c, q in zip(case.context_lens, case.seq_lens))
@@ -203,9 +219,11 @@ def format_case_id(case: Case) -> str:
 
 _ID_HELP = (
     "expected 's<seq_len>', 'ragged-<len>[x<count>]-...', 'ctx<C>-q<Q>', 'prefix<C>-q<Q>' or "
-    "'ctx-ragged-<C>q<Q>[x<count>]-...' / 'prefix-ragged-...', followed by optional suffixes "
+    "'ctx-ragged-<C>q<Q>[x<count>]-...' / 'prefix-ragged-...' or 'b2b-' and >= 2 batches 's<S>' / 'ragged-...', "
+    "followed by optional suffixes "
     "'-h<heads>', '-cast', '-outlier'|'-mla'|'-const', '-seed<n>' (e.g. s4096, s4096-h128, "
-    "ragged-6992-6896-2495, ragged-4096x4-cast, ctx1024-q256, prefix1024-q300-seed1, prefix-ragged-1024q256-0q300)"
+    "ragged-6992-6896-2495, ragged-4096x4-cast, ctx1024-q256, prefix1024-q300-seed1, prefix-ragged-1024q256-0q300, "
+    "b2b-s8175-ragged-6992-6896-2495-ragged-4096x4)"
 )
 
 
@@ -255,6 +273,15 @@ def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]]
     return {"family": tokens[0], "context_lens": tuple(c for c, _ in runs), "seq_lens": tuple(q for _, q in runs)}, rest
 
 
+def _pop_batch(rest: list[str], case_id: str) -> tuple[int, ...]:
+    """Pop one ``s<S>`` or ``ragged-...`` batch off ``rest``."""
+    tok = rest.pop(0)
+    lens = (_num(tok[1:], case_id),) if tok != "ragged" else tuple(n for (n,) in _ragged_runs(rest, r"\d+", case_id))
+    if not lens:
+        raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
+    return lens
+
+
 def parse_case_id(case_id: str) -> Case:
     """Parse a case id (see module docstring); CaseError names the bad id and the accepted grammar."""
     if not isinstance(case_id, str) or not case_id:
@@ -267,13 +294,13 @@ def parse_case_id(case_id: str) -> Case:
     chunk = _parse_chunk_base(tokens, case_id)
     if chunk is not None:
         kw, rest = chunk
-    elif re.fullmatch(r"s\d+", tokens[0]):
-        kw["seq_lens"], rest = (_num(tokens[0][1:], case_id),), tokens[1:]
-    elif tokens[0] == "ragged":
-        rest = tokens[1:]
-        kw["seq_lens"] = tuple(n for (n,) in _ragged_runs(rest, r"\d+", case_id))
-        if not kw["seq_lens"]:
-            raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
+    elif re.fullmatch(r"s\d+|ragged", tokens[0]):
+        rest, batches = tokens, [_pop_batch(tokens, case_id)]
+        while KINDS[kw.get("family", "prefill")].back_to_back and rest and re.fullmatch(r"s\d+|ragged", rest[0]):
+            batches.append(_pop_batch(rest, case_id))
+        kw["seq_lens"] = sum(batches, ())
+        if len(batches) > 1:
+            kw["batch_sizes"] = tuple(map(len, batches))
     else:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
     for tok in rest:
@@ -308,6 +335,9 @@ SUITES: dict[str, tuple[str, ...]] = {
     "edge": ("s1", "s255", "s256", "s257", "ragged-1x120-8000", "ragged-16384x4-4096", "s512-h1", "s512-h8",
              "s512-h12", "s512-h24", "s512-h32", "s512-h64", "s512-h128", "s512-cast-outlier", "s512-const"),
     "short-prompt": ("ragged-603-640-655-698",),
+    # vLLM's async-scheduling test batches back to back (plan buffers rewritten under a running kernel), and
+    # the same structure at 1/32 for the CPU emulation
+    "b2b": ("b2b-s8175-ragged-6992-6896-2495-ragged-4096x4", "b2b-s255-ragged-218-215-78-ragged-128x4"),
     # prefix-cached prefill: context chunks (non-causal) and whole prefix prefills (LSE merge)
     "prefix": ("ctx1024-q256", "prefix1024-q300", "ctx-ragged-1024q256-100q64", "prefix-ragged-1024q256-100q50",
                "prefix-ragged-2048q128-0q300"),
