@@ -1,31 +1,36 @@
-"""``mla-fp8-bench calibrate``: measure error distributions over seeds and derive tolerances.
+"""``mla-fp8-bench calibrate``: measure error distributions over seeds on the device the backend runs on,
+derive tolerances and validate them.
 
 Every backend x quantisation mode (:data:`QUANTS`) x input distribution (:data:`DISTS`) x case shape
 runs over ``--seeds`` seeds (>= :data:`MIN_SEEDS`), plus the probes of
-:mod:`mla_fp8_bench.analysis.probes`; tolerance = max(floor, max over seeds x margin) per (backend,
-case without its seed, metric), checked on ``--validate-seeds`` held-out seeds (from
-:data:`VALIDATION_SEED0`). Why the maximum and why x2.0: docs/regressions.md, section 1. The file
-format and the check of records live in :mod:`mla_fp8_bench.analysis.tolerances`.
+:mod:`mla_fp8_bench.analysis.probes` for ``aiter-emulated``; tolerance = max(floor, max over seeds x margin)
+per (backend, case without its seed, metric). Validation: the held-out seeds (from
+:data:`VALIDATION_SEED0`) must raise no alarm, and each fault of :data:`FAULTS`, injected around the
+backend's real calls on the first held-out seed of every case where it changes the call, must be flagged.
+Why the maximum and why x2.0: docs/regressions.md, section 1. The file format and the check of records
+live in :mod:`mla_fp8_bench.analysis.tolerances`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as _dt
 import itertools
 import math
 import os
-import platform as _platform
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from mla_fp8_bench.analysis import tolerances
 from mla_fp8_bench.analysis.stats import summary
 from mla_fp8_bench.analysis.tolerances import FLOORS, METRICS, ZERO_METRICS
+from mla_fp8_bench.backends.base import Backend, compose_prefix
 from mla_fp8_bench.config import DEFAULT_EMU_CU_NUM, RunConfig
+from mla_fp8_bench.problem.prefix import merge_attn_states
 
 METHOD = "max_over_seeds_times_margin"
 DEFAULT_MARGIN = 2.0
@@ -40,38 +45,114 @@ DEFAULT_CASES = ("s128", "s257", "s512", "ragged-255-257", "s512-h8",
 DEFAULT_BACKENDS = ("aiter-emulated", "torch-fp8-ref")
 QUANTS = ("per_tensor", "cast")
 DISTS = ("normal", "outlier", "mla")
+#: Faults injected around a backend's real calls to validate a calibration; each where it changes the call.
+FAULTS = {
+    "q_descale_x2": "the q descale passed to the kernel is doubled (fp8 backends, every case)",
+    "drop_reduce_group": "mla_reduce_v1 leaves the first group of >= 2 partials unmerged: its final rows and "
+                         "LSE are its first partial (AITER PS backends, cases with split tiles)",
+    "lse_merge_exp2": "the LSE merge of a prefix case's two chunks weighs natural-log LSEs with exp2 (prefix cases)",
+    "drop_context_chunk": "the LSE merge of a prefix case leaves the context chunk out (prefix cases)",
+}
+
+
+# ------------------------------------------------------------------------------------------ faults
+class _UnmergedGroup:
+    """An ``aiter`` module whose ``mla_reduce_v1`` runs the real reduce, then overwrites the final rows and
+    LSE of the first group of >= 2 partials with that group's first partial (as the kernel wrote it)."""
+
+    def __init__(self, module: Any, owner: FaultyBackend):
+        self._m, self._owner = module, owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._m, name)
+
+    def mla_reduce_v1(self, partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                      *rest):
+        self._m.mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
+                              *rest)
+        final_output, final_lse = rest[-2:]  # the driver passes both last, positionally
+        ri, fmap = reduce_indptr.tolist(), reduce_final_map.tolist()
+        for g in range(min(len(ri) - 1, len(fmap))):
+            (q0, q1), p = fmap[g], int(reduce_partial_map[ri[g]])
+            if ri[g + 1] - ri[g] >= 2 and q1 > q0:
+                final_output[q0:q1] = partial_output[p : p + q1 - q0].to(final_output.dtype)
+                final_lse[q0:q1] = partial_lse[p : p + q1 - q0]
+                self._owner.injected = True
+                return
+
+
+class FaultyBackend(Backend):
+    """``inner`` with one fault of :data:`FAULTS` injected around its real calls, under ``inner``'s name (a
+    regressed library still reports as itself). ``injected``: whether a call was changed."""
+
+    def __init__(self, inner: Backend, fault: str):
+        from mla_fp8_bench.backends.aiter_real import AiterPsBackend
+
+        self.inner, self.fault, self.injected, self.config = inner, fault, False, inner.config
+        self.name, self.fp8, self.emulation = inner.name, inner.fp8, inner.emulation
+        self.context_chunks = inner.context_chunks
+        if fault == "drop_reduce_group" and isinstance(inner, AiterPsBackend):
+            driver = inner.driver()
+            driver.m = _UnmergedGroup(driver.m, self)
+
+    def availability(self, platform):
+        return self.inner.availability(platform)
+
+    def supports(self, case, platform):
+        return self.inner.supports(case, platform)
+
+    def prepare(self, inputs):
+        if self.fault == "q_descale_x2" and self.fp8:
+            inputs = replace(inputs, q8=replace(inputs.q8, descale=inputs.q8.descale * 2))
+            self.injected = True
+        return self.inner.prepare(inputs)
+
+    def prepare_case(self, inputs):
+        if inputs.case.kind.composed and self.fault in ("lse_merge_exp2", "drop_context_chunk"):
+            self.supports_kind(inputs.case.kind)
+            return compose_prefix(self, inputs, merge=self._merge)
+        return super().prepare_case(inputs)
+
+    def _merge(self, ctx_out, ctx_lse, new_out, new_lse):
+        self.injected = True
+        if self.fault == "drop_context_chunk":
+            return new_out, new_lse.float()
+        out, lse = merge_attn_states(ctx_out, ctx_lse * math.log(2), new_out, new_lse * math.log(2))
+        return out, lse / math.log(2)
+
 
 # ------------------------------------------------------------------------------------------ measuring
-def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None) -> dict[str, dict[str, Any]]:
-    """Records (metric dicts) of each backend on one case (CPU, no timing)."""
+def _measure_case(case_id: str, backends: tuple[str, ...], cu_num: int | None, device: str = "cpu",
+                  faults: bool = False) -> dict[str, dict[str, Any]]:
+    """Records (metric dicts) of each backend on one case (no timing); with ``faults``, also each fault's
+    record where the fault changed the call, keyed ``"<backend> <fault>"``."""
     from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
-    pinfo = platform_info("cpu")
+    pinfo = platform_info(device)
     case_data = CaseData(parse_case_id(case_id), pinfo, None)
     opts = RunOptions(timing=False, determinism=False)
     cfg = RunConfig(emu_cu_num=cu_num or DEFAULT_EMU_CU_NUM)
     out = {}
-    for b in backends:
-        rec = evaluate_one(get_backend(b, cfg), case_data, pinfo, opts).as_dict()
+    for b, f in itertools.product(backends, [None, *FAULTS] if faults else [None]):
+        backend = get_backend(b, cfg) if f is None else FaultyBackend(get_backend(b, cfg), f)
+        rec = evaluate_one(backend, case_data, pinfo, opts).as_dict()
         rec.pop("traceback", None)
-        out[b] = rec
+        if f is None or (backend.injected and rec["status"] != "skipped"):
+            out[b if f is None else f"{b} {f}"] = rec
     return out
 
 
 def _measure_task(task: tuple) -> tuple[tuple, dict[str, dict[str, Any]]]:
-    import torch
-
     torch.set_num_threads(1)  # one thread per worker process: --jobs sets the parallelism
     if task[0] == "probe":
         from mla_fp8_bench.analysis.probes import probe_record
 
         _, name, seed = task
         return task, {"aiter-emulated": probe_record(name, seed)}
-    _, case_id, backends, cu_num = task
-    return task, _measure_case(case_id, backends, cu_num)
+    return task, _measure_case(*task[1:])
 
 
 def _run_tasks(tasks: list[tuple], jobs: int, progress) -> list[tuple[tuple, dict]]:
@@ -93,21 +174,22 @@ def _run_tasks(tasks: list[tuple], jobs: int, progress) -> list[tuple[tuple, dic
 
 
 def _tasks(shapes: Iterable[str], quants: Iterable[str], dists: Iterable[str], seeds: Iterable[int],
-           backends: tuple[str, ...], cu_num: int | None, probes: bool) -> list[tuple]:
+           backends: tuple[str, ...], cu_num: int | None, probes: bool, device: str) -> list[tuple]:
+    """Case tasks; the first held-out seed's also run the faults."""
     from mla_fp8_bench.analysis.probes import PROBES
     from mla_fp8_bench.problem.cases import parse_case_id
 
     seeds = list(seeds)
-    tasks = [("case", replace(base, quant=qm, dist=d, seed=s).id, backends, cu_num)
+    tasks = [("case", replace(base, quant=qm, dist=d, seed=s).id, backends, cu_num, device, s == VALIDATION_SEED0)
              for base, qm, d, s in itertools.product(map(parse_case_id, shapes), quants, dists, seeds)]
     return tasks + ([("probe", name, s) for name in PROBES for s in seeds] if probes else [])
 
 
 def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, margin: float,
-                validate_seeds: int = MIN_SEEDS) -> None:
+                validate_seeds: int = MIN_SEEDS, device: str = "cpu") -> None:
     """Refuse bad calibrate arguments before any measuring (ValueError naming the value): seed counts
     outside ``MIN_SEEDS .. VALIDATION_SEED0`` (the held-out seeds must stay held out) and
-    ``0 .. MAX_VALIDATION_SEEDS``, a margin < 1, unknown names, a backend that cannot run on this CPU."""
+    ``0 .. MAX_VALIDATION_SEEDS``, a margin < 1, unknown names, a backend that cannot run on ``device``."""
     from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
@@ -123,12 +205,13 @@ def _check_args(backends: tuple[str, ...], shapes: tuple[str, ...], seeds: int, 
                          f"{MAX_VALIDATION_SEEDS}")
     if not (margin >= 1.0 and math.isfinite(margin)):
         raise ValueError(f"--margin {margin} is invalid: a finite factor >= 1")
-    pinfo = platform_info("cpu")
+    pinfo = platform_info(device)
     for b in backends:
         verdict = get_backend(b).availability(pinfo)
         if not verdict:
-            raise ValueError(f"backend {b!r} cannot be calibrated on this CPU ({verdict.reason}): calibrate runs "
-                             f"on the CPU; e.g. --backends {','.join(DEFAULT_BACKENDS)}")
+            where = "this CPU" if pinfo.device_type == "cpu" else f"{pinfo.describe()} ({pinfo.device})"
+            raise ValueError(f"backend {b!r} cannot be calibrated on {where} ({verdict.reason}): calibrate "
+                             f"runs the backend where it runs (--device); e.g. --backends {','.join(DEFAULT_BACKENDS)}")
     for s in shapes:
         c = parse_case_id(s)
         if (c.quant, c.dist, c.seed) != ("per_tensor", "normal", 0):
@@ -177,86 +260,83 @@ def _derive(values: dict[str, dict[str, dict[str, list[float]]]], margin: float)
     return dists_out, tol_out, groups
 
 
-def _validation_summary(results: list[tuple[tuple, dict]], tol: tolerances.Tolerances) -> dict[str, Any]:
-    """Per backend: held-out records, false alarms (with up to 3 violations each), worst value/tolerance."""
+def _validation_summary(results: list[tuple[tuple, dict]], tol: tolerances.Tolerances, seeds: int) -> dict:
+    """Per backend: held-out records, false alarms (with up to 3 violations each), worst value/tolerance and
+    per fault the records it changed and how many were flagged; ``passed``: 0 false alarms, every fault caught."""
     out: dict[str, Any] = {}
     for _task, recs in results:
-        for b, rec in recs.items():
-            s = out.setdefault(b, {"records": 0, "false_alarms": 0, "alarms": [], "worst_ratio": 0.0, "worst": None})
-            s["records"] += 1
+        for key, rec in recs.items():
+            b, _, fault = key.partition(" ")
+            s = out.setdefault(b, {"records": 0, "false_alarms": 0, "alarms": [], "worst_ratio": 0.0, "worst": None,
+                                   "faults": {}})
             viol = tolerances.check(rec, tol)
-            if viol:
-                s["false_alarms"] += 1
-                s["alarms"].extend(str(v) for v in viol[:3])
-            r, _how = tolerances.ratios(rec, tol)
-            for m, x in r.items():
+            if fault:
+                f = s["faults"].setdefault(fault, {"injected": 0, "caught": 0, "missed": []})
+                f["injected"] += 1
+                f["caught"] += bool(viol)
+                f["missed"] += [] if viol else [rec["case"]]
+                continue
+            s["records"] += 1
+            s["false_alarms"] += bool(viol)
+            s["alarms"].extend(str(v) for v in viol[:3])
+            for m, x in tolerances.ratios(rec, tol)[0].items():
                 if x > s["worst_ratio"]:
                     s["worst_ratio"], s["worst"] = x, f"{rec['case']} {m} = {rec[m]:.4g}"
     for s in out.values():
         s["worst_ratio"] = round(s["worst_ratio"], 4)
-    return out
+    faults = [f for s in out.values() for f in s["faults"].values()]
+    alarms = sum(s["false_alarms"] for s in out.values())
+    caught, injected = sum(f["caught"] for f in faults), sum(f["injected"] for f in faults)
+    return {"held_out_seeds": seeds, "fault_seed": VALIDATION_SEED0, "false_alarms": alarms, "faults_caught": caught,
+            "faults_injected": injected, "passed": alarms == 0 and caught == injected > 0, "backends": out}
 
 
 def calibrate(*, backends: tuple[str, ...] = DEFAULT_BACKENDS, shapes: tuple[str, ...] = DEFAULT_CASES,
               quants: tuple[str, ...] = QUANTS, dists: tuple[str, ...] = DISTS, seeds: int = MIN_SEEDS,
               validate_seeds: int = MIN_SEEDS, margin: float = DEFAULT_MARGIN, name: str = DEFAULT_NAME,
-              jobs: int = 1, cu_num: int | None = None, probes: bool = True,
+              jobs: int = 1, cu_num: int | None = None, probes: bool = True, device: str = "cpu",
               progress=None) -> dict[str, Any]:
-    """Measure, derive and validate tolerances; returns the JSON document (see module docstring).
+    """Measure on ``device``, derive and validate tolerances; returns the JSON document (module docstring).
 
     Raises:
-        ValueError: fewer than :data:`MIN_SEEDS` seeds, a margin < 1, or bad case/backend names.
-        RuntimeError: a healthy calibration run failed.
+        ValueError: bad arguments (:func:`_check_args`). RuntimeError: a healthy calibration run failed.
     """
     from mla_fp8_bench.analysis.probes import PROBES
+    from mla_fp8_bench.measure.devices import environment, platform_info
 
-    _check_args(backends, shapes, seeds, margin, validate_seeds)
+    _check_args(backends, shapes, seeds, margin, validate_seeds, device)
+    pinfo = platform_info(device)
     probes = probes and "aiter-emulated" in backends
     progress = progress or (lambda t: None)
+    grid = (shapes, quants, dists)
     t0 = time.perf_counter()
-    cal = _run_tasks(_tasks(shapes, quants, dists, range(seeds), backends, cu_num, probes), jobs, progress)
-    cal_s = time.perf_counter() - t0
+    cal = _run_tasks(_tasks(*grid, range(seeds), backends, cu_num, probes, str(pinfo.device)), jobs, progress)
+    timing = {"calibration": round(time.perf_counter() - t0, 1)}
     dists_out, tol_out, groups = _derive(_collect(cal), margin)
     doc: dict[str, Any] = {
         "schema": tolerances.SCHEMA, "version": tolerances.SCHEMA_VERSION, "name": name, "method": METHOD,
         "margin": margin,
-        "method_text": (f"tolerance = max(floor, max over {seeds} calibration seeds x {margin}) per (backend, case "
-                        "case, metric); case = case id without seed; groups = max over a (quant, dist) "
-                        "group's shapes, used for shapes that were not calibrated"),
+        "method_text": (f"tolerance = max(floor, max over {seeds} calibration seeds x {margin}) per (backend, case, "
+                        "metric); case = case id without seed; groups = max over a (quant, dist) group's shapes, "
+                        "used for shapes not calibrated that are at least as large as its smallest"),
         "floors": FLOORS, "metrics": list(METRICS), "always_zero": list(ZERO_METRICS),
         "seeds": {"calibration": list(range(seeds)),
                   "validation": list(range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds))},
         "cases": {"shapes": list(shapes), "quants": list(quants), "dists": list(dists),
                   "probes": sorted(PROBES) if probes else []},
-        "backends": list(backends),
-        "env": _env(cu_num),
-        "tolerances": tol_out, "groups": groups, "distributions": dists_out,
-        "timing_s": {"calibration": round(cal_s, 1)},
+        "backends": list(backends), "faults": FAULTS,
+        "env": {**environment(pinfo), "emu_cu_num": cu_num or DEFAULT_EMU_CU_NUM,
+                "reference_dtype": "float64" if pinfo.device_type == "cpu" else "float32"},
+        "tolerances": tol_out, "groups": groups, "distributions": dists_out, "timing_s": timing,
     }
     if validate_seeds:
         tol = tolerances.Tolerances("<calibrating>", tolerances.validate_tolerances(doc))
         t1 = time.perf_counter()
-        val = _run_tasks(_tasks(shapes, quants, dists, range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds),
-                                backends, cu_num, probes), jobs, progress)
-        doc["timing_s"]["validation"] = round(time.perf_counter() - t1, 1)
-        doc["validation"] = _validation_summary(val, tol)
+        val = _run_tasks(_tasks(*grid, range(VALIDATION_SEED0, VALIDATION_SEED0 + validate_seeds), backends, cu_num,
+                                probes, str(pinfo.device)), jobs, progress)
+        timing["validation"] = round(time.perf_counter() - t1, 1)
+        doc["validation"] = _validation_summary(val, tol, validate_seeds)
     return doc
-
-
-def _env(cu_num: int | None) -> dict[str, Any]:
-    import torch
-
-    from mla_fp8_bench import __version__
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = _platform.processor() or _platform.machine()
-    return {"mla_fp8_bench": __version__, "torch": torch.__version__, "python": _platform.python_version(),
-            "device": "cpu", "cpu": cpu, "num_cpu": os.cpu_count(), "emu_cu_num": cu_num or DEFAULT_EMU_CU_NUM,
-            "fp8_dtype": "float8_e4m3fn", "reference_dtype": "float64",
-            "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -273,19 +353,18 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
         for v in vals:
             if v not in allowed:
                 raise ValueError(f"{what} {v!r} is unknown: allowed {', '.join(allowed)}")
-    if args.jobs < 1:
-        raise ValueError(f"--jobs {args.jobs} is invalid: >= 1")
-    _check_args(backends, shapes, args.seeds, args.margin, args.validate_seeds)
+    _check_args(backends, shapes, args.seeds, args.margin, args.validate_seeds, args.device)
     if args.out == "":
         raise ValueError("--out '' is empty: give a file path (default tolerances/<name>.json when --out is left out)")
     out = args.out or f"tolerances/{args.name}.json"
-    check_output_path(out, "--out")  # before hours of measuring
+    if check_output_path(out, "--out").exists():  # before hours of measuring
+        raise ValueError(f"--out {out} exists: calibrate never replaces a tolerance file (a shipped one included); "
+                         "give a new --name or --out")
     n_tasks = len(shapes) * len(quants) * len(dists) * (args.seeds + args.validate_seeds)
-    console.print(f"calibrating {', '.join(backends)} on {len(shapes)} shapes x {len(quants)} quant x {len(dists)} "
-                  f"dist x ({args.seeds} + {args.validate_seeds} held-out) seeds = {n_tasks} case runs "
-                  f"(+ probes), {args.jobs} job(s)")
-    done = [0]
-    t0 = time.perf_counter()
+    console.print(f"calibrating {', '.join(backends)} on {args.device}: {len(shapes)} shapes x {len(quants)} quant x "
+                  f"{len(dists)} dist x ({args.seeds} + {args.validate_seeds} held-out) seeds = {n_tasks} case runs "
+                  f"(+ probes, + faults on held-out seed {VALIDATION_SEED0}), {args.jobs} job(s)")
+    done, t0 = [0], time.perf_counter()
 
     def progress(task):
         done[0] += 1
@@ -294,9 +373,9 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
 
     doc = calibrate(backends=backends, shapes=shapes, quants=quants, dists=dists, seeds=args.seeds,
                     validate_seeds=args.validate_seeds, margin=args.margin, name=args.name, jobs=args.jobs,
-                    cu_num=args.cu_num, probes=not args.no_probes, progress=progress)
+                    cu_num=args.cu_num, probes=not args.no_probes, device=args.device, progress=progress)
     write_json_or_rescue(doc, out, "calibrated tolerances")  # atomic; hours of measuring survive a refused write
-    t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) - {out}")
+    t = Table(title=f"tolerances ({METHOD}, margin {doc['margin']}) on {doc['env']['device_name']} - {out}")
     for col in ("backend", "case", "max-abs fp8 (med/max -> tol)", "max-abs bf16 (med/max -> tol)",
                 "rel-L2 fp8 tol", "mismatch tol"):
         t.add_column(col)
@@ -307,10 +386,16 @@ def cmd_calibrate(args: argparse.Namespace, console) -> int:
                       for m in ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref")]
             t.add_row(b, key, *spread, f"{mets['rel_l2_error_fp8_ref']:.3g}", f"{mets['mismatch_fraction']:.3g}")
     console.print(t)
-    for b, s in doc.get("validation", {}).items():
-        console.print(f"held-out validation {b}: {s['false_alarms']} false alarm(s) in {s['records']} records; "
-                      f"worst value/tolerance {s['worst_ratio']} ({s['worst']})")
+    val = doc.get("validation")
+    for b, s in (val or {}).get("backends", {}).items():
+        caught = ", ".join(f"{f} {x['caught']}/{x['injected']}" for f, x in s["faults"].items())
+        console.print(f"held-out validation {b}: {s['false_alarms']} false alarm(s) in {s['records']} records; worst "
+                      f"value/tolerance {s['worst_ratio']} ({s['worst']}); faults caught: {caught or 'none injected'}")
     console.print(f"wrote {out}")
+    if val and not val["passed"]:
+        console.print(f"VALIDATION FAILED: {val['false_alarms']} false alarm(s), faults caught {val['faults_caught']}/"
+                      f"{val['faults_injected']}: the file is kept, and refused as a tolerance file")
+        return 1
     return 0
 
 
@@ -318,7 +403,8 @@ def add_parser(subparsers) -> None:
     from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
     from mla_fp8_bench.argtypes import ascii_float, ascii_int, int_in, safe_name
 
-    p = subparsers.add_parser("calibrate", help="measure error distributions over seeds and write tolerances JSON")
+    p = subparsers.add_parser("calibrate", help="measure error distributions over seeds on this device, write "
+                                                "tolerances JSON validated on held-out seeds and injected faults")
     p.add_argument("--seeds", type=ascii_int, default=MIN_SEEDS, help=f"calibration seeds 0..N-1 (>= {MIN_SEEDS})")
     p.add_argument("--validate-seeds", type=ascii_int, default=MIN_SEEDS,
                    help=f"held-out seeds {VALIDATION_SEED0}.. checked against the new tolerances (0: skip)")
@@ -329,8 +415,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dists", action="append", help=f"comma-separated (default {','.join(DISTS)})")
     p.add_argument("--margin", type=ascii_float, default=DEFAULT_MARGIN, help="tolerance = max over seeds x margin")
     p.add_argument("--name", default=DEFAULT_NAME, type=safe_name("tolerance set name"),
-                   help="tolerance set name (file tolerances/<name>.json)")
-    p.add_argument("--out", help="output JSON path (default tolerances/<name>.json)")
+                   help="tolerance set name (file tolerances/<name>.json, never replaced)")
+    p.add_argument("--out", help="output JSON path (default tolerances/<name>.json); an existing file is refused")
     cpus = os.cpu_count() or 1
     p.add_argument("--jobs", "-j", type=int_in(1, cpus), default=1,
                    help=f"worker processes (1 torch thread each; at most this machine's {cpus} CPUs)")
