@@ -124,9 +124,9 @@ def load_tolerances(path: str | os.PathLike) -> Tolerances:
     """Read and validate a tolerance file; ToleranceFileError: missing, not a regular file, unreadable, not
     UTF-8 or JSON (with line/column), nested too deep, or refused by :func:`validate_tolerances`."""
     p = str(path)
+    if not Path(p).is_file():
+        raise _bad(p, "not found" if not Path(p).exists() else "is not a regular file")
     try:
-        if not Path(p).is_file():
-            raise _bad(p, "not found" if not Path(p).exists() else "is not a regular file")
         data = json.loads(Path(p).read_text())
     except OSError as exc:
         raise _bad(p, f"cannot be read ({exc.strerror or exc})") from None
