@@ -8,6 +8,11 @@ first flagged one; ``unsaturated_cast`` needs ``s257-cast-outlier``; ``top_left_
 the prefix-cached-prefill faults (``PREFIX_FAULT_CASES``) are tried on context-chunk and prefix cases
 (see :mod:`support.faults`). The full per-case numbers are in docs/regressions.md
 (``python -m tests.support.faults --seeds 0,1,2``).
+
+The faults ``calibrate`` injects around a backend's real calls (``FaultyBackend``: a doubled q descale, an
+unmerged reduce group, an exp2 LSE merge, a dropped context chunk) are checked on hand values and through
+``calibrate`` itself on the CPU, the code path a GPU runs; so are the refusals of a tolerance file that failed
+its validation, that is not a regular file, or that calibrate would replace, and a clean A/A on tiny cases.
 """
 
 from __future__ import annotations
