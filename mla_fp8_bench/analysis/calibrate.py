@@ -62,9 +62,10 @@ class FaultyBackend:
     def __init__(self, inner: Backend, fault: str):
         self.inner, self.fault = inner, fault
         if fault == "drop_reduce_group" and isinstance(inner, AiterPsBackend):  # the aiter module, reduce wrapped
-            driver = inner.driver()
-            reduce = partial(self._reduce, driver.m.mla_reduce_v1)
-            driver.m = types.SimpleNamespace(**{**vars(driver.m), "mla_reduce_v1": reduce})
+            driver, module = inner.driver(), types.ModuleType("aiter")  # the rest read from the real one
+            module.__getattr__ = partial(getattr, driver.m)
+            module.mla_reduce_v1 = partial(self._reduce, driver.m.mla_reduce_v1)
+            driver.m = module
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
