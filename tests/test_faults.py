@@ -8,6 +8,11 @@ first flagged one; ``unsaturated_cast`` needs ``s257-cast-outlier``; ``top_left_
 the prefix-cached-prefill faults (``PREFIX_FAULT_CASES``) are tried on context-chunk and prefix cases
 (see :mod:`support.faults`). The full per-case numbers are in docs/regressions.md
 (``python -m tests.support.faults --seeds 0,1,2``).
+
+The faults ``calibrate`` injects around a backend's real calls (``FaultyBackend``: a doubled q descale, an
+unmerged reduce group, an exp2 LSE merge, a dropped context chunk) are checked on hand values and through
+``calibrate`` itself on the CPU, the code path a GPU runs; so are the refusals of a tolerance file that failed
+its validation, that is not a regular file, or that calibrate would replace, and a clean A/A on tiny cases.
 """
 
 from __future__ import annotations
@@ -167,3 +172,177 @@ def test_unsplit_rows_of_a_one_block_context_chunk():
 
     rows = unsplit_rows(make_inputs(parse_case_id("ctx100-q64")), 256)
     assert rows.shape == (64,) and bool(rows.all())
+
+
+# ------------------------------------------------------------------ faults around a backend's real calls (calibrate)
+def test_descale_fault_doubles_the_q_descale_the_backend_is_given():
+    """``q_descale_x2`` on ``torch-fp8-ref`` equals SDPA on the dequantised inputs with q doubled (reference
+    written here, float64)."""
+    from mla_fp8_bench.analysis.calibrate import FaultyBackend
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    inp = make_inputs(parse_case_id("s64-h2"))
+    faulty = FaultyBackend(get_backend("torch-fp8-ref"), "q_descale_x2")
+    out = faulty.prepare_case(inp).run().double()
+    q, k, v = (x.dequantize(torch.float64) for x in (inp.q8, inp.k8, inp.v8))
+    s = torch.einsum("qhd,khd->hqk", 2 * q, k) * inp.softmax_scale
+    s = s.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+    assert faulty.name == "torch-fp8-ref" and not faulty.emulation
+    healthy = get_backend("torch-fp8-ref").prepare_case(inp).run().double()
+    assert (out - ref).abs().max() < 0.02 < (healthy - ref).abs().max()
+
+
+def test_merge_faults_on_hand_values():
+    """Context piece: out 0, LSE 0; new piece: out 1, LSE 1 (natural log). exp weights give the new piece
+    e/(1+e) = 0.731; the exp2 mix-up gives 2/(1+2) = 2/3 and LSE log2(3); dropping the context chunk gives 1."""
+    from mla_fp8_bench.analysis.calibrate import FaultyBackend
+    from mla_fp8_bench.backends import get_backend
+
+    o0, o1, l0, l1 = torch.zeros(1, 1, 4), torch.ones(1, 1, 4), torch.zeros(1, 1), torch.ones(1, 1)
+    exp2 = FaultyBackend(get_backend("torch-fp8-ref"), "lse_merge_exp2")
+    out, lse = exp2._merge(o0, l0, o1, l1)
+    assert out.flatten().tolist() == pytest.approx([2 / 3] * 4) and float(lse) == pytest.approx(math.log2(3))
+    out, lse = FaultyBackend(get_backend("torch-fp8-ref"), "drop_context_chunk")._merge(o0, l0, o1, l1)
+    assert out.flatten().tolist() == [1.0] * 4 and float(lse) == 1.0
+
+
+def test_dropped_reduce_group_keeps_the_first_partial_of_the_first_split_group():
+    """Groups: rows 0..2 from one partial (slot row 0), rows 2..4 from two (slot rows 256 and 512). After the
+    real reduce (here: writes 7), rows 2..4 hold partial rows 256..258 (the group's first) and their LSE."""
+    from mla_fp8_bench.analysis.calibrate import FaultyBackend
+    from mla_fp8_bench.backends import get_backend
+
+    partial_out = torch.zeros(768, 1, 2)
+    partial_out[256:258] = torch.tensor([[[1.0, 2.0]], [[3.0, 4.0]]])
+    partial_lse = torch.arange(768, dtype=torch.float32).reshape(768, 1)
+    out, lse = torch.zeros(4, 1, 2, dtype=torch.bfloat16), torch.zeros(4, 1)
+
+    def real_reduce(po, pl, indptr, fmap, pmap, *rest):
+        rest[-2].fill_(7)
+        rest[-1].fill_(7)
+
+    f = FaultyBackend(get_backend("aiter-emulated"), "drop_reduce_group")
+    f._reduce(real_reduce, partial_out, partial_lse, torch.tensor([0, 1, 3]), torch.tensor([[0, 2], [2, 4]]),
+              torch.tensor([0, 256, 512]), 256, 0, out, lse)
+    assert out[:2].flatten().tolist() == [7.0] * 4 and lse.flatten().tolist() == [7.0, 7.0, 256.0, 257.0]
+    assert out[2:].flatten().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_dropped_reduce_group_changes_nothing_without_split_tiles():
+    """s128 at 256 CUs splits no tile: the wrapped reduce leaves the output bit for bit (calibrate counts no
+    injection there); on s257 one block of at most one q tile (256 rows) differs, the rest stays bit for bit."""
+    from mla_fp8_bench.analysis.calibrate import FaultyBackend
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.problem.cases import parse_case_id
+    from mla_fp8_bench.problem.inputs import make_inputs
+
+    for cid, rows in (("s128-h2", False), ("s257-h2", True)):
+        inp = make_inputs(parse_case_id(cid))
+        good = get_backend("aiter-emulated").prepare_case(inp).run()
+        bad = FaultyBackend(get_backend("aiter-emulated"), "drop_reduce_group").prepare_case(inp).run()
+        idx = (good.view(torch.int16) != bad.view(torch.int16)).any(-1).any(-1).nonzero().flatten().tolist()
+        assert len(idx) == 0 if not rows else idx == list(range(idx[0], idx[0] + len(idx))) and len(idx) <= 256, cid
+
+
+def test_a_fault_that_changes_no_result_is_not_counted():
+    """``torch-sdpa-bf16`` never reads the fp8 descale, and s64 is no prefix case: no fault record; on
+    prefix256-q100 the two merge faults change its result and are kept."""
+    from mla_fp8_bench.analysis.calibrate import _measure_case
+
+    assert list(_measure_case("s64-h2", ("torch-sdpa-bf16",), None, "cpu", True)) == ["torch-sdpa-bf16"]
+    recs = _measure_case("prefix256-q100-h2", ("torch-sdpa-bf16",), None, "cpu", True)
+    assert list(recs) == ["torch-sdpa-bf16", "torch-sdpa-bf16 lse_merge_exp2", "torch-sdpa-bf16 drop_context_chunk"]
+
+
+def test_calibrate_on_the_cpu_validates_with_held_out_seeds_and_every_fault():
+    """The code path a GPU runs (only the device differs): 20 seeds, 3 held-out seeds, 0 false alarms, every
+    fault injected where it applies and caught; the file carries the numbers and the machine."""
+    from mla_fp8_bench.analysis.calibrate import calibrate
+    from mla_fp8_bench.analysis.tolerances import validate_tolerances
+
+    doc = calibrate(backends=("aiter-emulated", "torch-fp8-ref"), shapes=("s257", "prefix256-q100"),
+                    quants=("per_tensor",), dists=("normal",), validate_seeds=3, probes=False)
+    val = doc["validation"]
+    print({b: (s["false_alarms"], s["worst_ratio"], s["faults"]) for b, s in val["backends"].items()})
+    assert val["held_out_seeds"] == 3 and val["false_alarms"] == 0 and val["passed"]
+    faults = {b: {f: (x["caught"], x["injected"]) for f, x in s["faults"].items()} for b, s in val["backends"].items()}
+    assert faults == {"aiter-emulated": {"q_descale_x2": (2, 2), "drop_reduce_group": (2, 2), "lse_merge_exp2": (1, 1),
+                                         "drop_context_chunk": (1, 1)},
+                      "torch-fp8-ref": {"q_descale_x2": (2, 2), "lse_merge_exp2": (1, 1), "drop_context_chunk": (1, 1)}}
+    assert val["backends"]["aiter-emulated"]["records"] == 2 * 3
+    assert doc["env"]["device"] == "cpu" and doc["env"]["device_name"] and doc["env"]["torch"] == torch.__version__
+    assert validate_tolerances(doc) is doc
+
+
+def test_a_tolerance_file_that_failed_its_validation_is_refused(tmp_path):
+    import json
+
+    from mla_fp8_bench.analysis.tolerances import ToleranceFileError
+
+    doc = json.loads(TOL_PATH.read_text())
+    doc["validation"] = {"passed": False, "false_alarms": 1, "faults_caught": 3, "faults_injected": 4}
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    with pytest.raises(ToleranceFileError, match=r"t\.json: failed its own validation \(1 false alarm\(s\) on held-out "
+                                                 r"seeds, faults caught 3/4\): recalibrate"):
+        load_tolerances(tmp_path / "t.json")
+
+
+def test_a_fifo_as_tolerance_file_is_refused_without_blocking(tmp_path):
+    """Reading a FIFO with no writer blocks forever: it is refused as not a regular file."""
+    import os
+    import threading
+
+    from mla_fp8_bench.analysis.tolerances import ToleranceFileError
+
+    fifo = tmp_path / "tol.json"
+    os.mkfifo(fifo)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(pytest.raises(ToleranceFileError, load_tolerances, fifo)),
+                         daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # unblock the reader so the test process can end
+        with open(fifo, "w"):
+            pass
+    assert got and "tol.json: is not a regular file" in str(got[0].value)
+
+
+def test_calibrate_never_replaces_the_shipped_tolerance_file(capsys, monkeypatch):
+    """``calibrate --name cpu-emulated-v1`` in the checkout: one line, exit 2, before any measuring; the file
+    stays as it was."""
+    from mla_fp8_bench.analysis import calibrate
+    from mla_fp8_bench.cli import main
+
+    before = TOL_PATH.read_bytes()
+    monkeypatch.chdir(TOL_PATH.parents[1])
+    monkeypatch.setattr(calibrate, "calibrate", lambda **k: pytest.fail("calibration started"))
+    for args in (["--name", "cpu-emulated-v1"], [], ["--out", str(TOL_PATH)]):
+        assert main(["--device", "cpu", "calibrate", "-b", "torch-fp8-ref", *args]) == 2
+        out = capsys.readouterr().out.strip()
+        assert "cpu-emulated-v1.json exists: calibrate never replaces a tolerance file" in out and "\n" not in out
+    assert TOL_PATH.read_bytes() == before
+
+
+def test_clean_aa_on_tiny_cases_passes_the_shipped_tolerances(tmp_path, capsys):
+    """Identical records of cases smaller than every calibrated shape (s1: 16 rows, s21: 336; the smallest
+    calibrated is ctx100-q64, 1024 rows), re-serialised: the gate passes. Their per-element errors (a mismatch
+    fraction of 0.0046 on s21 against the group's 0.0023) are outside what the group was calibrated on; they
+    get no tolerance, and the growth rule judges them."""
+    import json
+
+    from mla_fp8_bench.cli import main
+
+    base, head = tmp_path / "base.json", tmp_path / "head.json"
+    assert main(["--device", "cpu", "run", "-b", "aiter-emulated,torch-fp8-ref", "-c", "s1,s21", "--no-timing",
+                 "--json", str(base)]) == 0
+    head.write_text(json.dumps(json.loads(base.read_text()), indent=2))
+    capsys.readouterr()
+    assert main(["gate", str(base), str(head), "--tolerances", str(TOL_PATH)]) == 0, capsys.readouterr().out
+    tol = load_tolerances(TOL_PATH)
+    assert tol.lookup("aiter-emulated", "s21") == (
+        None, "none (shape not calibrated and smaller than group per_tensor/normal's calibrated shapes: 336 < 1024 "
+              "output rows)")
+    assert tol.lookup("aiter-emulated", "s1024")[1] == "group per_tensor/normal (extrapolated: shape not calibrated)"

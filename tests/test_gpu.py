@@ -374,3 +374,29 @@ def test_cudnn_accuracy_bands(case_id):
     e16 = error_metrics(out16, reference_bf16(inp)[0])
     assert e8.rel_l2_error < 0.045 and math.isfinite(e8.max_abs_error)
     assert e16.rel_l2_error < 0.005
+
+
+# ---------------------------------------------------------------- calibrate on the device the backend runs on
+@needs_cuda
+def test_calibrate_the_real_kernel_on_its_gpu(tmp_path):
+    """``calibrate`` of ``aiter`` (gfx950) or ``fa3-fp8`` (Hopper) on a small grid (s257 and prefix256-q100,
+    per_tensor/normal, 20 + 3 seeds): no false alarm on the held-out seeds, every fault injected around the real
+    calls caught (the descale and both prefix merge faults at least), the GPU and library named in the file."""
+    import json
+
+    from mla_fp8_bench.cli import main
+    from mla_fp8_bench.measure.devices import platform_info
+
+    pinfo = platform_info("cuda")
+    backend = next((b for b in ("aiter", "fa3-fp8") if get_backend(b).availability(pinfo)), None)
+    if backend is None:
+        pytest.skip(f"needs aiter on gfx950 or fa3-fp8 on Hopper; found {pinfo.describe()}")
+    out = tmp_path / "tol.json"
+    assert main(["--device", "cuda", "calibrate", "-b", backend, "-c", "s257,prefix256-q100", "--quants",
+                 "per_tensor", "--dists", "normal", "--validate-seeds", "3", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    val = doc["validation"]
+    assert val["passed"] and val["false_alarms"] == 0 and val["faults_caught"] == val["faults_injected"]
+    assert {"q_descale_x2", "lse_merge_exp2", "drop_context_chunk"} <= set(val["backends"][backend]["faults"])
+    assert doc["env"]["device_name"] == pinfo.name and doc["env"]["reference_dtype"] == "float32"
+    assert doc["env"]["aiter" if backend == "aiter" else "fa3_fwd_interface"]
