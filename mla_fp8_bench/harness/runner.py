@@ -1,17 +1,22 @@
 """Evaluate a grid of (backend, case) in one process: latency, errors against both references, FLOPs.
 
 One failing backend or case never loses the others: unavailable, unsupported and out-of-memory become
-``status="skipped"`` records with the reason, exceptions ``status="error"`` records.
+``status="skipped"`` records with the reason, exceptions ``status="error"`` records. A grid expected to
+outlast :data:`MAX_WAIT_S` is refused before any work (:func:`check_duration`), and a run's records never
+replace a stored run file that holds what they lack (:func:`output_path`).
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import math
+import os
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +41,12 @@ from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 
 #: Record keys that every JSON record carries (the contract with users).
 RECORD_KEYS = ("backend", "case", "status", "reason", "latency_method", "timing_scope") + metric_table.record_keys()
+#: Longest expected run (seconds) :func:`evaluate` starts unless ``RunOptions.max_wait_s`` says otherwise.
+MAX_WAIT_S = 3600.0
+#: Fast FLOP rates (FLOP/s) and shortest calls (s; an emulation's 100x on a CPU) per device type: the
+#: expected duration is a lower bound, so only a run surely past the limit is refused.
+_RATE = {"cpu": 1e11, "cuda": 1e14}
+_CALL_S = {"cpu": 1e-4, "cuda": 1e-3}
 
 
 @dataclass
@@ -49,6 +60,7 @@ class RunOptions:
     flush_l2: bool = False  # flush L2 before each sample (GPU)
     determinism: bool = True  # run twice, record the largest difference (``nondeterminism_max_abs``)
     ref_dtype: torch.dtype | None = None  # reference dtype (None: float64 on CPU, float32 on GPU)
+    max_wait_s: float | None = MAX_WAIT_S  # refuse a grid expected to take longer (None: no limit)
 
     def __post_init__(self) -> None:
         """ValueError: ``samples`` not an integer from 1 to MAX_SAMPLES or ``time_budget_s`` not finite > 0."""
@@ -89,8 +101,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _short(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first[:300]}"
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
 
 
 class CaseData:
@@ -112,16 +123,16 @@ class CaseData:
 
 def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunOptions) -> None:
     """Latency (on GPUs also host call latency) of ``prepared.run`` into the record values ``v``."""
+    gpu = pinfo.device.type == "cuda"
     tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
                          samples=opts.samples, time_budget_s=opts.time_budget_s,
-                         **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
+                         **({"flush_l2": opts.flush_l2} if gpu else {"warmup": False}))
     v.update(latency_s=tr.median_s, latency_samples_s=tr.samples_s, latency_iqr_s=tr.iqr_s, latency_cv=tr.cv,
-             latency_method=tr.method, launches_per_sample=tr.launches_per_sample)
+             latency_method=tr.method, launches_per_sample=tr.launches_per_sample, **clock_fields(tr),
+             tflops=tflops(v["flops"], tr.median_s), gb_s=v["bytes"] / tr.median_s / 1e9)
     if tr.note:
         v["latency_note"] = tr.note
-    v.update(clock_fields(tr))
-    v.update(tflops=tflops(v["flops"], tr.median_s), gb_s=v["bytes"] / tr.median_s / 1e9)
-    if opts.call_latency and pinfo.device.type == "cuda":
+    if opts.call_latency and gpu:
         cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
         v.update(call_latency_s=cl.median_s, call_latency_samples_s=cl.samples_s)
 
@@ -131,17 +142,17 @@ _ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_
 
 
 def _check_finite(rec: Record) -> None:
-    """Make a record with a non-finite output or a NaN error an ``error`` record (not a NaN that asv would
-    show as n/a), its values kept."""
+    """Make a record with a non-finite output or a NaN error an ``error`` record (values kept), not a NaN
+    that asv would show as n/a."""
     v = rec.values
     bad_out = max(int(v.get("nonfinite_count_fp8_ref") or 0), int(v.get("nonfinite_count_bf16_ref") or 0))
     undefined = [k for k in _ERROR_KEYS if isinstance(v.get(k), float) and math.isnan(v[k])]
-    if bad_out or undefined:
-        rec.status = "error"
-        rec.reason = (f"non-finite result: {bad_out} of {v.get('numel_fp8_ref', '?')} outputs are NaN/Inf "
-                      "(values kept in this record)" if bad_out else
-                      f"non-finite result: {', '.join(undefined)} undefined (NaN): the reference is NaN/Inf, "
-                      "the inputs are not finite")
+    if bad_out:
+        rec.status, rec.reason = "error", (f"non-finite result: {bad_out} of {v.get('numel_fp8_ref', '?')} outputs "
+                                           "are NaN/Inf (values kept in this record)")
+    elif undefined:
+        rec.status, rec.reason = "error", (f"non-finite result: {', '.join(undefined)} undefined (NaN): the "
+                                           "reference is NaN/Inf, the inputs are not finite")
 
 
 def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opts: RunOptions) -> Record:
@@ -157,12 +168,11 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         prepared = backend.prepare_case(case_data.inputs)
         out = prepared.run()
         synchronize(pinfo.device)
-        out_snapshot = out.detach().clone()
+        out = out.detach().clone()
         v = rec.values
         v.update(timing_scope=prepared.timing_scope, emulation=backend.emulation, fp8=backend.fp8)
-        bfm = error_metrics(out_snapshot, case_data.bf16_ref[0])
-        v.update(error_metrics(out_snapshot, case_data.fp8_ref[0]).as_dict("_fp8_ref"))
-        v.update(bfm.as_dict("_bf16_ref"))
+        bfm = error_metrics(out, case_data.bf16_ref[0])
+        v.update(**error_metrics(out, case_data.fp8_ref[0]).as_dict("_fp8_ref"), **bfm.as_dict("_bf16_ref"))
         v["mismatch_fraction"] = bfm.mismatch_fraction  # AITER's criterion is against the unquantised ref
         if prepared.lse is not None:
             lse, rows = prepared.lse()
@@ -170,9 +180,9 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         if opts.determinism:
             out2 = prepared.run()
             synchronize(pinfo.device)
-            v["nondeterminism_max_abs"] = float((out2.detach().double() - out_snapshot.double()).abs().nan_to_num(
+            v["nondeterminism_max_abs"] = float((out2.detach().double() - out.double()).abs().nan_to_num(
                 nan=float("inf")).max().item())
-        del out_snapshot
+        del out
         v.update(flops=case_flops(case), bytes=case_min_bytes(case))
         _check_finite(rec)
         if opts.timing and rec.status == "ok":
@@ -214,6 +224,39 @@ def _load_backends(names: list[str], pinfo: PlatformInfo, config: RunConfig | No
     return out
 
 
+def _supported(b: Backend, case: Case, pinfo: PlatformInfo) -> bool:
+    try:
+        return bool(b.supports(case, pinfo))
+    except Exception:  # noqa: BLE001 - it will be measured, and fail in its own record
+        return True
+
+
+def expected_seconds(pairs: Iterable[tuple[Backend, Case]], device_type: str, opts: RunOptions) -> float:
+    """A lower bound of the seconds :func:`evaluate` spends on ``pairs`` (backend, case): the case's FLOPs at
+    :data:`_RATE` for its two references and each backend call (at least :data:`_CALL_S`), calls for
+    accuracy, determinism and up to ``samples`` latency samples within ``time_budget_s``."""
+    pairs = list(pairs)
+    rate, floor = _RATE.get(device_type, _RATE["cuda"]), _CALL_S.get(device_type, _CALL_S["cuda"])
+    total = sum(2 * case_flops(c) / rate for c in {c.id: c for _b, c in pairs}.values())
+    for b, c in pairs:
+        call = max(case_flops(c) / rate, floor * (100 if b.emulation and device_type == "cpu" else 1))
+        total += (1 + opts.determinism) * call + (min(opts.time_budget_s, opts.samples * call) if opts.timing else 0)
+    return total
+
+
+def check_duration(pairs: list[tuple[Backend, Case]], pinfo: PlatformInfo, opts: RunOptions) -> None:
+    """ValueError when ``pairs`` are expected (:func:`expected_seconds`) to outlast ``opts.max_wait_s``."""
+    if opts.max_wait_s is None or not pairs:
+        return
+    secs = expected_seconds(pairs, pinfo.device_type, opts)
+    if secs > opts.max_wait_s:
+        b, c = max(pairs, key=lambda p: expected_seconds([p], pinfo.device_type, opts))
+        raise ValueError(f"this run would take at least {secs / 3600:.1f} h on {pinfo.device} ({len(pairs)} (backend, "
+                         f"case) pairs, {opts.samples} samples within {opts.time_budget_s:g} s each; the longest: "
+                         f"{b.name} {c.id}), more than {opts.max_wait_s / 3600:g} h: measure fewer or smaller cases, "
+                         "fewer samples or a shorter time budget, or pass --allow-long to go on")
+
+
 def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
              options: RunOptions | None = None, config: RunConfig | None = None,
              progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
@@ -223,6 +266,7 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     Raises:
         mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
         mla_fp8_bench.measure.devices.DeviceError: for a bad device.
+        ValueError: the grid is expected to take longer than ``options.max_wait_s`` (before any work).
         RunInterrupted: on ``KeyboardInterrupt``; it carries the records completed so far.
     """
     opts = options or RunOptions()
@@ -231,6 +275,8 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     by_id: dict[str, Case] = {}
     for c in cases:
         by_id.setdefault(c.id, c)
+    check_duration([(b, c) for c in by_id.values() for b, v in bks.values() if v and _supported(b, c, pinfo)],
+                   pinfo, opts)
     records: list[dict[str, Any]] = []
     current = ("", "")
     try:
@@ -257,8 +303,111 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
             del case_data
             gc.collect()
     except KeyboardInterrupt as exc:
-        data = {"env": environment(pinfo), "records": records, "interrupted": True,
-                "interrupted_before": {"backend": current[0], "case": current[1]},
-                "planned": len(bks) * len(by_id)}
-        raise RunInterrupted(data) from exc
+        raise RunInterrupted({"env": environment(pinfo), "records": records, "interrupted": True,
+                              "interrupted_before": {"backend": current[0], "case": current[1]},
+                              "planned": len(bks) * len(by_id)}) from exc
     return {"env": environment(pinfo), "records": records}
+
+
+def select_cases(specs: list[str] | None, device_type: str, max_seq_len: int | None = None) -> tuple[list[Case], str]:
+    """The cases of ``specs`` (ids and suite names; None: ``device_type``'s default sweep) whose sequences
+    (queries and keys) are at most ``max_seq_len`` long, and a note of what was left out; ValueError (or
+    CaseError) when none is left or a spec is unknown."""
+    from mla_fp8_bench.problem.cases import SWEEP_SEQ_LENS, default_sweep, resolve_cases
+
+    note = ""
+    if specs is None:
+        specs, note = default_sweep(device_type, max_seq_len)
+    cases = resolve_cases(list(specs))
+    over = [c.id for c in cases if max_seq_len is not None and max(c.max_seq_len, c.max_kv_len) > max_seq_len]
+    if over and len(over) == len(cases):
+        raise ValueError(f"--max-seq-len {max_seq_len} leaves none of the cases asked for ({', '.join(over[:4])}"
+                         f"{', ...' if len(over) > 4 else ''})")
+    if not cases:
+        raise ValueError(f"--max-seq-len {max_seq_len} leaves no case of the default sweep: allowed >= "
+                         f"{SWEEP_SEQ_LENS[0]} (the smallest seq_len of the sweep)")
+    if over:
+        note = f"--max-seq-len {max_seq_len} leaves out {len(over)} case(s): {', '.join(over)}"
+    return [c for c in cases if c.id not in over], note
+
+
+def check_json_path(path: str) -> Path:
+    """A ``run --json`` path, checked writable before any work (:func:`~mla_fp8_bench.jsonio.check_output_path`);
+    ValueError for one inside an asv results directory (asv, gate and publish read every file there)."""
+    from mla_fp8_bench.jsonio import check_output_path
+
+    p = check_output_path(path, "--json")
+    if any((p.parent / marker).is_file() for marker in ("machine.json", "benchmarks.json")):
+        raise ValueError(f"--json {path} lies in an asv results directory ({p.parent}), whose files asv, gate and "
+                         "publish read as asv results: write the run elsewhere")
+    return p
+
+
+def _measured(records: list[dict]) -> dict[tuple[str, str], bool]:
+    """(backend, case) of each ``ok`` record -> whether it holds a finite latency."""
+    from mla_fp8_bench.jsonio import finite_number
+
+    out: dict[tuple[str, str], bool] = {}
+    for r in records:
+        if r.get("status") == "ok":
+            key = (r["backend"], r["case"])
+            out[key] = out.get(key, False) or finite_number(r.get("latency_s")) is not None
+    return out
+
+
+def _run_loses(target: Path, data: dict) -> tuple[str | None, int]:
+    """(what replacing the run file ``target`` by the run ``data`` would lose, or None; its record count): a
+    file that is not a run JSON (an empty one holds nothing), one measured on another machine, or ``ok``
+    records that ``data`` lacks, holds not ``ok``, or holds without the latency the stored one has."""
+    from mla_fp8_bench.harness.results import ResultsError, load_run_json
+
+    if target.stat().st_size == 0:
+        return None, 0
+    try:
+        stored = load_run_json(target)
+    except ResultsError as exc:
+        return f"it is not a run JSON ({exc})", 0
+    held = len(stored.records)
+    other = [f"{k} {stored.env[k]!r}, not {data['env'][k]!r}" for k in ("hostname", "device_name")
+             if stored.env.get(k) is not None and stored.env.get(k) != data.get("env", {}).get(k)]
+    if other:
+        return f"it was measured on another machine ({'; '.join(other)})", held
+    new = _measured(data["records"])
+    lost = [k for k, timed in _measured(stored.records).items() if k not in new or (timed and not new[k])]
+    if lost:
+        return (f"it holds {len(lost)} measured (backend, case) record(s) this run lacks or did not measure "
+                f"(e.g. {lost[0][0]} {lost[0][1]})"), held
+    return None, held
+
+
+def output_path(path: str, data: dict, interrupted: bool = False) -> tuple[str, str | None]:
+    """(where the run ``data`` goes, why ``path`` is kept or None): ``path``, unless replacing its file
+    (symlinks followed) would lose something (:func:`_run_loses`; for an ``interrupted`` run also a file of
+    as many records or more); then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ...
+    (tag ``new`` or ``interrupted``) it may replace. A name that is not a regular file is never read or
+    written."""
+    from mla_fp8_bench.jsonio import output_target
+
+    n = len(data["records"])
+
+    def lost(candidate: str, beside: bool) -> str | None:
+        try:
+            target = output_target(candidate)
+            if not os.path.lexists(target):
+                return None
+            if not target.is_file():
+                return "it is not a regular file"
+            why, held = _run_loses(target, data)
+        except OSError as exc:
+            return f"it cannot be used ({exc})"
+        if why is None and interrupted and (held > n or (held == n and not beside)):
+            why = f"it holds {held} records"
+        return why
+
+    why = lost(path, False)
+    if why is None:
+        return path, None
+    p = Path(path)
+    names = (str(p.with_name(f"{p.stem}.{'interrupted' if interrupted else 'new'}{f'-{i}' if i > 1 else ''}"
+                             f"{p.suffix or '.json'}")) for i in itertools.count(1))
+    return next(c for c in names if lost(c, True) is None), why
