@@ -43,10 +43,12 @@ from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 RECORD_KEYS = ("backend", "case", "status", "reason", "latency_method", "timing_scope") + metric_table.record_keys()
 #: Longest expected run (seconds) :func:`evaluate` starts unless ``RunOptions.max_wait_s`` says otherwise.
 MAX_WAIT_S = 3600.0
-#: Fast FLOP rates (FLOP/s) and shortest calls (s; an emulation's 100x on a CPU) per device type: the
-#: expected duration is a lower bound, so only a run surely past the limit is refused.
+#: Fast FLOP rates (FLOP/s), shortest call and shortest time per sequence of a call (s; an emulation's 100x
+#: on a CPU) per device type: the expected duration is a lower bound, so only a run surely past the limit is
+#: refused.
 _RATE = {"cpu": 1e11, "cuda": 1e14}
 _CALL_S = {"cpu": 1e-4, "cuda": 1e-3}
+_SEQ_S = {"cpu": 2e-5, "cuda": 2e-5}
 
 
 @dataclass
@@ -231,15 +233,19 @@ def _supported(b: Backend, case: Case, pinfo: PlatformInfo) -> bool:
         return True
 
 
+def _call_s(case: Case, device_type: str, emulation: bool = False) -> float:
+    dt, k = device_type if device_type in _RATE else "cuda", 100 if emulation and device_type == "cpu" else 1
+    return max(case_flops(case) / _RATE[dt], k * _CALL_S[dt], k * case.batch_size * _SEQ_S[dt])
+
+
 def expected_seconds(pairs: Iterable[tuple[Backend, Case]], device_type: str, opts: RunOptions) -> float:
-    """A lower bound of the seconds :func:`evaluate` spends on ``pairs`` (backend, case): the case's FLOPs at
-    :data:`_RATE` for its two references and each backend call (at least :data:`_CALL_S`), calls for
-    accuracy, determinism and up to ``samples`` latency samples within ``time_budget_s``."""
+    """A lower bound of the seconds :func:`evaluate` spends on ``pairs`` (backend, case): a case's two
+    references and each backend call at :data:`_RATE` (at least :data:`_CALL_S`, and :data:`_SEQ_S` per
+    sequence), a call for accuracy, one for determinism and up to ``samples`` within ``time_budget_s``."""
     pairs = list(pairs)
-    rate, floor = _RATE.get(device_type, _RATE["cuda"]), _CALL_S.get(device_type, _CALL_S["cuda"])
-    total = sum(2 * case_flops(c) / rate for c in {c.id: c for _b, c in pairs}.values())
+    total = sum(2 * _call_s(c, device_type) for c in {c.id: c for _b, c in pairs}.values())
     for b, c in pairs:
-        call = max(case_flops(c) / rate, floor * (100 if b.emulation and device_type == "cpu" else 1))
+        call = _call_s(c, device_type, b.emulation)
         total += (1 + opts.determinism) * call + (min(opts.time_budget_s, opts.samples * call) if opts.timing else 0)
     return total
 
