@@ -740,3 +740,23 @@ def test_no_subcommand_prints_the_list_of_them(capsys):
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: mla-fp8-bench") and "run" in err and "gate" in err
+
+
+def test_nightly_runs_one_at_a_time_per_results_directory(tmp_path, monkeypatch, capsys):
+    """A second nightly into a results directory another run holds is refused before it runs anything (two asv
+    runs into one results directory at once can store a stale value over a fresh one)."""
+    from mla_fp8_bench.analysis import nightly
+    from mla_fp8_bench.jsonio import locked
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    cfg = suite / "asv.aiter.conf.json"
+    cfg.write_text(json.dumps({"version": 1, "project": "amd-aiter", "repo": ".", "results_dir": "results"}))
+    ran: list = []
+    monkeypatch.setattr(nightly, "_run_streamed", lambda cmd, *a, **k: ran.append(cmd))
+    with locked(suite / "results", "results directory"):
+        assert main(["nightly", "--library", "aiter", "--commit", "a" * 40, "--machine", "m", "--config", str(cfg),
+                     "--no-publish"]) == 2
+    assert ran == []
+    assert f"results directory {suite / 'results'} is being written by another process (pid {os.getpid()})" in \
+        _out(capsys)
