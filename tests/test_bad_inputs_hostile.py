@@ -270,7 +270,7 @@ def test_ctrl_c_before_the_first_record_keeps_an_existing_run_json(tmp_path, mon
     assert out.read_bytes() == before  # two records are not replaced by none
     side = tmp_path / "r.interrupted.json"
     assert json.loads(side.read_text())["interrupted"] is True and _records(side) == []
-    assert f"{out} is kept: it holds 2 measured (backend, case) record(s) this run lacks" in capsys.readouterr().err
+    assert f"{out} is kept: an interrupted run replaces no stored file" in capsys.readouterr().err
 
 
 def test_an_interrupted_run_never_replaces_a_file_with_more_records(tmp_path, monkeypatch):

@@ -361,59 +361,49 @@ def _measured(records: list[dict]) -> dict[tuple[str, str], bool]:
     return out
 
 
-def _run_loses(target: Path, data: dict) -> tuple[str | None, int]:
-    """(what replacing the run file ``target`` by the run ``data`` would lose, or None; its record count): a
-    file that is not a run JSON (an empty one holds nothing), one measured on another machine, or ``ok``
-    records that ``data`` lacks, holds not ``ok``, or holds without the latency the stored one has."""
+def _run_loses(target: Path, data: dict) -> str | None:
+    """What replacing the run file ``target`` by the run ``data`` would lose, or None: a file that is not a run
+    JSON, one measured on another machine, or ``ok`` records that ``data`` lacks, holds not ``ok``, or holds
+    without the latency the stored one has."""
     from mla_fp8_bench.harness.results import ResultsError, load_run_json
 
-    if target.stat().st_size == 0:
-        return None, 0
     try:
         stored = load_run_json(target)
     except ResultsError as exc:
-        return f"it is not a run JSON ({exc})", 0
-    held = len(stored.records)
-    other = [f"{k} {stored.env[k]!r}, not {data['env'][k]!r}" for k in ("hostname", "device_name")
-             if stored.env.get(k) is not None and stored.env.get(k) != data.get("env", {}).get(k)]
+        return f"it is not a run JSON ({exc})"
+    other = [f"{k} {stored.env[k]!r}, not {data['env'].get(k)!r}" for k in ("hostname", "device_name")
+             if stored.env.get(k) is not None and stored.env[k] != data["env"].get(k)]
     if other:
-        return f"it was measured on another machine ({'; '.join(other)})", held
+        return f"it was measured on another machine ({'; '.join(other)})"
     new = _measured(data["records"])
     lost = [k for k, timed in _measured(stored.records).items() if k not in new or (timed and not new[k])]
-    if lost:
-        return (f"it holds {len(lost)} measured (backend, case) record(s) this run lacks or did not measure "
-                f"(e.g. {lost[0][0]} {lost[0][1]})"), held
-    return None, held
+    return (f"it holds {len(lost)} measured (backend, case) record(s) this run lacks or did not measure (e.g. "
+            f"{lost[0][0]} {lost[0][1]})") if lost else None
 
 
 def output_path(path: str, data: dict, interrupted: bool = False) -> tuple[str, str | None]:
     """(where the run ``data`` goes, why ``path`` is kept or None): ``path``, unless replacing its file
-    (symlinks followed) would lose something (:func:`_run_loses`; for an ``interrupted`` run also a file of
-    as many records or more); then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ...
-    (tag ``new`` or ``interrupted``) it may replace. A name that is not a regular file is never read or
-    written."""
+    (symlinks followed) would lose something (:func:`_run_loses`; an ``interrupted`` run replaces no file);
+    then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ... (tag ``new`` or
+    ``interrupted``) it may replace. A name that is not a regular file is never read or written."""
     from mla_fp8_bench.jsonio import output_target
 
-    n = len(data["records"])
-
-    def lost(candidate: str, beside: bool) -> str | None:
+    def lost(candidate: str) -> str | None:
         try:
             target = output_target(candidate)
-            if not os.path.lexists(target):
+            if not os.path.lexists(target) or (target.is_file() and target.stat().st_size == 0):
                 return None
             if not target.is_file():
                 return "it is not a regular file"
-            why, held = _run_loses(target, data)
+            return "an interrupted run replaces no stored file" if interrupted else \
+                _run_loses(target, data)
         except OSError as exc:
             return f"it cannot be used ({exc})"
-        if why is None and interrupted and (held > n or (held == n and not beside)):
-            why = f"it holds {held} records"
-        return why
 
-    why = lost(path, False)
+    why = lost(path)
     if why is None:
         return path, None
-    p = Path(path)
-    names = (str(p.with_name(f"{p.stem}.{'interrupted' if interrupted else 'new'}{f'-{i}' if i > 1 else ''}"
-                             f"{p.suffix or '.json'}")) for i in itertools.count(1))
-    return next(c for c in names if lost(c, True) is None), why
+    p, tag = Path(path), "interrupted" if interrupted else "new"
+    names = (str(p.with_name(f"{p.stem}.{tag}{f'-{i}' if i > 1 else ''}{p.suffix or '.json'}"))
+             for i in itertools.count(1))
+    return next(c for c in names if lost(c) is None), why
