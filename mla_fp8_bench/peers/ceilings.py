@@ -69,7 +69,8 @@ def measure_ceilings(device: str | torch.device = "auto", *, gemm_n: int = GEMM_
     if pinfo.device.type != "cuda":
         return {"status": "skipped", "reason": "ceilings are measured on GPUs only; this run is on the cpu"}
     details: dict[str, Any] = {}
-    for key, fn, arg in (("fp8_gemm", _fp8_gemm, gemm_n), ("bf16_gemm", _bf16_gemm, gemm_n), ("copy", _copy, copy_bytes)):
+    for key, fn, arg in (("fp8_gemm", _fp8_gemm, gemm_n), ("bf16_gemm", _bf16_gemm, gemm_n),
+                         ("copy", _copy, copy_bytes)):
         try:
             details[key] = fn(pinfo.device, arg, samples)
         except Exception as exc:  # noqa: BLE001 - one failing ceiling must not lose the others
