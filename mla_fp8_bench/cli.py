@@ -112,10 +112,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
     Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``,
     :func:`_interrupted_path`) and exit 128 + the signal's number. A completed run never replaces a
-    ``--json`` file holding what it lacks (:func:`~mla_fp8_bench.harness.runner.output_path`): it goes beside it,
+    ``--json`` file holding what it lacks (:func:`~mla_fp8_bench.harness.run_json.output_path`): it goes beside it,
     named on stderr."""
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
-    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, check_json_path, evaluate, output_path
+    from mla_fp8_bench.harness.run_json import check_json_path, output_path
+    from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import locked, write_json_or_rescue
     from mla_fp8_bench.terminal import case_progress
 

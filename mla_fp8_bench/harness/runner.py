@@ -2,21 +2,17 @@
 
 One failing backend or case never loses the others: unavailable, unsupported and out-of-memory become
 ``status="skipped"`` records with the reason, exceptions ``status="error"`` records. A grid expected to
-outlast :data:`MAX_WAIT_S` is refused before any work (:func:`check_duration`), and a run's records never
-replace a stored run file that holds what they lack (:func:`output_path`).
+outlast :data:`MAX_WAIT_S` is refused before any work (:func:`check_duration`).
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import itertools
 import math
-import os
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -335,75 +331,3 @@ def select_cases(specs: list[str] | None, device_type: str, max_seq_len: int | N
     if over:
         note = f"--max-seq-len {max_seq_len} leaves out {len(over)} case(s): {', '.join(over)}"
     return [c for c in cases if c.id not in over], note
-
-
-def check_json_path(path: str) -> Path:
-    """A ``run --json`` path, checked writable before any work (:func:`~mla_fp8_bench.jsonio.check_output_path`);
-    ValueError for one inside an asv results directory (asv, gate and publish read every file there)."""
-    from mla_fp8_bench.jsonio import check_output_path
-
-    p = check_output_path(path, "--json")
-    if any((p.parent / marker).is_file() for marker in ("machine.json", "benchmarks.json")):
-        raise ValueError(f"--json {path} lies in an asv results directory ({p.parent}), whose files asv, gate and "
-                         "publish read as asv results: write the run elsewhere")
-    return p
-
-
-def _measured(records: list[dict]) -> dict[tuple[str, str], bool]:
-    """(backend, case) of each ``ok`` record -> whether it holds a finite latency."""
-    from mla_fp8_bench.jsonio import finite_number
-
-    out: dict[tuple[str, str], bool] = {}
-    for r in records:
-        if r.get("status") == "ok":
-            key = (r["backend"], r["case"])
-            out[key] = out.get(key, False) or finite_number(r.get("latency_s")) is not None
-    return out
-
-
-def _run_loses(target: Path, data: dict) -> str | None:
-    """What replacing the run file ``target`` by the run ``data`` would lose, or None: a file that is not a run
-    JSON, one measured on another machine, or ``ok`` records that ``data`` lacks, holds not ``ok``, or holds
-    without the latency the stored one has."""
-    from mla_fp8_bench.harness.results import ResultsError, load_run_json
-
-    try:
-        stored = load_run_json(target)
-    except ResultsError as exc:
-        return f"it is not a run JSON ({exc})"
-    other = [f"{k} {stored.env[k]!r}, not {data['env'].get(k)!r}" for k in ("hostname", "device_name")
-             if stored.env.get(k) is not None and stored.env[k] != data["env"].get(k)]
-    if other:
-        return f"it was measured on another machine ({'; '.join(other)})"
-    new = _measured(data["records"])
-    lost = [k for k, timed in _measured(stored.records).items() if k not in new or (timed and not new[k])]
-    return (f"it holds {len(lost)} measured (backend, case) record(s) this run lacks or did not measure (e.g. "
-            f"{lost[0][0]} {lost[0][1]})") if lost else None
-
-
-def output_path(path: str, data: dict, interrupted: bool = False) -> tuple[str, str | None]:
-    """(where the run ``data`` goes, why ``path`` is kept or None): ``path``, unless replacing its file
-    (symlinks followed) would lose something (:func:`_run_loses`; an ``interrupted`` run replaces no file);
-    then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ... (tag ``new`` or
-    ``interrupted``) it may replace. A name that is not a regular file is never read or written."""
-    from mla_fp8_bench.jsonio import output_target
-
-    def lost(candidate: str) -> str | None:
-        try:
-            target = output_target(candidate)
-            if not os.path.lexists(target) or (target.is_file() and target.stat().st_size == 0):
-                return None
-            if not target.is_file():
-                return "it is not a regular file"
-            return "an interrupted run replaces no stored file" if interrupted else \
-                _run_loses(target, data)
-        except OSError as exc:
-            return f"it cannot be used ({exc})"
-
-    why = lost(path)
-    if why is None:
-        return path, None
-    p, tag = Path(path), "interrupted" if interrupted else "new"
-    names = (str(p.with_name(f"{p.stem}.{tag}{f'-{i}' if i > 1 else ''}{p.suffix or '.json'}"))
-             for i in itertools.count(1))
-    return next(c for c in names if lost(c) is None), why
