@@ -81,7 +81,7 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
 def _resolve_run_args(args: argparse.Namespace):
     from mla_fp8_bench.argtypes import split_list
     from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
-    from mla_fp8_bench.harness.runner import select_cases
+    from mla_fp8_bench.harness.run_command import select_cases
     from mla_fp8_bench.measure.devices import platform_info
 
     pinfo = platform_info(args.device)
@@ -112,10 +112,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
     Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``,
     :func:`_interrupted_path`) and exit 128 + the signal's number. A completed run never replaces a
-    ``--json`` file holding what it lacks (:func:`~mla_fp8_bench.harness.run_json.output_path`): it goes beside it,
+    ``--json`` file holding what it lacks (:func:`~mla_fp8_bench.harness.run_command.output_path`): it goes beside it,
     named on stderr."""
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
-    from mla_fp8_bench.harness.run_json import check_json_path, output_path
+    from mla_fp8_bench.harness.run_command import check_json_path, output_path
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import locked, write_json_or_rescue
     from mla_fp8_bench.terminal import case_progress

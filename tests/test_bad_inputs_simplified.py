@@ -271,7 +271,7 @@ def test_gate_reports_keep_a_multi_line_reason_on_one_line(tmp_path, capsys):
 def test_an_interrupted_run_replaces_no_stored_file(tmp_path):
     """r.json holds 3 records and r.interrupted.json an earlier interrupted run's 2: an interrupted run, of
     however many records, goes to the first name beside them that holds nothing."""
-    from mla_fp8_bench.harness.run_json import output_path
+    from mla_fp8_bench.harness.run_command import output_path
 
     def doc(n: int) -> dict:
         return {"env": {}, "records": [{"backend": "torch-fp8-ref", "case": f"s{16 * (i + 1)}"} for i in range(n)]}

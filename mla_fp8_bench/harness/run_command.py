@@ -1,5 +1,6 @@
-"""Where ``run --json`` writes a run's records: a path checked before any work (:func:`check_json_path`), and
-never over a stored run file that holds what they lack (:func:`output_path`)."""
+"""What ``run`` measures and where its records go: the cases under ``--max-seq-len`` (:func:`select_cases`),
+a ``--json`` path checked before any work (:func:`check_json_path`), and never a stored run file replaced by
+records that lack what it holds (:func:`output_path`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,27 @@ import os
 from pathlib import Path
 
 from mla_fp8_bench.jsonio import check_output_path, finite_number, output_target
+from mla_fp8_bench.problem.cases import SWEEP_SEQ_LENS, Case, default_sweep, resolve_cases
+
+
+def select_cases(specs: list[str] | None, device_type: str, max_seq_len: int | None = None) -> tuple[list[Case], str]:
+    """The cases of ``specs`` (ids and suite names; None: ``device_type``'s default sweep) whose sequences
+    (queries and keys) are at most ``max_seq_len`` long, and a note of what was left out; ValueError (or
+    CaseError) when none is left or a spec is unknown."""
+    note = ""
+    if specs is None:
+        specs, note = default_sweep(device_type, max_seq_len)
+    cases = resolve_cases(list(specs))
+    over = [c.id for c in cases if max_seq_len is not None and max(c.max_seq_len, c.max_kv_len) > max_seq_len]
+    if over and len(over) == len(cases):
+        raise ValueError(f"--max-seq-len {max_seq_len} leaves none of the cases asked for ({', '.join(over[:4])}"
+                         f"{', ...' if len(over) > 4 else ''})")
+    if not cases:
+        raise ValueError(f"--max-seq-len {max_seq_len} leaves no case of the default sweep: allowed >= "
+                         f"{SWEEP_SEQ_LENS[0]} (the smallest seq_len of the sweep)")
+    if over:
+        note = f"--max-seq-len {max_seq_len} leaves out {len(over)} case(s): {', '.join(over)}"
+    return [c for c in cases if c.id not in over], note
 
 
 def check_json_path(path: str) -> Path:
