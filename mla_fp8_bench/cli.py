@@ -110,10 +110,9 @@ def _records_table(data: dict) -> Table:
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
-    Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``,
-    :func:`_interrupted_path`) and exit 128 + the signal's number. A completed run never replaces a
-    ``--json`` file holding what it lacks (:func:`~mla_fp8_bench.harness.run_command.output_path`): it goes beside it,
-    named on stderr."""
+    Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``) and exit 128 + the
+    signal's number. No run replaces a ``--json`` file holding what it lacks
+    (:func:`~mla_fp8_bench.harness.run_command.output_path`): it goes beside it, named on stderr."""
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
     from mla_fp8_bench.harness.run_command import check_json_path, output_path
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
