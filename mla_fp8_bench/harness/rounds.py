@@ -145,7 +145,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
 def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default ``os.environ``) with ``prepend`` and this suite's root first on ``PYTHONPATH``, so a
     round worker of another interpreter, or of an asv benchmark process, imports the same suite."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ) if base is None else dict(base)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parts = [*prepend, root, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
