@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import platform as _pf
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,21 +81,14 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
 def _resolve_run_args(args: argparse.Namespace):
     from mla_fp8_bench.argtypes import split_list
     from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
+    from mla_fp8_bench.harness.run_command import select_cases
     from mla_fp8_bench.measure.devices import platform_info
-    from mla_fp8_bench.problem.cases import SWEEP_SEQ_LENS, default_sweep, resolve_cases
 
     pinfo = platform_info(args.device)
     names = split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
     for n in names:
         get_backend(n)  # validates the name early
-    specs = split_list(args.cases, "--cases")
-    note = ""
-    if specs is None:
-        specs, note = default_sweep(pinfo.device_type, args.max_seq_len)
-        if not specs:
-            raise ValueError(f"--max-seq-len {args.max_seq_len} leaves no case of the default sweep: allowed "
-                             f">= {SWEEP_SEQ_LENS[0]} (the smallest seq_len of the sweep)")
-    cases = list({c.id: c for c in resolve_cases(list(specs))}.values())
+    cases, note = select_cases(split_list(args.cases, "--cases"), pinfo.device_type, args.max_seq_len)
     return pinfo, names, cases, note
 
 
@@ -117,107 +108,27 @@ def _records_table(data: dict) -> Table:
     return t
 
 
-def _path_keeping(path: str, tag: str, loses: Callable[[Path, bool], str | None]) -> tuple[str, str | None]:
-    """(where a run's records go, what replacing ``path`` would lose or None), so that no stored file is
-    replaced by less: ``path``, unless ``loses(file, False)`` names what replacing its file (symlinks
-    followed) would lose; then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ... for
-    which ``loses(file, True)`` is None. An absent file loses nothing; ``loses`` reads only regular files:
-    a name that is not one (a FIFO, a device, a directory, a symlink loop) is never written either."""
-    from mla_fp8_bench.jsonio import OutputError, output_target
-
-    def lost(candidate: str, beside: bool) -> str | None:
-        try:
-            target = output_target(candidate)
-            if not os.path.lexists(target):
-                return None
-            if not target.is_file():
-                return "it is not a regular file"
-        except (OSError, OutputError) as exc:
-            return f"it cannot be used ({exc})"
-        return loses(target, beside)
-
-    why = lost(path, False)
-    if why is None:
-        return path, None
-    p = Path(path)
-    candidates = (str(p.with_name(p.stem + f".{tag}" + (f"-{i}" if i > 1 else "") + (p.suffix or ".json")))
-                  for i in itertools.count(1))
-    return next(c for c in candidates if lost(c, True) is None), why
-
-
-def _interrupted_path(path: str, data: dict) -> str:
-    """Where an interrupted run's records go (:func:`_path_keeping`, tag ``interrupted``): ``path`` unless
-    replacing its file would lose what a completed run would (:func:`_run_loses`) or it holds as many
-    records or more; a file beside it is replaced only when that loses nothing and it holds fewer or as many."""
-    n = len(data["records"])
-
-    def loses(target: Path, beside: bool) -> str | None:
-        why, held = _run_loses(target, data)
-        if why:
-            return why
-        return f"{held} records" if held > n or (held == n and not beside) else None
-
-    return _path_keeping(path, "interrupted", loses)[0]
-
-
-def _measured(records: list[dict]) -> dict[tuple[str, str], bool]:
-    """(backend, case) of each ``ok`` record -> whether it holds a latency (a finite ``latency_s``)."""
-    from mla_fp8_bench.jsonio import finite_number
-
-    out: dict[tuple[str, str], bool] = {}
-    for r in records:
-        if r.get("status") == "ok":
-            key = (r["backend"], r["case"])
-            out[key] = out.get(key, False) or finite_number(r.get("latency_s")) is not None
-    return out
-
-
-def _run_loses(target: Path, data: dict) -> tuple[str | None, int]:
-    """(what replacing the file ``target`` by the run ``data`` would lose, or None; the records it holds):
-    a file that is not a run JSON (an empty one holds nothing), or (backend, case) records it holds ``ok``
-    that ``data`` lacks, holds not ``ok``, or holds without the latency the stored one has."""
-    from mla_fp8_bench.harness.results import ResultsError, load_run_json
-
-    if target.stat().st_size == 0:
-        return None, 0
-    try:
-        stored = load_run_json(target)
-    except ResultsError as exc:
-        return f"it is not a run JSON ({exc})", 0
-    new = _measured(data["records"])
-    lost = [k for k, timed in _measured(stored.records).items() if k not in new or (timed and not new[k])]
-    if not lost:
-        return None, len(stored.records)
-    return (f"it holds {len(lost)} measured (backend, case) record(s) this run lacks or did not measure "
-            f"(e.g. {lost[0][0]} {lost[0][1]})"), len(stored.records)
-
-
-def _completed_path(path: str, data: dict) -> tuple[str, str | None]:
-    """(where a completed run's records go, why ``path`` is kept or None): ``path``, unless replacing its
-    file would lose something (:func:`_run_loses`); then beside it (:func:`_path_keeping`, tag ``new``)."""
-    return _path_keeping(path, "new", lambda target, _beside: _run_loses(target, data)[0])
-
-
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
-    Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``,
-    :func:`_interrupted_path`) and exit 128 + the signal's number. A completed run never replaces a
-    ``--json`` file holding what it lacks (:func:`_completed_path`): it goes beside it, named on stderr."""
+    Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``) and exit 128 + the
+    signal's number. No run replaces a ``--json`` file holding what it lacks
+    (:func:`~mla_fp8_bench.harness.run_command.output_path`): it goes beside it, named on stderr."""
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
+    from mla_fp8_bench.harness.run_command import check_json_path, output_path
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
-    from mla_fp8_bench.jsonio import check_output_path, locked, write_json_or_rescue
+    from mla_fp8_bench.jsonio import locked, write_json_or_rescue
     from mla_fp8_bench.terminal import case_progress
 
     config = RunConfig(emu_aiter_version=check_emu_aiter_version(args.emu_aiter_version or "",
                                                                  "--emu-aiter-version"),
                        aiter_any_device=args.aiter_any_device)
     with (contextlib.nullcontext() if args.json is None
-          else locked(check_output_path(args.json, "--json"), "--json", wait=False)):
+          else locked(check_json_path(args.json), "--json", wait=False)):
         pinfo, names, cases, note = _resolve_run_args(args)
         if note:
             console.print(f"[dim]{note}[/dim]")
         opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
-                          flush_l2=args.flush_l2)
+                          flush_l2=args.flush_l2, **({"max_wait_s": None} if args.allow_long else {}))
         interrupted = False
         with signals_interrupt() as signals, case_progress(len(names) * len(cases), console) as step:
             try:
@@ -231,18 +142,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             if args.rounds > 1:
                 rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
             attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
-        out, kept = args.json, None
-        if args.json and interrupted:
-            out = _interrupted_path(args.json, data)
-        elif args.json:
-            out, kept = _completed_path(args.json, data)
+        out, kept = output_path(args.json, data, interrupted) if args.json else (None, None)
         if out:
             write_json_or_rescue(data, out, "run's records")
     console.print(_records_table(data))
     if out:
-        console.print(f"wrote {out}" + (" (marked interrupted)" if interrupted else "")
-                      + (f"; {args.json} holds as many records or more and is kept" if interrupted and out != args.json
-                         else ""), highlight=False)
+        console.print(f"wrote {out}" + (" (marked interrupted)" if interrupted else ""), highlight=False)
     if kept:
         print(f"{args.json} is kept: {kept}; this run was written to {out}", file=sys.stderr, flush=True)
     if interrupted:
@@ -391,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the latency is the median over rounds, each round kept in the record (default 1)")
     r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
+    r.add_argument("--allow-long", action="store_true", help="start a run expected to take over an hour")
     r.add_argument("--aiter-any-device", action="store_true", help=any_device_help)
     r.add_argument("--emu-aiter-version", default=None, metavar="VERSION",
                    help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; "

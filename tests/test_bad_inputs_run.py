@@ -149,7 +149,8 @@ def test_read_int_reads_what_it_did_before(text, value):
     ("1,2,3,4", "--l has 4 items: allowed 1..3"),
     ("1,-1", "--l[1]=-1 is out of range: allowed 0..100"),
     ("1,101", "--l[1]=101 is out of range: allowed 0..100"),
-    ("9" * 5000, "--l[0]=99999999999999999999... (5000 digits) is out of range: allowed 0..100"),
+    ("9" * 5000, "--l[0]='99999999999999999999999999999999999999999999999999999999999... (5000 characters) is not an "
+                 "integer"),
 ])
 def test_int_lists_name_the_bad_item_in_one_line(text, needle):
     from mla_fp8_bench.argtypes import parse_int_list
@@ -575,7 +576,7 @@ def test_narrowed_run_with_an_unknown_commit_is_refused(tmp_path, monkeypatch):
 @pytest.mark.parametrize("make,needle", [
     (lambda p: None, "cannot read run JSON"),
     (lambda p: p.mkdir(), "cannot read run JSON"),
-    (lambda p: p.write_bytes(b"\x00\xff\xfe garbage"), "is not text (byte 1 is not UTF-8)"),
+    (lambda p: p.write_bytes(b"\x00\xff\xfe garbage"), "is not UTF-8 text (byte 1)"),
     (lambda p: p.write_text('{"records": [1, 2'), "is not valid JSON (line 1"),
 ])
 def test_load_json_names_the_file_for_every_failure(tmp_path, make, needle):
@@ -739,3 +740,23 @@ def test_no_subcommand_prints_the_list_of_them(capsys):
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: mla-fp8-bench") and "run" in err and "gate" in err
+
+
+def test_nightly_runs_one_at_a_time_per_results_directory(tmp_path, monkeypatch, capsys):
+    """A second nightly into a results directory another run holds is refused before it runs anything (two asv
+    runs into one results directory at once can store a stale value over a fresh one)."""
+    from mla_fp8_bench.analysis import nightly
+    from mla_fp8_bench.jsonio import locked
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    cfg = suite / "asv.aiter.conf.json"
+    cfg.write_text(json.dumps({"version": 1, "project": "amd-aiter", "repo": ".", "results_dir": "results"}))
+    ran: list = []
+    monkeypatch.setattr(nightly, "_run_streamed", lambda cmd, *a, **k: ran.append(cmd))
+    with locked(suite / "results", "results directory"):
+        assert main(["nightly", "--library", "aiter", "--commit", "a" * 40, "--machine", "m", "--config", str(cfg),
+                     "--no-publish"]) == 2
+    assert ran == []
+    assert f"results directory {suite / 'results'} is being written by another process (pid {os.getpid()})" in \
+        _out(capsys)

@@ -268,22 +268,22 @@ def test_gate_reports_keep_a_multi_line_reason_on_one_line(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ interrupted runs beside a kept file
-def test_a_second_interrupted_run_keeps_the_first_interrupted_file(tmp_path):
-    """r.json holds 3 records and r.interrupted.json an earlier interrupted run's 2: a run interrupted
-    after 1 record goes to r.interrupted-2.json (it replaced r.interrupted.json before: 2 records lost);
-    one with as many as a side file replaces it."""
-    from mla_fp8_bench.cli import _interrupted_path
+def test_an_interrupted_run_replaces_no_stored_file(tmp_path):
+    """r.json holds 3 records and r.interrupted.json an earlier interrupted run's 2: an interrupted run, of
+    however many records, goes to the first name beside them that holds nothing."""
+    from mla_fp8_bench.harness.run_command import output_path
 
     def doc(n: int) -> dict:
-        return {"records": [{"backend": "torch-fp8-ref", "case": f"s{16 * (i + 1)}"} for i in range(n)]}
+        return {"env": {}, "records": [{"backend": "torch-fp8-ref", "case": f"s{16 * (i + 1)}"} for i in range(n)]}
 
     out = tmp_path / "r.json"
     out.write_text(json.dumps(doc(3)))
-    assert _interrupted_path(str(out), doc(4)) == str(out)
-    assert _interrupted_path(str(out), doc(2)) == str(tmp_path / "r.interrupted.json")
+    assert output_path(str(out), doc(4), interrupted=True)[0] == str(tmp_path / "r.interrupted.json")
     (tmp_path / "r.interrupted.json").write_text(json.dumps(doc(2)))
-    assert _interrupted_path(str(out), doc(1)) == str(tmp_path / "r.interrupted-2.json")
-    assert _interrupted_path(str(out), doc(2)) == str(tmp_path / "r.interrupted.json")
+    assert output_path(str(out), doc(2), interrupted=True)[0] == str(tmp_path / "r.interrupted-2.json")
+    (tmp_path / "r.interrupted-2.json").write_text("")
+    assert output_path(str(out), doc(1), interrupted=True)[0] == str(tmp_path / "r.interrupted-2.json")
+    assert output_path(str(out), doc(4)) == (str(out), None)  # a completed run of more replaces it
 
 
 def test_calibrate_refuses_more_jobs_than_cpus_and_an_empty_out(capsys, monkeypatch):

@@ -77,8 +77,11 @@ def test_fa3_unavailable_on_other_gpus(vendor, arch, name, found):
 
 
 def test_fa3_not_installed_reason(monkeypatch):
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
     monkeypatch.setattr(fa3mod, "_module_cache", {})
-    monkeypatch.setattr(fa3mod, "_find_spec", lambda name: None)
+    monkeypatch.setattr(fa3mod, "import_module", missing)
     v = get_backend("fa3-fp8").availability(_platform("cuda", "sm_90", "NVIDIA H200"))
     assert not v
     assert v.reason == "fa3-fwd is not installed: pip install fa3-fwd==0.0.3 (wheel tag manylinux_2_24)"
@@ -86,12 +89,11 @@ def test_fa3_not_installed_reason(monkeypatch):
 
 def test_fa3_import_failure_reason(monkeypatch):
     monkeypatch.setattr(fa3mod, "_module_cache", {})
-    monkeypatch.setattr(fa3mod, "_find_spec", lambda name: object())
 
     def boom(name):
         raise OSError("libcudart.so.13: cannot open shared object file")
 
-    monkeypatch.setattr(fa3mod, "_import_module", boom)
+    monkeypatch.setattr(fa3mod, "import_module", boom)
     v = get_backend("fa3-bf16").availability(_platform("cuda", "sm_90", "NVIDIA H200"))
     assert not v
     assert "import fa3_fwd_interface` failed (OSError: libcudart.so.13" in v.reason
@@ -342,12 +344,12 @@ def test_cudnn_reasons_without_frontend_or_with_old_backend(monkeypatch):
     def missing(name):
         raise ModuleNotFoundError(name)
 
-    monkeypatch.setattr(cudnnmod, "_import_module", missing)
+    monkeypatch.setattr(cudnnmod, "import_module", missing)
     v = get_backend("cudnn-fp8").availability(_platform("cuda", "sm_90", "NVIDIA H200"))
     assert v.reason == "nvidia-cudnn-frontend is not installed: pip install --no-deps nvidia-cudnn-frontend"
     fake = types.SimpleNamespace(backend_version=lambda: 91000)
     monkeypatch.setattr(cudnnmod, "_cache", {})
-    monkeypatch.setattr(cudnnmod, "_import_module", lambda name: fake)
+    monkeypatch.setattr(cudnnmod, "import_module", lambda name: fake)
     v = get_backend("cudnn-fp8").availability(_platform("cuda", "sm_90", "NVIDIA H200"))
     assert not v and "9.10.0" in v.reason
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -147,3 +148,111 @@ def test_cli_env_reports_backends(capsys):
     assert main(["env"]) == 0
     out = capsys.readouterr().out
     assert "torch-sdpa-bf16" in out and "aiter" in out
+
+
+# ------------------------------------------------- what a run measures, how long it may take, where it goes
+RUN_CPU = ["--device", "cpu", "run", "--no-timing", "-b", "torch-fp8-ref"]
+
+
+def _no_inputs(monkeypatch):
+    """Fail any measurement (a refusal must come before the first input is built)."""
+    from mla_fp8_bench.harness import runner
+
+    def boom(*a, **k):
+        raise AssertionError("inputs were built before the run was refused")
+
+    monkeypatch.setattr(runner, "make_inputs", boom)
+
+
+def test_a_run_file_measured_on_another_machine_is_kept(tmp_path, capsys):
+    """The same (backend, case) pairs measured on another host are not replaced: the run goes beside them."""
+    out = tmp_path / "r.json"
+    assert main([*RUN_CPU, "-c", "s16-h2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    doc["env"]["hostname"] = "another-host"
+    out.write_text(json.dumps(doc))
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main([*RUN_CPU, "-c", "s16-h2", "--json", str(out)]) == 0
+    assert out.read_bytes() == before
+    assert [r["case"] for r in json.loads((tmp_path / "r.new.json").read_text())["records"]] == ["s16-h2"]
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{out} is kept: it was measured on another machine (hostname 'another-host'" in err
+
+
+def test_a_named_suite_keeps_the_max_seq_len_cap(monkeypatch, capsys):
+    from mla_fp8_bench.harness import runner
+
+    seen: list[str] = []
+
+    def fake(names, cases, **kw):
+        seen.extend(c.id for c in cases)
+        return {"env": {"device_name": "cpu", "arch": "cpu"}, "records": []}
+
+    monkeypatch.setattr(runner, "evaluate", fake)
+    assert main([*RUN_CPU, "-c", "sweep,ctx1024-q256", "--max-seq-len", "128"]) == 0
+    assert seen == ["s128"]
+    assert "leaves out 9 case(s): s256, s512" in " ".join(capsys.readouterr().out.split())
+    assert main([*RUN_CPU, "-c", "s256,ctx1024-q256", "--max-seq-len", "128"]) == 2
+    assert "--max-seq-len 128 leaves none of the cases asked for (s256, ctx1024-q256)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [
+    ["--samples", "1000000", "--time-budget", "1e9", "-c", "s128"],  # the default backends, timed
+    ["--no-timing", "-c", "ragged-1x1048576-h1"],  # 1048576 sequences of one token: the emulator's per-sequence work
+], ids=["samples", "case"])
+def test_a_run_of_hours_is_refused_before_any_work(monkeypatch, capsys, args):
+    _no_inputs(monkeypatch)
+    assert main(["--device", "cpu", "run", *args]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "error: this run would take at least" in out and "more than 1 h" in out and "--allow-long" in out
+
+
+def test_allow_long_starts_a_run_expected_to_take_hours(monkeypatch, tmp_path):
+    from mla_fp8_bench.harness import runner
+
+    monkeypatch.setattr(runner, "_RATE", {"cpu": 1e2, "cuda": 1e2})  # s16-h2: 1638 s a call, 4 calls
+    assert main([*RUN_CPU, "-c", "s16-h2"]) == 2
+    assert main([*RUN_CPU, "-c", "s16-h2", "--allow-long", "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["records"][0]["status"] == "ok"
+
+
+def test_expected_seconds_counts_references_calls_and_samples():
+    from mla_fp8_bench.harness.runner import expected_seconds
+    from mla_fp8_bench.problem.cases import parse_case_id
+
+    sdpa, emu = backends.get_backend("torch-sdpa-bf16"), backends.get_backend("aiter-emulated")
+    case = parse_case_id("s1024")  # 2 * 16 heads * 320 * 1024^2 / 2 FLOPs = 5.37e9: 0.0537 s at 1e11 FLOP/s
+    call = 2 * 16 * 320 * 1024 ** 2 / 2 / 1e11
+    opts = RunOptions(samples=10, time_budget_s=0.2)
+    assert expected_seconds([(sdpa, case)], "cpu", opts) == pytest.approx(2 * call + 2 * call + 0.2)
+    tiny = parse_case_id("s16-h2")  # calls at their floor: 1e-4 s, an emulation's 1e-2 s on a CPU
+    assert expected_seconds([(emu, tiny)], "cpu", RunOptions(samples=5)) == pytest.approx(2 * 1e-4 + 7 * 1e-2)
+    many = parse_case_id("ragged-1x1000-h1")  # 1000 sequences: at least 2e-5 s each, 2e-3 s in an emulation
+    assert expected_seconds([(sdpa, many), (emu, many)], "cpu", RunOptions(timing=False)) == pytest.approx(
+        2 * 0.02 + 2 * 0.02 + 2 * 2.0)
+
+
+def test_a_run_json_inside_an_asv_results_directory_is_refused(tmp_path, monkeypatch, capsys):
+    _no_inputs(monkeypatch)
+    mdir = tmp_path / "results" / "m"
+    mdir.mkdir(parents=True)
+    (mdir / "machine.json").write_text('{"machine": "m", "version": 1}')
+    assert main([*RUN_CPU, "-c", "s16-h2", "--json", str(mdir / "r.json")]) == 2
+    assert "lies in an asv results directory" in " ".join(capsys.readouterr().out.split())
+    assert sorted(p.name for p in mdir.iterdir()) == ["machine.json"]
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    """Reading a FIFO would block until a writer comes: the reader opens it without blocking and refuses it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    code = ("import sys; from mla_fp8_bench.jsonio import load_json\ntry:\n load_json(sys.argv[1], 'run JSON')\n"
+            "except ValueError as e:\n print(e)")
+    p = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.stdout.strip() == f"cannot read run JSON {fifo}: it is not a regular file"

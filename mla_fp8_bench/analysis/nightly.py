@@ -1,10 +1,9 @@
 """``mla-fp8-bench nightly``: one asv history point keyed by the library under test (AITER or vLLM).
 
-Identifies the library and its commit (:func:`identify`), runs the asv suite against the library's
-config with ``asv run -E existing:<python> --set-commit-hash <sha>``, gates the result against the
-previous stored one (or ``--base``) and publishes the site. Exit 1 on a regression, 0 otherwise, 3 when
-asv stored no result, 2 on bad usage; ``--dry-run`` prints the commands. Steps and sources of the
-commit: docs/gfx950-runner.md, section 3.
+Identifies the library and its commit (:func:`identify`), then, holding the results directory's lock (one
+run into it at a time), runs the asv suite with ``asv run -E existing:<python> --set-commit-hash <sha>``,
+gates the result against the previous stored one (or ``--base``) and publishes the site. Exit 1 on a
+regression, 0 otherwise, 3 when asv stored no result, 2 on bad usage; ``--dry-run`` prints the commands.
 """
 
 from __future__ import annotations
@@ -20,20 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mla_fp8_bench.analysis.bisect import probe_selection, results_dir_of
 from mla_fp8_bench.argtypes import check_name
 from mla_fp8_bench.harness.asv_guard import git
 from mla_fp8_bench.harness.results import ResultsError, find_result, list_result_files, load_asv_conf, load_asv_result
-from mla_fp8_bench.jsonio import check_output_path, write_file_atomic, write_json_atomic
+from mla_fp8_bench.jsonio import check_output_path, locked, write_file_atomic, write_json_atomic
 
 
 class Library(NamedTuple):
-    """A library under test."""
-
     dists: tuple[str, ...]  # distribution names to look for
     config: str  # the default asv config
-    bench: str  # the default --bench: the benchmarks that depend on it (the rest of the grid does not)
-    backend: str  # the suite's backend that runs it (the run's MLA_FP8_BENCH_BACKENDS, unless set)
+    bench: str  # the default --bench: the benchmarks that depend on it
+    backend: str  # the suite's backend that runs it
 
 
 LIBRARIES = {"aiter": Library(("amd-aiter", "aiter"), "asv.aiter.conf.json", r"\('aiter', ", "aiter"),
@@ -41,6 +37,9 @@ LIBRARIES = {"aiter": Library(("amd-aiter", "aiter"), "asv.aiter.conf.json", r"\
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NO_RESULT = 0, 1, 2, 3
 _SCM_SHA = re.compile(r"\+g([0-9a-f]{7,40})(?:\b|\.|$)")
 _HEX = re.compile(r"[0-9a-f]{7,40}")
+_PROBE = ("import json, sys\nfrom importlib import metadata\nout = {}\nfor d in sys.argv[1:]:\n    try:\n"
+          "        m = metadata.distribution(d)\n    except metadata.PackageNotFoundError:\n        continue\n"
+          "    out[d] = {'version': m.version, 'direct_url': m.read_text('direct_url.json')}\nprint(json.dumps(out))")
 
 
 class NightlyError(ValueError):
@@ -49,36 +48,16 @@ class NightlyError(ValueError):
 
 @dataclass
 class LibraryUnderTest:
-    """What :func:`identify` found."""
-
     name: str  # aiter or vllm
-    dist: str | None  # the installed distribution (amd-aiter); None when only a checkout was given
+    dist: str | None  # the installed distribution; None when only a checkout was given
     version: str | None
     commit: str  # full when resolvable, else the short SHA of the version label
     source: str  # where the commit came from: --commit, checkout <path>, direct_url vcs_info, ...
     checkout: str | None = None  # a local git checkout holding the commit
 
 
-_PROBE = r"""
-import json, sys
-from importlib import metadata
-out = {}
-for dist in sys.argv[1:]:
-    try:
-        d = metadata.distribution(dist)
-    except metadata.PackageNotFoundError:
-        continue
-    out[dist] = {"version": d.version, "direct_url": d.read_text("direct_url.json")}
-print(json.dumps(out))
-"""
-
-
 def installed_dists(python: str, dists: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """``{dist: {"version", "direct_url"}}`` for the distributions installed for ``python``.
-
-    Raises:
-        NightlyError: ``python`` cannot be run.
-    """
+    """``{dist: {"version", "direct_url"}}`` installed for ``python``; NightlyError when it cannot be run."""
     try:
         p = subprocess.run([python, "-c", _PROBE, *dists], capture_output=True, text=True, timeout=120)
     except OSError as exc:
@@ -103,18 +82,13 @@ def _from_direct_url(text: str | None) -> tuple[str | None, str | None, str]:
 
 
 def identify(library: str, python: str, checkout: str | None = None, commit: str | None = None) -> LibraryUnderTest:
-    """The library under test (``aiter``, ``vllm`` or ``auto``: the one installed) and its commit: ``commit``
-    if given, else the HEAD of ``checkout``, else read off the distribution installed for ``python``
-    (docs/gfx950-runner.md, section 3, step 1).
-
-    Raises:
-        NightlyError: unknown library, nothing identifiable installed, both installed with ``auto``, a
-            checkout that is not a git repository, or no commit found.
-    """
+    """The library under test (``aiter``, ``vllm`` or ``auto``: the one installed) and its commit: ``commit``,
+    else the HEAD of ``checkout``, else read off the distribution installed for ``python``; NightlyError
+    naming what is missing or ambiguous."""
     if library not in (*LIBRARIES, "auto"):
         raise NightlyError(f"--library {library!r} is unknown: allowed auto, {', '.join(LIBRARIES)}")
-    names = list(LIBRARIES) if library == "auto" else [library]
-    found = {n: d for n in names if (d := installed_dists(python, LIBRARIES[n].dists))}
+    found = {n: d for n in (LIBRARIES if library == "auto" else [library])
+             if (d := installed_dists(python, LIBRARIES[n].dists))}
     if library == "auto":
         if len(found) > 1:
             raise NightlyError(f"both {' and '.join(found)} are installed for {python}: choose --library "
@@ -122,7 +96,7 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
         if not found and not checkout:
             raise NightlyError(f"neither AITER (amd-aiter) nor vLLM is installed for {python}: install the library "
                                "under test, or pass --library and --checkout PATH")
-        library = next(iter(found)) if found else "aiter"
+        library = next(iter(found), "aiter")
     dist, info = next(iter(found[library].items())) if library in found else (None, {})
     version = info.get("version")
     if commit:
@@ -130,8 +104,7 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
             raise NightlyError(f"--commit {commit!r} is not a commit hash (7 to 40 lowercase hex digits)")
         return LibraryUnderTest(library, dist, version, commit, "--commit", checkout)
     if checkout:
-        head = git(checkout, "rev-parse", "HEAD")
-        if head is None:
+        if (head := git(checkout, "rev-parse", "HEAD")) is None:
             raise NightlyError(f"--checkout {checkout} is not a git checkout")
         return LibraryUnderTest(library, dist, version, head, f"checkout {checkout}", str(Path(checkout).resolve()))
     if dist is None:
@@ -140,15 +113,14 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
     sha, local, source = _from_direct_url(info.get("direct_url"))
     if sha:
         return LibraryUnderTest(library, dist, version, sha, source, local)
-    m = _SCM_SHA.search(version or "")
-    if m:
+    if m := _SCM_SHA.search(version or ""):
         return LibraryUnderTest(library, dist, version, m.group(1), f"version label {version}")
     raise NightlyError(f"{dist} {version} installed for {python} names no commit (no direct_url.json vcs_info, no "
                        "'+g<sha>' version label): pass --checkout PATH (its git checkout) or --commit SHA")
 
 
 def load_conf(path: str) -> dict[str, Any]:
-    """An asv config (:func:`~mla_fp8_bench.harness.results.load_asv_conf`); NightlyError when missing or unparsable."""
+    """An asv config; NightlyError when missing or unparsable."""
     if not Path(path).is_file():
         raise NightlyError(f"--config {path} does not exist (run from the suite's checkout, or pass --config)")
     try:
@@ -157,43 +129,35 @@ def load_conf(path: str) -> dict[str, Any]:
         raise NightlyError(f"--config {path} is not valid JSON/JSONC: {exc}") from None
 
 
-def derived_config(config: str, repo: str, out_dir: str) -> str:
-    """Write a copy of ``config`` whose ``repo`` is ``repo`` and whose directories are absolute; return its path."""
-    conf = load_conf(config)
+def derived_config(config: str, conf: dict[str, Any], repo: str) -> str:
+    """Write beside ``config`` (in ``.asv/``) a copy whose ``repo`` is ``repo`` and whose folders are absolute."""
     base = Path(config).resolve().parent
+    conf = {**conf, "repo": str(Path(repo).resolve())}
     for key, default in (("benchmark_dir", "benchmarks"), ("results_dir", "results"), ("html_dir", "html"),
                          ("env_dir", "env")):
         conf[key] = str((base / conf.get(key, default)).resolve())
-    conf["repo"] = str(Path(repo).resolve())
-    out = Path(out_dir) / f"nightly-{Path(config).stem.replace('.', '-')}.conf.json"
+    out = base / ".asv" / f"nightly-{Path(config).stem.replace('.', '-')}.conf.json"
     write_json_atomic(conf, out)
     return str(out)
 
 
 def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTest, timeout: float = 30) -> bool:
-    """Whether asv's mirror of a remote ``repo`` (``<config dir>/<project>``) already holds ``lib.commit``
-    (the run then passes ``--no-pull``); False when ``repo`` is local or the remote answers ``git ls-remote``.
-
-    Raises:
-        NightlyError: a remote ``repo`` that is unreachable and not mirrored with the commit (checked
-            before anything is written), naming the repository, the mirror and ``--checkout PATH``.
-    """
+    """Whether asv's mirror of a remote ``repo`` already holds ``lib.commit`` (the run then passes
+    ``--no-pull``); False for a local ``repo`` or a remote that answers. NightlyError: a remote that is
+    unreachable and not mirrored with the commit (before anything is written)."""
     repo = str(conf.get("repo", "."))
     if not ("://" in repo or (repo.startswith("git@") and ":" in repo)):
         return False
     mirror = Path(config).resolve().parent / str(conf.get("project", "project"))
-    if ((mirror / "objects").is_dir() or (mirror / ".git").exists()) and git(
-            mirror, "cat-file", "-e", f"{lib.commit}^{{commit}}") is not None:
+    if mirror.is_dir() and git(mirror, "cat-file", "-e", f"{lib.commit}^{{commit}}") is not None:
         return True
     try:
         p = subprocess.run(["git", "ls-remote", "--exit-code", repo, "HEAD"], capture_output=True, text=True,
                            timeout=timeout, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-        ok, why = p.returncode == 0, " ".join(p.stderr.split())[-200:] or f"git ls-remote exited {p.returncode}"
-    except subprocess.TimeoutExpired:
-        ok, why = False, f"no answer in {timeout:.0f} s"
-    except OSError as exc:
-        ok, why = False, f"git cannot be run: {exc}"
-    if ok:
+        why = None if p.returncode == 0 else " ".join(p.stderr.split())[-200:] or f"git exited {p.returncode}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = str(exc)
+    if why is None:
         return False
     raise NightlyError(f"{lib.name} commit {lib.commit[:12]} must come from {repo} ({config}'s repo), which is not "
                        f"reachable ({why}), and {mirror} holds no mirror with that commit: pass --checkout PATH "
@@ -203,10 +167,26 @@ def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTes
 def previous_commit(results_dir: str, machine: str, head: str) -> str | None:
     """The commit of the newest stored ``existing`` result on ``machine`` other than ``head`` (by commit date)."""
     mdir = Path(results_dir) / machine
-    found = [load_asv_result(f.path) for f in (list_result_files(mdir) if mdir.is_dir() else ())
-             if "existing" in f.env]
-    found = [r for r in found if not (r.commit_hash.startswith(head) or head.startswith(r.commit_hash))]
+    found = [r for r in (load_asv_result(f.path) for f in (list_result_files(mdir) if mdir.is_dir() else ())
+                         if "existing" in f.env)
+             if not (r.commit_hash.startswith(head) or head.startswith(r.commit_hash))]
     return max((r.date or 0.0, r.started_at(), r.commit_hash) for r in found)[2] if found else None
+
+
+def selection_env(bench: str) -> dict[str, str]:
+    """``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` narrowing the grid to the (backend, case) params whose asv names
+    ``bench`` selects, where that is a strict subset (the rest of the grid is not measured)."""
+    from mla_fp8_bench.harness.asv_support import ASV_CASES, asv_backends
+    from mla_fp8_bench.measure.metric_table import METRICS
+
+    rx, grid = re.compile(bench), asv_backends()
+    hits = {(b, c) for cls in ("MLAPrefill", "AiterPlan") for m in METRICS if m.track for b in grid for c in ASV_CASES
+            if rx.search(f"bench_mla_prefill.{cls}.{m.track}({b!r}, {c!r})")}
+    out = {}
+    for var, names, i in (("MLA_FP8_BENCH_BACKENDS", grid, 0), ("MLA_FP8_BENCH_CASES", ASV_CASES, 1)):
+        if 0 < len(chosen := {h[i] for h in hits}) < len(names):
+            out[var] = ",".join(n for n in names if n in chosen)
+    return out
 
 
 def _cli(*args: str) -> list[str]:
@@ -226,53 +206,45 @@ class Plan:
     """The commands of one nightly (``--dry-run`` prints them)."""
 
     lib: LibraryUnderTest
-    config: str
     results_dir: str
-    machine: str
     setup: list[list[str]]
     run: list[str]
     run_env: dict[str, str]
+    gate: list[str]  # ends with the base commit
     publish: list[str] | None
-    gate_fmt: list[str]
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    """Identify the library and build the commands (nothing is run).
-
-    Raises:
-        ValueError: see :func:`identify` and :func:`load_conf`; a bad machine name, ``--base``, ``--bench``
-            or ``--summary``.
-    """
+    """Check the arguments, identify the library and build the commands (nothing is run); ValueError naming
+    a bad machine name, ``--base``, ``--bench``, ``--summary``, config or library."""
     python = args.python or sys.executable
-    check_name(args.machine or "", "--machine")  # the asv-machine step's rule, checked before anything runs
+    check_name(args.machine or "", "--machine")
     if args.base is not None and not _HEX.fullmatch(args.base):
         raise NightlyError(f"--base {args.base!r} is not a commit hash (7 to 40 lowercase hex digits)")
-    if args.bench is not None:
-        try:
-            re.compile(args.bench)
-        except re.error as exc:
-            raise NightlyError(f"--bench {args.bench!r} is not a valid regular expression: {exc}") from None
+    try:
+        re.compile(args.bench or "")
+    except re.error as exc:
+        raise NightlyError(f"--bench {args.bench!r} is not a valid regular expression: {exc}") from None
     if args.summary is not None:
         check_output_path(args.summary, "--summary")  # before the asv run it reports on
     lib = identify(args.library, python, args.checkout, args.commit)
     config = args.config or LIBRARIES[lib.name].config
     conf = load_conf(config)
-    results_dir = results_dir_of(config, conf)
+    results_dir = str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
     no_pull = not lib.checkout and check_repo_reachable(conf, config, lib)
     if lib.checkout:
-        config = (derived_config(config, lib.checkout, str(Path(config).resolve().parent / ".asv"))
-                  if not args.dry_run else f"<{config} with repo={lib.checkout}>")
-    setup = [] if _machine_known(args.machine) else [_cli("asv-machine", args.machine, "--results-dir", results_dir)]
+        config = f"<{config} with repo={lib.checkout}>" if args.dry_run else derived_config(config, conf, lib.checkout)
     bench = args.bench or LIBRARIES[lib.name].bench
     run = [sys.executable, "-m", "asv", "run", "--config", config, "-E", f"existing:{python}", "--set-commit-hash",
            lib.commit, "--machine", args.machine, "--show-stderr", "--record-samples", "-b", bench,
            *(["--no-pull"] if no_pull else [])]  # samples: the per-round latencies the gate's threshold reads
-    publish = None if args.no_publish else _cli("publish", "--config", config)
-    fmt = ["--format", args.format] if args.format != "text" else []
-    # setup_cache measures only the (backend, case) params the -b regex selects (the library's backend at least)
-    wanted = probe_selection(bench) or {"MLA_FP8_BENCH_BACKENDS": LIBRARIES[lib.name].backend}
-    run_env = {k: v for k, v in wanted.items() if k not in os.environ}
-    return Plan(lib, config, results_dir, args.machine, setup, run, run_env, publish, fmt)
+    wanted = selection_env(bench) or {"MLA_FP8_BENCH_BACKENDS": LIBRARIES[lib.name].backend}
+    gate = _cli("gate", "--results-dir", results_dir, "--machine", args.machine, "--env", "existing",
+                *(["--format", args.format] if args.format != "text" else []),
+                *(["--tolerances", args.tolerances] if args.tolerances else []), lib.commit)
+    setup = [] if _machine_known(args.machine) else [_cli("asv-machine", args.machine, "--results-dir", results_dir)]
+    return Plan(lib, results_dir, setup, run, {k: v for k, v in wanted.items() if k not in os.environ}, gate,
+                None if args.no_publish else _cli("publish", "--config", config))
 
 
 def _env_prefix(env: dict[str, str] | None) -> str:
@@ -283,7 +255,6 @@ def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None, *,
                   tail: int | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` after echoing it; echo each line of its output as it comes, or with ``tail`` the last
     ``tail`` characters once it ends. Returns its exit status and its whole output as ``stdout``."""
-
     echo(f"$ {_env_prefix(env)}{shlex.join(cmd)}")
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -298,61 +269,46 @@ def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None, *,
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
-def gate_command(plan: Plan, base: str, tolerances: str | None) -> list[str]:
-    cmd = _cli("gate", "--results-dir", plan.results_dir, "--machine", plan.machine, "--env", "existing",
-               *plan.gate_fmt, base, plan.lib.commit)
-    return [*cmd, "--tolerances", tolerances] if tolerances else cmd
-
-
-def _header(plan: Plan, md: bool) -> str:
+def run_nightly(args: argparse.Namespace, echo=print) -> int:
+    """Run the plan (module docstring) under the results directory's lock; returns the exit status."""
+    plan, md = make_plan(args), args.format == "markdown"
     lib = plan.lib
     what = f"{lib.dist or lib.name} {lib.version or ''}".strip()
-    line = f"nightly: {what} at {lib.commit[:12]} ({lib.source}) on machine {plan.machine}"
-    return f"### {line}\n" if md else line
-
-
-def run_nightly(args: argparse.Namespace, echo=print) -> int:
-    """Run the plan (module docstring); returns the exit status."""
-    plan = make_plan(args)
-    md = args.format == "markdown"
-    echo(_header(plan, False))
-    if not args.dry_run:
-        for cmd in plan.setup:
-            if _run_streamed(cmd, echo, tail=6000).returncode != 0:
-                raise NightlyError(f"could not register asv machine {plan.machine}")
-        p = _run_streamed(plan.run, echo, plan.run_env)
-        try:
-            find_result(plan.results_dir, plan.machine, plan.lib.commit[:8], env="existing")
-        except ResultsError:
-            echo(f"asv run exited {p.returncode} and stored no result for {plan.lib.commit[:12]} on {plan.machine}")
-            return EXIT_NO_RESULT
-    prev = args.base or previous_commit(plan.results_dir, plan.machine, plan.lib.commit)
+    head = f"nightly: {what} at {lib.commit[:12]} ({lib.source}) on machine {args.machine}"
+    echo(head)
     if args.dry_run:
+        base = args.base or previous_commit(plan.results_dir, args.machine, lib.commit) or "<previous stored commit>"
         for cmd in plan.setup:
             echo(shlex.join(cmd))
         echo(_env_prefix(plan.run_env) + shlex.join(plan.run))
-        echo(shlex.join(gate_command(plan, prev or "<previous stored commit>", args.tolerances)))
+        echo(shlex.join([*plan.gate[:-1], base, lib.commit]))
         if plan.publish:
             echo(shlex.join(plan.publish))
         return EXIT_OK
-    if prev is None:
-        summary, rc = _header(plan, md) + "\nfirst result on this machine: nothing to gate against\n", EXIT_OK
-    else:
-        g = subprocess.run(gate_command(plan, prev, args.tolerances), capture_output=True, text=True)
-        rc = g.returncode if g.returncode in (EXIT_OK, EXIT_REGRESSION) else EXIT_USAGE
-        summary = f"{_header(plan, md)}\nbase {prev[:12]} -> head {plan.lib.commit[:12]}\n\n{g.stdout}{g.stderr}"
-    echo(summary)
-    if args.summary:
-        write_file_atomic(args.summary, lambda f: f.write(summary))
-    if plan.publish:
-        pp = _run_streamed(plan.publish, echo, tail=6000)
-        if pp.returncode != 0:
+    with locked(plan.results_dir, "results directory", wait=False):
+        for cmd in plan.setup:
+            if _run_streamed(cmd, echo, tail=6000).returncode != 0:
+                raise NightlyError(f"could not register asv machine {args.machine}")
+        p = _run_streamed(plan.run, echo, plan.run_env)
+        try:
+            find_result(plan.results_dir, args.machine, lib.commit[:8], env="existing")
+        except ResultsError:
+            echo(f"asv run exited {p.returncode} and stored no result for {lib.commit[:12]} on {args.machine}")
+            return EXIT_NO_RESULT
+        base = args.base or previous_commit(plan.results_dir, args.machine, lib.commit)
+        title = f"### {head}\n" if md else head
+        if base is None:
+            summary, rc = f"{title}\nfirst result on this machine: nothing to gate against\n", EXIT_OK
+        else:
+            g = subprocess.run([*plan.gate[:-1], base, lib.commit], capture_output=True, text=True)
+            rc = g.returncode if g.returncode in (EXIT_OK, EXIT_REGRESSION) else EXIT_USAGE
+            summary = f"{title}\nbase {base[:12]} -> head {lib.commit[:12]}\n\n{g.stdout}{g.stderr}"
+        echo(summary)
+        if args.summary:
+            write_file_atomic(args.summary, lambda f: f.write(summary))
+        if plan.publish and (pp := _run_streamed(plan.publish, echo, tail=6000)).returncode != 0:
             echo(f"publish exited {pp.returncode} (results are stored; the gate's verdict stands)")
     return rc
-
-
-def cmd_nightly(args: argparse.Namespace, console) -> int:
-    return run_nightly(args, echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
 
 
 def add_parser(subparsers) -> None:
@@ -360,12 +316,12 @@ def add_parser(subparsers) -> None:
         "nightly", help="asv history point keyed by the installed AITER/vLLM commit, gated and published",
         description="Identify the installed AITER (or vLLM) and its commit, run the asv suite with "
                     "-E existing --set-commit-hash <that commit>, gate against the previous result on this "
-                    "machine, publish. Exit 1 on a regression, 2 on bad usage, 3 when asv stored nothing.")
+                    "machine, publish; one run per results directory at a time. Exit 1 on a regression, 2 on bad "
+                    "usage, 3 when asv stored nothing.")
     p.add_argument("--machine", required=True, help="asv machine name (e.g. mi355): results/<machine>/")
     p.add_argument("--library", default="auto", help="aiter, vllm or auto (the one installed; default auto)")
     p.add_argument("--python", help="interpreter of the environment with the library (default: this one)")
-    p.add_argument("--checkout", help="git checkout of the library (its HEAD is the commit; "
-                   "asv's repo is pointed here)")
+    p.add_argument("--checkout", help="git checkout of the library (its HEAD is the commit; asv's repo points here)")
     p.add_argument("--commit", help="the library's commit, when it cannot be read from the installed package")
     p.add_argument("--config", help="asv config (default asv.aiter.conf.json / asv.vllm.conf.json)")
     p.add_argument("--bench", help="asv -b regex (default: the benchmarks that depend on the library)")
@@ -376,4 +332,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--summary", help="also write the gate summary to this file (for a PR comment / annotation)")
     p.add_argument("--no-publish", action="store_true", help="skip publishing the site")
     p.add_argument("--dry-run", action="store_true", help="identify the library and print the commands")
-    p.set_defaults(handler=cmd_nightly)
+    p.set_defaults(handler=lambda args, console: run_nightly(
+        args, echo=lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)))

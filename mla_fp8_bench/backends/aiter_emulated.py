@@ -5,17 +5,19 @@ Its latency is an emulation's, never compared.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mla_fp8_bench.aiter_ps.emulator import Emulator
 from mla_fp8_bench.aiter_ps.facts import NEWEST_MODELLED_VERSION, format_version, parse_aiter_version
 from mla_fp8_bench.backends.aiter_real import AiterPsBackend, AiterPsDriver
 from mla_fp8_bench.backends.base import Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo
 from mla_fp8_bench.problem.cases import Case
 from mla_fp8_bench.problem.inputs import CaseInputs
+
+if TYPE_CHECKING:  # the emulator itself is imported only when a driver is made
+    from mla_fp8_bench.aiter_ps.emulator import Emulator
 
 
 class AiterEmulated(AiterPsBackend):

@@ -149,11 +149,10 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
     not measured keep the values stored for this commit (:func:`_keep_stored`).
 
     Returns:
-        ``{"env", "ceilings", "cap": int, "records": {"backend|case": record}, "rounds"}``.
+        ``{"env", "cap": int, "records": {"backend|case": record}, "rounds"}``.
     """
     from mla_fp8_bench.harness.rounds import fold_rounds
     from mla_fp8_bench.harness.runner import RunOptions, evaluate
-    from mla_fp8_bench.peers.ceilings import attach
     from mla_fp8_bench.terminal import case_progress, open_parent_stderr
 
     cfg = config or check_knobs()
@@ -170,7 +169,6 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
                 print(("\n" if s is parent else "") + head, file=s, flush=True)
         with case_progress(len(backends) * len(cases), stream=streams) as step:
             data = evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
-    attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = fold_rounds(data["records"], n_rounds, str(pinfo.device),
                                  log=lambda m: print(f"[mla_fp8_bench] {m}", flush=True))
@@ -180,7 +178,7 @@ def measure_grid(version: str | None = None, config: RunConfig | None = None) ->
     records.update({f"{b}|{cid}": {"backend": b, "case": cid, "status": "skipped", "reason": why}
                     for cid, why in skipped.items() for b in grid})
     _keep_stored(cfg, records, "MLAPrefill", version, grid, skipped)
-    return {"env": data["env"], "ceilings": data.get("ceilings"), "cap": cap, "records": records,
+    return {"env": data["env"], "cap": cap, "records": records,
             "rounds": data["rounds"]}
 
 
@@ -192,7 +190,7 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
     cfg = config or check_knobs()
     pinfo, _cap, _backends, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}
-    plan = plan_backends()
+    plan = [b for b in plan_backends() if not cfg.backends or b in cfg.backends]
     for name in plan:
         b = get_backend(name, cfg)
         avail = b.availability(pinfo)

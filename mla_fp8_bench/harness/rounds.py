@@ -1,7 +1,6 @@
 """Latency rounds: the (backend, case) grid timed again, each round a latency-only pass in a fresh process
 (a child forked from a :class:`RoundServer`, or ``python -m mla_fp8_bench.harness.rounds --backends B,..
---cases C,.. --json out.json``); the figure compared is the median over rounds (docs/methodology.md §8, §9).
-"""
+--cases C,.. --json out.json``); the figure compared is the median over rounds."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ ROUND_FIELDS = ("latency_s", "latency_sm_cycles", "sm_clock_mhz", "gpu_power_w",
 
 
 def round_order(i: int) -> str:
-    """The case order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...; ValueError if ``i`` < 0."""
+    """The order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...; ValueError if ``i`` < 0."""
     if i < 0:
         raise ValueError(f"round index {i} is invalid: an integer >= 0")
     return ORDERS[i % len(ORDERS)]
@@ -47,13 +46,11 @@ def case_work(case_id: str) -> float:
 
 
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
-    """``pairs`` (backend, case) in measuring order: cases by :func:`case_work`, then id
-    (docs/methodology.md §9); within a case the backends as given (``sorted``), ``reversed`` or
-    ``shuffled`` (``seed``). ValueError: another order name."""
+    """``pairs`` (backend, case) in measuring order: cases by :func:`case_work`, then id; within a case the
+    backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``). ValueError: another order."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
-    rng = random.Random(seed)
-    by_case: dict[str, list[str]] = {}
+    rng, by_case = random.Random(seed), {}
     for b, c in pairs:
         by_case.setdefault(c, []).append(b)
     out: list[tuple[str, str]] = []
@@ -66,29 +63,23 @@ def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list
 
 
 def spread(values: Sequence[float]) -> float:
-    """Relative spread of round values: ``(max - min) / median`` (0 for one value); ValueError for an empty
-    sequence or a non-positive median."""
+    """Relative spread of round values: ``(max - min) / median`` (0 for one value); ValueError for no values
+    or a non-positive median."""
     if not values:
         raise ValueError("spread of no values")
-    if len(values) == 1:
-        return 0.0
     med = statistics.median(values)
-    if not med > 0:
+    if len(values) > 1 and not med > 0:
         raise ValueError(f"spread needs a positive median, got {med}")
-    return (max(values) - min(values)) / med
+    return (max(values) - min(values)) / med if len(values) > 1 else 0.0
 
 
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
-    """One latency-only pass (kernel timing, :func:`~mla_fp8_bench.measure.timing.measure_latency` defaults)
+    """One latency-only pass (kernel timing at :func:`~mla_fp8_bench.measure.timing.measure_latency`'s defaults)
     over (backend, case) in ``order`` in this process; a pair that cannot run is a row with ``error``.
-
-    Returns:
-        ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
-        "rows": [{"backend", "case", "phases_s", ...:data:`ROUND_FIELDS`} or {..., "error"}]}``; seconds;
-        ``phases_s``: ``inputs`` (~0 when reused), ``prepare``, ``timing`` (the first pair's holds the heat-up).
-    """
+    Returns ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
+    "rows": [{"backend", "case", "phases_s": {"inputs", "prepare", "timing"}, ...ROUND_FIELDS} or {..., "error"}]}``."""
     import torch
 
     from mla_fp8_bench.backends import get_backend
@@ -100,28 +91,24 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     t0 = time.perf_counter()
     pinfo = platform_info(device)
     bks: dict[str, Any] = {}
-    for b in backends:  # a backend that cannot load, or cannot say whether it is available, fails its own rows only
+    for b in backends:  # a backend that cannot load or tell its availability fails its own rows only
         try:
             bk = get_backend(b, config)
-            bks[b] = (bk, bk.availability(pinfo))
+            avail = bk.availability(pinfo)
+            bks[b] = bk if avail else f"unavailable: {avail.reason}"
         except Exception as exc:  # noqa: BLE001
-            bks[b] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            bks[b] = f"backend failed to load: {type(exc).__name__}: {str(exc)[:200]}"
     setup_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     inputs: dict[str, Any] = {}
     for b, c in ordered([(b, c) for c in cases for b in backends], order, seed):
-        row: dict[str, Any] = {"backend": b, "case": c}
+        row: dict[str, Any] = {"backend": b, "case": c, "phases_s": {}}
         prep = None
-        phases = row["phases_s"] = {}
         try:
             if isinstance(bks[b], str):
-                raise RuntimeError(f"backend failed to load: {bks[b]}")
-            bk, avail = bks[b]
-            if not avail:
-                raise RuntimeError(f"unavailable: {avail.reason}")
+                raise RuntimeError(bks[b])
             case = parse_case_id(c)
-            sup = bk.supports(case, pinfo)
-            if not sup:
+            if not (sup := bks[b].supports(case, pinfo)):
                 raise RuntimeError(f"unsupported: {sup.reason}")
             t1 = time.perf_counter()
             if c not in inputs:
@@ -130,15 +117,15 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
                     torch.cuda.empty_cache()
                 inputs[c] = make_inputs(case, pinfo.device, pinfo.fp8_dtype)
             t2 = time.perf_counter()
-            prep = bk.prepare_case(inputs[c])
+            prep = bks[b].prepare_case(inputs[c])
             t3 = time.perf_counter()
-            kw = {} if pinfo.device.type == "cuda" else {"warmup": False}
-            tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable, **kw)
-            phases.update(inputs=t2 - t1, prepare=t3 - t2, timing=time.perf_counter() - t3)
+            tr = measure_latency(prep.run, pinfo.device, graph_capturable=prep.graph_capturable,
+                                 **({} if pinfo.device.type == "cuda" else {"warmup": False}))
+            row["phases_s"].update(inputs=t2 - t1, prepare=t3 - t2, timing=time.perf_counter() - t3)
             clock, n = clock_fields(tr), len(tr.samples_s)
             off = clock.get("clock_off_plateau_samples")
             row.update(latency_s=tr.median_s, **{k: clock.get(k) for k in ROUND_FIELDS[1:4]},
-                       off_plateau_fraction=(len(off) / n) if off is not None and n else None, samples=n,
+                       off_plateau_fraction=len(off) / n if off is not None and n else None, samples=n,
                        method=tr.method, launches_per_sample=tr.launches_per_sample)
         except Exception as exc:  # noqa: BLE001 - one failing pair never loses the others
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -160,7 +147,7 @@ def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -
     round worker of another interpreter, or of an asv benchmark process, imports the same suite."""
     env = dict(os.environ) if base is None else dict(base)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    parts = [*prepend, root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [*prepend, root, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     return env
 
@@ -186,10 +173,9 @@ def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, time
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return _failed(f"round worker timed out after {timeout:.0f} s")
-    except OSError as exc:
-        return _failed(f"round worker could not start: {exc}")
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return _failed(f"round worker timed out after {timeout:.0f} s" if isinstance(exc, subprocess.TimeoutExpired)
+                       else f"round worker could not start: {exc}")
     if p.returncode != 0 or not os.path.isfile(out):
         tail = (p.stderr or p.stdout or "").strip().splitlines()[-3:]
         return _failed(f"round worker exited {p.returncode}: {' | '.join(tail)[:400]}")
@@ -217,8 +203,7 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, en
                     srv = start()
                 doc = srv.round(backends, cases, round_order(i), seed + i, os.path.join(tmp, f"round{i}.json"),
                                 device, timeout=timeout)
-                doc["round"] = i
-                docs.append(doc)
+                docs.append({**doc, "round": i})
                 if log is not None:
                     ok = sum(1 for r in doc["rows"] if "latency_s" in r)
                     log(f"round {i} ({round_order(i)}): " + (doc.get("error") or
@@ -244,9 +229,8 @@ def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]
     over rounds, ``latency_round_spread`` their :func:`spread`, and ``tflops`` / ``gb_s`` follow."""
     by: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for doc in rounds:
-        for row in doc.get("rows", []):
-            if _measured(row):
-                by.setdefault((row["backend"], row["case"]), []).append((doc.get("order", "?"), row))
+        for row in filter(_measured, doc.get("rows", [])):
+            by.setdefault((row["backend"], row["case"]), []).append((doc.get("order", "?"), row))
     for rec in records:
         if rec.get("status") != "ok" or not _measured(rec):
             continue
@@ -257,10 +241,8 @@ def merge_rounds(records: list[dict[str, Any]], rounds: Sequence[dict[str, Any]]
         rec["latency_rounds_s"] = [float(r["latency_s"]) for r in rows]
         for key, out in (("latency_sm_cycles", "latency_sm_cycles_rounds"), ("sm_clock_mhz", "sm_clock_rounds_mhz"),
                          ("gpu_power_w", "gpu_power_rounds_w")):
-            vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            if vals:
-                rec[out] = vals
-                rec[key] = statistics.median(vals)
+            if vals := [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]:
+                rec[out], rec[key] = vals, statistics.median(vals)
         rec["latency_s"] = statistics.median(rec["latency_rounds_s"])
         rec["latency_round_spread"] = spread(rec["latency_rounds_s"])
         for key, out, unit in (("flops", "tflops", 1e12), ("bytes", "gb_s", 1e9)):
@@ -274,7 +256,7 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     first: dict[tuple[str, str], dict[str, Any]] = {}
     rest: list[dict[str, Any]] = []
     for doc in rounds:
-        rows_left = []
+        left = []
         for row in doc.get("rows", []):
             key = (row["backend"], row["case"])
             if key not in first and _measured(row):
@@ -282,8 +264,8 @@ def records_from_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]
                               "timing_scope": "kernel", "latency_round0_order": doc.get("order", "?"),
                               **{k: row.get(k) for k in ROUND_FIELDS}}
             else:
-                rows_left.append(row)
-        rest.append({"order": doc.get("order", "?"), "rows": rows_left})
+                left.append(row)
+        rest.append({"order": doc.get("order", "?"), "rows": left})
     records = list(first.values())
     merge_rounds(records, rest)
     return records
@@ -308,12 +290,12 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
                        "error": d.get("error")} for d in docs]}
 
 
-def _write_round(path: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int, device: str,
-                 stream) -> None:
+def _write_round(req: dict[str, Any], stream) -> None:
     from mla_fp8_bench.jsonio import write_json_atomic
 
-    write_json_atomic(measure_round(backends, cases, order, seed, device, config=RunConfig.from_env(),
-                                    progress=lambda s: print(s, file=stream, flush=True)), path)
+    doc = measure_round(req["backends"], req["cases"], req.get("order", "sorted"), int(req.get("seed", 0)),
+                        req.get("device", "auto"), lambda s: print(s, file=stream, flush=True), RunConfig.from_env())
+    write_json_atomic(doc, req["json"])
 
 
 def serve(preload: Sequence[str] = ()) -> int:
@@ -335,21 +317,18 @@ def serve(preload: Sequence[str] = ()) -> int:
             continue
         req = json.loads(line)
         sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:  # child: progress to stderr, the answer channel stays clean
+        if (pid := os.fork()) == 0:  # child: progress to stderr, the answer channel stays clean
             rc = 1
             try:
                 os.dup2(2, 1)
-                _write_round(req["json"], req["backends"], req["cases"], req.get("order", "sorted"),
-                             int(req.get("seed", 0)), req.get("device", "auto"), sys.stderr)
+                _write_round(req, sys.stderr)
                 rc = 0
             except BaseException as exc:  # noqa: BLE001 - the child must never return into the server loop
                 print(f"round child failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             finally:
                 sys.stderr.flush()
                 os._exit(rc)
-        _pid, status = os.waitpid(pid, 0)
-        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}), flush=True)
     return 0
 
 
@@ -431,9 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         return serve(names(a.preload))
     if not (a.backends and a.cases and a.json):
         ap.error("--backends, --cases and --json are required (or --serve)")
-    _write_round(a.json, names(a.backends), names(a.cases), a.order, a.seed, a.device, sys.stdout)
+    _write_round({"backends": names(a.backends), "cases": names(a.cases), "order": a.order, "seed": a.seed,
+                  "device": a.device, "json": a.json}, sys.stdout)
     return 0
-
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Evaluate a grid of (backend, case) in one process: latency, errors against both references, FLOPs.
 
 One failing backend or case never loses the others: unavailable, unsupported and out-of-memory become
-``status="skipped"`` records with the reason, exceptions ``status="error"`` records.
+``status="skipped"`` records with the reason, exceptions ``status="error"`` records. A grid expected to
+outlast :data:`MAX_WAIT_S` is refused before any work (:func:`check_duration`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 
 #: Record keys that every JSON record carries (the contract with users).
 RECORD_KEYS = ("backend", "case", "status", "reason", "latency_method", "timing_scope") + metric_table.record_keys()
+#: Longest expected run (seconds) :func:`evaluate` starts unless ``RunOptions.max_wait_s`` says otherwise.
+MAX_WAIT_S = 3600.0
+#: Fast FLOP rates (FLOP/s), shortest call and shortest time per sequence of a call (s; an emulation's 100x
+#: on a CPU) per device type: the expected duration is a lower bound, so only a run surely past the limit is
+#: refused.
+_RATE = {"cpu": 1e11, "cuda": 1e14}
+_CALL_S = {"cpu": 1e-4, "cuda": 1e-3}
+_SEQ_S = {"cpu": 2e-5, "cuda": 2e-5}
 
 
 @dataclass
@@ -49,6 +58,7 @@ class RunOptions:
     flush_l2: bool = False  # flush L2 before each sample (GPU)
     determinism: bool = True  # run twice, record the largest difference (``nondeterminism_max_abs``)
     ref_dtype: torch.dtype | None = None  # reference dtype (None: float64 on CPU, float32 on GPU)
+    max_wait_s: float | None = MAX_WAIT_S  # refuse a grid expected to take longer (None: no limit)
 
     def __post_init__(self) -> None:
         """ValueError: ``samples`` not an integer from 1 to MAX_SAMPLES or ``time_budget_s`` not finite > 0."""
@@ -89,8 +99,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _short(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first[:300]}"
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
 
 
 class CaseData:
@@ -112,16 +121,16 @@ class CaseData:
 
 def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunOptions) -> None:
     """Latency (on GPUs also host call latency) of ``prepared.run`` into the record values ``v``."""
+    gpu = pinfo.device.type == "cuda"
     tr = measure_latency(prepared.run, pinfo.device, graph_capturable=prepared.graph_capturable,
                          samples=opts.samples, time_budget_s=opts.time_budget_s,
-                         **({"flush_l2": opts.flush_l2} if pinfo.device.type == "cuda" else {"warmup": False}))
+                         **({"flush_l2": opts.flush_l2} if gpu else {"warmup": False}))
     v.update(latency_s=tr.median_s, latency_samples_s=tr.samples_s, latency_iqr_s=tr.iqr_s, latency_cv=tr.cv,
-             latency_method=tr.method, launches_per_sample=tr.launches_per_sample)
+             latency_method=tr.method, launches_per_sample=tr.launches_per_sample, **clock_fields(tr),
+             tflops=tflops(v["flops"], tr.median_s), gb_s=v["bytes"] / tr.median_s / 1e9)
     if tr.note:
         v["latency_note"] = tr.note
-    v.update(clock_fields(tr))
-    v.update(tflops=tflops(v["flops"], tr.median_s), gb_s=v["bytes"] / tr.median_s / 1e9)
-    if opts.call_latency and pinfo.device.type == "cuda":
+    if opts.call_latency and gpu:
         cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
         v.update(call_latency_s=cl.median_s, call_latency_samples_s=cl.samples_s)
 
@@ -131,17 +140,17 @@ _ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_
 
 
 def _check_finite(rec: Record) -> None:
-    """Make a record with a non-finite output or a NaN error an ``error`` record (not a NaN that asv would
-    show as n/a), its values kept."""
+    """Make a record with a non-finite output or a NaN error an ``error`` record (values kept), not a NaN
+    that asv would show as n/a."""
     v = rec.values
     bad_out = max(int(v.get("nonfinite_count_fp8_ref") or 0), int(v.get("nonfinite_count_bf16_ref") or 0))
     undefined = [k for k in _ERROR_KEYS if isinstance(v.get(k), float) and math.isnan(v[k])]
-    if bad_out or undefined:
-        rec.status = "error"
-        rec.reason = (f"non-finite result: {bad_out} of {v.get('numel_fp8_ref', '?')} outputs are NaN/Inf "
-                      "(values kept in this record)" if bad_out else
-                      f"non-finite result: {', '.join(undefined)} undefined (NaN): the reference is NaN/Inf, "
-                      "the inputs are not finite")
+    if bad_out:
+        rec.status, rec.reason = "error", (f"non-finite result: {bad_out} of {v.get('numel_fp8_ref', '?')} outputs "
+                                           "are NaN/Inf (values kept in this record)")
+    elif undefined:
+        rec.status, rec.reason = "error", (f"non-finite result: {', '.join(undefined)} undefined (NaN): the "
+                                           "reference is NaN/Inf, the inputs are not finite")
 
 
 def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opts: RunOptions) -> Record:
@@ -157,12 +166,11 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         prepared = backend.prepare_case(case_data.inputs)
         out = prepared.run()
         synchronize(pinfo.device)
-        out_snapshot = out.detach().clone()
+        out = out.detach().clone()
         v = rec.values
         v.update(timing_scope=prepared.timing_scope, emulation=backend.emulation, fp8=backend.fp8)
-        bfm = error_metrics(out_snapshot, case_data.bf16_ref[0])
-        v.update(error_metrics(out_snapshot, case_data.fp8_ref[0]).as_dict("_fp8_ref"))
-        v.update(bfm.as_dict("_bf16_ref"))
+        bfm = error_metrics(out, case_data.bf16_ref[0])
+        v.update(**error_metrics(out, case_data.fp8_ref[0]).as_dict("_fp8_ref"), **bfm.as_dict("_bf16_ref"))
         v["mismatch_fraction"] = bfm.mismatch_fraction  # AITER's criterion is against the unquantised ref
         if prepared.lse is not None:
             lse, rows = prepared.lse()
@@ -170,9 +178,9 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         if opts.determinism:
             out2 = prepared.run()
             synchronize(pinfo.device)
-            v["nondeterminism_max_abs"] = float((out2.detach().double() - out_snapshot.double()).abs().nan_to_num(
+            v["nondeterminism_max_abs"] = float((out2.detach().double() - out.double()).abs().nan_to_num(
                 nan=float("inf")).max().item())
-        del out_snapshot
+        del out
         v.update(flops=case_flops(case), bytes=case_min_bytes(case))
         _check_finite(rec)
         if opts.timing and rec.status == "ok":
@@ -214,6 +222,43 @@ def _load_backends(names: list[str], pinfo: PlatformInfo, config: RunConfig | No
     return out
 
 
+def _supported(b: Backend, case: Case, pinfo: PlatformInfo) -> bool:
+    try:
+        return bool(b.supports(case, pinfo))
+    except Exception:  # noqa: BLE001 - it will be measured, and fail in its own record
+        return True
+
+
+def _call_s(case: Case, device_type: str, emulation: bool = False) -> float:
+    dt, k = device_type if device_type in _RATE else "cuda", 100 if emulation and device_type == "cpu" else 1
+    return max(case_flops(case) / _RATE[dt], k * _CALL_S[dt], k * case.batch_size * _SEQ_S[dt])
+
+
+def expected_seconds(pairs: Iterable[tuple[Backend, Case]], device_type: str, opts: RunOptions) -> float:
+    """A lower bound of the seconds :func:`evaluate` spends on ``pairs`` (backend, case): a case's two
+    references and each backend call at :data:`_RATE` (at least :data:`_CALL_S`, and :data:`_SEQ_S` per
+    sequence), a call for accuracy, one for determinism and up to ``samples`` within ``time_budget_s``."""
+    pairs = list(pairs)
+    total = sum(2 * _call_s(c, device_type) for c in {c.id: c for _b, c in pairs}.values())
+    for b, c in pairs:
+        call = _call_s(c, device_type, b.emulation)
+        total += (1 + opts.determinism) * call + (min(opts.time_budget_s, opts.samples * call) if opts.timing else 0)
+    return total
+
+
+def check_duration(pairs: list[tuple[Backend, Case]], pinfo: PlatformInfo, opts: RunOptions) -> None:
+    """ValueError when ``pairs`` are expected (:func:`expected_seconds`) to outlast ``opts.max_wait_s``."""
+    if opts.max_wait_s is None or not pairs:
+        return
+    secs = expected_seconds(pairs, pinfo.device_type, opts)
+    if secs > opts.max_wait_s:
+        b, c = max(pairs, key=lambda p: expected_seconds([p], pinfo.device_type, opts))
+        raise ValueError(f"this run would take at least {secs / 3600:.1f} h on {pinfo.device} ({len(pairs)} (backend, "
+                         f"case) pairs, {opts.samples} samples within {opts.time_budget_s:g} s each; the longest: "
+                         f"{b.name} {c.id}), more than {opts.max_wait_s / 3600:g} h: measure fewer or smaller cases, "
+                         "fewer samples or a shorter time budget, or pass --allow-long to go on")
+
+
 def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
              options: RunOptions | None = None, config: RunConfig | None = None,
              progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
@@ -223,6 +268,7 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     Raises:
         mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
         mla_fp8_bench.measure.devices.DeviceError: for a bad device.
+        ValueError: the grid is expected to take longer than ``options.max_wait_s`` (before any work).
         RunInterrupted: on ``KeyboardInterrupt``; it carries the records completed so far.
     """
     opts = options or RunOptions()
@@ -231,6 +277,8 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
     by_id: dict[str, Case] = {}
     for c in cases:
         by_id.setdefault(c.id, c)
+    check_duration([(b, c) for c in by_id.values() for b, v in bks.values() if v and _supported(b, c, pinfo)],
+                   pinfo, opts)
     records: list[dict[str, Any]] = []
     current = ("", "")
     try:
@@ -257,8 +305,7 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
             del case_data
             gc.collect()
     except KeyboardInterrupt as exc:
-        data = {"env": environment(pinfo), "records": records, "interrupted": True,
-                "interrupted_before": {"backend": current[0], "case": current[1]},
-                "planned": len(bks) * len(by_id)}
-        raise RunInterrupted(data) from exc
+        raise RunInterrupted({"env": environment(pinfo), "records": records, "interrupted": True,
+                              "interrupted_before": {"backend": current[0], "case": current[1]},
+                              "planned": len(bks) * len(by_id)}) from exc
     return {"env": environment(pinfo), "records": records}

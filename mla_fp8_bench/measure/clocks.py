@@ -1,7 +1,6 @@
 """GPU clock, temperature and power readings (NVML's ``pynvml`` or ``amdsmi``, both optional: without them
-every reading is ``None``, never an error), and the clock policy of a device. Nothing here changes a
-device setting. The SW power cap is the normal state of a busy H200; :data:`THROTTLE_MASK` is not.
-"""
+every reading is ``None``, never an error), and the clock policy of a device. Nothing here changes a device
+setting. The SW power cap is the normal state of a busy H200; :data:`THROTTLE_MASK` is not."""
 
 from __future__ import annotations
 
@@ -20,23 +19,20 @@ NVML_REASONS = {
 }
 #: Reasons that mean the sample ran throttled (not the sustained-load state of a busy GPU).
 THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
-#: A sample whose SM clock differs from the median clock of its set by more than this is off-plateau.
-#: Hopper clocks move in steps of 15 MHz; 1.5 % (about 26 MHz at 1755 MHz) is more than one step.
+#: A sample whose SM clock is further than this from the median clock of its set is off-plateau (Hopper
+#: clocks move in 15 MHz steps; 1.5 %, about 26 MHz at 1755 MHz, is more than one).
 OFF_PLATEAU_REL = 0.015
 
 
 def reason_names(mask: int | None) -> list[str]:
     """Names of the NVML clock event reason bits set in ``mask`` (unknown bits as hex)."""
-    if not mask:
-        return []
-    names = [n for bit, n in NVML_REASONS.items() if mask & bit]
-    rest = mask & ~sum(NVML_REASONS)
-    return names + ([hex(rest)] if rest else [])
+    rest = (mask or 0) & ~sum(NVML_REASONS)
+    return [n for bit, n in NVML_REASONS.items() if (mask or 0) & bit] + ([hex(rest)] if rest else [])
 
 
 @dataclass
 class ClockReading:
-    """One reading of the device state. ``None`` where the library gives no value."""
+    """One reading of the device state; ``None`` where the library gives no value."""
 
     sm_mhz: float | None = None  # SM (NVIDIA) / GFX (AMD) clock, MHz
     mem_mhz: float | None = None  # memory clock, MHz
@@ -49,10 +45,17 @@ class ClockReading:
         return bool(self.reasons and self.reasons & THROTTLE_MASK)
 
 
+def _num(v: Any) -> float | None:
+    try:
+        return None if v is None or v == "N/A" else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass
 class ClockReader:
     """Reads one GPU's clocks through NVML or amdsmi (:func:`open_reader`); ``available`` False (with
-    ``reason``) otherwise. ``read()`` and ``policy()`` never raise: a failed query gives ``None`` fields."""
+    ``reason``) otherwise. ``read()`` and ``policy()`` never raise: a failed query gives ``None``."""
 
     backend: str = "none"
     available: bool = False
@@ -61,12 +64,6 @@ class ClockReader:
     _handle: Any = None
     _errors: dict = field(default_factory=dict)
 
-    def read(self, full: bool = True) -> ClockReading:
-        """The current SM clock and event reasons; with ``full`` also memory clock, temperature, power."""
-        if not self.available:
-            return ClockReading()
-        return self._read_nvml(full) if self.backend == "nvml" else self._read_amdsmi(full)
-
     def _try(self, key: str, fn, *args):
         try:
             return fn(*args)
@@ -74,31 +71,31 @@ class ClockReader:
             self._errors.setdefault(key, f"{type(exc).__name__}: {exc}"[:160])
             return None
 
-    def _read_nvml(self, full: bool) -> ClockReading:
-        n, h = self._lib, self._handle
-        reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            getattr(n, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-        r = ClockReading(sm_mhz=self._try("sm", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
-                         reasons=self._try("reasons", reasons_fn, h) if reasons_fn else None)
-        if full:
-            power = self._try("power", n.nvmlDeviceGetPowerUsage, h)
-            r.mem_mhz = self._try("mem", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
-            r.temp_c = self._try("temp", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
-            r.power_w = None if power is None else power / 1000.0
-        return r
-
-    def _read_amdsmi(self, full: bool) -> ClockReading:
-        a, h = self._lib, self._handle
-        gfx = self._try("sm", a.amdsmi_get_clock_info, h, a.AmdSmiClkType.GFX) or {}
+    def read(self, full: bool = True) -> ClockReading:
+        """The current SM clock and event reasons; with ``full`` also memory clock, temperature, power."""
+        if not self.available:
+            return ClockReading()
+        lib, h, q = self._lib, self._handle, self._try
+        if self.backend == "nvml":
+            reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                getattr(lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+            r = ClockReading(q("sm", lib.nvmlDeviceGetClockInfo, h, lib.NVML_CLOCK_SM),
+                             reasons=q("reasons", reasons, h) if reasons else None)
+            if full:
+                power = q("power", lib.nvmlDeviceGetPowerUsage, h)
+                r.mem_mhz = q("mem", lib.nvmlDeviceGetClockInfo, h, lib.NVML_CLOCK_MEM)
+                r.temp_c = q("temp", lib.nvmlDeviceGetTemperature, h, lib.NVML_TEMPERATURE_GPU)
+                r.power_w = None if power is None else power / 1000.0
+            return r
+        gfx = q("sm", lib.amdsmi_get_clock_info, h, lib.AmdSmiClkType.GFX) or {}
         if not full:
-            return ClockReading(sm_mhz=_num(gfx.get("clk")))
-        mem = self._try("mem", a.amdsmi_get_clock_info, h, a.AmdSmiClkType.MEM) or {}
-        temp = self._try("temp", a.amdsmi_get_temp_metric, h, a.AmdSmiTemperatureType.HOTSPOT,
-                         a.AmdSmiTemperatureMetric.CURRENT)
-        pw = self._try("power", a.amdsmi_get_power_info, h) or {}
-        power = pw.get("current_socket_power", pw.get("average_socket_power"))
-        return ClockReading(sm_mhz=_num(gfx.get("clk")), mem_mhz=_num(mem.get("clk")), temp_c=_num(temp),
-                            power_w=_num(power))
+            return ClockReading(_num(gfx.get("clk")))
+        mem = q("mem", lib.amdsmi_get_clock_info, h, lib.AmdSmiClkType.MEM) or {}
+        temp = q("temp", lib.amdsmi_get_temp_metric, h, lib.AmdSmiTemperatureType.HOTSPOT,
+                 lib.AmdSmiTemperatureMetric.CURRENT)
+        pw = q("power", lib.amdsmi_get_power_info, h) or {}
+        return ClockReading(_num(gfx.get("clk")), _num(mem.get("clk")), _num(temp),
+                            _num(pw.get("current_socket_power", pw.get("average_socket_power"))))
 
     def policy(self) -> dict[str, Any]:
         """Clock lock state, read only: ``{"backend", "available", "locked" (bool or None), "evidence",
@@ -106,54 +103,40 @@ class ClockReader:
         or the applications-clocks-setting reason is active (``-lgc`` too). AMD: locked when the performance
         level is ``DETERMINISM``, ``MANUAL`` or ``STABLE_*``; power cap in W (amdsmi reports microwatts)."""
         out: dict[str, Any] = {"backend": self.backend, "available": self.available, "locked": None,
-                               "evidence": {}, "recommendation": ""}
+                               "evidence": {} if self.available else {"reason": self.reason}, "recommendation": ""}
         if not self.available:
-            out["evidence"]["reason"] = self.reason
             return out
-        ev = out["evidence"]
+        lib, h, q, ev = self._lib, self._handle, self._try, out["evidence"]
         if self.backend == "nvml":
-            n, h = self._lib, self._handle
-            ev["app_sm_mhz"] = self._try("app", n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_SM)
-            ev["default_app_sm_mhz"] = self._try("dapp", n.nvmlDeviceGetDefaultApplicationsClock, h, n.NVML_CLOCK_SM)
-            ev["max_sm_mhz"] = self._try("max", n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM)
-            plim = _num(self._try("plim", n.nvmlDeviceGetEnforcedPowerLimit, h))
+            ev["app_sm_mhz"] = q("app", lib.nvmlDeviceGetApplicationsClock, h, lib.NVML_CLOCK_SM)
+            ev["default_app_sm_mhz"] = q("dapp", lib.nvmlDeviceGetDefaultApplicationsClock, h, lib.NVML_CLOCK_SM)
+            ev["max_sm_mhz"] = q("max", lib.nvmlDeviceGetMaxClockInfo, h, lib.NVML_CLOCK_SM)
+            plim = _num(q("plim", lib.nvmlDeviceGetEnforcedPowerLimit, h))
             ev["power_limit_w"] = None if plim is None else plim / 1000.0
-            r = self.read()
-            ev["reasons_now"] = reason_names(r.reasons)
-            app_set = ev["app_sm_mhz"] is not None and ev["default_app_sm_mhz"] is not None and \
-                ev["app_sm_mhz"] != ev["default_app_sm_mhz"]
-            out["locked"] = bool(app_set or (r.reasons or 0) & 0x2)
-            out["recommendation"] = ("clocks float (boost and power cap); the suite measures at the sustained-load "
-                                     "plateau and records the SM clock of every sample" if not out["locked"] else
-                                     "clocks are locked: samples are clock-deterministic")
+            reasons = self.read().reasons
+            ev["reasons_now"] = reason_names(reasons)
+            out["locked"] = bool(None not in (ev["app_sm_mhz"], ev["default_app_sm_mhz"]) and
+                                 ev["app_sm_mhz"] != ev["default_app_sm_mhz"] or (reasons or 0) & 0x2)
+            out["recommendation"] = ("clocks are locked: samples are clock-deterministic" if out["locked"] else
+                                     "clocks float (boost and power cap); the suite measures at the sustained-load "
+                                     "plateau and records the SM clock of every sample")
             return out
-        a, h = self._lib, self._handle
-        level = self._try("perf_level", a.amdsmi_get_gpu_perf_level, h)
-        ev["perf_level"] = str(level) if level is not None else None
-        cap = self._try("power_cap", getattr(a, "amdsmi_get_power_cap_info", lambda _h: None), h)
-        if isinstance(cap, dict):
-            for key in ("power_cap", "default_power_cap", "min_power_cap", "max_power_cap"):
-                if _num(cap.get(key)) is not None:
-                    ev[key + "_w"] = _num(cap[key]) / 1e6
-        asic = self._try("asic", getattr(a, "amdsmi_get_gpu_asic_info", lambda _h: None), h)
+        level = q("perf_level", lib.amdsmi_get_gpu_perf_level, h)
+        ev["perf_level"] = None if level is None else str(level)
+        cap = q("power_cap", getattr(lib, "amdsmi_get_power_cap_info", lambda _h: None), h)
+        for key in ("power_cap", "default_power_cap", "min_power_cap", "max_power_cap"):
+            if isinstance(cap, dict) and _num(cap.get(key)) is not None:
+                ev[key + "_w"] = _num(cap[key]) / 1e6
+        asic = q("asic", getattr(lib, "amdsmi_get_gpu_asic_info", lambda _h: None), h)
         if isinstance(asic, dict):
-            ev["target_graphics_version"] = asic.get("target_graphics_version")
-            ev["market_name"] = asic.get("market_name")
-        lv = str(level or "").upper()
-        out["locked"] = any(k in lv for k in ("DETERMINISM", "MANUAL", "STABLE")) if level is not None else None
-        out["recommendation"] = ("" if out["locked"] else
-                                 "clocks float under the power cap (performance determinism is not supported on "
-                                 "MI350/MI355): the suite records the level and the power cap, times in rounds of "
-                                 "separate processes and gates SM cycles where the clock is off its plateau; it never "
-                                 "changes clocks or power limits")
+            ev.update(target_graphics_version=asic.get("target_graphics_version"), market_name=asic.get("market_name"))
+        out["locked"] = None if level is None else any(k in str(level).upper()
+                                                       for k in ("DETERMINISM", "MANUAL", "STABLE"))
+        out["recommendation"] = "" if out["locked"] else (
+            "clocks float under the power cap (performance determinism is not supported on MI350/MI355): the suite "
+            "records the level and the power cap, times in rounds of separate processes and gates SM cycles where "
+            "the clock is off its plateau; it never changes clocks or power limits")
         return out
-
-
-def _num(v: Any) -> float | None:
-    try:
-        return None if v is None or v == "N/A" else float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
@@ -163,12 +146,11 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
     if vendor in (None, "cuda"):
         vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
         entry = vis[index].strip() if index < len(vis) else ""
-        idx = int(entry) if entry.isascii() and entry.isdigit() else index
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            h = pynvml.nvmlDeviceGetHandleByIndex(int(entry) if entry.isascii() and entry.isdigit() else index)
             return ClockReader("nvml", True, "", pynvml, h)
         except Exception as exc:  # noqa: BLE001 - absent or failing library = unavailable
             reasons.append(f"nvml: {type(exc).__name__}: {str(exc)[:120]}")
@@ -177,8 +159,7 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
             import amdsmi
 
             amdsmi.amdsmi_init()
-            handles = amdsmi.amdsmi_get_processor_handles()
-            return ClockReader("amdsmi", True, "", amdsmi, handles[index])
+            return ClockReader("amdsmi", True, "", amdsmi, amdsmi.amdsmi_get_processor_handles()[index])
         except Exception as exc:  # noqa: BLE001
             reasons.append(f"amdsmi: {type(exc).__name__}: {str(exc)[:120]}")
     return ClockReader("none", False, "; ".join(reasons) or f"no management library for vendor {vendor}")
@@ -186,16 +167,15 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
 
 def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_REL) -> dict[str, Any]:
     """Per-sample clock summary of one reading per latency sample (None where none was taken): ``{"sm_mhz",
-    "temp_c", "power_w": [per sample, None where missing], "sm_mhz_median", "temp_c_median",
-    "power_w_median", "throttled", "off_plateau": [indices], "reasons": [names seen]}``; off-plateau: more
-    than ``rel`` from the median SM clock."""
+    "temp_c", "power_w": [per sample], "<key>_median", "throttled", "off_plateau": [indices], "reasons"}``;
+    off-plateau: more than ``rel`` from the median SM clock."""
     rs = [r or ClockReading() for r in readings]
     cols = {k: [getattr(r, k) for r in rs] for k in ("sm_mhz", "temp_c", "power_w")}
-    present = {k: [x for x in col if x is not None] for k, col in cols.items()}
-    medians = {f"{k}_median": statistics.median(v) if v else None for k, v in present.items()}
-    sm, med = cols["sm_mhz"], medians["sm_mhz_median"]
+    medians = {f"{k}_median": statistics.median(v) if (v := [x for x in col if x is not None]) else None
+               for k, col in cols.items()}
+    med = medians["sm_mhz_median"] or 0
     return {**cols, **medians, "throttled": [i for i, r in enumerate(rs) if r.throttled],
-            "off_plateau": [i for i, x in enumerate(sm) if x is not None and med and abs(x - med) > rel * med],
+            "off_plateau": [i for i, x in enumerate(cols["sm_mhz"]) if x is not None and abs(x - med) > rel * med > 0],
             "reasons": reason_names(functools.reduce(operator.or_, (r.reasons or 0 for r in rs), 0))}
 
 
@@ -203,5 +183,4 @@ def plateau_reached(history: list[float | None], window: int = 3, tol_mhz: float
     """True when the last ``window`` SM clock readings lie within ``tol_mhz`` (one 15 MHz Hopper step), or
     when there are none (library unavailable: callers fall back to time-based rules)."""
     vals = [x for x in history if x is not None]
-    last = vals[-window:]
-    return not vals or (len(vals) >= window and max(last) - min(last) <= tol_mhz)
+    return not vals or (len(vals) >= window and max(vals[-window:]) - min(vals[-window:]) <= tol_mhz)

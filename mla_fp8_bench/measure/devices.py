@@ -1,6 +1,5 @@
-"""Device facts: vendor (cuda / rocm / cpu, told by ``torch.version.hip`` / ``.cuda``: ROCm GPUs are
-``"cuda"`` devices), arch (sm_90, gfx950), fp8 dtype. Devices are always indexed (``cuda:0``, never ``cuda``).
-"""
+"""Device facts: vendor (cuda / rocm / cpu, told by ``torch.version.hip`` / ``.cuda``: ROCm GPUs are ``"cuda"``
+devices), arch (sm_90, gfx950), fp8 dtype. Devices are always indexed (``cuda:0``, never ``cuda``)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ class PlatformInfo:
     """What the suite runs on."""
 
     vendor: str  # "cuda" (NVIDIA), "rocm" (AMD) or "cpu"
-    device: torch.device  # normalised: ``cuda:0`` style, never bare ``cuda``
+    device: torch.device  # indexed: ``cuda:0``, never bare ``cuda``
     arch: str  # "sm_90", "gfx950", ... or "cpu"
     name: str  # the device's marketing name (``NVIDIA H200``) or the CPU's
     fp8_dtype: torch.dtype  # ``torch.float8_e4m3fn``; ``float8_e4m3fnuz`` on gfx942
@@ -41,14 +40,12 @@ class PlatformInfo:
         return self.device.type
 
     def no_gpu(self) -> str:
-        """Why a GPU backend finds none here, e.g. ``no GPU visible to torch 2.13.0+cpu``."""
         return f"no GPU visible to torch {self.torch_version}"
 
     def describe(self) -> str:
-        """The device in words, for an availability reason: ``cpu``, ``an AMD GPU (name, gfx950)``,
-        ``NVIDIA H200 (sm_90)``."""
-        words = {"cpu": "cpu", "rocm": f"an AMD GPU ({self.name}, {self.arch})"}
-        return words.get(self.vendor, f"{self.name} ({self.arch})")
+        """The device in words: ``cpu``, ``an AMD GPU (name, gfx950)``, ``NVIDIA H200 (sm_90)``."""
+        return {"cpu": "cpu", "rocm": f"an AMD GPU ({self.name}, {self.arch})"}.get(self.vendor,
+                                                                                   f"{self.name} ({self.arch})")
 
 
 def vendor_of_build() -> str:
@@ -57,8 +54,8 @@ def vendor_of_build() -> str:
 
 
 def normalize_device(device: str | torch.device | None = "auto") -> torch.device:
-    """Resolve ``auto``/``cpu``/``cuda``/``cuda:N`` to a concrete, indexed torch device; DeviceError for
-    unknown strings, ``hip`` (use ``cuda`` on ROCm), or a GPU device when none is available."""
+    """``auto``/``cpu``/``cuda``/``cuda:N`` as an indexed torch device; DeviceError for an unknown string,
+    ``hip`` (ROCm GPUs are ``cuda``), or a GPU device when none is available."""
     if device is None or device == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if isinstance(device, str) and device.startswith("hip"):
@@ -84,20 +81,16 @@ def gpu_arch(device: torch.device) -> str:
     """``gfx950``-style arch on ROCm (``gcnArchName`` without feature flags), ``sm_XY`` on NVIDIA."""
     props = torch.cuda.get_device_properties(device)
     gcn = getattr(props, "gcnArchName", None)
-    if vendor_of_build() == "rocm" and gcn:
-        return gcn.split(":")[0]
-    return f"sm_{props.major}{props.minor}"
+    return gcn.split(":")[0] if vendor_of_build() == "rocm" and gcn else f"sm_{props.major}{props.minor}"
 
 
 def fp8_dtype_for(vendor: str, arch: str) -> torch.dtype:
-    """The platform fp8 e4m3 dtype: ``float8_e4m3fnuz`` on gfx94x (max 240), else ``float8_e4m3fn`` (max 448)."""
-    if vendor == "rocm" and arch.startswith("gfx94"):
-        return torch.float8_e4m3fnuz
-    return torch.float8_e4m3fn
+    """The fp8 e4m3 dtype: ``float8_e4m3fnuz`` on gfx94x (max 240), else ``float8_e4m3fn`` (max 448)."""
+    return torch.float8_e4m3fnuz if vendor == "rocm" and arch.startswith("gfx94") else torch.float8_e4m3fn
 
 
 def platform_info(device: str | torch.device | None = "auto") -> PlatformInfo:
-    """Describe the device the suite would run on; raises :class:`DeviceError` (:func:`normalize_device`)."""
+    """The device the suite would run on; DeviceError (:func:`normalize_device`)."""
     dev = normalize_device(device)
     if dev.type == "cpu":
         return PlatformInfo("cpu", dev, "cpu", _pyplatform.processor() or _pyplatform.machine(), torch.float8_e4m3fn,
@@ -114,16 +107,14 @@ def synchronize(device: torch.device) -> None:
 
 
 def environment(pinfo: PlatformInfo) -> dict[str, Any]:
-    """Versions and device facts stored with every run."""
-    env: dict[str, Any] = {  # torch as str: a TorchVersion would make every unpickler import torch
-        "mla_fp8_bench": __version__, "torch": str(torch.__version__), "python": _pyplatform.python_version(),
-        "vendor": pinfo.vendor, "device": str(pinfo.device), "arch": pinfo.arch, "device_name": pinfo.name,
-        "fp8_dtype": str(pinfo.fp8_dtype).replace("torch.", ""), "cuda": pinfo.cuda_version, "hip": pinfo.hip_version,
-        "multi_processor_count": pinfo.multi_processor_count, "hostname": _pyplatform.node(),
-        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    # distribution versions, never imports (importing aiter on a non-ROCm machine runs rocminfo)
+    """Versions and device facts stored with every run; distribution versions, never imports (importing aiter
+    on a non-ROCm machine runs rocminfo)."""
     dists = {"asv": "asv", "asv_runner": "asv_runner", "numpy": "numpy", "aiter": "amd-aiter", "vllm": "vllm",
              "fa3_fwd_interface": "fa3-fwd"}
-    env.update({mod: dist_version(dist) for mod, dist in dists.items()})
-    return env
+    return {"mla_fp8_bench": __version__, "torch": str(torch.__version__), "python": _pyplatform.python_version(),
+            "vendor": pinfo.vendor, "device": str(pinfo.device), "arch": pinfo.arch, "device_name": pinfo.name,
+            "fp8_dtype": str(pinfo.fp8_dtype).replace("torch.", ""), "cuda": pinfo.cuda_version,
+            "hip": pinfo.hip_version, "multi_processor_count": pinfo.multi_processor_count,
+            "hostname": _pyplatform.node(),
+            "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **{mod: dist_version(dist) for mod, dist in dists.items()}}

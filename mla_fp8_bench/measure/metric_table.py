@@ -1,14 +1,13 @@
 """The metric table: every figure the suite records, defined once (:data:`METRICS`). The asv ``track_*``
-methods, the run-record keys, the gate's and calibrate's metric lists, plot labels and the asv configs'
-regression keys are derived from it (``tests/test_metric_table.py`` checks they agree; docs/extending.md).
+methods, the run-record keys, the gate's and calibrate's metric lists and the asv configs' regression keys are
+derived from it (``tests/test_metric_table.py`` checks they agree).
 
 Kinds: ``accuracy``, ``kernel_latency`` (device time of the kernel; a CPU or emulation run's never gates),
-``host_latency`` (call latency, planner time: gated only with ``--gate-call-latency``), ``resource``
-(bytes, slot counts), ``informational`` (never gates). Gate rules: ``tolerance`` (within the calibrated
-tolerance and no growth over BASE beyond ``--acc-factor``), ``grow`` (no growth beyond ``--acc-factor``
-for accuracy, ``--factor`` for resources), ``latency`` (ratio of medians above ``--factor`` and the
-growth statistically significant), ``exact`` (any change is a regression), ``zero`` (must be exactly 0
-on HEAD), ``none``.
+``host_latency`` (call latency, planner time: gated only with ``--gate-call-latency``), ``resource`` (bytes,
+slot counts), ``informational`` (never gates). Gate rules: ``tolerance`` (within the calibrated tolerance and
+no growth over BASE beyond ``--acc-factor``), ``grow`` (no growth beyond ``--acc-factor`` for accuracy,
+``--factor`` for resources), ``latency`` (ratio of medians above ``--factor`` and the growth significant),
+``exact`` (any change regresses), ``zero`` (exactly 0 on HEAD), ``none``.
 """
 
 from __future__ import annotations
@@ -22,32 +21,29 @@ from typing import Any
 KINDS = ("accuracy", "kernel_latency", "host_latency", "resource", "informational")
 GATES = ("tolerance", "grow", "latency", "exact", "zero", "none")
 ASV_CLASSES = ("MLAPrefill", "AiterPlan")
-#: asv module that holds the classes (benchmark names are ``<module>.<class>.<track>``).
-ASV_MODULE = "bench_mla_prefill"
-#: Floor of accuracy values tracked by asv: asv's summary takes a geometric mean over params, and one exact
-#: 0 would make it 0; a plotted 1e-12 means exactly 0.
+ASV_MODULE = "bench_mla_prefill"  # benchmark names are ``<module>.<class>.<track>``
+#: Floor of accuracy values asv tracks: asv's summary is a geometric mean over params, which one exact 0 would
+#: make 0; a plotted 1e-12 means exactly 0.
 ASV_ACCURACY_FLOOR = 1e-12
-#: The gate's default growth factors over BASE (``mla-fp8-bench gate --factor`` / ``--acc-factor``):
-#: kernel latency (with significance) and resources 5 %; accuracy 2x, the calibration margin.
-DEFAULT_FACTOR = 1.05
-DEFAULT_ACC_FACTOR = 2.0
+#: The gate's default growth factors over BASE: kernel latency (with significance) and resources 5 %;
+#: accuracy 2x, the calibration margin.
+DEFAULT_FACTOR, DEFAULT_ACC_FACTOR = 1.05, 2.0
 #: Kinds the gate judges by default (host latency only with ``--gate-call-latency``; informational never).
 GATED_KINDS = ("accuracy", "kernel_latency", "resource")
 
 
 @dataclass(frozen=True)
 class Metric:
-    """One recorded figure. ``rounds_key``: where a record holds two or more rounds (one value per process,
-    :mod:`mla_fp8_bench.harness.rounds`), asv gets them as the samples (its value is then their median) and
-    the gate applies its rounds rule. ``bounds``: a value outside them is impossible (the gate reports it
-    as INVALID, never as an improvement)."""
+    """One recorded figure. ``rounds_key``: where a record holds two or more rounds (one value per process),
+    asv gets them as the samples and the gate applies its rounds rule. ``bounds``: a value outside them is
+    impossible (the gate reports it as INVALID, never as an improvement)."""
 
     name: str  # short id (``latency``, ``max_abs_error``); unique
-    record_key: str  # key in run records (``mla-fp8-bench run --json``); unique
+    record_key: str  # key in run records; unique
     track: str | None  # asv method name (``track_latency``), None when asv does not track it
     asv_class: str | None  # asv class of the track (one of :data:`ASV_CLASSES`) or None
-    unit: str  # shown by asv and plots (``seconds``, ``bytes``)
-    pretty_name: str  # human label (asv's ``pretty_name``, plot axis labels)
+    unit: str  # shown by asv (``seconds``, ``bytes``)
+    pretty_name: str  # human label (asv's ``pretty_name``)
     kind: str  # one of :data:`KINDS`
     floor: float | None = None  # asv tracks ``max(value, floor)``; the gate applies it to both sides
     better: str = "lower"  # or "higher"
@@ -77,25 +73,23 @@ class Metric:
         return f"{ASV_MODULE}.{self.asv_class}.{self.track}" if self.track else None
 
     def asv_version(self, class_version: str) -> str:
-        """The asv version of this metric's track: ``class_version + "+rounds"`` with per-round samples
-        (``rounds_key``), so only that track starts a new series; else ``class_version``."""
+        """``class_version + "+rounds"`` for a track with per-round samples (only it starts a new series)."""
         return class_version + "+rounds" if self.rounds_key else class_version
 
     def value(self, record: dict[str, Any]) -> float | None:
-        """The metric of a run record: ``record[record_key]``, else ``derive(record)``; None when absent."""
+        """``record[record_key]``, else ``derive(record)``; None when absent."""
         v = record.get(self.record_key)
         return self.derive(record) if v is None and self.derive is not None else v
 
     @property
     def regression_factor(self) -> float | None:
         """The growth over BASE the gate calls a regression by default (asv's ``regressions_thresholds`` + 1):
-        1.0 for ``exact`` / ``zero``, :data:`DEFAULT_ACC_FACTOR` for accuracy, else :data:`DEFAULT_FACTOR`;
-        None where growth is not judged by default (rule ``none``, host latency, informational)."""
+        1.0 for ``exact`` / ``zero``, :data:`DEFAULT_ACC_FACTOR` for accuracy, else :data:`DEFAULT_FACTOR`; None
+        where growth is not judged by default (rule ``none``, host latency, informational)."""
         if self.gate == "none" or self.kind not in GATED_KINDS:
             return None
-        if self.gate in ("exact", "zero"):
-            return 1.0
-        return DEFAULT_ACC_FACTOR if self.kind == "accuracy" else DEFAULT_FACTOR
+        return 1.0 if self.gate in ("exact", "zero") else DEFAULT_ACC_FACTOR if self.kind == "accuracy" \
+            else DEFAULT_FACTOR
 
     def possible(self, v: float) -> bool:
         """Whether ``v`` lies in :attr:`bounds` (NaN: False; +inf counts as within an open upper end)."""
@@ -105,11 +99,10 @@ class Metric:
     @property
     def bounds_text(self) -> str:
         """:attr:`bounds` as an interval, ``(0, inf]`` or ``[0, 1]``."""
-        lo, hi = self.bounds
-        return f"{'(' if self.low_open else '['}{lo:g}, {hi:g}]"
+        return f"{'(' if self.low_open else '['}{self.bounds[0]:g}, {self.bounds[1]:g}]"
 
     def floored(self, v: float) -> float:
-        """``max(v, floor)`` (NaN stays NaN); the value asv stores for ``v``."""
+        """``max(v, floor)`` (NaN stays NaN): the value asv stores for ``v``."""
         return v if self.floor is None or math.isnan(v) else max(v, self.floor)
 
 
@@ -218,11 +211,10 @@ def _indexes(metrics: tuple[Metric, ...]) -> tuple[dict[str, Metric], ...]:
     """(by name, by record key, by asv track) of ``metrics`` (:data:`METRICS`, which a test may extend)."""
     out = []
     for attr in ("name", "record_key", "track"):
-        index = {getattr(m, attr): m for m in metrics if getattr(m, attr) is not None}
         keys = [getattr(m, attr) for m in metrics if getattr(m, attr) is not None]
-        if len(index) != len(keys):
+        if len(set(keys)) != len(keys):
             raise ValueError(f"metric table: {attr} {next(k for k in keys if keys.count(k) > 1)!r} appears twice")
-        out.append(index)
+        out.append({getattr(m, attr): m for m in metrics if getattr(m, attr) is not None})
     return tuple(out)
 
 
@@ -231,8 +223,8 @@ class UnknownMetricError(KeyError):
 
 
 def metric(key: str) -> Metric:
-    """The metric with this name, record key, asv track name or full asv benchmark name;
-    UnknownMetricError names the key and the known names."""
+    """The metric with this name, record key, asv track or full asv benchmark name; UnknownMetricError names
+    the key and the known names."""
     by_name, by_record_key, by_track = _indexes(METRICS)
     for index in (by_name, by_record_key, by_track):
         if key in index:
@@ -252,8 +244,7 @@ def find(key: str) -> Metric | None:
 
 def label(key: str) -> str:
     """Human label of a metric (its ``pretty_name``); the key itself for unknown keys."""
-    m = find(key)
-    return m.pretty_name if m else key
+    return m.pretty_name if (m := find(key)) else key
 
 
 def asv_metrics(asv_class: str | None = None) -> tuple[Metric, ...]:
@@ -269,7 +260,7 @@ def zero_metrics() -> tuple[Metric, ...]:
 
 
 def record_keys() -> tuple[str, ...]:
-    """Metric keys every run record holds (None when not measured): the stored metrics of the
-    per-(backend, case) asv class ``MLAPrefill`` with their samples keys, and the stored informational figures."""
+    """Metric keys every run record holds (None when not measured): the stored metrics of the per-(backend,
+    case) asv class ``MLAPrefill`` with their samples keys, and the stored informational figures."""
     return tuple(k for m in METRICS if m.derive is None and (m.asv_class == "MLAPrefill" or m.kind == "informational")
                  for k in (m.record_key, m.samples_key) if k)

@@ -1,7 +1,6 @@
-"""Error metrics of an attention output against a reference, computed in float64. ``mismatch_fraction``
-is AITER's ``checkAllclose`` (aiter/test_common.py): the fraction failing ``|out - ref| <= atol + rtol *
-|ref|`` at atol = rtol = 5e-2 (op_tests/test_mla_prefill_ps.py); non-finite outputs count as mismatches.
-"""
+"""Error metrics of an attention output against a reference, in float64. ``mismatch_fraction`` is AITER's
+``checkAllclose`` (aiter/test_common.py): the fraction failing ``|out - ref| <= atol + rtol * |ref|`` at atol =
+rtol = 5e-2 (op_tests/test_mla_prefill_ps.py); non-finite outputs count as mismatches."""
 
 from __future__ import annotations
 
@@ -13,18 +12,16 @@ import torch
 
 from mla_fp8_bench.problem.cases import CaseKind
 
-#: Floor of ``|ref|`` in the denominator of ``max_rel_error``: outputs are convex combinations of v
-#: rows (|v| ~ 1 for randn), so 1e-2 keeps near-zero reference elements from dominating.
+#: Floor of ``|ref|`` in ``max_rel_error``: outputs are convex combinations of v rows (|v| ~ 1 for randn), so
+#: 1e-2 keeps near-zero reference elements from dominating.
 REL_ERROR_FLOOR = 1e-2
-MISMATCH_ATOL = 5e-2
-MISMATCH_RTOL = 5e-2
+MISMATCH_ATOL = MISMATCH_RTOL = 5e-2
 
 
 @dataclass(frozen=True)
 class ErrorMetrics:
-    """Errors of ``out`` vs ``ref``. ``rel_l2_error`` of an all-zero reference (``||ref||_2`` below
-    ``sqrt(numel)`` times the smallest normal float64) divides by ``REL_ERROR_FLOOR * sqrt(numel)``, the
-    floor ``max_rel_error`` uses per element (0 when out == ref)."""
+    """Errors of ``out`` vs ``ref``. ``rel_l2_error`` of an all-zero reference (``||ref||_2`` below ``sqrt(numel)``
+    times the smallest normal float64) divides by ``REL_ERROR_FLOOR * sqrt(numel)`` (0 when out == ref)."""
 
     max_abs_error: float  # max |out - ref| over finite elements (inf if any output is non-finite)
     mean_abs_error: float  # mean of |out - ref| over finite elements
@@ -40,28 +37,28 @@ class ErrorMetrics:
 
 def error_metrics(out: torch.Tensor, ref: torch.Tensor, *, atol: float = MISMATCH_ATOL, rtol: float = MISMATCH_RTOL,
                   rel_floor: float = REL_ERROR_FLOOR) -> ErrorMetrics:
-    """Compare ``out`` with ``ref`` (same shape, any float dtypes) in float64; ValueError if the shapes
-    differ or the tensors are empty."""
+    """Compare ``out`` with ``ref`` (same shape, any float dtypes) in float64; ValueError if the shapes differ
+    or the tensors are empty."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from reference shape {tuple(ref.shape)}")
     if out.numel() == 0:
         raise ValueError("cannot compute errors of an empty tensor")
     o = out.detach().to(torch.float64)
     r = ref.detach().to(device=o.device, dtype=torch.float64)
-    finite = torch.isfinite(o)
+    finite, n = torch.isfinite(o), o.numel()
     nonfinite = int((~finite).sum().item())
     diff = (o - r).abs()
     dfin = torch.where(finite, diff, torch.zeros_like(diff))
-    max_abs = float("inf") if nonfinite else float(dfin.max().item())
-    mean_abs = float(dfin.sum().item() / max(1, o.numel() - nonfinite))
     ref_norm = float(torch.linalg.vector_norm(r).item())
-    zero_ref_norm = sys.float_info.min * math.sqrt(o.numel())
-    den = ref_norm if ref_norm > zero_ref_norm else rel_floor * math.sqrt(o.numel())
-    rel_l2 = float("inf") if nonfinite else float(torch.linalg.vector_norm(dfin).item() / den)
-    max_rel = float("inf") if nonfinite else float((dfin / r.abs().clamp_min(rel_floor)).max().item())
-    ok = finite & (diff <= atol + rtol * r.abs())
-    mismatch = 1.0 - float(ok.sum().item()) / o.numel()
-    return ErrorMetrics(max_abs, mean_abs, rel_l2, max_rel, mismatch, nonfinite, o.numel())
+    den = ref_norm if ref_norm > sys.float_info.min * math.sqrt(n) else rel_floor * math.sqrt(n)
+    inf = float("inf")
+    return ErrorMetrics(
+        max_abs_error=inf if nonfinite else float(dfin.max().item()),
+        mean_abs_error=float(dfin.sum().item() / max(1, n - nonfinite)),
+        rel_l2_error=inf if nonfinite else float(torch.linalg.vector_norm(dfin).item() / den),
+        max_rel_error=inf if nonfinite else float((dfin / r.abs().clamp_min(rel_floor)).max().item()),
+        mismatch_fraction=1.0 - float((finite & (diff <= atol + rtol * r.abs())).sum().item()) / n,
+        nonfinite_count=nonfinite, numel=n)
 
 
 def _lse_pair(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,35 +66,30 @@ def _lse_pair(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
     b = ref_lse.detach().to(device=a.device, dtype=torch.float64)
     if a.shape != b.shape:
         raise ValueError(f"LSE shape {tuple(a.shape)} differs from reference LSE shape {tuple(b.shape)}")
-    if rows is not None:
-        a, b = a[rows.to(a.device)], b[rows.to(a.device)]
-    return a, b
+    return (a, b) if rows is None else (a[rows.to(a.device)], b[rows.to(a.device)])
 
 
 def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None = None) -> float:
     """Max relative error ``|lse - ref| / max(|ref|, 1)`` of ``[T, H]`` natural-log LSEs over ``rows`` (bool
-    ``[T]``) or all rows (0 when none). Where the reference is -inf (a row that sees no key) an infinite
-    ``lse`` of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a
-    non-finite ``lse`` against a finite reference is inf. ValueError if the shapes differ."""
+    ``[T]``) or all rows (0 when none). Where the reference is -inf (a row that sees no key) an infinite ``lse``
+    of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a non-finite ``lse``
+    against a finite reference is inf. ValueError if the shapes differ."""
     a, b = _lse_pair(lse, ref_lse, rows)
     if a.numel() == 0:
         return 0.0
     empty = torch.isneginf(b)
     finite_b = torch.where(empty, 0.0, b)
     err = torch.where(torch.isfinite(a), (a - finite_b).abs() / finite_b.abs().clamp_min(1.0), math.inf)
-    err = torch.where(empty, torch.where(torch.isinf(a), 0.0, math.inf), err)
-    return float(err.max().item())
+    return float(torch.where(empty, torch.where(torch.isinf(a), 0.0, math.inf), err).max().item())
 
 
-def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor,
-                kind: CaseKind) -> dict[str, float | int]:
-    """The LSE figures of a record: ``lse_rel_error_fp8_ref`` (:func:`lse_error`), ``lse_rows_checked`` and
-    ``lse_nonfinite_count`` (compared elements non-finite where the reference is finite). ``prefill``
-    compares the rows the backend says it wrote (``rows``: before AITER #3606 only rows of split tiles have
-    a final LSE); kinds with context compare every row, as vLLM merges context chunks on every row."""
+def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor, kind: CaseKind) -> dict[str, float | int]:
+    """``lse_rel_error_fp8_ref`` (:func:`lse_error`), ``lse_rows_checked`` and ``lse_nonfinite_count`` (compared
+    elements non-finite where the reference is finite). ``prefill`` compares the rows the backend says it wrote
+    (``rows``: before AITER #3606 only rows of split tiles have a final LSE); kinds with context compare every
+    row, as vLLM merges context chunks on every row."""
     mask = None if kind.context else rows
     a, b = _lse_pair(lse, ref_lse, mask)
-    bad = int((~torch.isfinite(a) & torch.isfinite(b)).sum().item())
-    checked = int(rows.sum().item()) if mask is not None else int(lse.shape[0])
-    return {"lse_rel_error_fp8_ref": lse_error(lse, ref_lse, mask), "lse_rows_checked": checked,
-            "lse_nonfinite_count": bad}
+    return {"lse_rel_error_fp8_ref": lse_error(lse, ref_lse, mask),
+            "lse_rows_checked": int(rows.sum().item()) if mask is not None else int(lse.shape[0]),
+            "lse_nonfinite_count": int((~torch.isfinite(a) & torch.isfinite(b)).sum().item())}

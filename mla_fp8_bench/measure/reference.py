@@ -1,7 +1,6 @@
 """Exact attention for ragged batches (output and natural-log LSE), one sequence at a time in query chunks.
-Against the dequantised fp8 inputs (:func:`reference_fp8_dequant`) the input rounding cancels, so the
-error is the kernel's own; against the bf16 inputs (:func:`reference_bf16`) it is the end-to-end error.
-"""
+Against the dequantised fp8 inputs (:func:`reference_fp8_dequant`) the input rounding cancels, so the error is
+the kernel's own; against the bf16 inputs (:func:`reference_bf16`) it is the end-to-end error."""
 
 from __future__ import annotations
 
@@ -31,26 +30,23 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      softmax_scale: float, *, causal: bool = True, dtype: torch.dtype | None = None,
                      chunk_elements: int = _CHUNK_ELEMENTS,
                      cu_seqlens_kv: list[int] | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact (bottom-right causal when ``causal``) softmax attention over a ragged batch: q ``[T_q, H, Dqk]``,
-    k ``[T_kv, H, Dqk]``, v ``[T_kv, H, Dv]`` (any float dtype), ``cu_seqlens`` ``[B+1]`` query starts (and
-    key starts unless ``cu_seqlens_kv`` is given), scores ``q.k * softmax_scale``, in ``dtype`` (default
-    :func:`default_ref_dtype`) in chunks of ``chunk_elements`` scores. Returns ``(out [T_q, H, Dv], lse
-    [T_q, H])`` in ``dtype`` (a row that sees no key: out 0, LSE -inf); ValueError on bad shapes or starts.
-    """
+    """Exact (bottom-right causal when ``causal``) softmax attention over a ragged batch: q ``[T_q, H, Dqk]``, k
+    ``[T_kv, H, Dqk]``, v ``[T_kv, H, Dv]``, ``cu_seqlens`` ``[B+1]`` query starts (and key starts unless
+    ``cu_seqlens_kv`` is given), scores ``q.k * softmax_scale``, in ``dtype`` (default :func:`default_ref_dtype`)
+    in chunks of ``chunk_elements`` scores. Returns ``(out [T_q, H, Dv], lse [T_q, H])`` (a row that sees no
+    key: out 0, LSE -inf); ValueError on bad shapes or starts."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q/k/v must be 3-D [T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    same_t = cu_seqlens_kv is None
-    if (same_t and q.shape[0] != k.shape[0]) or q.shape[1:2] != k.shape[1:2] or k.shape[:2] != v.shape[:2] \
-            or q.shape[-1] != k.shape[-1]:
+    if (cu_seqlens_kv is None and q.shape[0] != k.shape[0]) or q.shape[1:2] != k.shape[1:2] \
+            or k.shape[:2] != v.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q/k/v shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     cu = _starts(cu_seqlens, q.shape[0], "cu_seqlens")
-    cu_kv = cu if same_t else _starts(cu_seqlens_kv, k.shape[0], "cu_seqlens_kv")
+    cu_kv = cu if cu_seqlens_kv is None else _starts(cu_seqlens_kv, k.shape[0], "cu_seqlens_kv")
     if len(cu_kv) != len(cu):
         raise ValueError(f"cu_seqlens_kv {cu_kv} and cu_seqlens {cu} hold different batch sizes")
     dtype = dtype or default_ref_dtype(q.device)
-    t, h, _ = q.shape
-    out = torch.zeros(t, h, v.shape[-1], dtype=dtype, device=q.device)
-    lse = torch.full((t, h), -math.inf, dtype=dtype, device=q.device)
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.full(q.shape[:2], -math.inf, dtype=dtype, device=q.device)
     for b in range(len(cu) - 1):
         _attend_one(q[cu[b]:cu[b + 1]], k[cu_kv[b]:cu_kv[b + 1]], v[cu_kv[b]:cu_kv[b + 1]],
                     out[cu[b]:cu[b + 1]], lse[cu[b]:cu[b + 1]], softmax_scale, causal, dtype, chunk_elements)
@@ -60,31 +56,26 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                 softmax_scale: float, causal: bool, dtype: torch.dtype, chunk_elements: int) -> None:
     """One sequence: q ``[n, H, D]``, k/v ``[n_kv, H, D]``; writes ``out`` ``[n, H, Dv]`` and ``lse`` ``[n, H]``."""
-    n, h = q.shape[0], q.shape[1]
-    n_kv = k.shape[0]
+    n, h, n_kv = q.shape[0], q.shape[1], k.shape[0]
     if n == 0 or n_kv == 0:
         return  # out 0, lse -inf
     offset = n_kv - n  # bottom-right alignment
-    kb = k.to(dtype).transpose(0, 1)  # [H, S_kv, D]
-    vb = v.to(dtype).transpose(0, 1)  # [H, S_kv, Dv]
+    kb, vb = k.to(dtype).transpose(0, 1), v.to(dtype).transpose(0, 1)  # [H, S_kv, D]
     chunk = max(1, min(n, chunk_elements // max(1, h * n_kv)))
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
-        qc = q[c0:c1].to(dtype).transpose(0, 1)  # [H, c, D]
         kv_end = max(0, min(n_kv, offset + c1)) if causal else n_kv  # keys past the chunk's last row are masked
         if kv_end == 0:
             continue
-        s = torch.matmul(qc, kb[:, :kv_end].transpose(1, 2)) * softmax_scale  # [H, c, kv_end]
+        s = torch.matmul(q[c0:c1].to(dtype).transpose(0, 1), kb[:, :kv_end].transpose(1, 2)) * softmax_scale
         if causal:
             rows = torch.arange(c0, c1, device=q.device).unsqueeze(1) + offset
-            cols = torch.arange(kv_end, device=q.device).unsqueeze(0)
-            s.masked_fill_((cols > rows).unsqueeze(0), -math.inf)
+            s.masked_fill_((torch.arange(kv_end, device=q.device).unsqueeze(0) > rows).unsqueeze(0), -math.inf)
         m = s.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # rows that see no key (q_len > kv_len)
         p = torch.exp(s - m)
         denom = p.sum(dim=-1, keepdim=True)
-        o = torch.matmul(p, vb[:, :kv_end]) / denom.clamp_min(torch.finfo(dtype).tiny)
-        out[c0:c1] = o.transpose(0, 1)
+        out[c0:c1] = (torch.matmul(p, vb[:, :kv_end]) / denom.clamp_min(torch.finfo(dtype).tiny)).transpose(0, 1)
         lse[c0:c1] = (m + torch.log(denom)).squeeze(-1).transpose(0, 1)
 
 

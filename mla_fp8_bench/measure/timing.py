@@ -1,7 +1,6 @@
-"""Latency measurement in seconds (docs/methodology.md §1, §2, §8). Methods: ``graph`` (a sample is the
-device-event time of one replay of ``launches`` captured calls / ``launches``), ``events`` (the same launches
-eagerly, when capture fails), ``host`` (CPU: ``perf_counter`` per call) and ``host-sync`` (:func:`time_call`).
-"""
+"""Latency in seconds. Methods: ``graph`` (a sample is the device-event time of one replay of ``launches``
+captured calls / ``launches``), ``events`` (the same launches eagerly, when capture fails), ``host`` (CPU:
+``perf_counter`` per call) and ``host-sync`` (:func:`time_call`)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from mla_fp8_bench.measure.clocks import mark_samples, open_reader, plateau_reac
 @dataclass
 class TimingResult:
     samples_s: list[float]  # per-launch latency samples, seconds
-    method: str  # "graph", "events", "host" or "host-sync" (:func:`time_call`)
+    method: str  # "graph", "events", "host" or "host-sync"
     launches_per_sample: int  # launches averaged into one sample
     warmup_calls: int  # calls run before sampling
     flush_l2: bool = False  # whether L2 was flushed before each sample
@@ -65,8 +64,8 @@ def _events() -> tuple:
 
 def _chunk(work: Callable[[], object], n: int, events: tuple, stream, sync: Callable[[], None], reader=None,
            sm: list | None = None) -> float:
-    """Device time of ``n`` back-to-back ``work()`` calls between the event pair ``events``, seconds; with
-    ``reader`` the SM clock read while they run (the clock under this load) is appended to ``sm``."""
+    """Device seconds of ``n`` back-to-back ``work()`` calls between the event pair ``events``; with ``reader``
+    the SM clock read while they run is appended to ``sm``."""
     e0, e1 = events
     e0.record(stream)
     for _ in range(n):
@@ -83,7 +82,7 @@ def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[]
     side = torch.cuda.Stream(stream.device)
     side.wait_stream(stream)
     with torch.cuda.stream(side):
-        run()  # warm on the capture stream
+        run()
     stream.wait_stream(side)
     sync()
     graph = torch.cuda.CUDAGraph()
@@ -95,46 +94,48 @@ def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[]
     return graph
 
 
+def _chunks_until(work: Callable[[], object], n: int, stream, sync: Callable[[], None], min_s: float, max_s: float,
+                  steady: Callable[[list, list], bool], reader=None) -> tuple[float, int, bool, list]:
+    """Chunks of ``n`` calls (:func:`_chunk`) until at least ``min_s`` device seconds ran and ``steady(per-launch
+    times, SM clocks)``, or ``max_s`` ran: ``(device seconds, calls, steady reached, SM clocks)``."""
+    per: list[float] = []
+    sm: list[float | None] = []
+    total, calls, events = 0.0, 0, _events()
+    while total < max_s:
+        dt = _chunk(work, n, events, stream, sync, reader, sm)
+        total, calls = total + dt, calls + n
+        per.append(dt / n)
+        if total >= min_s and steady(per, sm):
+            return total, calls, True, sm
+    return total, calls, False, sm
+
+
 def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Callable[[], None], min_s: float,
             max_s: float, tol: float, chunk_s: float = 0.025, reader=None) -> dict:
     """Run ``sample`` in chunks of about ``chunk_s`` device time until at least ``min_s`` ran, the last three
-    chunks' per-launch times agree within ``tol`` and their SM clocks within 15 MHz (:func:`clocks.plateau_reached`).
-    Returns ``{"replays", "device_s", "settled", "sm_mhz": [clock after each chunk]}``."""
+    chunks' per-launch times agree within ``tol`` and their SM clocks within 15 MHz. Returns ``{"replays",
+    "device_s", "settled", "sm_mhz": [clock after each chunk]}``."""
     if per_sample_s >= 4 * chunk_s or not min_s > 0:  # none asked for; long samples are their own warm-up
         return {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
     n = int(min(10_000, max(1, round(chunk_s / max(per_sample_s, 1e-9)))))
-    per: list[float] = []
-    sm: list[float | None] = []
-    total, calls, settled = 0.0, 0, False
-    events = _events()
-    while total < max_s:
-        dt = _chunk(sample, n, events, stream, sync, reader, sm)
-        total, calls = total + dt, calls + n
-        per.append(dt / n)
+
+    def steady(per: list, sm: list) -> bool:
         last = per[-3:]
-        if total >= min_s and len(last) == 3 and (max(last) - min(last)) / max(min(last), 1e-12) <= tol \
-                and plateau_reached(sm):
-            settled = True
-            break
+        return len(last) == 3 and (max(last) - min(last)) / max(min(last), 1e-12) <= tol and plateau_reached(sm)
+
+    total, calls, settled, sm = _chunks_until(sample, n, stream, sync, min_s, max_s, steady, reader)
     return {"replays": calls, "device_s": total, "settled": settled, "sm_mhz": sm}
 
 
 def heat_up(device: torch.device, reader=None, min_s: float = 0.5, max_s: float = 3.0) -> dict:
-    """Bring an idle GPU to its sustained-load state once per process (docs/methodology.md §2, step 0):
-    bf16 4096^3 GEMMs in chunks of about 55 ms, at least ``min_s`` and until four SM clock readings lie
-    within 15 MHz, at most ``max_s`` seconds of device time. Returns ``{"device_s", "sm_mhz", "plateau"}``."""
+    """Bring an idle GPU to its sustained-load state once per process: bf16 4096^3 GEMMs in chunks of 300
+    (about 55 ms), at least ``min_s`` and until four SM clock readings lie within 15 MHz, at most ``max_s``
+    device seconds. Returns ``{"device_s", "sm_mhz", "plateau"}``."""
     gemm = functools.partial(torch.matmul, *(torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
                                              for _ in range(2)))
-    stream = torch.cuda.current_stream(device)
-    sm: list[float | None] = []
-    total, plateau = 0.0, False
-    events = _events()
-    while total < max_s:  # 300 GEMMs: about 55 ms at 750 TFLOP/s
-        total += _chunk(gemm, 300, events, stream, lambda: torch.cuda.synchronize(device), reader, sm)
-        if total >= min_s and plateau_reached(sm, window=4):
-            plateau = True
-            break
-    del gemm
+    total, _calls, plateau, sm = _chunks_until(gemm, 300, torch.cuda.current_stream(device),
+                                               lambda: torch.cuda.synchronize(device), min_s, max_s,
+                                               lambda _per, sm: plateau_reached(sm, window=4), reader)
     return {"device_s": total, "sm_mhz": sm, "plateau": plateau}
 
 
@@ -147,8 +148,7 @@ def process_clock_state(device: torch.device, heat_up_gpu: bool = True) -> dict:
     key = str(device)
     if key not in _PROCESS_STATE:
         reader = open_reader(device.index or 0, "rocm" if getattr(torch.version, "hip", None) else "cuda")
-        st = {"reader": reader, "policy": reader.policy(), "heat_up": None}
-        _PROCESS_STATE[key] = st
+        st = _PROCESS_STATE[key] = {"reader": reader, "policy": reader.policy(), "heat_up": None}
         if heat_up_gpu:
             st["heat_up"] = heat_up(device, reader if reader.available else None)
     return _PROCESS_STATE[key]
@@ -163,28 +163,26 @@ def _capture_failed(exc: BaseException, device: torch.device) -> str:
 
 def _probe_launch_s(run: Callable[[], object], device: torch.device, stream, sync: Callable[[], None],
                     graph_capturable: bool) -> tuple[float, bool, str]:
-    """``(seconds, still_capturable, note)``: device time of one launch from a 4-launch probe graph
-    replayed 3 times when capturable (host overhead cannot inflate it), else from 3 eager launches."""
+    """``(seconds, still_capturable, note)``: device time of one launch from a 4-launch probe graph replayed 3
+    times when capturable (host overhead cannot inflate it), else from 3 eager launches."""
     note = ""
     if graph_capturable:
         try:
             probe = _capture(run, 4, stream, sync)
             return max(_chunk(probe.replay, 3, _events(), stream, sync) / (3 * 4), 1e-7), True, note
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
-            graph_capturable = False
-            note = _capture_failed(exc, device)
+            graph_capturable, note = False, _capture_failed(exc, device)
     return max(_chunk(run, 3, _events(), stream, sync) / 3, 1e-7), graph_capturable, note
 
 
 def _sample_loop(one_sample: Callable[[], None], samples: int, stream, flush_buf, time_budget_s: float,
                  reader) -> tuple[list[tuple], list]:
-    """Take up to ``samples`` event-bracketed samples with one sample in flight while the host waits for
-    the previous one and reads the clock (so the GPU never idles between samples and each reading is
-    taken while its sample runs). Returns ``(event pairs, clock readings)``."""
+    """Up to ``samples`` event-bracketed samples, one in flight while the host waits for the previous one and
+    reads the clock (the GPU never idles between samples; each reading is taken while its sample runs); at
+    least 5 once ``time_budget_s`` is spent. Returns ``(event pairs, clock readings)``."""
     pairs: list[tuple] = []
     readings: list = []
-    t_budget = time.perf_counter() + time_budget_s
-    mid = samples // 2
+    t_budget, mid = time.perf_counter() + time_budget_s, samples // 2
     for i in range(samples):
         if flush_buf is not None:
             flush_buf.zero_()
@@ -207,22 +205,21 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
                 flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
                 warmup_max_s: float = 1.0, warmup_tol: float = 0.005, min_window_s: float = 0.1,
                 clocks: bool = True) -> TimingResult:
-    """Kernel-only latency of ``run`` (device work, no host sync) on a ``cuda:N`` device, in seconds per launch
-    (docs/methodology.md §2): warm-up, a one-launch probe, a graph of ``launches`` calls (events if capture
-    fails), the clock-aware settle (``warmup_s`` .. ``warmup_max_s`` until within ``warmup_tol``), samples.
+    """Kernel-only latency of ``run`` (device work, no host sync) on a ``cuda:N`` device, seconds per launch:
+    warm-up, a one-launch probe, a graph of ``launches`` calls (events if capture fails), the clock-aware
+    settle (``warmup_s`` .. ``warmup_max_s`` until within ``warmup_tol``), then samples.
 
     ``samples``: least samples (fewer, never under 5, once ``time_budget_s`` runs out; up to 4x to span
     ``min_window_s``); a sample lasts about ``target_sample_s`` (at most ``max_launches``; one launch with
-    ``flush_l2``, which flushes L2 before each). ``extra``: ``est_launch_s``, ``warmup_replays``, ``warmup_device_s``,
-    ``warmup_settled``, ``warmup_sm_mhz``, and ``clocks`` (:func:`clocks.mark_samples`) when ``clocks``
-    reads them. ValueError for a device not a GPU.
-    """
+    ``flush_l2``, which flushes L2 before each). ``extra``: ``est_launch_s``, ``warmup_replays``,
+    ``warmup_device_s``, ``warmup_settled``, ``warmup_sm_mhz``, and ``clocks`` (:func:`clocks.mark_samples`)
+    when ``clocks`` reads them. ValueError for a device not a GPU."""
     if device.type != "cuda":
         raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     stream = torch.cuda.current_stream(device)
-    state = process_clock_state(device) if clocks else {"reader": None}
-    reader = state["reader"] if state["reader"] is not None and state["reader"].available else None
+    reader = process_clock_state(device)["reader"] if clocks else None
+    reader = reader if reader is not None and reader.available else None
     warm = _warmup(run, sync)
     one, graph_capturable, note = _probe_launch_s(run, device, stream, sync, graph_capturable)
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
@@ -236,7 +233,6 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
             graph = _capture(run, launches, stream, sync)
         except Exception as exc:  # noqa: BLE001
             note = _capture_failed(exc, device)
-    method = "events" if graph is None else "graph"
 
     def one_sample() -> None:
         if graph is not None:
@@ -250,7 +246,7 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     pairs, readings = _sample_loop(one_sample, n, stream, flush_buf, time_budget_s, reader)
     sync()
     out = [e0.elapsed_time(e1) / 1e3 / launches for e0, e1 in pairs]
-    graph = None  # free the graph pool before the next case
+    method, graph = "events" if graph is None else "graph", None  # free the graph pool before the next case
     extra = {"est_launch_s": one, "warmup_replays": settle["replays"], "warmup_device_s": settle["device_s"],
              "warmup_settled": settle["settled"], "warmup_sm_mhz": settle["sm_mhz"]}
     if reader is not None:
@@ -276,8 +272,8 @@ def _host_samples(run: Callable[[], object], sync: Callable[[], None], samples: 
 
 def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
               time_budget_s: float = 10.0, warmup: bool = True) -> TimingResult:
-    """Latency of ``run`` on the CPU: ``perf_counter`` per call, after one warm-up call (``warmup``); at least
-    ``min_samples`` samples, then stops once ``time_budget_s`` is spent."""
+    """Latency of ``run`` on the CPU: ``perf_counter`` per call after one warm-up call (``warmup``); at least
+    ``min_samples``, then stops once ``time_budget_s`` is spent."""
     if warmup:
         run()
     return TimingResult(_host_samples(run, lambda: None, samples, min_samples, time_budget_s), "host", 1, int(warmup))
@@ -300,9 +296,9 @@ def measure_latency(run: Callable[[], object], device: torch.device, *, graph_ca
 
 
 def clock_fields(tr: TimingResult) -> dict:
-    """Record fields of the clock state of ``tr`` (empty without clock readings): ``latency_sm_cycles``
-    (median of latency x the SM clock read during each sample, as nvbench-compare-robust derives it) and its
-    samples; median SM clock (MHz), temperature (deg C), power (W); the :func:`clocks.mark_samples` lists,
+    """Record fields of the clock state of ``tr`` (empty without clock readings): ``latency_sm_cycles`` (median
+    of latency x the SM clock read during each sample, as nvbench-compare-robust derives it) and its samples;
+    median SM clock (MHz), temperature (deg C), power (W); the :func:`clocks.mark_samples` lists,
     ``clock_locked``, ``warmup_settled``."""
     c = tr.extra.get("clocks")
     if not c:

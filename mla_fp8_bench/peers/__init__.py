@@ -1,6 +1,5 @@
-"""Optional peers of the AITER path: FA3 and cuDNN backends, measured GPU ceilings. The core reaches
-them only through the backend registry's names and lazy imports; their third-party packages come with
-``pip install -e '.[peers]'``."""
+"""Optional peers of the AITER path: FA3 and cuDNN backends, measured GPU ceilings. The core reaches them
+only through the backend registry's names and lazy imports (``pip install -e '.[peers]'``)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from mla_fp8_bench.backends.base import BackendUnavailable, Verdict
 
 
 def load_once(cache: dict[str, Any], key: str, load: Callable[[], Any]) -> Any:
-    """``load()``'s module, cached under ``key``; a :class:`BackendUnavailable` it raised is cached too and
-    raised again on every call."""
+    """``load()``'s module, cached under ``key``; its BackendUnavailable is cached and raised on every call."""
     if key not in cache:
         try:
             cache[key] = load()
@@ -24,7 +22,7 @@ def load_once(cache: dict[str, Any], key: str, load: Callable[[], Any]) -> Any:
 
 
 def loadable(load: Callable[[], Any]) -> Verdict:
-    """Yes when ``load()`` succeeds, else no with its :class:`BackendUnavailable` reason."""
+    """Yes when ``load()`` succeeds, else no with its BackendUnavailable reason."""
     try:
         load()
     except BackendUnavailable as exc:

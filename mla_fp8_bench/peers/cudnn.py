@@ -1,24 +1,15 @@
 """cuDNN fused SDPA on Hopper: the second FP8 peer (``cudnn-fp8``) and its bf16 twin (``cudnn-bf16``), from
-the ``nvidia-cudnn-frontend`` wheel (module ``cudnn``, lazily imported; ``sdpa_fp8`` since 1.3.0; install with
-``--no-deps``: the graph API does not need the CuTe-DSL stack it names).
-
-* q ``[B, H, S_q, 192]``, k ``[B, H, S_kv, 192]``, v ``[B, H, S_kv, 128]`` over the packed ``[T, H, D]``
-  tensors with BSHD strides ``(S*H*D, D, H*D, 1)``; a batch of more than one sequence gets int64 ragged
-  offsets ``[B+1, 1, 1, 1]`` (``cu_seqlens * H * D``) and int32 padding-mask lengths ``[B, 1, 1, 1]``.
-* masks: causal top-left for ``prefill``, none for ``ctx``, causal bottom-right for ``prefix`` (documented
-  Blackwell-only; where cuDNN refuses it the build error is the skip reason).
-* ``cudnn-fp8``: ``sdpa_fp8`` with the per-tensor descales, ``scale_s = 448`` / ``descale_s = 1/448`` (P in
-  [0, 1] scaled to e4m3's range) and ``scale_o = 1/descale_v`` (O is a convex combination of V rows, so
-  ``|O / descale_v| <= 448``). A bf16 FP8-forward output needs Blackwell (cuDNN >= 9.13), so on Hopper the
-  output is e4m3 and ``run()`` dequantises it (one elementwise kernel, timed); ``extras["cudnn_output"]``
-  says which. ``cudnn-bf16``: ``sdpa`` on the bf16 inputs.
-
-``run()`` executes the graph on the current stream, host-sync free (CUDA-graph capturable).
-"""
+the ``nvidia-cudnn-frontend`` wheel (module ``cudnn``, imported lazily; ``sdpa_fp8`` since 1.3.0; install
+with ``--no-deps``). q/k/v are BSHD views ``[B, H, S, D]`` of the packed ``[T, H, D]`` tensors; a batch of
+several sequences gets int64 ragged offsets (``cu_seqlens * H * D``) and int32 padding-mask lengths. Masks:
+causal top-left for ``prefill``, none for ``ctx``, causal bottom-right for ``prefix`` (where cuDNN refuses
+it, its build error is the skip reason). ``cudnn-fp8`` scales P by 448 into e4m3's range and O by
+``1/descale_v``; a bf16 FP8-forward output needs Blackwell, so on Hopper the e4m3 output is dequantised
+inside the timed ``run()`` (``extras["cudnn_output"]`` says which). ``run()`` is host-sync free."""
 
 from __future__ import annotations
 
-import importlib
+from importlib import import_module
 from typing import Any, ClassVar
 
 import torch
@@ -30,28 +21,22 @@ from mla_fp8_bench.problem.inputs import CaseInputs
 
 CUDNN_DIST = "nvidia-cudnn-frontend"
 INSTALL_HINT = f"pip install --no-deps {CUDNN_DIST}"
-#: Smallest cuDNN backend with FP8 SDPA forward on Hopper (9.10.0 excluded: the cuDNN support matrix).
-MIN_BACKEND = 90100
-BAD_BACKENDS = (91000,)
-#: e4m3fn's largest finite value: P (in [0, 1]) is scaled by this before the cast.
-E4M3_MAX = 448.0
+#: Smallest cuDNN backend with FP8 SDPA forward on Hopper, and one without it (the cuDNN support matrix).
+MIN_BACKEND, BAD_BACKENDS = 90100, (91000,)
+E4M3_MAX = 448.0  # e4m3fn's largest finite value: P (in [0, 1]) is scaled by this before the cast
 
 _cache: dict[str, Any] = {}
 
 
-def _import_module(name: str) -> Any:
-    return importlib.import_module(name)
-
-
 def load_cudnn() -> Any:
-    """The frontend module ``cudnn`` (cached); BackendUnavailable: not installed, failing import (quoted),
-    or a backend older than 9.1.0 or 9.10.0."""
+    """The frontend module ``cudnn`` (cached); BackendUnavailable: not installed, failing import (quoted), or
+    a backend older than 9.1.0 or 9.10.0."""
     return load_once(_cache, "mod", _load)
 
 
 def _load() -> Any:
     try:
-        mod = _import_module("cudnn")
+        mod = import_module("cudnn")
         ver = int(mod.backend_version())
     except ModuleNotFoundError:
         raise BackendUnavailable(f"{CUDNN_DIST} is not installed: {INSTALL_HINT}") from None
@@ -62,13 +47,8 @@ def _load() -> Any:
     return mod
 
 
-def _backend_version() -> int | None:
-    mod = _cache.get("mod")
-    return None if mod is None or isinstance(mod, BackendUnavailable) else int(mod.backend_version())
-
-
 def _bshd(x: torch.Tensor, batch: int, max_s: int) -> tuple[list[int], list[int]]:
-    """cuDNN dims ``[B, H, S, D]`` and BSHD strides of a packed ``[T, H, D]`` tensor (last two dims contiguous)."""
+    """cuDNN dims ``[B, H, S, D]`` and BSHD strides of a packed ``[T, H, D]`` tensor."""
     _, h, d = x.shape
     return [batch, h, max_s, d], [max_s * h * d, d, h * d, 1]
 
@@ -80,10 +60,10 @@ def _aux(graph, pack: dict, name: str, value: torch.Tensor, data_type):
     return t
 
 
-def _ragged_offset(graph, cudnn, pack: dict, t, name: str, cu: torch.Tensor, x: torch.Tensor) -> None:
+def _ragged(graph, dt, pack: dict, t, name: str, cu: torch.Tensor, x: torch.Tensor) -> None:
     """Give graph tensor ``t`` over packed ``x`` ``[T, H, D]`` the int64 element offsets ``cu * H * D``."""
     off = (cu * x.shape[1] * x.shape[2]).to(device=x.device).reshape(-1, 1, 1, 1).contiguous()
-    t.set_ragged_offset(_aux(graph, pack, f"off_{name}", off, cudnn.data_type.INT64))
+    t.set_ragged_offset(_aux(graph, pack, f"off_{name}", off, dt.INT64))
 
 
 def _inference(node, *args, **kw):
@@ -95,8 +75,7 @@ def _inference(node, *args, **kw):
 
 
 class _CudnnBase(Backend):
-    """Shared cuDNN plumbing; subclasses give the inputs (``_tensors(inputs) -> q, k, v``) and build the
-    attention node (``_node(cudnn, graph, tq, tk, tv, mask_kw, inputs, state) -> o``)."""
+    """Shared cuDNN plumbing; subclasses give the inputs (``_tensors``) and the attention node (``_node``)."""
 
     context_chunks: ClassVar[Verdict] = Verdict.no("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats "
                                                    "output is not wired), which ctx and prefix cases need")
@@ -114,64 +93,59 @@ class _CudnnBase(Backend):
         if inputs.device.type != "cuda":
             raise BackendUnavailable(f"needs an NVIDIA GPU; found {inputs.device.type}")
         cudnn = load_cudnn()
-        cu_q, cu_kv = inputs.cu_seqlens_q_cpu.to(torch.int64), inputs.cu_seqlens_kv_cpu.to(torch.int64)
-        batch = int(cu_q.numel()) - 1
         q, k, v = self._tensors(inputs)
-        dev = inputs.device
-        handle = cudnn.create_handle()
-        state: dict[str, Any] = {"pack": {}, "fp8_out": False}
+        handle, state = cudnn.create_handle(), {"pack": {}, "fp8_out": False}
         try:
-            graph, out = self._build(cudnn, handle, q, k, v, inputs, batch, cu_q, cu_kv, state)
+            graph, out = self._build(cudnn, handle, q, k, v, inputs, state)
         except Exception as exc:  # noqa: BLE001 - cuDNN's refusal is the reason, quoted
-            msg = " ".join(str(exc).split())[:300]
-            raise CaseUnsupported(f"cuDNN {_backend_version()} cannot build {self.name} for {inputs.case.id} "
-                                  f"(d_qk {q.shape[-1]} / d_v {v.shape[-1]}, batch {batch}, {inputs.case.family}): "
-                                  f"{type(exc).__name__}: {msg}") from None
-        ws = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=dev)
+            raise CaseUnsupported(f"cuDNN {cudnn.backend_version()} cannot build {self.name} for {inputs.case.id} "
+                                  f"(d_qk {q.shape[-1]} / d_v {v.shape[-1]}, batch {inputs.case.batch_size}, "
+                                  f"{inputs.case.family}): {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                                  ) from None
+        ws = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=inputs.device)
         pack, dequant = state["pack"], state.get("dequant")
 
         def run() -> torch.Tensor:
-            cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(dev).cuda_stream)
+            cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(inputs.device).cuda_stream)
             graph.execute(pack, ws, handle=handle)
             return dequant(out) if dequant is not None else out
 
-        extras = {"cudnn_backend_version": _backend_version(),
-                  "cudnn_frontend_version": getattr(cudnn, "__version__", None),
-                  "cudnn_output": state.get("output_note", "bf16")}
-        return Prepared(run=run, graph_capturable=True, timing_scope="kernel", extras=extras)
+        return Prepared(run=run, graph_capturable=True, timing_scope="kernel", extras={
+            "cudnn_backend_version": int(cudnn.backend_version()),
+            "cudnn_frontend_version": getattr(cudnn, "__version__", None),
+            "cudnn_output": state.get("output_note", "bf16")})
 
-    def _build(self, cudnn, handle, q, k, v, inputs, batch, cu_q, cu_kv, state):
-        """The cuDNN graph and the output tensor (``[T_q, H, 128]``, bf16 or e4m3)."""
+    def _build(self, cudnn, handle, q, k, v, inputs, state):
+        """The planned cuDNN graph and the output tensor (``[T_q, H, 128]``, bf16 or e4m3)."""
         dev, pack, dt = inputs.device, state["pack"], cudnn.data_type
-        max_q, max_kv = int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
+        cu_q, cu_kv = inputs.cu_seqlens_q_cpu.to(torch.int64), inputs.cu_seqlens_kv_cpu.to(torch.int64)
+        batch, max_q, max_kv = int(cu_q.numel()) - 1, int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
         io = dt.FP8_E4M3 if self.fp8 else dt.BFLOAT16
         graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
                               handle=handle)
-        ragged = batch > 1
         tensors = []
         for name, x, cu, s in (("q", q, cu_q, max_q), ("k", k, cu_kv, max_kv), ("v", v, cu_kv, max_kv)):
-            dims, strides = _bshd(x, batch, s)
-            t = graph.tensor(name=name, dim=dims, stride=strides, data_type=io)
-            if ragged:
-                _ragged_offset(graph, cudnn, pack, t, name, cu, x)
+            t = graph.tensor(name=name, dim=_bshd(x, batch, s)[0], stride=_bshd(x, batch, s)[1], data_type=io)
+            if batch > 1:
+                _ragged(graph, dt, pack, t, name, cu, x)
             pack[t] = x
             tensors.append(t)
         mask_kw: dict[str, Any] = {}
         if inputs.causal:
             mask_kw["use_causal_mask" if inputs.case.kind.same_q_kv else "use_causal_mask_bottom_right"] = True
-        if ragged:
-            for name, cu in (("seq_q", cu_q), ("seq_kv", cu_kv)):
+        if batch > 1:
+            for name, cu in (("q", cu_q), ("kv", cu_kv)):
                 lens = (cu[1:] - cu[:-1]).to(device=dev, dtype=torch.int32).reshape(-1, 1, 1, 1).contiguous()
-                mask_kw[f"seq_len_{name[4:]}"] = _aux(graph, pack, name, lens, dt.INT32)
+                mask_kw[f"seq_len_{name}"] = _aux(graph, pack, f"seq_{name}", lens, dt.INT32)
             mask_kw["use_padding_mask"] = True
         o_t = self._node(cudnn, graph, *tensors, mask_kw, inputs, state)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], device=dev,
                           dtype=torch.float8_e4m3fn if state["fp8_out"] else torch.bfloat16)
         dims, strides = _bshd(out, batch, max_q)
-        o_t.set_output(True).set_dim(dims).set_stride(strides)
-        o_t.set_data_type(dt.FP8_E4M3 if state["fp8_out"] else dt.BFLOAT16)
-        if ragged:
-            _ragged_offset(graph, cudnn, pack, o_t, "o", cu_q, out)
+        o_t.set_output(True).set_dim(dims).set_stride(strides).set_data_type(dt.FP8_E4M3 if state["fp8_out"]
+                                                                             else dt.BFLOAT16)
+        if batch > 1:
+            _ragged(graph, dt, pack, o_t, "o", cu_q, out)
         pack[o_t] = out
         graph.validate()
         graph.build_operation_graph()
@@ -197,17 +171,16 @@ class CudnnFp8(_CudnnBase):
         return (inputs.q8.data.contiguous(), inputs.k8.data.contiguous(), inputs.v8.data.contiguous())
 
     def _node(self, cudnn, graph, tq, tk, tv, mask_kw, inputs, state):
-        dev, pack = inputs.device, state["pack"]
-        dv = inputs.v8.descale.to(device=dev, dtype=torch.float32)
-        one = torch.ones(1, device=dev)
-        sc = [_aux(graph, pack, n, x.to(torch.float32).reshape(1, 1, 1, 1).contiguous(), cudnn.data_type.FLOAT)
+        dev, pack, f32 = inputs.device, state["pack"], cudnn.data_type.FLOAT
+        dv, one = inputs.v8.descale.to(device=dev, dtype=torch.float32), torch.ones(1, device=dev)
+        sc = [_aux(graph, pack, n, x.to(torch.float32).reshape(1, 1, 1, 1).contiguous(), f32)
               for n, x in (("descale_q", inputs.q8.descale.to(dev)), ("descale_k", inputs.k8.descale.to(dev)),
                            ("descale_v", dv), ("descale_s", one / E4M3_MAX), ("scale_s", one * E4M3_MAX),
                            ("scale_o", 1.0 / dv))]
         o, _stats, amax_s, amax_o = _inference(graph.sdpa_fp8, tq, tk, tv, *sc, name="sdpa_fp8",
                                                attn_scale=float(inputs.softmax_scale), **mask_kw)
         for a in (amax_s, amax_o):
-            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
             pack[a] = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
         state["fp8_out"] = torch.cuda.get_device_capability(dev)[0] < 10
         if state["fp8_out"]:
@@ -228,5 +201,4 @@ class CudnnBf16(_CudnnBase):
         return tuple(x.to(torch.bfloat16).contiguous() for x in (inputs.q, inputs.k, inputs.v))
 
     def _node(self, cudnn, graph, tq, tk, tv, mask_kw, inputs, state):
-        o, _stats = _inference(graph.sdpa, tq, tk, tv, name="sdpa", attn_scale=float(inputs.softmax_scale), **mask_kw)
-        return o
+        return _inference(graph.sdpa, tq, tk, tv, name="sdpa", attn_scale=float(inputs.softmax_scale), **mask_kw)[0]
