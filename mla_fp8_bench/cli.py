@@ -351,7 +351,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.aiter_ps import plan_cli
-    from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
+    from mla_fp8_bench.analysis import ab, calibrate, gate, nightly
     from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
     from mla_fp8_bench.config import MAX_ROUNDS, MAX_SAMPLES
     from mla_fp8_bench.report import plot, publish, results_merge, site_view
@@ -397,8 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
     # sub-commands of their own modules: each module's add_parser sets handler=, as the commands above do
     for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
-                     bisect.add_parser, nightly.add_parser, ab.add_parser, plan_cli.add_parser, publish.add_parser,
-                     site_view.add_parser):
+                     nightly.add_parser, ab.add_parser, plan_cli.add_parser, publish.add_parser, site_view.add_parser):
         register(sub)
     return p
 

@@ -199,40 +199,6 @@ def test_ab_output_that_is_a_directory_names_the_flag(tmp_path, capsys, flag):
     assert f"{flag} {tmp_path} is a directory" in _no_traceback(capsys)
 
 
-# ------------------------------------------------------------------ bisect refusals before any install
-def _two_commit_repo(tmp_path: Path) -> str:
-    import subprocess
-
-    repo = tmp_path / "lib"
-    repo.mkdir()
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    for args in (["init", "-q"], *(["commit", "-q", "--allow-empty", "-m", m] for m in "ab")):
-        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
-    return str(repo)
-
-
-@pytest.mark.parametrize("extra, want", [
-    (["--good", "HEAD", "--bad", "HEAD"], "--good HEAD and --bad HEAD are the same commit"),
-    (["--good", "HEAD~1", "--bad", "HEAD", "--machine", "../elsewhere"], "--machine '../elsewhere' is invalid"),
-    (["--good", "HEAD~1", "--bad", "HEAD", "--python", "/nonexistent/python"],
-     "--python /nonexistent/python is not an executable interpreter"),
-])
-def test_bisect_refuses_before_installing(tmp_path, capsys, extra, want):
-    """bisect with one commit as both ends (it installed and measured it, then said 'measures skip'), a
-    machine name that leaves the results folder, or no such interpreter (a bare '[Errno 2]'): one line
-    naming the flag, exit 2, no worktree left."""
-    import subprocess
-
-    repo = _two_commit_repo(tmp_path)
-    args = ["bisect", "--repo", repo, "--benchmark", "MLAPrefill.track_max_abs_error", "--metric",
-            "track_max_abs_error", "--threshold", "0.1", "--config", str(REPO / "asv.aiter.conf.json"), *extra]
-    assert main(args) == 2
-    assert want in _no_traceback(capsys)
-    worktrees = subprocess.run(["git", "-C", repo, "worktree", "list"], capture_output=True, text=True).stdout
-    assert len(worktrees.strip().splitlines()) == 1
-
-
 # ------------------------------------------------------------------ merge-results into a source
 @pytest.mark.parametrize("into, want", [
     ("src/cpu-2core", "is one machine's directory (it holds machine.json)"),

@@ -239,36 +239,6 @@ def _series(html: Path, metric: str, shas: list[str]) -> list[float | None]:
     return [by_rev.get(revs[s])[col] if by_rev.get(revs[s]) else None for s in shas]
 
 
-def _bisect(world, bench: str, metric: str, threshold: float):
-    from mla_fp8_bench.analysis.bisect import run_bisect
-
-    shas = world["shas"]
-    return run_bisect(repo=str(world["lib"]), good=shas[0], bad=shas[-1], benchmark=bench, metric=metric,
-                      threshold=threshold, config=str(world["conf"]), python=world["py"], machine="bisect")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("bench,metric,threshold,expect", [
-    (ACC_BENCH, "track_max_abs_error", ACC_THRESHOLD, ACC_FAULT),
-    (LAT_BENCH, "track_latency", SLEEP_S / 2, LAT_FAULT),
-])
-def test_bisect_command_names_each_faulty_commit(world, bench, metric, threshold, expect):
-    res = _bisect(world, bench, metric, threshold)
-    print(res["output"][-2000:])
-    for pr in res["probes"]:
-        print(pr)
-    assert res["first_bad"] == world["shas"][expect], (res["first_bad"], world["shas"])
-    assert res["probes"] and all(pr["verdict"] in ("good", "bad") for pr in res["probes"])
-    # each probe measured only the selected (backend, case): its result holds no other measured param
-    from mla_fp8_bench.harness.results import find_result, load_asv_result
-
-    r = load_asv_result(find_result(str(world["root"] / "results"), "bisect", res["probes"][0]["sha"][:8],
-                                    env="existing"))
-    measured = {m.params for name in r.benchmarks() for m in r.measurements(name).values() if m.status == "ok"}
-    assert measured == {("aiter", CASE)}, measured
-    assert _git(world["lib"], "rev-parse", "HEAD") == world["shas"][-1]
-
-
 @pytest.mark.slow
 def test_nightly_keys_history_by_the_installed_commit_and_gates(world, capsys):
     """``mla-fp8-bench nightly`` reads the installed fake AITER's commit (pip's direct_url.json), stores the

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mla_fp8_bench.analysis.bisect import probe_selection, results_dir_of
 from mla_fp8_bench.argtypes import check_name
 from mla_fp8_bench.harness.asv_guard import git
+from mla_fp8_bench.harness.asv_support import selection_knobs
 from mla_fp8_bench.harness.results import ResultsError, find_result, list_result_files, load_asv_conf, load_asv_result
 from mla_fp8_bench.jsonio import check_output_path, write_file_atomic, write_json_atomic
 
@@ -257,7 +257,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     lib = identify(args.library, python, args.checkout, args.commit)
     config = args.config or LIBRARIES[lib.name].config
     conf = load_conf(config)
-    results_dir = results_dir_of(config, conf)
+    results_dir = str((Path(config).resolve().parent / conf.get("results_dir", "results")).resolve())
     no_pull = not lib.checkout and check_repo_reachable(conf, config, lib)
     if lib.checkout:
         config = (derived_config(config, lib.checkout, str(Path(config).resolve().parent / ".asv"))
@@ -270,7 +270,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     publish = None if args.no_publish else _cli("publish", "--config", config)
     fmt = ["--format", args.format] if args.format != "text" else []
     # setup_cache measures only the (backend, case) params the -b regex selects (the library's backend at least)
-    wanted = probe_selection(bench) or {"MLA_FP8_BENCH_BACKENDS": LIBRARIES[lib.name].backend}
+    wanted = selection_knobs(bench) or {"MLA_FP8_BENCH_BACKENDS": LIBRARIES[lib.name].backend}
     run_env = {k: v for k, v in wanted.items() if k not in os.environ}
     return Plan(lib, config, results_dir, args.machine, setup, run, run_env, publish, fmt)
 

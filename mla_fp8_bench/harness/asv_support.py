@@ -7,6 +7,7 @@ their total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,21 @@ def asv_backends() -> tuple[str, ...]:
 def plan_backends() -> tuple[str, ...]:
     """Backends with ``plan_stats`` (the AITER PS planner time and workspace tracks)."""
     return tuple(b for b in asv_backends() if callable(getattr(type(get_backend(b)), "plan_stats", None)))
+
+
+def selection_knobs(regex: str) -> dict[str, str]:
+    """``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` that make ``setup_cache`` measure only the (backend, case)
+    params whose asv names ``asv run -b REGEX`` selects (asv keeps the stored values of the others), where
+    they are a strict subset of the grid."""
+    from mla_fp8_bench.measure.metric_table import asv_metrics
+
+    rx, grid = re.compile(regex), asv_backends()
+    hits = [(b, c) for m in asv_metrics() for b in grid for c in ASV_CASES if rx.search(f"{m.asv_name}({b!r}, {c!r})")]
+    out = {}
+    for var, axis, hit in (("BACKENDS", grid, {b for b, _ in hits}), ("CASES", ASV_CASES, {c for _, c in hits})):
+        if hit and len(hit) < len(axis):
+            out[f"MLA_FP8_BENCH_{var}"] = ",".join(x for x in axis if x in hit)
+    return out
 
 
 def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
