@@ -22,7 +22,7 @@ from mla_fp8_bench.terminal import fmt_seconds, signals_interrupt
 
 EXIT_USAGE = 2
 #: Third-party modules of the optional parts -> the pyproject extra that installs them.
-EXTRA_OF_MODULE = {"matplotlib": "plot", "asv": "bench", "asv_runner": "bench"}
+EXTRA_OF_MODULE = {"asv": "bench", "asv_runner": "bench"}
 
 
 def _fmt_f(x: Any, spec: str = ".4g") -> str:
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mla_fp8_bench.analysis import ab, calibrate, gate, nightly
     from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
     from mla_fp8_bench.config import MAX_ROUNDS, MAX_SAMPLES
-    from mla_fp8_bench.report import plot, publish, results_merge, site_view
+    from mla_fp8_bench.report import publish, results_merge, site_view
 
     p = OneLineParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
                                 "prefill attention; one subcommand per task (mla-fp8-bench SUBCOMMAND --help).",
@@ -396,8 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; "
                         "MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
     # sub-commands of their own modules: each module's add_parser sets handler=, as the commands above do
-    for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
-                     nightly.add_parser, ab.add_parser, plan_cli.add_parser, publish.add_parser, site_view.add_parser):
+    for register in (calibrate.add_parser, gate.add_parser, results_merge.add_merge_parser, nightly.add_parser,
+                     ab.add_parser, plan_cli.add_parser, publish.add_parser, site_view.add_parser):
         register(sub)
     return p
 
