@@ -28,8 +28,10 @@ def _strip_comments(text: str) -> str:
                     reason="asv is not installed (pip install -e '.[test]')")
 def test_asv_runs_latency_and_error_tracks(tmp_path):
     asv = str(Path(sys.executable).parent / "asv") if (Path(sys.executable).parent / "asv").exists() else "asv"
+    # ASV_PYTHONPATH: asv clears PYTHONPATH; the benchmarks import this checkout's package, not an installed one
     env = dict(os.environ, HOME=str(tmp_path), MLA_FP8_BENCH_MAX_TOKENS="128", MLA_FP8_BENCH_TIME_BUDGET="0.5",
-               MLA_FP8_BENCH_SAMPLES="3", MLA_FP8_BENCH_BACKENDS="aiter-emulated,torch-sdpa-bf16,torch-fp8-ref")
+               MLA_FP8_BENCH_SAMPLES="3", MLA_FP8_BENCH_BACKENDS="aiter-emulated,torch-sdpa-bf16,torch-fp8-ref",
+               ASV_PYTHONPATH=str(ROOT))
     # a copy of the config whose results and html go to tmp_path, so the test never touches results/
     conf = json.loads(_strip_comments((ROOT / "asv.conf.json").read_text()))
     conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(tmp_path / "results"),
@@ -61,8 +63,6 @@ def test_asv_runs_latency_and_error_tracks(tmp_path):
     assert sections["track_emulation_latency"]["aiter-emulated"].endswith("s")  # asv formats seconds (1.23ms)
     assert all(sections["track_emulation_latency"][b] == "n/a" for b in ("torch-sdpa-bf16", "torch-fp8-ref"))
     err = {b: float(v) for b, v in sections["track_max_abs_error"].items()}
-    # setup_cache's per-case progress reaches asv's log with --show-stderr: 3 backends x 1 case under the cap
-    assert re.search(r"\[1/3\] aiter-emulated s128: ok \(\d+\.\d s; \d+\.\d s so far\)", out), out[-3000:]
     # vs the dequantised-fp8 reference: the emulated kernel's fp8-P error is in the documented 0.005-0.1 band,
     # SDPA on dequantised inputs only rounds its bf16 output, SDPA on bf16 inputs sees fp8 input rounding
     assert 0.005 < err["aiter-emulated"] < 0.1, err

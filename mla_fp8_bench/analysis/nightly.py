@@ -24,7 +24,7 @@ from mla_fp8_bench.argtypes import check_name
 from mla_fp8_bench.harness.asv_guard import git
 from mla_fp8_bench.harness.asv_support import selection_knobs
 from mla_fp8_bench.harness.results import ResultsError, find_result, list_result_files, load_asv_conf, load_asv_result
-from mla_fp8_bench.jsonio import check_output_path, write_file_atomic, write_json_atomic
+from mla_fp8_bench.jsonio import check_output_path, locked, write_file_atomic, write_json_atomic
 
 
 class Library(NamedTuple):
@@ -320,7 +320,8 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
         for cmd in plan.setup:
             if _run_streamed(cmd, echo, tail=6000).returncode != 0:
                 raise NightlyError(f"could not register asv machine {plan.machine}")
-        p = _run_streamed(plan.run, echo, plan.run_env)
+        with locked(plan.results_dir, "asv results directory", wait=False):  # one asv run per results directory
+            p = _run_streamed(plan.run, echo, plan.run_env)
         try:
             find_result(plan.results_dir, plan.machine, plan.lib.commit[:8], env="existing")
         except ResultsError:
