@@ -49,14 +49,13 @@ def case_line(done: int, total: int, backend: str, case: str, status: str, elaps
 
 @contextlib.contextmanager
 def case_progress(total: int, console: Console | None = None,
-                  stream: TextIO | tuple[TextIO, ...] | None = None) -> Iterator[Callable[[Any], str]]:
+                  streams: tuple[TextIO, ...] = ()) -> Iterator[Callable[[Any], str]]:
     """Progress over ``total`` pairs: yields ``step(rec)``, which prints a finished record's
-    :func:`case_line` and returns it, to ``console`` (with a progress bar on a terminal) or else to
-    ``stream`` (default stderr; a tuple: to each)."""
+    :func:`case_line` and returns it, to ``console`` (under a progress bar on a terminal) or else to each
+    of ``streams`` (default stderr)."""
     t0 = last = time.perf_counter()
     done = 0
-    streams = stream if isinstance(stream, tuple) else (stream or sys.stderr,)
-    bar: Any = contextlib.nullcontext()
+    bar = None
     if console is not None and console.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -65,23 +64,21 @@ def case_progress(total: int, console: Console | None = None,
 
     def step(rec: Any) -> str:
         nonlocal done, last
-        now = time.perf_counter()
-        done += 1
+        now, done = time.perf_counter(), done + 1
         line = case_line(done, total, rec.backend, rec.case, rec.status, now - last, now - t0,
                          getattr(rec, "reason", ""))
         last = now
         if console is not None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
-            if task is not None:
+            if bar is not None:
                 bar.update(task, advance=1, description=f"{rec.backend} {rec.case}")
-        else:
-            for s in streams:
-                with contextlib.suppress(OSError, ValueError):  # a closed or broken log must not stop the measurement
-                    print(line, file=s, flush=True)
+        for s in () if console is not None else streams or (sys.stderr,):
+            with contextlib.suppress(OSError, ValueError):  # a closed or broken log must not stop the measurement
+                print(line, file=s, flush=True)
         return line
 
-    with bar:
-        task = bar.add_task("measuring", total=total) if hasattr(bar, "add_task") else None
+    with bar or contextlib.nullcontext():
+        task = bar.add_task("measuring", total=total) if bar is not None else None
         yield step
 
 

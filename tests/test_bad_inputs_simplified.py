@@ -221,21 +221,25 @@ def test_gate_reports_keep_a_multi_line_reason_on_one_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------ interrupted runs beside a kept file
 def test_a_second_interrupted_run_keeps_the_first_interrupted_file(tmp_path):
-    """r.json holds 3 records and r.interrupted.json an earlier interrupted run's 2: a run interrupted
-    after 1 record goes to r.interrupted-2.json (it replaced r.interrupted.json before: 2 records lost);
-    one with as many as a side file replaces it."""
-    from mla_fp8_bench.cli import _interrupted_path
+    """r.json holds 3 measured records and r.interrupted.json an earlier interrupted run's 2: a run
+    interrupted after 1 record goes to r.interrupted-2.json (it replaced r.interrupted.json before: 2
+    records lost); one holding as much as a side file replaces it."""
+    from mla_fp8_bench.cli import _output_path
 
     def doc(n: int) -> dict:
-        return {"records": [{"backend": "torch-fp8-ref", "case": f"s{16 * (i + 1)}"} for i in range(n)]}
+        return {"records": [{"backend": "torch-fp8-ref", "case": f"s{16 * (i + 1)}", "status": "ok"}
+                            for i in range(n)]}
+
+    def where(n: int) -> str:
+        return _output_path(str(out), doc(n), "interrupted")[0]
 
     out = tmp_path / "r.json"
     out.write_text(json.dumps(doc(3)))
-    assert _interrupted_path(str(out), doc(4)) == str(out)
-    assert _interrupted_path(str(out), doc(2)) == str(tmp_path / "r.interrupted.json")
+    assert where(4) == str(out)
+    assert where(2) == str(tmp_path / "r.interrupted.json")
     (tmp_path / "r.interrupted.json").write_text(json.dumps(doc(2)))
-    assert _interrupted_path(str(out), doc(1)) == str(tmp_path / "r.interrupted-2.json")
-    assert _interrupted_path(str(out), doc(2)) == str(tmp_path / "r.interrupted.json")
+    assert where(1) == str(tmp_path / "r.interrupted-2.json")
+    assert where(2) == str(tmp_path / "r.interrupted.json")
 
 
 def test_calibrate_refuses_more_jobs_than_cpus_and_an_empty_out(capsys, monkeypatch):

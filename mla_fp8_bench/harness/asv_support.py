@@ -63,9 +63,7 @@ def selection_knobs(regex: str) -> dict[str, str]:
 def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
     """The cached record of (backend, case) for an asv ``setup``; NotImplementedError when the param was
     skipped (asv shows n/a), RuntimeError carrying the reason when it failed."""
-    rec = cache.get("records", {}).get(f"{backend}|{case}")
-    if rec is None and cache.get("failure"):
-        raise RuntimeError(f"{backend} on {case}: the measurement failed: {cache['failure']}")
+    rec = cache["records"].get(f"{backend}|{case}")
     if rec is None:
         raise NotImplementedError(f"{backend} on {case}: not measured in this run ({PREFIX}BACKENDS / _CASES)")
     if rec["status"] == "skipped":
@@ -142,7 +140,7 @@ def measure_grid(config: RunConfig | None = None) -> dict[str, Any]:
                 f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
         for s in streams:
             print(head, file=s, flush=True)
-        with case_progress(len(backends) * len(cases), stream=streams) as step:
+        with case_progress(len(backends) * len(cases), streams=streams) as step:
             data = evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
     attach(data, enabled=cfg.ceilings)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
@@ -158,25 +156,23 @@ def measure_grid(config: RunConfig | None = None) -> dict[str, Any]:
 
 def measure_plans(config: RunConfig | None = None) -> dict[str, Any]:
     """``plan_stats(case, platform)`` (planner time, live partial slots, workspace bytes) of each available
-    :func:`plan_backends` backend over the asv grid; arguments as for :func:`measure_grid`. Returns
-    ``{"records": {"backend|case": record}}`` with ``planner_samples_s``, ``workspace_bytes``, ``num_partials``.
-    """
+    :func:`plan_backends` backend over the asv grid (``config`` as for :func:`measure_grid`): ``{"records":
+    {"backend|case": record}}`` with ``planner_samples_s``, ``workspace_bytes``, ``num_partials``."""
     cfg = config or check_knobs()
     pinfo, _cap, _backends, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}
-    plan = plan_backends()
-    for name in plan:
+    for name in plan_backends():
         b = get_backend(name, cfg)
         avail = b.availability(pinfo)
+        records.update({f"{name}|{cid}": {"status": "skipped", "reason": why} for cid, why in skipped.items()})
         for c in cases:
-            key = f"{name}|{c.id}"
             try:
                 if not avail:
                     raise NotImplementedError(avail.reason)
-                records[key] = {"status": "ok", "reason": "", **b.plan_stats(c, pinfo)}
+                rec = {"status": "ok", "reason": "", **b.plan_stats(c, pinfo)}
             except NotImplementedError as exc:
-                records[key] = {"status": "skipped", "reason": str(exc)}
+                rec = {"status": "skipped", "reason": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
-                records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-        records.update({f"{name}|{cid}": {"status": "skipped", "reason": why} for cid, why in skipped.items()})
+                rec = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+            records[f"{name}|{c.id}"] = rec
     return {"records": records}

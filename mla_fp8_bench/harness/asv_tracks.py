@@ -1,6 +1,6 @@
 """asv ``track_*`` methods and the asv configs' regression keys, generated from the metric table
-(:mod:`mla_fp8_bench.measure.metric_table`); ``python -m mla_fp8_bench.harness.asv_tracks --write
-asv.conf.json`` rewrites the keys in place."""
+(:mod:`mla_fp8_bench.measure.metric_table`); ``python -m mla_fp8_bench.harness.asv_tracks asv*.conf.json``
+rewrites the keys in place."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def asv_regression_config(suite: bool = False) -> dict[str, dict[str, Any]]:
 
 _BLOCK_COMMENT = """\
     // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.harness.asv_tracks
-    // --write <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
+    // <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
     // the MAX over matching entries, so they are disjoint): the gate's default rule, growth factor minus 1
     // (accuracy 1.0: 2x, kernel latency and resources 0.05). regressions_first_commits null: no regression
     // is reported for figures that are not a kernel's (host latency, informational, an emulation's latency);
@@ -106,45 +106,29 @@ _BLOCK_COMMENT = """\
 """
 
 
-def asv_config_block(suite: bool = False) -> str:
-    """The tail of an asv config file: the generated regression keys (:func:`asv_regression_config`), then
-    the closing brace."""
+def write_asv_config(path: str) -> bool:
+    """Replace the regression keys, the last entries of an asv config file (``//`` comments above them too),
+    with the generated ones (``suite`` when its ``repo`` is ``"."``); whether the file changed. ValueError:
+    no ``"regressions_`` key."""
     import json
 
-    return _BLOCK_COMMENT + json.dumps(asv_regression_config(suite), indent=4).strip()[1:-1].strip("\n") + "\n}\n"
-
-
-def write_asv_config(path: str) -> bool:
-    """Replace the regression keys, the last entries of an asv config file (``//`` comments kept), with
-    :func:`asv_config_block` (``suite`` when its ``repo`` is ``"."``); whether the file changed.
-    ValueError: no ``"regressions_thresholds"`` key."""
     from mla_fp8_bench.jsonio import write_file_atomic
 
-    with open(path) as f:
-        lines = f.read().splitlines(keepends=True)
-    at = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith('"regressions_')), None)
+    text = open(path).read()
+    at = re.search(r'^(\s*//.*\n)*\s*"regressions_', text, re.M)
     if at is None:
         raise ValueError(f"{path}: no \"regressions_thresholds\" key to replace")
-    while at > 0 and lines[at - 1].lstrip().startswith("//"):
-        at -= 1
-    head = "".join(lines[:at])
-    if not head.rstrip().endswith((",", "{")):
-        head = head.rstrip() + ",\n"
-    new = head + asv_config_block(suite=re.search(r'^\s*"repo"\s*:\s*"\."', head, re.M) is not None)
-    if new == "".join(lines):
-        return False
-    write_file_atomic(path, lambda f: f.write(new))
-    return True
+    head = text[:at.start()].rstrip()
+    keys = asv_regression_config(suite=re.search(r'^\s*"repo"\s*:\s*"\."', head, re.M) is not None)
+    new = (head if head.endswith((",", "{")) else head + ",") + "\n" + _BLOCK_COMMENT + json.dumps(
+        keys, indent=4).strip()[1:-1].strip("\n") + "\n}\n"
+    if new != text:
+        write_file_atomic(path, lambda f: f.write(new))
+    return new != text
 
 
 if __name__ == "__main__":
-    import argparse
     import sys
 
-    ap = argparse.ArgumentParser(description="print (or --write into asv config files) the asv regression keys")
-    ap.add_argument("--write", nargs="+", metavar="ASV_CONF", help="asv config files to update in place")
-    a = ap.parse_args()
-    if not a.write:
-        sys.stdout.write(asv_config_block())
-    for conf in a.write or ():
+    for conf in sys.argv[1:]:
         print(f"{conf}: {'updated' if write_asv_config(conf) else 'already current'}")
