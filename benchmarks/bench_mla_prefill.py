@@ -5,14 +5,11 @@ All measuring is done once per asv environment and commit, in ``setup_cache``
 records, so a run stays within minutes although asv spawns one process per (benchmark, parameter).
 
 Params are static on every machine (one history series per id): a backend unavailable here, or a case
-beyond this device's size cap, is an asv skip (n/a); a backend that failed on a case is an asv failure
-with the reason. Bad ``MLA_FP8_BENCH_*`` knobs are refused while asv discovers the benchmarks, before it
-writes anything. asv keeps stored values: ``asv run -b REGEX`` keeps those of the params it does not
-select, ``--skip-existing-successful`` re-measures nothing stored.
+beyond this device's size cap, is an asv skip (n/a); a failure is an asv failure with the reason. Bad
+``MLA_FP8_BENCH_*`` knobs are refused while asv discovers the benchmarks, before it writes anything.
 
-Bump ``version`` when the measurement method changes (asv hashes only the source of the methods); a track
-whose samples are rounds carries ``version + "+rounds"`` (``Metric.asv_version``). The ``track_*`` methods
-are generated from the metric table (``mla_fp8_bench/measure/metric_table.py``): add a metric there.
+Bump ``version`` when the measurement method changes (asv hashes only the source of the methods). The
+``track_*`` methods are generated from the metric table (``mla_fp8_bench/measure/metric_table.py``).
 Accuracy values are floored at 1e-12 (asv's summary is a geometric mean): a plotted 1e-12 means exactly 0.
 """
 

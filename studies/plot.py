@@ -510,7 +510,7 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
         fig.tight_layout(rect=(0, bottom, 1, 0.97))
         for fmt in formats:
             path = out_dir / f"{ds.slug}-{kind}.{fmt}"
-            meta = {"Date": None} if fmt == "svg" else {"Software": "mla-fp8-bench plot"}
+            meta = {"Date": None} if fmt == "svg" else {"Software": "mla_fp8_bench studies/plot.py"}
             write_file_atomic(path, lambda f, fmt=fmt, meta=meta: fig.savefig(
                 f, format=fmt, dpi=130, bbox_inches="tight", metadata=meta), binary=True)
             written.append(path)

@@ -134,8 +134,12 @@ def measure_grid(config: RunConfig | None = None) -> dict[str, Any]:
     pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
     opts = RunOptions(samples=cfg.samples or 30,
                       time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
-    with open(cfg.progress, "a", buffering=1) if cfg.progress else contextlib.nullcontext() as log:
-        streams = (sys.stderr,) + ((log,) if log else ())
+    with contextlib.ExitStack() as stack:
+        streams: tuple = (sys.stderr,)
+        try:
+            streams += (stack.enter_context(open(cfg.progress, "a", buffering=1)),) if cfg.progress else ()
+        except OSError as exc:  # the measurement goes on: its lines still reach stderr
+            print(f"[mla_fp8_bench] {PREFIX}PROGRESS={cfg.progress} cannot be written: {exc}", flush=True)
         head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
                 f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
         for s in streams:
