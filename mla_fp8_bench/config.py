@@ -66,7 +66,7 @@ class RunConfig:
                             "(256 = MI355X)") or DEFAULT_EMU_CU_NUM,
             emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, None, "an integer >= 0 (0 = no cap)"),
             emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
-            aiter_any_device=_switch(get("AITER_ANY_DEVICE"), "AITER_ANY_DEVICE", default=False),
+            aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
             expect_commit=get("EXPECT_COMMIT").strip(), ceilings=_switch(get("CEILINGS"), "CEILINGS"),
             progress=get("PROGRESS").strip())
 
@@ -128,9 +128,15 @@ def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
     return modelled_version(raw, what)
 
 
-def _switch(raw: str, name: str, default: bool = True) -> bool:
-    """An on/off knob: ``1``/``true``/``yes``/``on`` (any case) is on, ``0``/``false``/``no``/``off`` off."""
+def _switch(raw: str, name: str) -> bool:
+    """An on/off knob: unset, ``1``/``true``/``yes``/``on`` (any case) is on, ``0``/``false``/``no``/``off`` off."""
     v = raw.strip().lower()
     if v not in ("", "1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: 1/true/yes/on or 0/false/no/off")
-    return default if not v else v in ("1", "true", "yes", "on")
+        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: 1/true/yes/on or 0/false/no/off (unset: on)")
+    return v not in ("0", "false", "no", "off")
+
+
+def _any_device(raw: str) -> bool:
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{PREFIX}AITER_ANY_DEVICE={raw!r} is invalid: 1 (drive a non-gfx950 aiter) or 0/unset")
+    return raw == "1"
