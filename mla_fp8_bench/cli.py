@@ -242,23 +242,18 @@ def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console:
     return None
 
 
-def _this_machine(name: str, device: str) -> dict[str, str]:
-    from mla_fp8_bench.measure.devices import platform_info
-
-    pinfo = platform_info(device)
-    return {"machine": name, "arch": _pf.machine(), "os": _pf.system(), "cpu": _pf.processor() or _pf.machine(),
-            "num_cpu": str(os.cpu_count()),
-            "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-            "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
-
-
 def _machine_facts(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """(facts, where from) for ``asv-machine``: the committed ``results/<name>/machine.json`` (ValueError when
     it is not an object, or, without ``--force``, contradicts this machine: arch, GPU model, or the CPU count
-    without a GPU), else this machine's."""
+    without a GPU), else this machine's, with a ``gpu`` key."""
     from mla_fp8_bench.jsonio import load_json
+    from mla_fp8_bench.measure.devices import platform_info
 
-    here, committed = _this_machine(args.name, args.device), Path(args.results_dir) / args.name / "machine.json"
+    pinfo = platform_info(args.device)
+    here = {"machine": args.name, "arch": _pf.machine(), "os": _pf.system(), "cpu": _pf.processor() or _pf.machine(),
+            "num_cpu": str(os.cpu_count()), "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
+    committed = Path(args.results_dir) / args.name / "machine.json"
     if not committed.exists():
         return here, "this machine"
     facts = load_json(committed, "committed machine file")
