@@ -20,14 +20,13 @@ from mla_fp8_bench.terminal import fmt_seconds, signals_interrupt
 
 EXIT_USAGE = 2
 #: Third-party modules of the optional parts -> the pyproject extra that installs them.
-EXTRA_OF_MODULE = {"matplotlib": "plot", "asv": "bench", "asv_runner": "bench"}
+EXTRA_OF_MODULE = {"asv": "bench", "asv_runner": "bench"}
+ANY_DEVICE_HELP = "let the aiter backend drive a non-gfx950 aiter package (e.g. a test library); labelled emulation"
 
 
 def _fmt_f(x: Any, spec: str = ".4g") -> str:
-    if x is None:
-        return "-"
     try:
-        return format(float(x), spec)
+        return "-" if x is None else format(float(x), spec)
     except (TypeError, ValueError):
         return str(x)
 
@@ -100,11 +99,12 @@ def _records_table(data: dict) -> Table:
                 "rel-L2 vs fp8", "mismatch", "note"):
         t.add_column(col, overflow="fold")
     for r in data["records"]:
+        emu = record_is_emulation(r)
         t.add_row(r["backend"], r["case"], r["status"], fmt_seconds(r.get("latency_s")),
-                  (r.get("latency_method") or "-") + (" (emulation)" if record_is_emulation(r) else ""),
-                  _fmt_f(r.get("tflops"), ".3g") if not record_is_emulation(r) else "-",
-                  _fmt_f(r.get("max_abs_error_fp8_ref")), _fmt_f(r.get("max_abs_error_bf16_ref")),
-                  _fmt_f(r.get("rel_l2_error_fp8_ref")), _fmt_f(r.get("mismatch_fraction")), r.get("reason", ""))
+                  (r.get("latency_method") or "-") + (" (emulation)" if emu else ""),
+                  "-" if emu else _fmt_f(r.get("tflops"), ".3g"), _fmt_f(r.get("max_abs_error_fp8_ref")),
+                  _fmt_f(r.get("max_abs_error_bf16_ref")), _fmt_f(r.get("rel_l2_error_fp8_ref")),
+                  _fmt_f(r.get("mismatch_fraction")), r.get("reason", ""))
     return t
 
 
@@ -135,7 +135,6 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=step)
             except RunInterrupted as exc:
                 data, interrupted = exc.data, True
-        rounds_cut = None
         if not args.no_timing and not interrupted:
             from mla_fp8_bench.peers.ceilings import attach
 
@@ -185,55 +184,52 @@ def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console:
     return None
 
 
-def _this_machine(name: str, device: str) -> dict[str, str]:
+def _machine_facts(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """(facts, where from) for ``asv-machine``: the committed ``results/<name>/machine.json`` (ValueError when
+    it is not an object, or, without ``--force``, contradicts this machine: arch, GPU model, or the CPU count
+    without a GPU), else this machine's, with a ``gpu`` key."""
+    from mla_fp8_bench.jsonio import load_json
     from mla_fp8_bench.measure.devices import platform_info
 
-    pinfo = platform_info(device)
-    return {"machine": name, "arch": _pf.machine(), "os": _pf.system(), "cpu": _pf.processor() or _pf.machine(),
-            "num_cpu": str(os.cpu_count()),
-            "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+    pinfo = platform_info(args.device)
+    here = {"machine": args.name, "arch": _pf.machine(), "os": _pf.system(), "cpu": _pf.processor() or _pf.machine(),
+            "num_cpu": str(os.cpu_count()), "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
             "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
-
-
-def _differing_facts(committed: dict, here: dict) -> list[str]:
-    """Facts of a committed machine this one contradicts: arch, GPU model, the CPU count without a GPU."""
-    cg, hg = str(committed.get("gpu", here["gpu"])).strip().lower(), here["gpu"].strip().lower()
-    differs = {"arch": str(committed.get("arch", here["arch"])) != here["arch"],
+    committed = Path(args.results_dir) / args.name / "machine.json"
+    if not committed.exists():
+        return here, "this machine"
+    facts = load_json(committed, "committed machine file")
+    if not isinstance(facts, dict):
+        raise ValueError(f"committed machine file {committed} is not a JSON object")
+    facts.pop("version", None)
+    cg, hg = str(facts.get("gpu", here["gpu"])).strip().lower(), here["gpu"].strip().lower()
+    differs = {"arch": str(facts.get("arch", here["arch"])) != here["arch"],
                "gpu": cg != hg and ("none" in (cg, hg) or not (cg in hg or hg in cg)),
-               "num_cpu": hg == "none" and str(committed.get("num_cpu", here["num_cpu"])) != here["num_cpu"]}
-    return [f"{k} {committed.get(k)!r} vs {here[k]!r}" for k, d in differs.items() if d]
+               "num_cpu": hg == "none" and str(facts.get("num_cpu", here["num_cpu"])) != here["num_cpu"]}
+    differ = [f"{k} {facts.get(k)!r} vs {here[k]!r}" for k, d in differs.items() if d]
+    if differ and not args.force:
+        raise ValueError(f"this machine is not {args.name!r} as {committed} describes it ({'; '.join(differ)}): "
+                         f"its results would be filed under {args.name!r}'s published history; name your own "
+                         "machine (mla-fp8-bench asv-machine mybox), or pass --force")
+    if facts.get("machine") != args.name:
+        raise ValueError(f"{committed} names machine {facts.get('machine')!r}, not {args.name!r}")
+    return facts, str(committed)
 
 
 def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
-    """Write ``~/.asv-machine.json`` for ``args.name`` (atomically, under a lock, other machines kept): the
-    committed ``results/<name>/machine.json``, else this machine's facts with a ``gpu`` key. Without
-    ``--force`` it refuses to replace an entry with other facts, or to use a name whose facts are not ours."""
+    """Write ``~/.asv-machine.json`` for ``args.name`` (atomically, under a lock, other machines kept) from
+    :func:`_machine_facts`; without ``--force`` it refuses to replace an entry with other facts."""
     from mla_fp8_bench.argtypes import check_name
     from mla_fp8_bench.jsonio import load_json, locked, write_json_atomic
 
     check_name(args.name, "asv machine name")
     path = Path.home() / ".asv-machine.json"
-    committed = Path(args.results_dir) / args.name / "machine.json"
     with locked(path, "asv machine file"):
         data = load_json(path, "asv machine file") if path.exists() else {"version": 1}
         if not isinstance(data, dict):
             raise ValueError(f"asv machine file {path} holds a JSON {type(data).__name__}, not an object of "
                              "machines: fix or remove it")
-        if committed.exists():
-            facts, src = load_json(committed, "committed machine file"), str(committed)
-            if not isinstance(facts, dict):
-                raise ValueError(f"committed machine file {committed} is not a JSON object")
-            facts.pop("version", None)
-            differ = _differing_facts(facts, _this_machine(args.name, args.device))
-            if differ and not args.force:
-                raise ValueError(f"this machine is not {args.name!r} as {committed} describes it "
-                                 f"({'; '.join(differ)}): its results would be filed under {args.name!r}'s "
-                                 f"published history; name your own machine (mla-fp8-bench asv-machine mybox), "
-                                 "or pass --force")
-        else:
-            facts, src = _this_machine(args.name, args.device), "this machine"
-        if facts.get("machine") != args.name:
-            raise ValueError(f"{committed} names machine {facts.get('machine')!r}, not {args.name!r}")
+        facts, src = _machine_facts(args)
         prev = data.get(args.name)
         if prev is not None and prev != facts and not args.force:
             changed = sorted(k for k in set(prev) | set(facts) if prev.get(k) != facts.get(k)) if isinstance(
@@ -254,31 +250,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from mla_fp8_bench.aiter_ps import plan_cli
-    from mla_fp8_bench.analysis import ab, bisect, calibrate, gate, nightly
+def _add_run_parser(sub) -> None:
     from mla_fp8_bench.argtypes import int_in, positive_float, positive_int
     from mla_fp8_bench.config import MAX_ROUNDS, MAX_SAMPLES
-    from mla_fp8_bench.report import plot, publish, results_merge, site_view
 
-    p = OneLineParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
-                                "prefill attention; one subcommand per task (mla-fp8-bench SUBCOMMAND --help).",
-                                epilog="Exit status: 0 success, 2 bad usage (one line naming the bad value); "
-                                       "gate and ab exit 1 on a regression (their --help says more).")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("env", help="platform, versions and each backend's availability with the reason")
-    e.set_defaults(handler=cmd_env)
-    any_device_help = "let the aiter backend drive a non-gfx950 aiter package (e.g. a test library); labelled emulation"
-    e.add_argument("--aiter-any-device", action="store_true", help=any_device_help)
-    sub.add_parser("cases", help="list named suites and the default sweep per device").set_defaults(handler=cmd_cases)
-    am = sub.add_parser("asv-machine", help="write ~/.asv-machine.json for NAME from results/NAME/machine.json "
-                        "(or from this machine's facts, with a gpu key)")
-    am.set_defaults(handler=cmd_asv_machine)
-    am.add_argument("name", help="asv machine name, e.g. cpu-2core, h200, mi355")
-    am.add_argument("--results-dir", default="results")
-    am.add_argument("--force", action="store_true", help="replace an existing entry of NAME with other facts, or "
-                    "use a published NAME whose committed facts are not this machine's")
     r = sub.add_parser("run", help="measure backends x cases (latency, errors, TFLOP/s)")
     r.set_defaults(handler=cmd_run)
     r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
@@ -297,14 +272,38 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
     r.add_argument("--allow-long", action="store_true", help="start a run expected to take over an hour")
-    r.add_argument("--aiter-any-device", action="store_true", help=any_device_help)
+    r.add_argument("--aiter-any-device", action="store_true", help=ANY_DEVICE_HELP)
     r.add_argument("--emu-aiter-version", default=None, metavar="VERSION",
                    help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; "
                         "MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mla_fp8_bench.aiter_ps import plan_cli
+    from mla_fp8_bench.analysis import ab, calibrate, gate, nightly
+    from mla_fp8_bench.report import publish, results_merge, site_view
+
+    p = OneLineParser(prog="mla-fp8-bench", description="Benchmark and accuracy suite for FP8 MLA "
+                                "prefill attention; one subcommand per task (mla-fp8-bench SUBCOMMAND --help).",
+                                epilog="Exit status: 0 success, 2 bad usage (one line naming the bad value); "
+                                       "gate and ab exit 1 on a regression (their --help says more).")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N (ROCm GPUs are 'cuda')")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("env", help="platform, versions and each backend's availability with the reason")
+    e.set_defaults(handler=cmd_env)
+    e.add_argument("--aiter-any-device", action="store_true", help=ANY_DEVICE_HELP)
+    sub.add_parser("cases", help="list named suites and the default sweep per device").set_defaults(handler=cmd_cases)
+    am = sub.add_parser("asv-machine", help="write ~/.asv-machine.json for NAME from results/NAME/machine.json "
+                        "(or from this machine's facts, with a gpu key)")
+    am.set_defaults(handler=cmd_asv_machine)
+    am.add_argument("name", help="asv machine name, e.g. cpu-2core, h200, mi355")
+    am.add_argument("--results-dir", default="results")
+    am.add_argument("--force", action="store_true", help="replace an existing entry of NAME with other facts, or "
+                    "use a published NAME whose committed facts are not this machine's")
+    _add_run_parser(sub)
     # sub-commands of their own modules: each module's add_parser sets handler=, as the commands above do
-    for register in (calibrate.add_parser, gate.add_parser, plot.add_parser, results_merge.add_merge_parser,
-                     bisect.add_parser, nightly.add_parser, ab.add_parser, plan_cli.add_parser, publish.add_parser,
-                     site_view.add_parser):
+    for register in (calibrate.add_parser, gate.add_parser, results_merge.add_merge_parser, nightly.add_parser,
+                     ab.add_parser, plan_cli.add_parser, publish.add_parser, site_view.add_parser):
         register(sub)
     return p
 
@@ -329,9 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         top = (exc.name or "").partition(".")[0]
         if top not in EXTRA_OF_MODULE:
             raise
-        extra = EXTRA_OF_MODULE[top]
-        msg = escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the {extra} extra "
-                     f"(pip install -e '.[{extra}]')")
+        msg = escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the "
+                     f"{EXTRA_OF_MODULE[top]} extra (pip install -e '.[{EXTRA_OF_MODULE[top]}]')")
     console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
     return EXIT_USAGE
 

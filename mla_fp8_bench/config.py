@@ -1,14 +1,14 @@
 """The run configuration: every knob of a measurement in one frozen object, validated when built from the
 command line (``cli.py``) or the environment (:meth:`RunConfig.from_env`), then passed down. The one module
-that reads ``MLA_FP8_BENCH_*`` (and asv's ``ASV_*``): ``MLA_FP8_BENCH_<FIELD>`` sets a field of
-:class:`RunConfig` (``_TIME_BUDGET``: ``time_budget_s``; ``_AITER_ANY_DEVICE=1``; ``_CEILINGS=0``).
+that reads ``MLA_FP8_BENCH_*``: ``MLA_FP8_BENCH_<FIELD>`` sets a field of :class:`RunConfig`
+(``_TIME_BUDGET``: ``time_budget_s``; ``_AITER_ANY_DEVICE=1``; ``_CEILINGS=0``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 from mla_fp8_bench.aiter_ps.facts import MAX_CU_NUM
 from mla_fp8_bench.argtypes import parse_number, shown
@@ -24,8 +24,6 @@ DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
 MAX_SAMPLES = 1_000_000
 #: Most latency rounds a run (``_ROUNDS``) or ``ab`` (``--rounds``) accepts.
 MAX_ROUNDS = 100
-#: Environment variables that make an asv run measure part of the grid.
-NARROWING_VARS = ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_MAX_TOKENS")
 
 
 @dataclass(frozen=True)
@@ -44,10 +42,8 @@ class RunConfig:
     emu_aiter_version: tuple[int, int, int] | None = None  # the AITER version aiter-emulated models (None: newest)
     aiter_any_device: bool = False  # aiter may drive a non-gfx950 package (records labelled an emulation)
     expect_commit: str = ""  # the commit an -E existing asv run is filed under ("" unset)
-    machine: str = ""  # the asv machine it is filed under ("" unset)
     ceilings: bool = True  # measure the device ceilings
-    asv: Mapping[str, str] = field(default_factory=dict)  # asv's ASV_CONF_DIR / ASV_COMMIT / ASV_ENV_NAME
-    asv_parent: tuple[str, tuple[str, ...]] | None = None  # (cwd, argv) of the parent asv run process
+    progress: str = ""  # a file the asv grid appends its progress lines to ("" none), e.g. /dev/tty
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, grid: tuple[tuple[str, ...], tuple[str, ...]]
@@ -57,66 +53,32 @@ class RunConfig:
         variable, the bad value and what is allowed."""
         env = os.environ if environ is None else environ
         get = lambda name: env.get(PREFIX + name, "")  # noqa: E731
-        samples = _int(get("SAMPLES"), "SAMPLES", 1)
-        if samples is not None and samples > MAX_SAMPLES:
-            raise ValueError(f"{PREFIX}SAMPLES={samples} is invalid: at most {MAX_SAMPLES}")
-        return replace(
-            cls.locating(environ), device=check_device(get("DEVICE").strip() or "auto", f"{PREFIX}DEVICE"),
+        return cls(
+            device=check_device(get("DEVICE").strip() or "auto", f"{PREFIX}DEVICE"),
             max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1, maximum=MAX_TOTAL_TOKENS),
             backends=_names(get("BACKENDS"), "BACKENDS", grid and grid[0], "backends"),
             cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
-            samples=samples, time_budget_s=_float(get("TIME_BUDGET"), "TIME_BUDGET"),
-            rounds=_int(get("ROUNDS"), "ROUNDS", 1, f"an integer from 1 to {MAX_ROUNDS}", MAX_ROUNDS),
-            emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, f"an integer from 1 to {MAX_CU_NUM} (256 = MI355X)",
-                            MAX_CU_NUM) or DEFAULT_EMU_CU_NUM,
-            emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, "an integer >= 0 (0 = no cap)"),
+            samples=_int(get("SAMPLES"), "SAMPLES", 1, maximum=MAX_SAMPLES),
+            time_budget_s=float(parse_number(t, float, PREFIX + "TIME_BUDGET", 0.0, strict=True))
+            if (t := get("TIME_BUDGET")).strip() else None,
+            rounds=_int(get("ROUNDS"), "ROUNDS", 1, MAX_ROUNDS, f"an integer from 1 to {MAX_ROUNDS}"),
+            emu_cu_num=_int(get("EMU_CU_NUM"), "EMU_CU_NUM", 1, MAX_CU_NUM, f"an integer from 1 to {MAX_CU_NUM} "
+                            "(256 = MI355X)") or DEFAULT_EMU_CU_NUM,
+            emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, None, "an integer >= 0 (0 = no cap)"),
             emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
             aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
-            ceilings=_switch(get("CEILINGS"), "CEILINGS"))
-
-    @classmethod
-    def locating(cls, environ: Mapping[str, str] | None = None) -> RunConfig:
-        """Only what locates this run's stored asv results (``_EXPECT_COMMIT``, ``_MACHINE``, asv's), defaults
-        elsewhere; never raises (a run with a bad knob still keeps its stored values)."""
-        env = os.environ if environ is None else environ
-        return cls(expect_commit=env.get(PREFIX + "EXPECT_COMMIT", "").strip(),
-                   machine=env.get(PREFIX + "MACHINE", "").strip(),
-                   asv={k: v for k, v in env.items() if k in ("ASV_CONF_DIR", "ASV_COMMIT", "ASV_ENV_NAME")},
-                   asv_parent=asv_parent_process() if environ is None else None)
+            expect_commit=get("EXPECT_COMMIT").strip(), ceilings=_switch(get("CEILINGS"), "CEILINGS"),
+            progress=get("PROGRESS").strip())
 
     def emulation_token_cap(self, device_type: str) -> int:
         """The emulation's token cap on ``device_type`` (0 = none)."""
         return DEFAULT_EMU_MAX_TOKENS.get(device_type, 0) if self.emu_max_tokens is None else self.emu_max_tokens
 
-    def narrowed_by(self) -> list[str]:
-        """The :data:`NARROWING_VARS` this configuration sets (it measures part of the asv grid)."""
-        return [v for v, on in zip(NARROWING_VARS, (self.backends, self.cases, self.max_tokens)) if on]
 
-
-def asv_parent_process() -> tuple[str, tuple[str, ...]] | None:
-    """(working directory, argv) of the ``asv run`` process that started this one (Linux ``/proc``; ``-E
-    existing`` runs get no ``ASV_*`` variables), or None."""
-    try:
-        pid = os.getppid()
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = tuple(a.decode() for a in f.read().split(b"\0") if a)
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-    except (OSError, UnicodeDecodeError):
-        return None
-    head = argv[:4]
-    is_asv = any(os.path.basename(a) == "asv" for a in head) or ("-m" in head and "asv" in head)
-    return (cwd, argv) if is_asv and "run" in argv else None
-
-
-def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maximum: int | None = None
-         ) -> int | None:
-    """The integer in ``raw`` (None when empty or blank), read by :func:`~mla_fp8_bench.argtypes.read_int`
-    (ASCII digits only).
-
-    Raises:
-        ValueError: one line naming the variable: not an integer, below ``minimum`` or above ``maximum``; with
-        ``allowed`` it reads ``<VAR>=<raw> is invalid: <allowed>``.
-    """
+def _int(raw: str, name: str, minimum: int, maximum: int | None = None, allowed: str | None = None) -> int | None:
+    """The integer in ``raw`` (None when blank). ValueError naming the variable: not an integer (ASCII
+    digits, :func:`~mla_fp8_bench.argtypes.parse_number`), below ``minimum`` or above ``maximum``; with
+    ``allowed`` it reads ``<VAR>=<raw> is invalid: <allowed>``."""
     if not raw.strip():
         return None
     try:
@@ -128,10 +90,6 @@ def _int(raw: str, name: str, minimum: int = 1, allowed: str | None = None, maxi
         if allowed is None:
             raise
         raise ValueError(f"{PREFIX}{name}={shown(raw)} is invalid: {allowed}") from None
-
-
-def _float(raw: str, name: str) -> float | None:
-    return float(parse_number(raw, float, PREFIX + name, 0.0, strict=True)) if raw.strip() else None
 
 
 def _names(raw: str, name: str, allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:

@@ -26,35 +26,15 @@ def fmt_seconds(x: float | None) -> str:
     return f"{x:.4g} s" if x >= 1 else f"{x * 1e3:.4g} ms" if x >= 1e-3 else f"{x * 1e6:.4g} us"
 
 
-def _size_ok(value: str) -> bool:
-    """Whether ``COLUMNS`` / ``LINES`` is unset or a size rich can use: ASCII digits, 1 .. :data:`LOG_WIDTH`."""
-    return not value or (value.isascii() and value.isdigit() and 0 < int(value) <= LOG_WIDTH)
-
-
-def _terminal_size(file: TextIO | None) -> tuple[int, int]:
-    """The terminal's (columns, lines) as the OS reports them (never from the environment), else (80, 25)."""
-    with contextlib.suppress(AttributeError, ValueError, OSError):
-        size = os.get_terminal_size((file if file is not None else sys.stdout).fileno())
-        if size.columns > 0 and size.lines > 0:
-            return size.columns, size.lines
-    return 80, 25
-
-
 def make_console(file: TextIO | None = None) -> Console:
-    """A rich console for ``file`` (default stdout): rich's width on a terminal, else ``COLUMNS`` if set,
-    else :data:`LOG_WIDTH`. A ``COLUMNS`` or ``LINES`` that is not a size (ASCII digits, 1 .. LOG_WIDTH;
-    rich would fail on '²' or print nothing at 0) is passed over: the terminal's own size is used, or
-    the log width and 25 lines off a terminal."""
-    cols, lines = os.environ.get("COLUMNS", ""), os.environ.get("LINES", "")
-    bad = not (_size_ok(cols) and _size_ok(lines))
+    """A rich console for ``file`` (default stdout): rich's own on a terminal; off one, ``COLUMNS`` wide
+    when it is a width, else :data:`LOG_WIDTH`."""
     with contextlib.suppress(AttributeError, ValueError):
         if (file if file is not None else sys.stdout).isatty():
-            if not bad:
-                return Console(file=file)
-            width, height = _terminal_size(file)
-            return Console(file=file, width=width, height=height)
-    width = int(cols) if cols and _size_ok(cols) else LOG_WIDTH
-    return Console(file=file, width=width, force_terminal=False, highlight=False, **({"height": 25} if bad else {}))
+            return Console(file=file)
+    cols = os.environ.get("COLUMNS", "")
+    width = int(cols) if cols.isascii() and cols.isdigit() and 0 < int(cols) <= LOG_WIDTH else LOG_WIDTH
+    return Console(file=file, width=width, force_terminal=False, highlight=False)
 
 
 def case_line(done: int, total: int, backend: str, case: str, status: str, elapsed_s: float, total_s: float,
@@ -67,30 +47,15 @@ def case_line(done: int, total: int, backend: str, case: str, status: str, elaps
             + (f": {why}" if why and status != "ok" else ""))
 
 
-def open_parent_stderr() -> TextIO | None:
-    """The parent's stderr opened for appending (Linux ``/proc``; ``asv run`` captures our own), or None,
-    also for a regular file (opened again it would have its own offset and be overwritten)."""
-    import stat
-
-    path = f"/proc/{os.getppid()}/fd/2"
-    try:
-        if stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        return open(path, "a", buffering=1)  # noqa: SIM115 - closed by the caller
-    except OSError:
-        return None
-
-
 @contextlib.contextmanager
 def case_progress(total: int, console: Console | None = None,
-                  stream: TextIO | tuple[TextIO, ...] | None = None) -> Iterator[Callable[[Any], str]]:
+                  streams: tuple[TextIO, ...] = ()) -> Iterator[Callable[[Any], str]]:
     """Progress over ``total`` pairs: yields ``step(rec)``, which prints a finished record's
-    :func:`case_line` and returns it, to ``console`` (with a progress bar on a terminal) or else to
-    ``stream`` (default stderr; a tuple: to each)."""
+    :func:`case_line` and returns it, to ``console`` (under a progress bar on a terminal) or else to each
+    of ``streams`` (default stderr)."""
     t0 = last = time.perf_counter()
     done = 0
-    streams = stream if isinstance(stream, tuple) else (stream or sys.stderr,)
-    bar: Any = contextlib.nullcontext()
+    bar = None
     if console is not None and console.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -99,23 +64,21 @@ def case_progress(total: int, console: Console | None = None,
 
     def step(rec: Any) -> str:
         nonlocal done, last
-        now = time.perf_counter()
-        done += 1
+        now, done = time.perf_counter(), done + 1
         line = case_line(done, total, rec.backend, rec.case, rec.status, now - last, now - t0,
                          getattr(rec, "reason", ""))
         last = now
         if console is not None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
-            if task is not None:
+            if bar is not None:
                 bar.update(task, advance=1, description=f"{rec.backend} {rec.case}")
-        else:
-            for s in streams:
-                with contextlib.suppress(OSError, ValueError):  # a closed or broken log must not stop the measurement
-                    print(line, file=s, flush=True)
+        for s in () if console is not None else streams or (sys.stderr,):
+            with contextlib.suppress(OSError, ValueError):  # a closed or broken log must not stop the measurement
+                print(line, file=s, flush=True)
         return line
 
-    with bar:
-        task = bar.add_task("measuring", total=total) if hasattr(bar, "add_task") else None
+    with bar or contextlib.nullcontext():
+        task = bar.add_task("measuring", total=total) if bar is not None else None
         yield step
 
 

@@ -24,12 +24,3 @@ def poison_inputs(monkeypatch):
         monkeypatch.setattr(inputs_mod, "make_bf16_qkv", make)
 
     return poison
-
-
-@pytest.fixture(autouse=True)
-def _no_progress_on_pytests_parent(monkeypatch):
-    """The asv grid's progress lines also go to the parent process's stderr (asv's log): under pytest that
-    parent is the shell, and the lines would land between pytest's dots in the terminal or CI log."""
-    import mla_fp8_bench.terminal as terminal
-
-    monkeypatch.setattr(terminal, "open_parent_stderr", lambda: None)

@@ -348,24 +348,6 @@ def test_corrupt_results_file_fed_to_gate(tmp_path, capsys):
     assert "not valid JSON" in out and "bad.json" in out and "Traceback" not in out
 
 
-def test_corrupt_run_json_fed_to_plot(tmp_path, capsys):
-    good = _run_json(tmp_path)
-    bad = tmp_path / "bad.json"
-    bad.write_text(good.read_text()[:-10])
-    assert main(["plot", str(bad), "--out", str(tmp_path / "img")]) == 2
-    out = _out(capsys)
-    assert "run JSON" in out and "is not valid JSON" in out and "truncated" in out
-    bad.write_text('{"env": {}}')
-    assert main(["plot", str(bad), "--out", str(tmp_path / "img")]) == 2
-    assert "has no 'records' list" in _out(capsys)
-    assert not (tmp_path / "img").exists() or not any((tmp_path / "img").iterdir())
-
-
-def test_plot_refuses_an_unknown_format(tmp_path, capsys):
-    assert main(["plot", str(_run_json(tmp_path)), "--out", str(tmp_path / "img"), "--format", "png,jpg"]) == 2
-    assert "format 'jpg' is not supported: allowed png, svg" in _out(capsys)
-
-
 # ============================================================================ G. unknown names
 def _asv_results(tmp_path: Path) -> Path:
     m = tmp_path / "results" / "cpu-2core"
@@ -378,20 +360,6 @@ def _asv_results(tmp_path: Path) -> Path:
            "durations": {}, "version": 2}
     (m / "aaaaaaaa-e.json").write_text(json.dumps(res))
     return tmp_path / "results"
-
-
-def test_unknown_machine_name_for_plot_and_merge(tmp_path, capsys):
-    res = _asv_results(tmp_path)
-    assert main(["plot", str(res), "--machine", "h100", "--out", str(tmp_path / "img")]) == 2
-    assert "machine 'h100' is not in the given results: machines present cpu-2core" in _out(capsys)
-    # the same directory plots fine with the right name (the refusal was about the name only)
-    assert main(["plot", str(res), "--machine", "cpu-2core", "--out", str(tmp_path / "img"), "--format", "png"]) == 0
-
-
-def test_asv_result_file_given_to_plot_points_at_its_directory(tmp_path, capsys):
-    res = _asv_results(tmp_path)
-    assert main(["plot", str(res / "cpu-2core" / "aaaaaaaa-e.json"), "--out", str(tmp_path / "img")]) == 2
-    assert "is one asv result file: pass its results directory" in _out(capsys)
 
 
 def test_unknown_backend_is_refused_before_any_work():

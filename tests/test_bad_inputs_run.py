@@ -22,7 +22,7 @@ from mla_fp8_bench.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_VARS = ("MLA_FP8_BENCH_SAMPLES", "MLA_FP8_BENCH_TIME_BUDGET", "MLA_FP8_BENCH_MAX_TOKENS",
-            "MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_EXPECT_COMMIT", "MLA_FP8_BENCH_MACHINE")
+            "MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "MLA_FP8_BENCH_EXPECT_COMMIT")
 
 
 @pytest.fixture(autouse=True)
@@ -504,72 +504,6 @@ def test_expect_commit_guard_passes_the_tracked_code_of_that_commit(monkeypatch,
 
     check_commit(RunConfig.from_env({"MLA_FP8_BENCH_EXPECT_COMMIT": _git(repo, "rev-parse", "HEAD")[:10]}),
                  repo / "pkg")  # no exception
-
-
-# ============================================================================ R. stored asv values (row 2, unit level)
-def _result_file(path: Path, version: str = "mla-prefill-v1", value: float | None = 0.25) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    row = [[value, float("nan")], [["'torch-fp8-ref'"], ["'s128'", "'s256'"]], version]
-    path.write_text(json.dumps({"version": 2, "commit_hash": "ab" * 20, "env_name": "virtualenv-py3.11",
-                                "date": 0, "params": {"machine": path.parent.name},
-                                "result_columns": ["result", "params", "version"],
-                                "results": {"bench_mla_prefill.MLAPrefill.track_max_abs_error": row}}))
-
-
-def _asv_env(monkeypatch, conf: Path, commit: str = "ab" * 20):
-    monkeypatch.setenv("ASV_CONF_DIR", str(conf))
-    monkeypatch.setenv("ASV_ENV_NAME", "virtualenv-py3.11")
-    monkeypatch.setenv("ASV_COMMIT", commit)
-    (conf / "asv.conf.json").write_text('// comment\n{"results_dir": "res"}\n')
-
-
-def test_stored_values_are_given_back_only_for_the_same_benchmark_version(tmp_path, monkeypatch):
-    from mla_fp8_bench.harness.asv_guard import stored_records
-
-    _asv_env(monkeypatch, tmp_path)
-    _result_file(tmp_path / "res" / "m1" / f"{'ab' * 4}-virtualenv-py3.11.json")
-    keys = [("torch-fp8-ref", "s128"), ("torch-fp8-ref", "s256")]
-    cfg = RunConfig.from_env()
-    got = stored_records(cfg, "MLAPrefill", "mla-prefill-v1", keys)
-    assert list(got) == ["torch-fp8-ref|s128"]  # s256 was n/a: it stays n/a
-    assert got["torch-fp8-ref|s128"]["max_abs_error_fp8_ref"] == 0.25
-    assert stored_records(cfg, "MLAPrefill", "mla-prefill-v2", keys) == {}  # another method: not reused
-
-
-def test_stored_values_of_several_machines_are_ambiguous_and_refused(tmp_path, monkeypatch):
-    from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
-    from mla_fp8_bench.harness.asv_support import check_knobs
-
-    _asv_env(monkeypatch, tmp_path)
-    for m in ("m1", "m2"):
-        _result_file(tmp_path / "res" / m / f"{'ab' * 4}-virtualenv-py3.11.json")
-    with pytest.raises(AsvRunRefused, match="several stored asv result files could be.*MLA_FP8_BENCH_MACHINE"):
-        check_asv_run(check_knobs())
-    monkeypatch.setenv("MLA_FP8_BENCH_MACHINE", "m2")
-    check_asv_run(check_knobs())
-
-
-def test_a_truncated_stored_result_file_is_refused_at_discovery(tmp_path, monkeypatch):
-    from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
-    from mla_fp8_bench.harness.asv_support import check_knobs
-
-    _asv_env(monkeypatch, tmp_path)
-    f = tmp_path / "res" / "m1" / f"{'ab' * 4}-virtualenv-py3.11.json"
-    _result_file(f)
-    f.write_text(f.read_text()[:40])
-    with pytest.raises(AsvRunRefused, match=f"stored asv result file {f} cannot be read"):
-        check_asv_run(check_knobs())
-
-
-def test_narrowed_run_with_an_unknown_commit_is_refused(tmp_path, monkeypatch):
-    from mla_fp8_bench.harness.asv_guard import AsvRunRefused, check_asv_run
-    from mla_fp8_bench.harness.asv_support import check_knobs
-
-    _asv_env(monkeypatch, tmp_path)
-    monkeypatch.delenv("ASV_COMMIT")
-    monkeypatch.setenv("MLA_FP8_BENCH_BACKENDS", "torch-fp8-ref")
-    with pytest.raises(AsvRunRefused, match="MLA_FP8_BENCH_BACKENDS narrow this run but its commit is unknown"):
-        check_asv_run(check_knobs())
 
 
 # ============================================================================ S. files and JSON (jsonio)

@@ -1,5 +1,5 @@
-"""History keyed by the library under test, end to end on a CPU: a fake AITER git history, the SHIPPED
-``asv.aiter.conf.json`` and the SHIPPED benchmark classes (``benchmarks/bench_mla_prefill.py``).
+"""History keyed by the library under test, end to end on a CPU, offline: a fake AITER git history, the
+SHIPPED ``asv.aiter.conf.json`` (byte for byte) and the SHIPPED benchmark classes (``benchmarks/``).
 
 The fake library is a package named ``aiter`` (distribution ``amd-aiter``) exposing AITER's four PS
 prefill primitives over the suite's stand-in (:func:`mla_fp8_bench.aiter_ps.standin.make_standin_aiter`,
@@ -8,8 +8,9 @@ output loses the v descale, a >10x larger max-abs error), commit 3 a ``time.slee
 kernel call (a latency fault far above any load noise of an emulated s128 call, ~8 ms idle).
 
 The shipped ``aiter`` backend drives it because ``MLA_FP8_BENCH_AITER_ANY_DEVICE=1`` (records labelled
-emulation). The config copy differs from the shipped one only in its paths (repo, results, html, env,
-benchmark dir). asv-managed environments see torch and this suite through a ``sitecustomize`` on
+emulation). The layout is the one the config documents: the suite's folder (the config, ``benchmarks``)
+with the AITER checkout beside it (``"repo": "../aiter"``); ``-E virtualenv:<this python>`` overrides the
+config's pinned Python. asv-managed environments see torch and this suite through a ``sitecustomize`` on
 ``ASV_PYTHONPATH`` (asv passes it as PYTHONPATH to every command in the environment); they install
 ``wheel`` and ``asv_runner`` from a local wheelhouse only (``PIP_NO_INDEX``; ``.ci/run`` fills it), so
 the test never reaches the network and skips, saying how to fill it, when the wheelhouse is missing.
@@ -79,8 +80,8 @@ def _git(cwd, *args):
 
 
 def make_fake_aiter(root: Path) -> tuple[Path, list[str]]:
-    """The fake AITER repository (branch main); returns (path, SHAs oldest first)."""
-    lib = root / "aiter-repo"
+    """The fake AITER repository ``root/aiter`` (branch main); returns (path, SHAs oldest first)."""
+    lib = root / "aiter"
     (lib / "aiter").mkdir(parents=True)
     _git(root, "init", "-q", "-b", "main", str(lib))
     (lib / "pyproject.toml").write_text(textwrap.dedent('''\
@@ -114,16 +115,14 @@ def make_fake_aiter(root: Path) -> tuple[Path, list[str]]:
     return lib, shas
 
 
-def shipped_config_copy(root: Path, lib: Path) -> Path:
-    """``asv.aiter.conf.json`` with only its paths changed (repo -> the fake, outputs -> tmp)."""
-    import json5
-
-    conf = json5.loads((ROOT / "asv.aiter.conf.json").read_text())
-    conf.update(repo=str(lib), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(root / "results"),
-                html_dir=str(root / "html"), env_dir=str(root / "env"))
-    path = root / "asv.aiter.conf.json"
-    path.write_text(json.dumps(conf, indent=1))
-    return path
+def suite_folder(root: Path) -> Path:
+    """``root/suite``: the shipped ``asv.aiter.conf.json`` unchanged and the shipped ``benchmarks``, so the
+    config's ``"repo": "../aiter"`` names the fake checkout and its output folders land in ``root/suite``."""
+    suite = root / "suite"
+    suite.mkdir()
+    shutil.copy(ROOT / "asv.aiter.conf.json", suite / "asv.aiter.conf.json")
+    (suite / "benchmarks").symlink_to(ROOT / "benchmarks", target_is_directory=True)
+    return suite / "asv.aiter.conf.json"
 
 
 def _site_line() -> str:
@@ -153,16 +152,18 @@ def world(tmp_path_factory):
         mp.setenv("MLA_FP8_BENCH_SAMPLES", "5")
         mp.setenv("MLA_FP8_BENCH_TIME_BUDGET", "1")
         mp.setenv("OMP_NUM_THREADS", "1")
+        mp.setenv("ASV_PYTHONPATH", str(ROOT))  # asv clears PYTHONPATH: this checkout's suite, not an installed one
         for k in ("MLA_FP8_BENCH_BACKENDS", "MLA_FP8_BENCH_CASES", "PYTHONPATH"):
             mp.delenv(k, raising=False)
         lib, shas = make_fake_aiter(root)
-        conf = shipped_config_copy(root, lib)
-        yield {"root": root, "lib": lib, "shas": shas, "conf": conf, "py": make_existing_env(root)}
+        conf = suite_folder(root)
+        yield {"root": root, "lib": lib, "shas": shas, "conf": conf, "suite": conf.parent,
+               "results": conf.parent / "results-aiter", "py": make_existing_env(root)}
 
 
 def _asv(world, *args, timeout=900, env=None):
     cmd = [sys.executable, "-m", "asv", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=world["root"], timeout=timeout,
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=world["suite"], timeout=timeout,
                        env={**os.environ, **(env or {})})
     return p, p.stdout + p.stderr
 
@@ -180,7 +181,8 @@ def _wheelhouse_ready() -> bool:
 
 @pytest.mark.slow
 def test_asv_run_publish_find_on_the_library_history(world):
-    """``asv run`` over the fake AITER's commits, ``asv publish`` shows both steps, ``asv find`` names both."""
+    """``asv run`` over the fake AITER's commits, ``asv publish`` shows both steps, ``asv find`` names both:
+    the shipped config on a local checkout, no network."""
     if shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}") is None:
         pytest.skip(f"asv-managed virtualenvs need python{sys.version_info[0]}.{sys.version_info[1]} on PATH")
     if not _wheelhouse_ready():
@@ -191,8 +193,8 @@ def test_asv_run_publish_find_on_the_library_history(world):
     inherit = world["root"] / "inherit"
     inherit.mkdir(exist_ok=True)
     (inherit / "sitecustomize.py").write_text(_site_line())
-    env = {"ASV_PYTHONPATH": str(inherit), "MLA_FP8_BENCH_BACKENDS": "aiter", "MLA_FP8_BENCH_CASES": CASE,
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELHOUSE)}
+    env = {"ASV_PYTHONPATH": f"{inherit}{os.pathsep}{ROOT}", "MLA_FP8_BENCH_BACKENDS": "aiter",
+           "MLA_FP8_BENCH_CASES": CASE, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELHOUSE)}
     pyver = f"virtualenv:{sys.version_info[0]}.{sys.version_info[1]}"
     p, out = _asv(world, "machine", "--yes", "--machine", "e2e", "--config", conf)
     assert p.returncode == 0, out
@@ -201,7 +203,7 @@ def test_asv_run_publish_find_on_the_library_history(world):
     assert p.returncode == 0, out[-4000:]
     p, out = _asv(world, "publish", "--config", conf)
     assert p.returncode == 0, out[-3000:]
-    html = world["root"] / "html"
+    html = world["suite"] / "html-aiter"
     # the graph series: every commit has a value, and the steps sit exactly at the faulty commits
     acc = _series(html, "track_max_abs_error", shas)
     lat = _series(html, "track_latency", shas)
@@ -239,36 +241,6 @@ def _series(html: Path, metric: str, shas: list[str]) -> list[float | None]:
     return [by_rev.get(revs[s])[col] if by_rev.get(revs[s]) else None for s in shas]
 
 
-def _bisect(world, bench: str, metric: str, threshold: float):
-    from mla_fp8_bench.analysis.bisect import run_bisect
-
-    shas = world["shas"]
-    return run_bisect(repo=str(world["lib"]), good=shas[0], bad=shas[-1], benchmark=bench, metric=metric,
-                      threshold=threshold, config=str(world["conf"]), python=world["py"], machine="bisect")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("bench,metric,threshold,expect", [
-    (ACC_BENCH, "track_max_abs_error", ACC_THRESHOLD, ACC_FAULT),
-    (LAT_BENCH, "track_latency", SLEEP_S / 2, LAT_FAULT),
-])
-def test_bisect_command_names_each_faulty_commit(world, bench, metric, threshold, expect):
-    res = _bisect(world, bench, metric, threshold)
-    print(res["output"][-2000:])
-    for pr in res["probes"]:
-        print(pr)
-    assert res["first_bad"] == world["shas"][expect], (res["first_bad"], world["shas"])
-    assert res["probes"] and all(pr["verdict"] in ("good", "bad") for pr in res["probes"])
-    # each probe measured only the selected (backend, case): its result holds no other measured param
-    from mla_fp8_bench.harness.results import find_result, load_asv_result
-
-    r = load_asv_result(find_result(str(world["root"] / "results"), "bisect", res["probes"][0]["sha"][:8],
-                                    env="existing"))
-    measured = {m.params for name in r.benchmarks() for m in r.measurements(name).values() if m.status == "ok"}
-    assert measured == {("aiter", CASE)}, measured
-    assert _git(world["lib"], "rev-parse", "HEAD") == world["shas"][-1]
-
-
 @pytest.mark.slow
 def test_nightly_keys_history_by_the_installed_commit_and_gates(world, capsys):
     """``mla-fp8-bench nightly`` reads the installed fake AITER's commit (pip's direct_url.json), stores the
@@ -288,7 +260,7 @@ def test_nightly_keys_history_by_the_installed_commit_and_gates(world, capsys):
     out = capsys.readouterr().out
     assert rcs == {ACC_FAULT - 1: 0, ACC_FAULT: 1}, out[-4000:]
     assert f"at {shas[ACC_FAULT][:12]}" in out and "direct_url" in out
-    stored = sorted(f.name[:8] for f in (world["root"] / "results" / "nightly").glob("*-existing*.json"))
+    stored = sorted(f.name[:8] for f in (world["results"] / "nightly").glob("*-existing*.json"))
     assert stored == sorted(s[:8] for s in (shas[ACC_FAULT - 1], shas[ACC_FAULT])), stored
 
 

@@ -355,3 +355,13 @@ def test_every_doc_the_code_names_exists():
         named |= set(re.findall(r"\bdocs/[\w./-]+\.md\b", path.read_text()))
     missing = sorted(n for n in named if not (ROOT / n).is_file())
     assert named and not missing, f"docs named in code but absent: {missing}"
+
+
+def test_no_code_reads_another_processs_state():
+    """Nothing reads /proc/<pid> (another process's argv, cwd or file descriptors): asv runs the suite as a
+    child, and what it needs to know comes through its configuration (the machine's /proc/cpuinfo is no
+    process's)."""
+    pid_state = re.compile(r"/proc/(?!cpuinfo\b|meminfo\b)|getppid")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in _py_files("mla_fp8_bench", "benchmarks")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pid_state.search(line)]
+    assert not hits, "reads of another process's state:\n" + "\n".join(hits)

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from mla_fp8_bench.argtypes import check_name
 from mla_fp8_bench.harness.asv_guard import git
+from mla_fp8_bench.harness.asv_support import selection_knobs
 from mla_fp8_bench.harness.results import ResultsError, find_result, list_result_files, load_asv_conf, load_asv_result
 from mla_fp8_bench.jsonio import check_output_path, locked, write_file_atomic, write_json_atomic
 
@@ -173,22 +174,6 @@ def previous_commit(results_dir: str, machine: str, head: str) -> str | None:
     return max((r.date or 0.0, r.started_at(), r.commit_hash) for r in found)[2] if found else None
 
 
-def selection_env(bench: str) -> dict[str, str]:
-    """``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` narrowing the grid to the (backend, case) params whose asv names
-    ``bench`` selects, where that is a strict subset (the rest of the grid is not measured)."""
-    from mla_fp8_bench.harness.asv_support import ASV_CASES, asv_backends
-    from mla_fp8_bench.measure.metric_table import METRICS
-
-    rx, grid = re.compile(bench), asv_backends()
-    hits = {(b, c) for cls in ("MLAPrefill", "AiterPlan") for m in METRICS if m.track for b in grid for c in ASV_CASES
-            if rx.search(f"bench_mla_prefill.{cls}.{m.track}({b!r}, {c!r})")}
-    out = {}
-    for var, names, i in (("MLA_FP8_BENCH_BACKENDS", grid, 0), ("MLA_FP8_BENCH_CASES", ASV_CASES, 1)):
-        if 0 < len(chosen := {h[i] for h in hits}) < len(names):
-            out[var] = ",".join(n for n in names if n in chosen)
-    return out
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from mla_fp8_bench.cli import main; sys.exit(main(sys.argv[1:]))",
             *args]
@@ -238,7 +223,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     run = [sys.executable, "-m", "asv", "run", "--config", config, "-E", f"existing:{python}", "--set-commit-hash",
            lib.commit, "--machine", args.machine, "--show-stderr", "--record-samples", "-b", bench,
            *(["--no-pull"] if no_pull else [])]  # samples: the per-round latencies the gate's threshold reads
-    wanted = selection_env(bench) or {"MLA_FP8_BENCH_BACKENDS": LIBRARIES[lib.name].backend}
+    wanted = selection_knobs(bench) or {"MLA_FP8_BENCH_BACKENDS": LIBRARIES[lib.name].backend}
     gate = _cli("gate", "--results-dir", results_dir, "--machine", args.machine, "--env", "existing",
                 *(["--format", args.format] if args.format != "text" else []),
                 *(["--tolerances", args.tolerances] if args.tolerances else []), lib.commit)

@@ -1,19 +1,20 @@
 """What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement, configured
 by :func:`check_knobs` (knobs: docs/usage.md). Defaults: the token cap :data:`GRID_CAPS` (ragged cases count
 their total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S`, and
-:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU).
+:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU). ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` only
+save time: pair them with an ``asv run -b`` that selects the same params (:func:`selection_knobs`), so asv
+keeps the stored values of the others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
-from mla_fp8_bench.config import RunConfig
-from mla_fp8_bench.harness.asv_guard import asv_context, check_commit, stored_records
+from mla_fp8_bench.config import PREFIX, RunConfig
 from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
 
 #: Case ids in the asv grid: never change or reuse an id that has results.
@@ -44,14 +45,27 @@ def plan_backends() -> tuple[str, ...]:
     return tuple(b for b in asv_backends() if callable(getattr(type(get_backend(b)), "plan_stats", None)))
 
 
+def selection_knobs(regex: str) -> dict[str, str]:
+    """``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` that make ``setup_cache`` measure only the (backend, case)
+    params whose asv names ``asv run -b REGEX`` selects (asv keeps the stored values of the others), where
+    they are a strict subset of the grid."""
+    from mla_fp8_bench.measure.metric_table import asv_metrics
+
+    rx, grid = re.compile(regex), asv_backends()
+    hits = [(b, c) for m in asv_metrics() for b in grid for c in ASV_CASES if rx.search(f"{m.asv_name}({b!r}, {c!r})")]
+    out = {}
+    for var, axis, hit in (("BACKENDS", grid, {b for b, _ in hits}), ("CASES", ASV_CASES, {c for _, c in hits})):
+        if hit and len(hit) < len(axis):
+            out[PREFIX + var] = ",".join(x for x in axis if x in hit)
+    return out
+
+
 def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
     """The cached record of (backend, case) for an asv ``setup``; NotImplementedError when the param was
     skipped (asv shows n/a), RuntimeError carrying the reason when it failed."""
-    rec = cache.get("records", {}).get(f"{backend}|{case}")
-    if rec is None and cache.get("failure"):
-        raise RuntimeError(f"{backend} on {case}: the measurement failed: {cache['failure']}")
+    rec = cache["records"].get(f"{backend}|{case}")
     if rec is None:
-        raise NotImplementedError(f"{backend} on {case}: not measured in this run")
+        raise NotImplementedError(f"{backend} on {case}: not measured in this run ({PREFIX}BACKENDS / _CASES)")
     if rec["status"] == "skipped":
         raise NotImplementedError(f"{backend} on {case}: {rec['reason']}")
     if rec["status"] != "ok":
@@ -87,7 +101,6 @@ def _grid_setup(cfg: RunConfig):
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.problem.cases import parse_case_id
 
-    check_commit(cfg)
     pinfo = platform_info(cfg.device)
     cap = cfg.max_tokens or GRID_CAPS[pinfo.device_type]
     backends = list(cfg.backends or asv_backends())
@@ -104,89 +117,49 @@ def _grid_setup(cfg: RunConfig):
     return pinfo, cap, backends, cases, skipped
 
 
-def never_raising(measure: Callable[[str | None, RunConfig], dict[str, Any]], class_name: str,
-                  params: tuple[list, list], version: str | None) -> dict[str, Any]:
-    """``measure(version, check_knobs())`` for an asv ``setup_cache``: an exception (which asv would store
-    as ``null`` over every param's stored value) becomes a cache of the stored values
-    (:func:`~mla_fp8_bench.harness.asv_guard.stored_records`), other params failing with the reason."""
-    cfg = None
-    try:
-        cfg = check_knobs()
-        return measure(version, cfg)
-    except Exception as exc:  # noqa: BLE001 - whatever failed, stored values are not replaced by null
-        why = f"{type(exc).__name__}: {exc}"
-        print(f"[mla_fp8_bench] {class_name}: the measurement failed ({why}); stored values are kept", flush=True)
-        keys = [(str(b), str(c)) for b in params[0] for c in params[1]]
-        try:
-            kept = stored_records(cfg or RunConfig.locating(), class_name, version, keys) if version else {}
-        except Exception as exc2:  # noqa: BLE001 - no stored file readable: every param fails with the reason
-            print(f"[mla_fp8_bench] {class_name}: stored values could not be read ({exc2})", flush=True)
-            kept = {}
-        return {"records": kept, "failure": why}
-
-
-def _keep_stored(cfg: RunConfig, records: dict[str, Any], class_name: str, version: str | None,
-                 backends: tuple[str, ...], skipped: dict[str, str]) -> None:
-    """With ``version``, params of ``backends`` x :data:`ASV_CASES` this run did not measure, or measured
-    with an ``error``, get the values stored for this commit (a failure never replaces a stored value)."""
-    if version is None:
-        return
-    unmeasured = [(b, c) for b in backends for c in ASV_CASES if records.get(f"{b}|{c}") is None or c in skipped]
-    records.update(stored_records(cfg, class_name, version, unmeasured))
-    failed = [tuple(k.split("|", 1)) for k, r in records.items() if r.get("status") == "error"]
-    for key, rec in stored_records(cfg, class_name, version, failed).items():
-        why = records[key].get("reason", "")
-        print(f"[mla_fp8_bench] {key.replace('|', ' ')}: error in this run ({why}); the stored value is kept",
-              flush=True)
-        rec["reason"] = f"error in this run ({why}): stored value kept ({rec['stored_from']})"
-        records[key] = rec
-
-
-def measure_grid(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
+def measure_grid(config: RunConfig | None = None) -> dict[str, Any]:
     """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`) into
-    picklable records, one progress line each on stderr and, inside ``asv run`` (which shows a setup_cache's
-    stderr only when it fails), on the asv process's; with ``version`` (the asv benchmark version), params
-    not measured keep the values stored for this commit (:func:`_keep_stored`).
+    picklable records, one progress line each on stderr (asv shows a ``setup_cache``'s output only when it
+    fails) and appended to ``MLA_FP8_BENCH_PROGRESS`` when set (e.g. ``/dev/tty``, or a file to ``tail -f``).
 
     Returns:
         ``{"env", "cap": int, "records": {"backend|case": record}, "rounds"}``.
     """
     from mla_fp8_bench.harness.rounds import fold_rounds
     from mla_fp8_bench.harness.runner import RunOptions, evaluate
-    from mla_fp8_bench.terminal import case_progress, open_parent_stderr
+    from mla_fp8_bench.terminal import case_progress
 
     cfg = config or check_knobs()
     pinfo, cap, backends, cases, skipped = _grid_setup(cfg)
     opts = RunOptions(samples=cfg.samples or 30,
                       time_budget_s=cfg.time_budget_s or GRID_TIME_BUDGET_S[pinfo.device_type])
-    parent = open_parent_stderr() if asv_context(cfg) is not None else None
-    streams = (sys.stderr,) + ((parent,) if parent is not None else ())
-    head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
-            f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
-    with contextlib.closing(parent) if parent is not None else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        streams: tuple = (sys.stderr,)
+        try:
+            streams += (stack.enter_context(open(cfg.progress, "a", buffering=1)),) if cfg.progress else ()
+        except OSError as exc:  # the measurement goes on: its lines still reach stderr
+            print(f"[mla_fp8_bench] {PREFIX}PROGRESS={cfg.progress} cannot be written: {exc}", flush=True)
+        head = (f"[mla_fp8_bench] measuring {len(backends)} backends x {len(cases)} cases on {pinfo.device} "
+                f"(cases above {cap} tokens skipped: {len(skipped)}); one line per (backend, case):")
         for s in streams:
-            with contextlib.suppress(OSError, ValueError):
-                print(("\n" if s is parent else "") + head, file=s, flush=True)
-        with case_progress(len(backends) * len(cases), stream=streams) as step:
+            print(head, file=s, flush=True)
+        with case_progress(len(backends) * len(cases), streams=streams) as step:
             data = evaluate(backends, cases, device=pinfo.device, options=opts, config=cfg, progress=step)
     n_rounds = cfg.rounds or (DEFAULT_GPU_ROUNDS if pinfo.device.type == "cuda" else 1)
     data["rounds"] = fold_rounds(data["records"], n_rounds, str(pinfo.device),
                                  log=lambda m: print(f"[mla_fp8_bench] {m}", flush=True))
     records = {f"{r['backend']}|{r['case']}": emulation_apart({k: v for k, v in r.items() if k != "traceback"})
                for r in data["records"]}
-    grid = asv_backends()
     records.update({f"{b}|{cid}": {"backend": b, "case": cid, "status": "skipped", "reason": why}
-                    for cid, why in skipped.items() for b in grid})
-    _keep_stored(cfg, records, "MLAPrefill", version, grid, skipped)
+                    for cid, why in skipped.items() for b in backends})
     return {"env": data["env"], "cap": cap, "records": records,
             "rounds": data["rounds"]}
 
 
-def measure_plans(version: str | None = None, config: RunConfig | None = None) -> dict[str, Any]:
+def measure_plans(config: RunConfig | None = None) -> dict[str, Any]:
     """``plan_stats(case, platform)`` (planner time, live partial slots, workspace bytes) of each available
-    :func:`plan_backends` backend over the asv grid; arguments as for :func:`measure_grid`. Returns
-    ``{"records": {"backend|case": record}}`` with ``planner_samples_s``, ``workspace_bytes``, ``num_partials``.
-    """
+    :func:`plan_backends` backend over the asv grid (``config`` as for :func:`measure_grid`): ``{"records":
+    {"backend|case": record}}`` with ``planner_samples_s``, ``workspace_bytes``, ``num_partials``."""
     cfg = config or check_knobs()
     pinfo, _cap, _backends, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}
@@ -194,16 +167,15 @@ def measure_plans(version: str | None = None, config: RunConfig | None = None) -
     for name in plan:
         b = get_backend(name, cfg)
         avail = b.availability(pinfo)
+        records.update({f"{name}|{cid}": {"status": "skipped", "reason": why} for cid, why in skipped.items()})
         for c in cases:
-            key = f"{name}|{c.id}"
             try:
                 if not avail:
                     raise NotImplementedError(avail.reason)
-                records[key] = {"status": "ok", "reason": "", **b.plan_stats(c, pinfo)}
+                rec = {"status": "ok", "reason": "", **b.plan_stats(c, pinfo)}
             except NotImplementedError as exc:
-                records[key] = {"status": "skipped", "reason": str(exc)}
+                rec = {"status": "skipped", "reason": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
-                records[key] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-        records.update({f"{name}|{cid}": {"status": "skipped", "reason": why} for cid, why in skipped.items()})
-    _keep_stored(cfg, records, "AiterPlan", version, plan, skipped)
+                rec = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+            records[f"{name}|{c.id}"] = rec
     return {"records": records}

@@ -1,6 +1,6 @@
 """asv ``track_*`` methods and the asv configs' regression keys, generated from the metric table
-(:mod:`mla_fp8_bench.measure.metric_table`); ``python -m mla_fp8_bench.harness.asv_tracks --write
-asv.conf.json`` rewrites the keys in place."""
+(:mod:`mla_fp8_bench.measure.metric_table`); ``python -m mla_fp8_bench.harness.asv_tracks asv*.conf.json``
+rewrites the keys in place."""
 
 from __future__ import annotations
 
@@ -62,76 +62,73 @@ def with_tracks(cls: type) -> type:
     return cls
 
 
-def _asv_regex(m: Metric) -> str:
-    return "^" + re.escape(m.asv_name) + r"(\(|$)"
+#: Steps in the suite's own history (``asv.conf.json``, keyed by this suite's commits) that a change of an
+#: emulation's semantics left, not a change of the code measured: (track, backend) -> the commit from
+#: which asv looks for regressions. At 1bc13b1 the emulated PS plan gave every tile a partial slot, as
+#: AITER's ``need_lse`` change did before it shipped.
+SUITE_FIRST_COMMITS = {(track, "aiter-emulated"): "1bc13b171e28c9d31ee2b863ffc03b541a0ce44f"
+                       for track in ("track_num_partials", "track_workspace_bytes")}
 
 
-def asv_regression_config() -> dict[str, dict[str, Any]]:
-    """``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None}}`` from the
-    table: one anchored regex per track (asv ``re.match``-es ``<module>.<class>.<track>(<param reprs>)`` and
-    applies the maximum over matches, so they are disjoint); ``None`` first commits (no regression reported)
-    for metrics that never gate in asv and the kernel latency of emulation backends."""
+def _asv_regex(m: Metric, backend: str | None = None) -> str:
+    return "^" + re.escape(m.asv_name) + (re.escape(f"('{backend}'") if backend else r"(\(|$)")
+
+
+def asv_regression_config(suite: bool = False) -> dict[str, dict[str, Any]]:
+    """``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None | commit}}``
+    from the table: one anchored regex per track (asv ``re.match``-es ``<module>.<class>.<track>(<param
+    reprs>)`` and applies the maximum over matches, so they are disjoint); ``None`` first commits (no
+    regression reported) for metrics that never gate in asv and the kernel latency of emulation backends;
+    with ``suite`` (the config of this suite's own history) :data:`SUITE_FIRST_COMMITS` too."""
     from mla_fp8_bench.harness.asv_support import emulation_backends
 
     thresholds: dict[str, float] = {}
-    off: dict[str, None] = {}
+    first: dict[str, str | None] = {}
     for m in asv_metrics():
         if m.regression_factor is not None:
             thresholds[_asv_regex(m)] = round(m.regression_factor - 1.0, 12)
         else:
-            off[_asv_regex(m)] = None
+            first[_asv_regex(m)] = None
         if m.kind == "kernel_latency":
-            for b in emulation_backends():
-                off["^" + re.escape(m.asv_name) + re.escape(f"('{b}'")] = None
-    return {"regressions_thresholds": thresholds, "regressions_first_commits": off}
+            first.update({_asv_regex(m, b): None for b in emulation_backends()})
+        if suite:
+            first.update({_asv_regex(m, b): sha for (t, b), sha in SUITE_FIRST_COMMITS.items() if t == m.track})
+    return {"regressions_thresholds": thresholds, "regressions_first_commits": first}
 
 
 _BLOCK_COMMENT = """\
     // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.harness.asv_tracks
-    // --write <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
+    // <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
     // the MAX over matching entries, so they are disjoint): the gate's default rule, growth factor minus 1
     // (accuracy 1.0: 2x, kernel latency and resources 0.05). regressions_first_commits null: no regression
-    // is reported for figures that are not a kernel's (host latency, informational, an emulation's latency).
+    // is reported for figures that are not a kernel's (host latency, informational, an emulation's latency);
+    // a commit: regressions are looked for from it on (an emulation's semantics changed there).
 """
 
 
-def asv_config_block() -> str:
-    """The tail of an asv config file: the generated regression keys, then the closing brace."""
+def write_asv_config(path: str) -> bool:
+    """Replace the regression keys, the last entries of an asv config file (``//`` comments above them too),
+    with the generated ones (``suite`` when its ``repo`` is ``"."``); whether the file changed. ValueError:
+    no ``"regressions_`` key."""
     import json
 
-    return _BLOCK_COMMENT + json.dumps(asv_regression_config(), indent=4).strip()[1:-1].strip("\n") + "\n}\n"
-
-
-def write_asv_config(path: str) -> bool:
-    """Replace the regression keys, the last entries of an asv config file (``//`` comments kept), with
-    :func:`asv_config_block`; whether the file changed. ValueError: no ``"regressions_thresholds"`` key."""
     from mla_fp8_bench.jsonio import write_file_atomic
 
-    with open(path) as f:
-        lines = f.read().splitlines(keepends=True)
-    at = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith('"regressions_')), None)
+    text = open(path).read()
+    at = re.search(r'^(\s*//.*\n)*\s*"regressions_', text, re.M)
     if at is None:
         raise ValueError(f"{path}: no \"regressions_thresholds\" key to replace")
-    while at > 0 and lines[at - 1].lstrip().startswith("//"):
-        at -= 1
-    head = "".join(lines[:at])
-    if not head.rstrip().endswith((",", "{")):
-        head = head.rstrip() + ",\n"
-    new = head + asv_config_block()
-    if new == "".join(lines):
-        return False
-    write_file_atomic(path, lambda f: f.write(new))
-    return True
+    head = text[:at.start()].rstrip()
+    keys = asv_regression_config(suite=re.search(r'^\s*"repo"\s*:\s*"\."', head, re.M) is not None)
+    new = (head if head.endswith((",", "{")) else head + ",") + "\n" + _BLOCK_COMMENT + json.dumps(
+        keys, indent=4).strip()[1:-1].strip("\n") + "\n}\n"
+    if new != text:
+        write_file_atomic(path, lambda f: f.write(new))
+    return new != text
 
 
 if __name__ == "__main__":
-    import argparse
     import sys
 
-    ap = argparse.ArgumentParser(description="print (or --write into asv config files) the asv regression keys")
-    ap.add_argument("--write", nargs="+", metavar="ASV_CONF", help="asv config files to update in place")
-    a = ap.parse_args()
-    if not a.write:
-        sys.stdout.write(asv_config_block())
-    for conf in a.write or ():
+    for conf in sys.argv[1:]:
         print(f"{conf}: {'updated' if write_asv_config(conf) else 'already current'}")

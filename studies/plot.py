@@ -1,4 +1,8 @@
-"""``mla-fp8-bench plot INPUT... --out DIR [--format png,svg]``: figures per device.
+"""Draws the README's pictures (``docs/img/*-sweep.png``, each a ``<device>-summary.png``) and the other
+figures per device: ``python studies/plot.py INPUT... --out DIR [--format png,svg]`` (needs matplotlib).
+
+  python studies/plot.py studies/results/h200_sweep.json studies/results/h200_emulated.json --out /tmp/img
+  python studies/plot.py results --machine cpu-2core --format png --out /tmp/img
 
 INPUT: a run JSON (``run --json``, optionally with ``ceilings``) or an asv results / machine directory
 (newest commit unless ``--commit``). Per device: ``<slug>-latency`` (median, IQR bars; kernel and
@@ -17,6 +21,7 @@ import math
 import os
 import re
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -505,7 +510,7 @@ def render(ds: Dataset, out_dir: Path, formats: tuple[str, ...], note: str | Non
         fig.tight_layout(rect=(0, bottom, 1, 0.97))
         for fmt in formats:
             path = out_dir / f"{ds.slug}-{kind}.{fmt}"
-            meta = {"Date": None} if fmt == "svg" else {"Software": "mla-fp8-bench plot"}
+            meta = {"Date": None} if fmt == "svg" else {"Software": "mla_fp8_bench studies/plot.py"}
             write_file_atomic(path, lambda f, fmt=fmt, meta=meta: fig.savefig(
                 f, format=fmt, dpi=130, bbox_inches="tight", metadata=meta), binary=True)
             written.append(path)
@@ -576,10 +581,12 @@ def plot(inputs: list[str], out_dir: str | os.PathLike, *, formats: tuple[str, .
     return written, datasets
 
 
-# ------------------------------------------------------------------------------------- CLI
-def add_parser(subparsers) -> None:
-    """Register ``plot`` on the CLI's sub-parsers."""
-    p = subparsers.add_parser("plot", help="latency / max-abs-error / TFLOP/s vs seq_len from run JSONs or asv results")
+# ------------------------------------------------------------------------------------- command line
+def main(argv: list[str] | None = None) -> int:
+    """Plot the inputs; 0 when every input was plotted, 2 with one line naming a bad input."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python studies/plot.py", description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="run JSON (mla-fp8-bench run --json) or asv results directory (results/ or results/<machine>/)")
     p.add_argument("--out", required=True, help="output directory for the figures")
@@ -591,18 +598,22 @@ def add_parser(subparsers) -> None:
                    help="case-id suffix to plot, e.g. -h128 or -cast-outlier (default: the plain s<N> ids)")
     p.add_argument("--note", default=None,
                    help="a second title line, e.g. how the run was made ('torch 1 thread on a shared 2-core VM')")
-    p.set_defaults(handler=cmd_plot)
-
-
-def cmd_plot(args, console) -> int:
-    """Handler of ``plot``: 0 when every input was plotted; a :class:`PlotError` goes to the CLI (exit 2)."""
+    args = p.parse_args(argv)
     formats = tuple(f.strip().lower() for f in args.format.split(",") if f.strip())
-    written, datasets = plot(args.inputs, args.out, formats=formats, machines=args.machine, commit=args.commit,
-                             variant=args.variant, note=args.note)
+    try:
+        written, datasets = plot(args.inputs, args.out, formats=formats, machines=args.machine, commit=args.commit,
+                                 variant=args.variant, note=args.note)
+    except (PlotError, R.ResultsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for ds in datasets:
-        console.print(f"{ds.device}: {len(ds.points)} points from {ds.source}", highlight=False)
+        print(f"{ds.device}: {len(ds.points)} points from {ds.source}")
         for n in ds.notes:
-            console.print(f"  not plotted: {n}", highlight=False)
+            print(f"  not plotted: {n}")
     for w in written:
-        console.print(f"wrote {w}", highlight=False)
+        print(f"wrote {w}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
