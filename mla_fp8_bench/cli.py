@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"[dim]{note}[/dim]")
         opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
                           flush_l2=args.flush_l2, **({"max_wait_s": None} if args.allow_long else {}))
-        interrupted = False
+        interrupted, rounds_cut = False, None
         with signals_interrupt() as signals, case_progress(len(names) * len(cases), console) as step:
             try:
                 data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=step)
