@@ -1085,3 +1085,26 @@ def test_back_to_back_case_catches_a_plan_rewritten_under_a_running_kernel():
     assert all(e < 0.1 for e in _b2b_errors(inp, out))
     with pytest.raises(StandinContractError, match=r"work \d+: batch [1-3], .* outside the batch's 1 sequences"):
         _b2b_outputs(deferred=True, share=True)
+
+
+def test_back_to_back_case_runs_in_the_runner():
+    """``mla-fp8-bench run -c b2b-...``: aiter-emulated runs the case (its workspace is every batch's own, by the
+    definition of aiter_ps.workspace, each batch planned alone here); a backend that launches one batch per call
+    skips it with the reason."""
+    from mla_fp8_bench.aiter_ps.workspace import used_workspace_bytes
+    from mla_fp8_bench.harness.runner import RunOptions, evaluate
+    from mla_fp8_bench.problem.cases import parse_case_id
+
+    case = parse_case_id(B2B)
+    data = evaluate(["aiter-emulated", "torch-fp8-ref"], [case], device="cpu",
+                    options=RunOptions(timing=False, determinism=False))
+    emu, ref = data["records"]
+    assert emu["status"] == "ok" and emu["max_abs_error_fp8_ref"] < 0.1, emu.get("reason")
+    want = 0
+    for lens in case.batches():
+        cu = [0, *_cumsum(lens)]
+        live = plan_ps_prefill(cu, cu, list(lens), num_heads_k=2, cu_num=256, revision="v0.1.22",
+                               need_lse=False).num_partials
+        want += used_workspace_bytes(live, sum(lens), 2).total
+    assert emu["workspace_bytes"] == want
+    assert ref["status"] == "skipped" and "launches one batch per call" in ref["reason"]

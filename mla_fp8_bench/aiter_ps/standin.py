@@ -118,17 +118,13 @@ class _State:
 
         def run() -> Any:
             try:
-                out = body()
+                out, entry["ok"] = body(), True
+                return out
             except Exception as exc:
                 entry["ok"], entry["error"] = False, f"{type(exc).__name__}: {exc}"
                 raise
-            entry["ok"] = True
-            return out
 
-        if device and self.deferred:
-            self.stream.append(run)
-            return None
-        return run()
+        return self.stream.append(run) if device and self.deferred else run()
 
     def synchronize(self) -> None:
         """Run the pending launches in order; a violation raises here (a GPU fault surfaces at a sync)."""
