@@ -99,11 +99,15 @@ def test_healthy_path_raises_no_alarm_over_fresh_seeds(tol):
     assert not alarms, alarms
 
 
-def test_calibration_file_records_zero_held_out_false_alarms(tol):
+def test_calibration_file_records_zero_held_out_false_alarms_and_every_fault_caught(tol):
     val = tol.data["validation"]
+    assert val["passed"] and val["held_out_seeds"] >= MIN_SEEDS and val["false_alarms"] == 0
     for backend in ("aiter-emulated", "torch-fp8-ref"):
-        assert val[backend]["records"] >= 20 * 30
-        assert val[backend]["false_alarms"] == 0, val[backend]["alarms"][:5]
+        s = val["backends"][backend]
+        assert s["records"] >= 20 * 54 and s["false_alarms"] == 0, s["alarms"][:5]
+        assert all(f["caught"] == f["injected"] > 0 for f in s["faults"].values()), s["faults"]
+    assert set(val["backends"]["aiter-emulated"]["faults"]) == {"q_descale_x2", "drop_reduce_group", "lse_merge_exp2",
+                                                                 "drop_context_chunk"}
     assert len(tol.data["seeds"]["calibration"]) >= MIN_SEEDS
     assert tol.data["margin"] == 2.0 and tol.data["method"] == "max_over_seeds_times_margin"
 
