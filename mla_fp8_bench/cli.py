@@ -40,13 +40,11 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
     pinfo = platform_info(args.device)
     env = environment(pinfo)
     t = Table(title="platform", show_header=False)
-    for k in ("vendor", "arch", "device", "device_name", "fp8_dtype", "torch", "cuda", "hip", "asv", "asv_runner",
-              "amd-aiter", "vllm", "fa3-fwd"):
-        t.add_row(k, str(env.get({"amd-aiter": "aiter", "fa3-fwd": "fa3_fwd_interface"}.get(k, k))))
-    t.add_row("torch build vendor", vendor_of_build())
-    t.add_row("device string note", "ROCm GPUs are torch device type 'cuda' (HIP behind torch.cuda); vendor comes "
-              "from torch.version.hip / torch.version.cuda")
-    t.add_row("fp8 cast saturates", str(cast_saturates(pinfo.fp8_dtype)))
+    for k in ("vendor", "arch", "device", "device_name", "fp8_dtype", "torch", "cuda", "hip", "asv", "asv_runner"):
+        t.add_row(k, str(env.get(k)))
+    for k, v in (("amd-aiter", env.get("aiter")), ("vllm", env.get("vllm")), ("fa3-fwd", env.get("fa3_fwd_interface")),
+                 ("torch build vendor", vendor_of_build()), ("fp8 cast saturates", cast_saturates(pinfo.fp8_dtype))):
+        t.add_row(k, str(v))
     console.print(t)
     bt = Table("backend", "available", "reason / description", title="backends")
     detected = Table("backend", "what", "form (where it was read)", title="detected on the installed library")
@@ -77,20 +75,6 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _resolve_run_args(args: argparse.Namespace):
-    from mla_fp8_bench.argtypes import split_list
-    from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
-    from mla_fp8_bench.harness.run_command import select_cases
-    from mla_fp8_bench.measure.devices import platform_info
-
-    pinfo = platform_info(args.device)
-    names = split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
-    for n in names:
-        get_backend(n)  # validates the name early
-    cases, note = select_cases(split_list(args.cases, "--cases"), pinfo.device_type, args.max_seq_len)
-    return pinfo, names, cases, note
-
-
 def _records_table(data: dict) -> Table:
     from mla_fp8_bench.measure.metric_table import record_is_emulation
 
@@ -109,14 +93,16 @@ def _records_table(data: dict) -> Table:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
+    """``run``: arguments checked before measuring; a second run writing the same ``--json`` is refused.
     Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``) and exit 128 + the
-    signal's number. No run replaces a ``--json`` file holding what it lacks
-    (:func:`~mla_fp8_bench.harness.run_command.output_path`): it goes beside it, named on stderr."""
+    signal's number; a ``--json`` file holding what the run lacks is kept (:func:`output_path`)."""
+    from mla_fp8_bench.argtypes import split_list
+    from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
-    from mla_fp8_bench.harness.run_command import check_json_path, output_path
+    from mla_fp8_bench.harness.run_command import check_json_path, output_path, select_cases
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import locked, write_json_or_rescue
+    from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.terminal import case_progress
 
     config = RunConfig(emu_aiter_version=check_emu_aiter_version(args.emu_aiter_version or "",
@@ -124,23 +110,23 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                        aiter_any_device=args.aiter_any_device)
     with (contextlib.nullcontext() if args.json is None
           else locked(check_json_path(args.json), "--json", wait=False)):
-        pinfo, names, cases, note = _resolve_run_args(args)
+        pinfo = platform_info(args.device)
+        names = split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
+        for n in names:
+            get_backend(n)  # validates the name early
+        cases, note = select_cases(split_list(args.cases, "--cases"), pinfo.device_type, args.max_seq_len)
         if note:
             console.print(f"[dim]{note}[/dim]")
         opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
                           flush_l2=args.flush_l2, **({"max_wait_s": None} if args.allow_long else {}))
-        interrupted, rounds_cut = False, None
+        interrupted = False
         with signals_interrupt() as signals, case_progress(len(names) * len(cases), console) as step:
             try:
                 data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=step)
             except RunInterrupted as exc:
                 data, interrupted = exc.data, True
-        if not args.no_timing and not interrupted:
-            from mla_fp8_bench.peers.ceilings import attach
-
-            if args.rounds > 1:
-                rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
-            attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
+        rounds_cut = (_fold_run_rounds(args, data, str(pinfo.device), console)
+                      if args.rounds > 1 and not args.no_timing and not interrupted else None)
         out, kept = output_path(args.json, data, interrupted) if args.json else (None, None)
         if out:
             write_json_or_rescue(data, out, "run's records")
@@ -256,26 +242,25 @@ def _add_run_parser(sub) -> None:
 
     r = sub.add_parser("run", help="measure backends x cases (latency, errors, TFLOP/s)")
     r.set_defaults(handler=cmd_run)
-    r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
-    r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "
-                   "(default: the device's seq_len sweep)")
-    r.add_argument("--max-seq-len", type=positive_int, default=None, help="cap of the default sweep")
-    r.add_argument("--json", help="write records to this JSON file (atomically); a file there holding (backend, "
-                   "case) results this run lacks is kept and the records go to <stem>.new.json")
-    r.add_argument("--samples", type=int_in(1, MAX_SAMPLES), default=30, help="latency samples per (backend, case)")
-    r.add_argument("--time-budget", type=positive_float, default=20.0,
-                   help="seconds of latency sampling per (backend, case)")
-    r.add_argument("--no-timing", action="store_true", help="accuracy only")
-    r.add_argument("--rounds", type=int_in(1, MAX_ROUNDS), default=1,
-                   help="latency rounds: the run's own timing, then N-1 latency-only passes in fresh processes; "
-                        "the latency is the median over rounds, each round kept in the record (default 1)")
-    r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
-    r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
-    r.add_argument("--allow-long", action="store_true", help="start a run expected to take over an hour")
-    r.add_argument("--aiter-any-device", action="store_true", help=ANY_DEVICE_HELP)
-    r.add_argument("--emu-aiter-version", default=None, metavar="VERSION",
-                   help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; "
-                        "MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
+    add = r.add_argument
+    add("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
+    add("--cases", "-c", action="append", help="comma-separated case ids or suite names (default: the device's "
+        "seq_len sweep)")
+    add("--max-seq-len", type=positive_int, default=None, help="cap of the default sweep")
+    add("--json", help="write records to this JSON file (atomically); a file there holding (backend, case) "
+        "results this run lacks is kept and the records go to <stem>.new.json")
+    add("--samples", type=int_in(1, MAX_SAMPLES), default=30, help="latency samples per (backend, case)")
+    add("--time-budget", type=positive_float, default=20.0, help="seconds of latency sampling per (backend, case)")
+    add("--no-timing", action="store_true", help="accuracy only")
+    add("--rounds", type=int_in(1, MAX_ROUNDS), default=1, help="latency rounds: the run's own timing, then N-1 "
+        "latency-only passes in fresh processes; the latency is the median over rounds, each round kept in the "
+        "record (default 1)")
+    add("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
+    add("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
+    add("--allow-long", action="store_true", help="start a run expected to take over an hour")
+    add("--aiter-any-device", action="store_true", help=ANY_DEVICE_HELP)
+    add("--emu-aiter-version", default=None, metavar="VERSION", help="AITER version aiter-emulated models, e.g. "
+        "0.1.20 (pre-#3606) or 0.1.22 (default; MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
 
 
 def build_parser() -> argparse.ArgumentParser:
