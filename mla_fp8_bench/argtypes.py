@@ -105,40 +105,38 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
     return val
 
 
-def _argtype(parse):
-    """An argparse type of ``parse(text)``: its ValueError becomes argparse's one-line error."""
-    def typed(text: str):
+def number(kind: type = int, lo: float | None = None, hi: int | None = None, strict: bool = False):
+    """argparse type: a ``kind`` (int or float) written in ASCII; with ``lo`` finite and ``>= lo`` (``>`` when
+    ``strict``; :func:`parse_number`), with ``hi`` at most ``hi``; unbounded, any value (checked where used)."""
+    def parse(text: str):
         try:
-            return parse(text)
+            if lo is not None:
+                v = kind(parse_number(text, kind, "value", lo, strict))
+            elif (v := (read_int if kind is int else read_float)(text)) is None:
+                raise ValueError(f"{text!r} is not " + (f"an integer: written in {INT_FORM}" if kind is int else
+                                                         f"a number: written in {FLOAT_FORM}"))
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
-    return typed
-
-
-def _as_typed(read, what: str):
-    """An argparse type of any value ``read`` takes (its range is checked where it is used)."""
-    def parse(text: str):
-        if (v := read(text)) is None:
-            raise ValueError(f"{text!r} is not {what}")
-        return v
-    return _argtype(parse)
-
-
-positive_int = _argtype(lambda t: int(parse_number(t, int, "value", 1, strict=False)))
-positive_float = _argtype(lambda t: float(parse_number(t, float, "value", 0.0, strict=True)))
-ascii_int = _as_typed(read_int, f"an integer: written in {INT_FORM}")
-ascii_float = _as_typed(read_float, f"a number: written in {FLOAT_FORM}")
-
-
-def int_in(lo: int, hi: int):
-    """argparse type factory: an integer from ``lo`` (at least 1) to ``hi``."""
-    def parse(text: str) -> int:
-        if not lo <= (v := positive_int(text)) <= hi:
+        if hi is not None and v > hi:
             raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed {lo}..{hi}")
         return v
     return parse
 
 
+positive_int, positive_float = number(int, 1), number(float, 0.0, strict=True)
+ascii_int, ascii_float = number(int), number(float)
+
+
+def int_in(lo: int, hi: int):
+    """argparse type: an integer from ``lo`` (at least 1) to ``hi``."""
+    return number(int, lo, hi)
+
+
 def safe_name(what: str):
-    """argparse type factory: a name accepted by :func:`check_name`."""
-    return _argtype(lambda t: check_name(t, what))
+    """argparse type: a name accepted by :func:`check_name`."""
+    def parse(text: str) -> str:
+        try:
+            return check_name(text, what)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
