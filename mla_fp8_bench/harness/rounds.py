@@ -70,30 +70,15 @@ def spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / med if len(values) > 1 else 0.0
 
 
-def _load_backends(backends: Sequence[str], pinfo, config: RunConfig | None) -> dict[str, Any]:
-    """Backend name -> backend, or the reason it cannot run (it fails its own rows only)."""
-    from mla_fp8_bench.backends import get_backend
-
-    out: dict[str, Any] = {}
-    for b in backends:
-        try:
-            bk = get_backend(b, config)
-            avail = bk.availability(pinfo)
-            out[b] = bk if avail else f"unavailable: {avail.reason}"
-        except Exception as exc:  # noqa: BLE001
-            out[b] = f"backend failed to load: {type(exc).__name__}: {str(exc)[:200]}"
-    return out
-
-
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
-    """One latency-only pass (kernel timing at :func:`~mla_fp8_bench.measure.timing.measure_latency`'s defaults)
-    over (backend, case) in ``order`` in this process; a pair that cannot run is a row with ``error``.
-    Returns ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
-    "rows": [{"backend", "case", "phases_s": {"inputs", "prepare", "timing"}, ...ROUND_FIELDS} or {..., "error"}]}``."""
+    """One latency-only pass (``measure_latency``'s defaults) over (backend, case) in ``order`` in this process:
+    ``{"order", "seed", "pid", "wall_s", "setup_s", "device", ..., "rows": [{"backend", "case", "phases_s",
+    ...ROUND_FIELDS}]}``; a pair that cannot run is a row with ``error``."""
     import torch
 
+    from mla_fp8_bench.backends import get_backend
     from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.measure.timing import _PROCESS_STATE, clock_fields, measure_latency
     from mla_fp8_bench.problem.cases import parse_case_id
@@ -101,7 +86,13 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
 
     t0 = time.perf_counter()
     pinfo = platform_info(device)
-    bks = _load_backends(backends, pinfo, config)
+    bks: dict[str, Any] = {}
+    for b in backends:  # a backend that cannot load or tell its availability fails its own rows only
+        try:
+            bk = get_backend(b, config)
+            bks[b] = bk if (avail := bk.availability(pinfo)) else f"unavailable: {avail.reason}"
+        except Exception as exc:  # noqa: BLE001
+            bks[b] = f"backend failed to load: {type(exc).__name__}: {str(exc)[:200]}"
     setup_s = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     inputs: dict[str, Any] = {}
