@@ -150,16 +150,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console: Console) -> int | None:
-    """``run --rounds N``: rounds 1 .. N-1 in forked processes (flags passed through their environment)
-    folded into ``data``'s records; None, or the number of the signal that stopped them (records keep round 0)."""
+    """``run --rounds N``: rounds 1 .. N-1 in fresh processes (flags passed through their environment) folded
+    into ``data``'s records; None, or the number of the signal that stopped them (records keep round 0)."""
     from mla_fp8_bench.config import PREFIX
     from mla_fp8_bench.harness.rounds import fold_rounds
 
-    env = dict(os.environ)
-    if args.aiter_any_device:
-        env[PREFIX + "AITER_ANY_DEVICE"] = "1"
-    if args.emu_aiter_version:
-        env[PREFIX + "EMU_AITER_VERSION"] = args.emu_aiter_version
+    flags = {"AITER_ANY_DEVICE": "1" if args.aiter_any_device else "", "EMU_AITER_VERSION": args.emu_aiter_version}
+    env = {**os.environ, **{PREFIX + k: v for k, v in flags.items() if v}}
     with signals_interrupt() as got:
         try:
             data["rounds"] = fold_rounds(data["records"], args.rounds, device, env=env,
@@ -171,9 +168,9 @@ def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console:
 
 
 def _machine_facts(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """(facts, where from) for ``asv-machine``: the committed ``results/<name>/machine.json`` (ValueError when
-    it is not an object, or, without ``--force``, contradicts this machine: arch, GPU model, or the CPU count
-    without a GPU), else this machine's, with a ``gpu`` key."""
+    """(facts, where from) for ``asv-machine``: the committed ``results/<name>/machine.json``, else this
+    machine's with a ``gpu`` key; ValueError: a committed file that is no object or (without ``--force``)
+    contradicts this machine (arch, GPU model, or the CPU count without a GPU)."""
     from mla_fp8_bench.jsonio import load_json
     from mla_fp8_bench.measure.devices import platform_info
 
@@ -203,8 +200,8 @@ def _machine_facts(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
-    """Write ``~/.asv-machine.json`` for ``args.name`` (atomically, under a lock, other machines kept) from
-    :func:`_machine_facts`; without ``--force`` it refuses to replace an entry with other facts."""
+    """Write ``args.name``'s :func:`_machine_facts` to ``~/.asv-machine.json`` (other machines kept); without
+    ``--force`` an entry with other facts is not replaced."""
     from mla_fp8_bench.argtypes import check_name
     from mla_fp8_bench.jsonio import load_json, locked, write_json_atomic
 
