@@ -19,8 +19,8 @@ from rich.table import Table
 from mla_fp8_bench.terminal import fmt_seconds, signals_interrupt
 
 EXIT_USAGE = 2
-#: Third-party modules of the optional parts -> the pyproject extra that installs them.
-EXTRA_OF_MODULE = {"asv": "bench", "asv_runner": "bench"}
+#: Third-party modules of the optional ``bench`` extra.
+BENCH_MODULES = ("asv", "asv_runner")
 ANY_DEVICE_HELP = "let the aiter backend drive a non-gfx950 aiter package (e.g. a test library); labelled emulation"
 
 
@@ -213,10 +213,9 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"asv machine file {path} holds a JSON {type(data).__name__}, not an object of "
                              "machines: fix or remove it")
         facts, src = _machine_facts(args)
-        prev = data.get(args.name)
-        if prev is not None and prev != facts and not args.force:
-            changed = sorted(k for k in set(prev) | set(facts) if prev.get(k) != facts.get(k)) if isinstance(
-                prev, dict) else ["(not an object)"]
+        if (prev := data.get(args.name)) not in (None, facts) and not args.force:
+            changed = sorted(k for k in {*prev, *facts} if prev.get(k) != facts.get(k)) if isinstance(prev, dict) \
+                else ["(not an object)"]
             raise ValueError(f"asv machine file {path} already has an entry {args.name!r} with other facts (keys "
                              f"{', '.join(changed)}): refusing to replace it; pass --force to replace it, or choose "
                              "another name")
@@ -307,11 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # bad input: unknown backend or case, bad device, ...
         msg = str(exc)
     except ModuleNotFoundError as exc:
-        top = (exc.name or "").partition(".")[0]
-        if top not in EXTRA_OF_MODULE:
+        if (top := (exc.name or "").partition(".")[0]) not in BENCH_MODULES:
             raise
-        msg = escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the "
-                     f"{EXTRA_OF_MODULE[top]} extra (pip install -e '.[{EXTRA_OF_MODULE[top]}]')")
+        msg = escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the bench extra "
+                     "(pip install -e '.[bench]')")
     console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
     return EXIT_USAGE
 
