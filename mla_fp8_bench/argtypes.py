@@ -16,6 +16,7 @@ RESERVED_NAMES = frozenset({"version", "benchmarks.json", "machine.json", "html"
 INT_RE = re.compile(r"-?[0-9]+")  # '-' is read only so that a negative value is refused as out of range
 FLOAT_RE = re.compile(r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
 INT_FORM = "ASCII digits 0-9"
+FLOAT_FORM = "ASCII (e.g. 2.5 or 1e-3)"
 _SPACE = " \t\n\r\f\v"
 
 
@@ -37,8 +38,7 @@ def check_name(value: str, what: str) -> str:
 
 
 def split_list(values: list[str] | None, option: str) -> list[str] | None:
-    """Comma-separated option values (``action="append"``), each once in order; None when not given;
-    ValueError when they name nothing."""
+    """Comma-separated option values (``action="append"``), each once in order; None when not given."""
     if values is None:
         return None
     items = [x.strip() for s in values for x in s.split(",") if x.strip()]
@@ -64,8 +64,7 @@ def read_float(text: object) -> float | None:
 
 
 def parse_int(text: object, what: str, lo: int, hi: int) -> int:
-    """The integer ``text`` from ``lo`` to ``hi``; ValueError ``<what>=<text> is not an integer`` / ``is out
-    of range``."""
+    """The integer ``text`` from ``lo`` to ``hi``; ValueError naming ``what``."""
     v = read_int(text)
     if v is None:
         raise ValueError(f"{what}={shown(text)} is not an integer: allowed {lo}..{hi}, written in {INT_FORM}")
@@ -75,12 +74,11 @@ def parse_int(text: object, what: str, lo: int, hi: int) -> int:
 
 
 def parse_int_list(text: object, what: str, lo: int, hi: int, max_items: int) -> tuple[int, ...]:
-    """The comma-separated integers of ``text`` (each by :func:`parse_int`, named ``<what>[i]``); ValueError
-    naming an empty or bad item, or more than ``max_items``."""
+    """The comma-separated integers of ``text`` (each by :func:`parse_int`, named ``<what>[i]``), at most
+    ``max_items``; ValueError naming an empty or bad item."""
     form = f"{what} takes a comma-separated list of integers >= {lo} written in {INT_FORM}, e.g. 512,1024"
     parts = str(text).split(",")
-    empty = [i for i, p in enumerate(parts) if not p.strip(_SPACE)]
-    if empty:
+    if empty := [i for i, p in enumerate(parts) if not p.strip(_SPACE)]:
         which = "it is empty" if len(parts) == 1 else f"{what}[{empty[0]}] is empty"
         raise ValueError(f"{what}={text!r} is not a comma-separated list of integers: {which}; {form}")
     if len(parts) > max_items:
@@ -99,7 +97,7 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
     if val is None:
         raise ValueError(f"{what}={shown(text)} is not an integer: must be an integer {bound}, written in {INT_FORM}"
                          if kind is int else f"{what}={shown(text)} is not a number: must be a number {bound}, "
-                         "written in ASCII (e.g. 2.5 or 1e-3)")
+                         f"written in {FLOAT_FORM}")
     if not math.isfinite(val):
         raise ValueError(f"{what}={shown(text)} is invalid: a finite number is needed")
     if val < minimum or (strict and val == minimum):
@@ -107,42 +105,38 @@ def parse_number(text: str, kind: type, what: str, minimum: float, strict: bool)
     return val
 
 
-def _argtype(parse):
-    """An argparse type of ``parse(text)``: its ValueError becomes argparse's one-line error."""
-    def typed(text: str):
+def number(kind: type = int, lo: float | None = None, hi: int | None = None, strict: bool = False):
+    """argparse type: a ``kind`` (int or float) written in ASCII; with ``lo`` finite and ``>= lo`` (``>`` when
+    ``strict``; :func:`parse_number`), with ``hi`` at most ``hi``; unbounded, any value (checked where used)."""
+    def parse(text: str):
         try:
-            return parse(text)
+            if lo is not None:
+                v = kind(parse_number(text, kind, "value", lo, strict))
+            elif (v := (read_int if kind is int else read_float)(text)) is None:
+                raise ValueError(f"{text!r} is not " + (f"an integer: written in {INT_FORM}" if kind is int else
+                                                         f"a number: written in {FLOAT_FORM}"))
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc).replace("value=", "")) from None
-    return typed
-
-
-#: argparse types: an integer >= 1; a finite number > 0.
-positive_int = _argtype(lambda t: int(parse_number(t, int, "value", 1, strict=False)))
-positive_float = _argtype(lambda t: float(parse_number(t, float, "value", 0.0, strict=True)))
-
-
-def _require(v, text: str, what: str):
-    if v is None:
-        raise ValueError(f"{text!r} is not {what}")
-    return v
-
-
-#: argparse types: any integer / number as typed (its range is checked where it is used).
-ascii_int = _argtype(lambda t: _require(read_int(t), t, f"an integer: written in {INT_FORM}"))
-ascii_float = _argtype(lambda t: _require(read_float(t), t, "a number: written in ASCII (e.g. 2.5 or 1e-3)"))
-
-
-def int_in(lo: int, hi: int):
-    """argparse type factory: an integer from ``lo`` (at least 1) to ``hi``."""
-    def parse(text: str) -> int:
-        v = positive_int(text)
-        if not lo <= v <= hi:
+        if hi is not None and v > hi:
             raise argparse.ArgumentTypeError(f"{text!r} is out of range: allowed {lo}..{hi}")
         return v
     return parse
 
 
+positive_int, positive_float = number(int, 1), number(float, 0.0, strict=True)
+ascii_int, ascii_float = number(int), number(float)
+
+
+def int_in(lo: int, hi: int):
+    """argparse type: an integer from ``lo`` (at least 1) to ``hi``."""
+    return number(int, lo, hi)
+
+
 def safe_name(what: str):
-    """argparse type factory: a name accepted by :func:`check_name`."""
-    return _argtype(lambda t: check_name(t, what))
+    """argparse type: a name accepted by :func:`check_name`."""
+    def parse(text: str) -> str:
+        try:
+            return check_name(text, what)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse

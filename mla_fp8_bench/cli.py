@@ -19,8 +19,8 @@ from rich.table import Table
 from mla_fp8_bench.terminal import fmt_seconds, signals_interrupt
 
 EXIT_USAGE = 2
-#: Third-party modules of the optional parts -> the pyproject extra that installs them.
-EXTRA_OF_MODULE = {"asv": "bench", "asv_runner": "bench"}
+#: Third-party modules of the optional ``bench`` extra.
+BENCH_MODULES = ("asv", "asv_runner")
 ANY_DEVICE_HELP = "let the aiter backend drive a non-gfx950 aiter package (e.g. a test library); labelled emulation"
 
 
@@ -40,13 +40,11 @@ def cmd_env(args: argparse.Namespace, console: Console) -> int:
     pinfo = platform_info(args.device)
     env = environment(pinfo)
     t = Table(title="platform", show_header=False)
-    for k in ("vendor", "arch", "device", "device_name", "fp8_dtype", "torch", "cuda", "hip", "asv", "asv_runner",
-              "amd-aiter", "vllm", "fa3-fwd"):
-        t.add_row(k, str(env.get({"amd-aiter": "aiter", "fa3-fwd": "fa3_fwd_interface"}.get(k, k))))
-    t.add_row("torch build vendor", vendor_of_build())
-    t.add_row("device string note", "ROCm GPUs are torch device type 'cuda' (HIP behind torch.cuda); vendor comes "
-              "from torch.version.hip / torch.version.cuda")
-    t.add_row("fp8 cast saturates", str(cast_saturates(pinfo.fp8_dtype)))
+    for k in ("vendor", "arch", "device", "device_name", "fp8_dtype", "torch", "cuda", "hip", "asv", "asv_runner"):
+        t.add_row(k, str(env.get(k)))
+    for k, v in (("amd-aiter", env.get("aiter")), ("vllm", env.get("vllm")), ("fa3-fwd", env.get("fa3_fwd_interface")),
+                 ("torch build vendor", vendor_of_build()), ("fp8 cast saturates", cast_saturates(pinfo.fp8_dtype))):
+        t.add_row(k, str(v))
     console.print(t)
     bt = Table("backend", "available", "reason / description", title="backends")
     detected = Table("backend", "what", "form (where it was read)", title="detected on the installed library")
@@ -77,20 +75,6 @@ def cmd_cases(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _resolve_run_args(args: argparse.Namespace):
-    from mla_fp8_bench.argtypes import split_list
-    from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
-    from mla_fp8_bench.harness.run_command import select_cases
-    from mla_fp8_bench.measure.devices import platform_info
-
-    pinfo = platform_info(args.device)
-    names = split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
-    for n in names:
-        get_backend(n)  # validates the name early
-    cases, note = select_cases(split_list(args.cases, "--cases"), pinfo.device_type, args.max_seq_len)
-    return pinfo, names, cases, note
-
-
 def _records_table(data: dict) -> Table:
     from mla_fp8_bench.measure.metric_table import record_is_emulation
 
@@ -109,14 +93,16 @@ def _records_table(data: dict) -> Table:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    """``run``: arguments are checked before measuring; a second run writing the same ``--json`` is refused.
+    """``run``: arguments checked before measuring; a second run writing the same ``--json`` is refused.
     Ctrl-C, SIGTERM and SIGHUP write the records completed (marked ``"interrupted"``) and exit 128 + the
-    signal's number. No run replaces a ``--json`` file holding what it lacks
-    (:func:`~mla_fp8_bench.harness.run_command.output_path`): it goes beside it, named on stderr."""
+    signal's number; a ``--json`` file holding what the run lacks is kept (:func:`output_path`)."""
+    from mla_fp8_bench.argtypes import split_list
+    from mla_fp8_bench.backends import DEFAULT_BACKENDS, get_backend
     from mla_fp8_bench.config import RunConfig, check_emu_aiter_version
-    from mla_fp8_bench.harness.run_command import check_json_path, output_path
+    from mla_fp8_bench.harness.run_command import check_json_path, output_path, select_cases
     from mla_fp8_bench.harness.runner import RunInterrupted, RunOptions, evaluate
     from mla_fp8_bench.jsonio import locked, write_json_or_rescue
+    from mla_fp8_bench.measure.devices import platform_info
     from mla_fp8_bench.terminal import case_progress
 
     config = RunConfig(emu_aiter_version=check_emu_aiter_version(args.emu_aiter_version or "",
@@ -124,23 +110,23 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                        aiter_any_device=args.aiter_any_device)
     with (contextlib.nullcontext() if args.json is None
           else locked(check_json_path(args.json), "--json", wait=False)):
-        pinfo, names, cases, note = _resolve_run_args(args)
+        pinfo = platform_info(args.device)
+        names = split_list(args.backends, "--backends") or list(DEFAULT_BACKENDS)
+        for n in names:
+            get_backend(n)  # validates the name early
+        cases, note = select_cases(split_list(args.cases, "--cases"), pinfo.device_type, args.max_seq_len)
         if note:
             console.print(f"[dim]{note}[/dim]")
         opts = RunOptions(timing=not args.no_timing, samples=args.samples, time_budget_s=args.time_budget,
                           flush_l2=args.flush_l2, **({"max_wait_s": None} if args.allow_long else {}))
-        interrupted, rounds_cut = False, None
+        interrupted = False
         with signals_interrupt() as signals, case_progress(len(names) * len(cases), console) as step:
             try:
                 data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=step)
             except RunInterrupted as exc:
                 data, interrupted = exc.data, True
-        if not args.no_timing and not interrupted:
-            from mla_fp8_bench.peers.ceilings import attach
-
-            if args.rounds > 1:
-                rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
-            attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
+        rounds_cut = (_fold_run_rounds(args, data, str(pinfo.device), console)
+                      if args.rounds > 1 and not args.no_timing and not interrupted else None)
         out, kept = output_path(args.json, data, interrupted) if args.json else (None, None)
         if out:
             write_json_or_rescue(data, out, "run's records")
@@ -164,16 +150,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console: Console) -> int | None:
-    """``run --rounds N``: rounds 1 .. N-1 in forked processes (flags passed through their environment)
-    folded into ``data``'s records; None, or the number of the signal that stopped them (records keep round 0)."""
+    """``run --rounds N``: rounds 1 .. N-1 in fresh processes (flags passed through their environment) folded
+    into ``data``'s records; None, or the number of the signal that stopped them (records keep round 0)."""
     from mla_fp8_bench.config import PREFIX
     from mla_fp8_bench.harness.rounds import fold_rounds
 
-    env = dict(os.environ)
-    if args.aiter_any_device:
-        env[PREFIX + "AITER_ANY_DEVICE"] = "1"
-    if args.emu_aiter_version:
-        env[PREFIX + "EMU_AITER_VERSION"] = args.emu_aiter_version
+    flags = {"AITER_ANY_DEVICE": "1" if args.aiter_any_device else "", "EMU_AITER_VERSION": args.emu_aiter_version}
+    env = {**os.environ, **{PREFIX + k: v for k, v in flags.items() if v}}
     with signals_interrupt() as got:
         try:
             data["rounds"] = fold_rounds(data["records"], args.rounds, device, env=env,
@@ -185,9 +168,9 @@ def _fold_run_rounds(args: argparse.Namespace, data: dict, device: str, console:
 
 
 def _machine_facts(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """(facts, where from) for ``asv-machine``: the committed ``results/<name>/machine.json`` (ValueError when
-    it is not an object, or, without ``--force``, contradicts this machine: arch, GPU model, or the CPU count
-    without a GPU), else this machine's, with a ``gpu`` key."""
+    """(facts, where from) for ``asv-machine``: the committed ``results/<name>/machine.json``, else this
+    machine's with a ``gpu`` key; ValueError: a committed file that is no object or (without ``--force``)
+    contradicts this machine (arch, GPU model, or the CPU count without a GPU)."""
     from mla_fp8_bench.jsonio import load_json
     from mla_fp8_bench.measure.devices import platform_info
 
@@ -217,8 +200,8 @@ def _machine_facts(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
-    """Write ``~/.asv-machine.json`` for ``args.name`` (atomically, under a lock, other machines kept) from
-    :func:`_machine_facts`; without ``--force`` it refuses to replace an entry with other facts."""
+    """Write ``args.name``'s :func:`_machine_facts` to ``~/.asv-machine.json`` (other machines kept); without
+    ``--force`` an entry with other facts is not replaced."""
     from mla_fp8_bench.argtypes import check_name
     from mla_fp8_bench.jsonio import load_json, locked, write_json_atomic
 
@@ -230,10 +213,9 @@ def cmd_asv_machine(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"asv machine file {path} holds a JSON {type(data).__name__}, not an object of "
                              "machines: fix or remove it")
         facts, src = _machine_facts(args)
-        prev = data.get(args.name)
-        if prev is not None and prev != facts and not args.force:
-            changed = sorted(k for k in set(prev) | set(facts) if prev.get(k) != facts.get(k)) if isinstance(
-                prev, dict) else ["(not an object)"]
+        if (prev := data.get(args.name)) not in (None, facts) and not args.force:
+            changed = sorted(k for k in {*prev, *facts} if prev.get(k) != facts.get(k)) if isinstance(prev, dict) \
+                else ["(not an object)"]
             raise ValueError(f"asv machine file {path} already has an entry {args.name!r} with other facts (keys "
                              f"{', '.join(changed)}): refusing to replace it; pass --force to replace it, or choose "
                              "another name")
@@ -256,26 +238,25 @@ def _add_run_parser(sub) -> None:
 
     r = sub.add_parser("run", help="measure backends x cases (latency, errors, TFLOP/s)")
     r.set_defaults(handler=cmd_run)
-    r.add_argument("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
-    r.add_argument("--cases", "-c", action="append", help="comma-separated case ids or suite names "
-                   "(default: the device's seq_len sweep)")
-    r.add_argument("--max-seq-len", type=positive_int, default=None, help="cap of the default sweep")
-    r.add_argument("--json", help="write records to this JSON file (atomically); a file there holding (backend, "
-                   "case) results this run lacks is kept and the records go to <stem>.new.json")
-    r.add_argument("--samples", type=int_in(1, MAX_SAMPLES), default=30, help="latency samples per (backend, case)")
-    r.add_argument("--time-budget", type=positive_float, default=20.0,
-                   help="seconds of latency sampling per (backend, case)")
-    r.add_argument("--no-timing", action="store_true", help="accuracy only")
-    r.add_argument("--rounds", type=int_in(1, MAX_ROUNDS), default=1,
-                   help="latency rounds: the run's own timing, then N-1 latency-only passes in fresh processes; "
-                        "the latency is the median over rounds, each round kept in the record (default 1)")
-    r.add_argument("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
-    r.add_argument("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
-    r.add_argument("--allow-long", action="store_true", help="start a run expected to take over an hour")
-    r.add_argument("--aiter-any-device", action="store_true", help=ANY_DEVICE_HELP)
-    r.add_argument("--emu-aiter-version", default=None, metavar="VERSION",
-                   help="AITER version aiter-emulated models, e.g. 0.1.20 (pre-#3606) or 0.1.22 (default; "
-                        "MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
+    add = r.add_argument
+    add("--backends", "-b", action="append", help="comma-separated backend names (default: all)")
+    add("--cases", "-c", action="append", help="comma-separated case ids or suite names (default: the device's "
+        "seq_len sweep)")
+    add("--max-seq-len", type=positive_int, default=None, help="cap of the default sweep")
+    add("--json", help="write records to this JSON file (atomically); a file there holding (backend, case) "
+        "results this run lacks is kept and the records go to <stem>.new.json")
+    add("--samples", type=int_in(1, MAX_SAMPLES), default=30, help="latency samples per (backend, case)")
+    add("--time-budget", type=positive_float, default=20.0, help="seconds of latency sampling per (backend, case)")
+    add("--no-timing", action="store_true", help="accuracy only")
+    add("--rounds", type=int_in(1, MAX_ROUNDS), default=1, help="latency rounds: the run's own timing, then N-1 "
+        "latency-only passes in fresh processes; the latency is the median over rounds, each round kept in the "
+        "record (default 1)")
+    add("--flush-l2", action="store_true", help="flush L2 before every latency sample (GPU)")
+    add("--strict", action="store_true", help="exit 1 if any (backend, case) errored")
+    add("--allow-long", action="store_true", help="start a run expected to take over an hour")
+    add("--aiter-any-device", action="store_true", help=ANY_DEVICE_HELP)
+    add("--emu-aiter-version", default=None, metavar="VERSION", help="AITER version aiter-emulated models, e.g. "
+        "0.1.20 (pre-#3606) or 0.1.22 (default; MLA_FP8_BENCH_EMU_AITER_VERSION in asv runs)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,11 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # bad input: unknown backend or case, bad device, ...
         msg = str(exc)
     except ModuleNotFoundError as exc:
-        top = (exc.name or "").partition(".")[0]
-        if top not in EXTRA_OF_MODULE:
+        if (top := (exc.name or "").partition(".")[0]) not in BENCH_MODULES:
             raise
-        msg = escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the "
-                     f"{EXTRA_OF_MODULE[top]} extra (pip install -e '.[{EXTRA_OF_MODULE[top]}]')")
+        msg = escape(f"`mla-fp8-bench {args.cmd}` needs {top}, which is not installed: install the bench extra "
+                     "(pip install -e '.[bench]')")
     console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
     return EXIT_USAGE
 

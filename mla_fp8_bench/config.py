@@ -1,8 +1,6 @@
-"""The run configuration: every knob of a measurement in one frozen object, validated when built from the
-command line (``cli.py``) or the environment (:meth:`RunConfig.from_env`), then passed down. The one module
-that reads ``MLA_FP8_BENCH_*``: ``MLA_FP8_BENCH_<FIELD>`` sets a field of :class:`RunConfig`
-(``_TIME_BUDGET``: ``time_budget_s``; ``_AITER_ANY_DEVICE=1``; ``_CEILINGS=0``).
-"""
+"""The run configuration: every knob of a measurement in one frozen object, built from the command line
+(``cli.py``) or the environment (:meth:`RunConfig.from_env`: ``MLA_FP8_BENCH_<FIELD>`` sets a field, e.g.
+``_TIME_BUDGET``, ``_AITER_ANY_DEVICE=1``, ``_CEILINGS=0``); the one module that reads ``MLA_FP8_BENCH_*``."""
 
 from __future__ import annotations
 
@@ -48,17 +46,16 @@ class RunConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, grid: tuple[tuple[str, ...], tuple[str, ...]]
                  | None = None) -> RunConfig:
-        """Every ``MLA_FP8_BENCH_*`` knob of ``environ`` (default ``os.environ``); ``grid``: the (backends,
-        cases) that ``_BACKENDS`` / ``_CASES`` may name (None: any). ValueError: one line naming the
-        variable, the bad value and what is allowed."""
+        """The ``MLA_FP8_BENCH_*`` knobs of ``environ`` (default ``os.environ``); ``grid``: the (backends,
+        cases) ``_BACKENDS`` / ``_CASES`` may name (None: any). ValueError: one line naming the variable."""
         env = os.environ if environ is None else environ
         get = lambda name: env.get(PREFIX + name, "")  # noqa: E731
         return cls(
             device=check_device(get("DEVICE").strip() or "auto", f"{PREFIX}DEVICE"),
-            max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1, maximum=MAX_TOTAL_TOKENS),
+            max_tokens=_int(get("MAX_TOKENS"), "MAX_TOKENS", 1, MAX_TOTAL_TOKENS),
             backends=_names(get("BACKENDS"), "BACKENDS", grid and grid[0], "backends"),
             cases=_names(get("CASES"), "CASES", grid and grid[1], "case ids"),
-            samples=_int(get("SAMPLES"), "SAMPLES", 1, maximum=MAX_SAMPLES),
+            samples=_int(get("SAMPLES"), "SAMPLES", 1, MAX_SAMPLES),
             time_budget_s=float(parse_number(t, float, PREFIX + "TIME_BUDGET", 0.0, strict=True))
             if (t := get("TIME_BUDGET")).strip() else None,
             rounds=_int(get("ROUNDS"), "ROUNDS", 1, MAX_ROUNDS, f"an integer from 1 to {MAX_ROUNDS}"),
@@ -76,9 +73,8 @@ class RunConfig:
 
 
 def _int(raw: str, name: str, minimum: int, maximum: int | None = None, allowed: str | None = None) -> int | None:
-    """The integer in ``raw`` (None when blank). ValueError naming the variable: not an integer (ASCII
-    digits, :func:`~mla_fp8_bench.argtypes.parse_number`), below ``minimum`` or above ``maximum``; with
-    ``allowed`` it reads ``<VAR>=<raw> is invalid: <allowed>``."""
+    """The integer in ``raw`` (None when blank), from ``minimum`` to ``maximum``; ValueError naming the
+    variable, worded ``<VAR>=<raw> is invalid: <allowed>`` when ``allowed`` is given."""
     if not raw.strip():
         return None
     try:
@@ -99,8 +95,7 @@ def _names(raw: str, name: str, allowed: tuple[str, ...] | None, what: str) -> t
     items = tuple(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
     if not items:
         raise ValueError(f"{PREFIX}{name}={raw!r} names nothing: give comma-separated {what}, or unset it for all")
-    unknown = [x for x in items if allowed is not None and x not in allowed]
-    if unknown:
+    if unknown := [x for x in items if allowed is not None and x not in allowed]:
         label, tail = ("unknown backends", "") if what == "backends" else ("cases", " outside the asv grid")
         raise ValueError(f"{PREFIX}{name} names {label} {unknown}{tail}: allowed {', '.join(allowed)}")
     return items
@@ -119,8 +114,7 @@ def check_device(device: str, what: str) -> str:
 
 
 def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
-    """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled); ValueError
-    naming ``what`` (:func:`~mla_fp8_bench.aiter_ps.facts.modelled_version`)."""
+    """The AITER version ``aiter-emulated`` models (None for ``""``: the newest modelled)."""
     if not raw.strip():
         return None
     from mla_fp8_bench.aiter_ps.facts import modelled_version

@@ -19,13 +19,10 @@ from typing import IO, Any
 class OutputError(OSError, ValueError):
     """An output cannot be written or is locked by another writer (a ValueError for the CLI: exit 2)."""
 
-    def __str__(self) -> str:
-        return str(self.args[-1]) if self.args else super().__str__()
-
 
 def read_text(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> str:
-    """The text of ``path``, opened without blocking and read only if a regular file (a FIFO or device is
-    refused, never waited on); ``error`` naming ``what`` and the file otherwise."""
+    """The text of ``path`` if a regular file (a FIFO or device is refused, never waited on); else ``error``
+    naming ``what`` and the file."""
     why = None
     try:
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
@@ -40,8 +37,8 @@ def read_text(path: str | os.PathLike, what: str, error: type[Exception] = Value
 
 
 def load_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError, hint: str = "") -> Any:
-    """The JSON document of ``path`` (:func:`read_text`); any failure raises ``error`` naming ``what`` and
-    the file, ``hint`` ending the invalid-JSON message."""
+    """The JSON document of ``path`` (:func:`read_text`); ``error`` naming ``what`` and the file on any
+    failure, ``hint`` ending the invalid-JSON message."""
     text = read_text(path, what, error)
     try:
         return json.loads(text)
@@ -69,8 +66,8 @@ def finite_number(x: Any) -> float | None:
 
 
 def output_target(path: str | os.PathLike | None, what: str = "output file") -> Path:
-    """The file a write to ``path`` creates or replaces: a symlink is followed (even dangling), so it stays a
-    link. OutputError: a blank path, or a link that cannot be followed (a loop)."""
+    """The file a write to ``path`` replaces: a symlink is followed (even dangling), so it stays a link;
+    OutputError for a blank path or a symlink loop."""
     if path is None or not str(path).strip():
         raise OutputError(f"{what} path {str(path or '')!r} is empty: give a file name, e.g. runs/out.json")
     p = Path(path)
@@ -86,8 +83,8 @@ def output_target(path: str | os.PathLike | None, what: str = "output file") -> 
 
 
 def check_output_path(path: str | os.PathLike | None, what: str = "output file") -> Path:
-    """``path`` (:func:`output_target`) once a temp file was created and removed beside it (parents
-    created), before any work; ValueError naming it: a directory, not a regular file, or not writable."""
+    """``path`` (:func:`output_target`) once a temp file could be made beside it (parents created), before
+    any work; ValueError naming it: a directory, not a regular file, or not writable."""
     p = output_target(path, what)
     try:
         if p.is_dir():
@@ -107,17 +104,10 @@ def _tmp_prefix(path: Path) -> str:
     return "." + path.name[:48] + "."
 
 
-def umask_mode(full: int = 0o666) -> int:
-    """The mode a new file (0o666) or folder (``full`` 0o777) gets under the current umask."""
-    old = os.umask(0)
-    os.umask(old)
-    return full & ~old
-
-
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) -> Iterator[None]:
-    """Hold the writers' lock of ``path`` (a file or folder): ``flock`` of ``.<name>.lock`` beside it, which
-    exists only while held. ``wait``: block for the other writer, else OutputError naming its pid."""
+    """Hold the writers' lock of ``path``: ``flock`` of ``.<name>.lock`` beside it, which exists only while
+    held. ``wait``: block for the other writer, else OutputError naming its pid."""
     p = Path(path).absolute()
     lock = p.parent / f".{p.name[:200]}.lock"
     while True:
@@ -148,8 +138,8 @@ def locked(path: str | os.PathLike, what: str = "file", *, wait: bool = True) ->
 
 
 def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = False) -> None:
-    """Create ``path`` by ``write(f)`` on a temp file beside it, renamed into place: the old file survives any
-    failure and no temp file is left; a symlink is followed. OutputError names the file."""
+    """``path`` by ``write(f)`` on a temp file beside it, renamed into place: the old file survives any
+    failure, no temp file is left; OutputError names the file."""
     path = output_target(path)
     tmp = None
     try:
@@ -159,7 +149,8 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[IO], None], *, b
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, umask_mode())  # mkstemp alone leaves 0600
+        os.umask(umask := os.umask(0))
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp alone leaves 0600
         os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:

@@ -39,8 +39,7 @@ def make_console(file: TextIO | None = None) -> Console:
 
 def case_line(done: int, total: int, backend: str, case: str, status: str, elapsed_s: float, total_s: float,
               reason: str = "") -> str:
-    """``[done/total] backend case: status (elapsed s; total s so far)[: reason]``, the reason cut to 160
-    characters."""
+    """``[done/total] backend case: status (elapsed s; total s so far)[: reason cut to 160 characters]``."""
     why = " ".join(str(reason).split())
     why = why if len(why) <= 160 else why[:157] + "..."
     return (f"[{done}/{total}] {backend} {case}: {status} ({elapsed_s:.1f} s; {total_s:.1f} s so far)"
@@ -51,16 +50,9 @@ def case_line(done: int, total: int, backend: str, case: str, status: str, elaps
 def case_progress(total: int, console: Console | None = None,
                   streams: tuple[TextIO, ...] = ()) -> Iterator[Callable[[Any], str]]:
     """Progress over ``total`` pairs: yields ``step(rec)``, which prints a finished record's
-    :func:`case_line` and returns it, to ``console`` (under a progress bar on a terminal) or else to each
-    of ``streams`` (default stderr)."""
+    :func:`case_line` to ``console``, else to each of ``streams`` (default stderr), and returns it."""
     t0 = last = time.perf_counter()
     done = 0
-    bar = None
-    if console is not None and console.is_terminal:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       console=console, transient=True)
 
     def step(rec: Any) -> str:
         nonlocal done, last
@@ -70,16 +62,12 @@ def case_progress(total: int, console: Console | None = None,
         last = now
         if console is not None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
-            if bar is not None:
-                bar.update(task, advance=1, description=f"{rec.backend} {rec.case}")
         for s in () if console is not None else streams or (sys.stderr,):
             with contextlib.suppress(OSError, ValueError):  # a closed or broken log must not stop the measurement
                 print(line, file=s, flush=True)
         return line
 
-    with bar or contextlib.nullcontext():
-        task = bar.add_task("measuring", total=total) if bar is not None else None
-        yield step
+    yield step
 
 
 @contextlib.contextmanager

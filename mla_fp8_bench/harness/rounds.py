@@ -1,10 +1,8 @@
 """Latency rounds: the (backend, case) grid timed again, each round a latency-only pass in a fresh process
-(a child forked from a :class:`RoundServer`, or ``python -m mla_fp8_bench.harness.rounds --backends B,..
---cases C,.. --json out.json``); the figure compared is the median over rounds."""
+forked by a :class:`RoundServer`; the figure compared is the median over rounds (round 0: the run's own)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -28,7 +26,7 @@ ROUND_FIELDS = ("latency_s", "latency_sm_cycles", "sm_clock_mhz", "gpu_power_w",
 
 
 def round_order(i: int) -> str:
-    """The order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ...; ValueError if ``i`` < 0."""
+    """The order of round ``i`` (0-based): sorted, reversed, shuffled, sorted, ..."""
     if i < 0:
         raise ValueError(f"round index {i} is invalid: an integer >= 0")
     return ORDERS[i % len(ORDERS)]
@@ -47,7 +45,7 @@ def case_work(case_id: str) -> float:
 
 def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list[tuple[str, str]]:
     """``pairs`` (backend, case) in measuring order: cases by :func:`case_work`, then id; within a case the
-    backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``). ValueError: another order."""
+    backends as given (``sorted``), ``reversed`` or ``shuffled`` (``seed``)."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is unknown: allowed {', '.join(ORDERS)}")
     rng, by_case = random.Random(seed), {}
@@ -63,8 +61,7 @@ def ordered(pairs: Sequence[tuple[str, str]], order: str, seed: int = 0) -> list
 
 
 def spread(values: Sequence[float]) -> float:
-    """Relative spread of round values: ``(max - min) / median`` (0 for one value); ValueError for no values
-    or a non-positive median."""
+    """Relative spread of round values: ``(max - min) / median`` (0 for one value)."""
     if not values:
         raise ValueError("spread of no values")
     med = statistics.median(values)
@@ -76,10 +73,9 @@ def spread(values: Sequence[float]) -> float:
 def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "sorted", seed: int = 0,
                   device: str = "auto", progress: Callable[[str], None] | None = None,
                   config: RunConfig | None = None) -> dict[str, Any]:
-    """One latency-only pass (kernel timing at :func:`~mla_fp8_bench.measure.timing.measure_latency`'s defaults)
-    over (backend, case) in ``order`` in this process; a pair that cannot run is a row with ``error``.
-    Returns ``{"order", "seed", "pid", "wall_s", "setup_s", "device", "vendor", "clock_policy", "heat_up",
-    "rows": [{"backend", "case", "phases_s": {"inputs", "prepare", "timing"}, ...ROUND_FIELDS} or {..., "error"}]}``."""
+    """One latency-only pass (``measure_latency``'s defaults) over (backend, case) in ``order`` in this process:
+    ``{"order", "seed", "pid", "wall_s", "setup_s", "device", ..., "rows": [{"backend", "case", "phases_s",
+    ...ROUND_FIELDS}]}``; a pair that cannot run is a row with ``error``."""
     import torch
 
     from mla_fp8_bench.backends import get_backend
@@ -94,8 +90,7 @@ def measure_round(backends: Sequence[str], cases: Sequence[str], order: str = "s
     for b in backends:  # a backend that cannot load or tell its availability fails its own rows only
         try:
             bk = get_backend(b, config)
-            avail = bk.availability(pinfo)
-            bks[b] = bk if avail else f"unavailable: {avail.reason}"
+            bks[b] = bk if (avail := bk.availability(pinfo)) else f"unavailable: {avail.reason}"
         except Exception as exc:  # noqa: BLE001
             bks[b] = f"backend failed to load: {type(exc).__name__}: {str(exc)[:200]}"
     setup_s = time.perf_counter() - t0
@@ -152,34 +147,8 @@ def suite_env(prepend: Sequence[str] = (), base: dict[str, str] | None = None) -
     return env
 
 
-def worker_command(python: str, backends: Sequence[str], cases: Sequence[str], order: str, seed: int,
-                   out: str, device: str = "auto") -> list[str]:
-    return [python, "-m", "mla_fp8_bench.harness.rounds", "--backends", ",".join(backends), "--cases",
-            ",".join(cases), "--order", order, "--seed", str(seed), "--device", device, "--json", out]
-
-
 def _failed(error: str) -> dict[str, Any]:
     return {"error": error, "rows": []}
-
-
-def _read_round(out: str, t0: float) -> dict[str, Any]:
-    with open(out) as f:
-        return {**json.load(f), "process_wall_s": time.perf_counter() - t0}
-
-
-def run_worker(cmd: list[str], out: str, env: dict[str, str] | None = None, timeout: float = 600.0
-               ) -> dict[str, Any]:
-    """Run one round worker: its round document, or ``{"error": ..., "rows": []}`` on failure."""
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except (subprocess.TimeoutExpired, OSError) as exc:
-        return _failed(f"round worker timed out after {timeout:.0f} s" if isinstance(exc, subprocess.TimeoutExpired)
-                       else f"round worker could not start: {exc}")
-    if p.returncode != 0 or not os.path.isfile(out):
-        tail = (p.stderr or p.stdout or "").strip().splitlines()[-3:]
-        return _failed(f"round worker exited {p.returncode}: {' | '.join(tail)[:400]}")
-    return _read_round(out, t0)
 
 
 def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, env: dict[str, str] | None = None,
@@ -187,11 +156,9 @@ def run_rounds(backends: Sequence[str], cases: Sequence[str], rounds: int, *, en
                log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rounds 1 .. ``rounds`` (:func:`round_order` of their index), each in a fresh child of one
     :class:`RoundServer`; a round that fails or outlasts ``timeout`` s is a document with ``error`` (an ended
-    server is replaced). ValueError: ``rounds`` < 0."""
-    if rounds < 0:
-        raise ValueError(f"rounds={rounds} is invalid: an integer >= 0")
+    server is replaced)."""
     docs: list[dict[str, Any]] = []
-    if not rounds:
+    if rounds <= 0:
         return docs
     start = lambda: RoundServer(sys.executable, suite_env(base=env), preload=backends)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="mla_fp8_rounds_") as tmp:
@@ -290,14 +257,6 @@ def fold_rounds(records: list[dict[str, Any]], rounds: int, device: str, env: di
                        "error": d.get("error")} for d in docs]}
 
 
-def _write_round(req: dict[str, Any], stream) -> None:
-    from mla_fp8_bench.jsonio import write_json_atomic
-
-    doc = measure_round(req["backends"], req["cases"], req.get("order", "sorted"), int(req.get("seed", 0)),
-                        req.get("device", "auto"), lambda s: print(s, file=stream, flush=True), RunConfig.from_env())
-    write_json_atomic(doc, req["json"])
-
-
 def serve(preload: Sequence[str] = ()) -> int:
     """A round server: import torch and the ``preload`` backends once, then per JSON line on stdin
     (``{"backends", "cases", "order", "seed", "device", "json"}``) fork a child that writes the round
@@ -306,6 +265,7 @@ def serve(preload: Sequence[str] = ()) -> int:
     import torch  # noqa: F401 - the import is the point: children inherit it
 
     from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.jsonio import write_json_atomic
 
     for b in preload:
         with contextlib.suppress(Exception):  # a backend that cannot load fails in the child, with its reason
@@ -321,7 +281,9 @@ def serve(preload: Sequence[str] = ()) -> int:
             rc = 1
             try:
                 os.dup2(2, 1)
-                _write_round(req, sys.stderr)
+                write_json_atomic(measure_round(req["backends"], req["cases"], req["order"], int(req["seed"]),
+                                                req["device"], lambda s: print(s, file=sys.stderr, flush=True),
+                                                RunConfig.from_env()), req["json"])
                 rc = 0
             except BaseException as exc:  # noqa: BLE001 - the child must never return into the server loop
                 print(f"round child failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -336,7 +298,7 @@ class RoundServer:
     """A running :func:`serve` process of one interpreter and environment; :meth:`round` asks it for one."""
 
     def __init__(self, python: str, env: dict[str, str] | None, preload: Sequence[str] = ()):
-        cmd = [python, "-m", "mla_fp8_bench.harness.rounds", "--serve", "--preload", ",".join(preload)]
+        cmd = [python, "-m", "mla_fp8_bench.harness.rounds", "--serve", ",".join(preload)]
         self._err = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the children
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      text=True, bufsize=1, start_new_session=True)
@@ -372,7 +334,8 @@ class RoundServer:
                            f"{self._stderr_tail(since)}")
         if rc != 0 or not os.path.isfile(out):
             return _failed(f"round child exited {rc}: {self._stderr_tail(since)}")
-        return _read_round(out, t0)
+        with open(out) as f:
+            return {**json.load(f), "process_wall_s": time.perf_counter() - t0}
 
     def kill(self) -> None:
         """End the server and its running child now."""
@@ -392,28 +355,7 @@ class RoundServer:
             self._err.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from mla_fp8_bench.argtypes import ascii_int
-
-    ap = argparse.ArgumentParser(description="one latency-only round over (backend, case) in this process")
-    ap.add_argument("--serve", action="store_true", help="fork a child per JSON request on stdin (RoundServer)")
-    ap.add_argument("--preload", default="", help="with --serve: backends to import before forking")
-    ap.add_argument("--backends", default="", help="comma-separated backend names")
-    ap.add_argument("--cases", default="", help="comma-separated case ids")
-    ap.add_argument("--order", default="sorted", choices=ORDERS)
-    ap.add_argument("--seed", type=ascii_int, default=0)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--json", help="where to write the round document")
-    a = ap.parse_args(argv)
-    names = lambda s: [x for x in s.split(",") if x]  # noqa: E731
-    if a.serve:
-        return serve(names(a.preload))
-    if not (a.backends and a.cases and a.json):
-        ap.error("--backends, --cases and --json are required (or --serve)")
-    _write_round({"backends": names(a.backends), "cases": names(a.cases), "order": a.order, "seed": a.seed,
-                  "device": a.device, "json": a.json}, sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m mla_fp8_bench.harness.rounds --serve BACKEND,...: the RoundServer's process
+    if sys.argv[1:2] != ["--serve"]:
+        sys.exit("usage: python -m mla_fp8_bench.harness.rounds --serve [BACKEND,...] (a RoundServer's process)")
+    sys.exit(serve([x for x in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if x]))

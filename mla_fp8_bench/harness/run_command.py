@@ -1,6 +1,5 @@
-"""What ``run`` measures and where its records go: the cases under ``--max-seq-len`` (:func:`select_cases`),
-a ``--json`` path checked before any work (:func:`check_json_path`), and never a stored run file replaced by
-records that lack what it holds (:func:`output_path`)."""
+"""What ``run`` measures and where its records go: the cases under ``--max-seq-len``, a ``--json`` path checked
+before any work, and never a stored run file replaced by records that lack what it holds."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ from mla_fp8_bench.problem.cases import SWEEP_SEQ_LENS, Case, default_sweep, res
 
 
 def select_cases(specs: list[str] | None, device_type: str, max_seq_len: int | None = None) -> tuple[list[Case], str]:
-    """The cases of ``specs`` (ids and suite names; None: ``device_type``'s default sweep) whose sequences
-    (queries and keys) are at most ``max_seq_len`` long, and a note of what was left out; ValueError (or
-    CaseError) when none is left or a spec is unknown."""
+    """The cases of ``specs`` (ids and suites; None: the default sweep) whose queries and keys are at most
+    ``max_seq_len`` long, and a note of what was left out; ValueError (or CaseError): none left, unknown spec."""
     note = ""
     if specs is None:
         specs, note = default_sweep(device_type, max_seq_len)
@@ -33,8 +31,8 @@ def select_cases(specs: list[str] | None, device_type: str, max_seq_len: int | N
 
 
 def check_json_path(path: str) -> Path:
-    """A ``run --json`` path, checked writable before any work (:func:`~mla_fp8_bench.jsonio.check_output_path`);
-    ValueError for one inside an asv results directory (asv, gate and publish read every file there)."""
+    """A ``run --json`` path checked writable before any work; ValueError for one inside an asv results
+    directory (asv, gate and publish read every file there)."""
     p = check_output_path(path, "--json")
     if any((p.parent / marker).is_file() for marker in ("machine.json", "benchmarks.json")):
         raise ValueError(f"--json {path} lies in an asv results directory ({p.parent}), whose files asv, gate and "
@@ -53,9 +51,8 @@ def _measured(records: list[dict]) -> dict[tuple[str, str], bool]:
 
 
 def _run_loses(target: Path, data: dict) -> str | None:
-    """What replacing the run file ``target`` by the run ``data`` would lose, or None: a file that is not a run
-    JSON, one measured on another machine, or ``ok`` records that ``data`` lacks, holds not ``ok``, or holds
-    without the latency the stored one has."""
+    """What replacing the run file ``target`` by the run ``data`` would lose, or None: it is not a run JSON,
+    was measured on another machine, or holds ``ok`` records (or latencies) that ``data`` lacks."""
     from mla_fp8_bench.harness.results import ResultsError, load_run_json
 
     try:
@@ -73,10 +70,9 @@ def _run_loses(target: Path, data: dict) -> str | None:
 
 
 def output_path(path: str, data: dict, interrupted: bool = False) -> tuple[str, str | None]:
-    """(where the run ``data`` goes, why ``path`` is kept or None): ``path``, unless replacing its file
-    (symlinks followed) would lose something (:func:`_run_loses`; an ``interrupted`` run replaces no file);
-    then the first of ``<stem>.<tag><suffix>``, ``<stem>.<tag>-2<suffix>``, ... (tag ``new`` or
-    ``interrupted``) it may replace. A name that is not a regular file is never read or written."""
+    """(where the run ``data`` goes, why ``path`` is kept or None): ``path``, unless replacing its file would
+    lose something (an ``interrupted`` run replaces none); then the first free of ``<stem>.<tag><suffix>``,
+    ``<stem>.<tag>-2<suffix>``, ... (tag ``new`` or ``interrupted``). A non-regular file is never touched."""
     def lost(candidate: str) -> str | None:
         try:
             target = output_target(candidate)
@@ -84,8 +80,7 @@ def output_path(path: str, data: dict, interrupted: bool = False) -> tuple[str, 
                 return None
             if not target.is_file():
                 return "it is not a regular file"
-            return "an interrupted run replaces no stored file" if interrupted else \
-                _run_loses(target, data)
+            return "an interrupted run replaces no stored file" if interrupted else _run_loses(target, data)
         except OSError as exc:
             return f"it cannot be used ({exc})"
 

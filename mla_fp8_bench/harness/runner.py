@@ -1,9 +1,6 @@
 """Evaluate a grid of (backend, case) in one process: latency, errors against both references, FLOPs.
-
-One failing backend or case never loses the others: unavailable, unsupported and out-of-memory become
-``status="skipped"`` records with the reason, exceptions ``status="error"`` records. A grid expected to
-outlast :data:`MAX_WAIT_S` is refused before any work (:func:`check_duration`).
-"""
+One failing pair never loses the others: unavailable, unsupported and out-of-memory are ``skipped`` records
+with the reason, exceptions ``error`` records. A grid expected to outlast :data:`MAX_WAIT_S` is refused."""
 
 from __future__ import annotations
 
@@ -39,9 +36,8 @@ from mla_fp8_bench.problem.inputs import CaseInputs, make_inputs
 RECORD_KEYS = ("backend", "case", "status", "reason", "latency_method", "timing_scope") + metric_table.record_keys()
 #: Longest expected run (seconds) :func:`evaluate` starts unless ``RunOptions.max_wait_s`` says otherwise.
 MAX_WAIT_S = 3600.0
-#: Fast FLOP rates (FLOP/s), shortest call and shortest time per sequence of a call (s; an emulation's 100x
-#: on a CPU) per device type: the expected duration is a lower bound, so only a run surely past the limit is
-#: refused.
+#: Per device type: fast FLOP rate (FLOP/s), shortest call and time per sequence of a call (s; an emulation's
+#: 100x on a CPU): the expected duration is a lower bound, so only a run surely past the limit is refused.
 _RATE = {"cpu": 1e11, "cuda": 1e14}
 _CALL_S = {"cpu": 1e-4, "cuda": 1e-3}
 _SEQ_S = {"cpu": 2e-5, "cuda": 2e-5}
@@ -54,14 +50,11 @@ class RunOptions:
     timing: bool = True  # measure latency (False: accuracy only)
     samples: int = 30  # latency samples per (backend, case)
     time_budget_s: float = 20.0  # wall-clock budget of one (backend, case)'s latency samples
-    call_latency: bool = True  # also host-inclusive call latency on GPUs
     flush_l2: bool = False  # flush L2 before each sample (GPU)
     determinism: bool = True  # run twice, record the largest difference (``nondeterminism_max_abs``)
-    ref_dtype: torch.dtype | None = None  # reference dtype (None: float64 on CPU, float32 on GPU)
     max_wait_s: float | None = MAX_WAIT_S  # refuse a grid expected to take longer (None: no limit)
 
     def __post_init__(self) -> None:
-        """ValueError: ``samples`` not an integer from 1 to MAX_SAMPLES or ``time_budget_s`` not finite > 0."""
         if type(self.samples) is not int or not 1 <= self.samples <= MAX_SAMPLES:
             raise ValueError(f"samples={self.samples!r} is invalid: an integer >= 1 and <= {MAX_SAMPLES} (latency "
                              "samples per case)")
@@ -86,8 +79,7 @@ class Record:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A ``KeyboardInterrupt`` during :func:`evaluate`; ``data``: ``{"env", "records"}`` completed, plus
-    ``"interrupted": True``, ``"interrupted_before"`` (the (backend, case) running) and ``"planned"``."""
+    """A ``KeyboardInterrupt`` during :func:`evaluate`; ``data``: the records completed, marked interrupted."""
 
     def __init__(self, data: dict[str, Any]):
         super().__init__(f"interrupted after {len(data['records'])} records")
@@ -130,7 +122,7 @@ def _measure_timing(v: dict[str, Any], prepared, pinfo: PlatformInfo, opts: RunO
              tflops=tflops(v["flops"], tr.median_s), gb_s=v["bytes"] / tr.median_s / 1e9)
     if tr.note:
         v["latency_note"] = tr.note
-    if opts.call_latency and gpu:
+    if gpu:  # also the host-inclusive call latency
         cl = time_call(prepared.run, pinfo.device, time_budget_s=min(5.0, opts.time_budget_s))
         v.update(call_latency_s=cl.median_s, call_latency_samples_s=cl.samples_s)
 
@@ -140,8 +132,7 @@ _ERROR_KEYS = ("max_abs_error_fp8_ref", "max_abs_error_bf16_ref", "rel_l2_error_
 
 
 def _check_finite(rec: Record) -> None:
-    """Make a record with a non-finite output or a NaN error an ``error`` record (values kept), not a NaN
-    that asv would show as n/a."""
+    """A record with a non-finite output or a NaN error becomes an ``error`` (values kept), not an asv n/a."""
     v = rec.values
     bad_out = max(int(v.get("nonfinite_count_fp8_ref") or 0), int(v.get("nonfinite_count_bf16_ref") or 0))
     undefined = [k for k in _ERROR_KEYS if isinstance(v.get(k), float) and math.isnan(v[k])]
@@ -154,7 +145,7 @@ def _check_finite(rec: Record) -> None:
 
 
 def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opts: RunOptions) -> Record:
-    """Measure one backend on one case. Never raises for backend failures: returns a record."""
+    """Measure one backend on one case; a backend failure is a record, never raised."""
     case = case_data.case
     rec = Record(backend.name, case.id, "ok")
     prepared = None
@@ -235,9 +226,8 @@ def _call_s(case: Case, device_type: str, emulation: bool = False) -> float:
 
 
 def expected_seconds(pairs: Iterable[tuple[Backend, Case]], device_type: str, opts: RunOptions) -> float:
-    """A lower bound of the seconds :func:`evaluate` spends on ``pairs`` (backend, case): a case's two
-    references and each backend call at :data:`_RATE` (at least :data:`_CALL_S`, and :data:`_SEQ_S` per
-    sequence), a call for accuracy, one for determinism and up to ``samples`` within ``time_budget_s``."""
+    """A lower bound of the seconds :func:`evaluate` spends on ``pairs`` (backend, case): two references per
+    case, then per pair a call for accuracy, one for determinism and up to ``samples`` within ``time_budget_s``."""
     pairs = list(pairs)
     total = sum(2 * _call_s(c, device_type) for c in {c.id: c for _b, c in pairs}.values())
     for b, c in pairs:
@@ -262,15 +252,9 @@ def check_duration(pairs: list[tuple[Backend, Case]], pinfo: PlatformInfo, opts:
 def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | torch.device = "auto",
              options: RunOptions | None = None, config: RunConfig | None = None,
              progress: Callable[[Record], None] | None = None) -> dict[str, Any]:
-    """Run every (backend, case) pair, backends configured with ``config``; returns ``{"env", "records"}``
-    (JSON-ready). A backend name or case id given twice is measured once.
-
-    Raises:
-        mla_fp8_bench.backends.UnknownBackendError: for an unknown backend name (before any work).
-        mla_fp8_bench.measure.devices.DeviceError: for a bad device.
-        ValueError: the grid is expected to take longer than ``options.max_wait_s`` (before any work).
-        RunInterrupted: on ``KeyboardInterrupt``; it carries the records completed so far.
-    """
+    """Every (backend, case) pair, each once; returns ``{"env", "records"}`` (JSON-ready). Before any work:
+    UnknownBackendError, DeviceError, or ValueError for a grid expected past ``max_wait_s``; RunInterrupted
+    (with the records completed) on ``KeyboardInterrupt``."""
     opts = options or RunOptions()
     pinfo = platform_info(device)
     bks = _load_backends(list(dict.fromkeys(backends)), pinfo, config)
@@ -289,7 +273,7 @@ def evaluate(backends: Iterable[str], cases: Iterable[Case], *, device: str | to
                 current = (name, case.id)
                 if verdict and case_data is None and inputs_error is None:
                     try:
-                        case_data = CaseData(case, pinfo, opts.ref_dtype)
+                        case_data = CaseData(case, pinfo, None)
                     except Exception as exc:  # noqa: BLE001
                         inputs_error = (f"out of memory building inputs for {case.id}" if _is_oom(exc) else
                                         f"inputs for {case.id} failed: {_short(exc)}")
