@@ -1,6 +1,5 @@
-"""GPU clock, temperature and power readings (NVML's ``pynvml`` or ``amdsmi``, both optional: without them
-every reading is ``None``, never an error), and the clock policy of a device. Nothing here changes a device
-setting. The SW power cap is the normal state of a busy H200; :data:`THROTTLE_MASK` is not."""
+"""GPU clock, temperature and power readings (optional ``pynvml`` or ``amdsmi``: without them every reading
+is ``None``) and a device's clock policy, read only."""
 
 from __future__ import annotations
 
@@ -11,29 +10,23 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-#: NVML clock event reasons (nvml.h), bit -> short name.
-NVML_REASONS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake",
-    0x100: "display_clock_setting",
-}
-#: Reasons that mean the sample ran throttled (not the sustained-load state of a busy GPU).
+#: NVML clock event reasons (nvml.h): bit 1 << i is the i-th name.
+NVML_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
+                "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake", "display_clock_setting")
+#: Throttled, unlike the SW power cap, which is the normal state of a busy GPU.
 THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
-#: A sample whose SM clock is further than this from the median clock of its set is off-plateau (Hopper
-#: clocks move in 15 MHz steps; 1.5 %, about 26 MHz at 1755 MHz, is more than one).
+#: Off-plateau: a sample's SM clock this far from its set's median (more than one 15 MHz Hopper step).
 OFF_PLATEAU_REL = 0.015
 
 
 def reason_names(mask: int | None) -> list[str]:
-    """Names of the NVML clock event reason bits set in ``mask`` (unknown bits as hex)."""
-    rest = (mask or 0) & ~sum(NVML_REASONS)
-    return [n for bit, n in NVML_REASONS.items() if (mask or 0) & bit] + ([hex(rest)] if rest else [])
+    """Names of the reason bits set in ``mask`` (unknown bits as hex)."""
+    rest = (mask or 0) >> len(NVML_REASONS) << len(NVML_REASONS)
+    return [n for i, n in enumerate(NVML_REASONS) if (mask or 0) >> i & 1] + ([hex(rest)] if rest else [])
 
 
 @dataclass
 class ClockReading:
-    """One reading of the device state; ``None`` where the library gives no value."""
-
     sm_mhz: float | None = None  # SM (NVIDIA) / GFX (AMD) clock, MHz
     mem_mhz: float | None = None  # memory clock, MHz
     temp_c: float | None = None  # die temperature, deg C
@@ -54,8 +47,7 @@ def _num(v: Any) -> float | None:
 
 @dataclass
 class ClockReader:
-    """Reads one GPU's clocks through NVML or amdsmi (:func:`open_reader`); ``available`` False (with
-    ``reason``) otherwise. ``read()`` and ``policy()`` never raise: a failed query gives ``None``."""
+    """One GPU's clocks (:func:`open_reader`); a failed query reads ``None`` and is kept in ``_errors``."""
 
     backend: str = "none"
     available: bool = False
@@ -72,7 +64,7 @@ class ClockReader:
             return None
 
     def read(self, full: bool = True) -> ClockReading:
-        """The current SM clock and event reasons; with ``full`` also memory clock, temperature, power."""
+        """SM clock and event reasons; with ``full`` also memory clock, temperature, power."""
         if not self.available:
             return ClockReading()
         lib, h, q = self._lib, self._handle, self._try
@@ -98,10 +90,8 @@ class ClockReader:
                             _num(pw.get("current_socket_power", pw.get("average_socket_power"))))
 
     def policy(self) -> dict[str, Any]:
-        """Clock lock state, read only: ``{"backend", "available", "locked" (bool or None), "evidence",
-        "recommendation"}``. NVIDIA: locked when the applications clock is not its default (``nvidia-smi -ac``)
-        or the applications-clocks-setting reason is active (``-lgc`` too). AMD: locked when the performance
-        level is ``DETERMINISM``, ``MANUAL`` or ``STABLE_*``; power cap in W (amdsmi reports microwatts)."""
+        """``{"backend", "available", "locked", "evidence", "recommendation"}``. Locked: NVIDIA applications
+        clock off its default or its reason bit set; AMD performance level DETERMINISM, MANUAL or STABLE_*."""
         out: dict[str, Any] = {"backend": self.backend, "available": self.available, "locked": None,
                                "evidence": {} if self.available else {"reason": self.reason}, "recommendation": ""}
         if not self.available:
@@ -140,8 +130,8 @@ class ClockReader:
 
 
 def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
-    """A :class:`ClockReader` for GPU ``index`` (``vendor`` ``"cuda"``/``"rocm"``; None tries both); NVML's
-    index is mapped through ``CUDA_VISIBLE_DEVICES`` when that entry is a plain integer."""
+    """A reader of GPU ``index`` (``vendor`` cuda/rocm, None tries both), mapped through an integer
+    ``CUDA_VISIBLE_DEVICES`` entry for NVML."""
     reasons = []
     if vendor in (None, "cuda"):
         vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
@@ -166,9 +156,8 @@ def open_reader(index: int = 0, vendor: str | None = None) -> ClockReader:
 
 
 def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_REL) -> dict[str, Any]:
-    """Per-sample clock summary of one reading per latency sample (None where none was taken): ``{"sm_mhz",
-    "temp_c", "power_w": [per sample], "<key>_median", "throttled", "off_plateau": [indices], "reasons"}``;
-    off-plateau: more than ``rel`` from the median SM clock."""
+    """One reading (or None) per sample: ``{"sm_mhz", "temp_c", "power_w": [per sample], "<key>_median",
+    "throttled", "off_plateau": [indices], "reasons"}``."""
     rs = [r or ClockReading() for r in readings]
     cols = {k: [getattr(r, k) for r in rs] for k in ("sm_mhz", "temp_c", "power_w")}
     medians = {f"{k}_median": statistics.median(v) if (v := [x for x in col if x is not None]) else None
@@ -180,7 +169,6 @@ def mark_samples(readings: list[ClockReading | None], rel: float = OFF_PLATEAU_R
 
 
 def plateau_reached(history: list[float | None], window: int = 3, tol_mhz: float = 15.0) -> bool:
-    """True when the last ``window`` SM clock readings lie within ``tol_mhz`` (one 15 MHz Hopper step), or
-    when there are none (library unavailable: callers fall back to time-based rules)."""
+    """The last ``window`` SM clocks lie within ``tol_mhz``, or there are none (time rules then decide)."""
     vals = [x for x in history if x is not None]
     return not vals or (len(vals) >= window and max(vals[-window:]) - min(vals[-window:]) <= tol_mhz)

@@ -1,5 +1,5 @@
-"""Device facts: vendor (cuda / rocm / cpu, told by ``torch.version.hip`` / ``.cuda``: ROCm GPUs are ``"cuda"``
-devices), arch (sm_90, gfx950), fp8 dtype. Devices are always indexed (``cuda:0``, never ``cuda``)."""
+"""Device facts: vendor (cuda / rocm / cpu; ROCm GPUs are ``cuda`` devices), arch, fp8 dtype. Devices are
+always indexed (``cuda:0``, never ``cuda``)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,8 @@ class DeviceError(ValueError):
 
 @dataclass(frozen=True)
 class PlatformInfo:
-    """What the suite runs on."""
-
     vendor: str  # "cuda" (NVIDIA), "rocm" (AMD) or "cpu"
-    device: torch.device  # indexed: ``cuda:0``, never bare ``cuda``
+    device: torch.device
     arch: str  # "sm_90", "gfx950", ... or "cpu"
     name: str  # the device's marketing name (``NVIDIA H200``) or the CPU's
     fp8_dtype: torch.dtype  # ``torch.float8_e4m3fn``; ``float8_e4m3fnuz`` on gfx942
@@ -35,8 +33,7 @@ class PlatformInfo:
     multi_processor_count: int  # SMs / CUs (0 on CPU)
 
     @property
-    def device_type(self) -> str:
-        """``"cpu"`` or ``"cuda"`` (ROCm included)."""
+    def device_type(self) -> str:  # "cpu" or "cuda" (ROCm included)
         return self.device.type
 
     def no_gpu(self) -> str:
@@ -49,13 +46,11 @@ class PlatformInfo:
 
 
 def vendor_of_build() -> str:
-    """``"rocm"`` if this torch is a HIP build, ``"cuda"`` if a CUDA build, else ``"cpu"``."""
     return "rocm" if getattr(torch.version, "hip", None) else "cuda" if getattr(torch.version, "cuda", None) else "cpu"
 
 
 def normalize_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``auto``/``cpu``/``cuda``/``cuda:N`` as an indexed torch device; DeviceError for an unknown string,
-    ``hip`` (ROCm GPUs are ``cuda``), or a GPU device when none is available."""
+    """``auto``/``cpu``/``cuda``/``cuda:N`` as an indexed torch device; DeviceError otherwise or when absent."""
     if device is None or device == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if isinstance(device, str) and device.startswith("hip"):
@@ -78,19 +73,18 @@ def normalize_device(device: str | torch.device | None = "auto") -> torch.device
 
 
 def gpu_arch(device: torch.device) -> str:
-    """``gfx950``-style arch on ROCm (``gcnArchName`` without feature flags), ``sm_XY`` on NVIDIA."""
+    """``gfx950`` on ROCm (``gcnArchName`` without feature flags), ``sm_XY`` on NVIDIA."""
     props = torch.cuda.get_device_properties(device)
     gcn = getattr(props, "gcnArchName", None)
     return gcn.split(":")[0] if vendor_of_build() == "rocm" and gcn else f"sm_{props.major}{props.minor}"
 
 
 def fp8_dtype_for(vendor: str, arch: str) -> torch.dtype:
-    """The fp8 e4m3 dtype: ``float8_e4m3fnuz`` on gfx94x (max 240), else ``float8_e4m3fn`` (max 448)."""
+    """``float8_e4m3fnuz`` on gfx94x (max 240), else ``float8_e4m3fn`` (max 448)."""
     return torch.float8_e4m3fnuz if vendor == "rocm" and arch.startswith("gfx94") else torch.float8_e4m3fn
 
 
 def platform_info(device: str | torch.device | None = "auto") -> PlatformInfo:
-    """The device the suite would run on; DeviceError (:func:`normalize_device`)."""
     dev = normalize_device(device)
     if dev.type == "cpu":
         return PlatformInfo("cpu", dev, "cpu", _pyplatform.processor() or _pyplatform.machine(), torch.float8_e4m3fn,
@@ -107,8 +101,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def environment(pinfo: PlatformInfo) -> dict[str, Any]:
-    """Versions and device facts stored with every run; distribution versions, never imports (importing aiter
-    on a non-ROCm machine runs rocminfo)."""
+    """Versions and device facts stored with every run (distribution versions: importing aiter runs rocminfo)."""
     dists = {"asv": "asv", "asv_runner": "asv_runner", "numpy": "numpy", "aiter": "amd-aiter", "vllm": "vllm",
              "fa3_fwd_interface": "fa3-fwd"}
     return {"mla_fp8_bench": __version__, "torch": str(torch.__version__), "python": _pyplatform.python_version(),

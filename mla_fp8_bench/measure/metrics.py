@@ -1,6 +1,4 @@
-"""Error metrics of an attention output against a reference, in float64. ``mismatch_fraction`` is AITER's
-``checkAllclose`` (aiter/test_common.py): the fraction failing ``|out - ref| <= atol + rtol * |ref|`` at atol =
-rtol = 5e-2 (op_tests/test_mla_prefill_ps.py); non-finite outputs count as mismatches."""
+"""Error metrics of an attention output against a reference, in float64."""
 
 from __future__ import annotations
 
@@ -12,22 +10,18 @@ import torch
 
 from mla_fp8_bench.problem.cases import CaseKind
 
-#: Floor of ``|ref|`` in ``max_rel_error``: outputs are convex combinations of v rows (|v| ~ 1 for randn), so
-#: 1e-2 keeps near-zero reference elements from dominating.
+#: Floor of ``|ref|`` in ``max_rel_error``, so near-zero reference elements (|v| ~ 1) do not dominate.
 REL_ERROR_FLOOR = 1e-2
-MISMATCH_ATOL = MISMATCH_RTOL = 5e-2
+MISMATCH_ATOL = MISMATCH_RTOL = 5e-2  # AITER's checkAllclose in op_tests/test_mla_prefill_ps.py
 
 
 @dataclass(frozen=True)
 class ErrorMetrics:
-    """Errors of ``out`` vs ``ref``. ``rel_l2_error`` of an all-zero reference (``||ref||_2`` below ``sqrt(numel)``
-    times the smallest normal float64) divides by ``REL_ERROR_FLOOR * sqrt(numel)`` (0 when out == ref)."""
-
     max_abs_error: float  # max |out - ref| over finite elements (inf if any output is non-finite)
     mean_abs_error: float  # mean of |out - ref| over finite elements
-    rel_l2_error: float  # ||out - ref||_2 / ||ref||_2
+    rel_l2_error: float  # ||out - ref||_2 / ||ref||_2 (an all-zero ref: / REL_ERROR_FLOOR * sqrt(numel))
     max_rel_error: float  # max |out - ref| / max(|ref|, REL_ERROR_FLOOR)
-    mismatch_fraction: float  # AITER checkAllclose failing fraction at (atol, rtol)
+    mismatch_fraction: float  # failing |out - ref| <= atol + rtol * |ref| (checkAllclose); non-finite fail
     nonfinite_count: int  # NaN/Inf elements in ``out``
     numel: int  # elements compared
 
@@ -37,8 +31,7 @@ class ErrorMetrics:
 
 def error_metrics(out: torch.Tensor, ref: torch.Tensor, *, atol: float = MISMATCH_ATOL, rtol: float = MISMATCH_RTOL,
                   rel_floor: float = REL_ERROR_FLOOR) -> ErrorMetrics:
-    """Compare ``out`` with ``ref`` (same shape, any float dtypes) in float64; ValueError if the shapes differ
-    or the tensors are empty."""
+    """``out`` vs ``ref`` (same shape, any float dtypes); ValueError if the shapes differ or they are empty."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from reference shape {tuple(ref.shape)}")
     if out.numel() == 0:
@@ -70,10 +63,8 @@ def _lse_pair(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
 
 
 def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | None = None) -> float:
-    """Max relative error ``|lse - ref| / max(|ref|, 1)`` of ``[T, H]`` natural-log LSEs over ``rows`` (bool
-    ``[T]``) or all rows (0 when none). Where the reference is -inf (a row that sees no key) an infinite ``lse``
-    of either sign is exact (vLLM's merge reads +-inf as -inf) and a finite one is inf; a non-finite ``lse``
-    against a finite reference is inf. ValueError if the shapes differ."""
+    """Max ``|lse - ref| / max(|ref|, 1)`` of ``[T, H]`` LSEs over bool ``rows`` or all (0 when none). Where the
+    reference is -inf any infinite ``lse`` is exact (vLLM's merge reads +-inf as -inf), a finite one inf."""
     a, b = _lse_pair(lse, ref_lse, rows)
     if a.numel() == 0:
         return 0.0
@@ -84,10 +75,8 @@ def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor, rows: torch.Tensor | Non
 
 
 def lse_metrics(lse: torch.Tensor, rows: torch.Tensor, ref_lse: torch.Tensor, kind: CaseKind) -> dict[str, float | int]:
-    """``lse_rel_error_fp8_ref`` (:func:`lse_error`), ``lse_rows_checked`` and ``lse_nonfinite_count`` (compared
-    elements non-finite where the reference is finite). ``prefill`` compares the rows the backend says it wrote
-    (``rows``: before AITER #3606 only rows of split tiles have a final LSE); kinds with context compare every
-    row, as vLLM merges context chunks on every row."""
+    """``lse_rel_error_fp8_ref``, ``lse_rows_checked``, ``lse_nonfinite_count``. ``prefill`` compares the
+    ``rows`` the backend wrote; kinds with context compare every row, as vLLM merges on every row."""
     mask = None if kind.context else rows
     a, b = _lse_pair(lse, ref_lse, mask)
     return {"lse_rel_error_fp8_ref": lse_error(lse, ref_lse, mask),

@@ -1,6 +1,5 @@
-"""Exact attention for ragged batches (output and natural-log LSE), one sequence at a time in query chunks.
-Against the dequantised fp8 inputs (:func:`reference_fp8_dequant`) the input rounding cancels, so the error is
-the kernel's own; against the bf16 inputs (:func:`reference_bf16`) it is the end-to-end error."""
+"""Exact attention for ragged batches (output and natural-log LSE), one sequence at a time in query chunks:
+on the dequantised fp8 inputs (the kernel's own error) or the bf16 inputs (the end-to-end error)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from mla_fp8_bench.problem.inputs import CaseInputs
 _CHUNK_ELEMENTS = 1 << 23
 
 
-def default_ref_dtype(device: torch.device) -> torch.dtype:
-    """float64 on CPU, float32 on GPUs (fp64 throughput there is low on consumer parts)."""
+def default_ref_dtype(device: torch.device) -> torch.dtype:  # fp64 is slow on GPUs
     return torch.float64 if device.type == "cpu" else torch.float32
 
 
@@ -30,11 +28,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      softmax_scale: float, *, causal: bool = True, dtype: torch.dtype | None = None,
                      chunk_elements: int = _CHUNK_ELEMENTS,
                      cu_seqlens_kv: list[int] | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact (bottom-right causal when ``causal``) softmax attention over a ragged batch: q ``[T_q, H, Dqk]``, k
-    ``[T_kv, H, Dqk]``, v ``[T_kv, H, Dv]``, ``cu_seqlens`` ``[B+1]`` query starts (and key starts unless
-    ``cu_seqlens_kv`` is given), scores ``q.k * softmax_scale``, in ``dtype`` (default :func:`default_ref_dtype`)
-    in chunks of ``chunk_elements`` scores. Returns ``(out [T_q, H, Dv], lse [T_q, H])`` (a row that sees no
-    key: out 0, LSE -inf); ValueError on bad shapes or starts."""
+    """Exact (bottom-right causal) attention of q ``[T_q, H, Dqk]``, k ``[T_kv, H, Dqk]``, v ``[T_kv, H, Dv]``
+    over ``cu_seqlens`` (key starts too unless ``cu_seqlens_kv``): ``(out, lse)``, a row that sees no key gets
+    out 0, LSE -inf. ValueError on bad shapes or starts."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q/k/v must be 3-D [T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if (cu_seqlens_kv is None and q.shape[0] != k.shape[0]) or q.shape[1:2] != k.shape[1:2] \
@@ -55,7 +51,6 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                 softmax_scale: float, causal: bool, dtype: torch.dtype, chunk_elements: int) -> None:
-    """One sequence: q ``[n, H, D]``, k/v ``[n_kv, H, D]``; writes ``out`` ``[n, H, Dv]`` and ``lse`` ``[n, H]``."""
     n, h, n_kv = q.shape[0], q.shape[1], k.shape[0]
     if n == 0 or n_kv == 0:
         return  # out 0, lse -inf
@@ -81,18 +76,15 @@ def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
 
 def case_attention(inputs: CaseInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact attention of ``inputs``' case on the given q/k/v: its q/kv starts and its mask (non-causal for
-    ``ctx``, bottom-right causal over context + new keys for ``prefix``). Returns ``(out, lse)``."""
+    """Exact attention of ``inputs``' case (its starts and mask) on the given q/k/v: ``(out, lse)``."""
     return causal_attention(q, k, v, inputs.cu_seqlens_q_cpu, inputs.softmax_scale, causal=inputs.causal,
                             dtype=dtype, cu_seqlens_kv=inputs.cu_seqlens_kv_cpu)
 
 
 def reference_fp8_dequant(inputs: CaseInputs, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference on the dequantised fp8 inputs: ``(out [T,H,128], lse [T,H])``; isolates kernel error."""
     dtype = dtype or default_ref_dtype(inputs.device)
     return case_attention(inputs, *inputs.dequantized(dtype), dtype)
 
 
 def reference_bf16(inputs: CaseInputs, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference on the original bf16 inputs: ``(out [T,H,128], lse [T,H])``; end-to-end FP8 error."""
     return case_attention(inputs, inputs.q, inputs.k, inputs.v, dtype)

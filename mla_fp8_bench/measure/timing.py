@@ -1,5 +1,5 @@
-"""Latency in seconds. Methods: ``graph`` (a sample is the device-event time of one replay of ``launches``
-captured calls / ``launches``), ``events`` (the same launches eagerly, when capture fails), ``host`` (CPU:
+"""Latency in seconds. Methods: ``graph`` (a sample is one replay of ``launches`` captured calls, timed by
+device events, / ``launches``), ``events`` (the same launches eagerly, when capture fails), ``host`` (CPU:
 ``perf_counter`` per call) and ``host-sync`` (:func:`time_call`)."""
 
 from __future__ import annotations
@@ -31,14 +31,12 @@ class TimingResult:
         return statistics.median(self.samples_s)
 
     @property
-    def iqr_s(self) -> float:
-        """Inter-quartile range of the samples, seconds (0 for fewer than 4 samples)."""
+    def iqr_s(self) -> float:  # 0 for fewer than 4 samples
         q = statistics.quantiles(self.samples_s, n=4) if len(self.samples_s) >= 4 else (0.0, 0.0, 0.0)
         return q[2] - q[0]
 
     @property
-    def cv(self) -> float:
-        """Coefficient of variation (stdev / mean) of the samples (0 for fewer than 2)."""
+    def cv(self) -> float:  # stdev / mean, 0 for fewer than 2 samples
         s = self.samples_s
         return statistics.stdev(s) / statistics.fmean(s) if len(s) >= 2 else 0.0
 
@@ -64,8 +62,8 @@ def _events() -> tuple:
 
 def _chunk(work: Callable[[], object], n: int, events: tuple, stream, sync: Callable[[], None], reader=None,
            sm: list | None = None) -> float:
-    """Device seconds of ``n`` back-to-back ``work()`` calls between the event pair ``events``; with ``reader``
-    the SM clock read while they run is appended to ``sm``."""
+    """Device seconds of ``n`` back-to-back ``work()`` calls; with ``reader`` the SM clock read meanwhile
+    is appended to ``sm``."""
     e0, e1 = events
     e0.record(stream)
     for _ in range(n):
@@ -77,27 +75,33 @@ def _chunk(work: Callable[[], object], n: int, events: tuple, stream, sync: Call
     return e0.elapsed_time(e1) / 1e3
 
 
-def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[], None]):
-    """Capture ``launches`` back-to-back calls of ``run`` in one CUDA/HIP graph (warmed on a side stream)."""
-    side = torch.cuda.Stream(stream.device)
-    side.wait_stream(stream)
-    with torch.cuda.stream(side):
-        run()
-    stream.wait_stream(side)
-    sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
+def _capture(run: Callable[[], object], launches: int, stream, sync: Callable[[], None], device) -> tuple:
+    """``(graph of launches back-to-back calls of run (warmed on a side stream), "")``, or ``(None, the note
+    of the events fallback)`` when capture fails."""
+    try:
+        side = torch.cuda.Stream(stream.device)
+        side.wait_stream(stream)
+        with torch.cuda.stream(side):
             run()
-    graph.replay()
-    sync()
-    return graph
+        stream.wait_stream(side)
+        sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(launches):
+                run()
+        graph.replay()
+        sync()
+        return graph, ""
+    except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
+        with contextlib.suppress(Exception):  # the capture error is the one to report
+            torch.cuda.synchronize(device)
+        return None, f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
 
 
 def _chunks_until(work: Callable[[], object], n: int, stream, sync: Callable[[], None], min_s: float, max_s: float,
                   steady: Callable[[list, list], bool], reader=None) -> tuple[float, int, bool, list]:
-    """Chunks of ``n`` calls (:func:`_chunk`) until at least ``min_s`` device seconds ran and ``steady(per-launch
-    times, SM clocks)``, or ``max_s`` ran: ``(device seconds, calls, steady reached, SM clocks)``."""
+    """Chunks of ``n`` calls until ``min_s`` device seconds ran and ``steady(per-launch times, SM clocks)``,
+    or ``max_s`` ran: ``(device seconds, calls, steady reached, SM clocks)``."""
     per: list[float] = []
     sm: list[float | None] = []
     total, calls, events = 0.0, 0, _events()
@@ -112,9 +116,8 @@ def _chunks_until(work: Callable[[], object], n: int, stream, sync: Callable[[],
 
 def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Callable[[], None], min_s: float,
             max_s: float, tol: float, chunk_s: float = 0.025, reader=None) -> dict:
-    """Run ``sample`` in chunks of about ``chunk_s`` device time until at least ``min_s`` ran, the last three
-    chunks' per-launch times agree within ``tol`` and their SM clocks within 15 MHz. Returns ``{"replays",
-    "device_s", "settled", "sm_mhz": [clock after each chunk]}``."""
+    """Chunks of about ``chunk_s`` until ``min_s`` ran, the last three per-launch times agree within ``tol``
+    and the SM clock plateaus. ``{"replays", "device_s", "settled", "sm_mhz": [clock after each chunk]}``."""
     if per_sample_s >= 4 * chunk_s or not min_s > 0:  # none asked for; long samples are their own warm-up
         return {"replays": 0, "device_s": 0.0, "settled": False, "sm_mhz": []}
     n = int(min(10_000, max(1, round(chunk_s / max(per_sample_s, 1e-9)))))
@@ -128,9 +131,8 @@ def _settle(sample: Callable[[], None], per_sample_s: float, stream, sync: Calla
 
 
 def heat_up(device: torch.device, reader=None, min_s: float = 0.5, max_s: float = 3.0) -> dict:
-    """Bring an idle GPU to its sustained-load state once per process: bf16 4096^3 GEMMs in chunks of 300
-    (about 55 ms), at least ``min_s`` and until four SM clock readings lie within 15 MHz, at most ``max_s``
-    device seconds. Returns ``{"device_s", "sm_mhz", "plateau"}``."""
+    """Bring an idle GPU to its sustained-load state: chunks of 300 bf16 4096^3 GEMMs (about 55 ms), at least
+    ``min_s`` and until four SM clock readings lie within 15 MHz, at most ``max_s`` device seconds."""
     gemm = functools.partial(torch.matmul, *(torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
                                              for _ in range(2)))
     total, _calls, plateau, sm = _chunks_until(gemm, 300, torch.cuda.current_stream(device),
@@ -143,8 +145,7 @@ _PROCESS_STATE: dict = {}
 
 
 def process_clock_state(device: torch.device, heat_up_gpu: bool = True) -> dict:
-    """Once per process: the clock reader, the clock policy and (unless ``heat_up_gpu`` is False) the
-    heat-up. Returns ``{"reader", "policy", "heat_up"}``."""
+    """Once per process: ``{"reader", "policy", "heat_up"}`` (no heat-up unless ``heat_up_gpu``)."""
     key = str(device)
     if key not in _PROCESS_STATE:
         reader = open_reader(device.index or 0, "rocm" if getattr(torch.version, "hip", None) else "cuda")
@@ -154,32 +155,10 @@ def process_clock_state(device: torch.device, heat_up_gpu: bool = True) -> dict:
     return _PROCESS_STATE[key]
 
 
-def _capture_failed(exc: BaseException, device: torch.device) -> str:
-    """Drain the device after a failed capture; the note recorded with the events fallback."""
-    with contextlib.suppress(Exception):  # the capture error is the one to report
-        torch.cuda.synchronize(device)
-    return f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); used events"
-
-
-def _probe_launch_s(run: Callable[[], object], device: torch.device, stream, sync: Callable[[], None],
-                    graph_capturable: bool) -> tuple[float, bool, str]:
-    """``(seconds, still_capturable, note)``: device time of one launch from a 4-launch probe graph replayed 3
-    times when capturable (host overhead cannot inflate it), else from 3 eager launches."""
-    note = ""
-    if graph_capturable:
-        try:
-            probe = _capture(run, 4, stream, sync)
-            return max(_chunk(probe.replay, 3, _events(), stream, sync) / (3 * 4), 1e-7), True, note
-        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
-            graph_capturable, note = False, _capture_failed(exc, device)
-    return max(_chunk(run, 3, _events(), stream, sync) / 3, 1e-7), graph_capturable, note
-
-
 def _sample_loop(one_sample: Callable[[], None], samples: int, stream, flush_buf, time_budget_s: float,
                  reader) -> tuple[list[tuple], list]:
-    """Up to ``samples`` event-bracketed samples, one in flight while the host waits for the previous one and
-    reads the clock (the GPU never idles between samples; each reading is taken while its sample runs); at
-    least 5 once ``time_budget_s`` is spent. Returns ``(event pairs, clock readings)``."""
+    """Up to ``samples`` event-bracketed samples (at least 5 once ``time_budget_s`` is spent), one in flight
+    while the host waits for the previous one and reads the clock, so the GPU never idles between samples."""
     pairs: list[tuple] = []
     readings: list = []
     t_budget, mid = time.perf_counter() + time_budget_s, samples // 2
@@ -205,15 +184,10 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
                 flush_l2: bool = False, time_budget_s: float = 20.0, warmup_s: float = 0.15,
                 warmup_max_s: float = 1.0, warmup_tol: float = 0.005, min_window_s: float = 0.1,
                 clocks: bool = True) -> TimingResult:
-    """Kernel-only latency of ``run`` (device work, no host sync) on a ``cuda:N`` device, seconds per launch:
-    warm-up, a one-launch probe, a graph of ``launches`` calls (events if capture fails), the clock-aware
-    settle (``warmup_s`` .. ``warmup_max_s`` until within ``warmup_tol``), then samples.
-
-    ``samples``: least samples (fewer, never under 5, once ``time_budget_s`` runs out; up to 4x to span
-    ``min_window_s``); a sample lasts about ``target_sample_s`` (at most ``max_launches``; one launch with
-    ``flush_l2``, which flushes L2 before each). ``extra``: ``est_launch_s``, ``warmup_replays``,
-    ``warmup_device_s``, ``warmup_settled``, ``warmup_sm_mhz``, and ``clocks`` (:func:`clocks.mark_samples`)
-    when ``clocks`` reads them. ValueError for a device not a GPU."""
+    """Kernel-only seconds per launch of ``run`` on a ``cuda:N`` device: warm-up, a one-launch probe, a graph
+    of ``launches`` calls (events if capture fails), the clock-aware settle, then at least ``samples``
+    samples (up to 4x to span ``min_window_s``; never under 5 once ``time_budget_s`` runs out) of about
+    ``target_sample_s`` each (one launch with ``flush_l2``). ValueError for a device not a GPU."""
     if device.type != "cuda":
         raise ValueError(f"time_device needs a cuda/rocm device, got {device}")
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
@@ -221,7 +195,13 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
     reader = process_clock_state(device)["reader"] if clocks else None
     reader = reader if reader is not None and reader.available else None
     warm = _warmup(run, sync)
-    one, graph_capturable, note = _probe_launch_s(run, device, stream, sync, graph_capturable)
+    note, probe = "", None  # one launch's device time: a 4-launch graph replayed 3 times (no host overhead)
+    if graph_capturable:
+        probe, note = _capture(run, 4, stream, sync, device)
+        graph_capturable = probe is not None
+    one = max(_chunk(probe.replay, 3, _events(), stream, sync) / (3 * 4) if probe is not None
+              else _chunk(run, 3, _events(), stream, sync) / 3, 1e-7)
+    probe = None
     launches = 1 if flush_l2 else int(min(max_launches, max(1, round(target_sample_s / one))))
     flush_buf = None
     if flush_l2:  # twice the L2 (64 MiB where torch does not report it) of fp32, zeroed before each sample
@@ -229,10 +209,7 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
         flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device=device)
     graph = None
     if graph_capturable:
-        try:
-            graph = _capture(run, launches, stream, sync)
-        except Exception as exc:  # noqa: BLE001
-            note = _capture_failed(exc, device)
+        graph, note = _capture(run, launches, stream, sync, device)
 
     def one_sample() -> None:
         if graph is not None:
@@ -256,8 +233,8 @@ def time_device(run: Callable[[], object], device: torch.device, *, graph_captur
 
 def _host_samples(run: Callable[[], object], sync: Callable[[], None], samples: int, min_samples: int,
                   time_budget_s: float) -> list[float]:
-    """``perf_counter`` seconds of up to ``samples`` ``run(); sync()`` calls, stopping after ``min_samples``
-    once ``time_budget_s`` is spent."""
+    """Seconds of up to ``samples`` ``run(); sync()`` calls, at least ``min_samples`` once ``time_budget_s``
+    is spent."""
     out: list[float] = []
     t_budget = time.perf_counter() + time_budget_s
     for _ in range(samples):
@@ -270,15 +247,6 @@ def _host_samples(run: Callable[[], object], sync: Callable[[], None], samples: 
     return out
 
 
-def time_host(run: Callable[[], object], *, samples: int = 15, min_samples: int = 3,
-              time_budget_s: float = 10.0, warmup: bool = True) -> TimingResult:
-    """Latency of ``run`` on the CPU: ``perf_counter`` per call after one warm-up call (``warmup``); at least
-    ``min_samples``, then stops once ``time_budget_s`` is spent."""
-    if warmup:
-        run()
-    return TimingResult(_host_samples(run, lambda: None, samples, min_samples, time_budget_s), "host", 1, int(warmup))
-
-
 def time_call(run: Callable[[], object], device: torch.device, *, samples: int = 20,
               time_budget_s: float = 5.0) -> TimingResult:
     """Host-inclusive latency of one call (``run(); synchronize()``), as a user of the API sees it."""
@@ -289,17 +257,22 @@ def time_call(run: Callable[[], object], device: torch.device, *, samples: int =
 
 def measure_latency(run: Callable[[], object], device: torch.device, *, graph_capturable: bool = False,
                     **kw) -> TimingResult:
-    """Kernel-only latency on GPUs (:func:`time_device`), host latency on CPU (:func:`time_host`)."""
+    """Kernel-only latency on GPUs (:func:`time_device`); on CPU ``perf_counter`` per call after one warm-up
+    call (``warmup``), ``samples`` (15) calls, at least ``min_samples`` (3) once ``time_budget_s`` (10) is spent."""
     if device.type == "cuda":
         return time_device(run, device, graph_capturable=graph_capturable, **kw)
-    return time_host(run, **{k: v for k, v in kw.items() if k in ("samples", "time_budget_s", "min_samples", "warmup")})
+    warmup = kw.get("warmup", True)
+    if warmup:
+        run()
+    out = _host_samples(run, lambda: None, kw.get("samples", 15), kw.get("min_samples", 3),
+                        kw.get("time_budget_s", 10.0))
+    return TimingResult(out, "host", 1, int(warmup))
 
 
 def clock_fields(tr: TimingResult) -> dict:
-    """Record fields of the clock state of ``tr`` (empty without clock readings): ``latency_sm_cycles`` (median
-    of latency x the SM clock read during each sample, as nvbench-compare-robust derives it) and its samples;
-    median SM clock (MHz), temperature (deg C), power (W); the :func:`clocks.mark_samples` lists,
-    ``clock_locked``, ``warmup_settled``."""
+    """Record fields of ``tr``'s clock state (empty without readings): ``latency_sm_cycles`` (median of latency
+    x the SM clock read during each sample, as nvbench-compare-robust derives it) and its samples, median SM
+    clock, temperature, power, the :func:`clocks.mark_samples` lists, ``clock_locked``, ``warmup_settled``."""
     c = tr.extra.get("clocks")
     if not c:
         return {}

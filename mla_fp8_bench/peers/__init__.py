@@ -1,5 +1,4 @@
-"""Optional peers of the AITER path: FA3 and cuDNN backends, measured GPU ceilings. The core reaches them
-only through the backend registry's names and lazy imports (``pip install -e '.[peers]'``)."""
+"""Optional peers of the AITER path (FA3, cuDNN), reached only through the backend registry's lazy imports."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ def load_once(cache: dict[str, Any], key: str, load: Callable[[], Any]) -> Any:
 
 
 def loadable(load: Callable[[], Any]) -> Verdict:
-    """Yes when ``load()`` succeeds, else no with its BackendUnavailable reason."""
     try:
         load()
     except BackendUnavailable as exc:
@@ -31,5 +29,4 @@ def loadable(load: Callable[[], Any]) -> Verdict:
 
 
 def first_line(exc: BaseException) -> str:
-    """``"<ExcType>: <first line of the message, 200 chars at most>"``."""
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"

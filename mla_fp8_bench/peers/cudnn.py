@@ -1,11 +1,6 @@
-"""cuDNN fused SDPA on Hopper: the second FP8 peer (``cudnn-fp8``) and its bf16 twin (``cudnn-bf16``), from
-the ``nvidia-cudnn-frontend`` wheel (module ``cudnn``, imported lazily; ``sdpa_fp8`` since 1.3.0; install
-with ``--no-deps``). q/k/v are BSHD views ``[B, H, S, D]`` of the packed ``[T, H, D]`` tensors; a batch of
-several sequences gets int64 ragged offsets (``cu_seqlens * H * D``) and int32 padding-mask lengths. Masks:
-causal top-left for ``prefill``, none for ``ctx``, causal bottom-right for ``prefix`` (where cuDNN refuses
-it, its build error is the skip reason). ``cudnn-fp8`` scales P by 448 into e4m3's range and O by
-``1/descale_v``; a bf16 FP8-forward output needs Blackwell, so on Hopper the e4m3 output is dequantised
-inside the timed ``run()`` (``extras["cudnn_output"]`` says which). ``run()`` is host-sync free."""
+"""cuDNN fused SDPA (``nvidia-cudnn-frontend``, imported lazily): ``cudnn-fp8`` and its bf16 twin. q/k/v are
+BSHD views of the packed ``[T, H, D]`` tensors, ragged offsets for batches. On Hopper the FP8 forward's e4m3
+output is dequantised inside the timed, host-sync free ``run()`` (``extras["cudnn_output"]``)."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ _cache: dict[str, Any] = {}
 
 
 def load_cudnn() -> Any:
-    """The frontend module ``cudnn`` (cached); BackendUnavailable: not installed, failing import (quoted), or
-    a backend older than 9.1.0 or 9.10.0."""
+    """The module ``cudnn`` (cached); BackendUnavailable when missing, failing or without FP8 SDPA."""
     return load_once(_cache, "mod", _load)
 
 
@@ -48,20 +42,17 @@ def _load() -> Any:
 
 
 def _bshd(x: torch.Tensor, batch: int, max_s: int) -> tuple[list[int], list[int]]:
-    """cuDNN dims ``[B, H, S, D]`` and BSHD strides of a packed ``[T, H, D]`` tensor."""
     _, h, d = x.shape
     return [batch, h, max_s, d], [max_s * h * d, d, h * d, 1]
 
 
 def _aux(graph, pack: dict, name: str, value: torch.Tensor, data_type):
-    """A graph tensor over the small contiguous ``value`` (``[n, 1, 1, 1]``), registered in ``pack``."""
     t = graph.tensor(name=name, dim=list(value.shape), stride=[1, 1, 1, 1], data_type=data_type)
     pack[t] = value
     return t
 
 
 def _ragged(graph, dt, pack: dict, t, name: str, cu: torch.Tensor, x: torch.Tensor) -> None:
-    """Give graph tensor ``t`` over packed ``x`` ``[T, H, D]`` the int64 element offsets ``cu * H * D``."""
     off = (cu * x.shape[1] * x.shape[2]).to(device=x.device).reshape(-1, 1, 1, 1).contiguous()
     t.set_ragged_offset(_aux(graph, pack, f"off_{name}", off, dt.INT64))
 
@@ -75,8 +66,6 @@ def _inference(node, *args, **kw):
 
 
 class _CudnnBase(Backend):
-    """Shared cuDNN plumbing; subclasses give the inputs (``_tensors``) and the attention node (``_node``)."""
-
     context_chunks: ClassVar[Verdict] = Verdict.no("the cuDNN backends do not return LSE yet (cuDNN's ragged Stats "
                                                    "output is not wired), which ctx and prefix cases need")
 
@@ -88,8 +77,6 @@ class _CudnnBase(Backend):
         return loadable(load_cudnn)
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Build and plan the cuDNN graph (untimed). BackendUnavailable: not a CUDA device or no frontend;
-        CaseUnsupported: cuDNN refuses the case (quoting cuDNN's error)."""
         if inputs.device.type != "cuda":
             raise BackendUnavailable(f"needs an NVIDIA GPU; found {inputs.device.type}")
         cudnn = load_cudnn()
@@ -116,7 +103,6 @@ class _CudnnBase(Backend):
             "cudnn_output": state.get("output_note", "bf16")})
 
     def _build(self, cudnn, handle, q, k, v, inputs, state):
-        """The planned cuDNN graph and the output tensor (``[T_q, H, 128]``, bf16 or e4m3)."""
         dev, pack, dt = inputs.device, state["pack"], cudnn.data_type
         cu_q, cu_kv = inputs.cu_seqlens_q_cpu.to(torch.int64), inputs.cu_seqlens_kv_cpu.to(torch.int64)
         batch, max_q, max_kv = int(cu_q.numel()) - 1, int(inputs.max_seqlen_q), int(inputs.max_seqlen_kv)
@@ -156,8 +142,6 @@ class _CudnnBase(Backend):
 
 
 class CudnnFp8(_CudnnBase):
-    """cuDNN FP8 SDPA forward: e4m3 q/k/v with per-tensor descales in (Hopper: e4m3 out, dequantised)."""
-
     name = "cudnn-fp8"
     description = "cuDNN fused FP8 SDPA (nvidia-cudnn-frontend sdpa_fp8): e4m3 in, per-tensor descales (Hopper peer)"
     fp8 = True
@@ -191,8 +175,6 @@ class CudnnFp8(_CudnnBase):
 
 
 class CudnnBf16(_CudnnBase):
-    """cuDNN bf16 SDPA forward on the original bf16 inputs (the non-FP8 twin)."""
-
     name = "cudnn-bf16"
     description = "cuDNN fused SDPA bf16 (nvidia-cudnn-frontend sdpa) on the bf16 inputs"
     fp8 = False

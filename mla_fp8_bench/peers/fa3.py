@@ -1,10 +1,6 @@
-"""FlashAttention-3 on Hopper: the FP8 peer (``fa3-fp8``) and its bf16 twin (``fa3-bf16``), from the wheel
-``fa3-fwd`` 0.0.3 (module ``fa3_fwd_interface``, imported lazily). ``run()`` is one host-sync free
-``flash_attn_varlen_func`` call with ``return_attn_probs=True``: q ``[T, H, 192]``, k ``[T_kv, H, 192]``, v
-``[T_kv, H, 128]`` (e4m3 or bf16, last dim contiguous; the bf16 ``mla`` v stays the strided ``kv_b_proj``
-view vLLM passes), int32 cu_seqlens, fp32 ``(B, H_kv)`` descales as stride-0 views of the per-tensor
-``[1]``; out ``[T, H, 128]`` bf16, LSE ``[H, T]`` returned as ``[T, H]``. ``prefix`` cases are composed,
-so FA3 never runs causally with q_len != kv_len."""
+"""FlashAttention-3 on Hopper (wheel ``fa3-fwd`` 0.0.3, imported lazily): ``fa3-fp8`` and its bf16 twin.
+``run()`` is one host-sync free ``flash_attn_varlen_func`` call (last dims contiguous, fp32 ``(B, H_kv)``
+descales as stride-0 views); LSE ``[H, T]`` is returned as ``[T, H]``."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ _module_cache: dict[str, Any] = {}
 
 
 def load_fa3() -> Any:
-    """``fa3_fwd_interface`` (cached); BackendUnavailable: not installed, or the import failed (e.g. the 0.0.3
-    wheel links ``libcudart.so.13``)."""
+    """``fa3_fwd_interface`` (cached); BackendUnavailable when not installed or not importable."""
     return load_once(_module_cache, FA3_MODULE, _load)
 
 
@@ -49,7 +44,6 @@ def _load() -> Any:
 
 
 def split_out_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``flash_attn_varlen_func`` returns ``out`` or ``(out, lse, ...)`` depending on build and flags."""
     if isinstance(result, torch.Tensor):
         return result, None
     if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
@@ -58,7 +52,6 @@ def split_out_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def expand_descale(descale: torch.Tensor, batch: int, heads_k: int) -> torch.Tensor:
-    """A per-tensor fp32 descale ``[1]`` as FA3's ``(batch, num_heads_k)``: a stride-0 expanded view."""
     return descale.to(torch.float32).reshape(1, 1).expand(batch, heads_k)
 
 
@@ -67,7 +60,7 @@ def _contiguous_last(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Fa3Base(Backend):
-    """Shared FA3 plumbing; subclasses give the inputs (``_tensors(inputs) -> q, k, v, kwargs``)."""
+    """Subclasses give ``_tensors(inputs) -> q, k, v, kwargs``."""
 
     context_chunks: ClassVar[Verdict] = Verdict.yes()
 
@@ -82,8 +75,6 @@ class _Fa3Base(Backend):
         return Verdict.yes()
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Casts, contiguity and descales outside the timed ``run``. BackendUnavailable: not a CUDA device or no
-        fa3-fwd; CaseUnsupported: head dims FA3 does not build, a causal q_len != kv_len call."""
         if inputs.device.type != "cuda":
             raise BackendUnavailable(f"needs an NVIDIA Hopper (sm_90) GPU; found {inputs.device.type}")
         fn = load_fa3().flash_attn_varlen_func
@@ -121,8 +112,6 @@ class _Fa3Base(Backend):
 
 
 class Fa3Fp8(_Fa3Base):
-    """FA3 FP8 forward: e4m3 q/k/v with per-tensor descales in, bf16 out (the Hopper FP8 peer)."""
-
     name = "fa3-fp8"
     description = "FlashAttention-3 FP8 (fa3-fwd 0.0.3): e4m3 in, per-tensor descales, bf16 out (Hopper peer)"
     fp8 = True
@@ -137,8 +126,6 @@ class Fa3Fp8(_Fa3Base):
 
 
 class Fa3Bf16(_Fa3Base):
-    """FA3 bf16 forward on the original bf16 inputs (non-FP8 baseline on Hopper)."""
-
     name = "fa3-bf16"
     description = "FlashAttention-3 bf16 (fa3-fwd 0.0.3) on the bf16 inputs (Hopper non-FP8 baseline)"
     fp8 = False
