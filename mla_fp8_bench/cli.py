@@ -135,12 +135,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 data = evaluate(names, cases, device=pinfo.device, options=opts, config=config, progress=step)
             except RunInterrupted as exc:
                 data, interrupted = exc.data, True
-        if not args.no_timing and not interrupted:
-            from mla_fp8_bench.peers.ceilings import attach
-
-            if args.rounds > 1:
-                rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
-            attach(data)  # measured fp8/bf16 GEMM and copy ceilings (GPU only; skipped on CPU)
+        if not args.no_timing and not interrupted and args.rounds > 1:
+            rounds_cut = _fold_run_rounds(args, data, str(pinfo.device), console)
         out, kept = output_path(args.json, data, interrupted) if args.json else (None, None)
         if out:
             write_json_or_rescue(data, out, "run's records")
