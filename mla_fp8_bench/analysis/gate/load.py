@@ -92,7 +92,7 @@ def _from_asv(res: R.AsvResult, label: str) -> Side:
 
     gpu = res.params.get("gpu")
     side = Side(label, str(res.path), res.machine, gpu if isinstance(gpu, str) else None, R.is_cpu_machine(res.params))
-    for name in res.benchmarks():
+    for name in res.results:
         m = find(name.rsplit(".", 1)[-1])
         if m is None:
             continue
