@@ -16,10 +16,9 @@ class MissingMetricError(RuntimeError):
 
 
 def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
-    """What the asv track of ``m`` returns for ``rec``: ``{"samples": [...], "number": 1}`` of its two or
-    more rounds of ``m`` (asv stores their median) or else its samples of ``m``; else the value floored at
-    ``m.floor``; NaN when absent (asv stores a skip). MissingMetricError: an accuracy metric is absent or
-    non-finite (a result, not a skip)."""
+    """What the asv track of ``m`` returns for ``rec``: its rounds (two or more) or else samples as asv samples,
+    else the value floored; NaN (asv's skip) when absent. MissingMetricError: an accuracy value absent or
+    non-finite."""
     rounds = rec.get(m.rounds_key) if m.rounds_key else None
     samples = rounds if isinstance(rounds, list) and len(rounds) >= 2 else m.samples_key and rec.get(m.samples_key)
     if samples:
@@ -49,9 +48,7 @@ def _make_track(m: Metric, class_version: str | None):
 
 
 def with_tracks(cls: type) -> type:
-    """Class decorator: the ``track_*`` method (reading ``self.rec``) of every metric whose ``asv_class`` is
-    ``cls.__name__``, versioned by :meth:`Metric.asv_version` of ``cls.version``; ValueError when the table
-    has none for the class or the class defines one of them."""
+    """Class decorator: the ``track_*`` method (reading ``self.rec``) of every metric of class ``cls``."""
     metrics = asv_metrics(cls.__name__)
     if not metrics:
         raise ValueError(f"the metric table has no asv track for class {cls.__name__}")
@@ -75,11 +72,8 @@ def _asv_regex(m: Metric, backend: str | None = None) -> str:
 
 
 def asv_regression_config(suite: bool = False) -> dict[str, dict[str, Any]]:
-    """``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None | commit}}``
-    from the table: one anchored regex per track (asv ``re.match``-es ``<module>.<class>.<track>(<param
-    reprs>)`` and applies the maximum over matches, so they are disjoint); ``None`` first commits (no
-    regression reported) for metrics that never gate in asv and the kernel latency of emulation backends;
-    with ``suite`` (the config of this suite's own history) :data:`SUITE_FIRST_COMMITS` too."""
+    """asv's ``regressions_thresholds`` and ``regressions_first_commits`` from the table (see
+    :data:`_BLOCK_COMMENT`); with ``suite`` (this suite's own history) :data:`SUITE_FIRST_COMMITS` too."""
     from mla_fp8_bench.harness.asv_support import emulation_backends
 
     thresholds: dict[str, float] = {}
@@ -107,9 +101,8 @@ _BLOCK_COMMENT = """\
 
 
 def write_asv_config(path: str) -> bool:
-    """Replace the regression keys, the last entries of an asv config file (``//`` comments above them too),
-    with the generated ones (``suite`` when its ``repo`` is ``"."``); whether the file changed. ValueError:
-    no ``"regressions_`` key."""
+    """Replace the regression keys, the last entries of an asv config file, with the generated ones; whether
+    the file changed."""
     import json
 
     from mla_fp8_bench.jsonio import write_file_atomic
