@@ -1,5 +1,5 @@
 """asv ``track_*`` methods and the asv configs' regression keys, generated from the metric table
-(:mod:`mla_fp8_bench.measure.metric_table`); ``python -m mla_fp8_bench.harness.asv_tracks asv*.conf.json``
+(:mod:`mla_fp8_bench.measure.metric_table`); ``python scripts/asv_regression_keys.py asv*.conf.json``
 rewrites the keys in place."""
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def _asv_regex(m: Metric, backend: str | None = None) -> str:
 
 
 def asv_regression_config(suite: bool = False) -> dict[str, dict[str, Any]]:
-    """asv's ``regressions_thresholds`` and ``regressions_first_commits`` from the table (see
-    :data:`_BLOCK_COMMENT`); with ``suite`` (this suite's own history) :data:`SUITE_FIRST_COMMITS` too."""
+    """asv's ``regressions_thresholds`` (one anchored, disjoint regex per track: asv applies the maximum over
+    matches) and ``regressions_first_commits`` (None: never reported) from the table; with ``suite`` (this
+    suite's own history) :data:`SUITE_FIRST_COMMITS` too."""
     from mla_fp8_bench.harness.asv_support import emulation_backends
 
     thresholds: dict[str, float] = {}
@@ -88,40 +89,3 @@ def asv_regression_config(suite: bool = False) -> dict[str, dict[str, Any]]:
         if suite:
             first.update({_asv_regex(m, b): sha for (t, b), sha in SUITE_FIRST_COMMITS.items() if t == m.track})
     return {"regressions_thresholds": thresholds, "regressions_first_commits": first}
-
-
-_BLOCK_COMMENT = """\
-    // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.harness.asv_tracks
-    // <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
-    // the MAX over matching entries, so they are disjoint): the gate's default rule, growth factor minus 1
-    // (accuracy 1.0: 2x, kernel latency and resources 0.05). regressions_first_commits null: no regression
-    // is reported for figures that are not a kernel's (host latency, informational, an emulation's latency);
-    // a commit: regressions are looked for from it on (an emulation's semantics changed there).
-"""
-
-
-def write_asv_config(path: str) -> bool:
-    """Replace the regression keys, the last entries of an asv config file, with the generated ones; whether
-    the file changed."""
-    import json
-
-    from mla_fp8_bench.jsonio import write_file_atomic
-
-    text = open(path).read()
-    at = re.search(r'^(\s*//.*\n)*\s*"regressions_', text, re.M)
-    if at is None:
-        raise ValueError(f"{path}: no \"regressions_thresholds\" key to replace")
-    head = text[:at.start()].rstrip()
-    keys = asv_regression_config(suite=re.search(r'^\s*"repo"\s*:\s*"\."', head, re.M) is not None)
-    new = (head if head.endswith((",", "{")) else head + ",") + "\n" + _BLOCK_COMMENT + json.dumps(
-        keys, indent=4).strip()[1:-1].strip("\n") + "\n}\n"
-    if new != text:
-        write_file_atomic(path, lambda f: f.write(new))
-    return new != text
-
-
-if __name__ == "__main__":
-    import sys
-
-    for conf in sys.argv[1:]:
-        print(f"{conf}: {'updated' if write_asv_config(conf) else 'already current'}")
