@@ -34,9 +34,6 @@ class SideSpec:  # how to run one side: the interpreter and the directories put 
     python: str
     prepend: tuple[str, ...] = ()
 
-    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        return RD.suite_env(self.prepend, base)
-
 
 _FORMS = ("give a Python interpreter (an executable file) or a directory holding an install of the library under "
           "test (an empty one: the library as installed)")
@@ -88,8 +85,8 @@ print("ok " + json.dumps(no))
 def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0, backends: Sequence[str] = ()) -> None:
     """AbUsageError unless ``side``'s interpreter imports torch and this suite and has ``backends`` on ``device``."""
     try:
-        p = subprocess.run([side.python, "-c", _PROBE, device, *backends], env=side.env(), capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run([side.python, "-c", _PROBE, device, *backends], env=RD.suite_env(side.prepend),
+                           capture_output=True, text=True, timeout=timeout)
         last = (p.stdout.strip().splitlines() or [""])[-1]
         why = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
         no = json.loads(last[3:]) if p.returncode == 0 and last.startswith("ok ") else None
@@ -156,7 +153,7 @@ class ServerRunner:
 
     def __call__(self, side, backends, cases, order, seed, out):
         if side.label not in self.servers or self.servers[side.label].proc.poll() is not None:
-            self.servers[side.label] = RD.RoundServer(side.python, side.env(), self.preload)
+            self.servers[side.label] = RD.RoundServer(side.python, RD.suite_env(side.prepend), self.preload)
         return self.servers[side.label].round(backends, cases, order, seed, out, self.device, timeout=self.timeout)
 
     def close(self, now: bool = False) -> None:  # now: also the running round child, at once
