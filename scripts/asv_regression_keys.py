@@ -7,11 +7,43 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # ruff: noqa: E402
-from mla_fp8_bench.harness.asv_tracks import asv_regression_config
+from mla_fp8_bench.harness.asv_support import emulation_backends
 from mla_fp8_bench.jsonio import write_file_atomic
+from mla_fp8_bench.measure.metric_table import Metric, asv_metrics
+
+#: Steps in the suite's own history (``asv.conf.json``, keyed by this suite's commits) that a change of an
+#: emulation's semantics left, not a change of the code measured: (track, backend) -> the commit from
+#: which asv looks for regressions. At 1bc13b1 the emulated PS plan gave every tile a partial slot, as
+#: AITER's ``need_lse`` change did before it shipped.
+SUITE_FIRST_COMMITS = {(track, "aiter-emulated"): "1bc13b171e28c9d31ee2b863ffc03b541a0ce44f"
+                       for track in ("track_num_partials", "track_workspace_bytes")}
+
+
+def _asv_regex(m: Metric, backend: str | None = None) -> str:
+    return "^" + re.escape(m.asv_name) + (re.escape(f"('{backend}'") if backend else r"(\(|$)")
+
+
+def asv_regression_config(suite: bool = False) -> dict[str, dict[str, Any]]:
+    """asv's ``regressions_thresholds`` (one anchored, disjoint regex per track: asv applies the maximum over
+    matches) and ``regressions_first_commits`` (None: never reported) from the table; with ``suite`` (this
+    suite's own history) :data:`SUITE_FIRST_COMMITS` too."""
+    thresholds: dict[str, float] = {}
+    first: dict[str, str | None] = {}
+    for m in asv_metrics():
+        if m.regression_factor is not None:
+            thresholds[_asv_regex(m)] = round(m.regression_factor - 1.0, 12)
+        else:
+            first[_asv_regex(m)] = None
+        if m.kind == "kernel_latency":
+            first.update({_asv_regex(m, b): None for b in emulation_backends()})
+        if suite:
+            first.update({_asv_regex(m, b): sha for (t, b), sha in SUITE_FIRST_COMMITS.items() if t == m.track})
+    return {"regressions_thresholds": thresholds, "regressions_first_commits": first}
+
 
 _BLOCK_COMMENT = """\
     // Generated from mla_fp8_bench/measure/metric_table.py (python scripts/asv_regression_keys.py
