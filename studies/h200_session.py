@@ -19,7 +19,7 @@ runs in its own subprocess, its log goes to ``logs/``):
 ``env``       ``nvidia-smi``, ``python -m mla_fp8_bench.cli env``, tree/.git check
 ``smoke``     ``cli run`` of fa3-fp8 and fa3-bf16 on s2048 (JSON), aiter-emulated on s512 (cost probe)
 ``pytest``    ``pytest tests/test_gpu.py``
-``ceilings``  :func:`mla_fp8_bench.peers.ceilings.measure_ceilings` (fp8/bf16 GEMM 8192^3, copy)
+``ceilings``  ``studies/ceilings.py`` (fp8/bf16 GEMM 8192^3, copy)
 ``cv``        ``--cv-procs`` separate processes of ``studies/profcheck.py`` for fa3-fp8
               at s128/s2048/s8192/s32768 (graph timing + profiler cross-check), then the CV summary;
               one process each for fa3-bf16 and torch-sdpa-bf16 (profiler cross-check)
@@ -347,7 +347,8 @@ def do_pytest(c) -> None:
 
 def do_ceilings(c) -> None:
     s, jd = c.s, c.jd
-    code = ("import json,sys; from mla_fp8_bench.peers.ceilings import measure_ceilings; r=measure_ceilings(); "
+    code = ("import json,sys; sys.path.insert(0, 'studies'); from ceilings import measure_ceilings; "
+            "r=measure_ceilings(); "
             f"json.dump(r, open({str(jd / 'ceilings.json')!r},'w'), indent=1); "
             "print({k: r.get(k) for k in ('fp8_gemm_tflops','bf16_gemm_tflops','copy_tb_s')})")
     rc, w = s.sh("ceilings", [py(), "-c", code], 120)
@@ -383,7 +384,8 @@ def do_cv(c) -> None:
 def do_sweep(c) -> None:
     s, args, jd = c.s, c.args, c.jd
     code = (
-        "import sys, mla_fp8_bench.harness.runner as R, mla_fp8_bench.peers.ceilings as C\n"
+        "import sys, mla_fp8_bench.harness.runner as R\n"
+        "sys.path.insert(0, 'studies'); import ceilings as C\n"
         "import mla_fp8_bench.cli as cli\n"
         "orig = R.evaluate\n"
         "def ev(*a, **k):\n"

@@ -182,7 +182,7 @@ def load_asv_machine(mdir: Path, commit: str | None = None, variant: str | None 
         res = R.newest_result(mdir, commit)
         tables = []  # per metric: (backend, case) -> measurement of MLAPrefill.<track>
         for m in (_LAT, _ERR8, _ERR16, _SPP, _EMU_LAT):
-            names = [n for n in res.benchmarks() if n.endswith(f".MLAPrefill.{m.track}")]
+            names = [n for n in res.results if n.endswith(f".MLAPrefill.{m.track}")]
             tables.append({x.params: x for x in res.measurements(names[0]).values() if len(x.params) == 2}
                           if names else {})
     except R.ResultsError as exc:

@@ -27,6 +27,10 @@ _spec = importlib.util.spec_from_file_location("profcheck", Path(__file__).resol
                                                / "profcheck.py")
 profcheck = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(profcheck)
+_spec = importlib.util.spec_from_file_location("ceilings", Path(__file__).resolve().parents[1] / "studies"
+                                               / "ceilings.py")
+ceilings = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ceilings)
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA/ROCm GPU; this machine has none (torch "
@@ -135,8 +139,7 @@ def test_expand_descale_shape_and_strides():
 # ---------------------------------------------------------------- CPU: ceilings and profcheck maths
 @pytest.mark.skipif(CUDA, reason="checks the CPU skip path")
 def test_ceilings_skip_on_cpu():
-    from mla_fp8_bench.peers.ceilings import attach, measure_ceilings
-
+    attach, measure_ceilings = ceilings.attach, ceilings.measure_ceilings
     r = measure_ceilings("cpu")
     assert r["status"] == "skipped" and "GPUs only" in r["reason"]
     data = {"env": {"device": "cpu"}, "records": [{"backend": "torch-sdpa-bf16", "status": "ok", "tflops": 1.0}]}
@@ -145,18 +148,8 @@ def test_ceilings_skip_on_cpu():
     assert "fraction_of_ceiling" not in data["records"][0]
 
 
-def test_ceilings_env_opt_out(monkeypatch):
-    from mla_fp8_bench.config import RunConfig
-    from mla_fp8_bench.peers.ceilings import attach
-
-    data = {"records": []}
-    assert attach(data, enabled=RunConfig.from_env({"MLA_FP8_BENCH_CEILINGS": "0"}).ceilings)["reason"] == (
-        "MLA_FP8_BENCH_CEILINGS=0")
-
-
 def test_annotate_records_fractions():
-    from mla_fp8_bench.peers.ceilings import annotate_records
-
+    annotate_records = ceilings.annotate_records
     ceil = {"status": "ok", "fp8_gemm_tflops": 1000.0, "bf16_gemm_tflops": 500.0,
             "datasheet": {"fp8": 2000.0, "bf16": 1000.0, "hbm_tb_s": 4.8}}
     data = {"records": [
@@ -223,8 +216,7 @@ def test_events_fallback_when_capture_fails():
 
 @needs_cuda
 def test_ceilings_measure_on_gpu():
-    from mla_fp8_bench.peers.ceilings import measure_ceilings
-
+    measure_ceilings = ceilings.measure_ceilings
     r = measure_ceilings(gemm_n=4096, copy_bytes=1 << 28, samples=5)
     assert r["status"] == "ok"
     assert r["bf16_gemm_tflops"] and r["bf16_gemm_tflops"] > 10

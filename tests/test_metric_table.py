@@ -3,6 +3,7 @@ the runner's record keys and asv.conf.json's regression keys."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -13,26 +14,32 @@ from pathlib import Path
 
 import pytest
 
-from mla_fp8_bench.harness import asv_tracks as at
 from mla_fp8_bench.harness.asv_tracks import MissingMetricError, track_value, with_tracks
 from mla_fp8_bench.measure import metric_table as mt
 
+_spec = importlib.util.spec_from_file_location("asv_regression_keys", Path(__file__).resolve().parents[1] / "scripts"
+                                               / "asv_regression_keys.py")
+keys_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(keys_script)
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-#: The asv benchmarks published before the table existed (results/ holds their history): names, units and
-#: pretty names must never change.
+#: The asv benchmarks published before the table existed (results/ holds their history): names and pretty
+#: names must never change. Units are asv's axis labels, not part of a series' identity (asv keys a series by
+#: name, params and version; the unit lives only in results/benchmarks.json): they are pinned here as the
+#: words the graphs show.
 PUBLISHED = {
     "MLAPrefill.track_latency": ("seconds", "MLA prefill latency"),
     "MLAPrefill.track_call_latency": ("seconds", "MLA prefill call latency (host-inclusive)"),
-    "MLAPrefill.track_max_abs_error": ("max_abs_err", "max-abs error vs fp8-dequant reference"),
-    "MLAPrefill.track_max_abs_error_bf16_ref": ("max_abs_err", "max-abs error vs bf16 reference"),
-    "MLAPrefill.track_rel_l2_error": ("rel_l2", "rel-L2 error vs fp8-dequant reference"),
-    "MLAPrefill.track_mismatch_fraction": ("fraction", "mismatch fraction (AITER checkAllclose 5e-2)"),
-    "MLAPrefill.track_nondeterminism": ("max_abs_diff", "run-to-run max difference"),
+    "MLAPrefill.track_max_abs_error": ("max-abs error", "max-abs error vs fp8-dequant reference"),
+    "MLAPrefill.track_max_abs_error_bf16_ref": ("max-abs error", "max-abs error vs bf16 reference"),
+    "MLAPrefill.track_rel_l2_error": ("rel-L2 error", "rel-L2 error vs fp8-dequant reference"),
+    "MLAPrefill.track_mismatch_fraction": ("fraction of elements", "mismatch fraction (AITER checkAllclose 5e-2)"),
+    "MLAPrefill.track_nondeterminism": ("max-abs difference", "run-to-run max difference"),
     "MLAPrefill.track_seconds_per_pflop": ("s/PFLOP", "seconds per PFLOP (informational)"),
     "AiterPlan.track_planner_time": ("seconds", "AITER PS planner time"),
     "AiterPlan.track_workspace_bytes": ("bytes", "partial + LSE workspace"),
-    "AiterPlan.track_num_partials": ("partial_slots", "live partial slots"),
+    "AiterPlan.track_num_partials": ("partial slots", "live partial slots"),
 }
 
 
@@ -242,7 +249,7 @@ def test_asv_conf_regression_keys_equal_the_table(conf_name):
     if not (ROOT / conf_name).exists():
         pytest.skip(f"{conf_name} is not in this checkout")
     conf = _load_conf(ROOT / conf_name)
-    gen = at.asv_regression_config(suite=conf["repo"] == ".")  # the suite's own history: its first commits too
+    gen = keys_script.asv_regression_config(suite=conf["repo"] == ".")  # the suite's own history: its first commits too
     assert conf["regressions_thresholds"] == gen["regressions_thresholds"]
     assert conf["regressions_first_commits"] == gen["regressions_first_commits"]
 
@@ -252,7 +259,7 @@ def _entry(m: mt.Metric, backend: str = "fa3-fp8", case: str = "s1024") -> str:
 
 
 def test_threshold_regexes_are_disjoint_and_cover_every_gated_track():
-    gen = at.asv_regression_config()
+    gen = keys_script.asv_regression_config()
     thr, off = gen["regressions_thresholds"], gen["regressions_first_commits"]
     for m in mt.asv_metrics():
         for name in (m.asv_name, _entry(m)):
@@ -270,7 +277,7 @@ def test_threshold_regexes_are_disjoint_and_cover_every_gated_track():
     assert any(re.match(rx, _entry(mt.metric("planner_time"), "aiter")) for rx in off)
     # track_max_abs_error's pattern does not also catch track_max_abs_error_bf16_ref
     bf16 = _entry(mt.metric("max_abs_error_bf16_ref"))
-    assert [rx for rx in thr if re.match(rx, bf16)] == [at._asv_regex(mt.metric("max_abs_error_bf16_ref"))]
+    assert [rx for rx in thr if re.match(rx, bf16)] == [keys_script._asv_regex(mt.metric("max_abs_error_bf16_ref"))]
 
 
 def _gate_verdict(m: mt.Metric, base: float, head: float) -> str:
@@ -290,7 +297,7 @@ def test_asv_thresholds_flag_what_the_gate_flags(track):
     """asv's Regressions page and ``mla-fp8-bench gate`` apply one rule: a growth just above asv's
     threshold fails the gate, one just below passes it, and a track asv never reports never gates."""
     m = mt.metric(track)
-    gen = at.asv_regression_config()
+    gen = keys_script.asv_regression_config()
     hits = [t for rx, t in gen["regressions_thresholds"].items() if re.match(rx, _entry(m))]
     base = 0.04 if m.kind == "accuracy" else 1e-3 if m.kind == "kernel_latency" else 1e6
     if not hits:
@@ -329,19 +336,19 @@ def test_write_asv_config_updates_in_place_and_asv_reads_it(tmp_path):
     old = ('{\n    // a comment\n    "version": 1,\n    "project": "x",\n    // thresholds: old\n'
            '    "regressions_thresholds": {\n        ".*": 0.05\n    }\n}\n')
     conf.write_text(old)
-    assert at.write_asv_config(str(conf)) is True
-    assert at.write_asv_config(str(conf)) is False  # already current
+    assert keys_script.write_asv_config(str(conf)) is True
+    assert keys_script.write_asv_config(str(conf)) is False  # already current
     text = conf.read_text()
     assert "// a comment" in text and "thresholds: old" not in text
     data = _load_conf(conf)
-    assert data["project"] == "x" and data["regressions_thresholds"] == at.asv_regression_config()[
+    assert data["project"] == "x" and data["regressions_thresholds"] == keys_script.asv_regression_config()[
         "regressions_thresholds"]
     if shutil.which("asv") or (Path(sys.executable).parent / "asv").exists():
         from asv.util import load_json
 
-        assert load_json(str(conf), js_comments=True)["regressions_first_commits"] == at.asv_regression_config()[
-            "regressions_first_commits"]
+        first = keys_script.asv_regression_config()["regressions_first_commits"]
+        assert load_json(str(conf), js_comments=True)["regressions_first_commits"] == first
     bad = tmp_path / "none.json"
     bad.write_text('{"version": 1}\n')
     with pytest.raises(ValueError, match="no \"regressions_thresholds\""):
-        at.write_asv_config(str(bad))
+        keys_script.write_asv_config(str(bad))

@@ -46,7 +46,7 @@ def _result(commit: str, env: str = "virtualenv-py3.11", machine: str = "m1", da
 
 
 def _all_measurements(r: R.AsvResult) -> list[R.Measurement]:
-    return [m for name in r.benchmarks() for m in r.measurements(name).values()]
+    return [m for name in list(r.results) for m in r.measurements(name).values()]
 
 
 def _write(path: Path, data) -> Path:
@@ -80,7 +80,7 @@ def test_lists_machines_commits_envs(results_dir):
 def test_measurements_values_status_and_stats(results_dir):
     r = R.load_asv_result(R.find_result(results_dir, "m1", "abcd"))
     assert r.commit_hash == "abcdef1234567890" and r.machine == "m1"
-    assert r.benchmarks() == [LAT, ERR]
+    assert list(r.results) == [LAT, ERR]
     lat = r.measurements(LAT)
     assert list(lat) == [("aiter-emulated", "s128"), ("aiter-emulated", "s256"), ("torch-ref", "s128"),
                          ("torch-ref", "s256")]

@@ -264,7 +264,7 @@ def test_ab_side_spec_errors(tmp_path):
         ab.parse_side(str(tmp_path / "missing"), "BASE")
     exe = ab.parse_side(sys.executable, "HEAD")
     assert exe.python == sys.executable and exe.prepend == ()
-    env = ab.parse_side(str(tmp_path), "BASE").env({"PYTHONPATH": "/x"})
+    env = ab.RD.suite_env(ab.parse_side(str(tmp_path), "BASE").prepend, {"PYTHONPATH": "/x"})
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[0] == str(tmp_path) and parts[-1] == "/x"
 

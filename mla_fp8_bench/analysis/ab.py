@@ -1,7 +1,6 @@
-"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test (each a Python interpreter, or a
-directory put first on ``PYTHONPATH``) measured on one machine in alternating processes (:func:`schedule`; a
-:class:`~mla_fp8_bench.harness.rounds.RoundServer` per side forks each round), judged by the gate's latency
-rule on time. Exit status as the gate's: a run in which nothing could be judged (a CPU's host time) fails."""
+"""``mla-fp8-bench ab BASE HEAD``: two installs of the library under test measured on one machine in
+alternating processes (a :class:`~mla_fp8_bench.harness.rounds.RoundServer` per side forks each round), judged
+by the gate's latency rule on time. Exit status as the gate's."""
 
 from __future__ import annotations
 
@@ -35,16 +34,12 @@ class SideSpec:  # how to run one side: the interpreter and the directories put 
     python: str
     prepend: tuple[str, ...] = ()
 
-    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        return RD.suite_env(self.prepend, base)
-
 
 _FORMS = ("give a Python interpreter (an executable file) or a directory holding an install of the library under "
           "test (an empty one: the library as installed)")
 
 
-def parse_side(spec: str, label: str) -> SideSpec:
-    """An executable file is an interpreter, a directory an install put first on ``PYTHONPATH``."""
+def parse_side(spec: str, label: str) -> SideSpec:  # an interpreter, or an install put first on PYTHONPATH
     if os.path.isdir(spec):
         if not os.access(spec, os.R_OK | os.X_OK):
             raise AbUsageError(f"{label} {spec!r} is a directory this user cannot read: {_FORMS}")
@@ -90,8 +85,8 @@ print("ok " + json.dumps(no))
 def probe_side(side: SideSpec, device: str = "auto", timeout: float = 300.0, backends: Sequence[str] = ()) -> None:
     """AbUsageError unless ``side``'s interpreter imports torch and this suite and has ``backends`` on ``device``."""
     try:
-        p = subprocess.run([side.python, "-c", _PROBE, device, *backends], env=side.env(), capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run([side.python, "-c", _PROBE, device, *backends], env=RD.suite_env(side.prepend),
+                           capture_output=True, text=True, timeout=timeout)
         last = (p.stdout.strip().splitlines() or [""])[-1]
         why = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
         no = json.loads(last[3:]) if p.returncode == 0 and last.startswith("ok ") else None
@@ -114,9 +109,8 @@ def schedule(rounds: int) -> list[tuple[int, str]]:
 def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: Sequence[str], rounds: int,
                runner: Callable[..., dict[str, Any]], seed: int = 0, log: Callable[[str], None] | None = None
                ) -> dict[str, Any]:
-    """``{"base": {"spec", "label", "rounds": [round docs]}, "head": {...}, "schedule": [[i, side], ...]}``:
-    both sides, ``rounds`` rounds each, in :func:`schedule` order, round ``i`` in ``round_order(i)`` with seed
-    ``seed + i``; ``runner(side, backends, cases, order, seed, out)`` returns one round's ``{"order", "rows"}``."""
+    """``{"base": {"spec", "label", "rounds"}, "head": {...}, "schedule"}``: ``rounds`` rounds a side in
+    :func:`schedule` order; ``runner(side, backends, cases, order, seed, out)`` returns one round's document."""
     sides = {"base": base, "head": head}
     out: dict[str, Any] = {s: {"spec": sides[s].spec, "label": sides[s].label, "rounds": []} for s in sides}
     plan = schedule(rounds)
@@ -139,7 +133,7 @@ def measure_ab(base: SideSpec, head: SideSpec, backends: Sequence[str], cases: S
 
 def judge(measured: dict[str, Any], factor: float = S.DEFAULT_AB_FACTOR, noise_k: float = S.DEFAULT_NOISE_K
           ) -> tuple[dict[str, dict[str, Any]], list[J.Row]]:
-    """The run documents of both sides of a :func:`measure_ab` result and the gate's rows for them, on time."""
+    """Both sides' run documents and the gate's rows for them, on time."""
     docs = {}
     for s in ("base", "head"):
         rounds = measured[s]["rounds"]
@@ -151,7 +145,7 @@ def judge(measured: dict[str, Any], factor: float = S.DEFAULT_AB_FACTOR, noise_k
 
 
 class ServerRunner:
-    """A round runner of :func:`measure_ab` with one :class:`RoundServer` per side (a forked child per round)."""
+    """A round runner of :func:`measure_ab`: one :class:`RoundServer` per side."""
 
     def __init__(self, preload: Sequence[str], device: str = "auto", timeout: float = 600.0):
         self.preload, self.device, self.timeout = tuple(preload), device, timeout
@@ -159,7 +153,7 @@ class ServerRunner:
 
     def __call__(self, side, backends, cases, order, seed, out):
         if side.label not in self.servers or self.servers[side.label].proc.poll() is not None:
-            self.servers[side.label] = RD.RoundServer(side.python, side.env(), self.preload)
+            self.servers[side.label] = RD.RoundServer(side.python, RD.suite_env(side.prepend), self.preload)
         return self.servers[side.label].round(backends, cases, order, seed, out, self.device, timeout=self.timeout)
 
     def close(self, now: bool = False) -> None:  # now: also the running round child, at once
@@ -170,7 +164,6 @@ class ServerRunner:
 
 
 def _check_args(args: argparse.Namespace) -> tuple[SideSpec, SideSpec, list[str], list[str]]:
-    """The two sides, backends and cases; AbUsageError / ValueError (exit 2) for any bad argument."""
     from mla_fp8_bench.analysis.gate import check_flags
     from mla_fp8_bench.backends import backend_names
     from mla_fp8_bench.config import MAX_ROUNDS
@@ -208,7 +201,7 @@ def _kept(path: str, judged: bool, console) -> str:  # beside a stored file when
 
 
 def cmd_ab(args: argparse.Namespace, console) -> int:
-    """``ab``: every argument and both sides checked before any round; the gate's exit status."""
+    """Every argument and both sides are checked before any round."""
     from mla_fp8_bench.analysis.gate import render
     from mla_fp8_bench.jsonio import write_file_atomic, write_json_atomic
     from mla_fp8_bench.terminal import signals_interrupt

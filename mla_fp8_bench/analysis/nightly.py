@@ -1,10 +1,6 @@
-"""``mla-fp8-bench nightly``: one asv history point keyed by the library under test (AITER or vLLM).
-
-Identifies the library and its commit (:func:`identify`), then, holding the results directory's lock (one
-run into it at a time), runs the asv suite with ``asv run -E existing:<python> --set-commit-hash <sha>``,
-gates the result against the previous stored one (or ``--base``) and publishes the site. Exit 1 on a
-regression, 0 otherwise, 3 when asv stored no result, 2 on bad usage; ``--dry-run`` prints the commands.
-"""
+"""``mla-fp8-bench nightly``: one asv history point keyed by the library under test (AITER or vLLM): under the
+results directory's lock, ``asv run -E existing:<python> --set-commit-hash <sha>``, the gate against the
+previous stored result (or ``--base``), then publish. Exit 1 on a regression, 3 when asv stored no result."""
 
 from __future__ import annotations
 
@@ -58,7 +54,7 @@ class LibraryUnderTest:
 
 
 def installed_dists(python: str, dists: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """``{dist: {"version", "direct_url"}}`` installed for ``python``; NightlyError when it cannot be run."""
+    """``{dist: {"version", "direct_url"}}`` installed for ``python``."""
     try:
         p = subprocess.run([python, "-c", _PROBE, *dists], capture_output=True, text=True, timeout=120)
     except OSError as exc:
@@ -83,9 +79,8 @@ def _from_direct_url(text: str | None) -> tuple[str | None, str | None, str]:
 
 
 def identify(library: str, python: str, checkout: str | None = None, commit: str | None = None) -> LibraryUnderTest:
-    """The library under test (``aiter``, ``vllm`` or ``auto``: the one installed) and its commit: ``commit``,
-    else the HEAD of ``checkout``, else read off the distribution installed for ``python``; NightlyError
-    naming what is missing or ambiguous."""
+    """The library under test (``auto``: the one installed) and its commit: ``commit``, else the HEAD of
+    ``checkout``, else read off the distribution installed for ``python``."""
     if library not in (*LIBRARIES, "auto"):
         raise NightlyError(f"--library {library!r} is unknown: allowed auto, {', '.join(LIBRARIES)}")
     found = {n: d for n in (LIBRARIES if library == "auto" else [library])
@@ -121,7 +116,6 @@ def identify(library: str, python: str, checkout: str | None = None, commit: str
 
 
 def load_conf(path: str) -> dict[str, Any]:
-    """An asv config; NightlyError when missing or unparsable."""
     if not Path(path).is_file():
         raise NightlyError(f"--config {path} does not exist (run from the suite's checkout, or pass --config)")
     try:
@@ -143,9 +137,8 @@ def derived_config(config: str, conf: dict[str, Any], repo: str) -> str:
 
 
 def check_repo_reachable(conf: dict[str, Any], config: str, lib: LibraryUnderTest, timeout: float = 30) -> bool:
-    """Whether asv's mirror of a remote ``repo`` already holds ``lib.commit`` (the run then passes
-    ``--no-pull``); False for a local ``repo`` or a remote that answers. NightlyError: a remote that is
-    unreachable and not mirrored with the commit (before anything is written)."""
+    """Whether asv's mirror of a remote ``repo`` already holds ``lib.commit`` (then ``--no-pull``); False for a
+    local ``repo`` or a remote that answers; NightlyError for an unreachable remote without that mirror."""
     repo = str(conf.get("repo", "."))
     if not ("://" in repo or (repo.startswith("git@") and ":" in repo)):
         return False
@@ -187,9 +180,7 @@ def _machine_known(machine: str) -> bool:
 
 
 @dataclass
-class Plan:
-    """The commands of one nightly (``--dry-run`` prints them)."""
-
+class Plan:  # the commands of one nightly (--dry-run prints them)
     lib: LibraryUnderTest
     results_dir: str
     setup: list[list[str]]
@@ -200,8 +191,7 @@ class Plan:
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    """Check the arguments, identify the library and build the commands (nothing is run); ValueError naming
-    a bad machine name, ``--base``, ``--bench``, ``--summary``, config or library."""
+    """Check the arguments, identify the library and build the commands (nothing is run)."""
     python = args.python or sys.executable
     check_name(args.machine or "", "--machine")
     if args.base is not None and not _HEX.fullmatch(args.base):
@@ -238,8 +228,7 @@ def _env_prefix(env: dict[str, str] | None) -> str:
 
 def _run_streamed(cmd: list[str], echo, env: dict[str, str] | None = None, *,
                   tail: int | None = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` after echoing it; echo each line of its output as it comes, or with ``tail`` the last
-    ``tail`` characters once it ends. Returns its exit status and its whole output as ``stdout``."""
+    """Run ``cmd`` after echoing it and its output: each line as it comes, or its last ``tail`` characters."""
     echo(f"$ {_env_prefix(env)}{shlex.join(cmd)}")
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -299,10 +288,7 @@ def run_nightly(args: argparse.Namespace, echo=print) -> int:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "nightly", help="asv history point keyed by the installed AITER/vLLM commit, gated and published",
-        description="Identify the installed AITER (or vLLM) and its commit, run the asv suite with "
-                    "-E existing --set-commit-hash <that commit>, gate against the previous result on this "
-                    "machine, publish; one run per results directory at a time. Exit 1 on a regression, 2 on bad "
-                    "usage, 3 when asv stored nothing.")
+        epilog="Exit status: 0 passed, 1 a regression, 2 bad usage, 3 asv stored nothing.")
     p.add_argument("--machine", required=True, help="asv machine name (e.g. mi355): results/<machine>/")
     p.add_argument("--library", default="auto", help="aiter, vllm or auto (the one installed; default auto)")
     p.add_argument("--python", help="interpreter of the environment with the library (default: this one)")

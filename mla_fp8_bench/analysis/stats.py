@@ -1,12 +1,7 @@
-"""The statistics of the analysis layer: the latency rule of ``gate`` and ``ab``, and ``calibrate``'s summary.
-
-The latency rule compares like with like: a fresh process reads a case at one of a few levels (FA3-FP8 s512
-on an H200: 15.16 or 16.21 us), a slower level is a slower process rather than a slower library, and a
-library change moves every level. So a side's figure is the mean of its *fastest mode* (its values within
-:data:`MODE_WIDTH_REL` of its fastest); HEAD regresses when the ratio of the figures exceeds
-``max(factor, 1 + k x se)``, ``se`` the ratio's relative standard error ``sqrt(sd_b^2 / n_b + sd_h^2 / n_h)``
-from each mode's relative robust standard deviation (1.4826 x MAD).
-"""
+"""The latency rule of ``gate`` and ``ab``, and ``calibrate``'s summary. A fresh process reads a case at one of
+a few levels (FA3-FP8 s512 on an H200: 15.16 or 16.21 us) and a library change moves every level, so a side's
+figure is the mean of its fastest mode; HEAD regresses when the ratio of the figures exceeds
+``max(factor, 1 + k x se)``, ``se`` from each mode's relative robust standard deviation (1.4826 x MAD)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The guard of an ``-E existing`` asv run: the code measured is the commit named. It runs when asv
-discovers the benchmarks, so a refusal stops asv before it writes anything. Stored values are kept by
-asv itself (``asv run -b`` keeps the stored values of the params it does not select;
-``--skip-existing-successful`` skips what is stored); the suite's wrappers run one asv run per results
-directory at a time.
-"""
+discovers the benchmarks, so a refusal stops asv before it writes anything."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ def git(here: str | os.PathLike, *args: str) -> str | None:
 
 def check_commit(cfg: RunConfig, library_dir: str | os.PathLike | None = None) -> None:
     """With ``MLA_FP8_BENCH_EXPECT_COMMIT`` set, refuse unless the library is that commit's tracked code
-    (uncommitted edits are not detected). AsvRunRefused: the library is not in a git work tree, not
-    tracked there (a copy in an ignored folder such as ``.asv/env``) or its HEAD is not the commit named."""
+    (uncommitted edits are not detected)."""
     expect = cfg.expect_commit
     if not expect:
         return

@@ -1,10 +1,6 @@
 """What the asv classes in ``benchmarks/`` call: the static grid and the once-per-run measurement, configured
-by :func:`check_knobs` (knobs: docs/usage.md). Defaults: the token cap :data:`GRID_CAPS` (ragged cases count
-their total, ctx/prefix cases their keys), 30 latency samples within :data:`GRID_TIME_BUDGET_S`, and
-:data:`DEFAULT_GPU_ROUNDS` latency rounds on GPUs (1 on CPU). ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` only
-save time: pair them with an ``asv run -b`` that selects the same params (:func:`selection_knobs`), so asv
-keeps the stored values of the others.
-"""
+by :func:`check_knobs` (knobs: docs/usage.md). ``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` only save time: pair
+them with an ``asv run -b`` selecting the same params (:func:`selection_knobs`)."""
 
 from __future__ import annotations
 
@@ -35,20 +31,16 @@ DEFAULT_GPU_ROUNDS = 3
 
 
 def asv_backends() -> tuple[str, ...]:
-    """Backends in the asv grid (static on every machine; unavailable ones are skips): the registry's
-    defaults first (the published param order), then every other registered backend."""
+    """Backends in the asv grid (unavailable ones are skips): the defaults first (the published order)."""
     return tuple(DEFAULT_BACKENDS) + tuple(b for b in backend_names() if b not in DEFAULT_BACKENDS)
 
 
-def plan_backends() -> tuple[str, ...]:
-    """Backends with ``plan_stats`` (the AITER PS planner time and workspace tracks)."""
+def plan_backends() -> tuple[str, ...]:  # backends with plan_stats (the AiterPlan tracks)
     return tuple(b for b in asv_backends() if callable(getattr(type(get_backend(b)), "plan_stats", None)))
 
 
 def selection_knobs(regex: str) -> dict[str, str]:
-    """``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` that make ``setup_cache`` measure only the (backend, case)
-    params whose asv names ``asv run -b REGEX`` selects (asv keeps the stored values of the others), where
-    they are a strict subset of the grid."""
+    """``MLA_FP8_BENCH_BACKENDS`` / ``_CASES`` that measure only the params ``asv run -b REGEX`` selects."""
     from mla_fp8_bench.measure.metric_table import asv_metrics
 
     rx, grid = re.compile(regex), asv_backends()
@@ -61,8 +53,7 @@ def selection_knobs(regex: str) -> dict[str, str]:
 
 
 def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
-    """The cached record of (backend, case) for an asv ``setup``; NotImplementedError when the param was
-    skipped (asv shows n/a), RuntimeError carrying the reason when it failed."""
+    """The cached record of (backend, case); NotImplementedError (asv's n/a) for a skip, RuntimeError a failure."""
     rec = cache["records"].get(f"{backend}|{case}")
     if rec is None:
         raise NotImplementedError(f"{backend} on {case}: not measured in this run ({PREFIX}BACKENDS / _CASES)")
@@ -74,13 +65,11 @@ def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
 
 
 def emulation_backends() -> tuple[str, ...]:
-    """Backends of the asv grid whose latency is an emulation's (``Backend.emulation``)."""
     return tuple(b for b in asv_backends() if get_backend(b).emulation)
 
 
 def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
-    """``rec`` of an emulation backend (by backend: an asv series is one backend's) with its latency and
-    samples moved to ``track_emulation_latency``'s keys, so asv never draws the two on one axis."""
+    """``rec`` of an emulation backend with its latency moved to ``track_emulation_latency``'s keys."""
     from mla_fp8_bench.measure.metric_table import find
 
     if rec.get("backend") not in emulation_backends():
@@ -92,8 +81,7 @@ def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_knobs(environ: dict[str, str] | None = None) -> RunConfig:
-    """:meth:`RunConfig.from_env` over this grid (default ``os.environ``); ValueError naming a bad knob."""
+def check_knobs(environ: dict[str, str] | None = None) -> RunConfig:  # ValueError naming a bad knob
     return RunConfig.from_env(environ, grid=(asv_backends(), ASV_CASES))
 
 
@@ -118,13 +106,9 @@ def _grid_setup(cfg: RunConfig):
 
 
 def measure_grid(config: RunConfig | None = None) -> dict[str, Any]:
-    """Measure every (backend, case) of the asv grid once (``config``: default :func:`check_knobs`) into
-    picklable records, one progress line each on stderr (asv shows a ``setup_cache``'s output only when it
-    fails) and appended to ``MLA_FP8_BENCH_PROGRESS`` when set (e.g. ``/dev/tty``, or a file to ``tail -f``).
-
-    Returns:
-        ``{"env", "cap": int, "records": {"backend|case": record}, "rounds"}``.
-    """
+    """``{"env", "cap", "records": {"backend|case": record}, "rounds"}`` of every (backend, case) of the grid,
+    one progress line each on stderr and, when set, ``MLA_FP8_BENCH_PROGRESS`` (asv hides a passing
+    ``setup_cache``'s output)."""
     from mla_fp8_bench.harness.rounds import fold_rounds
     from mla_fp8_bench.harness.runner import RunOptions, evaluate
     from mla_fp8_bench.terminal import case_progress
@@ -152,14 +136,11 @@ def measure_grid(config: RunConfig | None = None) -> dict[str, Any]:
                for r in data["records"]}
     records.update({f"{b}|{cid}": {"backend": b, "case": cid, "status": "skipped", "reason": why}
                     for cid, why in skipped.items() for b in backends})
-    return {"env": data["env"], "cap": cap, "records": records,
-            "rounds": data["rounds"]}
+    return {"env": data["env"], "cap": cap, "records": records, "rounds": data["rounds"]}
 
 
 def measure_plans(config: RunConfig | None = None) -> dict[str, Any]:
-    """``plan_stats(case, platform)`` (planner time, live partial slots, workspace bytes) of each available
-    :func:`plan_backends` backend over the asv grid (``config`` as for :func:`measure_grid`): ``{"records":
-    {"backend|case": record}}`` with ``planner_samples_s``, ``workspace_bytes``, ``num_partials``."""
+    """``{"records": {"backend|case": plan_stats record}}`` of each :func:`plan_backends` backend over the grid."""
     cfg = config or check_knobs()
     pinfo, _cap, _backends, cases, skipped = _grid_setup(cfg)
     records: dict[str, Any] = {}

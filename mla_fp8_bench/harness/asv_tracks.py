@@ -1,11 +1,8 @@
-"""asv ``track_*`` methods and the asv configs' regression keys, generated from the metric table
-(:mod:`mla_fp8_bench.measure.metric_table`); ``python -m mla_fp8_bench.harness.asv_tracks asv*.conf.json``
-rewrites the keys in place."""
+"""asv ``track_*`` methods, generated from the metric table (:mod:`mla_fp8_bench.measure.metric_table`)."""
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from mla_fp8_bench.measure.metric_table import Metric, asv_metrics
@@ -16,10 +13,9 @@ class MissingMetricError(RuntimeError):
 
 
 def track_value(rec: dict[str, Any], m: Metric) -> float | dict[str, Any]:
-    """What the asv track of ``m`` returns for ``rec``: ``{"samples": [...], "number": 1}`` of its two or
-    more rounds of ``m`` (asv stores their median) or else its samples of ``m``; else the value floored at
-    ``m.floor``; NaN when absent (asv stores a skip). MissingMetricError: an accuracy metric is absent or
-    non-finite (a result, not a skip)."""
+    """What the asv track of ``m`` returns for ``rec``: its rounds (two or more) or else samples as asv samples,
+    else the value floored; NaN (asv's skip) when absent. MissingMetricError: an accuracy value absent or
+    non-finite."""
     rounds = rec.get(m.rounds_key) if m.rounds_key else None
     samples = rounds if isinstance(rounds, list) and len(rounds) >= 2 else m.samples_key and rec.get(m.samples_key)
     if samples:
@@ -49,9 +45,7 @@ def _make_track(m: Metric, class_version: str | None):
 
 
 def with_tracks(cls: type) -> type:
-    """Class decorator: the ``track_*`` method (reading ``self.rec``) of every metric whose ``asv_class`` is
-    ``cls.__name__``, versioned by :meth:`Metric.asv_version` of ``cls.version``; ValueError when the table
-    has none for the class or the class defines one of them."""
+    """Class decorator: the ``track_*`` method (reading ``self.rec``) of every metric of class ``cls``."""
     metrics = asv_metrics(cls.__name__)
     if not metrics:
         raise ValueError(f"the metric table has no asv track for class {cls.__name__}")
@@ -60,75 +54,3 @@ def with_tracks(cls: type) -> type:
             raise ValueError(f"{cls.__name__}.{m.track} is defined by hand and by the metric table")
         setattr(cls, m.track, _make_track(m, getattr(cls, "version", None)))
     return cls
-
-
-#: Steps in the suite's own history (``asv.conf.json``, keyed by this suite's commits) that a change of an
-#: emulation's semantics left, not a change of the code measured: (track, backend) -> the commit from
-#: which asv looks for regressions. At 1bc13b1 the emulated PS plan gave every tile a partial slot, as
-#: AITER's ``need_lse`` change did before it shipped.
-SUITE_FIRST_COMMITS = {(track, "aiter-emulated"): "1bc13b171e28c9d31ee2b863ffc03b541a0ce44f"
-                       for track in ("track_num_partials", "track_workspace_bytes")}
-
-
-def _asv_regex(m: Metric, backend: str | None = None) -> str:
-    return "^" + re.escape(m.asv_name) + (re.escape(f"('{backend}'") if backend else r"(\(|$)")
-
-
-def asv_regression_config(suite: bool = False) -> dict[str, dict[str, Any]]:
-    """``{"regressions_thresholds": {regex: float}, "regressions_first_commits": {regex: None | commit}}``
-    from the table: one anchored regex per track (asv ``re.match``-es ``<module>.<class>.<track>(<param
-    reprs>)`` and applies the maximum over matches, so they are disjoint); ``None`` first commits (no
-    regression reported) for metrics that never gate in asv and the kernel latency of emulation backends;
-    with ``suite`` (the config of this suite's own history) :data:`SUITE_FIRST_COMMITS` too."""
-    from mla_fp8_bench.harness.asv_support import emulation_backends
-
-    thresholds: dict[str, float] = {}
-    first: dict[str, str | None] = {}
-    for m in asv_metrics():
-        if m.regression_factor is not None:
-            thresholds[_asv_regex(m)] = round(m.regression_factor - 1.0, 12)
-        else:
-            first[_asv_regex(m)] = None
-        if m.kind == "kernel_latency":
-            first.update({_asv_regex(m, b): None for b in emulation_backends()})
-        if suite:
-            first.update({_asv_regex(m, b): sha for (t, b), sha in SUITE_FIRST_COMMITS.items() if t == m.track})
-    return {"regressions_thresholds": thresholds, "regressions_first_commits": first}
-
-
-_BLOCK_COMMENT = """\
-    // Generated from mla_fp8_bench/measure/metric_table.py (python -m mla_fp8_bench.harness.asv_tracks
-    // <this file>); tests/test_metric_table.py checks it. One anchored regex per track (asv applies
-    // the MAX over matching entries, so they are disjoint): the gate's default rule, growth factor minus 1
-    // (accuracy 1.0: 2x, kernel latency and resources 0.05). regressions_first_commits null: no regression
-    // is reported for figures that are not a kernel's (host latency, informational, an emulation's latency);
-    // a commit: regressions are looked for from it on (an emulation's semantics changed there).
-"""
-
-
-def write_asv_config(path: str) -> bool:
-    """Replace the regression keys, the last entries of an asv config file (``//`` comments above them too),
-    with the generated ones (``suite`` when its ``repo`` is ``"."``); whether the file changed. ValueError:
-    no ``"regressions_`` key."""
-    import json
-
-    from mla_fp8_bench.jsonio import write_file_atomic
-
-    text = open(path).read()
-    at = re.search(r'^(\s*//.*\n)*\s*"regressions_', text, re.M)
-    if at is None:
-        raise ValueError(f"{path}: no \"regressions_thresholds\" key to replace")
-    head = text[:at.start()].rstrip()
-    keys = asv_regression_config(suite=re.search(r'^\s*"repo"\s*:\s*"\."', head, re.M) is not None)
-    new = (head if head.endswith((",", "{")) else head + ",") + "\n" + _BLOCK_COMMENT + json.dumps(
-        keys, indent=4).strip()[1:-1].strip("\n") + "\n}\n"
-    if new != text:
-        write_file_atomic(path, lambda f: f.write(new))
-    return new != text
-
-
-if __name__ == "__main__":
-    import sys
-
-    for conf in sys.argv[1:]:
-        print(f"{conf}: {'updated' if write_asv_config(conf) else 'already current'}")

@@ -1,14 +1,7 @@
-"""The one reader of stored results: asv results directories and ``mla-fp8-bench run --json`` files. Only
-regular files are read; a read error is a one-line :class:`ResultsError` naming the file.
-
-asv 0.6.x: ``results/benchmarks.json`` (api version 2: name -> definition), ``results/<machine>/machine.json``
-(version 1) and ``results/<machine>/<sha8>-<env>.json``, one (commit, environment) result file (version 2)
-with ``commit_hash``, ``env_name``, ``date``, ``params`` (machine facts), ``result_columns`` and
-``results``: per benchmark one row in column order (``result, params, version, started_at, ...,
-stats_q_25, stats_q_75, ..., samples``; trailing ones may be absent) whose ``result``, ``stats_*`` and
-``samples`` are lists over ``itertools.product(*params)`` (values as Python literals, ``"'aiter'"``), a
-failed combination ``null``, a skipped one ``NaN``. A run JSON is ``{"env": {...}, "records": [{"backend",
-"case", "status", ...}, ...]}``, maybe with ``ceilings``.
+"""The one reader of stored results: asv 0.6 results directories (``benchmarks.json``, ``<machine>/machine.json``,
+``<machine>/<sha8>-<env>.json``) and ``mla-fp8-bench run --json`` files. Only regular files are read; a read
+error is a one-line :class:`ResultsError` naming the file. In an asv result row, ``result``, ``stats_*`` and
+``samples`` are lists over ``itertools.product(*params)``: a failed combination ``null``, a skipped one ``NaN``.
 """
 
 from __future__ import annotations
@@ -40,7 +33,7 @@ def _load(path: Path, what: str) -> Any:
 
 
 def load_asv_conf(path: str | os.PathLike) -> dict[str, Any]:
-    """An asv config (JSON with comments), read with json5 as asv does; ValueError / OSError."""
+    """An asv config (JSON with comments), read with json5 as asv does."""
     import json5
 
     return json5.loads(Path(path).read_text())
@@ -54,8 +47,7 @@ class RunDoc:  # a parsed ``mla-fp8-bench run --json`` file
     ceilings: dict[str, Any] | None  # measured GEMM ceilings / datasheet peaks
 
 
-def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:
-    """:func:`load_run_json` of an already parsed document."""
+def run_doc_from_data(data: Any, path: str | os.PathLike) -> RunDoc:  # an already parsed run JSON
     if not isinstance(data, dict):
         raise ResultsError(f"run JSON {path} is a JSON {type(data).__name__}, not an object with a 'records' list")
     recs, env, ceilings = data.get("records"), data.get("env"), data.get("ceilings")
@@ -83,22 +75,19 @@ def _load_versioned(path: str | os.PathLike, name: str, what: str, version: int)
     return f, data
 
 
-def load_machine(path: str | os.PathLike) -> dict[str, Any]:
-    """``machine.json`` (``path``: its directory or the file), with a ``machine`` name."""
+def load_machine(path: str | os.PathLike) -> dict[str, Any]:  # machine.json (or its directory)
     f, mj = _load_versioned(path, "machine.json", "asv machine file", ASV_MACHINE_API_VERSION)
     if not isinstance(mj.get("machine"), str) or not mj["machine"]:
         raise ResultsError(f"asv machine file {f} has no 'machine' name")
     return mj
 
 
-def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:
-    """``benchmarks.json`` (``path``: the results directory or the file): name -> definition, plus ``version``."""
+def load_benchmarks(path: str | os.PathLike) -> dict[str, Any]:  # benchmarks.json (or its directory)
     return _load_versioned(path, "benchmarks.json", "asv benchmarks file", ASV_BENCHMARKS_API_VERSION)[1]
 
 
 def is_cpu_machine(facts: dict[str, Any]) -> bool:
-    """True when asv machine facts (``machine.json`` or a result file's ``params``) name no GPU: their
-    ``"gpu"`` is ``"none"`` (a machine without the key counts as a GPU machine; docs/extending.md)."""
+    """Whether asv machine facts (``machine.json``, a result's ``params``) say ``"gpu": "none"``."""
     gpu = facts.get("gpu")
     return isinstance(gpu, str) and gpu.strip().lower() in ("none", "", "cpu")
 
@@ -107,8 +96,7 @@ def is_machine_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / "machine.json").is_file()
 
 
-def machine_dirs(results_dir: str | os.PathLike) -> list[Path]:
-    """Machine directories of ``results_dir`` (``[results_dir]`` itself when it is one), sorted by name."""
+def machine_dirs(results_dir: str | os.PathLike) -> list[Path]:  # sorted; [results_dir] when it is one
     p = Path(results_dir)
     if not p.is_dir():
         raise ResultsError(f"results directory {p} does not exist or is not a directory")
@@ -122,8 +110,7 @@ class ResultFileName:  # asv names a result file <commit prefix>-<env name>.json
     env: str
 
 
-def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:
-    """The regular result files of one machine directory, sorted by path (not read)."""
+def list_result_files(machine_dir: str | os.PathLike) -> list[ResultFileName]:  # sorted, not read
     p = Path(machine_dir)
     if not p.is_dir():
         raise ResultsError(f"asv machine directory {p} does not exist or is not a directory")
@@ -193,22 +180,16 @@ class AsvResult:  # a parsed asv result file (api version 2; the format: module 
     def machine(self) -> str | None:
         return m if isinstance(m := self.params.get("machine"), str) else None
 
-    def benchmarks(self) -> list[str]:
-        return list(self.results)
-
-    def row(self, benchmark: str) -> dict[str, Any]:
-        """One benchmark's row as column name -> value (absent trailing columns are None)."""
+    def row(self, benchmark: str) -> dict[str, Any]:  # column name -> value (absent trailing ones: None)
         if (row := self.results.get(benchmark)) is None:
             raise ResultsError(f"asv result file {self.path} has no result for benchmark {benchmark!r}")
         return {c: (row[i] if i < len(row) else None) for i, c in enumerate(self.result_columns)}
 
-    def started_at(self) -> float:
-        """The newest ``started_at`` (ms) of its benchmarks; 0.0 when absent."""
+    def started_at(self) -> float:  # the newest started_at (ms) of its benchmarks; 0.0 when absent
         return max([v for n in self.results if (v := finite_number(self.row(n).get("started_at"))) is not None]
                    or [0.0])
 
-    def measurements(self, benchmark: str) -> dict[tuple[str, ...], Measurement]:
-        """params -> :class:`Measurement` for one benchmark (combinations without a stored value are absent)."""
+    def measurements(self, benchmark: str) -> dict[tuple[str, ...], Measurement]:  # params -> Measurement
         d = self.row(benchmark)
         params = d.get("params") or []
         if not isinstance(params, list) or not all(isinstance(p, list) for p in params):

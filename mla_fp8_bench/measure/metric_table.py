@@ -1,14 +1,6 @@
 """The metric table: every figure the suite records, defined once (:data:`METRICS`). The asv ``track_*``
 methods, the run-record keys, the gate's and calibrate's metric lists and the asv configs' regression keys are
-derived from it (``tests/test_metric_table.py`` checks they agree).
-
-Kinds: ``accuracy``, ``kernel_latency`` (device time of the kernel; a CPU or emulation run's never gates),
-``host_latency`` (call latency, planner time: gated only with ``--gate-call-latency``), ``resource`` (bytes,
-slot counts), ``informational`` (never gates). Gate rules: ``tolerance`` (within the calibrated tolerance and
-no growth over BASE beyond ``--acc-factor``), ``grow`` (no growth beyond ``--acc-factor`` for accuracy,
-``--factor`` for resources), ``latency`` (ratio of medians above ``--factor`` and the growth significant),
-``exact`` (any change regresses), ``zero`` (exactly 0 on HEAD), ``none``.
-"""
+derived from it; the kinds and gate rules are described in docs/regressions.md."""
 
 from __future__ import annotations
 
@@ -34,9 +26,7 @@ GATED_KINDS = ("accuracy", "kernel_latency", "resource")
 
 @dataclass(frozen=True)
 class Metric:
-    """One recorded figure. ``rounds_key``: where a record holds two or more rounds (one value per process),
-    asv gets them as the samples and the gate applies its rounds rule. ``bounds``: a value outside them is
-    impossible (the gate reports it as INVALID, never as an improvement)."""
+    """One recorded figure; a value outside ``bounds`` is impossible (the gate's INVALID)."""
 
     name: str  # short id (``latency``, ``max_abs_error``); unique
     record_key: str  # key in run records; unique
@@ -50,7 +40,7 @@ class Metric:
     calibrated: bool = False  # calibrate measures it and the tolerance file holds a limit for it
     gate: str = "none"  # one of :data:`GATES`
     samples_key: str | None = None  # record key of the raw samples (asv gets ``{"samples": ...}``)
-    rounds_key: str | None = None  # record key of the per-round values
+    rounds_key: str | None = None  # record key of the per-round values (asv's samples when >= 2)
     tolerance_floor: float | None = None  # smallest calibrated tolerance (calibrated metrics only)
     derive: Callable[[dict[str, Any]], float | None] | None = None  # the value when ``record_key`` is absent
     doc: str = ""  # one-line description (the asv method's docstring)
@@ -68,41 +58,35 @@ class Metric:
                              "and a calibrated metric needs a tolerance_floor")
 
     @property
-    def asv_name(self) -> str | None:
-        """Full asv benchmark name (``bench_mla_prefill.MLAPrefill.track_latency``) or None."""
+    def asv_name(self) -> str | None:  # bench_mla_prefill.MLAPrefill.track_latency
         return f"{ASV_MODULE}.{self.asv_class}.{self.track}" if self.track else None
 
     def asv_version(self, class_version: str) -> str:
         """``class_version + "+rounds"`` for a track with per-round samples (only it starts a new series)."""
         return class_version + "+rounds" if self.rounds_key else class_version
 
-    def value(self, record: dict[str, Any]) -> float | None:
-        """``record[record_key]``, else ``derive(record)``; None when absent."""
+    def value(self, record: dict[str, Any]) -> float | None:  # record[record_key], else derive(record)
         v = record.get(self.record_key)
         return self.derive(record) if v is None and self.derive is not None else v
 
     @property
     def regression_factor(self) -> float | None:
-        """The growth over BASE the gate calls a regression by default (asv's ``regressions_thresholds`` + 1):
-        1.0 for ``exact`` / ``zero``, :data:`DEFAULT_ACC_FACTOR` for accuracy, else :data:`DEFAULT_FACTOR`; None
-        where growth is not judged by default (rule ``none``, host latency, informational)."""
+        """The default growth over BASE that regresses (asv's ``regressions_thresholds`` + 1); None where
+        growth is not judged by default."""
         if self.gate == "none" or self.kind not in GATED_KINDS:
             return None
         return 1.0 if self.gate in ("exact", "zero") else DEFAULT_ACC_FACTOR if self.kind == "accuracy" \
             else DEFAULT_FACTOR
 
-    def possible(self, v: float) -> bool:
-        """Whether ``v`` lies in :attr:`bounds` (NaN: False; +inf counts as within an open upper end)."""
+    def possible(self, v: float) -> bool:  # within bounds (NaN: False)
         lo, hi = self.bounds
         return not math.isnan(v) and (lo < v if self.low_open else lo <= v) and v <= hi
 
     @property
-    def bounds_text(self) -> str:
-        """:attr:`bounds` as an interval, ``(0, inf]`` or ``[0, 1]``."""
+    def bounds_text(self) -> str:  # (0, inf] or [0, 1]
         return f"{'(' if self.low_open else '['}{self.bounds[0]:g}, {self.bounds[1]:g}]"
 
-    def floored(self, v: float) -> float:
-        """``max(v, floor)`` (NaN stays NaN): the value asv stores for ``v``."""
+    def floored(self, v: float) -> float:  # max(v, floor), NaN stays NaN: what asv stores
         return v if self.floor is None or math.isnan(v) else max(v, self.floor)
 
 
@@ -110,8 +94,7 @@ def record_is_emulation(rec: dict[str, Any]) -> bool:
     return bool(rec.get("emulation")) or rec.get("timing_scope") == "emulation"
 
 
-def _seconds_per_pflop(rec: dict[str, Any]) -> float | None:
-    """latency_s / (flops / 1e15); None for an emulation's latency (not a kernel's throughput)."""
+def _seconds_per_pflop(rec: dict[str, Any]) -> float | None:  # None for an emulation's latency
     lat, flops = rec.get("latency_s"), rec.get("flops")
     if record_is_emulation(rec) or lat is None or not flops or float(flops) < 1:
         return None
@@ -141,20 +124,20 @@ METRICS: tuple[Metric, ...] = (
            doc="Host time of an emulation of the kernel (PyTorch code), seconds: informational, never a kernel's. "
                "Its own track, so asv never draws it on the axis of kernel latencies (track_latency is n/a "
                "for emulation records)."),
-    _accuracy("max_abs_error", "max_abs_error_fp8_ref", "track_max_abs_error", "max_abs_err",
+    _accuracy("max_abs_error", "max_abs_error_fp8_ref", "track_max_abs_error", "max-abs error",
               "max-abs error vs fp8-dequant reference", calibrated=True, tolerance_floor=1e-3,
               doc="max |out - ref| against float64/float32 attention on the dequantised fp8 inputs."),
-    _accuracy("max_abs_error_bf16_ref", "max_abs_error_bf16_ref", "track_max_abs_error_bf16_ref", "max_abs_err",
+    _accuracy("max_abs_error_bf16_ref", "max_abs_error_bf16_ref", "track_max_abs_error_bf16_ref", "max-abs error",
               "max-abs error vs bf16 reference", calibrated=True, tolerance_floor=1e-3,
               doc="max |out - ref| against attention on the original bf16 inputs (end-to-end FP8 error)."),
-    _accuracy("rel_l2_error", "rel_l2_error_fp8_ref", "track_rel_l2_error", "rel_l2",
+    _accuracy("rel_l2_error", "rel_l2_error_fp8_ref", "track_rel_l2_error", "rel-L2 error",
               "rel-L2 error vs fp8-dequant reference", calibrated=True, tolerance_floor=1e-4,
               doc="||out - ref||_2 / ||ref||_2 against the dequantised-fp8 reference."),
-    _accuracy("mismatch_fraction", "mismatch_fraction", "track_mismatch_fraction", "fraction",
+    _accuracy("mismatch_fraction", "mismatch_fraction", "track_mismatch_fraction", "fraction of elements",
               "mismatch fraction (AITER checkAllclose 5e-2)", calibrated=True, tolerance_floor=1e-4,
               doc="AITER checkAllclose fraction failing atol=rtol=5e-2 against the bf16 reference.",
               bounds=(0.0, 1.0)),
-    _accuracy("nondeterminism", "nondeterminism_max_abs", "track_nondeterminism", "max_abs_diff",
+    _accuracy("nondeterminism", "nondeterminism_max_abs", "track_nondeterminism", "max-abs difference",
               "run-to-run max difference",
               doc="Largest |difference| between two runs on the same inputs (0 for deterministic kernels)."),
     Metric("seconds_per_pflop", "seconds_per_pflop", "track_seconds_per_pflop", "MLAPrefill", "s/PFLOP",
@@ -166,7 +149,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("workspace_bytes", "workspace_bytes", "track_workspace_bytes", "AiterPlan", "bytes",
            "partial + LSE workspace", "resource", gate="grow",
            doc="Scratch bytes for partial outputs + partial LSE + final LSE (catches sizing regressions)."),
-    Metric("num_partials", "num_partials", "track_num_partials", "AiterPlan", "partial_slots", "live partial slots",
+    Metric("num_partials", "num_partials", "track_num_partials", "AiterPlan", "partial slots", "live partial slots",
            "resource", floor=ASV_ACCURACY_FLOOR, gate="grow",
            doc="Live partial slots (reduce_indptr[-1]) the plan uses."),
     Metric("reserved_workspace_bytes", "reserved_workspace_bytes", "track_reserved_workspace_bytes", "AiterPlan",
@@ -174,14 +157,14 @@ METRICS: tuple[Metric, ...] = (
            doc="Scratch bytes a caller reserving from get_ps_metadata_info_v1's bounds holds for this shape "
                "(vLLM reserves so); grows with AITER #3606's looser bounds (the class of vLLM #57923)."),
     # record-only figures (no asv track)
-    _accuracy("mean_abs_error", "mean_abs_error_fp8_ref", None, "abs_err", "mean-abs error vs fp8-dequant reference",
-              calibrated=True, tolerance_floor=1e-5),
-    _accuracy("rel_l2_error_bf16_ref", "rel_l2_error_bf16_ref", None, "rel_l2", "rel-L2 error vs bf16 reference",
+    _accuracy("mean_abs_error", "mean_abs_error_fp8_ref", None, "mean-abs error",
+              "mean-abs error vs fp8-dequant reference", calibrated=True, tolerance_floor=1e-5),
+    _accuracy("rel_l2_error_bf16_ref", "rel_l2_error_bf16_ref", None, "rel-L2 error", "rel-L2 error vs bf16 reference",
               calibrated=True, tolerance_floor=1e-4),
-    _accuracy("mean_abs_error_bf16_ref", "mean_abs_error_bf16_ref", None, "abs_err",
+    _accuracy("mean_abs_error_bf16_ref", "mean_abs_error_bf16_ref", None, "mean-abs error",
               "mean-abs error vs bf16 reference", calibrated=True, tolerance_floor=1e-5),
-    _accuracy("lse_rel_error", "lse_rel_error_fp8_ref", None, "rel_err", "LSE relative error vs fp8-dequant reference",
-              calibrated=True, tolerance_floor=1e-5,
+    _accuracy("lse_rel_error", "lse_rel_error_fp8_ref", None, "relative error",
+              "LSE relative error vs fp8-dequant reference", calibrated=True, tolerance_floor=1e-5,
               doc="max |lse - ref| / max(|ref|, 1) of the natural-log LSE: rows the backend wrote for prefill "
                   "cases, every row for ctx/prefix cases (vLLM merges context chunks by LSE on every row)."),
     Metric("lse_nonfinite_count", "lse_nonfinite_count", None, None, "elements", "non-finite LSE elements",
@@ -207,8 +190,7 @@ METRICS: tuple[Metric, ...] = (
 
 
 @functools.cache
-def _indexes(metrics: tuple[Metric, ...]) -> tuple[dict[str, Metric], ...]:
-    """(by name, by record key, by asv track) of ``metrics`` (:data:`METRICS`, which a test may extend)."""
+def _indexes(metrics: tuple[Metric, ...]) -> tuple[dict[str, Metric], ...]:  # by name, record key, track
     out = []
     for attr in ("name", "record_key", "track"):
         keys = [getattr(m, attr) for m in metrics if getattr(m, attr) is not None]
@@ -223,8 +205,7 @@ class UnknownMetricError(KeyError):
 
 
 def metric(key: str) -> Metric:
-    """The metric with this name, record key, asv track or full asv benchmark name; UnknownMetricError names
-    the key and the known names."""
+    """The metric with this name, record key, asv track or full asv benchmark name."""
     by_name, by_record_key, by_track = _indexes(METRICS)
     for index in (by_name, by_record_key, by_track):
         if key in index:
@@ -242,8 +223,7 @@ def find(key: str) -> Metric | None:
         return None
 
 
-def label(key: str) -> str:
-    """Human label of a metric (its ``pretty_name``); the key itself for unknown keys."""
+def label(key: str) -> str:  # pretty_name; the key itself for unknown keys
     return m.pretty_name if (m := find(key)) else key
 
 
@@ -260,7 +240,7 @@ def zero_metrics() -> tuple[Metric, ...]:
 
 
 def record_keys() -> tuple[str, ...]:
-    """Metric keys every run record holds (None when not measured): the stored metrics of the per-(backend,
-    case) asv class ``MLAPrefill`` with their samples keys, and the stored informational figures."""
+    """Metric keys every run record holds (None when not measured): ``MLAPrefill``'s and the informational
+    figures, with their samples keys."""
     return tuple(k for m in METRICS if m.derive is None and (m.asv_class == "MLAPrefill" or m.kind == "informational")
                  for k in (m.record_key, m.samples_key) if k)

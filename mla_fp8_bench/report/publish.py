@@ -1,11 +1,7 @@
 """``mla-fp8-bench publish``: ``asv publish`` into a staged folder, the site fixes of :mod:`.site_view`, then
-the staged site put in place of the previous one in one step (a failed publish leaves that one as it was).
-
-A folder is replaced only when the previous publish wrote everything in it (its list of paths is kept in
-:data:`SITE_MARKER`); anything else there stops the publish with one line, and nothing is lost.
-The pages load jQuery, flot and bootstrap from CDNs, as asv's own do. ``publish --offline`` points them at
-pinned local copies instead (npm packages that ``publish --install-assets`` installs once, each file checked
-against its SHA-256), for a site that renders with no network.
+the staged site put in place of the previous one in one step; a folder is replaced only when the previous
+publish wrote everything in it (:data:`SITE_MARKER`). ``--offline`` points the pages' CDN scripts at pinned
+local copies (npm packages ``--install-assets`` installs once, each checked against its SHA-256).
 """
 
 from __future__ import annotations
@@ -59,20 +55,17 @@ class PublishError(ValueError):
     """Publishing is refused or failed; the message names the problem (and the fix)."""
 
 
-def assets_dir() -> Path:
-    """Where ``--install-assets`` puts the pinned copies (``node_modules/`` inside)."""
+def assets_dir() -> Path:  # where --install-assets puts the pinned copies (node_modules/ inside)
     return Path.home() / ".cache" / "mla-fp8-bench" / "site-assets"
 
 
-def asset_problems() -> list[str]:
-    """The pinned files missing from :func:`assets_dir` or differing from their SHA-256 (``[]``: all there)."""
+def asset_problems() -> list[str]:  # the pinned files missing or differing from their SHA-256
     nm = assets_dir() / "node_modules"
     return [rel for rel, digest in PINNED.items()
             if not (nm / rel).is_file() or hashlib.sha256((nm / rel).read_bytes()).hexdigest() != digest]
 
 
 def install_assets() -> Path:
-    """``npm install`` :data:`ASSET_PACKAGES` into :func:`assets_dir` (npm's output shown), then check them."""
     if (npm := shutil.which("npm")) is None:
         raise PublishError("--install-assets needs npm, which is not installed (Debian: apt-get install -y npm)")
     cmd = [npm, "install", "--no-audit", "--no-fund", "--no-save", "--package-lock=false", "--prefix"]
@@ -85,8 +78,7 @@ def install_assets() -> Path:
 
 def vendorize(site: Path) -> None:
     """Copy the pinned files into ``site/_assets/`` and point every CDN script and stylesheet of the top
-    pages at its copy, ``integrity`` dropped (the SHA-256 of :data:`PINNED` stands for it). PublishError:
-    a CDN file with no pinned copy (asv changed its pages)."""
+    pages at its copy, ``integrity`` dropped (the SHA-256 of :data:`PINNED` stands for it)."""
     for rel in PINNED:
         (site / "_assets" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(assets_dir() / "node_modules" / rel, site / "_assets" / rel)
@@ -103,8 +95,7 @@ def vendorize(site: Path) -> None:
 
 
 def _written_by_publish(html: Path) -> None:
-    """PublishError unless ``html`` is absent, an empty folder, or a site whose every path the last publish
-    wrote (listed in its :data:`SITE_MARKER`)."""
+    """PublishError unless ``html`` is absent, empty, or holds only what the last publish wrote."""
     if html.exists() and not html.is_dir():
         raise PublishError(f"--html-dir {html} is a file, not a folder")
     marker = html / SITE_MARKER
@@ -116,8 +107,7 @@ def _written_by_publish(html: Path) -> None:
 
 
 def _asv_publish(conf: dict, base: Path, results: Path, site: Path) -> list[str]:
-    """``asv publish`` of ``results`` into ``site`` under a copy of ``conf`` (of the config in ``base``)
-    with absolute paths; returns the lines asv printed about files it left out."""
+    """``asv publish`` of ``results`` into ``site``; returns asv's lines about files it left out."""
     repo = str(conf.get("repo", "."))
     conf = dict(conf, repo=repo if re.match(r"\w+://|git@", repo) else str((base / repo).resolve()),
                 results_dir=str(results.resolve()), html_dir=str(site), env_dir=str(site.parent / "env"),
@@ -133,10 +123,8 @@ def _asv_publish(conf: dict, base: Path, results: Path, site: Path) -> list[str]
 
 def publish_site(config: str | os.PathLike = "asv.conf.json", html_dir: str | os.PathLike | None = None,
                  results_dir: str | os.PathLike | None = None, offline: bool = False) -> tuple[Path, list[str]]:
-    """``asv publish`` of ``results_dir`` into ``html_dir`` (defaults: the ``config``'s), the site made to
-    open on the kernel latencies, CDN files made local when ``offline``; returns the site and asv's lines
-    about files it left out. PublishError (one line, nothing changed): a bad input, missing copies, an
-    ``html_dir`` holding what publish did not write, a failing ``asv publish``."""
+    """``asv publish`` of ``results_dir`` into ``html_dir`` (defaults: the ``config``'s), opening on the kernel
+    latencies; returns the site and asv's lines about files it left out. PublishError: nothing changed."""
     from asv import util
 
     from mla_fp8_bench.jsonio import locked

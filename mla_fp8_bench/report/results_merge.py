@@ -1,9 +1,6 @@
 """``mla-fp8-bench merge-results SRC... --into DEST``: the union of asv results directories (asv has no
-merge command). ``benchmarks.json`` gets every definition; each ``<machine>/`` folder's files are copied.
-Nothing stored is lost or overwritten: a destination file is never replaced by different content (a
-result file or ``machine.json`` that differs is refused before anything is written; a definition that
-differs keeps the first found and says so). A folder holding JSON files but no ``machine.json`` is
-refused, named. Every input is read first; each file is written atomically, under the destination's lock.
+merge command). A destination file is never replaced by different content (refused before anything is
+written); a definition that differs keeps the first found and says so. Writes are atomic, under a lock.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ class MergeError(ValueError):
     """A merge is refused; the message names the file and the reason (the CLI exits 2)."""
 
 
-def _machines(src: Path) -> list[Path]:
-    """The machine folders of the results directory ``src``, every file in them read once."""
+def _machines(src: Path) -> list[Path]:  # the machine folders of src, every file in them read once
     if not src.is_dir() or R.is_machine_dir(src):
         raise MergeError(f"source {src} is not an asv results directory (one holding <machine>/machine.json"
                          + (f"; it is one machine's folder: give {src.parent}" if R.is_machine_dir(src) else "") + ")")
@@ -76,9 +72,8 @@ def _benchmarks(sources: list[Path], dest: Path, report: dict[str, list]) -> dic
 
 
 def merge_results(sources: list[str], into: str, *, dry_run: bool = False) -> dict[str, list]:
-    """Merge the asv results directories ``sources`` into ``into`` (module docstring); returns the lists of
-    ``machines``, ``copied`` and ``unchanged`` files, ``added`` definitions and ``kept`` notes. MergeError
-    before anything is written."""
+    """Merge ``sources`` into ``into``; returns the lists ``machines``, ``copied``, ``unchanged``, ``added``,
+    ``kept``."""
     dest, srcs, real = Path(into), [Path(s) for s in sources], Path(os.path.realpath(into))  # realpath: no loop error
     if (dest.exists() or dest.is_symlink()) and (not dest.is_dir() or R.is_machine_dir(dest)):
         raise MergeError(f"destination {dest} is not a results directory (a file, a broken link, a machine's folder)")

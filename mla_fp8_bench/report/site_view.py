@@ -13,9 +13,8 @@ from urllib.parse import quote
 
 
 def kernel_latency_view(site: Path) -> str | None:
-    """The site address (after ``#``) of the kernel latency history on the machine with a GPU that has the
-    most such values at its newest commit: one line per backend measured there, for the case most of them
-    measured (of those, the slowest); None when no machine with a GPU has any."""
+    """The site address (after ``#``) of the kernel latency history on the GPU machine with the most such
+    values at its newest commit, one line per backend, for the case most of them measured (the slowest)."""
     from mla_fp8_bench.measure.metric_table import find
 
     name = find("track_latency").asv_name
@@ -51,7 +50,7 @@ def open_on_kernel_latency(site: Path) -> str | None:
 
 
 def cmd_preview(args, console) -> int:
-    """Serve ``--html-dir`` on 127.0.0.1 until interrupted; ValueError (one line): no site, port taken."""
+    """Serve ``--html-dir`` on 127.0.0.1 only (``asv preview`` binds every interface) until interrupted."""
     if not (Path(args.html_dir) / "index.html").is_file():
         raise ValueError(f"--html-dir {args.html_dir} holds no published site (no index.html): run "
                          "`mla-fp8-bench publish`")

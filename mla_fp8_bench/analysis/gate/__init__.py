@@ -1,21 +1,7 @@
 """``mla-fp8-bench gate BASE HEAD``: the PR gate. Each side is a run JSON, an asv result file or a commit
-prefix under ``<results-dir>/<machine>/`` (:mod:`.load`); each (backend, case, metric) of a kind in
-:mod:`mla_fp8_bench.measure.metric_table` gets a verdict (:mod:`.judge`); the report is a text table or
-markdown for a PR comment (:mod:`.render`). The rules:
-
-- **Latency.** Each side's figure is the mean of its fastest mode: its rounds (one per process; else its
-  samples, else its one value) within 2 % of its fastest. HEAD regresses when the ratio of the figures
-  exceeds ``max(--factor, 1 + k x se)``, ``se`` the ratio's relative standard error from each mode's robust
-  spread (k ``--noise-k``; :mod:`mla_fp8_bench.analysis.stats`). A param whose SM clock lies off its
-  side's plateau (power-capped) is judged on SM cycles per launch. Emulation and CPU host latencies are
-  informational, and so are call latency and planner time without ``--gate-call-latency``; a benchmark
-  version change makes a latency not comparable.
-- **Accuracy.** A value over its calibrated tolerance (``--tolerances``; a non-finite count's is 0), or
-  where none covers it grown over BASE beyond ``--acc-factor``, regresses; a non-finite value is over every
-  limit; a benchmark version change stops neither check. **Resources** grown beyond ``--factor`` regress.
-- **Lost results** (ok on BASE; skipped, failed or absent on HEAD) fail: LOST (``--allow-missing`` lets
-  them pass) or FAILED. So do values outside their metric's range (INVALID) and a comparison that judged
-  nothing (NOTHING COMPARED). Exit status: 0 passed, 1 failed, 2 bad usage (one line, before any work).
+prefix under ``<results-dir>/<machine>/`` (:mod:`.load`); each (backend, case, metric) gets a verdict
+(:mod:`.judge`), reported as a text table or markdown (:mod:`.render`). The rules: docs/regressions.md.
+Exit status: 0 passed, 1 failed, 2 bad usage (one line, before any work).
 """
 
 from __future__ import annotations
@@ -32,7 +18,6 @@ from mla_fp8_bench.measure.metric_table import DEFAULT_ACC_FACTOR, DEFAULT_FACTO
 
 
 def check_flags(*checks: tuple[str, float, float, str]) -> None:
-    """Each ``(flag, value, least, what is allowed)``: GateUsageError unless the value is finite and >= least."""
     for flag, v, least, want in checks:
         if not (math.isfinite(v) and v >= least):
             raise GateUsageError(f"{flag} {v} is invalid: {want}")

@@ -23,9 +23,7 @@ class GateUsageError(ValueError):
 
 
 @dataclass
-class Value:
-    """A metric of a (backend, case): its status, stored figure (floored), and rounds, else samples, else figure."""
-
+class Value:  # a metric of a (backend, case): status, figure (floored); rounds, else samples, else figure
     status: str
     center: float | None = None
     values: tuple[float, ...] = ()
@@ -63,7 +61,7 @@ def _numbers(x, where: str) -> list[float]:
 
 
 def side_from_run(doc: R.RunDoc, label: str) -> Side:
-    """A side from a run JSON; GateUsageError: two different records of a (backend, case), a non-number."""
+    """A side from a run JSON; GateUsageError for two different records of a (backend, case), a non-number."""
     vendor = str(doc.env.get("vendor") or "").lower()
     side = Side(label, str(doc.path), gpu=("none" if vendor == "cpu" else doc.env.get("device_name")) if vendor
                 else None, cpu=vendor == "cpu" or str(doc.env.get("device", "")).startswith("cpu"))
@@ -92,7 +90,7 @@ def _from_asv(res: R.AsvResult, label: str) -> Side:
 
     gpu = res.params.get("gpu")
     side = Side(label, str(res.path), res.machine, gpu if isinstance(gpu, str) else None, R.is_cpu_machine(res.params))
-    for name in res.benchmarks():
+    for name in res.results:
         m = find(name.rsplit(".", 1)[-1])
         if m is None:
             continue
@@ -115,8 +113,7 @@ def _holds(results_dir: str, machine: str, commits: list[str], env: str | None) 
 
 
 def pick_machine(results_dir: str, machine: str | None, specs: tuple[str, ...], env: str | None) -> str | None:
-    """``machine``, else the only machine of ``results_dir`` or the only one holding every commit in
-    ``specs``; None when ``specs`` name no commit."""
+    """``machine``, else the only machine of ``results_dir`` or the only one holding every commit in ``specs``."""
     commits = [s for s in specs if not os.path.exists(s) and _HEX.fullmatch(s)]
     if machine or not commits:
         return machine
@@ -132,7 +129,6 @@ def pick_machine(results_dir: str, machine: str | None, specs: tuple[str, ...], 
 
 
 def load_side(spec: str, label: str, results_dir: str, machine: str | None, env: str | None) -> Side:
-    """The side a results file or a commit prefix on ``machine`` names; GateUsageError: one line naming it."""
     if not os.path.exists(spec) and (machine is None or not _HEX.fullmatch(spec)):
         raise GateUsageError(f"{label} {spec!r} is neither an existing file nor a commit hash prefix (>= 4 hex digits)")
     try:
@@ -143,8 +139,7 @@ def load_side(spec: str, label: str, results_dir: str, machine: str | None, env:
 
 
 def check_same_machine(base: Side, head: Side) -> None:
-    """GateUsageError when the two sides name different asv machines, or devices of which neither name
-    contains the other (a run JSON's ``"AMD Instinct MI355X"`` matches asv's ``"MI355X"``)."""
+    """GateUsageError for two asv machines, or devices neither of whose names contains the other's."""
     for facet in ("machine", "gpu"):
         b, h = (str(getattr(s, facet) or "").strip().lower() for s in (base, head))
         if b and h and not (b == h if facet == "machine" or "none" in (b, h) else (b in h or h in b)):

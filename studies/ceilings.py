@@ -1,14 +1,23 @@
-"""The device's own ceilings, measured once per ``run`` in its process (GPU only): ``fp8_gemm_tflops`` /
+"""The device's own ceilings (GPU only), for studies/plot.py's TFLOP/s lines: ``fp8_gemm_tflops`` /
 ``bf16_gemm_tflops`` (an ``n x n x n`` GEMM, 2 n^3 FLOPs, on random data: a bf16 GEMM ran 13% faster on
-zeros on an H200) and ``copy_tb_s`` (bytes read + written, eager or as a graph's memcpy node, the faster)."""
+zeros on an H200) and ``copy_tb_s`` (bytes read + written, eager or as a graph's memcpy node, the faster).
+
+    python3 studies/ceilings.py RUN.json   # measures here and adds ``ceilings`` (and per-record fractions)
+"""
 
 from __future__ import annotations
 
 import functools
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# ruff: noqa: E402
+from mla_fp8_bench.jsonio import load_json, write_file_atomic
 from mla_fp8_bench.measure.devices import fp8_dtype_for, gpu_arch, platform_info
 from mla_fp8_bench.measure.timing import time_device
 from mla_fp8_bench.peers import first_line
@@ -108,16 +117,21 @@ def annotate_records(data: dict[str, Any], ceil: dict[str, Any]) -> None:
                    fraction_of_datasheet=tf / p if p else None)
 
 
-def attach(data: dict[str, Any], device: str | torch.device | None = None, enabled: bool = True) -> dict[str, Any]:
+def attach(data: dict[str, Any], device: str | torch.device | None = None) -> dict[str, Any]:
     """Measure the ceilings once into ``data["ceilings"]`` (and per-record fractions) and return them on
-    ``device`` (default ``data["env"]["device"]``, else ``auto``); ``enabled=False``
-    (``MLA_FP8_BENCH_CEILINGS=0``) measures nothing. Failures are recorded, never raised."""
-    ceil: dict[str, Any] = {"status": "skipped", "reason": "MLA_FP8_BENCH_CEILINGS=0"}
-    if enabled:
-        try:
-            ceil = measure_ceilings(device if device is not None else data.get("env", {}).get("device") or "auto")
-        except Exception as exc:  # noqa: BLE001
-            ceil = {"status": "error", "reason": first_line(exc)}
+    ``device`` (default ``data["env"]["device"]``, else ``auto``). Failures are recorded, never raised."""
+    try:
+        ceil = measure_ceilings(device if device is not None else data.get("env", {}).get("device") or "auto")
+    except Exception as exc:  # noqa: BLE001
+        ceil = {"status": "error", "reason": first_line(exc)}
     data["ceilings"] = ceil
     annotate_records(data, ceil)
     return ceil
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python3 studies/ceilings.py RUN.json")
+    doc = load_json(sys.argv[1], "run JSON")
+    print(json.dumps({k: v for k, v in attach(doc).items() if k != "details"}))
+    write_file_atomic(sys.argv[1], lambda f: json.dump(doc, f, indent=1))
