@@ -1,6 +1,6 @@
 """The run configuration: every knob of a measurement in one frozen object, built from the command line
 (``cli.py``) or the environment (:meth:`RunConfig.from_env`: ``MLA_FP8_BENCH_<FIELD>`` sets a field, e.g.
-``_TIME_BUDGET``, ``_AITER_ANY_DEVICE=1``, ``_CEILINGS=0``); the one module that reads ``MLA_FP8_BENCH_*``."""
+``_TIME_BUDGET``, ``_AITER_ANY_DEVICE=1``); the one module that reads ``MLA_FP8_BENCH_*``."""
 
 from __future__ import annotations
 
@@ -40,7 +40,6 @@ class RunConfig:
     emu_aiter_version: tuple[int, int, int] | None = None  # the AITER version aiter-emulated models (None: newest)
     aiter_any_device: bool = False  # aiter may drive a non-gfx950 package (records labelled an emulation)
     expect_commit: str = ""  # the commit an -E existing asv run is filed under ("" unset)
-    ceilings: bool = True  # measure the device ceilings
     progress: str = ""  # a file the asv grid appends its progress lines to ("" none), e.g. /dev/tty
 
     @classmethod
@@ -64,7 +63,7 @@ class RunConfig:
             emu_max_tokens=_int(get("EMU_MAX_TOKENS"), "EMU_MAX_TOKENS", 0, None, "an integer >= 0 (0 = no cap)"),
             emu_aiter_version=check_emu_aiter_version(get("EMU_AITER_VERSION"), f"{PREFIX}EMU_AITER_VERSION"),
             aiter_any_device=_any_device(get("AITER_ANY_DEVICE")),
-            expect_commit=get("EXPECT_COMMIT").strip(), ceilings=_switch(get("CEILINGS"), "CEILINGS"),
+            expect_commit=get("EXPECT_COMMIT").strip(),
             progress=get("PROGRESS").strip())
 
     def emulation_token_cap(self, device_type: str) -> int:
@@ -120,14 +119,6 @@ def check_emu_aiter_version(raw: str, what: str) -> tuple[int, int, int] | None:
     from mla_fp8_bench.aiter_ps.facts import modelled_version
 
     return modelled_version(raw, what)
-
-
-def _switch(raw: str, name: str) -> bool:
-    """An on/off knob: unset, ``1``/``true``/``yes``/``on`` (any case) is on, ``0``/``false``/``no``/``off`` off."""
-    v = raw.strip().lower()
-    if v not in ("", "1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise ValueError(f"{PREFIX}{name}={raw!r} is invalid: 1/true/yes/on or 0/false/no/off (unset: on)")
-    return v not in ("0", "false", "no", "off")
 
 
 def _any_device(raw: str) -> bool:
