@@ -16,7 +16,7 @@ PREFIX = "MLA_FP8_BENCH_"
 #: MI355X multiProcessorCount: the CU count the emulated plan is made for by default.
 DEFAULT_EMU_CU_NUM = 256
 #: Default token cap of the emulation per device type (0 = none): 437 ms per call at S=4096 on an H200
-#: (docs/methodology.md); beyond it the emulation would dominate a run.
+#: (studies/h200-measurements.md, section 5.5); beyond it the emulation would dominate a run.
 DEFAULT_EMU_MAX_TOKENS = {"cpu": 0, "cuda": 4096}
 #: Most latency samples per (backend, case) (a list of them is kept in every record).
 MAX_SAMPLES = 1_000_000

@@ -6,7 +6,7 @@ cleanly on a CPU, and the profiler summary maths.
 
 Accuracy band for FA3 FP8 against the fp32 reference on the *dequantised* inputs (the kernel's own
 error): measured max-abs 0.042-0.070 and rel-L2 0.0170-0.0218 over the 14 asv cases (S 128..32768,
-ragged) on an H200 (docs/methodology.md §5.5); the gates below leave headroom: max-abs < 0.1,
+ragged) on an H200 (studies/h200-measurements.md, section 5.5); the gates below leave headroom: max-abs < 0.1,
 rel-L2 < 0.03. Against the bf16 inputs (input quantisation included): 0.156-0.251.
 """
 
