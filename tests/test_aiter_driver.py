@@ -136,11 +136,52 @@ def test_driver_detects_forms_from_op_schemas_of_opaque_wrappers():
         assert str(inspect.signature(mod.get_ps_metadata_v1)) == "(*args, **kwargs)"
         drv = AiterPsDriver(mod, (0, 1, 0))  # a source build without git metadata reports 0.1.0
         assert (drv.reduce_arity, drv.planner_revision) == (9, rev)
-        assert drv.reduce_source.startswith("op schema aiter_standin_") and drv.effective_version >= (0, 1, 16)
-        assert drv.supports_heads(32)  # 32 heads need >= 0.1.11: the features say so, not the 0.1.0
+        assert drv.reduce_source.startswith("op schema aiter_standin_")
+        assert drv.supports_heads(32)  # 32 heads need >= 0.1.11: the library says so, not the 0.1.0
     ref = AiterPsDriver(make_standin_aiter(aiter_version=(0, 1, 20), planner_revision="pr3606-ref"), (0, 1, 20))
     assert ref.planner_revision == "pr3606-ref" and ref.post_3606
     assert "9-argument form (op schema" in AiterPsDriver(make_standin_aiter(), None).detection()["mla_reduce_v1"]
+
+
+# head counts of mla_reduce_v1 at v_head_dim 128 by release, read in AITER's reduce dispatch (independent of
+# the stand-in's table): 1, 2, 4, 8, 10, 16, 128; 32 and 64 from v0.1.11; 40 from v0.1.12; 48 and 96 from v0.1.20
+REDUCE_HEADS = {(0, 1, 10): [1, 2, 4, 8, 10, 16, 128], (0, 1, 20): [1, 2, 4, 8, 10, 16, 32, 40, 48, 64, 96, 128]}
+
+
+@pytest.mark.parametrize("version", list(REDUCE_HEADS))
+def test_head_support_is_probed_on_the_installed_reduce(version):
+    drv = AiterPsDriver(make_standin_aiter(aiter_version=version), (0, 1, 0))  # the version says nothing
+    ok = REDUCE_HEADS[version]
+    for h in (8, 12, 16, 24, 32, 64):
+        assert bool(drv.supports_heads(h)) is (h in ok), h
+    why = drv.supports_heads(12).reason
+    assert f"mla_reduce_v1 of aiter 0.1.0 dispatches num_heads in {ok} for v_head_dim 128 (probed); got 12" in why
+    assert "doesn't support the specified settings" in why
+    serving = [h for h in (8, 12, 16, 24, 32, 64) if h in ok]
+    assert drv.detection()["reduce heads"].startswith(f"{serving} of the serving counts [8, 12, 16, 24, 32, 64]")
+
+
+def test_a_reduce_that_gained_a_head_count_is_followed_whatever_its_version():
+    """A library whose reduce takes 12 heads (as a later AITER may) runs them; one that takes only 16 refuses 8."""
+    mod = make_standin_aiter(aiter_version=(0, 1, 20))
+    real = mod.mla_reduce_v1
+    calls = []
+
+    def reduce_16_and_12(po, *args):
+        calls.append(po.shape[-2])
+        if po.shape[-2] not in (12, 16):
+            raise RuntimeError("doesn't support the specified settings")
+        if po.shape[-2] == 12:  # the stand-in's dispatch refuses 12: stand for a kernel that runs it
+            return None
+        return real(po, *args)
+
+    mod.mla_reduce_v1 = reduce_16_and_12
+    drv = AiterPsDriver(mod, (0, 1, 20))
+    assert drv.supports_heads(12) and drv.supports_heads(16) and not drv.supports_heads(8)
+    assert "dispatches num_heads in [12, 16]" in drv.supports_heads(8).reason
+    n = len(calls)
+    drv.supports_heads(8), drv.supports_heads(12)
+    assert len(calls) == n  # probed once per head count
 
 
 def test_env_prints_what_was_detected_and_where(capsys):

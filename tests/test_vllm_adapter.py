@@ -19,6 +19,7 @@ the separate tier in ``tests/vllm_tier`` (``-m vllm``).
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import types
@@ -282,8 +283,6 @@ def _install(monkeypatch, version: str, cu_num: int = CU):
 def _standin(cu_num: int = CU, **kw) -> types.ModuleType:
     """The stand-in aiter with ``get_ps_metadata_info_v1`` giving 1-D sizes as bare ints, as real
     AITER does (``(2, torch.uint64)``, ``(cu_num + 1, torch.int32)``...; 2-D sizes stay tuples)."""
-    import functools
-
     aiter = make_standin_aiter(cu_num=cu_num, **kw)
     fn = aiter.get_ps_metadata_info_v1
 
@@ -584,15 +583,33 @@ def test_fault_no_lock_is_visible(monkeypatch):
         p.cleanup()
 
 
-def test_locked_workspace_refuses_growth_beyond_the_reservation(monkeypatch):
-    # A 0.31+ reservation sized for 1 CU under a 256-CU plan: the forward must fail loudly (vLLM #42978)
+@pytest.mark.parametrize("cid,planned,forward", [("s600-cast", 16, 16), ("s300-h24-cast", 24, 32)])
+def test_growth_after_lock_is_an_error_record_naming_both_widths(monkeypatch, cid, planned, forward):
+    """A 0.31+ reservation sized for 1 CU under a 256-CU plan makes the forward grow the locked workspace
+    (vLLM #42978): an ``error`` record naming the plan's and the forward's head widths. At 24 heads the builder
+    sizes as a short-lived vLLM revision did (``max(16, n)``: 24) while the forward pads to 32."""
     _, mod, ws = _install(monkeypatch, "0.31", cu_num=1)
-    p = for_testing(_standin(256), mod.__name__, ws.__name__).prepare(make_inputs(parse_case_id("s600-cast")))
-    try:
-        with pytest.raises(AssertionError, match="Workspace is locked"):
-            p.run()
-    finally:
-        p.cleanup()
+    helper, builder = mod.AiterMLAHelper, mod.AiterMLAMetadataBuilder
+    forward_width = helper.get_fp8_prefill_num_heads
+
+    def sized_max16(method):
+        @functools.wraps(method)
+        def wrapped(self, *args, **kwargs):
+            helper.get_fp8_prefill_num_heads = staticmethod(lambda n: max(16, n))
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                helper.get_fp8_prefill_num_heads = staticmethod(forward_width)
+        return wrapped
+
+    for name in ("_init_fp8_prefill_ps_buffers", "_build_fp8_prefill_ps_metadata"):
+        monkeypatch.setattr(builder, name, sized_max16(getattr(builder, name)))
+    b = for_testing(_standin(256), mod.__name__, ws.__name__)
+    rec = evaluate_one(b, CaseData(parse_case_id(cid), CPU, None), CPU, RunOptions(timing=False, determinism=False))
+    assert rec.status == "error", rec
+    want = (f"WorkspaceGrewAfterLock: the workspace grew after lock_workspace(): the builder planned and reserved "
+            f"{planned} heads, the forward runs {forward} (vLLM: Workspace is locked but allocation requires")
+    assert want in rec.reason
     assert not ws.is_workspace_manager_initialized()
 
 

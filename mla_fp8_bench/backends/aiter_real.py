@@ -18,10 +18,13 @@ from mla_fp8_bench.aiter_ps.facts import import_aiter
 from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
-from mla_fp8_bench.problem.cases import Case, CaseKind
+from mla_fp8_bench.problem.cases import SERVING_HEADS, Case, CaseKind
 from mla_fp8_bench.problem.inputs import CaseInputs
 from mla_fp8_bench.problem.prefix import merge_attn_states
-from mla_fp8_bench.problem.shapes import cu_seqlens_of
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM, cu_seqlens_of
+
+#: Head counts probed to name what the installed ``mla_reduce_v1`` dispatches when it refuses one.
+PROBE_HEADS = (1, 2, 4, 8, 10, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128)
 
 
 def _as_dtype(d: Any) -> torch.dtype:
@@ -113,13 +116,15 @@ def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], c
 class AiterPsDriver:
     """Drive the PS prefill primitives of ``module`` (real ``aiter`` or the stand-in; ``version`` None if
     unknown). Detected: ``reduce_arity`` (8 or 9), ``planner_revision`` (``*_source``: where each was read),
-    ``post_3606`` (every tile can get a slot), ``effective_version`` (keys the reduce's head set);
+    ``post_3606`` (every tile can get a slot), head support (:meth:`reduce_refusal`, probed on ``device``);
     ``pass_need_lse`` False is the caller fault of leaving it out. BackendUnavailable: a primitive missing,
     an undetectable reduce form or planner revision, or the 7-argument ``mla_reduce_v1``."""
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
         self.m = check_primitives(module)
         self.version = version
+        self.device = torch.device("cpu")  # where head support is probed (the backend's platform device)
+        self._refusals: dict[int, str | None] = {}
         reduce, planner = facts.detect_reduce_arity(module, version), facts.detect_planner_revision(module, version)
         for det in (reduce, planner):
             if det.value is None:
@@ -130,23 +135,42 @@ class AiterPsDriver:
             raise BackendUnavailable(f"aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form ({reduce.source}): "
                                      "too old for the PS prefill")
         self.post_3606 = self.planner_revision != facts.PLANNER_PRE_3606
-        self.effective_version = facts.effective_version(version, self.reduce_arity, self.planner_revision)
+        self.reduce_ints = (facts.Q_TILE, 0) if self.reduce_arity == 9 else (facts.Q_TILE,)
         self.pass_need_lse = True
 
     def detection(self) -> dict[str, str]:
         """What was detected and from where (``mla-fp8-bench env`` prints it)."""
+        ok = [h for h in SERVING_HEADS if self.reduce_refusal(h) is None]
         return {"mla_reduce_v1": f"{self.reduce_arity}-argument form ({self.reduce_source})",
                 "get_ps_metadata_v1": f"{self.planner_revision} planner ({self.planner_source})",
-                "reduce heads keyed on": f"AITER {facts.format_version(self.effective_version)} (reported "
-                                         f"{facts.format_version(self.version)})"}
+                "reduce heads": f"{ok} of the serving counts {list(SERVING_HEADS)} (probed on {self.device}; "
+                                f"AITER reports {facts.format_version(self.version)})"}
+
+    def reduce_refusal(self, num_heads: int) -> str | None:
+        """None when the installed ``mla_reduce_v1`` runs a one-group reduce of two partials at ``num_heads``
+        (v_head_dim 128) on :attr:`device`, else its error: head support as the library dispatches it."""
+        if num_heads not in self._refusals:
+            h, dev = num_heads, self.device
+            f32, i32 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int32, device=dev)
+            try:
+                self.m.mla_reduce_v1(torch.zeros(2 * facts.Q_TILE, h, V_HEAD_DIM, **f32),
+                                     torch.zeros(2 * facts.Q_TILE, h, **f32), torch.tensor([0, 2], **i32),
+                                     torch.tensor([[0, 1]], **i32), torch.tensor([0, facts.Q_TILE], **i32),
+                                     *self.reduce_ints, torch.empty(1, h, V_HEAD_DIM, dtype=torch.bfloat16, device=dev),
+                                     torch.empty(1, h, **f32))
+                synchronize(self.device)
+                self._refusals[num_heads] = None
+            except Exception as exc:  # noqa: BLE001 - a refusal, whatever the library raises
+                self._refusals[num_heads] = f"{type(exc).__name__}: {str(exc).strip()[:100]}"
+        return self._refusals[num_heads]
 
     def supports_heads(self, num_heads: int) -> Verdict:
-        allowed = facts.reduce_heads_for(self.effective_version)
-        if num_heads not in allowed:
-            v = facts.format_version(self.effective_version) if self.effective_version else "the newest known version"
-            return Verdict.no(f"mla_reduce_v1 of aiter {v} dispatches num_heads in {sorted(allowed)} "
-                              f"for v_head_dim 128; got {num_heads}")
-        return Verdict.yes()
+        why = self.reduce_refusal(num_heads)
+        if why is None:
+            return Verdict.yes()
+        ok = [h for h in PROBE_HEADS if self.reduce_refusal(h) is None]
+        return Verdict.no(f"mla_reduce_v1 of aiter {facts.format_version(self.version)} dispatches num_heads in "
+                          f"{ok} for v_head_dim 128 (probed); got {num_heads}: {why}")
 
     def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None) -> list:
         """``get_ps_metadata_info_v1`` for this module; ``max_kvlen`` is passed only to the pre-merge PR
@@ -213,9 +237,8 @@ class AiterPsDriver:
         self.m.mla_prefill_ps_asm_fwd(q8, k8, v8, p.qo_indptr, p.kv_indptr, p.kv_page_indices, pl["work_indptr"],
                                       pl["work_info"], p.max_seqlen_q, softmax_scale, p.causal, p.split_data,
                                       p.split_lse, p.output, scales[0], scales[1], scales[2])
-        ints = (facts.Q_TILE, 0) if self.reduce_arity == 9 else (facts.Q_TILE,)
         self.m.mla_reduce_v1(p.split_data, p.split_lse, pl["reduce_indptr"], pl["reduce_final_map"],
-                             pl["reduce_partial_map"], *ints, p.output, p.final_lse)
+                             pl["reduce_partial_map"], *self.reduce_ints, p.output, p.final_lse)
         if p.empty is not None:
             p.output.masked_fill_(p.empty[:, None, None], 0.0)
             p.final_lse.masked_fill_(p.empty[:, None], float("-inf"))
@@ -331,7 +354,7 @@ class AiterReal(AiterPsBackend):
         if not gate and not self.emulation:
             return gate
         try:
-            self.driver()
+            self.driver().device = platform.device
         except BackendUnavailable as exc:
             return Verdict.no(str(exc))
         return Verdict.yes()

@@ -21,7 +21,7 @@ import torch
 
 from mla_fp8_bench.aiter_ps import facts
 from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
-from mla_fp8_bench.backends.aiter_real import aiter_gate, check_primitives, load_aiter, numel
+from mla_fp8_bench.backends.aiter_real import AiterPsDriver, aiter_gate, load_aiter, numel
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case
@@ -42,6 +42,10 @@ class VllmAdapterError(RuntimeError):
     """vLLM's entry does not match what the adapter calls (a signature or attribute changed)."""
 
 
+class WorkspaceGrewAfterLock(RuntimeError):
+    """vLLM's forward asked its locked workspace for more than the builder reserved (vLLM #42978)."""
+
+
 @dataclass(frozen=True)
 class VllmFeatures:
     """What this vLLM's FP8 prefill path does, detected from its code (:func:`detect_features`), with the
@@ -60,8 +64,7 @@ class VllmFeatures:
 
 @dataclass
 class VllmEntry:
-    """vLLM's ``rocm_aiter_mla`` module (``AiterMLAImpl``, ``AiterMLAMetadataBuilder``, ``AiterMLAHelper``),
-    its workspace module and what they do."""
+    """vLLM's ``rocm_aiter_mla`` module, its workspace module and what they do."""
 
     module: types.ModuleType
     workspace: types.ModuleType
@@ -69,21 +72,20 @@ class VllmEntry:
 
     def fp8_heads(self, num_heads: int) -> tuple[Verdict, int]:
         """(does vLLM run the FP8 prefill at ``num_heads``, the head count the kernel is handed)."""
-        f = self.features
-        if f.pads_heads:
-            helper = self.module.AiterMLAHelper
-            valid = (helper.is_valid_num_heads(num_heads) if hasattr(helper, "is_valid_num_heads")
-                     else num_heads > 0 and (num_heads <= 128 or num_heads % 16 == 0))
-            if not valid:
-                return Verdict.no(f"vLLM {f.version or ''} gates the FP8 prefill on "
-                                  "AiterMLAHelper.is_valid_num_heads (0 < n <= 128 or a multiple of 16): "
-                                  f"{num_heads} heads take the bf16 path"), num_heads
-            return Verdict.yes(), int(helper.get_fp8_prefill_num_heads(num_heads))
-        if num_heads <= 0 or num_heads % 16:
-            return Verdict.no(f"vLLM {f.version or ''} (no head padding; padding arrived in 0.29, #51040) enables the "
-                              f"FP8 prefill only for num_heads % 16 == 0; {num_heads} heads fall back to the bf16 "
-                              "flash_attn path"), num_heads
-        return Verdict.yes(), num_heads
+        f, helper = self.features, getattr(self.module, "AiterMLAHelper", None)
+        ver = f.version or "(version unknown)"
+        if not f.pads_heads:
+            if num_heads % 16:
+                return Verdict.no(f"vLLM {ver} (no head padding; padding arrived in 0.29, #51040) enables the "
+                                  f"FP8 prefill only for num_heads % 16 == 0; {num_heads} heads fall back to the bf16 "
+                                  "flash_attn path"), num_heads
+            return Verdict.yes(), num_heads
+        valid = (helper.is_valid_num_heads(num_heads) if hasattr(helper, "is_valid_num_heads")
+                 else num_heads <= 128 or num_heads % 16 == 0)
+        if not valid:
+            return Verdict.no(f"vLLM {ver} gates the FP8 prefill on AiterMLAHelper.is_valid_num_heads "
+                              f"(0 < n <= 128 or a multiple of 16): {num_heads} heads take the bf16 path"), num_heads
+        return Verdict.yes(), int(helper.get_fp8_prefill_num_heads(num_heads))
 
 
 def _code_names(fn: Any) -> frozenset[str]:
@@ -104,14 +106,12 @@ def detect_features(module: types.ModuleType) -> VllmFeatures:
         raise VllmAdapterError(f"{module.__name__} lacks {', '.join(missing)}: the FP8 MLA prefill entry needs "
                                "vllm >= 0.28")
     init = builder._init_fp8_prefill_ps_buffers
-    init_names = _code_names(init)
-    helper = getattr(module, "AiterMLAHelper", None)
     version = getattr(sys.modules.get(module.__name__.split(".")[0]), "__version__", None)
     return VllmFeatures(
         attn_out_dtype="attn_out_dtype" in inspect.signature(init).parameters,
-        pads_heads=helper is not None and hasattr(helper, "get_fp8_prefill_num_heads"),
-        budget_sizing="num_compute_units" in init_names,
-        staging="_fp8_ps_staging" in init_names,
+        pads_heads=hasattr(getattr(module, "AiterMLAHelper", None), "get_fp8_prefill_num_heads"),
+        budget_sizing="num_compute_units" in _code_names(init),
+        staging="_fp8_ps_staging" in _code_names(init),
         one_scale_cache="_fp8_prefill_one_scale" in _code_names(impl._mla_fp8_prefill_attn),
         version=str(version) if version is not None else None,
     )
@@ -151,17 +151,16 @@ def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
 
 
 def _ws_fact(ws: types.ModuleType, fact: Any) -> Any:
-    """``fact(manager)`` of vLLM's workspace manager, None when it fails (informational only)."""
+    """``fact(manager)`` of vLLM's workspace manager, None when it fails (informational only; the bytes
+    held read a private list)."""
     try:
         return fact(ws.current_workspace_manager())
     except Exception:  # noqa: BLE001
         return None
 
 
-def _reserved_bytes(ws: types.ModuleType) -> int | None:
-    """Bytes vLLM's workspace manager holds now (reads a private list; None if it changed)."""
-    return _ws_fact(ws, lambda m: int(sum(b.numel() * b.element_size() for b in m._current_workspaces
-                                          if b is not None)))
+def _held_bytes(manager: Any) -> int:
+    return int(sum(b.numel() * b.element_size() for b in manager._current_workspaces if b is not None))
 
 
 def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
@@ -190,6 +189,13 @@ def _timed_build(builder: Any, metadata: Any, common: Any, device: torch.device)
     return time.perf_counter() - t0
 
 
+def plan_width(metadata: Any) -> int:
+    """Heads the builder's plan covers: the largest end head of its works' ``q_head_range``."""
+    works = int(metadata.fp8_prefill_work_indptr[-1])
+    ranges = metadata.fp8_prefill_work_info_set[:works, facts.WI.Q_HEAD_RANGE].cpu().long()
+    return int(facts.unpack_q_head_range(ranges)[1].max()) if works else 0
+
+
 @dataclass
 class _Setup:
     impl: Any
@@ -215,8 +221,8 @@ class VllmAiter(Backend):
     #: Skip the ROCm/gfx950 and ``_fp8_mla_prefill_supported()`` checks (an adapter over a given ``aiter``).
     bypass_gate: bool = False
     _entry: VllmEntry | None = None
-    _aiter: types.ModuleType | None = None
-    _aiter_version: tuple[int, int, int] | None = None
+    _aiter: types.ModuleType | None = None  # the ``aiter`` vLLM is handed (None: the installed one)
+    _driver: AiterPsDriver | None = None
 
     def _aiter_for_vllm(self) -> contextlib.AbstractContextManager:
         """Held while vLLM's builder imports ``from aiter``: the installed ``aiter`` needs nothing."""
@@ -232,29 +238,18 @@ class VllmAiter(Backend):
                 raise BackendUnavailable(f"cannot import {self.vllm_module}: {type(exc).__name__}: {exc}") from None
         return self._entry
 
-    def aiter(self) -> types.ModuleType:
-        """The ``aiter`` vLLM is handed; BackendUnavailable: no import, a missing primitive, a non-9-arg reduce."""
-        if self._aiter is None:
-            self._aiter = load_aiter()  # only reached on ROCm (availability gates it)
-        check_primitives(self._aiter)
-        if self._aiter_version is None:
-            self._aiter_version = facts.aiter_version_of(self._aiter)
-        form = facts.detect_reduce_arity(self._aiter, self._aiter_version)
-        if form.value is None:
-            raise BackendUnavailable(f"aiter: {form.source}")
-        if form.value != 9:
-            raise BackendUnavailable(
-                "vLLM calls mla_reduce_v1 with 9 arguments (num_kv_splits, #46760) but this aiter has the "
-                f"{form.value}-argument form ({form.source}): vLLM needs aiter >= v0.1.16")
-        return self._aiter
-
-    def _reduce_heads(self) -> frozenset[int]:
-        mod = self.aiter()
-        given = getattr(mod, "accepted_reduce_heads", None)  # the stand-in says what it emulates
-        if given is not None:
-            return frozenset(given)
-        planner = facts.detect_planner_revision(mod, self._aiter_version).value
-        return facts.reduce_heads_for(facts.effective_version(self._aiter_version, 9, planner))
+    def driver(self) -> AiterPsDriver:
+        """A driver over the ``aiter`` vLLM is handed: its detected reduce form and probed head support;
+        BackendUnavailable: no import, a missing primitive, not the 9-argument reduce vLLM calls."""
+        if self._driver is None:
+            module = self._aiter if self._aiter is not None else load_aiter()  # only on ROCm (availability)
+            drv = AiterPsDriver(module, facts.aiter_version_of(module))
+            if drv.reduce_arity != 9:
+                raise BackendUnavailable(
+                    "vLLM calls mla_reduce_v1 with 9 arguments (num_kv_splits, #46760) but this aiter has the "
+                    f"{drv.reduce_arity}-argument form ({drv.reduce_source}): vLLM needs aiter >= v0.1.16")
+            self._driver = drv
+        return self._driver
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         if not self.bypass_gate:
@@ -270,16 +265,16 @@ class VllmAiter(Backend):
                 if importlib.util.find_spec(pkg) is None:
                     return Verdict.no(f"{pkg} is not importable: install {hint}")
         try:
-            self.aiter()
-            entry = self.entry()
+            drv, entry = self.driver(), self.entry()
         except BackendUnavailable as exc:
             return Verdict.no(str(exc))
-        if not self.bypass_gate:
-            gate_fn = getattr(entry.module, "_fp8_mla_prefill_supported", None)
-            if gate_fn is not None and not gate_fn():
-                return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False "
-                                  "(vllm.platforms.rocm.on_gfx950() or `from aiter import mla_prefill_ps_asm_fwd, "
-                                  "mla_reduce_v1` failed): vLLM would not take the FP8 prefill here")
+        if platform is not None:
+            drv.device = platform.device
+        gate_fn = getattr(entry.module, "_fp8_mla_prefill_supported", None)
+        if not self.bypass_gate and gate_fn is not None and not gate_fn():
+            return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False (vllm.platforms.rocm.on_gfx950() "
+                              "or `from aiter import mla_prefill_ps_asm_fwd, mla_reduce_v1` failed): vLLM would not "
+                              "take the FP8 prefill here")
         return Verdict.yes()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
@@ -290,18 +285,13 @@ class VllmAiter(Backend):
                               f"this case quantises {case.quant} (amax/448), which vLLM cannot run: use "
                               f"{replace(case, quant='cast').id!r}")
         try:
-            entry = self.entry()
-            heads_ok = self._reduce_heads()
+            verdict, padded = self.entry().fp8_heads(case.num_heads)
+            heads = self.driver().supports_heads(padded) if verdict else verdict
         except BackendUnavailable as exc:
             return Verdict.no(str(exc))
-        verdict, padded = entry.fp8_heads(case.num_heads)
-        if not verdict:
-            return verdict
-        if padded not in heads_ok:
-            return Verdict.no(f"vLLM runs {case.num_heads} heads at {padded} but mla_reduce_v1 of this aiter "
-                              f"dispatches only {sorted(heads_ok)} at dv=128: vLLM would fail with \"doesn't support "
-                              "the specified settings\"")
-        return Verdict.yes()
+        if verdict and not heads:
+            return Verdict.no(f"vLLM runs {case.num_heads} heads at {padded}, which aiter refuses: {heads.reason}")
+        return verdict
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         case = inputs.case
@@ -311,13 +301,12 @@ class VllmAiter(Backend):
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"vLLM casts to current_platform.fp8_dtype() (float8_e4m3fn on gfx950); inputs use "
                                   f"{inputs.fp8_dtype}")
-        entry, aiter = self.entry(), self.aiter()
-        ws = entry.workspace
-        dev = inputs.device
+        entry, ws, dev = self.entry(), self.entry().workspace, inputs.device
         t, h = case.total_tokens, case.num_heads
         ws.init_workspace_manager(dev)
         try:
-            st = self._setup(entry, aiter, case.num_heads, inputs.softmax_scale, inputs.cu_seqlens_cpu, dev)
+            st = self._setup(entry, case.num_heads, inputs.softmax_scale, inputs.cu_seqlens_q_cpu, dev)
+            widths = (plan_width(st.metadata), st.num_head_k)
             out = torch.empty(t, h * V_HEAD_DIM, dtype=torch.bfloat16, device=dev)
         except BaseException:
             ws.reset_workspace_manager()
@@ -325,7 +314,14 @@ class VllmAiter(Backend):
         state = {"clean": False}
 
         def run() -> torch.Tensor:
-            st.impl._mla_fp8_prefill_attn(inputs.q, inputs.k, inputs.v, st.metadata, out)
+            try:
+                st.impl._mla_fp8_prefill_attn(inputs.q, inputs.k, inputs.v, st.metadata, out)
+            except AssertionError as exc:
+                if "Workspace is locked" not in str(exc):
+                    raise
+                raise WorkspaceGrewAfterLock(
+                    f"the workspace grew after lock_workspace(): the builder planned and reserved {widths[0]} heads, "
+                    f"the forward runs {widths[1]} (vLLM: {str(exc).strip()})") from None
             return out.view(t, h, V_HEAD_DIM)
 
         def cleanup() -> None:
@@ -337,43 +333,38 @@ class VllmAiter(Backend):
         return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
                         extras={"planner_s": st.build_s, "num_partials": st.num_partials,
                                 "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
-                                "num_head_k": st.num_head_k, "workspace_locked": locked, "vllm_version": feats.version,
+                                "num_head_k": st.num_head_k, "plan_num_heads": widths[0], "workspace_locked": locked,
+                                "vllm_version": feats.version,
                                 "vllm_fp8_path": fp8_path_condition(entry.module.AiterMLAMetadataBuilder),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
-    def _setup(self, entry: VllmEntry, aiter: types.ModuleType, num_heads: int, scale: float,
-               cu_seqlens_cpu: torch.Tensor, device: torch.device, *, lock: bool = True) -> _Setup:
+    def _setup(self, entry: VllmEntry, num_heads: int, scale: float, cu_seqlens_cpu: torch.Tensor,
+               device: torch.device, *, lock: bool = True) -> _Setup:
         """Builder buffers + reservation, one metadata build, lock, and the bare impl. The workspace
         manager must be initialised; the caller resets it."""
-        feats = entry.features
         cu_cpu = cu_seqlens_cpu.to(torch.int32).contiguous()
         lens = cu_cpu[1:] - cu_cpu[:-1]
         b, t, max_q = int(lens.numel()), int(cu_cpu[-1]), int(lens.max())
-        _, num_head_k = entry.fp8_heads(num_heads)
-
         builder_cls = entry.module.AiterMLAMetadataBuilder
         builder = object.__new__(builder_cls)
         builder.num_heads = num_heads
         builder.mla_dims = SimpleNamespace(v_head_dim=V_HEAD_DIM)
-        kw = self._buffer_kwargs(feats, dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t))
+        kw = self._buffer_kwargs(entry.features, dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t))
         kw["device"] = device
         _bind_or_explain(builder_cls._init_fp8_prefill_ps_buffers,
                          "AiterMLAMetadataBuilder._init_fp8_prefill_ps_buffers", kw)
         with self._aiter_for_vllm():
             builder._init_fp8_prefill_ps_buffers(**kw)
-            reserved = _reserved_bytes(entry.workspace)
+            reserved = _ws_fact(entry.workspace, _held_bytes)
             metadata, common = _step_metadata(cu_cpu, device, max_q)
             build_s = _timed_build(builder, metadata, common, device)
         if lock:
             self._lock(entry.workspace)
-
         impl = object.__new__(entry.module.AiterMLAImpl)
-        impl.num_heads = num_heads
-        impl.v_head_dim = V_HEAD_DIM
-        impl.scale = float(scale)
-        self._bind_ops(impl, aiter, feats)
+        impl.num_heads, impl.v_head_dim, impl.scale = num_heads, V_HEAD_DIM, float(scale)
+        self._bind_ops(impl, self.driver().m, entry.features)
         n_part = metadata.fp8_prefill_num_partial_tiles
-        return _Setup(impl, builder, metadata, build_s, int(n_part) if n_part is not None else 0, num_head_k, reserved)
+        return _Setup(impl, builder, metadata, build_s, int(n_part or 0), entry.fp8_heads(num_heads)[1], reserved)
 
     @staticmethod
     def _buffer_kwargs(feats: VllmFeatures, kw: dict[str, Any]) -> dict[str, Any]:
@@ -400,33 +391,28 @@ class VllmAiter(Backend):
         ``workspace_bytes`` by :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved` (max_num_reqs = batch,
         max_num_batched_tokens = total tokens) and ``workspace_bytes_reserved``, what the manager holds.
         NotImplementedError for an unsupported case (an asv skip)."""
-        if case.quant != "cast":
-            case = replace(case, quant="cast")  # the plan does not depend on the quantisation
+        case = replace(case, quant="cast")  # the plan does not depend on the quantisation
         sup = self.supports(case, platform)
         if not sup:
             raise NotImplementedError(sup.reason)
-        entry, aiter = self.entry(), self.aiter()
-        ws = entry.workspace
+        entry, aiter = self.entry(), self.driver().m
         device = platform.device if not self.bypass_gate else torch.device("cpu")
         cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32)
-        samples: list[float] = []
-        ws.init_workspace_manager(device)
+        entry.workspace.init_workspace_manager(device)
         try:
-            st = self._setup(entry, aiter, case.num_heads, 1.0, cu, device, lock=False)
-            samples.append(st.build_s)
+            st = self._setup(entry, case.num_heads, 1.0, cu, device, lock=False)
             md, common = _step_metadata(cu, device, case.max_seq_len)
             with self._aiter_for_vllm():
-                samples += [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
+                samples = [st.build_s] + [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
                 info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
                                                      max_qlen=case.max_seq_len, qlen_granularity=facts.Q_TILE)
         finally:
-            ws.reset_workspace_manager()
-        cus = getattr(aiter, "cu_num", None) or platform.multi_processor_count
+            entry.workspace.reset_workspace_manager()
+        feats, cus = entry.features, getattr(aiter, "cu_num", None) or platform.multi_processor_count
         formula = vllm_reserved(
-            budget_sizing=entry.features.budget_sizing, pads_heads=entry.features.pads_heads,
-            max_num_reqs=case.batch_size, max_num_batched_tokens=case.total_tokens, num_heads=case.num_heads,
-            num_head_k=st.num_head_k, num_compute_units=int(cus), info_partial_slots=numel(info[5][0]))[1].total
+            budget_sizing=feats.budget_sizing, pads_heads=feats.pads_heads, max_num_reqs=case.batch_size,
+            max_num_batched_tokens=case.total_tokens, num_heads=case.num_heads, num_head_k=st.num_head_k,
+            num_compute_units=int(cus), info_partial_slots=numel(info[5][0]))[1].total
         return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": formula,
                 "reserved_workspace_bytes": formula, "workspace_bytes_reserved": st.reserved_bytes,
                 "num_head_k": st.num_head_k}
-

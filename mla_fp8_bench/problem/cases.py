@@ -300,8 +300,23 @@ SWEEP_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 #: minutes on a 2-core machine (the float64 reference and the emulator are O(S^2)).
 SWEEP_CAPS = {"cpu": 2048, "cuda": 32768}
 
+#: Per-GPU head counts models serve: DeepSeek-V3/R1 (128 heads) at TP8/TP4/TP2 16/32/64, Kimi-K2 at TP8 8,
+#: Kimi-K3 at TP8/TP4 12/24 (vLLM pads 12 -> 16 and 24 -> 32).
+SERVING_HEADS = (8, 12, 16, 24, 32, 64)
+_RAGGED = (6992, 6896, 2495)  # vLLM #58886's mixed batch
+#: Batches the serving head counts run at.
+SERVING_HEAD_BATCHES = ((512,), (4096,), _RAGGED)
+
+
+def _cast_ids(batches, heads=(DEFAULT_NUM_HEADS,)) -> tuple[str, ...]:
+    return tuple(Case(b, num_heads=h, quant="cast").id for b in batches for h in heads)
+
+
 SUITES: dict[str, tuple[str, ...]] = {
     "sweep": tuple(f"s{s}" for s in SWEEP_SEQ_LENS),
+    # what vLLM hands its entry (bf16 cast at unit scale): the sweep, the ragged batches, s8175
+    "sweep-cast": _cast_ids([(s,) for s in SWEEP_SEQ_LENS] + [_RAGGED, (4096,) * 4, (8175,)]),
+    "serving-heads": _cast_ids(SERVING_HEAD_BATCHES, SERVING_HEADS),
     "tile-edges": ("s255", "s256", "s257", "s511", "s512", "s513"),
     "ragged": ("ragged-6992-6896-2495", "ragged-4096x4", "s8175"),
     "aiter-odd": ("s21", "s1200", "s3200", "s5200", "s10000"),
