@@ -61,7 +61,7 @@ def _ref64(inp) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _run(cid: str, version: str, cu_num: int):
     inp = make_inputs(parse_case_id(cid), "cpu")
-    prep = AiterEmulated(cu_num=cu_num, aiter_version=version).prepare(inp)
+    prep = AiterEmulated(cu_num=cu_num, aiter_version=version).prepare_case(inp)
     out = prep.run().clone()
     lse, rows = prep.lse()
     return inp, out, lse.clone(), rows.clone(), prep
@@ -85,7 +85,7 @@ def test_prefix_merge_breaks_at_0_1_20_and_is_exact_at_0_1_22(cu_num):
     _, old, old_lse, old_rows, _ = _run("prefix200-q300-h2", "0.1.20", cu_num)
     bad = ~torch.isfinite(old.float()).all(dim=-1).all(dim=-1)
     assert bool(bad.any()), "the pre-#3606 merge must break on unsplit rows"
-    assert torch.equal(bad, ~old_rows)  # exactly the rows the driver reports without a final LSE
+    assert torch.equal(bad, ~torch.isfinite(old_lse).all(dim=-1))  # exactly the rows without a merged LSE
     if cu_num == 2:
         assert bool(bad.all())  # nothing split: no row has a final LSE
     else:
@@ -195,6 +195,12 @@ def _planner_args(mod):
     return [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_v1"]
 
 
+def _prepare_case(drv: AiterPsDriver, cid: str):
+    backend = AiterEmulated()
+    backend._driver = drv
+    return backend.prepare_case(make_inputs(parse_case_id(cid), "cpu"))
+
+
 @pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
 def test_need_lse_is_passed_as_the_imitated_caller_does(version):
     """v0.1.22: causal prefill False (vLLM's path), context chunk True, prefix: new-token chunk has_context
@@ -203,18 +209,18 @@ def test_need_lse_is_passed_as_the_imitated_caller_does(version):
     drv = AiterPsDriver(mod, version)
     for cid, want in (("s300-h2", [False]), ("ctx700-q100-h2", [True]), ("prefix500-q100-h2", [True, True])):
         mod.calls.clear()
-        prep = drv.prepare(make_inputs(parse_case_id(cid), "cpu"))
+        prep = _prepare_case(drv, cid)
         got = [a.get("need_lse", "absent") for a in _planner_args(mod)]
         assert got == (want if version >= (0, 1, 22) else ["absent"] * len(want)), cid
-        assert prep.extras["need_lse"] == (want if version >= (0, 1, 22) else [None] * len(want))
+        assert prep.extras["need_lse"] == (want[-1:] if version >= (0, 1, 22) else [None])  # a prefix: its new call
 
 
 def test_max_kvlen_is_passed_only_to_the_pr_ref_info_function_for_context_chunks():
     mod = make_standin_aiter(aiter_version=(0, 1, 20), cu_num=8, planner_revision="pr3606-ref")
     drv = AiterPsDriver(mod, (0, 1, 20))
-    for cid, kvs in (("s300-h2", [None]), ("ctx700-q100-h2", [700]), ("prefix500-q100-h2", [None, 500])):
+    for cid, kvs in (("s300-h2", [None]), ("ctx700-q100-h2", [700]), ("prefix500-q100-h2", [500, None])):
         mod.calls.clear()
-        drv.prepare(make_inputs(parse_case_id(cid), "cpu"))
+        _prepare_case(drv, cid)  # a prefix: the context call, then the new one
         infos = [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_info_v1"]
         assert [a.get("max_kvlen") for a in infos] == kvs
     for version in ((0, 1, 20), (0, 1, 22)):

@@ -18,37 +18,21 @@ from mla_fp8_bench.aiter_ps.facts import import_aiter
 from mla_fp8_bench.aiter_ps.workspace import workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
-from mla_fp8_bench.problem.cases import SERVING_HEADS, Case, CaseKind
+from mla_fp8_bench.problem.cases import SERVING_HEADS, Case
 from mla_fp8_bench.problem.inputs import CaseInputs
-from mla_fp8_bench.problem.prefix import merge_attn_states
-from mla_fp8_bench.problem.shapes import V_HEAD_DIM, cu_seqlens_of
+from mla_fp8_bench.problem.prefix import prefix_pieces
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM
 
 #: Head counts probed to name what the installed ``mla_reduce_v1`` dispatches when it refuses one.
 PROBE_HEADS = (1, 2, 4, 8, 10, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128)
 
 
-def _as_dtype(d: Any) -> torch.dtype:
-    dt = d if isinstance(d, torch.dtype) else getattr(torch, str(d).replace("torch.", ""), None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"get_ps_metadata_info_v1 returned unknown dtype {d!r}")
-    return dt
-
-
 def load_aiter() -> Any:
-    """The installed ``aiter`` module; :class:`BackendUnavailable` if it does not import or lacks a primitive."""
+    """The installed ``aiter`` module; :class:`BackendUnavailable` if it does not import."""
     try:
-        module = import_aiter()
+        return import_aiter()
     except Exception as exc:  # noqa: BLE001
         raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
-    return check_primitives(module)
-
-
-def check_primitives(module: Any) -> Any:
-    """``module`` if it has every PS prefill primitive, else :class:`BackendUnavailable` naming the missing."""
-    missing = [p for p in facts.PRIMITIVES if not hasattr(module, p)]
-    if missing:
-        raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
-    return module
 
 
 def numel(shape: Any) -> int:
@@ -87,32 +71,6 @@ def lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch
     return valid
 
 
-def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], cu_kv: list[int], causal: bool,
-               device: torch.device, has_context: bool = False
-               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
-    """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
-    int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``): one
-    for ``prefill``/``ctx``; for ``prefix`` (context keys, then new keys per sequence) the causal new-vs-new
-    and the non-causal new-vs-context call. ``need_lse`` as the imitated caller passes it
-    (docs/aiter-contract.md#driver; ``has_context``: a prefix's new chunk)."""
-
-    def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
-        return torch.tensor(xs, dtype=torch.int32, device=dev)
-
-    if not kind.composed:
-        pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
-        return [(i32(cu_q), i32(cu_kv), pages, causal, kind.context or has_context)]
-    ctx_pages: list[int] = []
-    new_pages: list[int] = []
-    for b, c in enumerate(context_lens):
-        ctx_pages += range(cu_kv[b], cu_kv[b] + c)
-        new_pages += range(cu_kv[b] + c, cu_kv[b + 1])
-    new_ptr = cu_seqlens_of(end - start - c for start, end, c in zip(cu_kv, cu_kv[1:], context_lens))
-    q_ptr = i32(cu_q)
-    return [(q_ptr, i32(new_ptr), i32(new_pages, device), True, any(c > 0 for c in context_lens)),
-            (q_ptr, i32(cu_seqlens_of(context_lens)), i32(ctx_pages, device), False, True)]
-
-
 class AiterPsDriver:
     """Drive the PS prefill primitives of ``module`` (real ``aiter`` or the stand-in; ``version`` None if
     unknown). Detected: ``reduce_arity`` (8 or 9), ``planner_revision`` (``*_source``: where each was read),
@@ -121,8 +79,10 @@ class AiterPsDriver:
     an undetectable reduce form or planner revision, or the 7-argument ``mla_reduce_v1``."""
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
-        self.m = check_primitives(module)
-        self.version = version
+        missing = [p for p in facts.PRIMITIVES if not hasattr(module, p)]
+        if missing:
+            raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
+        self.m, self.version = module, version
         self.device = torch.device("cpu")  # where head support is probed (the backend's platform device)
         self._refusals: dict[int, str | None] = {}
         reduce, planner = facts.detect_reduce_arity(module, version), facts.detect_planner_revision(module, version)
@@ -195,7 +155,7 @@ class AiterPsDriver:
         chunk = not torch.equal(q_lens, kv_lens)
         info = self.info_shapes(int(q_lens.numel()), num_heads, int(q_lens.max()),
                                 int(kv_lens.max()) if chunk else None)
-        bufs = {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
+        bufs = {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=dt,
                                device=device) for n, (shape, dt) in zip(facts.BUFFER_NAMES, info)}
         extra: dict[str, Any] = {}
         if self.planner_revision == facts.PLANNER_V0_1_22 and self.pass_need_lse:
@@ -244,35 +204,26 @@ class AiterPsDriver:
             p.final_lse.masked_fill_(p.empty[:, None], float("-inf"))
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Plan and allocate every call of the case (:func:`case_calls`) and return the call (kernel +
-        reduce per piece, the LSE merge for ``prefix``); CaseUnsupported for inputs not float8_e4m3fn."""
+        """Plan and allocate the case's call and return it (kernel + reduce); a ``prefix`` case is two such
+        calls merged by :meth:`Backend.prepare_case`. CaseUnsupported for inputs not float8_e4m3fn."""
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"the PS prefill kernel takes float8_e4m3fn only, not {inputs.fp8_dtype}")
-        case, dev = inputs.case, inputs.device
+        case, dev, kv = inputs.case, inputs.device, inputs.cu_seqlens_kv_cpu
+        if case.kind.composed:
+            raise ValueError(f"{case.id} is two calls merged by their LSE: run it with Backend.prepare_case")
         q8, k8, v8 = (x.data.contiguous() for x in (inputs.q8, inputs.k8, inputs.v8))
         scales = [x.descale.reshape(1).to(device=dev, dtype=torch.float32).contiguous()
                   for x in (inputs.q8, inputs.k8, inputs.v8)]
-        calls = case_calls(case.kind, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
-                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), dev, has_context=inputs.has_context)
-        pieces = [self._piece(*call, case.num_heads, int(v8.shape[-1]), dev) for call in calls]
-        merged: dict[str, torch.Tensor] = {}
+        pages = torch.arange(int(kv[-1]), dtype=torch.int32, device=dev)
+        p = self._piece(inputs.cu_seqlens_q_cpu.to(torch.int32), kv.to(torch.int32), pages, bool(inputs.causal),
+                        case.kind.context or inputs.has_context, case.num_heads, int(v8.shape[-1]), dev)
 
         def run() -> torch.Tensor:
-            for p in pieces:
-                self.launch(p, q8, k8, v8, scales, inputs.softmax_scale)
-            if len(pieces) == 1:
-                return pieces[0].output
-            new, ctx = pieces
-            merged["o"], merged["lse"] = merge_attn_states(ctx.output, ctx.final_lse, new.output, new.final_lse)
-            return merged["o"]
+            self.launch(p, q8, k8, v8, scales, inputs.softmax_scale)
+            return p.output
 
-        def lse() -> tuple[torch.Tensor, torch.Tensor]:
-            if len(pieces) == 1:
-                return pieces[0].final_lse, pieces[0].valid
-            return merged["lse"], pieces[0].valid & pieces[1].valid
-
-        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="kernel", lse=lse,
-                        extras=self.plan_extras([p.plan for p in pieces], case))
+        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="kernel",
+                        lse=lambda: (p.final_lse, p.valid), extras=self.plan_extras([p.plan], case))
 
     def plan_extras(self, plans: list[dict[str, Any]], case: Case) -> dict[str, Any]:
         """Record extras of a case's plans: planner seconds, partial slots, live and reserved workspace bytes
@@ -288,12 +239,15 @@ class AiterPsDriver:
     def plan_stats(self, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
         """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
         reserved workspace bytes for ``case``."""
-        calls = case_calls(case.kind, case.context_lens, case.cu_seqlens_q(), case.cu_seqlens_kv(), case.causal,
-                           torch.device("cpu"))
+        calls = prefix_pieces(case) if case.kind.composed else (case,)  # a prefix's two calls both need the LSE
+
+        def i32(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int32)
+
         samples, plans = [], []
         for _ in range(repeats):
-            plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c, need_lse=n)
-                     for q, kv, _, c, n in calls]
+            plans = [self.plan(i32(c.cu_seqlens_q()), c.num_heads, device, cu_seqlens_kv_cpu=i32(c.cu_seqlens_kv()),
+                               causal=c.causal, need_lse=case.kind.context) for c in calls]
             samples.append(sum(p["planner_s"] for p in plans))
         ex = self.plan_extras(plans, case)
         return {"planner_samples_s": samples, **{k: ex[k] for k in ("num_partials", "workspace_bytes",

@@ -314,9 +314,6 @@ def _cast_ids(batches, heads=(DEFAULT_NUM_HEADS,)) -> tuple[str, ...]:
 
 SUITES: dict[str, tuple[str, ...]] = {
     "sweep": tuple(f"s{s}" for s in SWEEP_SEQ_LENS),
-    # what vLLM hands its entry (bf16 cast at unit scale): the sweep, the ragged batches, s8175
-    "sweep-cast": _cast_ids([(s,) for s in SWEEP_SEQ_LENS] + [_RAGGED, (4096,) * 4, (8175,)]),
-    "serving-heads": _cast_ids(SERVING_HEAD_BATCHES, SERVING_HEADS),
     "tile-edges": ("s255", "s256", "s257", "s511", "s512", "s513"),
     "ragged": ("ragged-6992-6896-2495", "ragged-4096x4", "s8175"),
     "aiter-odd": ("s21", "s1200", "s3200", "s5200", "s10000"),
@@ -331,6 +328,9 @@ SUITES: dict[str, tuple[str, ...]] = {
     # pieces are not split either)
     "lse-gap": ("ctx100-q64", "ctx-ragged-1024q256-100q64", "prefix256-q100", "prefix1024-q100",
                 "prefix-ragged-1024q256-100q50"),
+    # what vLLM hands its entry (bf16 cast at unit scale): the sweep, the ragged batches, s8175
+    "sweep-cast": _cast_ids([(s,) for s in SWEEP_SEQ_LENS] + [_RAGGED, (4096,) * 4, (8175,)]),
+    "serving-heads": _cast_ids(SERVING_HEAD_BATCHES, SERVING_HEADS),
 }
 
 

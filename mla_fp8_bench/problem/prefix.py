@@ -74,20 +74,24 @@ def _piece(inputs: CaseInputs, case: Case, rows: torch.Tensor | slice) -> CaseIn
                    max_seqlen_kv=case.max_kv_len, causal=case.causal)
 
 
-def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
-    """Cut a ``prefix`` case's inputs into ``(new, ctx)`` pieces: ``new`` a ``prefill`` case (seq_lens = Q,
-    causal) on the new tokens' keys, ``has_context`` set when any sequence has context; ``ctx`` a ``ctx``
-    case (Q queries, context_lens = C, non-causal) on the context keys. Both keep q, q8 and the descales;
-    k/v and their fp8 data are the matching rows (views for one sequence). ValueError for another kind."""
-    case = inputs.case
+def prefix_pieces(case: Case) -> tuple[Case, Case]:
+    """A ``prefix`` case's two calls: ``new`` (a ``prefill`` case on its new tokens, causal) and ``ctx`` (a
+    ``ctx`` case: its queries over the cached context, non-causal); ValueError for another kind."""
     if not case.kind.composed:
-        raise ValueError(f"split_prefix_inputs needs a prefix case, got {case.family} case {case.id}")
+        raise ValueError(f"prefix_pieces needs a prefix case, got {case.family} case {case.id}")
+    common = dict(num_heads=case.num_heads, quant=case.quant, dist=case.dist, seed=case.seed)
+    return Case(case.seq_lens, **common), Case(case.seq_lens, context_lens=case.context_lens, family="ctx", **common)
+
+
+def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
+    """Cut a ``prefix`` case's inputs into the :func:`prefix_pieces` ``(new, ctx)``: ``new`` on the new
+    tokens' keys, ``has_context`` set; ``ctx`` on the context keys. Both keep q, q8 and the descales; k/v
+    and their fp8 data are the matching rows (views for one sequence). ValueError for another kind."""
+    case = inputs.case
+    new_case, ctx_case = prefix_pieces(case)
     q_lens, c_lens = list(case.seq_lens), list(case.context_lens)
     starts = case.cu_seqlens_kv()[:-1]
-    common = dict(num_heads=case.num_heads, quant=case.quant, dist=case.dist, seed=case.seed)
-    new_case = Case(tuple(q_lens), **common)
-    ctx_case = Case(tuple(q_lens), context_lens=tuple(c_lens), family="ctx", **common)
     new = replace(_piece(inputs, new_case, _rows(starts, c_lens, q_lens, inputs.k.device)),
-                  has_context=any(c > 0 for c in c_lens))
+                  has_context=True)
     ctx = _piece(inputs, ctx_case, _rows(starts, [0] * len(c_lens), c_lens, inputs.k.device))
     return new, ctx
