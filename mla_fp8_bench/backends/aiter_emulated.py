@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from mla_fp8_bench.aiter_ps.emulator import Emulator
 from mla_fp8_bench.aiter_ps.facts import NEWEST_MODELLED_VERSION, format_version, parse_aiter_version
 from mla_fp8_bench.backends.aiter_real import AiterPsBackend, AiterPsDriver
@@ -53,6 +51,3 @@ class AiterEmulated(AiterPsBackend):
         p = super().prepare(inputs)
         p.extras["emulated_aiter_version"] = format_version(self.driver().version)
         return p
-
-    def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
-        return self.driver().plan_stats(case, torch.device("cpu"))

@@ -293,6 +293,9 @@ class AiterPsBackend(Backend):
             p.timing_scope = "emulation"
         return p
 
+    def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
+        return self.driver().plan_stats(case, self.driver().device)  # the platform's where one is driven
+
 
 class AiterReal(AiterPsBackend):
     name = "aiter"
@@ -318,6 +321,3 @@ class AiterReal(AiterPsBackend):
         if self.emulation:
             p.extras["aiter_off_device"] = True
         return p
-
-    def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
-        return self.driver().plan_stats(case, platform.device)

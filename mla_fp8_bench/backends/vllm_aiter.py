@@ -48,25 +48,19 @@ class WorkspaceGrewAfterLock(RuntimeError):
 
 @dataclass(frozen=True)
 class VllmFeatures:
-    """What this vLLM's FP8 prefill path does, detected from its code (:func:`detect_features`), with the
-    first release of each: ``attn_out_dtype`` (a parameter of ``_init_fp8_prefill_ps_buffers``, 0.29),
-    ``pads_heads`` (``AiterMLAHelper.get_fp8_prefill_num_heads``, 0.29), ``budget_sizing`` (the buffers read
-    ``num_compute_units``, 0.31), ``staging`` (pinned plan staging ``_fp8_ps_staging``, 0.32),
-    ``one_scale_cache`` (``_mla_fp8_prefill_attn`` reads ``_fp8_prefill_one_scale``, 0.33)."""
+    """What this vLLM's FP8 prefill path does, detected from its code (:func:`detect_features`)."""
 
-    attn_out_dtype: bool
-    pads_heads: bool
-    budget_sizing: bool
-    staging: bool
-    one_scale_cache: bool
+    attn_out_dtype: bool  # a parameter of _init_fp8_prefill_ps_buffers (0.29)
+    pads_heads: bool  # AiterMLAHelper.get_fp8_prefill_num_heads (0.29)
+    budget_sizing: bool  # the buffers read num_compute_units (0.31)
+    staging: bool  # pinned plan staging _fp8_ps_staging (0.32)
+    one_scale_cache: bool  # _mla_fp8_prefill_attn reads _fp8_prefill_one_scale (0.33)
     version: str | None = None
 
 
 @dataclass
 class VllmEntry:
-    """vLLM's ``rocm_aiter_mla`` module, its workspace module and what they do."""
-
-    module: types.ModuleType
+    module: types.ModuleType  # vLLM's rocm_aiter_mla
     workspace: types.ModuleType
     features: VllmFeatures
 
@@ -80,9 +74,7 @@ class VllmEntry:
                                   f"FP8 prefill only for num_heads % 16 == 0; {num_heads} heads fall back to the bf16 "
                                   "flash_attn path"), num_heads
             return Verdict.yes(), num_heads
-        valid = (helper.is_valid_num_heads(num_heads) if hasattr(helper, "is_valid_num_heads")
-                 else num_heads <= 128 or num_heads % 16 == 0)
-        if not valid:
+        if not helper.is_valid_num_heads(num_heads):
             return Verdict.no(f"vLLM {ver} gates the FP8 prefill on AiterMLAHelper.is_valid_num_heads "
                               f"(0 < n <= 128 or a multiple of 16): {num_heads} heads take the bf16 path"), num_heads
         return Verdict.yes(), int(helper.get_fp8_prefill_num_heads(num_heads))
@@ -105,16 +97,13 @@ def detect_features(module: types.ModuleType) -> VllmFeatures:
     if missing:
         raise VllmAdapterError(f"{module.__name__} lacks {', '.join(missing)}: the FP8 MLA prefill entry needs "
                                "vllm >= 0.28")
-    init = builder._init_fp8_prefill_ps_buffers
+    init, names = builder._init_fp8_prefill_ps_buffers, _code_names(builder._init_fp8_prefill_ps_buffers)
     version = getattr(sys.modules.get(module.__name__.split(".")[0]), "__version__", None)
-    return VllmFeatures(
-        attn_out_dtype="attn_out_dtype" in inspect.signature(init).parameters,
-        pads_heads=hasattr(getattr(module, "AiterMLAHelper", None), "get_fp8_prefill_num_heads"),
-        budget_sizing="num_compute_units" in _code_names(init),
-        staging="_fp8_ps_staging" in _code_names(init),
-        one_scale_cache="_fp8_prefill_one_scale" in _code_names(impl._mla_fp8_prefill_attn),
-        version=str(version) if version is not None else None,
-    )
+    return VllmFeatures("attn_out_dtype" in inspect.signature(init).parameters,
+                        hasattr(getattr(module, "AiterMLAHelper", None), "get_fp8_prefill_num_heads"),
+                        "num_compute_units" in names, "_fp8_ps_staging" in names,
+                        "_fp8_prefill_one_scale" in _code_names(impl._mla_fp8_prefill_attn),
+                        str(version) if version is not None else None)
 
 
 #: The configuration the adapter imitates: vLLM serving a bf16 model with an fp8 KV cache.
@@ -151,15 +140,14 @@ def load_vllm_entry(vllm_module: str = DEFAULT_VLLM_MODULE,
 
 
 def _ws_fact(ws: types.ModuleType, fact: Any) -> Any:
-    """``fact(manager)`` of vLLM's workspace manager, None when it fails (informational only; the bytes
-    held read a private list)."""
+    """``fact(manager)`` of vLLM's workspace manager, None when it fails (informational only)."""
     try:
         return fact(ws.current_workspace_manager())
     except Exception:  # noqa: BLE001
         return None
 
 
-def _held_bytes(manager: Any) -> int:
+def _held_bytes(manager: Any) -> int:  # reads a private list
     return int(sum(b.numel() * b.element_size() for b in manager._current_workspaces if b is not None))
 
 
@@ -175,18 +163,15 @@ def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
         ) from None
 
 
-def _step_metadata(cu_cpu: torch.Tensor, device: torch.device, max_q: int) -> tuple[Any, Any]:
-    """Stand-ins for vLLM's ``(attn_metadata, common_attn_metadata)`` of a prefill-only step."""
-    prefill = SimpleNamespace(query_start_loc=cu_cpu.to(device), max_query_len=max_q)
-    return SimpleNamespace(prefill=prefill, num_decodes=0), SimpleNamespace(query_start_loc_cpu=cu_cpu)
-
-
-def _timed_build(builder: Any, metadata: Any, common: Any, device: torch.device) -> float:
-    """Seconds of one ``_build_fp8_prefill_ps_metadata`` (device-synchronised on CUDA/HIP)."""
+def _timed_build(builder: Any, cu_cpu: torch.Tensor, device: torch.device) -> tuple[Any, float]:
+    """``(metadata, seconds)`` of one ``_build_fp8_prefill_ps_metadata`` of a prefill-only step (stand-ins for
+    vLLM's ``attn_metadata`` and ``common_attn_metadata``; device-synchronised on CUDA/HIP)."""
+    prefill = SimpleNamespace(query_start_loc=cu_cpu.to(device), max_query_len=int((cu_cpu[1:] - cu_cpu[:-1]).max()))
+    metadata = SimpleNamespace(prefill=prefill, num_decodes=0)
     t0 = time.perf_counter()
-    builder._build_fp8_prefill_ps_metadata(metadata, common)
+    builder._build_fp8_prefill_ps_metadata(metadata, SimpleNamespace(query_start_loc_cpu=cu_cpu))
     synchronize(device)
-    return time.perf_counter() - t0
+    return metadata, time.perf_counter() - t0
 
 
 def plan_width(metadata: Any) -> int:
@@ -253,17 +238,13 @@ class VllmAiter(Backend):
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         if not self.bypass_gate:
-            if platform.vendor != "rocm":
-                found = (platform.no_gpu() if platform.vendor == "cpu"
-                         else f"an NVIDIA {platform.arch} GPU with a CUDA torch")
-                return Verdict.no(f"needs an AMD gfx950 GPU with ROCm torch; found {found}")
             gate = aiter_gate(platform)
             if not gate:
                 return gate
-            for pkg, hint in (("vllm", "a ROCm build of vllm >= 0.28"),
-                              ("aiter", "amd-aiter >= v0.1.16 built for gfx950")):
-                if importlib.util.find_spec(pkg) is None:
-                    return Verdict.no(f"{pkg} is not importable: install {hint}")
+            missing = [p for p in ("vllm", "aiter") if importlib.util.find_spec(p) is None]
+            if missing:
+                return Verdict.no(f"{missing[0]} is not importable: install a ROCm build of vllm >= 0.28 and "
+                                  "amd-aiter >= v0.1.16 built for gfx950")
         try:
             drv, entry = self.driver(), self.entry()
         except BackendUnavailable as exc:
@@ -311,8 +292,6 @@ class VllmAiter(Backend):
         except BaseException:
             ws.reset_workspace_manager()
             raise
-        state = {"clean": False}
-
         def run() -> torch.Tensor:
             try:
                 st.impl._mla_fp8_prefill_attn(inputs.q, inputs.k, inputs.v, st.metadata, out)
@@ -324,13 +303,9 @@ class VllmAiter(Backend):
                     f"the forward runs {widths[1]} (vLLM: {str(exc).strip()})") from None
             return out.view(t, h, V_HEAD_DIM)
 
-        def cleanup() -> None:
-            if not state["clean"]:
-                state["clean"] = True
-                ws.reset_workspace_manager()
-
         feats, locked = entry.features, _ws_fact(ws, lambda m: bool(m.is_locked()))
-        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
+        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call",
+                        cleanup=ws.reset_workspace_manager,
                         extras={"planner_s": st.build_s, "num_partials": st.num_partials,
                                 "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
                                 "num_head_k": st.num_head_k, "plan_num_heads": widths[0], "workspace_locked": locked,
@@ -356,8 +331,7 @@ class VllmAiter(Backend):
         with self._aiter_for_vllm():
             builder._init_fp8_prefill_ps_buffers(**kw)
             reserved = _ws_fact(entry.workspace, _held_bytes)
-            metadata, common = _step_metadata(cu_cpu, device, max_q)
-            build_s = _timed_build(builder, metadata, common, device)
+            metadata, build_s = _timed_build(builder, cu_cpu, device)
         if lock:
             self._lock(entry.workspace)
         impl = object.__new__(entry.module.AiterMLAImpl)
@@ -401,9 +375,8 @@ class VllmAiter(Backend):
         entry.workspace.init_workspace_manager(device)
         try:
             st = self._setup(entry, case.num_heads, 1.0, cu, device, lock=False)
-            md, common = _step_metadata(cu, device, case.max_seq_len)
             with self._aiter_for_vllm():
-                samples = [st.build_s] + [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
+                samples = [st.build_s] + [_timed_build(st.builder, cu, device)[1] for _ in range(repeats - 1)]
                 info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
                                                      max_qlen=case.max_seq_len, qlen_granularity=facts.Q_TILE)
         finally:

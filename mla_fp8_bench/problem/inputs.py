@@ -62,14 +62,6 @@ class CaseInputs:
     def max_seqlen(self) -> int:
         return self._same_q_kv("max_seqlen", self.max_seqlen_q)
 
-    @property
-    def qo_indptr(self) -> torch.Tensor:  # AITER's name
-        return self.cu_seqlens_q
-
-    @property
-    def kv_indptr(self) -> torch.Tensor:  # AITER's name
-        return self.cu_seqlens_kv
-
     def dequantized(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) as the fp8 kernel sees them: ``fp8 * descale`` in ``dtype``."""
         return self.q8.dequantize(dtype), self.k8.dequantize(dtype), self.v8.dequantize(dtype)
