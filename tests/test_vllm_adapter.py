@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
+from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
 from mla_fp8_bench.backends.vllm_aiter import (
@@ -516,9 +517,11 @@ def test_raising_call_still_resets_global_state_through_the_runner(monkeypatch, 
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_plan_stats_workspace_formula_equals_the_reservation(monkeypatch, version):
+def test_plan_stats_workspace_is_the_reservation_the_formula_predicts(monkeypatch, version):
+    """plan_stats reports what vLLM's manager holds; the workspace formula ``plan`` uses predicts it."""
     adapter, _, ws = _install(monkeypatch, version)
     b = adapter()
+    feats = b.entry().features
     for cid in ("s600-cast", "ragged-300-17-1000-cast", "s100-h12-cast", "s100-h24-cast"):
         case = parse_case_id(cid)
         if not b.supports(case, CPU):
@@ -526,7 +529,13 @@ def test_plan_stats_workspace_formula_equals_the_reservation(monkeypatch, versio
             continue
         st = b.plan_stats(case, CPU, repeats=3)
         assert len(st["planner_samples_s"]) == 3 and st["num_partials"] >= 0
-        assert st["workspace_bytes"] == st["workspace_bytes_reserved"], (cid, st)
+        info = b.driver().m.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st["num_head_k"],
+                                                    max_qlen=case.max_seq_len, qlen_granularity=TILE)
+        want = vllm_reserved(budget_sizing=feats.budget_sizing, pads_heads=feats.pads_heads,
+                             info_partial_slots=info[5][0], max_num_batched_tokens=case.total_tokens,
+                             max_num_reqs=case.batch_size,
+                             num_compute_units=CU, num_heads=case.num_heads, num_head_k=st["num_head_k"])[1].total
+        assert st["workspace_bytes"] == st["reserved_workspace_bytes"] == want, (cid, st)
         assert not ws.is_workspace_manager_initialized()
     # per_tensor ids are planned like their cast twins (the plan ignores the quantisation)
     assert b.plan_stats(parse_case_id("s600"), CPU, repeats=1)["workspace_bytes"] > 0

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from mla_fp8_bench.aiter_ps import facts
-from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
-from mla_fp8_bench.backends.aiter_real import AiterPsDriver, aiter_gate, load_aiter, numel
+from mla_fp8_bench.backends.aiter_real import AiterPsDriver, aiter_gate, load_aiter
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case
@@ -361,15 +360,14 @@ class VllmAiter(Backend):
             impl._fp8_prefill_one_scale = None
 
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
-        """Seconds of the real ``_build_fp8_prefill_ps_metadata`` (``planner_samples_s``), live partial tiles,
-        ``workspace_bytes`` by :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved` (max_num_reqs = batch,
-        max_num_batched_tokens = total tokens) and ``workspace_bytes_reserved``, what the manager holds.
-        NotImplementedError for an unsupported case (an asv skip)."""
+        """Seconds of the real ``_build_fp8_prefill_ps_metadata`` (``planner_samples_s``), live partial tiles and
+        the workspace vLLM's builder reserves (``workspace_bytes``: what its manager holds; max_num_reqs =
+        batch, max_num_batched_tokens = total tokens). NotImplementedError: an unsupported case (an asv skip)."""
         case = replace(case, quant="cast")  # the plan does not depend on the quantisation
         sup = self.supports(case, platform)
         if not sup:
             raise NotImplementedError(sup.reason)
-        entry, aiter = self.entry(), self.driver().m
+        entry = self.entry()
         device = platform.device if not self.bypass_gate else torch.device("cpu")
         cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32)
         entry.workspace.init_workspace_manager(device)
@@ -377,15 +375,7 @@ class VllmAiter(Backend):
             st = self._setup(entry, case.num_heads, 1.0, cu, device, lock=False)
             with self._aiter_for_vllm():
                 samples = [st.build_s] + [_timed_build(st.builder, cu, device)[1] for _ in range(repeats - 1)]
-                info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
-                                                     max_qlen=case.max_seq_len, qlen_granularity=facts.Q_TILE)
         finally:
             entry.workspace.reset_workspace_manager()
-        feats, cus = entry.features, getattr(aiter, "cu_num", None) or platform.multi_processor_count
-        formula = vllm_reserved(
-            budget_sizing=feats.budget_sizing, pads_heads=feats.pads_heads, max_num_reqs=case.batch_size,
-            max_num_batched_tokens=case.total_tokens, num_heads=case.num_heads, num_head_k=st.num_head_k,
-            num_compute_units=int(cus), info_partial_slots=numel(info[5][0]))[1].total
-        return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": formula,
-                "reserved_workspace_bytes": formula, "workspace_bytes_reserved": st.reserved_bytes,
-                "num_head_k": st.num_head_k}
+        return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": st.reserved_bytes,
+                "reserved_workspace_bytes": st.reserved_bytes, "num_head_k": st.num_head_k}

@@ -373,6 +373,7 @@ def main(argv=None) -> int:
     from vllm.v1.worker import workspace as ws
 
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
+    from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
     from mla_fp8_bench.backends import vllm_aiter
 
     sys.path.insert(0, str(Path(args.repo) / "tests"))
@@ -426,6 +427,12 @@ def main(argv=None) -> int:
                 return {"supported": False}
             st = adapter.plan_stats(case, platform_info("cpu"), repeats=3)
             st["reset"] = not ws.is_workspace_manager_initialized()
+            info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st["num_head_k"],
+                                                 max_qlen=case.max_seq_len, qlen_granularity=256)
+            st["formula_bytes"] = vllm_reserved(  # what `plan` predicts vLLM reserves
+                budget_sizing=feats.budget_sizing, pads_heads=feats.pads_heads, info_partial_slots=info[5][0],
+                max_num_batched_tokens=case.total_tokens, max_num_reqs=case.batch_size, num_compute_units=CU_NUM,
+                num_heads=case.num_heads, num_head_k=st["num_head_k"])[1].total
             return st
         steps.append((f"plan:{cid}", plan))
     steps.append(("raising", lambda: check_raising(ws, vllm_faults)))

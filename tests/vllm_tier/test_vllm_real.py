@@ -16,7 +16,7 @@ Python with the stand-in ``aiter`` and reports; these tests assert on the report
 * the workspace is locked after setup and reset after cleanup, also when prepare or the call raises;
   from 0.31 a too-small reservation makes the forward an ``error`` record naming the plan's and the
   forward's head widths (also when the builder is sized 24 wide and the forward pads to 32);
-* the workspace formula of the adapter equals what vLLM really reserved;
+* the workspace ``plan`` predicts (``vllm_reserved``) equals what vLLM really reserved;
 * deliberately wrong adapters (8-argument reduce, missing ``attn_out_dtype``, missing
   ``_fp8_prefill_one_scale``, no lock) make the tier fail with a clear message.
 
@@ -172,7 +172,7 @@ def test_workspace_formula_equals_vllm_reservation(report):
         if st.get("supported") is False:
             assert not report["features"]["pads_heads"]
             continue
-        assert st["workspace_bytes"] == st["workspace_bytes_reserved"], (cid, st)
+        assert st["workspace_bytes"] == st["reserved_workspace_bytes"] == st["formula_bytes"], (cid, st)
         assert st["reset"] and len(st["planner_samples_s"]) == 3
 
 
