@@ -1,7 +1,6 @@
 """``aiter-emulated``: :class:`~mla_fp8_bench.backends.aiter_real.AiterPsDriver` over the PyTorch stand-in
 ``aiter`` (:mod:`mla_fp8_bench.aiter_ps.standin`) for the configured ``emu_cu_num`` and ``emu_aiter_version``.
-Its latency is an emulation's, never compared.
-"""
+Its latency is an emulation's, never compared."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The AITER persistent-scheduled FP8 MLA prefill: ``get_ps_metadata_v1`` (host planner) ->
-``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), called as
-docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks, #driver). One driver
-(:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in elsewhere.
-"""
+``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), as docs/aiter-contract.md
+specifies. One driver (:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the stand-in elsewhere."""
 
 from __future__ import annotations
 
@@ -74,9 +72,8 @@ def lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch
 class AiterPsDriver:
     """Drive the PS prefill primitives of ``module`` (real ``aiter`` or the stand-in; ``version`` None if
     unknown). Detected: ``reduce_arity`` (8 or 9), ``planner_revision`` (``*_source``: where each was read),
-    ``post_3606`` (every tile can get a slot), head support (:meth:`reduce_refusal`, probed on ``device``);
-    ``pass_need_lse`` False is the caller fault of leaving it out. BackendUnavailable: a primitive missing,
-    an undetectable reduce form or planner revision, or the 7-argument ``mla_reduce_v1``."""
+    ``post_3606``, head support (:meth:`reduce_refusal`, probed on ``device``); ``pass_need_lse`` False is the
+    caller fault of leaving it out. BackendUnavailable: a primitive missing, a form not told, a 7-arg reduce."""
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
         missing = [p for p in facts.PRIMITIVES if not hasattr(module, p)]

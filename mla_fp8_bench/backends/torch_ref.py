@@ -1,8 +1,7 @@
 """PyTorch SDPA baselines (a Python loop over sequences, so timings include per-sequence launches):
 ``torch-sdpa-bf16`` on the bf16 inputs and ``torch-fp8-ref`` on the dequantised fp8 inputs (``fp8 * descale``,
 bf16 on GPU, fp32 on CPU: FP8's input rounding without an FP8 kernel). ``lse()`` is float32 attention on the
-same inputs outside the timed call, so ``prefix`` cases run through :func:`~mla_fp8_bench.backends.base.compose_prefix`.
-"""
+same inputs outside the timed call, so ``prefix`` cases run through :func:`~.base.compose_prefix`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """``vllm-aiter``: the real ``AiterMLAImpl._mla_fp8_prefill_attn`` set up as vLLM's seed test (PR #51457)
 does (docs/aiter-contract.md#vllm-entry, docs/vllm-tier.md). Timing scope ``"call"``: the fp8 casts and head
-padding are timed; planning and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
-"""
+padding are timed; planning and the workspace reservation are not. Only ``quant="cast"`` prefill cases run."""
 
 from __future__ import annotations
 
@@ -105,15 +104,11 @@ def detect_features(module: types.ModuleType) -> VllmFeatures:
                         str(version) if version is not None else None)
 
 
-#: The configuration the adapter imitates: vLLM serving a bf16 model with an fp8 KV cache.
-KV_CACHE_DTYPE, MODEL_DTYPE = "fp8", "bfloat16"
-
-
 def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
     """Whether vLLM takes the FP8 PS prefill for the imitated pair (fp8 KV cache, bf16 model): ``taken``,
     and ``gates_on_dtypes`` when the builder's ``_fp8_prefill_enabled`` assignment tests both dtypes (0.33),
     else every pair takes it (vLLM #52312). Platform and head count: ``availability`` / ``supports``."""
-    pair = {"kv_cache_dtype": KV_CACHE_DTYPE, "model_dtype": MODEL_DTYPE}
+    pair = {"kv_cache_dtype": "fp8", "model_dtype": "bfloat16"}  # vLLM serving a bf16 model, fp8 KV cache
     try:
         src = inspect.getsource(builder_cls.__init__)
     except (OSError, TypeError):
@@ -150,15 +145,15 @@ def _held_bytes(manager: Any) -> int:  # reads a private list
     return int(sum(b.numel() * b.element_size() for b in manager._current_workspaces if b is not None))
 
 
-def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
+def _bind_or_explain(fn: Any, kwargs: dict[str, Any]) -> None:
     """Fail with a clear message when vLLM's signature does not take the adapter's arguments."""
     try:
         inspect.signature(fn).bind(None, **kwargs)
     except TypeError as exc:
         raise VllmAdapterError(
-            f"vLLM's {what}{inspect.signature(fn)} does not accept the adapter's arguments "
-            f"({', '.join(kwargs)}): {exc}. The signature changed across releases (attn_out_dtype added in 0.29, "
-            "#51040); the adapter must follow it."
+            f"vLLM's AiterMLAMetadataBuilder.{fn.__name__}{inspect.signature(fn)} does not accept the adapter's "
+            f"arguments ({', '.join(kwargs)}): {exc}. The signature changed across releases (attn_out_dtype added in "
+            "0.29, #51040); the adapter must follow it."
         ) from None
 
 
@@ -291,6 +286,7 @@ class VllmAiter(Backend):
         except BaseException:
             ws.reset_workspace_manager()
             raise
+
         def run() -> torch.Tensor:
             try:
                 st.impl._mla_fp8_prefill_attn(inputs.q, inputs.k, inputs.v, st.metadata, out)
@@ -325,8 +321,7 @@ class VllmAiter(Backend):
         builder.mla_dims = SimpleNamespace(v_head_dim=V_HEAD_DIM)
         kw = self._buffer_kwargs(entry.features, dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t))
         kw["device"] = device
-        _bind_or_explain(builder_cls._init_fp8_prefill_ps_buffers,
-                         "AiterMLAMetadataBuilder._init_fp8_prefill_ps_buffers", kw)
+        _bind_or_explain(builder_cls._init_fp8_prefill_ps_buffers, kw)
         with self._aiter_for_vllm():
             builder._init_fp8_prefill_ps_buffers(**kw)
             reserved = _ws_fact(entry.workspace, _held_bytes)

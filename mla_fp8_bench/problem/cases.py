@@ -1,7 +1,6 @@
 """Benchmark cases: a ragged prefill batch, a context chunk or a prefix-cached prefill, plus quantisation,
 distribution and seed, named by a short stable id (an asv parameter; grammar: docs/usage.md, "Cases",
-and :data:`_ID_HELP`). Ids that have published results are never changed or reused.
-"""
+and :data:`_ID_HELP`). Ids that have published results are never changed or reused."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS, cu_seqlens_of
 QUANT_MODES = ("per_tensor", "cast")
 DISTRIBUTIONS = ("normal", "outlier", "mla", "const")
 
-#: Largest number of query tokens (and, separately, of key tokens) in one case. AITER's 32-bit buffer
-#: descriptors limit bf16 output to ``T*H*256 < 2**32`` (1 048 576 tokens at H=16); we cap lower to keep
-#: references tractable.
+#: Most query tokens (and, separately, key tokens) of one case: AITER's 32-bit buffer descriptors limit bf16
+#: output to ``T*H*256 < 2**32`` (1 048 576 tokens at H=16).
 MAX_TOTAL_TOKENS = 1 << 20
 MAX_NUM_HEADS = 1024
 
@@ -42,8 +40,7 @@ class CaseKind:
 
     @property
     def composed(self) -> bool:
-        """Computed the way vLLM computes prefix-cached prefill: a new-vs-new call and a new-vs-context
-        call merged by LSE (:func:`mla_fp8_bench.problem.prefix.split_prefix_inputs`)."""
+        """A new-vs-new and a new-vs-context call merged by LSE, as vLLM computes prefix-cached prefill."""
         return self.context and self.new_keys
 
     def kv_lens(self, seq_lens: tuple[int, ...], context_lens: tuple[int, ...]) -> tuple[int, ...]:
@@ -122,39 +119,18 @@ class Case:
             raise CaseError(f"a {self.family} case needs at least one context_len >= 1; got {list(ctx)} "
                             "(without cached context it is a plain prefill: s<Q> / ragged-...)")
 
-    @property
-    def kind(self) -> CaseKind:
-        return KINDS[self.family]
-
-    @property
-    def causal(self) -> bool:
-        """Causal masking (bottom-right aligned): True for ``prefill`` and ``prefix``, False for ``ctx``."""
-        return self.kind.causal
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.seq_lens)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.seq_lens)
-
-    @property
-    def max_seq_len(self) -> int:
-        return max(self.seq_lens)
+    kind = property(lambda self: KINDS[self.family])
+    causal = property(lambda self: self.kind.causal)  # bottom-right; True for prefill and prefix, False for ctx
+    batch_size = property(lambda self: len(self.seq_lens))
+    total_tokens = property(lambda self: sum(self.seq_lens))
+    max_seq_len = property(lambda self: max(self.seq_lens))
+    total_kv_tokens = property(lambda self: sum(self.kv_lens))
+    max_kv_len = property(lambda self: max(self.kv_lens))
 
     @property
     def kv_lens(self) -> tuple[int, ...]:
         """Per-sequence key counts: q_len (prefill), context_len (ctx), context_len + q_len (prefix)."""
         return self.kind.kv_lens(self.seq_lens, self.context_lens)
-
-    @property
-    def total_kv_tokens(self) -> int:
-        return sum(self.kv_lens)
-
-    @property
-    def max_kv_len(self) -> int:
-        return max(self.kv_lens)
 
     def cu_seqlens_q(self) -> list[int]:
         """Query starts ``[0, q0, q0+q1, ...]`` (qo_indptr, length B+1)."""
@@ -165,8 +141,7 @@ class Case:
         return cu_seqlens_of(self.kv_lens)
 
     def cu_seqlens(self) -> list[int]:
-        """Sequence starts ``[0, s0, s0+s1, ...]`` (length B+1) where qo_indptr == kv_indptr; CaseError for
-        ``ctx``/``prefix`` cases."""
+        """Sequence starts where qo_indptr == kv_indptr; CaseError for ``ctx``/``prefix`` cases."""
         if not self.kind.same_q_kv:
             raise CaseError(f"cu_seqlens() is defined for prefill cases (q_len == kv_len), not for {self.family} "
                             f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
@@ -218,9 +193,8 @@ def _num(tok: str, case_id: str) -> int:
 
 
 def _ragged_runs(rest: list[str], item: str, case_id: str) -> list[tuple[int, ...]]:
-    """Pop the leading ``<item>[x<count>]`` tokens of ``rest`` (``item`` a regex of ``q``-separated
-    numbers): one tuple of the numbers per sequence, repeats expanded; CaseError for a repeat count < 1
-    or more than :data:`MAX_TOTAL_TOKENS` sequences."""
+    """Pop the leading ``<item>[x<count>]`` tokens of ``rest`` (``item``: a regex of ``q``-separated numbers):
+    one tuple of numbers per sequence, repeats expanded; CaseError for a count < 1 or too many sequences."""
     out: list[tuple[int, ...]] = []
     while rest and re.fullmatch(rf"{item}(x\d+)?", rest[0]):
         tok = rest.pop(0)
@@ -304,8 +278,6 @@ SWEEP_CAPS = {"cpu": 2048, "cuda": 32768}
 #: Kimi-K3 at TP8/TP4 12/24 (vLLM pads 12 -> 16 and 24 -> 32).
 SERVING_HEADS = (8, 12, 16, 24, 32, 64)
 _RAGGED = (6992, 6896, 2495)  # vLLM #58886's mixed batch
-#: Batches the serving head counts run at.
-SERVING_HEAD_BATCHES = ((512,), (4096,), _RAGGED)
 
 
 def _cast_ids(batches, heads=(DEFAULT_NUM_HEADS,)) -> tuple[str, ...]:
@@ -323,21 +295,19 @@ SUITES: dict[str, tuple[str, ...]] = {
     # prefix-cached prefill: context chunks (non-causal) and whole prefix prefills (LSE merge)
     "prefix": ("ctx1024-q256", "prefix1024-q300", "ctx-ragged-1024q256-100q64", "prefix-ragged-1024q256-100q50",
                "prefix-ragged-2048q128-0q300"),
-    # cases with unsplit tiles under pre-#3606 AITER (no final_lse there) at 16 heads on 256 CUs: their
-    # merge is wrong before v0.1.22 (a context of one 128-key block is never split; short new-token
-    # pieces are not split either)
+    # unsplit tiles under pre-#3606 AITER (no final_lse) at 16 heads on 256 CUs: their merge is wrong before
+    # v0.1.22 (a context of one 128-key block is never split, nor are short new-token pieces)
     "lse-gap": ("ctx100-q64", "ctx-ragged-1024q256-100q64", "prefix256-q100", "prefix1024-q100",
                 "prefix-ragged-1024q256-100q50"),
     # what vLLM hands its entry (bf16 cast at unit scale): the sweep, the ragged batches, s8175
     "sweep-cast": _cast_ids([(s,) for s in SWEEP_SEQ_LENS] + [_RAGGED, (4096,) * 4, (8175,)]),
-    "serving-heads": _cast_ids(SERVING_HEAD_BATCHES, SERVING_HEADS),
+    "serving-heads": _cast_ids([(512,), (4096,), _RAGGED], SERVING_HEADS),
 }
 
 
 def default_sweep(device_type: str, cap: int | None = None) -> tuple[tuple[str, ...], str]:
-    """``(case ids, a sentence saying where it stops and why)`` of the default sweep on ``device_type``
-    (``"cpu"`` or ``"cuda"``, ROCm included), capped at :data:`SWEEP_CAPS` or ``cap`` tokens; CaseError on
-    an unknown device type."""
+    """``(case ids, where it stops and why)`` of the default sweep on ``device_type`` (``"cpu"``, ``"cuda"``)
+    capped at :data:`SWEEP_CAPS` or ``cap`` tokens; CaseError on an unknown device type."""
     if device_type not in SWEEP_CAPS:
         raise CaseError(f"device type {device_type!r} is unknown: allowed {', '.join(SWEEP_CAPS)}")
     limit = SWEEP_CAPS[device_type] if cap is None else cap

@@ -1,7 +1,6 @@
 """FLOPs and bytes of MLA prefill cases, and achieved throughput. Convention (FA3, FlashInfer, AITER's op
 test; docs/reference-facts.md#flops): two GEMMs of ``2 * rows * cols * D``, halved for the causal
-triangle (``320 * H * sum S_i^2`` for q_len == kv_len at 192/128); softmax work is not counted.
-"""
+triangle (``320 * H * sum S_i^2`` for q_len == kv_len at 192/128); softmax work is not counted."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Prefix-cached prefill the way vLLM computes it (docs/aiter-contract.md#context-chunks): a causal
-new-vs-new piece and a non-causal new-vs-context piece, cut without re-quantising and merged by LSE.
-"""
+new-vs-new piece and a non-causal new-vs-context piece, cut without re-quantising and merged by LSE."""
 
 from __future__ import annotations
 
@@ -18,21 +17,17 @@ def merge_attn_states(prefix_out: torch.Tensor, prefix_lse: torch.Tensor, suffix
                       suffix_lse: torch.Tensor,
                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attentions over disjoint key sets by their LSE (vLLM's ``merge_attn_states``):
-    ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)``, in
-    float32 (float64 when an LSE is float64). As vLLM's kernel: an LSE of +-inf (a piece that saw no key)
-    counts as -inf; where both are -inf the row is the prefix piece's. A NaN LSE gives a NaN row.
-    ``prefix_*`` (vLLM: the context chunk), ``suffix_*`` (new tokens): outputs ``[T, H, Dv]``, LSEs
-    ``[T, H]``. Returns ``(out in out_dtype (default prefix_out's), lse)``; ValueError on shape mismatch.
-    """
+    ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)`` in float32
+    (float64 when an LSE is). As vLLM's kernel: an LSE of +-inf (a piece that saw no key) counts as -inf; both
+    -inf: the prefix piece's row; a NaN LSE: a NaN row. ``prefix_*``: the context chunk, ``suffix_*``: the new
+    tokens (``[T, H, Dv]``, ``[T, H]``). ``(out in out_dtype (default prefix_out's), lse)``; ValueError: shapes."""
     if prefix_out.shape != suffix_out.shape or prefix_lse.shape != suffix_lse.shape \
             or prefix_out.shape[:-1] != prefix_lse.shape:
         raise ValueError(f"merge_attn_states shapes disagree: out {tuple(prefix_out.shape)} / "
                          f"{tuple(suffix_out.shape)}, lse {tuple(prefix_lse.shape)} / {tuple(suffix_lse.shape)}")
     dt = torch.promote_types(torch.promote_types(prefix_lse.dtype, suffix_lse.dtype), torch.float32)
-    p = prefix_lse.to(dt)
-    s = suffix_lse.to(device=p.device, dtype=dt)
-    p = torch.where(torch.isinf(p), torch.full_like(p, -math.inf), p)
-    s = torch.where(torch.isinf(s), torch.full_like(s, -math.inf), s)
+    p, s = (x.to(device=prefix_lse.device, dtype=dt) for x in (prefix_lse, suffix_lse))
+    p, s = (torch.where(torch.isinf(x), -math.inf, x) for x in (p, s))
     m = torch.maximum(p, s)
     both_empty = torch.isneginf(m)
     m = torch.where(both_empty, torch.zeros_like(m), m)
