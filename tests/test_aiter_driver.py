@@ -61,7 +61,7 @@ def _ref64(inp) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _run(cid: str, version: str, cu_num: int):
     inp = make_inputs(parse_case_id(cid), "cpu")
-    prep = AiterEmulated(cu_num=cu_num, aiter_version=version).prepare(inp)
+    prep = AiterEmulated(cu_num=cu_num, aiter_version=version).prepare_case(inp)
     out = prep.run().clone()
     lse, rows = prep.lse()
     return inp, out, lse.clone(), rows.clone(), prep
@@ -85,7 +85,7 @@ def test_prefix_merge_breaks_at_0_1_20_and_is_exact_at_0_1_22(cu_num):
     _, old, old_lse, old_rows, _ = _run("prefix200-q300-h2", "0.1.20", cu_num)
     bad = ~torch.isfinite(old.float()).all(dim=-1).all(dim=-1)
     assert bool(bad.any()), "the pre-#3606 merge must break on unsplit rows"
-    assert torch.equal(bad, ~old_rows)  # exactly the rows the driver reports without a final LSE
+    assert torch.equal(bad, ~torch.isfinite(old_lse).all(dim=-1))  # exactly the rows without a merged LSE
     if cu_num == 2:
         assert bool(bad.all())  # nothing split: no row has a final LSE
     else:
@@ -136,11 +136,52 @@ def test_driver_detects_forms_from_op_schemas_of_opaque_wrappers():
         assert str(inspect.signature(mod.get_ps_metadata_v1)) == "(*args, **kwargs)"
         drv = AiterPsDriver(mod, (0, 1, 0))  # a source build without git metadata reports 0.1.0
         assert (drv.reduce_arity, drv.planner_revision) == (9, rev)
-        assert drv.reduce_source.startswith("op schema aiter_standin_") and drv.effective_version >= (0, 1, 16)
-        assert drv.supports_heads(32)  # 32 heads need >= 0.1.11: the features say so, not the 0.1.0
+        assert drv.reduce_source.startswith("op schema aiter_standin_")
+        assert drv.supports_heads(32)  # 32 heads need >= 0.1.11: the library says so, not the 0.1.0
     ref = AiterPsDriver(make_standin_aiter(aiter_version=(0, 1, 20), planner_revision="pr3606-ref"), (0, 1, 20))
     assert ref.planner_revision == "pr3606-ref" and ref.post_3606
     assert "9-argument form (op schema" in AiterPsDriver(make_standin_aiter(), None).detection()["mla_reduce_v1"]
+
+
+# head counts of mla_reduce_v1 at v_head_dim 128 by release, read in AITER's reduce dispatch (independent of
+# the stand-in's table): 1, 2, 4, 8, 10, 16, 128; 32 and 64 from v0.1.11; 40 from v0.1.12; 48 and 96 from v0.1.20
+REDUCE_HEADS = {(0, 1, 10): [1, 2, 4, 8, 10, 16, 128], (0, 1, 20): [1, 2, 4, 8, 10, 16, 32, 40, 48, 64, 96, 128]}
+
+
+@pytest.mark.parametrize("version", list(REDUCE_HEADS))
+def test_head_support_is_probed_on_the_installed_reduce(version):
+    drv = AiterPsDriver(make_standin_aiter(aiter_version=version), (0, 1, 0))  # the version says nothing
+    ok = REDUCE_HEADS[version]
+    for h in (8, 12, 16, 24, 32, 64):
+        assert bool(drv.supports_heads(h)) is (h in ok), h
+    why = drv.supports_heads(12).reason
+    assert f"mla_reduce_v1 of aiter 0.1.0 dispatches num_heads in {ok} for v_head_dim 128 (probed); got 12" in why
+    assert "doesn't support the specified settings" in why
+    serving = [h for h in (8, 12, 16, 24, 32, 64) if h in ok]
+    assert drv.detection()["reduce heads"].startswith(f"{serving} of the serving counts [8, 12, 16, 24, 32, 64]")
+
+
+def test_a_reduce_that_gained_a_head_count_is_followed_whatever_its_version():
+    """A library whose reduce takes 12 heads (as a later AITER may) runs them; one that takes only 16 refuses 8."""
+    mod = make_standin_aiter(aiter_version=(0, 1, 20))
+    real = mod.mla_reduce_v1
+    calls = []
+
+    def reduce_16_and_12(po, *args):
+        calls.append(po.shape[-2])
+        if po.shape[-2] not in (12, 16):
+            raise RuntimeError("doesn't support the specified settings")
+        if po.shape[-2] == 12:  # the stand-in's dispatch refuses 12: stand for a kernel that runs it
+            return None
+        return real(po, *args)
+
+    mod.mla_reduce_v1 = reduce_16_and_12
+    drv = AiterPsDriver(mod, (0, 1, 20))
+    assert drv.supports_heads(12) and drv.supports_heads(16) and not drv.supports_heads(8)
+    assert "dispatches num_heads in [12, 16]" in drv.supports_heads(8).reason
+    n = len(calls)
+    drv.supports_heads(8), drv.supports_heads(12)
+    assert len(calls) == n  # probed once per head count
 
 
 def test_env_prints_what_was_detected_and_where(capsys):
@@ -154,6 +195,12 @@ def _planner_args(mod):
     return [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_v1"]
 
 
+def _prepare_case(drv: AiterPsDriver, cid: str):
+    backend = AiterEmulated()
+    backend._driver = drv
+    return backend.prepare_case(make_inputs(parse_case_id(cid), "cpu"))
+
+
 @pytest.mark.parametrize("version", [(0, 1, 20), (0, 1, 22)])
 def test_need_lse_is_passed_as_the_imitated_caller_does(version):
     """v0.1.22: causal prefill False (vLLM's path), context chunk True, prefix: new-token chunk has_context
@@ -162,18 +209,18 @@ def test_need_lse_is_passed_as_the_imitated_caller_does(version):
     drv = AiterPsDriver(mod, version)
     for cid, want in (("s300-h2", [False]), ("ctx700-q100-h2", [True]), ("prefix500-q100-h2", [True, True])):
         mod.calls.clear()
-        prep = drv.prepare(make_inputs(parse_case_id(cid), "cpu"))
+        prep = _prepare_case(drv, cid)
         got = [a.get("need_lse", "absent") for a in _planner_args(mod)]
         assert got == (want if version >= (0, 1, 22) else ["absent"] * len(want)), cid
-        assert prep.extras["need_lse"] == (want if version >= (0, 1, 22) else [None] * len(want))
+        assert prep.extras["need_lse"] == (want[-1:] if version >= (0, 1, 22) else [None])  # a prefix: its new call
 
 
 def test_max_kvlen_is_passed_only_to_the_pr_ref_info_function_for_context_chunks():
     mod = make_standin_aiter(aiter_version=(0, 1, 20), cu_num=8, planner_revision="pr3606-ref")
     drv = AiterPsDriver(mod, (0, 1, 20))
-    for cid, kvs in (("s300-h2", [None]), ("ctx700-q100-h2", [700]), ("prefix500-q100-h2", [None, 500])):
+    for cid, kvs in (("s300-h2", [None]), ("ctx700-q100-h2", [700]), ("prefix500-q100-h2", [500, None])):
         mod.calls.clear()
-        drv.prepare(make_inputs(parse_case_id(cid), "cpu"))
+        _prepare_case(drv, cid)  # a prefix: the context call, then the new one
         infos = [c["args"] for c in mod.calls if c["name"] == "get_ps_metadata_info_v1"]
         assert [a.get("max_kvlen") for a in infos] == kvs
     for version in ((0, 1, 20), (0, 1, 22)):

@@ -19,6 +19,7 @@ the separate tier in ``tests/vllm_tier`` (``-m vllm``).
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import types
@@ -29,6 +30,7 @@ import pytest
 import torch
 
 from mla_fp8_bench.aiter_ps.standin import StandinContractError, make_standin_aiter
+from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
 from mla_fp8_bench.backends import get_backend
 from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
 from mla_fp8_bench.backends.vllm_aiter import (
@@ -282,8 +284,6 @@ def _install(monkeypatch, version: str, cu_num: int = CU):
 def _standin(cu_num: int = CU, **kw) -> types.ModuleType:
     """The stand-in aiter with ``get_ps_metadata_info_v1`` giving 1-D sizes as bare ints, as real
     AITER does (``(2, torch.uint64)``, ``(cu_num + 1, torch.int32)``...; 2-D sizes stay tuples)."""
-    import functools
-
     aiter = make_standin_aiter(cu_num=cu_num, **kw)
     fn = aiter.get_ps_metadata_info_v1
 
@@ -335,10 +335,10 @@ def test_registry_and_cpu_availability_never_import_vllm_or_aiter():
     assert isinstance(b, VllmAiter)
     before = {m for m in sys.modules if m.split(".")[0] in ("vllm", "aiter")}
     v = b.availability(CPU)
-    assert not v and v.reason == ("needs an AMD gfx950 GPU with ROCm torch; found no GPU visible to torch "
+    assert not v and v.reason == ("needs an AMD gfx950 GPU with a ROCm build of torch; found no GPU visible to torch "
                                   f"{CPU.torch_version}")
     nv = replace(CPU, vendor="cuda", arch="sm_90", device=torch.device("cpu"))
-    assert "found an NVIDIA sm_90 GPU with a CUDA torch" in b.availability(nv).reason
+    assert b.availability(nv).reason == "needs an AMD gfx950 GPU with a ROCm build of torch; found sm_90"
     mi300 = replace(CPU, vendor="rocm", arch="gfx942")
     assert "gfx942" in b.availability(mi300).reason
     assert {m for m in sys.modules if m.split(".")[0] in ("vllm", "aiter")} == before
@@ -517,9 +517,11 @@ def test_raising_call_still_resets_global_state_through_the_runner(monkeypatch, 
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_plan_stats_workspace_formula_equals_the_reservation(monkeypatch, version):
+def test_plan_stats_workspace_is_the_reservation_the_formula_predicts(monkeypatch, version):
+    """plan_stats reports what vLLM's manager holds; the workspace formula ``plan`` uses predicts it."""
     adapter, _, ws = _install(monkeypatch, version)
     b = adapter()
+    feats = b.entry().features
     for cid in ("s600-cast", "ragged-300-17-1000-cast", "s100-h12-cast", "s100-h24-cast"):
         case = parse_case_id(cid)
         if not b.supports(case, CPU):
@@ -527,7 +529,13 @@ def test_plan_stats_workspace_formula_equals_the_reservation(monkeypatch, versio
             continue
         st = b.plan_stats(case, CPU, repeats=3)
         assert len(st["planner_samples_s"]) == 3 and st["num_partials"] >= 0
-        assert st["workspace_bytes"] == st["workspace_bytes_reserved"], (cid, st)
+        info = b.driver().m.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st["num_head_k"],
+                                                    max_qlen=case.max_seq_len, qlen_granularity=TILE)
+        want = vllm_reserved(budget_sizing=feats.budget_sizing, pads_heads=feats.pads_heads,
+                             info_partial_slots=info[5][0], max_num_batched_tokens=case.total_tokens,
+                             max_num_reqs=case.batch_size,
+                             num_compute_units=CU, num_heads=case.num_heads, num_head_k=st["num_head_k"])[1].total
+        assert st["workspace_bytes"] == st["reserved_workspace_bytes"] == want, (cid, st)
         assert not ws.is_workspace_manager_initialized()
     # per_tensor ids are planned like their cast twins (the plan ignores the quantisation)
     assert b.plan_stats(parse_case_id("s600"), CPU, repeats=1)["workspace_bytes"] > 0
@@ -584,15 +592,33 @@ def test_fault_no_lock_is_visible(monkeypatch):
         p.cleanup()
 
 
-def test_locked_workspace_refuses_growth_beyond_the_reservation(monkeypatch):
-    # A 0.31+ reservation sized for 1 CU under a 256-CU plan: the forward must fail loudly (vLLM #42978)
+@pytest.mark.parametrize("cid,planned,forward", [("s600-cast", 16, 16), ("s300-h24-cast", 24, 32)])
+def test_growth_after_lock_is_an_error_record_naming_both_widths(monkeypatch, cid, planned, forward):
+    """A 0.31+ reservation sized for 1 CU under a 256-CU plan makes the forward grow the locked workspace
+    (vLLM #42978): an ``error`` record naming the plan's and the forward's head widths. At 24 heads the builder
+    sizes as a short-lived vLLM revision did (``max(16, n)``: 24) while the forward pads to 32."""
     _, mod, ws = _install(monkeypatch, "0.31", cu_num=1)
-    p = for_testing(_standin(256), mod.__name__, ws.__name__).prepare(make_inputs(parse_case_id("s600-cast")))
-    try:
-        with pytest.raises(AssertionError, match="Workspace is locked"):
-            p.run()
-    finally:
-        p.cleanup()
+    helper, builder = mod.AiterMLAHelper, mod.AiterMLAMetadataBuilder
+    forward_width = helper.get_fp8_prefill_num_heads
+
+    def sized_max16(method):
+        @functools.wraps(method)
+        def wrapped(self, *args, **kwargs):
+            helper.get_fp8_prefill_num_heads = staticmethod(lambda n: max(16, n))
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                helper.get_fp8_prefill_num_heads = staticmethod(forward_width)
+        return wrapped
+
+    for name in ("_init_fp8_prefill_ps_buffers", "_build_fp8_prefill_ps_metadata"):
+        monkeypatch.setattr(builder, name, sized_max16(getattr(builder, name)))
+    b = for_testing(_standin(256), mod.__name__, ws.__name__)
+    rec = evaluate_one(b, CaseData(parse_case_id(cid), CPU, None), CPU, RunOptions(timing=False, determinism=False))
+    assert rec.status == "error", rec
+    want = (f"WorkspaceGrewAfterLock: the workspace grew after lock_workspace(): the builder planned and reserved "
+            f"{planned} heads, the forward runs {forward} (vLLM: Workspace is locked but allocation requires")
+    assert want in rec.reason
     assert not ws.is_workspace_manager_initialized()
 
 

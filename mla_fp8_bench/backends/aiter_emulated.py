@@ -1,13 +1,10 @@
 """``aiter-emulated``: :class:`~mla_fp8_bench.backends.aiter_real.AiterPsDriver` over the PyTorch stand-in
 ``aiter`` (:mod:`mla_fp8_bench.aiter_ps.standin`) for the configured ``emu_cu_num`` and ``emu_aiter_version``.
-Its latency is an emulation's, never compared.
-"""
+Its latency is an emulation's, never compared."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from mla_fp8_bench.aiter_ps.facts import NEWEST_MODELLED_VERSION, format_version, parse_aiter_version
 from mla_fp8_bench.backends.aiter_real import AiterPsBackend, AiterPsDriver
@@ -55,6 +52,3 @@ class AiterEmulated(AiterPsBackend):
         p = super().prepare(inputs)
         p.extras["emulated_aiter_version"] = format_version(self.driver().version)
         return p
-
-    def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
-        return self.driver().plan_stats(case, torch.device("cpu"))

@@ -1,15 +1,13 @@
 """The AITER persistent-scheduled FP8 MLA prefill: ``get_ps_metadata_v1`` (host planner) ->
-``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), called as
-docs/aiter-contract.md specifies (#api, #versions, #pr-3606, #context-chunks, #driver). One driver
-(:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the emulator-backed stand-in elsewhere.
-"""
+``mla_prefill_ps_asm_fwd`` (ASM kernel) -> ``mla_reduce_v1`` (merge of partials), as docs/aiter-contract.md
+specifies. One driver (:class:`AiterPsDriver`) runs the real ``aiter`` on gfx950 and the stand-in elsewhere."""
 
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from dataclasses import dataclass
+from collections import namedtuple
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,58 +18,35 @@ from mla_fp8_bench.aiter_ps.planner import total_qlen_violations
 from mla_fp8_bench.aiter_ps.workspace import used_partial_slots, used_workspace_bytes, workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
-from mla_fp8_bench.problem.cases import Case, CaseKind
+from mla_fp8_bench.problem.cases import SERVING_HEADS, Case
 from mla_fp8_bench.problem.inputs import CaseInputs
-from mla_fp8_bench.problem.prefix import merge_attn_states
-from mla_fp8_bench.problem.shapes import cu_seqlens_of
+from mla_fp8_bench.problem.prefix import prefix_pieces
+from mla_fp8_bench.problem.shapes import V_HEAD_DIM, cu_seqlens_of
 
-
-def _as_dtype(d: Any) -> torch.dtype:
-    dt = d if isinstance(d, torch.dtype) else getattr(torch, str(d).replace("torch.", ""), None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"get_ps_metadata_info_v1 returned unknown dtype {d!r}")
-    return dt
+#: Head counts probed to name what the installed ``mla_reduce_v1`` dispatches when it refuses one.
+PROBE_HEADS = (1, 2, 4, 8, 10, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128)
 
 
 def load_aiter() -> Any:
-    """The installed ``aiter`` module; :class:`BackendUnavailable` if it does not import or lacks a primitive."""
+    """The installed ``aiter`` module; :class:`BackendUnavailable` if it does not import."""
     try:
-        module = import_aiter()
+        return import_aiter()
     except Exception as exc:  # noqa: BLE001
         raise BackendUnavailable(f"cannot import aiter: {type(exc).__name__}: {exc}") from None
-    return check_primitives(module)
 
 
-def check_primitives(module: Any) -> Any:
-    """``module`` if it has every PS prefill primitive, else :class:`BackendUnavailable` naming the missing."""
-    missing = [p for p in facts.PRIMITIVES if not hasattr(module, p)]
-    if missing:
-        raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
-    return module
+def planned_cases(case: Case) -> tuple[Case, ...]:
+    """The AITER calls of ``case``, each as a case: a prefix's two pieces, a b2b case's batches (each a prefill
+    over its own rows from 0), else the case itself."""
+    if case.kind.back_to_back:
+        return tuple(replace(case, seq_lens=b, family="prefill", batch_sizes=()) for b in case.batches())
+    return prefix_pieces(case) if case.kind.composed else (case,)
 
 
-def numel(shape: Any) -> int:
-    """Elements of a ``get_ps_metadata_info_v1`` shape: real AITER gives 1-D sizes as bare ints, 2-D as tuples."""
-    return int(shape) if isinstance(shape, int) else math.prod(int(s) for s in shape)
-
-
-@dataclass
-class _Piece:
-    """One kernel + reduce call. ``valid`` (bool ``[T]``): the q rows whose ``final_lse`` the call writes.
-    ``empty`` (device bool ``[T]`` or None): rows of sequences with kv_len 0, set to output 0, LSE -inf."""
-
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_page_indices: torch.Tensor
-    causal: bool
-    max_seqlen_q: int
-    plan: dict[str, Any]
-    split_data: torch.Tensor
-    split_lse: torch.Tensor
-    output: torch.Tensor
-    final_lse: torch.Tensor
-    valid: torch.Tensor
-    empty: torch.Tensor | None
+#: One kernel + reduce call. ``valid`` (bool ``[T]``): the q rows whose ``final_lse`` the call writes; ``empty``
+#: (device bool ``[T]`` or None): rows of sequences with kv_len 0, set to output 0, LSE -inf.
+_Piece = namedtuple("_Piece", "qo_indptr kv_indptr kv_page_indices causal max_seqlen_q plan split_data split_lse "
+                              "output final_lse valid empty")
 
 
 def lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch.Tensor:
@@ -79,55 +54,25 @@ def lse_rows(plan: dict[str, Any], total_q: int, reduces_singles: bool) -> torch
     are reduced from the #3606 reduce on)."""
     valid = torch.zeros(total_q, dtype=torch.bool)
     groups, final_map = plan["reduce_indptr"].cpu().tolist(), plan["reduce_final_map"].cpu().tolist()
-    need = 1 if reduces_singles else 2
     for g in range(min(len(groups) - 1, len(final_map))):
-        if groups[g + 1] - groups[g] >= need:
+        if groups[g + 1] - groups[g] >= (1 if reduces_singles else 2):
             valid[final_map[g][0] : final_map[g][1]] = True
     return valid
-
-
-def case_calls(kind: CaseKind, context_lens: tuple[int, ...], cu_q: list[int], cu_kv: list[int], causal: bool,
-               device: torch.device, has_context: bool = False, batch_sizes: tuple[int, ...] = ()
-               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, bool]]:
-    """The AITER calls of a case as ``(qo_indptr, kv_indptr, kv_page_indices, causal, need_lse)`` (indptrs
-    int32 on the CPU, page indices int32 on ``device``; ``cu_q``/``cu_kv``: query/key starts ``[B+1]``): one
-    for ``prefill``/``ctx``; for ``prefix`` (context keys, then new keys per sequence) the causal new-vs-new
-    and the non-causal new-vs-context call; for ``b2b`` one call per batch of ``batch_sizes`` sequences, over
-    its own rows from 0. ``need_lse`` as the imitated caller passes it (docs/aiter-contract.md#driver;
-    ``has_context``: a prefix's new chunk)."""
-
-    def i32(xs: Any, dev: torch.device | None = None) -> torch.Tensor:
-        return torch.tensor(xs, dtype=torch.int32, device=dev)
-
-    if kind.back_to_back:
-        ends = list(itertools.accumulate(batch_sizes))
-        cus = [[x - cu_q[a] for x in cu_q[a : b + 1]] for a, b in zip([0, *ends], ends)]
-        return [(i32(c), i32(c), torch.arange(c[-1], dtype=torch.int32, device=device), True, False) for c in cus]
-
-    if not kind.composed:
-        pages = torch.arange(cu_kv[-1], dtype=torch.int32, device=device)
-        return [(i32(cu_q), i32(cu_kv), pages, causal, kind.context or has_context)]
-    ctx_pages: list[int] = []
-    new_pages: list[int] = []
-    for b, c in enumerate(context_lens):
-        ctx_pages += range(cu_kv[b], cu_kv[b] + c)
-        new_pages += range(cu_kv[b] + c, cu_kv[b + 1])
-    new_ptr = cu_seqlens_of(end - start - c for start, end, c in zip(cu_kv, cu_kv[1:], context_lens))
-    q_ptr = i32(cu_q)
-    return [(q_ptr, i32(new_ptr), i32(new_pages, device), True, any(c > 0 for c in context_lens)),
-            (q_ptr, i32(cu_seqlens_of(context_lens)), i32(ctx_pages, device), False, True)]
 
 
 class AiterPsDriver:
     """Drive the PS prefill primitives of ``module`` (real ``aiter`` or the stand-in; ``version`` None if
     unknown). Detected: ``reduce_arity`` (8 or 9), ``planner_revision`` (``*_source``: where each was read),
-    ``post_3606`` (every tile can get a slot), ``effective_version`` (keys the reduce's head set);
-    ``pass_need_lse`` False is the caller fault of leaving it out. BackendUnavailable: a primitive missing,
-    an undetectable reduce form or planner revision, or the 7-argument ``mla_reduce_v1``."""
+    ``post_3606``, head support (:meth:`reduce_refusal`, probed on ``device``); ``pass_need_lse`` False is the
+    caller fault of leaving it out. BackendUnavailable: a primitive missing, a form not told, a 7-arg reduce."""
 
     def __init__(self, module: Any, version: tuple[int, int, int] | None = None):
-        self.m = check_primitives(module)
-        self.version = version
+        missing = [p for p in facts.PRIMITIVES if not hasattr(module, p)]
+        if missing:
+            raise BackendUnavailable(f"aiter lacks {', '.join(missing)} (the PS prefill needs >= v0.1.10.post1)")
+        self.m, self.version = module, version
+        self.device = torch.device("cpu")  # where head support is probed (the backend's platform device)
+        self._refusals: dict[int, str | None] = {}
         reduce, planner = facts.detect_reduce_arity(module, version), facts.detect_planner_revision(module, version)
         for det in (reduce, planner):
             if det.value is None:
@@ -138,24 +83,43 @@ class AiterPsDriver:
             raise BackendUnavailable(f"aiter's mla_reduce_v1 has the 7-argument (<= v0.1.7) form ({reduce.source}): "
                                      "too old for the PS prefill")
         self.post_3606 = self.planner_revision != facts.PLANNER_PRE_3606
-        self.effective_version = facts.effective_version(version, self.reduce_arity, self.planner_revision)
+        self.reduce_ints = (facts.Q_TILE, 0) if self.reduce_arity == 9 else (facts.Q_TILE,)
         self.pass_need_lse = True
         self.share_plan_slot = False  # b2b: every batch plans into one buffer slot (a fault, see _back_to_back)
 
     def detection(self) -> dict[str, str]:
         """What was detected and from where (``mla-fp8-bench env`` prints it)."""
+        ok = [h for h in SERVING_HEADS if self.reduce_refusal(h) is None]
         return {"mla_reduce_v1": f"{self.reduce_arity}-argument form ({self.reduce_source})",
                 "get_ps_metadata_v1": f"{self.planner_revision} planner ({self.planner_source})",
-                "reduce heads keyed on": f"AITER {facts.format_version(self.effective_version)} (reported "
-                                         f"{facts.format_version(self.version)})"}
+                "reduce heads": f"{ok} of the serving counts {list(SERVING_HEADS)} (probed on {self.device}; "
+                                f"AITER reports {facts.format_version(self.version)})"}
+
+    def reduce_refusal(self, num_heads: int) -> str | None:
+        """None when the installed ``mla_reduce_v1`` runs a one-group reduce of two partials at ``num_heads``
+        (v_head_dim 128) on :attr:`device`, else its error: head support as the library dispatches it."""
+        if num_heads not in self._refusals:
+            h, dev = num_heads, self.device
+            f32, i32 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int32, device=dev)
+            try:
+                self.m.mla_reduce_v1(torch.zeros(2 * facts.Q_TILE, h, V_HEAD_DIM, **f32),
+                                     torch.zeros(2 * facts.Q_TILE, h, **f32), torch.tensor([0, 2], **i32),
+                                     torch.tensor([[0, 1]], **i32), torch.tensor([0, facts.Q_TILE], **i32),
+                                     *self.reduce_ints, torch.empty(1, h, V_HEAD_DIM, dtype=torch.bfloat16, device=dev),
+                                     torch.empty(1, h, **f32))
+                synchronize(self.device)
+                self._refusals[num_heads] = None
+            except Exception as exc:  # noqa: BLE001 - a refusal, whatever the library raises
+                self._refusals[num_heads] = f"{type(exc).__name__}: {str(exc).strip()[:100]}"
+        return self._refusals[num_heads]
 
     def supports_heads(self, num_heads: int) -> Verdict:
-        allowed = facts.reduce_heads_for(self.effective_version)
-        if num_heads not in allowed:
-            v = facts.format_version(self.effective_version) if self.effective_version else "the newest known version"
-            return Verdict.no(f"mla_reduce_v1 of aiter {v} dispatches num_heads in {sorted(allowed)} "
-                              f"for v_head_dim 128; got {num_heads}")
-        return Verdict.yes()
+        why = self.reduce_refusal(num_heads)
+        if why is None:
+            return Verdict.yes()
+        ok = [h for h in PROBE_HEADS if self.reduce_refusal(h) is None]
+        return Verdict.no(f"mla_reduce_v1 of aiter {facts.format_version(self.version)} dispatches num_heads in "
+                          f"{ok} for v_head_dim 128 (probed); got {num_heads}: {why}")
 
     def info_shapes(self, batch: int, num_heads: int, max_qlen: int, max_kvlen: int | None = None,
                     total_qlen: int | None = None) -> list:
@@ -181,19 +145,17 @@ class AiterPsDriver:
 
     def alloc(self, info: list, device: torch.device) -> dict[str, torch.Tensor]:
         """The six planner buffers of ``info`` on ``device``, zeroed."""
-        return {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=_as_dtype(dt),
+        return {n: torch.zeros((shape,) if isinstance(shape, int) else tuple(shape), dtype=dt,
                                device=device) for n, (shape, dt) in zip(facts.BUFFER_NAMES, info)}
 
     def plan(self, cu_seqlens_cpu: torch.Tensor, num_heads: int, device: torch.device, *,
              cu_seqlens_kv_cpu: torch.Tensor | None = None, causal: bool = True,
              need_lse: bool = False, bufs: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
-        """Allocate the six planner buffers on ``device`` (info-call sized, ``total_qlen`` the call's tokens) and
-        run the host planner on ``[B+1]`` int32 query / key starts (keys default to the queries; ``causal``:
-        bottom-right; ``need_lse`` goes to a v0.1.22 planner when :attr:`pass_need_lse`). Returns the buffers,
-        ``planner_s`` (seconds), ``num_partials`` (``reduce_indptr[-1]``), ``info_partial_slots`` (the
-        ``reduce_partial_map`` length), ``q_rows``, ``post_3606`` and ``need_lse`` (None: not passed). Given
-        ``bufs`` (a slot of :meth:`alloc`), plans into them with no device sync or read: ``planner_s`` is host
-        time and ``num_partials`` None."""
+        """Run the host planner on ``[B+1]`` int32 query / key starts (keys default to the queries; ``causal``:
+        bottom-right; ``need_lse`` as :attr:`pass_need_lse` allows) into ``bufs`` (a slot of :meth:`alloc`: no
+        device sync, ``num_partials`` None) or new info-sized buffers (``total_qlen``: the call's tokens).
+        Returns the buffers, ``planner_s``, ``num_partials``, ``info_partial_slots``, ``q_rows``, ``post_3606``
+        and ``need_lse`` (None: not passed)."""
         cu_q = cu_seqlens_cpu.to(torch.int32).contiguous()
         cu_kv = cu_q.clone() if cu_seqlens_kv_cpu is None else cu_seqlens_kv_cpu.to(torch.int32).contiguous()
         q_lens, kv_lens = (cu_q[1:] - cu_q[:-1]).contiguous(), (cu_kv[1:] - cu_kv[:-1]).contiguous()
@@ -201,9 +163,8 @@ class AiterPsDriver:
         if bufs is None:
             bufs = self.alloc(self.info_shapes(int(q_lens.numel()), num_heads, int(q_lens.max()),
                                                int(kv_lens.max()) if chunk else None, int(cu_q[-1])), device)
-        extra: dict[str, Any] = {}
-        if self.planner_revision in facts.NEED_LSE_REVISIONS and self.pass_need_lse:
-            extra["need_lse"] = bool(need_lse)
+        takes_lse = self.pass_need_lse and self.planner_revision in facts.NEED_LSE_REVISIONS
+        extra = {"need_lse": bool(need_lse)} if takes_lse else {}
         t0 = time.perf_counter()
         self.m.get_ps_metadata_v1(cu_q, cu_kv, kv_lens, 1, num_heads, *(bufs[n] for n in facts.BUFFER_NAMES),
                                   qhead_granularity=facts.QHEAD_GRANULARITY, qlen_granularity=facts.Q_TILE,
@@ -242,76 +203,61 @@ class AiterPsDriver:
         self.m.mla_prefill_ps_asm_fwd(q8, k8, v8, p.qo_indptr, p.kv_indptr, p.kv_page_indices, pl["work_indptr"],
                                       pl["work_info"], p.max_seqlen_q, softmax_scale, p.causal, p.split_data,
                                       p.split_lse, p.output, scales[0], scales[1], scales[2])
-        ints = (facts.Q_TILE, 0) if self.reduce_arity == 9 else (facts.Q_TILE,)
         self.m.mla_reduce_v1(p.split_data, p.split_lse, pl["reduce_indptr"], pl["reduce_final_map"],
-                             pl["reduce_partial_map"], *ints, p.output, p.final_lse)
+                             pl["reduce_partial_map"], *self.reduce_ints, p.output, p.final_lse)
         if p.empty is not None:
             p.output.masked_fill_(p.empty[:, None, None], 0.0)
             p.final_lse.masked_fill_(p.empty[:, None], float("-inf"))
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
-        """Plan and allocate every call of the case (:func:`case_calls`) and return the call (kernel +
-        reduce per piece, the LSE merge for ``prefix``); CaseUnsupported for inputs not float8_e4m3fn."""
+        """Plan and allocate the case's call and return it (kernel + reduce); a ``prefix`` case is two such
+        calls merged by :meth:`Backend.prepare_case`. CaseUnsupported for inputs not float8_e4m3fn."""
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"the PS prefill kernel takes float8_e4m3fn only, not {inputs.fp8_dtype}")
-        case, dev = inputs.case, inputs.device
+        case, dev, kv = inputs.case, inputs.device, inputs.cu_seqlens_kv_cpu
+        if case.kind.composed:
+            raise ValueError(f"{case.id} is two calls merged by their LSE: run it with Backend.prepare_case")
         q8, k8, v8 = (x.data.contiguous() for x in (inputs.q8, inputs.k8, inputs.v8))
         scales = [x.descale.reshape(1).to(device=dev, dtype=torch.float32).contiguous()
                   for x in (inputs.q8, inputs.k8, inputs.v8)]
-        calls = case_calls(case.kind, case.context_lens, inputs.cu_seqlens_q_cpu.tolist(),
-                           inputs.cu_seqlens_kv_cpu.tolist(), bool(inputs.causal), dev, has_context=inputs.has_context,
-                           batch_sizes=case.batch_sizes)
         if case.kind.back_to_back:
-            return self._back_to_back(inputs, calls, q8, k8, v8, scales)
-        pieces = [self._piece(*call, case.num_heads, int(v8.shape[-1]), dev) for call in calls]
-        merged: dict[str, torch.Tensor] = {}
+            return self._back_to_back(inputs, q8, k8, v8, scales)
+        pages = torch.arange(int(kv[-1]), dtype=torch.int32, device=dev)
+        p = self._piece(inputs.cu_seqlens_q_cpu.to(torch.int32), kv.to(torch.int32), pages, bool(inputs.causal),
+                        case.kind.context or inputs.has_context, case.num_heads, int(v8.shape[-1]), dev)
 
         def run() -> torch.Tensor:
-            for p in pieces:
-                self.launch(p, q8, k8, v8, scales, inputs.softmax_scale)
-            if len(pieces) == 1:
-                return pieces[0].output
-            new, ctx = pieces
-            merged["o"], merged["lse"] = merge_attn_states(ctx.output, ctx.final_lse, new.output, new.final_lse)
-            return merged["o"]
+            self.launch(p, q8, k8, v8, scales, inputs.softmax_scale)
+            return p.output
 
-        def lse() -> tuple[torch.Tensor, torch.Tensor]:
-            if len(pieces) == 1:
-                return pieces[0].final_lse, pieces[0].valid
-            return merged["lse"], pieces[0].valid & pieces[1].valid
+        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="kernel",
+                        lse=lambda: (p.final_lse, p.valid), extras=self.plan_extras([p.plan], case))
 
-        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="kernel", lse=lse,
-                        extras=self.plan_extras([p.plan for p in pieces], case))
-
-    def _back_to_back(self, inputs: CaseInputs, calls: list, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+    def _back_to_back(self, inputs: CaseInputs, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                       scales: list[torch.Tensor]) -> Prepared:
-        """``b2b``: every batch is planned into its own buffer slot, sized once for all batches as a serving
-        builder sizes its buffers (the most sequences, the longest, the most tokens as ``total_qlen``), and
-        launched, with no host sync between batches, so a batch's kernels can still run while the next batch is
-        planned; the partials share one workspace (stream-ordered). :attr:`share_plan_slot` plans every batch
-        into one slot: the fault vLLM #58887 fixed (the next plan under the previous batch's kernel)."""
+        """``b2b``: each batch planned into its own buffer slot (sized once, as a serving builder does: the most
+        sequences, the longest, the most tokens as ``total_qlen``) and launched with no host sync between batches;
+        the partials share one workspace. :attr:`share_plan_slot`: one slot for all, the fault vLLM #58887 fixed."""
         case, dev, h, dv = inputs.case, inputs.device, inputs.case.num_heads, int(v8.shape[-1])
-        sizes = [sum(b) for b in case.batches()]
-        info = self.info_shapes(max(case.batch_sizes), h, case.max_seq_len, total_qlen=max(sizes))
-        slots = [self.alloc(info, dev) for _ in calls[: 1 if self.share_plan_slot else len(calls)]]
+        f32 = dict(dtype=torch.float32, device=dev)
+        cus = [torch.tensor(c.cu_seqlens_q(), dtype=torch.int32) for c in planned_cases(case)]
+        starts = cu_seqlens_of(int(c[-1]) for c in cus)
+        info = self.info_shapes(max(case.batch_sizes), h, case.max_seq_len, total_qlen=max(int(c[-1]) for c in cus))
+        slots = [self.alloc(info, dev) for _ in cus[: 1 if self.share_plan_slot else None]]
         part = used_partial_slots(slots[0]["reduce_partial_map"].numel()) * facts.Q_TILE
-        split = (torch.empty(part, h, dv, dtype=torch.float32, device=dev),
-                 torch.empty(part, h, dtype=torch.float32, device=dev))
-        ends = list(itertools.accumulate(sizes))
-        rows = [slice(a, b) for a, b in zip([0, *ends], ends)]
+        split = torch.empty(part, h, dv, **f32), torch.empty(part, h, **f32)
+        pages = [torch.arange(int(c[-1]), dtype=torch.int32, device=dev) for c in cus]
         out = torch.full((case.total_tokens, h, dv), float("nan"), dtype=torch.bfloat16, device=dev)
-        lse = torch.full((case.total_tokens, h), float("nan"), dtype=torch.float32, device=dev)
-        plans: list[dict[str, Any]] = []
-        extras: dict[str, Any] = {}
+        lse = torch.full((case.total_tokens, h), float("nan"), **f32)
+        plans, extras = [], {}
 
         def run() -> torch.Tensor:
             plans.clear()
-            for (qo, kv, pages, causal, need_lse), r, slot in zip(calls, rows, itertools.cycle(slots)):
-                plan = self.plan(qo, h, dev, causal=causal, need_lse=need_lse, bufs=slot)
-                piece = _Piece(qo.to(dev), kv.to(dev), pages, causal, int((qo[1:] - qo[:-1]).max()), plan, *split,
-                               out[r], lse[r], valid=torch.empty(0), empty=None)
-                self.launch(piece, q8[r], k8[r], v8[r], scales, inputs.softmax_scale)
-                plans.append(plan)
+            for cu, pg, a, b, slot in zip(cus, pages, starts, starts[1:], itertools.cycle(slots)):
+                plans.append(self.plan(cu, h, dev, bufs=slot))
+                piece = _Piece(cu.to(dev), cu.to(dev), pg, True, int((cu[1:] - cu[:-1]).max()), plans[-1], *split,
+                               out[a:b], lse[a:b], valid=torch.empty(0), empty=None)
+                self.launch(piece, q8[a:b], k8[a:b], v8[a:b], scales, inputs.softmax_scale)
             for plan in plans:  # after every launch
                 plan["num_partials"] = int(plan["reduce_indptr"][-1].item())
             extras.update(self.plan_extras(plans, case))
@@ -334,14 +280,12 @@ class AiterPsDriver:
                 "need_lse": [p["need_lse"] for p in plans]}
 
     def plan_stats(self, case: Case, device: torch.device, repeats: int = 7) -> dict[str, Any]:
-        """Planner time samples (seconds, all calls of the case summed), live partial slots, live and
-        reserved workspace bytes for ``case``."""
-        calls = case_calls(case.kind, case.context_lens, case.cu_seqlens_q(), case.cu_seqlens_kv(), case.causal,
-                           torch.device("cpu"), batch_sizes=case.batch_sizes)
+        """Planner seconds per repeat (all calls of ``case`` summed), live partial slots, live and reserved bytes."""
         samples, plans = [], []
-        for _ in range(repeats):
-            plans = [self.plan(q, case.num_heads, device, cu_seqlens_kv_cpu=kv, causal=c, need_lse=n)
-                     for q, kv, _, c, n in calls]
+        for _ in range(repeats):  # a prefix's two calls both need the LSE
+            plans = [self.plan(torch.tensor(c.cu_seqlens_q()), c.num_heads, device, causal=c.causal,
+                               cu_seqlens_kv_cpu=torch.tensor(c.cu_seqlens_kv()), need_lse=case.kind.context)
+                     for c in planned_cases(case)]
             samples.append(sum(p["planner_s"] for p in plans))
         ex = self.plan_extras(plans, case)
         return {"planner_samples_s": samples, **{k: ex[k] for k in ("num_partials", "workspace_bytes",
@@ -388,6 +332,9 @@ class AiterPsBackend(Backend):
             p.timing_scope = "emulation"
         return p
 
+    def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
+        return self.driver().plan_stats(case, self.driver().device)  # the platform's where one is driven
+
 
 class AiterReal(AiterPsBackend):
     name = "aiter"
@@ -403,7 +350,7 @@ class AiterReal(AiterPsBackend):
         if not gate and not self.emulation:
             return gate
         try:
-            self.driver()
+            self.driver().device = platform.device
         except BackendUnavailable as exc:
             return Verdict.no(str(exc))
         return Verdict.yes()
@@ -413,6 +360,3 @@ class AiterReal(AiterPsBackend):
         if self.emulation:
             p.extras["aiter_off_device"] = True
         return p
-
-    def plan_stats(self, case: Case, platform: PlatformInfo) -> dict[str, Any]:
-        return self.driver().plan_stats(case, platform.device)

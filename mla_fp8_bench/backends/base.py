@@ -1,7 +1,6 @@
 """The backend protocol (docs/extending.md): every implementation under test is one :class:`Backend`; what
 must not be timed happens in :meth:`Backend.prepare`; callers use :meth:`Backend.prepare_case`, which also
-runs composed kinds (``prefix``) the way vLLM does (:func:`compose_prefix`).
-"""
+runs composed kinds (``prefix``) the way vLLM does (:func:`compose_prefix`)."""
 
 from __future__ import annotations
 
@@ -86,9 +85,7 @@ class Backend(ABC):
     def supports_kind(self, kind: CaseKind) -> Verdict:
         """Whether :meth:`prepare_case` runs cases of ``kind``: kinds with context need :attr:`context_chunks`,
         back-to-back kinds :attr:`back_to_back`."""
-        if kind.back_to_back:
-            return self.back_to_back
-        return self.context_chunks if kind.context else Verdict.yes()
+        return self.back_to_back if kind.back_to_back else self.context_chunks if kind.context else Verdict.yes()
 
     @abstractmethod
     def prepare(self, inputs: CaseInputs) -> Prepared:
@@ -112,11 +109,10 @@ MergeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tup
 
 
 def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_attn_states) -> Prepared:
-    """A prefix-cached prefill as vLLM computes it, through ``backend``'s own :meth:`Backend.prepare`:
-    ``run()`` runs the context piece (non-causal), then the new piece (causal) of
-    :func:`~mla_fp8_bench.problem.prefix.split_prefix_inputs` and merges them by LSE on every row
-    (``merge(ctx_out, ctx_lse, new_out, new_lse)``, vLLM's order); the merged LSE ``[T, H]`` is the
-    result's. Extras: the new piece's, :data:`ADDITIVE_EXTRAS` summed. CaseUnsupported: a piece has no LSE."""
+    """A prefix-cached prefill as vLLM computes it, through ``backend``'s own :meth:`Backend.prepare`: ``run()``
+    runs the context piece (non-causal), then the new piece (causal) of :func:`split_prefix_inputs` and merges
+    them by LSE on every row (``merge(ctx_out, ctx_lse, new_out, new_lse)``, vLLM's order; ``lse()`` after
+    ``run()``). Extras: the new piece's, :data:`ADDITIVE_EXTRAS` summed. CaseUnsupported: a piece has no LSE."""
     new_in, ctx_in = split_prefix_inputs(inputs)
     pieces: list[Prepared] = []
 
@@ -135,7 +131,7 @@ def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_
         cleanup()
         raise
     state: dict[str, torch.Tensor] = {}
-    t = int(inputs.q.shape[0])
+    every_row = torch.ones(int(inputs.q.shape[0]), dtype=torch.bool)
 
     def run() -> torch.Tensor:
         ctx_out, ctx_lse = p_ctx.run(), p_ctx.lse()[0]
@@ -143,15 +139,11 @@ def compose_prefix(backend: Backend, inputs: CaseInputs, merge: MergeFn = merge_
         out, state["lse"] = merge(ctx_out, ctx_lse, new_out, new_lse)
         return out
 
-    def lse() -> tuple[torch.Tensor, torch.Tensor]:
-        if "lse" not in state:
-            raise RuntimeError("call run() before lse()")
-        return state["lse"], torch.ones(t, dtype=torch.bool)
-
     extras = dict(p_new.extras)
     for k in ADDITIVE_EXTRAS:
         if isinstance(p_new.extras.get(k), (int, float)) and isinstance(p_ctx.extras.get(k), (int, float)):
             extras[k] = p_new.extras[k] + p_ctx.extras[k]
     extras["prefix_pieces"] = "ctx(non-causal)+new(causal), merge_attn_states"
     return Prepared(run=run, graph_capturable=p_new.graph_capturable and p_ctx.graph_capturable,
-                    timing_scope=p_new.timing_scope, lse=lse, extras=extras, cleanup=cleanup)
+                    timing_scope=p_new.timing_scope, lse=lambda: (state["lse"], every_row), extras=extras,
+                    cleanup=cleanup)

@@ -1,8 +1,7 @@
 """PyTorch SDPA baselines (a Python loop over sequences, so timings include per-sequence launches):
 ``torch-sdpa-bf16`` on the bf16 inputs and ``torch-fp8-ref`` on the dequantised fp8 inputs (``fp8 * descale``,
 bf16 on GPU, fp32 on CPU: FP8's input rounding without an FP8 kernel). ``lse()`` is float32 attention on the
-same inputs outside the timed call, so ``prefix`` cases run through :func:`~mla_fp8_bench.backends.base.compose_prefix`.
-"""
+same inputs outside the timed call, so ``prefix`` cases run through :func:`~.base.compose_prefix`."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ def _sdpa_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: list[i
                  causal: bool, out: torch.Tensor) -> torch.Tensor:
     """SDPA per sequence into ``out`` ``[T_q, H, Dv]``; causal only where q_len == kv_len (prefill)."""
     for b in range(len(cu_q) - 1):
-        s0, s1 = cu_q[b], cu_q[b + 1]
-        k0, k1 = cu_kv[b], cu_kv[b + 1]
+        (s0, s1), (k0, k1) = cu_q[b : b + 2], cu_kv[b : b + 2]
         if k1 == k0:  # a sequence without context keys: out 0 (its LSE is -inf)
             out[s0:s1] = 0
             continue

@@ -1,18 +1,17 @@
 """``vllm-aiter``: the real ``AiterMLAImpl._mla_fp8_prefill_attn`` set up as vLLM's seed test (PR #51457)
 does (docs/aiter-contract.md#vllm-entry, docs/cpu-tiers.md). Timing scope ``"call"``: the fp8 casts and head
-padding are timed; planning and the workspace reservation are not. Only ``quant="cast"`` prefill cases run.
-"""
+padding are timed; planning and the workspace reservation are not. Only ``quant="cast"`` prefill cases run."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import inspect
 import re
 import sys
 import time
 import types
+from collections import namedtuple
 from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import Any
@@ -20,8 +19,7 @@ from typing import Any
 import torch
 
 from mla_fp8_bench.aiter_ps import facts
-from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
-from mla_fp8_bench.backends.aiter_real import aiter_gate, check_primitives, load_aiter, numel
+from mla_fp8_bench.backends.aiter_real import AiterPsDriver, aiter_gate, load_aiter
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
 from mla_fp8_bench.problem.cases import Case
@@ -42,53 +40,46 @@ class VllmAdapterError(RuntimeError):
     """vLLM's entry does not match what the adapter calls (a signature or attribute changed)."""
 
 
+class WorkspaceGrewAfterLock(RuntimeError):
+    """vLLM's forward asked its locked workspace for more than the builder reserved (vLLM #42978)."""
+
+
 @dataclass(frozen=True)
 class VllmFeatures:
-    """What this vLLM's FP8 prefill path does, detected from its code (:func:`detect_features`), with the
-    first release of each: ``attn_out_dtype`` (a parameter of ``_init_fp8_prefill_ps_buffers``, 0.29),
-    ``pads_heads`` (``AiterMLAHelper.get_fp8_prefill_num_heads``, 0.29), ``budget_sizing`` (the buffers read
-    ``num_compute_units``, 0.31), ``staging`` (pinned plan staging ``_fp8_ps_staging``, 0.32),
-    ``one_scale_cache`` (``_mla_fp8_prefill_attn`` reads ``_fp8_prefill_one_scale``, 0.33)."""
+    """What this vLLM's FP8 prefill path does, detected from its code (:func:`detect_features`)."""
 
-    attn_out_dtype: bool
-    pads_heads: bool
-    budget_sizing: bool
-    staging: bool
-    one_scale_cache: bool
+    attn_out_dtype: bool  # a parameter of _init_fp8_prefill_ps_buffers (0.29)
+    pads_heads: bool  # AiterMLAHelper.get_fp8_prefill_num_heads (0.29)
+    budget_sizing: bool  # the buffers read num_compute_units (0.31)
+    staging: bool  # pinned plan staging _fp8_ps_staging (0.32)
+    one_scale_cache: bool  # _mla_fp8_prefill_attn reads _fp8_prefill_one_scale (0.33)
     version: str | None = None
 
 
 @dataclass
 class VllmEntry:
-    """vLLM's ``rocm_aiter_mla`` module (``AiterMLAImpl``, ``AiterMLAMetadataBuilder``, ``AiterMLAHelper``),
-    its workspace module and what they do."""
-
-    module: types.ModuleType
+    module: types.ModuleType  # vLLM's rocm_aiter_mla
     workspace: types.ModuleType
     features: VllmFeatures
 
     def fp8_heads(self, num_heads: int) -> tuple[Verdict, int]:
         """(does vLLM run the FP8 prefill at ``num_heads``, the head count the kernel is handed)."""
-        f = self.features
-        if f.pads_heads:
-            helper = self.module.AiterMLAHelper
-            valid = (helper.is_valid_num_heads(num_heads) if hasattr(helper, "is_valid_num_heads")
-                     else num_heads > 0 and (num_heads <= 128 or num_heads % 16 == 0))
-            if not valid:
-                return Verdict.no(f"vLLM {f.version or ''} gates the FP8 prefill on "
-                                  "AiterMLAHelper.is_valid_num_heads (0 < n <= 128 or a multiple of 16): "
-                                  f"{num_heads} heads take the bf16 path"), num_heads
-            return Verdict.yes(), int(helper.get_fp8_prefill_num_heads(num_heads))
-        if num_heads <= 0 or num_heads % 16:
-            return Verdict.no(f"vLLM {f.version or ''} (no head padding; padding arrived in 0.29, #51040) enables the "
-                              f"FP8 prefill only for num_heads % 16 == 0; {num_heads} heads fall back to the bf16 "
-                              "flash_attn path"), num_heads
-        return Verdict.yes(), num_heads
+        f, helper = self.features, getattr(self.module, "AiterMLAHelper", None)
+        ver = f.version or "(version unknown)"
+        if not f.pads_heads:
+            if num_heads % 16:
+                return Verdict.no(f"vLLM {ver} (no head padding; padding arrived in 0.29, #51040) enables the "
+                                  f"FP8 prefill only for num_heads % 16 == 0; {num_heads} heads fall back to the bf16 "
+                                  "flash_attn path"), num_heads
+            return Verdict.yes(), num_heads
+        if not helper.is_valid_num_heads(num_heads):
+            return Verdict.no(f"vLLM {ver} gates the FP8 prefill on AiterMLAHelper.is_valid_num_heads "
+                              f"(0 < n <= 128 or a multiple of 16): {num_heads} heads take the bf16 path"), num_heads
+        return Verdict.yes(), int(helper.get_fp8_prefill_num_heads(num_heads))
 
 
 def _code_names(fn: Any) -> frozenset[str]:
-    code = getattr(inspect.unwrap(fn), "__code__", None)
-    return frozenset(code.co_names) if code is not None else frozenset()
+    return frozenset(getattr(getattr(inspect.unwrap(fn), "__code__", None), "co_names", ()))
 
 
 def detect_features(module: types.ModuleType) -> VllmFeatures:
@@ -103,29 +94,20 @@ def detect_features(module: types.ModuleType) -> VllmFeatures:
     if missing:
         raise VllmAdapterError(f"{module.__name__} lacks {', '.join(missing)}: the FP8 MLA prefill entry needs "
                                "vllm >= 0.28")
-    init = builder._init_fp8_prefill_ps_buffers
-    init_names = _code_names(init)
-    helper = getattr(module, "AiterMLAHelper", None)
+    init, names = builder._init_fp8_prefill_ps_buffers, _code_names(builder._init_fp8_prefill_ps_buffers)
     version = getattr(sys.modules.get(module.__name__.split(".")[0]), "__version__", None)
-    return VllmFeatures(
-        attn_out_dtype="attn_out_dtype" in inspect.signature(init).parameters,
-        pads_heads=helper is not None and hasattr(helper, "get_fp8_prefill_num_heads"),
-        budget_sizing="num_compute_units" in init_names,
-        staging="_fp8_ps_staging" in init_names,
-        one_scale_cache="_fp8_prefill_one_scale" in _code_names(impl._mla_fp8_prefill_attn),
-        version=str(version) if version is not None else None,
-    )
-
-
-#: The configuration the adapter imitates: vLLM serving a bf16 model with an fp8 KV cache.
-KV_CACHE_DTYPE, MODEL_DTYPE = "fp8", "bfloat16"
+    return VllmFeatures("attn_out_dtype" in inspect.signature(init).parameters,
+                        hasattr(getattr(module, "AiterMLAHelper", None), "get_fp8_prefill_num_heads"),
+                        "num_compute_units" in names, "_fp8_ps_staging" in names,
+                        "_fp8_prefill_one_scale" in _code_names(impl._mla_fp8_prefill_attn),
+                        str(version) if version is not None else None)
 
 
 def fp8_path_condition(builder_cls: type) -> dict[str, Any]:
     """Whether vLLM takes the FP8 PS prefill for the imitated pair (fp8 KV cache, bf16 model): ``taken``,
     and ``gates_on_dtypes`` when the builder's ``_fp8_prefill_enabled`` assignment tests both dtypes (0.33),
     else every pair takes it (vLLM #52312). Platform and head count: ``availability`` / ``supports``."""
-    pair = {"kv_cache_dtype": KV_CACHE_DTYPE, "model_dtype": MODEL_DTYPE}
+    pair = {"kv_cache_dtype": "fp8", "model_dtype": "bfloat16"}  # vLLM serving a bf16 model, fp8 KV cache
     try:
         src = inspect.getsource(builder_cls.__init__)
     except (OSError, TypeError):
@@ -158,47 +140,41 @@ def _ws_fact(ws: types.ModuleType, fact: Any) -> Any:
         return None
 
 
-def _reserved_bytes(ws: types.ModuleType) -> int | None:
-    """Bytes vLLM's workspace manager holds now (reads a private list; None if it changed)."""
-    return _ws_fact(ws, lambda m: int(sum(b.numel() * b.element_size() for b in m._current_workspaces
-                                          if b is not None)))
+def _held_bytes(manager: Any) -> int:  # reads a private list
+    return int(sum(b.numel() * b.element_size() for b in manager._current_workspaces if b is not None))
 
 
-def _bind_or_explain(fn: Any, what: str, kwargs: dict[str, Any]) -> None:
+def _bind_or_explain(fn: Any, kwargs: dict[str, Any]) -> None:
     """Fail with a clear message when vLLM's signature does not take the adapter's arguments."""
     try:
         inspect.signature(fn).bind(None, **kwargs)
     except TypeError as exc:
         raise VllmAdapterError(
-            f"vLLM's {what}{inspect.signature(fn)} does not accept the adapter's arguments "
-            f"({', '.join(kwargs)}): {exc}. The signature changed across releases (attn_out_dtype added in 0.29, "
-            "#51040); the adapter must follow it."
+            f"vLLM's AiterMLAMetadataBuilder.{fn.__name__}{inspect.signature(fn)} does not accept the adapter's "
+            f"arguments ({', '.join(kwargs)}): {exc}. The signature changed across releases (attn_out_dtype added in "
+            "0.29, #51040); the adapter must follow it."
         ) from None
 
 
-def _step_metadata(cu_cpu: torch.Tensor, device: torch.device, max_q: int) -> tuple[Any, Any]:
-    """Stand-ins for vLLM's ``(attn_metadata, common_attn_metadata)`` of a prefill-only step."""
-    prefill = SimpleNamespace(query_start_loc=cu_cpu.to(device), max_query_len=max_q)
-    return SimpleNamespace(prefill=prefill, num_decodes=0), SimpleNamespace(query_start_loc_cpu=cu_cpu)
-
-
-def _timed_build(builder: Any, metadata: Any, common: Any, device: torch.device) -> float:
-    """Seconds of one ``_build_fp8_prefill_ps_metadata`` (device-synchronised on CUDA/HIP)."""
+def _timed_build(builder: Any, cu_cpu: torch.Tensor, device: torch.device) -> tuple[Any, float]:
+    """``(metadata, seconds)`` of one ``_build_fp8_prefill_ps_metadata`` of a prefill-only step (stand-ins for
+    vLLM's ``attn_metadata`` and ``common_attn_metadata``; device-synchronised on CUDA/HIP)."""
+    prefill = SimpleNamespace(query_start_loc=cu_cpu.to(device), max_query_len=int((cu_cpu[1:] - cu_cpu[:-1]).max()))
+    metadata = SimpleNamespace(prefill=prefill, num_decodes=0)
     t0 = time.perf_counter()
-    builder._build_fp8_prefill_ps_metadata(metadata, common)
+    builder._build_fp8_prefill_ps_metadata(metadata, SimpleNamespace(query_start_loc_cpu=cu_cpu))
     synchronize(device)
-    return time.perf_counter() - t0
+    return metadata, time.perf_counter() - t0
 
 
-@dataclass
-class _Setup:
-    impl: Any
-    builder: Any
-    metadata: Any
-    build_s: float
-    num_partials: int
-    num_head_k: int
-    reserved_bytes: int | None
+def plan_width(metadata: Any) -> int:
+    """Heads the builder's plan covers: the largest end head of its works' ``q_head_range``."""
+    works = int(metadata.fp8_prefill_work_indptr[-1])
+    ranges = metadata.fp8_prefill_work_info_set[:works, facts.WORK_INFO_FIELDS.index("q_head_range")].cpu().long()
+    return int(facts.unpack_q_head_range(ranges)[1].max()) if works else 0
+
+
+_Setup = namedtuple("_Setup", "impl builder metadata build_s num_partials num_head_k reserved_bytes")
 
 
 class VllmAiter(Backend):
@@ -215,8 +191,8 @@ class VllmAiter(Backend):
     #: Skip the ROCm/gfx950 and ``_fp8_mla_prefill_supported()`` checks (an adapter over a given ``aiter``).
     bypass_gate: bool = False
     _entry: VllmEntry | None = None
-    _aiter: types.ModuleType | None = None
-    _aiter_version: tuple[int, int, int] | None = None
+    _aiter: types.ModuleType | None = None  # the ``aiter`` vLLM is handed (None: the installed one)
+    _driver: AiterPsDriver | None = None
 
     def _aiter_for_vllm(self) -> contextlib.AbstractContextManager:
         """Held while vLLM's builder imports ``from aiter``: the installed ``aiter`` needs nothing."""
@@ -232,76 +208,56 @@ class VllmAiter(Backend):
                 raise BackendUnavailable(f"cannot import {self.vllm_module}: {type(exc).__name__}: {exc}") from None
         return self._entry
 
-    def aiter(self) -> types.ModuleType:
-        """The ``aiter`` vLLM is handed; BackendUnavailable: no import, a missing primitive, a non-9-arg reduce."""
-        if self._aiter is None:
-            self._aiter = load_aiter()  # only reached on ROCm (availability gates it)
-        check_primitives(self._aiter)
-        if self._aiter_version is None:
-            self._aiter_version = facts.aiter_version_of(self._aiter)
-        form = facts.detect_reduce_arity(self._aiter, self._aiter_version)
-        if form.value is None:
-            raise BackendUnavailable(f"aiter: {form.source}")
-        if form.value != 9:
-            raise BackendUnavailable(
-                "vLLM calls mla_reduce_v1 with 9 arguments (num_kv_splits, #46760) but this aiter has the "
-                f"{form.value}-argument form ({form.source}): vLLM needs aiter >= v0.1.16")
-        return self._aiter
-
-    def _reduce_heads(self) -> frozenset[int]:
-        mod = self.aiter()
-        given = getattr(mod, "accepted_reduce_heads", None)  # the stand-in says what it emulates
-        if given is not None:
-            return frozenset(given)
-        planner = facts.detect_planner_revision(mod, self._aiter_version).value
-        return facts.reduce_heads_for(facts.effective_version(self._aiter_version, 9, planner))
+    def driver(self) -> AiterPsDriver:
+        """A driver over the ``aiter`` vLLM is handed: its detected reduce form and probed head support;
+        BackendUnavailable: no import, a missing primitive, not the 9-argument reduce vLLM calls."""
+        if self._driver is None:
+            module = self._aiter if self._aiter is not None else load_aiter()  # only on ROCm (availability)
+            drv = AiterPsDriver(module, facts.aiter_version_of(module))
+            if drv.reduce_arity != 9:
+                raise BackendUnavailable(
+                    "vLLM calls mla_reduce_v1 with 9 arguments (num_kv_splits, #46760) but this aiter has the "
+                    f"{drv.reduce_arity}-argument form ({drv.reduce_source}): vLLM needs aiter >= v0.1.16")
+            self._driver = drv
+        return self._driver
 
     def availability(self, platform: PlatformInfo) -> Verdict:
         if not self.bypass_gate:
-            if platform.vendor != "rocm":
-                found = (platform.no_gpu() if platform.vendor == "cpu"
-                         else f"an NVIDIA {platform.arch} GPU with a CUDA torch")
-                return Verdict.no(f"needs an AMD gfx950 GPU with ROCm torch; found {found}")
             gate = aiter_gate(platform)
             if not gate:
                 return gate
-            for pkg, hint in (("vllm", "a ROCm build of vllm >= 0.28"),
-                              ("aiter", "amd-aiter >= v0.1.16 built for gfx950")):
-                if importlib.util.find_spec(pkg) is None:
-                    return Verdict.no(f"{pkg} is not importable: install {hint}")
+            missing = [p for p in ("vllm", "aiter") if importlib.util.find_spec(p) is None]
+            if missing:
+                return Verdict.no(f"{missing[0]} is not importable: install a ROCm build of vllm >= 0.28 and "
+                                  "amd-aiter >= v0.1.16 built for gfx950")
         try:
-            self.aiter()
-            entry = self.entry()
+            drv, entry = self.driver(), self.entry()
         except BackendUnavailable as exc:
             return Verdict.no(str(exc))
-        if not self.bypass_gate:
-            gate_fn = getattr(entry.module, "_fp8_mla_prefill_supported", None)
-            if gate_fn is not None and not gate_fn():
-                return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False "
-                                  "(vllm.platforms.rocm.on_gfx950() or `from aiter import mla_prefill_ps_asm_fwd, "
-                                  "mla_reduce_v1` failed): vLLM would not take the FP8 prefill here")
+        if platform is not None:
+            drv.device = platform.device
+        gate_fn = getattr(entry.module, "_fp8_mla_prefill_supported", None)
+        if not self.bypass_gate and gate_fn is not None and not gate_fn():
+            return Verdict.no("vLLM's own gate _fp8_mla_prefill_supported() is False (vllm.platforms.rocm.on_gfx950() "
+                              "or `from aiter import mla_prefill_ps_asm_fwd, mla_reduce_v1` failed): vLLM would not "
+                              "take the FP8 prefill here")
         return Verdict.yes()
 
     def supports(self, case: Case, platform: PlatformInfo) -> Verdict:
-        if case.kind.context:
-            return Verdict.no(f"{case.family} case: {CHUNKED_CONTEXT_SKIP}")
+        if not self.supports_kind(case.kind):  # context chunks (CHUNKED_CONTEXT_SKIP) and b2b batches
+            return Verdict.no(f"{case.family} case: {self.supports_kind(case.kind).reason}")
         if case.quant != "cast":
             return Verdict.no(f"vLLM's _mla_fp8_prefill_attn always casts bf16 to fp8 at unit scale (quant 'cast'); "
                               f"this case quantises {case.quant} (amax/448), which vLLM cannot run: use "
                               f"{replace(case, quant='cast').id!r}")
         try:
-            entry = self.entry()
-            heads_ok = self._reduce_heads()
+            verdict, padded = self.entry().fp8_heads(case.num_heads)
+            heads = self.driver().supports_heads(padded) if verdict else verdict
         except BackendUnavailable as exc:
             return Verdict.no(str(exc))
-        verdict, padded = entry.fp8_heads(case.num_heads)
-        if not verdict:
-            return verdict
-        if padded not in heads_ok:
-            return Verdict.no(f"vLLM runs {case.num_heads} heads at {padded} but mla_reduce_v1 of this aiter "
-                              f"dispatches only {sorted(heads_ok)} at dv=128: vLLM would fail with \"doesn't support "
-                              "the specified settings\"")
-        return Verdict.yes()
+        if verdict and not heads:
+            return Verdict.no(f"vLLM runs {case.num_heads} heads at {padded}, which aiter refuses: {heads.reason}")
+        return verdict
 
     def prepare(self, inputs: CaseInputs) -> Prepared:
         case = inputs.case
@@ -311,69 +267,62 @@ class VllmAiter(Backend):
         if inputs.fp8_dtype != torch.float8_e4m3fn:
             raise CaseUnsupported(f"vLLM casts to current_platform.fp8_dtype() (float8_e4m3fn on gfx950); inputs use "
                                   f"{inputs.fp8_dtype}")
-        entry, aiter = self.entry(), self.aiter()
-        ws = entry.workspace
-        dev = inputs.device
-        t, h = case.total_tokens, case.num_heads
+        entry, ws, dev, t, h = self.entry(), self.entry().workspace, inputs.device, case.total_tokens, case.num_heads
         ws.init_workspace_manager(dev)
         try:
-            st = self._setup(entry, aiter, case.num_heads, inputs.softmax_scale, inputs.cu_seqlens_cpu, dev)
+            st = self._setup(entry, case.num_heads, inputs.softmax_scale, inputs.cu_seqlens_q_cpu, dev)
+            widths = (plan_width(st.metadata), st.num_head_k)
             out = torch.empty(t, h * V_HEAD_DIM, dtype=torch.bfloat16, device=dev)
         except BaseException:
             ws.reset_workspace_manager()
             raise
-        state = {"clean": False}
 
         def run() -> torch.Tensor:
-            st.impl._mla_fp8_prefill_attn(inputs.q, inputs.k, inputs.v, st.metadata, out)
+            try:
+                st.impl._mla_fp8_prefill_attn(inputs.q, inputs.k, inputs.v, st.metadata, out)
+            except AssertionError as exc:
+                if "Workspace is locked" not in str(exc):
+                    raise
+                raise WorkspaceGrewAfterLock(
+                    f"the workspace grew after lock_workspace(): the builder planned and reserved {widths[0]} heads, "
+                    f"the forward runs {widths[1]} (vLLM: {str(exc).strip()})") from None
             return out.view(t, h, V_HEAD_DIM)
 
-        def cleanup() -> None:
-            if not state["clean"]:
-                state["clean"] = True
-                ws.reset_workspace_manager()
-
         feats, locked = entry.features, _ws_fact(ws, lambda m: bool(m.is_locked()))
-        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call", cleanup=cleanup,
+        return Prepared(run=run, graph_capturable=dev.type == "cuda", timing_scope="call",
+                        cleanup=ws.reset_workspace_manager,
                         extras={"planner_s": st.build_s, "num_partials": st.num_partials,
                                 "workspace_bytes": st.reserved_bytes, "reserved_workspace_bytes": st.reserved_bytes,
-                                "num_head_k": st.num_head_k, "workspace_locked": locked, "vllm_version": feats.version,
+                                "num_head_k": st.num_head_k, "plan_num_heads": widths[0], "workspace_locked": locked,
+                                "vllm_version": feats.version,
                                 "vllm_fp8_path": fp8_path_condition(entry.module.AiterMLAMetadataBuilder),
                                 "vllm_features": {k: v for k, v in asdict(feats).items() if k != "version"}})
 
-    def _setup(self, entry: VllmEntry, aiter: types.ModuleType, num_heads: int, scale: float,
-               cu_seqlens_cpu: torch.Tensor, device: torch.device, *, lock: bool = True) -> _Setup:
+    def _setup(self, entry: VllmEntry, num_heads: int, scale: float, cu_seqlens_cpu: torch.Tensor,
+               device: torch.device, *, lock: bool = True) -> _Setup:
         """Builder buffers + reservation, one metadata build, lock, and the bare impl. The workspace
         manager must be initialised; the caller resets it."""
-        feats = entry.features
         cu_cpu = cu_seqlens_cpu.to(torch.int32).contiguous()
         lens = cu_cpu[1:] - cu_cpu[:-1]
         b, t, max_q = int(lens.numel()), int(cu_cpu[-1]), int(lens.max())
-        _, num_head_k = entry.fp8_heads(num_heads)
-
         builder_cls = entry.module.AiterMLAMetadataBuilder
         builder = object.__new__(builder_cls)
         builder.num_heads = num_heads
         builder.mla_dims = SimpleNamespace(v_head_dim=V_HEAD_DIM)
-        kw = self._buffer_kwargs(feats, dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t))
+        kw = self._buffer_kwargs(entry.features, dict(max_num_reqs=b, max_prefill_qlen=max_q, max_num_batched_tokens=t))
         kw["device"] = device
-        _bind_or_explain(builder_cls._init_fp8_prefill_ps_buffers,
-                         "AiterMLAMetadataBuilder._init_fp8_prefill_ps_buffers", kw)
+        _bind_or_explain(builder_cls._init_fp8_prefill_ps_buffers, kw)
         with self._aiter_for_vllm():
             builder._init_fp8_prefill_ps_buffers(**kw)
-            reserved = _reserved_bytes(entry.workspace)
-            metadata, common = _step_metadata(cu_cpu, device, max_q)
-            build_s = _timed_build(builder, metadata, common, device)
+            reserved = _ws_fact(entry.workspace, _held_bytes)
+            metadata, build_s = _timed_build(builder, cu_cpu, device)
         if lock:
             self._lock(entry.workspace)
-
         impl = object.__new__(entry.module.AiterMLAImpl)
-        impl.num_heads = num_heads
-        impl.v_head_dim = V_HEAD_DIM
-        impl.scale = float(scale)
-        self._bind_ops(impl, aiter, feats)
+        impl.num_heads, impl.v_head_dim, impl.scale = num_heads, V_HEAD_DIM, float(scale)
+        self._bind_ops(impl, self.driver().m, entry.features)
         n_part = metadata.fp8_prefill_num_partial_tiles
-        return _Setup(impl, builder, metadata, build_s, int(n_part) if n_part is not None else 0, num_head_k, reserved)
+        return _Setup(impl, builder, metadata, build_s, int(n_part or 0), entry.fp8_heads(num_heads)[1], reserved)
 
     @staticmethod
     def _buffer_kwargs(feats: VllmFeatures, kw: dict[str, Any]) -> dict[str, Any]:
@@ -396,37 +345,22 @@ class VllmAiter(Backend):
             impl._fp8_prefill_one_scale = None
 
     def plan_stats(self, case: Case, platform: PlatformInfo, repeats: int = 7) -> dict[str, Any]:
-        """Seconds of the real ``_build_fp8_prefill_ps_metadata`` (``planner_samples_s``), live partial tiles,
-        ``workspace_bytes`` by :func:`~mla_fp8_bench.aiter_ps.workspace.vllm_reserved` (max_num_reqs = batch,
-        max_num_batched_tokens = total tokens) and ``workspace_bytes_reserved``, what the manager holds.
-        NotImplementedError for an unsupported case (an asv skip)."""
-        if case.quant != "cast":
-            case = replace(case, quant="cast")  # the plan does not depend on the quantisation
+        """Seconds of the real ``_build_fp8_prefill_ps_metadata`` (``planner_samples_s``), live partial tiles and
+        the workspace vLLM's builder reserves (``workspace_bytes``: what its manager holds; max_num_reqs =
+        batch, max_num_batched_tokens = total tokens). NotImplementedError: an unsupported case (an asv skip)."""
+        case = replace(case, quant="cast")  # the plan does not depend on the quantisation
         sup = self.supports(case, platform)
         if not sup:
             raise NotImplementedError(sup.reason)
-        entry, aiter = self.entry(), self.aiter()
-        ws = entry.workspace
+        entry = self.entry()
         device = platform.device if not self.bypass_gate else torch.device("cpu")
         cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32)
-        samples: list[float] = []
-        ws.init_workspace_manager(device)
+        entry.workspace.init_workspace_manager(device)
         try:
-            st = self._setup(entry, aiter, case.num_heads, 1.0, cu, device, lock=False)
-            samples.append(st.build_s)
-            md, common = _step_metadata(cu, device, case.max_seq_len)
+            st = self._setup(entry, case.num_heads, 1.0, cu, device, lock=False)
             with self._aiter_for_vllm():
-                samples += [_timed_build(st.builder, md, common, device) for _ in range(repeats - 1)]
-                info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st.num_head_k,
-                                                     max_qlen=case.max_seq_len, qlen_granularity=facts.Q_TILE)
+                samples = [st.build_s] + [_timed_build(st.builder, cu, device)[1] for _ in range(repeats - 1)]
         finally:
-            ws.reset_workspace_manager()
-        cus = getattr(aiter, "cu_num", None) or platform.multi_processor_count
-        formula = vllm_reserved(
-            budget_sizing=entry.features.budget_sizing, pads_heads=entry.features.pads_heads,
-            max_num_reqs=case.batch_size, max_num_batched_tokens=case.total_tokens, num_heads=case.num_heads,
-            num_head_k=st.num_head_k, num_compute_units=int(cus), info_partial_slots=numel(info[5][0]))[1].total
-        return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": formula,
-                "reserved_workspace_bytes": formula, "workspace_bytes_reserved": st.reserved_bytes,
-                "num_head_k": st.num_head_k}
-
+            entry.workspace.reset_workspace_manager()
+        return {"planner_samples_s": samples, "num_partials": st.num_partials, "workspace_bytes": st.reserved_bytes,
+                "reserved_workspace_bytes": st.reserved_bytes, "num_head_k": st.num_head_k}

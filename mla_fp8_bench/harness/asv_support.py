@@ -11,16 +11,21 @@ from typing import Any
 
 from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
 from mla_fp8_bench.config import PREFIX, RunConfig
-from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS
+from mla_fp8_bench.problem.cases import SUITES, SWEEP_CAPS, SWEEP_SEQ_LENS
 
-#: Case ids in the asv grid: never change or reuse an id that has results.
-ASV_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
+_PUBLISHED_CASES = tuple(f"s{s}" for s in SWEEP_SEQ_LENS) + (
     "s255", "s257", "ragged-6992-6896-2495", "ragged-4096x4", "s8175",
     # vLLM's unit-scale cast (the only mode vllm-aiter runs): appended, never reorder or reuse ids
     "s1024-cast", "s4096-cast", "ragged-6992-6896-2495-cast",
     # prefix-cached prefill: a context chunk, a whole prefix prefill, and one larger beyond the CPU cap
     "ctx1024-q256", "prefix1024-q300", "prefix8192-q1024",
 )
+_APPENDED = SUITES["sweep-cast"] + SUITES["serving-heads"] + SUITES["b2b"]
+#: Case ids in the asv grid: never change or reuse an id that has results. After the published ones, vLLM's
+#: entry over the whole sweep and the serving head counts, then the back-to-back batches (ids already there
+#: keep their place).
+ASV_CASES = _PUBLISHED_CASES + tuple(c for i, c in enumerate(_APPENDED)
+                                     if c not in _PUBLISHED_CASES and c not in _APPENDED[:i])
 #: Default token cap of the asv grid per device type. On CPU (O(seq_len^2) reference and emulator) 1536
 #: leaves out only s2048, a quarter of the CPU grid's time; ``MLA_FP8_BENCH_MAX_TOKENS=2048`` measures it.
 GRID_CAPS = {"cpu": 1536, "cuda": SWEEP_CAPS["cuda"]}

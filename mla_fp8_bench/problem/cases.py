@@ -1,7 +1,6 @@
 """Benchmark cases: a ragged prefill batch, a context chunk or a prefix-cached prefill, plus quantisation,
 distribution and seed, named by a short stable id (an asv parameter; grammar: docs/usage.md, "Cases",
-and :data:`_ID_HELP`). Ids that have published results are never changed or reused.
-"""
+and :data:`_ID_HELP`). Ids that have published results are never changed or reused."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from mla_fp8_bench.problem.shapes import DEFAULT_NUM_HEADS, cu_seqlens_of
 QUANT_MODES = ("per_tensor", "cast")
 DISTRIBUTIONS = ("normal", "outlier", "mla", "const")
 
-#: Largest number of query tokens (and, separately, of key tokens) in one case. AITER's 32-bit buffer
-#: descriptors limit bf16 output to ``T*H*256 < 2**32`` (1 048 576 tokens at H=16); we cap lower to keep
-#: references tractable.
+#: Most query tokens (and, separately, key tokens) of one case: AITER's 32-bit buffer descriptors limit bf16
+#: output to ``T*H*256 < 2**32`` (1 048 576 tokens at H=16).
 MAX_TOTAL_TOKENS = 1 << 20
 MAX_NUM_HEADS = 1024
 
@@ -44,8 +42,7 @@ class CaseKind:
 
     @property
     def composed(self) -> bool:
-        """Computed the way vLLM computes prefix-cached prefill: a new-vs-new call and a new-vs-context
-        call merged by LSE (:func:`mla_fp8_bench.problem.prefix.split_prefix_inputs`)."""
+        """A new-vs-new and a new-vs-context call merged by LSE, as vLLM computes prefix-cached prefill."""
         return self.context and self.new_keys
 
     def kv_lens(self, seq_lens: tuple[int, ...], context_lens: tuple[int, ...]) -> tuple[int, ...]:
@@ -92,15 +89,13 @@ class Case:
     batch_sizes: tuple[int, ...] = ()  # b2b: sequences per batch, in launch order (>= 2 batches)
 
     def __post_init__(self) -> None:
-        lens, ctx = tuple(self.seq_lens), tuple(self.context_lens)
-        object.__setattr__(self, "seq_lens", lens)
-        object.__setattr__(self, "context_lens", ctx)
+        lens, ctx, sizes = tuple(self.seq_lens), tuple(self.context_lens), tuple(self.batch_sizes)
+        for name, value in (("seq_lens", lens), ("context_lens", ctx), ("batch_sizes", sizes)):
+            object.__setattr__(self, name, value)
         if not lens:
             raise CaseError("empty batch: seq_lens must hold at least one sequence length")
         _check_lens(lens, "seq_len", 1)
         self._check_family(lens, ctx)
-        sizes = tuple(self.batch_sizes)
-        object.__setattr__(self, "batch_sizes", sizes)
         if self.kind.back_to_back != bool(sizes) or sizes and (len(sizes) < 2 or min(sizes) < 1
                                                                or sum(sizes) != len(lens)):
             raise CaseError(f"batch_sizes {list(sizes)} is invalid for a {self.family} case: a b2b case splits its "
@@ -133,26 +128,13 @@ class Case:
             raise CaseError(f"a {self.family} case needs at least one context_len >= 1; got {list(ctx)} "
                             "(without cached context it is a plain prefill: s<Q> / ragged-...)")
 
-    @property
-    def kind(self) -> CaseKind:
-        return KINDS[self.family]
-
-    @property
-    def causal(self) -> bool:
-        """Causal masking (bottom-right aligned): True for ``prefill`` and ``prefix``, False for ``ctx``."""
-        return self.kind.causal
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.seq_lens)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.seq_lens)
-
-    @property
-    def max_seq_len(self) -> int:
-        return max(self.seq_lens)
+    kind = property(lambda self: KINDS[self.family])
+    causal = property(lambda self: self.kind.causal)  # bottom-right; True for prefill and prefix, False for ctx
+    batch_size = property(lambda self: len(self.seq_lens))
+    total_tokens = property(lambda self: sum(self.seq_lens))
+    max_seq_len = property(lambda self: max(self.seq_lens))
+    total_kv_tokens = property(lambda self: sum(self.kv_lens))
+    max_kv_len = property(lambda self: max(self.kv_lens))
 
     def batches(self) -> list[tuple[int, ...]]:
         """The seq_lens of each batch launched back to back (``b2b``), else of the one batch."""
@@ -164,14 +146,6 @@ class Case:
         """Per-sequence key counts: q_len (prefill), context_len (ctx), context_len + q_len (prefix)."""
         return self.kind.kv_lens(self.seq_lens, self.context_lens)
 
-    @property
-    def total_kv_tokens(self) -> int:
-        return sum(self.kv_lens)
-
-    @property
-    def max_kv_len(self) -> int:
-        return max(self.kv_lens)
-
     def cu_seqlens_q(self) -> list[int]:
         """Query starts ``[0, q0, q0+q1, ...]`` (qo_indptr, length B+1)."""
         return cu_seqlens_of(self.seq_lens)
@@ -181,8 +155,7 @@ class Case:
         return cu_seqlens_of(self.kv_lens)
 
     def cu_seqlens(self) -> list[int]:
-        """Sequence starts ``[0, s0, s0+s1, ...]`` (length B+1) where qo_indptr == kv_indptr; CaseError for
-        ``ctx``/``prefix`` cases."""
+        """Sequence starts where qo_indptr == kv_indptr; CaseError for ``ctx``/``prefix`` cases."""
         if not self.kind.same_q_kv:
             raise CaseError(f"cu_seqlens() is defined for prefill cases (q_len == kv_len), not for {self.family} "
                             f"case {self.id}: use cu_seqlens_q() / cu_seqlens_kv()")
@@ -218,12 +191,11 @@ def format_case_id(case: Case) -> str:
 
 
 _ID_HELP = (
-    "expected 's<seq_len>', 'ragged-<len>[x<count>]-...', 'ctx<C>-q<Q>', 'prefix<C>-q<Q>' or "
+    "expected 's<seq_len>', 'ragged-<len>[x<count>]-...', 'ctx<C>-q<Q>', 'prefix<C>-q<Q>', "
     "'ctx-ragged-<C>q<Q>[x<count>]-...' / 'prefix-ragged-...' or 'b2b-' and >= 2 batches 's<S>' / 'ragged-...', "
-    "followed by optional suffixes "
-    "'-h<heads>', '-cast', '-outlier'|'-mla'|'-const', '-seed<n>' (e.g. s4096, s4096-h128, "
-    "ragged-6992-6896-2495, ragged-4096x4-cast, ctx1024-q256, prefix1024-q300-seed1, prefix-ragged-1024q256-0q300, "
-    "b2b-s8175-ragged-6992-6896-2495-ragged-4096x4)"
+    "followed by optional suffixes '-h<heads>', '-cast', '-outlier'|'-mla'|'-const', '-seed<n>' (e.g. s4096, "
+    "s4096-h128, ragged-6992-6896-2495, ragged-4096x4-cast, ctx1024-q256, prefix1024-q300-seed1, "
+    "prefix-ragged-1024q256-0q300, b2b-s255-ragged-218-215-78-ragged-128x4)"
 )
 
 
@@ -236,9 +208,8 @@ def _num(tok: str, case_id: str) -> int:
 
 
 def _ragged_runs(rest: list[str], item: str, case_id: str) -> list[tuple[int, ...]]:
-    """Pop the leading ``<item>[x<count>]`` tokens of ``rest`` (``item`` a regex of ``q``-separated
-    numbers): one tuple of the numbers per sequence, repeats expanded; CaseError for a repeat count < 1
-    or more than :data:`MAX_TOTAL_TOKENS` sequences."""
+    """Pop the leading ``<item>[x<count>]`` tokens of ``rest`` (``item``: a regex of ``q``-separated numbers):
+    one tuple of numbers per sequence, repeats expanded; CaseError for a count < 1 or too many sequences."""
     out: list[tuple[int, ...]] = []
     while rest and re.fullmatch(rf"{item}(x\d+)?", rest[0]):
         tok = rest.pop(0)
@@ -259,9 +230,8 @@ def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]]
     if m:
         if len(tokens) < 2 or not re.fullmatch(r"q\d+", tokens[1]):
             raise CaseError(f"case id {case_id!r}: {tokens[0]!r} must be followed by '-q<Q>' (e.g. {tokens[0]}-q256)")
-        kw = {"family": m.group(1), "context_lens": (_num(m.group(2), case_id),),
-              "seq_lens": (_num(tokens[1][1:], case_id),)}
-        return kw, tokens[2:]
+        return {"family": m.group(1), "context_lens": (_num(m.group(2), case_id),),
+                "seq_lens": (_num(tokens[1][1:], case_id),)}, tokens[2:]
     if tokens[0] not in names:
         return None
     if len(tokens) < 2 or tokens[1] != "ragged":
@@ -271,15 +241,6 @@ def _parse_chunk_base(tokens: list[str], case_id: str) -> tuple[dict, list[str]]
     if not runs:
         raise CaseError(f"case id {case_id!r} has no '<C>q<Q>' sequences (empty batch): {_ID_HELP}")
     return {"family": tokens[0], "context_lens": tuple(c for c, _ in runs), "seq_lens": tuple(q for _, q in runs)}, rest
-
-
-def _pop_batch(rest: list[str], case_id: str) -> tuple[int, ...]:
-    """Pop one ``s<S>`` or ``ragged-...`` batch off ``rest``."""
-    tok = rest.pop(0)
-    lens = (_num(tok[1:], case_id),) if tok != "ragged" else tuple(n for (n,) in _ragged_runs(rest, r"\d+", case_id))
-    if not lens:
-        raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
-    return lens
 
 
 def parse_case_id(case_id: str) -> Case:
@@ -295,12 +256,14 @@ def parse_case_id(case_id: str) -> Case:
     if chunk is not None:
         kw, rest = chunk
     elif re.fullmatch(r"s\d+|ragged", tokens[0]):
-        rest, batches = tokens, [_pop_batch(tokens, case_id)]
-        while KINDS[kw.get("family", "prefill")].back_to_back and rest and re.fullmatch(r"s\d+|ragged", rest[0]):
-            batches.append(_pop_batch(rest, case_id))
-        kw["seq_lens"] = sum(batches, ())
-        if len(batches) > 1:
-            kw["batch_sizes"] = tuple(map(len, batches))
+        rest, batches, b2b = tokens, [], KINDS[kw.get("family", "prefill")].back_to_back
+        while rest and re.fullmatch(r"s\d+|ragged", rest[0]) and (b2b or not batches):  # b2b: >= 2 batches
+            tok = rest.pop(0)
+            batches.append(tuple(n for (n,) in _ragged_runs(rest, r"\d+", case_id)) if tok == "ragged"
+                           else (_num(tok[1:], case_id),))
+            if not batches[-1]:
+                raise CaseError(f"case id {case_id!r} has no sequence lengths (empty batch): {_ID_HELP}")
+        kw.update(seq_lens=sum(batches, ()), batch_sizes=tuple(map(len, batches)) if b2b else ())
     else:
         raise CaseError(f"case id {case_id!r} is invalid: {_ID_HELP}")
     for tok in rest:
@@ -327,6 +290,16 @@ SWEEP_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 #: minutes on a 2-core machine (the float64 reference and the emulator are O(S^2)).
 SWEEP_CAPS = {"cpu": 2048, "cuda": 32768}
 
+#: Per-GPU head counts models serve: DeepSeek-V3/R1 (128 heads) at TP8/TP4/TP2 16/32/64, Kimi-K2 at TP8 8,
+#: Kimi-K3 at TP8/TP4 12/24 (vLLM pads 12 -> 16 and 24 -> 32).
+SERVING_HEADS = (8, 12, 16, 24, 32, 64)
+_RAGGED = (6992, 6896, 2495)  # vLLM #58886's mixed batch
+
+
+def _cast_ids(batches, heads=(DEFAULT_NUM_HEADS,)) -> tuple[str, ...]:
+    return tuple(Case(b, num_heads=h, quant="cast").id for b in batches for h in heads)
+
+
 SUITES: dict[str, tuple[str, ...]] = {
     "sweep": tuple(f"s{s}" for s in SWEEP_SEQ_LENS),
     "tile-edges": ("s255", "s256", "s257", "s511", "s512", "s513"),
@@ -341,18 +314,19 @@ SUITES: dict[str, tuple[str, ...]] = {
     # prefix-cached prefill: context chunks (non-causal) and whole prefix prefills (LSE merge)
     "prefix": ("ctx1024-q256", "prefix1024-q300", "ctx-ragged-1024q256-100q64", "prefix-ragged-1024q256-100q50",
                "prefix-ragged-2048q128-0q300"),
-    # cases with unsplit tiles under pre-#3606 AITER (no final_lse there) at 16 heads on 256 CUs: their
-    # merge is wrong before v0.1.22 (a context of one 128-key block is never split; short new-token
-    # pieces are not split either)
+    # unsplit tiles under pre-#3606 AITER (no final_lse) at 16 heads on 256 CUs: their merge is wrong before
+    # v0.1.22 (a context of one 128-key block is never split, nor are short new-token pieces)
     "lse-gap": ("ctx100-q64", "ctx-ragged-1024q256-100q64", "prefix256-q100", "prefix1024-q100",
                 "prefix-ragged-1024q256-100q50"),
+    # what vLLM hands its entry (bf16 cast at unit scale): the sweep, the ragged batches, s8175
+    "sweep-cast": _cast_ids([(s,) for s in SWEEP_SEQ_LENS] + [_RAGGED, (4096,) * 4, (8175,)]),
+    "serving-heads": _cast_ids([(512,), (4096,), _RAGGED], SERVING_HEADS),
 }
 
 
 def default_sweep(device_type: str, cap: int | None = None) -> tuple[tuple[str, ...], str]:
-    """``(case ids, a sentence saying where it stops and why)`` of the default sweep on ``device_type``
-    (``"cpu"`` or ``"cuda"``, ROCm included), capped at :data:`SWEEP_CAPS` or ``cap`` tokens; CaseError on
-    an unknown device type."""
+    """``(case ids, where it stops and why)`` of the default sweep on ``device_type`` (``"cpu"``, ``"cuda"``)
+    capped at :data:`SWEEP_CAPS` or ``cap`` tokens; CaseError on an unknown device type."""
     if device_type not in SWEEP_CAPS:
         raise CaseError(f"device type {device_type!r} is unknown: allowed {', '.join(SWEEP_CAPS)}")
     limit = SWEEP_CAPS[device_type] if cap is None else cap

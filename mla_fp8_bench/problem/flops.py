@@ -1,7 +1,6 @@
 """FLOPs and bytes of MLA prefill cases, and achieved throughput. Convention (FA3, FlashInfer, AITER's op
 test; docs/methodology.md#flops): two GEMMs of ``2 * rows * cols * D``, halved for the causal
-triangle (``320 * H * sum S_i^2`` for q_len == kv_len at 192/128); softmax work is not counted.
-"""
+triangle (``320 * H * sum S_i^2`` for q_len == kv_len at 192/128); softmax work is not counted."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ def case_min_bytes(case: Case, qk_head_dim: int = QK_HEAD_DIM, v_head_dim: int =
                    out_bytes: int = 2) -> int:
     """Fewest bytes for a case of any family: fp8 q read once, fp8 k and v (T_kv rows) read once, bf16
     output written once: ``H * (T_q * (D_qk*in + D_v*out) + T_kv * (D_qk + D_v) * in)``."""
-    h = case.num_heads
-    return h * (case.total_tokens * (qk_head_dim * in_bytes + v_head_dim * out_bytes)
-                + case.total_kv_tokens * (qk_head_dim + v_head_dim) * in_bytes)
+    return case.num_heads * (case.total_tokens * (qk_head_dim * in_bytes + v_head_dim * out_bytes)
+                             + case.total_kv_tokens * (qk_head_dim + v_head_dim) * in_bytes)
 
 
 def tflops(flops: float, seconds: float) -> float:

@@ -1,11 +1,8 @@
-"""FP8 e4m3 quantisation as the paths under test do it, in two modes:
-
-* ``per_tensor`` - AITER's ``per_tensor_quant`` (op_tests/test_mla_prefill_ps.py): ``scale = amax /
-  fp8_max``, ``x8 = clamp(x / scale, -fp8_max, fp8_max).to(fp8)``, descale = ``scale``. The clamp is
-  explicit: eager e4m3fn casts gave NaN above 464 up to PyTorch 2.11 (pytorch#178817).
-* ``cast`` - vLLM's ``_mla_fp8_prefill_attn``: ``x.to(fp8)`` at unit descale, torch's own behaviour
-  beyond +-fp8_max on purpose (saturating from 2.12, NaN before: :func:`cast_saturates`).
-"""
+"""FP8 e4m3 quantisation as the paths under test do it, in two modes. ``per_tensor``: AITER's
+``per_tensor_quant`` (op_tests/test_mla_prefill_ps.py), ``scale = amax / fp8_max``, ``x8 = clamp(x / scale,
+-fp8_max, fp8_max).to(fp8)``, descale ``scale``; the clamp is explicit (eager e4m3fn casts gave NaN above 464 up
+to PyTorch 2.11, pytorch#178817). ``cast``: vLLM's ``_mla_fp8_prefill_attn``, ``x.to(fp8)`` at unit descale,
+torch's own behaviour beyond +-fp8_max on purpose (saturating from 2.12, NaN before: :func:`cast_saturates`)."""
 
 from __future__ import annotations
 
@@ -51,8 +48,7 @@ def quantize(x: torch.Tensor, mode: str = "per_tensor", fp8_dtype: torch.dtype =
     fmax = fp8_max(fp8_dtype)
     if mode == "cast":
         return Quantized(x.contiguous().to(fp8_dtype), torch.ones(1, dtype=torch.float32, device=x.device), mode)
-    xf = x.float()
-    amax = xf.abs().amax()
+    amax = (xf := x.float()).abs().amax()
     if not torch.isfinite(amax):
         raise QuantError("per_tensor quantisation needs finite inputs: amax is not finite (NaN or Inf in the tensor)")
     scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax)).reshape(1).float()

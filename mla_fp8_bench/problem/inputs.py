@@ -1,12 +1,10 @@
-"""Deterministic inputs for a case: bf16 q/k/v drawn on the CPU from a seeded ``torch.Generator`` (the
-same values on every machine), moved to the device, their fp8 quantisations and descales.
-
-Distributions: ``normal`` (``randn``, the vLLM seed test, PR #51457); ``outlier`` (2 of 192 k channels
-and 2 of 128 v channels x150, |x| up to ~700: beyond e4m3fn's +-448 in ``cast`` mode, squeezing the
-other channels into fp8's subnormals in ``per_tensor`` mode); ``mla`` (``k = cat(k_nope, k_pe)`` with the
-64-dim rope part shared by all heads, ``v`` a strided view into a ``[T, H, 256]`` ``kv_b_proj``-like
-output, vLLM's ``forward_mha`` split); ``const`` (all-equal q/k, constant-per-channel v: known answer).
-"""
+"""Deterministic inputs for a case: bf16 q/k/v drawn on the CPU from a seeded ``torch.Generator`` (the same
+values on every machine), moved to the device, their fp8 quantisations and descales. Distributions: ``normal``
+(``randn``, the vLLM seed test, PR #51457); ``outlier`` (2 of 192 k channels and 2 of 128 v channels x150, |x|
+up to ~700: beyond e4m3fn's +-448 in ``cast`` mode, squeezing the other channels into fp8's subnormals in
+``per_tensor`` mode); ``mla`` (``k = cat(k_nope, k_pe)`` with the 64-dim rope part shared by all heads, ``v`` a
+strided view into a ``[T, H, 256]`` ``kv_b_proj``-like output, vLLM's ``forward_mha`` split); ``const``
+(all-equal q/k, constant-per-channel v: known answer)."""
 
 from __future__ import annotations
 
@@ -50,25 +48,9 @@ class CaseInputs:
                                  f"{self.case.family} case {self.case.id}: use {name}_q / {name}_kv")
         return value
 
-    @property
-    def cu_seqlens(self) -> torch.Tensor:
-        return self._same_q_kv("cu_seqlens", self.cu_seqlens_q)
-
-    @property
-    def cu_seqlens_cpu(self) -> torch.Tensor:
-        return self._same_q_kv("cu_seqlens", self.cu_seqlens_q_cpu)
-
-    @property
-    def max_seqlen(self) -> int:
-        return self._same_q_kv("max_seqlen", self.max_seqlen_q)
-
-    @property
-    def qo_indptr(self) -> torch.Tensor:  # AITER's name
-        return self.cu_seqlens_q
-
-    @property
-    def kv_indptr(self) -> torch.Tensor:  # AITER's name
-        return self.cu_seqlens_kv
+    cu_seqlens = property(lambda self: self._same_q_kv("cu_seqlens", self.cu_seqlens_q))
+    cu_seqlens_cpu = property(lambda self: self._same_q_kv("cu_seqlens", self.cu_seqlens_q_cpu))
+    max_seqlen = property(lambda self: self._same_q_kv("max_seqlen", self.max_seqlen_q))
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) as the fp8 kernel sees them: ``fp8 * descale`` in ``dtype``."""

@@ -1,6 +1,5 @@
 """Prefix-cached prefill the way vLLM computes it (docs/aiter-contract.md#context-chunks): a causal
-new-vs-new piece and a non-causal new-vs-context piece, cut without re-quantising and merged by LSE.
-"""
+new-vs-new piece and a non-causal new-vs-context piece, cut without re-quantising and merged by LSE."""
 
 from __future__ import annotations
 
@@ -18,21 +17,17 @@ def merge_attn_states(prefix_out: torch.Tensor, prefix_lse: torch.Tensor, suffix
                       suffix_lse: torch.Tensor,
                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attentions over disjoint key sets by their LSE (vLLM's ``merge_attn_states``):
-    ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)``, in
-    float32 (float64 when an LSE is float64). As vLLM's kernel: an LSE of +-inf (a piece that saw no key)
-    counts as -inf; where both are -inf the row is the prefix piece's. A NaN LSE gives a NaN row.
-    ``prefix_*`` (vLLM: the context chunk), ``suffix_*`` (new tokens): outputs ``[T, H, Dv]``, LSEs
-    ``[T, H]``. Returns ``(out in out_dtype (default prefix_out's), lse)``; ValueError on shape mismatch.
-    """
+    ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p*exp(lse_p - lse) + out_s*exp(lse_s - lse)`` in float32
+    (float64 when an LSE is). As vLLM's kernel: an LSE of +-inf (a piece that saw no key) counts as -inf; both
+    -inf: the prefix piece's row; a NaN LSE: a NaN row. ``prefix_*``: the context chunk, ``suffix_*``: the new
+    tokens (``[T, H, Dv]``, ``[T, H]``). ``(out in out_dtype (default prefix_out's), lse)``; ValueError: shapes."""
     if prefix_out.shape != suffix_out.shape or prefix_lse.shape != suffix_lse.shape \
             or prefix_out.shape[:-1] != prefix_lse.shape:
         raise ValueError(f"merge_attn_states shapes disagree: out {tuple(prefix_out.shape)} / "
                          f"{tuple(suffix_out.shape)}, lse {tuple(prefix_lse.shape)} / {tuple(suffix_lse.shape)}")
     dt = torch.promote_types(torch.promote_types(prefix_lse.dtype, suffix_lse.dtype), torch.float32)
-    p = prefix_lse.to(dt)
-    s = suffix_lse.to(device=p.device, dtype=dt)
-    p = torch.where(torch.isinf(p), torch.full_like(p, -math.inf), p)
-    s = torch.where(torch.isinf(s), torch.full_like(s, -math.inf), s)
+    p, s = (x.to(device=prefix_lse.device, dtype=dt) for x in (prefix_lse, suffix_lse))
+    p, s = (torch.where(torch.isinf(x), -math.inf, x) for x in (p, s))
     m = torch.maximum(p, s)
     both_empty = torch.isneginf(m)
     m = torch.where(both_empty, torch.zeros_like(m), m)
@@ -74,20 +69,24 @@ def _piece(inputs: CaseInputs, case: Case, rows: torch.Tensor | slice) -> CaseIn
                    max_seqlen_kv=case.max_kv_len, causal=case.causal)
 
 
-def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
-    """Cut a ``prefix`` case's inputs into ``(new, ctx)`` pieces: ``new`` a ``prefill`` case (seq_lens = Q,
-    causal) on the new tokens' keys, ``has_context`` set when any sequence has context; ``ctx`` a ``ctx``
-    case (Q queries, context_lens = C, non-causal) on the context keys. Both keep q, q8 and the descales;
-    k/v and their fp8 data are the matching rows (views for one sequence). ValueError for another kind."""
-    case = inputs.case
+def prefix_pieces(case: Case) -> tuple[Case, Case]:
+    """A ``prefix`` case's two calls: ``new`` (a ``prefill`` case on its new tokens, causal) and ``ctx`` (a
+    ``ctx`` case: its queries over the cached context, non-causal); ValueError for another kind."""
     if not case.kind.composed:
-        raise ValueError(f"split_prefix_inputs needs a prefix case, got {case.family} case {case.id}")
+        raise ValueError(f"prefix_pieces needs a prefix case, got {case.family} case {case.id}")
+    common = dict(num_heads=case.num_heads, quant=case.quant, dist=case.dist, seed=case.seed)
+    return Case(case.seq_lens, **common), Case(case.seq_lens, context_lens=case.context_lens, family="ctx", **common)
+
+
+def split_prefix_inputs(inputs: CaseInputs) -> tuple[CaseInputs, CaseInputs]:
+    """Cut a ``prefix`` case's inputs into the :func:`prefix_pieces` ``(new, ctx)``: ``new`` on the new
+    tokens' keys, ``has_context`` set; ``ctx`` on the context keys. Both keep q, q8 and the descales; k/v
+    and their fp8 data are the matching rows (views for one sequence). ValueError for another kind."""
+    case = inputs.case
+    new_case, ctx_case = prefix_pieces(case)
     q_lens, c_lens = list(case.seq_lens), list(case.context_lens)
     starts = case.cu_seqlens_kv()[:-1]
-    common = dict(num_heads=case.num_heads, quant=case.quant, dist=case.dist, seed=case.seed)
-    new_case = Case(tuple(q_lens), **common)
-    ctx_case = Case(tuple(q_lens), context_lens=tuple(c_lens), family="ctx", **common)
     new = replace(_piece(inputs, new_case, _rows(starts, c_lens, q_lens, inputs.k.device)),
-                  has_context=any(c > 0 for c in c_lens))
+                  has_context=True)
     ctx = _piece(inputs, ctx_case, _rows(starts, [0] * len(c_lens), c_lens, inputs.k.device))
     return new, ctx

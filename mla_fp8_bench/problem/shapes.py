@@ -1,6 +1,5 @@
 """MLA prefill shapes after ``kv_b_proj``: the DeepSeek-V3 config (``qk_nope_head_dim=128``,
-``qk_rope_head_dim=64``, ``v_head_dim=128``) and vLLM's ``AiterMLAImpl`` (``self.scale = qk_head_dim ** -0.5``).
-"""
+``qk_rope_head_dim=64``, ``v_head_dim=128``) and vLLM's ``AiterMLAImpl`` (``self.scale = qk_head_dim ** -0.5``)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ CASES = (
     "s255-h2", "s256-h2", "s257-h2",          # q-tile edges
     "ragged-255-1-300-257-h2",                # ragged, with a 1-token sequence
     "s300-h32",                               # a head count the reduce gained in v0.1.11
+    "s512-h8-cast", "s512-h12-cast", "s512-h64-cast",  # serving head counts of the asv grid (12: never dispatched)
     "ctx300-q100-h2", "ctx-ragged-1024q256-100q64-h2",  # context chunks (non-causal, q_len < kv_len)
     "prefix256-q100-h2", "prefix-ragged-300q40-0q9-h2",  # prefix-cached prefill: two calls merged by LSE
 )

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from mla_fp8_bench.problem.cases import parse_case_id
+
 pytestmark = pytest.mark.aiter
 
 HERE = Path(__file__).resolve().parent
@@ -41,11 +43,14 @@ def _vllm_envs_dir() -> Path:
 
 VLLM_ENVS_DIR = _vllm_envs_dir()
 VLLM_VERSIONS = os.environ.get("VLLM_TIER_VERSIONS", "0.28.0 0.33.0").split()
-VLLM_CASES = ("s257-cast", "ragged-255-1-300-257-cast", "s300-h24-cast")
+VLLM_CASES = ("s128-cast", "s257-cast", "ragged-255-1-300-257-cast", "s300-h24-cast", "s512-h12-cast")
 #: facts of the five archived revisions, read in AITER's sources at those revisions
 KNOWN = {"v0.1.10.post1": (8, "pre-3606", "pybind"), "v0.1.16": (9, "pre-3606", "ctypes"),
          "v0.1.20.post1": (9, "pre-3606", "ctypes"), "main-2026-08-22": (9, "pre-3606", "ctypes"),
          "pr3606-2026-08-22": (9, "pr3606-ref", "ctypes")}
+#: Serving head counts (8, 12, 16, 24, 32, 64) mla_reduce_v1 dispatches at v_head_dim 128, by the release the
+#: binding emulates (AITER's reduce dispatch: 32 and 64 from v0.1.11; never 12 or 24)
+SERVING_OK = {"0.1.10": [8, 16], "0.1.16": [8, 16, 32, 64], "0.1.20": [8, 16, 32, 64]}
 
 sys.path.insert(0, str(HERE))
 import real_layer  # noqa: E402
@@ -128,17 +133,20 @@ def test_forms_are_read_from_the_registered_op_schemas(report):
                                                      layer["kernel_binding"]))
     assert det["mla_reduce_v1"] == f"{arity}-argument form (op schema aiter::mla_reduce_v1)"
     assert det["get_ps_metadata_v1"].startswith(f"{rev} planner (op schema aiter::get_ps_metadata_v1")
-    assert "(reported 0.1.0)" in det["reduce heads keyed on"]
+    ok = SERVING_OK[report["release"]]  # probed through AITER's wrappers, not read from the 0.1.0 it reports
+    assert det["reduce heads"] == f"{ok} of the serving counts [8, 12, 16, 24, 32, 64] (probed on cpu; AITER " \
+                                  "reports 0.1.0)", det
     assert layer["kernel_binding"] == binding
 
 
 def test_every_case_equals_the_direct_emulation_bit_for_bit(report):
     cases = report["cases"]
     assert len(cases) >= 9, cases
-    for cid, c in cases.items():  # 32 heads reach the reduce's dispatch only from v0.1.11: refused before
-        refused = "-h32" in cid and report["layer"]["reduce_arity"] == 8
+    for cid, c in cases.items():  # 32 and 64 heads reach the reduce's dispatch only from v0.1.11; 12 never
+        heads = parse_case_id(cid).num_heads
+        refused = heads in (8, 12, 16, 24, 32, 64) and heads not in SERVING_OK[report["release"]]
         assert c["supported"] is not refused, c
-        assert not refused or "dispatches num_heads in" in c["reason"], c
+        assert not refused or "dispatches num_heads in" in c["reason"] and f"got {heads}:" in c["reason"], c
     cases = {cid: c for cid, c in cases.items() if c["supported"]}
     families = {cid.split("-")[0].rstrip("0123456789") for cid in cases}
     assert {"s", "ragged", "ctx", "prefix"} <= families

@@ -5,7 +5,8 @@
 It runs the suite's REAL ``vllm-aiter`` adapter (:mod:`mla_fp8_bench.backends.vllm_aiter`) against
 vLLM's REAL ``AiterMLAImpl`` / ``AiterMLAMetadataBuilder`` / workspace manager, with the stand-in
 ``aiter`` (:func:`mla_fp8_bench.aiter_ps.standin.make_standin_aiter`, MI355X's 256 CUs) in
-``sys.modules``, and compares every output with the ``aiter-emulated`` backend bit for bit.
+``sys.modules``, and compares every output bit for bit with the suite's ``aiter`` backend (the raw driver)
+over the same ``aiter`` doing the same work: the same inputs, or vLLM's padded inputs where vLLM pads heads.
 
 CPU shims (docs: vllm-on-cpu.md), applied by detected feature, not by version string:
 
@@ -30,6 +31,7 @@ Modes:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -41,14 +43,19 @@ from pathlib import Path
 
 import torch
 
+from mla_fp8_bench.problem.cases import SUITES, SWEEP_CAPS, parse_case_id
+
 CU_NUM = 256  # MI355X
+#: The asv grid's vLLM cases up to the CPU cap: every sweep seq_len (cast as vLLM casts) and each serving
+#: head count (8, 12, 24 padded from 0.29: repeat_interleave, tile+slice, tile+slice).
+GRID_CASES = tuple(c for c in dict.fromkeys(SUITES["sweep-cast"] + SUITES["serving-heads"])
+                   if parse_case_id(c).total_tokens <= SWEEP_CAPS["cpu"])
 CASES = (
-    "s255-cast", "s256-cast", "s257-cast",            # q-tile edges
+    "s255-cast", "s257-cast",                         # q-tile edges
     "ragged-255-1-300-257-cast",                      # ragged, with a 1-token sequence
-    "s257-h32-cast",                                  # aligned, not 16
-    "s300-h12-cast", "s300-h24-cast", "s200-h8-cast",  # padded (>= 0.29): tile+slice, tile+slice, repeat_interleave
     "s257-cast-mla",                                  # strided v view, as forward_mha passes it
     "s129-cast-outlier",                              # values beyond +-448: torch's saturating cast
+    *GRID_CASES,
 )
 REPEAT_CASE = "s257-cast"
 PLAN_CASES = ("s600-cast", "ragged-300-17-1000-cast", "s300-h12-cast", "s300-h24-cast")
@@ -148,10 +155,9 @@ def _source_heads(real: int, padded: int) -> list[int]:
     return [i % real for i in range(padded)]
 
 
-def emulated_output(inputs, padded: int) -> tuple[torch.Tensor, bool | None]:
-    """aiter-emulated on the case's inputs, padded to ``padded`` heads the way vLLM pads them.
-    Returns (output of the real heads, whether the padded heads were exact duplicates)."""
-    from mla_fp8_bench.backends.aiter_emulated import AiterEmulated
+def aiter_output(raw, inputs, padded: int) -> tuple[torch.Tensor, bool | None]:
+    """The ``aiter`` backend ``raw`` on the case's inputs, padded to ``padded`` heads the way vLLM pads them
+    (the same work as vLLM's call). Returns (output of the real heads, whether pad heads were duplicates)."""
     from mla_fp8_bench.problem.fp8 import quantize
 
     real = inputs.case.num_heads
@@ -160,20 +166,20 @@ def emulated_output(inputs, padded: int) -> tuple[torch.Tensor, bool | None]:
         q, k, v = (_pad_like_vllm(x, real, padded) for x in (inputs.q, inputs.k, inputs.v))
         inputs = replace(inputs, case=replace(inputs.case, num_heads=padded), q=q, k=k, v=v,
                          q8=quantize(q, "cast"), k8=quantize(k, "cast"), v8=quantize(v, "cast"))
-    out = AiterEmulated(cu_num=CU_NUM).prepare(inputs).run().clone()
+    out = raw.prepare(inputs).run().clone()
     if padded != real:
         dup = bool(torch.equal(out, out[:, _source_heads(real, padded)]))
         out = _real_heads(out, real)
     return out, dup
 
 
-def check_case(adapter, ws, aiter, cid: str, repeat: bool = False) -> dict:
-    """Prepare / run / cleanup one case through the adapter on real vLLM; compare with aiter-emulated.
+def check_case(adapter, ws, aiter, cid: str, repeat: bool = False, raw=None) -> dict:
+    """Prepare / run / cleanup one case through the adapter on real vLLM; compare with the ``aiter``
+    backend ``raw`` (default: over the ``aiter`` in ``sys.modules``) doing the same work.
 
     Raises:
         TierFailure: workspace not locked after setup or not reset after cleanup, output not equal.
     """
-    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.problem.inputs import make_inputs
 
     case = parse_case_id(cid)
@@ -214,17 +220,34 @@ def check_case(adapter, ws, aiter, cid: str, repeat: bool = False) -> dict:
     rec["asm_scale"] = asm and asm["q_scale"]
     rec["asm_softmax_scale"] = asm and asm["softmax_scale"]
     rec["reduce_ints"] = red and [red["max_seqlen_q"], red.get("num_kv_splits")]
+    raw = raw or raw_aiter()
+    real_heads = raw.supports(case, None)
+    rec["aiter_real_heads"], rec["aiter_reason"] = bool(real_heads), real_heads.reason
+    rec["same_work"] = p.extras["num_head_k"] == case.num_heads  # else aiter runs vLLM's padded inputs
     t0 = time.perf_counter()
-    ref, dup = emulated_output(inputs, p.extras["num_head_k"])
-    rec["emulated_s"] = time.perf_counter() - t0
+    ref, dup = aiter_output(raw, inputs, p.extras["num_head_k"])
+    rec["aiter_s"] = time.perf_counter() - t0
     rec["pad_heads_are_duplicates"] = dup
-    rec["exact"] = bool(out.shape == ref.shape and torch.equal(out, ref))
-    if not rec["exact"]:
+    rec["equal_aiter"] = bool(out.shape == ref.shape and torch.equal(out, ref))
+    if not rec["equal_aiter"]:
         diff = (out.float() - ref.float()).abs().nan_to_num(nan=float("inf"))
         rec["max_abs_diff"] = float(diff.max())
-        raise TierFailure(f"{cid}: vLLM's output differs from aiter-emulated: max |diff| {rec['max_abs_diff']:.3g} "
-                          f"({int((diff > 0).sum())} of {diff.numel()} elements)")
+        raise TierFailure(f"{cid}: vLLM's output differs from aiter on the same work: max |diff| "
+                          f"{rec['max_abs_diff']:.3g} ({int((diff > 0).sum())} of {diff.numel()} elements)")
     return rec
+
+
+def raw_aiter():
+    """The suite's ``aiter`` backend over the ``aiter`` in ``sys.modules`` (opted in off gfx950)."""
+    from mla_fp8_bench.backends import get_backend
+    from mla_fp8_bench.config import RunConfig
+    from mla_fp8_bench.measure.devices import platform_info
+
+    raw = get_backend("aiter", RunConfig(aiter_any_device=True))
+    avail = raw.availability(platform_info("cpu"))
+    if not avail:
+        raise TierFailure(f"the aiter backend is unavailable over the tier's aiter: {avail.reason}")
+    return raw
 
 
 def check_gate(vmod) -> dict:
@@ -253,7 +276,6 @@ def check_raising(ws, vllm_faults_mod) -> dict:
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
     from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
     from mla_fp8_bench.measure.devices import platform_info
-    from mla_fp8_bench.problem.cases import parse_case_id
     from mla_fp8_bench.problem.inputs import make_inputs
 
     res = {}
@@ -287,23 +309,41 @@ def check_raising(ws, vllm_faults_mod) -> dict:
     return res
 
 
-def check_locked_growth(adapter, ws) -> dict:
-    """>= 0.31: a reservation sized for 1 CU under a 256-CU plan must fail the forward loudly."""
-    from mla_fp8_bench.problem.cases import parse_case_id
-    from mla_fp8_bench.problem.inputs import make_inputs
+def check_locked_growth(adapter, vmod) -> dict:
+    """>= 0.31: a reservation sized for 1 CU under a 256-CU plan grows the locked workspace: the runner's
+    record of s600 (16 heads) and, where vLLM pads, of 24 heads with the builder sized as a short-lived
+    revision did (``max(16, n)``: 24 wide) while the forward pads to 32."""
+    from mla_fp8_bench.harness.runner import CaseData, RunOptions, evaluate_one
+    from mla_fp8_bench.measure.devices import platform_info
 
+    helper, builder = vmod.AiterMLAHelper, vmod.AiterMLAMetadataBuilder
+    padded = vars(helper).get("get_fp8_prefill_num_heads")
+    originals = {n: vars(builder)[n] for n in ("_init_fp8_prefill_ps_buffers", "_build_fp8_prefill_ps_metadata")}
+
+    def sized_max16(method):
+        def wrapped(self, *args, **kwargs):
+            helper.get_fp8_prefill_num_heads = staticmethod(lambda n: max(16, n))
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                helper.get_fp8_prefill_num_heads = padded
+        return functools.wraps(method)(wrapped)
+
+    cpu, out = platform_info("cpu"), {}
     set_compute_units(1)
     try:
-        p = adapter.prepare(make_inputs(parse_case_id("s600-cast")))
-        try:
-            p.run()
-            return {"raised": False}
-        except AssertionError as exc:
-            return {"raised": True, "message": str(exc)}
-        finally:
-            p.cleanup()
+        for cid in ("s600-cast", "s300-h24-cast") if padded is not None else ("s600-cast",):
+            if cid != "s600-cast":
+                for n, fn in originals.items():
+                    setattr(builder, n, sized_max16(fn))
+            rec = evaluate_one(adapter, CaseData(parse_case_id(cid), cpu, None), cpu,
+                               RunOptions(timing=False, determinism=False))
+            out[cid] = {"status": rec.status, "reason": rec.reason}
     finally:
         set_compute_units(CU_NUM)
+        for n, fn in originals.items():
+            setattr(builder, n, fn)
+    return out
 
 
 def main(argv=None) -> int:
@@ -333,6 +373,7 @@ def main(argv=None) -> int:
     from vllm.v1.worker import workspace as ws
 
     from mla_fp8_bench.aiter_ps.standin import make_standin_aiter
+    from mla_fp8_bench.aiter_ps.workspace import vllm_reserved
     from mla_fp8_bench.backends import vllm_aiter
 
     sys.path.insert(0, str(Path(args.repo) / "tests"))
@@ -374,23 +415,29 @@ def main(argv=None) -> int:
     adapter = vllm_faults.for_testing(aiter)
     out["availability"] = adapter.availability(None).reason or "yes"  # type: ignore[arg-type]
     steps = [("gate", lambda: check_gate(vmod))]
+    raw = raw_aiter() if out["availability"] == "yes" else None
     for cid in cases:
-        steps.append((f"case:{cid}", lambda cid=cid: check_case(adapter, ws, aiter, cid, repeat=cid == REPEAT_CASE)))
+        steps.append((f"case:{cid}", lambda cid=cid: check_case(adapter, ws, aiter, cid, cid == REPEAT_CASE, raw)))
     for cid in PLAN_CASES:
         def plan(cid=cid):
             from mla_fp8_bench.measure.devices import platform_info
-            from mla_fp8_bench.problem.cases import parse_case_id
 
             case = parse_case_id(cid)
             if not adapter.supports(case, None):
                 return {"supported": False}
             st = adapter.plan_stats(case, platform_info("cpu"), repeats=3)
             st["reset"] = not ws.is_workspace_manager_initialized()
+            info = aiter.get_ps_metadata_info_v1(batch_size=case.batch_size, num_head_k=st["num_head_k"],
+                                                 max_qlen=case.max_seq_len, qlen_granularity=256)
+            st["formula_bytes"] = vllm_reserved(  # what `plan` predicts vLLM reserves
+                budget_sizing=feats.budget_sizing, pads_heads=feats.pads_heads, info_partial_slots=info[5][0],
+                max_num_batched_tokens=case.total_tokens, max_num_reqs=case.batch_size, num_compute_units=CU_NUM,
+                num_heads=case.num_heads, num_head_k=st["num_head_k"])[1].total
             return st
         steps.append((f"plan:{cid}", plan))
     steps.append(("raising", lambda: check_raising(ws, vllm_faults)))
     if feats.budget_sizing:
-        steps.append(("locked_growth", lambda: check_locked_growth(adapter, ws)))
+        steps.append(("locked_growth", lambda: check_locked_growth(adapter, vmod)))
     for name, fn in steps:
         try:
             res = fn()

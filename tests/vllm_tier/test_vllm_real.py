@@ -7,14 +7,16 @@ Python with the stand-in ``aiter`` and reports; these tests assert on the report
 * the adapter feature-detects each release as documented (attn_out_dtype, padding, sizing, staging,
   cached scale);
 * vLLM's own gate ``_fp8_mla_prefill_supported()`` is False on CPU and True with gfx950 faked;
-* on every tier case (tile edges 255/256/257, a ragged batch with a 1-token sequence, 32 heads, the
-  padded 12/24/8 heads, a strided ``v``, outliers beyond +-448) the output of vLLM's real
-  ``_mla_fp8_prefill_attn`` equals ``aiter-emulated`` BIT FOR BIT (padded heads: equal to the
-  emulation of the padded problem, whose pad heads are themselves exact duplicates); 0.28 reports
-  12/24/8 heads unsupported with a reason;
+* on every tier case (the asv grid's sweep seq_lens up to the CPU cap and each serving head count 8, 12,
+  16, 24, 32, 64, tile edges, a ragged batch with a 1-token sequence, a strided ``v``, outliers beyond
+  +-448) the output of vLLM's real ``_mla_fp8_prefill_attn`` equals the suite's ``aiter`` backend BIT FOR
+  BIT on the same work: the same inputs where vLLM runs the real head count, vLLM's padded inputs where it
+  pads (whose pad heads are exact duplicates); 0.28 reports 8/12/24 heads unsupported naming its rule, and
+  the raw driver refuses 12/24 naming the reduce's probed head set;
 * the workspace is locked after setup and reset after cleanup, also when prepare or the call raises;
-  from 0.31 a too-small reservation makes the forward fail with vLLM's "Workspace is locked" error;
-* the workspace formula of the adapter equals what vLLM really reserved;
+  from 0.31 a too-small reservation makes the forward an ``error`` record naming the plan's and the
+  forward's head widths (also when the builder is sized 24 wide and the forward pads to 32);
+* the workspace ``plan`` predicts (``vllm_reserved``) equals what vLLM really reserved;
 * deliberately wrong adapters (8-argument reduce, missing ``attn_out_dtype``, missing
   ``_fp8_prefill_one_scale``, no lock) make the tier fail with a clear message.
 
@@ -116,8 +118,23 @@ def test_vllm_gate_false_on_cpu_true_with_gfx950_faked(report):
     assert report["gate"] == {"cpu": False, "fake_gfx950": True}
 
 
+def test_tier_runs_the_asv_grids_vllm_cases_up_to_the_cpu_cap():
+    from mla_fp8_bench.harness.asv_support import ASV_CASES
+    from mla_fp8_bench.problem.cases import SWEEP_CAPS, SWEEP_SEQ_LENS, parse_case_id
+
+    grid = [parse_case_id(c) for c in drive.GRID_CASES]
+    assert set(drive.GRID_CASES) <= set(drive.CASES) and set(drive.GRID_CASES) <= set(ASV_CASES)
+    assert all(c.quant == "cast" for c in grid)
+    assert {c.seq_lens[0] for c in grid if c.num_heads == 16} == {s for s in SWEEP_SEQ_LENS if s <= SWEEP_CAPS["cpu"]}
+    assert {c.num_heads for c in grid} == {8, 12, 16, 24, 32, 64}
+
+
+#: Head counts the stand-in's mla_reduce_v1 (AITER v0.1.22) dispatches, read in AITER's reduce
+RAW_HEADS = {1, 2, 4, 8, 10, 16, 32, 40, 48, 64, 96, 128}
+
+
 @pytest.mark.parametrize("cid", drive.CASES)
-def test_case_matches_aiter_emulated_exactly(report, cid):
+def test_case_equals_aiter_on_the_same_work(report, cid):
     from mla_fp8_bench.problem.cases import parse_case_id
 
     _no_error(report, f"case:{cid}")
@@ -126,10 +143,14 @@ def test_case_matches_aiter_emulated_exactly(report, cid):
     feats = report["features"]
     if not feats["pads_heads"] and case.num_heads % 16:
         assert not rec["supported"] and "num_heads % 16 == 0" in rec["reason"], rec
+        assert f"vLLM {report['vllm']} (no head padding" in rec["reason"], rec
         return
     assert rec["supported"], rec["reason"]
     padded = -(-case.num_heads // 16) * 16 if feats["pads_heads"] else case.num_heads
-    assert rec["exact"], rec
+    assert rec["equal_aiter"] and rec["same_work"] is (padded == case.num_heads), rec
+    assert rec["aiter_real_heads"] is (case.num_heads in RAW_HEADS), rec
+    if not rec["aiter_real_heads"]:  # 12, 24: the raw driver skips them, naming what the reduce takes
+        assert "mla_reduce_v1 of aiter 0.1.22 dispatches num_heads in" in rec["aiter_reason"], rec
     assert rec["locked_after_setup"] and rec["reset_after_cleanup"]
     assert rec["timing_scope"] == "call"
     assert rec["num_head_k"] == padded
@@ -151,7 +172,7 @@ def test_workspace_formula_equals_vllm_reservation(report):
         if st.get("supported") is False:
             assert not report["features"]["pads_heads"]
             continue
-        assert st["workspace_bytes"] == st["workspace_bytes_reserved"], (cid, st)
+        assert st["workspace_bytes"] == st["reserved_workspace_bytes"] == st["formula_bytes"], (cid, st)
         assert st["reset"] and len(st["planner_samples_s"]) == 3
 
 
@@ -163,14 +184,20 @@ def test_global_state_reset_when_prepare_or_call_raises(report):
     assert r["call_reset"], r
 
 
-def test_locked_workspace_refuses_growth(report):
+def test_growth_after_lock_is_an_error_record_naming_both_widths(report):
     if not report["features"]["budget_sizing"]:
         pytest.skip(f"vLLM {report['vllm']} sizes the scratch from AITER's loose bound: no small reservation to "
                     "provoke")
     _no_error(report, "locked_growth")
     g = report["locked_growth"]
-    assert g["raised"] and "Workspace is locked but allocation from" in g["message"], g
-    assert "_mla_fp8_prefill_attn" in g["message"], g
+    assert set(g) == {"s600-cast", "s300-h24-cast"}, g
+    for cid, (planned, forward) in {"s600-cast": (16, 16), "s300-h24-cast": (24, 32)}.items():
+        rec = g[cid]
+        assert rec["status"] == "error", rec
+        assert rec["reason"].startswith(f"WorkspaceGrewAfterLock: the workspace grew after lock_workspace(): the "
+                                        f"builder planned and reserved {planned} heads, the forward runs {forward} "
+                                        "(vLLM: Workspace is locked but allocation from"), rec
+        assert "_mla_fp8_prefill_attn" in rec["reason"], rec
 
 
 def test_no_check_errored(report):
