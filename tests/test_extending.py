@@ -221,3 +221,12 @@ def test_no_library_module_tells_emulation_or_fp8_from_a_name():
                     and re.search(r"backend|\bname\b|^b$", ast.unparse(node.comparators[0]))):
                 bad.append(f"{path.name}:{node.lineno}")
     assert not bad, f"name-substring tests: {bad}"
+
+
+def test_the_registry_traits_are_the_backends_own():
+    """The asv grid reads PLAN_BACKENDS / EMULATION_BACKENDS without importing every backend: each must say
+    what the backend class itself says (a ``plan_stats`` method, ``emulation``)."""
+    for name in backends.backend_names():
+        cls = type(backends.get_backend(name))
+        assert callable(getattr(cls, "plan_stats", None)) == (name in backends.PLAN_BACKENDS), name
+        assert bool(cls.emulation) == (name in backends.EMULATION_BACKENDS), name

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mla_fp8_bench.aiter_ps.facts import BUFFER_NAMES
+from mla_fp8_bench.aiter_ps.facts import BUFFER_NAMES, total_qlen_violations
 from mla_fp8_bench.aiter_ps.planner import (
     BUFFER_LENGTH_KEYS,
     PsPlan,
@@ -33,7 +33,6 @@ from mla_fp8_bench.aiter_ps.planner import (
     fill_aiter_buffers,
     plan_ps_prefill,
     ps_metadata_info,
-    total_qlen_violations,
 )
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections import namedtuple
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 AITER_DIST = "amd-aiter"  # the distribution name (importlib.metadata)
@@ -217,3 +217,21 @@ def aiter_version_of(module: Any) -> Version | None:
     if given is None:
         given = dist_version(AITER_DIST) or getattr(module, "__version__", None)
     return parse_aiter_version_or_none(given)
+
+
+def total_qlen_violations(budgeted: Mapping[str, int], unbudgeted: Mapping[str, int], *, batch_size: int, max_qlen: int,
+                          total_qlen: int, cu_num: int, qlen_granularity: int = Q_TILE) -> list[str]:
+    """The ``total_qlen`` invariants AITER's op test pins that buffer leading dims (keyed by buffer name) break,
+    one line each: a budget never makes a buffer larger; partial pool rows <= ``max(total_qlen, max_qlen) +
+    qlen_granularity*(batch_size + cu_num)``; ``reduce_final_map`` >= ``ceil(max_qlen / qlen_granularity)``."""
+    bad = [f"{n} has {budgeted[n]} with total_qlen={total_qlen} but {unbudgeted[n]} without: a budget never"
+           " makes a buffer larger" for n in BUFFER_NAMES if budgeted[n] > unbudgeted[n]]
+    pool, cap = budgeted["reduce_partial_map"] * qlen_granularity, (
+        max(total_qlen, max_qlen) + qlen_granularity * (batch_size + cu_num))
+    if pool > cap:
+        bad.append(f"reduce_partial_map holds {pool} partial rows with total_qlen={total_qlen}: the pinned bound is"
+                   f" max(total_qlen, max_qlen) + {qlen_granularity}*(batch_size + cu_num) = {cap}")
+    if budgeted["reduce_final_map"] < (need := -(-max_qlen // qlen_granularity)):
+        bad.append(f"reduce_final_map has {budgeted['reduce_final_map']} rows with total_qlen={total_qlen}: needs"
+                   f" >= ceil(max_qlen / {qlen_granularity}) = {need}")
+    return bad

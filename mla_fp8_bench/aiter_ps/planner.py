@@ -92,24 +92,6 @@ def buffer_lengths_from_info(info: Mapping[str, tuple[tuple[int, ...], str]]) ->
     return {key: info[name][0][0] for key, name in zip(BUFFER_LENGTH_KEYS, facts.BUFFER_NAMES)}
 
 
-def total_qlen_violations(budgeted: Mapping[str, int], unbudgeted: Mapping[str, int], *, batch_size: int, max_qlen: int,
-                          total_qlen: int, cu_num: int, qlen_granularity: int = facts.Q_TILE) -> list[str]:
-    """The ``total_qlen`` invariants AITER's op test pins that buffer leading dims (keyed by buffer name) break,
-    one line each: a budget never makes a buffer larger; partial pool rows <= ``max(total_qlen, max_qlen) +
-    qlen_granularity*(batch_size + cu_num)``; ``reduce_final_map`` >= ``ceil(max_qlen / qlen_granularity)``."""
-    bad = [f"{n} has {budgeted[n]} with total_qlen={total_qlen} but {unbudgeted[n]} without: a budget never"
-           " makes a buffer larger" for n in facts.BUFFER_NAMES if budgeted[n] > unbudgeted[n]]
-    pool, cap = budgeted["reduce_partial_map"] * qlen_granularity, (
-        max(total_qlen, max_qlen) + qlen_granularity * (batch_size + cu_num))
-    if pool > cap:
-        bad.append(f"reduce_partial_map holds {pool} partial rows with total_qlen={total_qlen}: the pinned bound is"
-                   f" max(total_qlen, max_qlen) + {qlen_granularity}*(batch_size + cu_num) = {cap}")
-    if budgeted["reduce_final_map"] < (need := _ceil_div(max_qlen, qlen_granularity)):
-        bad.append(f"reduce_final_map has {budgeted['reduce_final_map']} rows with total_qlen={total_qlen}: needs"
-                   f" >= ceil(max_qlen / {qlen_granularity}) = {need}")
-    return bad
-
-
 @dataclass(frozen=True, eq=False, repr=False)
 class PsPlan:
     """AITER's PS metadata of :func:`plan_ps_prefill` as int32 CPU tensors of the full buffer lengths, tails as the

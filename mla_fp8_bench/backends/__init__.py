@@ -27,6 +27,12 @@ _REGISTRY: dict[str, str | type[Backend]] = {
 DEFAULT_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated", "fa3-fp8", "fa3-bf16", "torch-sdpa-bf16", "torch-fp8-ref")
 
 
+#: Traits the asv grid reads without importing every backend (tests/test_extending.py holds them to the classes):
+#: the backends with ``plan_stats`` (the AiterPlan tracks) and the emulations (latency apart, never gated).
+PLAN_BACKENDS = ("aiter", "vllm-aiter", "aiter-emulated")
+EMULATION_BACKENDS = ("aiter-emulated",)
+
+
 class UnknownBackendError(ValueError):
     """A backend name is not registered; the message lists the known ones."""
 
@@ -70,5 +76,6 @@ def record_is_fp8(rec: Mapping[str, Any]) -> bool | None:
 
 __all__ = [
     "Backend", "BackendUnavailable", "CaseUnsupported", "Prepared", "Verdict", "UnknownBackendError",
-    "DEFAULT_BACKENDS", "backend_flag", "backend_names", "get_backend", "record_is_fp8",
+    "DEFAULT_BACKENDS", "EMULATION_BACKENDS", "PLAN_BACKENDS", "backend_flag", "backend_names", "get_backend",
+    "record_is_fp8",
 ]

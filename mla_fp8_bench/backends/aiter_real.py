@@ -14,7 +14,6 @@ import torch
 
 from mla_fp8_bench.aiter_ps import facts
 from mla_fp8_bench.aiter_ps.facts import import_aiter
-from mla_fp8_bench.aiter_ps.planner import total_qlen_violations
 from mla_fp8_bench.aiter_ps.workspace import used_partial_slots, used_workspace_bytes, workspace_bytes
 from mla_fp8_bench.backends.base import Backend, BackendUnavailable, CaseUnsupported, Prepared, Verdict
 from mla_fp8_bench.measure.devices import PlatformInfo, synchronize
@@ -137,7 +136,7 @@ class AiterPsDriver:
         budget = list(self.m.get_ps_metadata_info_v1(**kw, total_qlen=total_qlen))
         lengths = [{n: int(shape) if isinstance(shape, int) else int(shape[0]) for n, (shape, _) in
                     zip(facts.BUFFER_NAMES, info)} for info in (budget, plain)]
-        bad = total_qlen_violations(*lengths, batch_size=batch, max_qlen=max_qlen, total_qlen=total_qlen,
+        bad = facts.total_qlen_violations(*lengths, batch_size=batch, max_qlen=max_qlen, total_qlen=total_qlen,
                                     cu_num=lengths[1]["work_indptr"] - 1)
         if bad:
             raise RuntimeError(f"aiter's get_ps_metadata_info_v1 breaks AITER's sizing invariants: {'; '.join(bad)}")

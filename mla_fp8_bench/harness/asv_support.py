@@ -9,7 +9,7 @@ import re
 import sys
 from typing import Any
 
-from mla_fp8_bench.backends import DEFAULT_BACKENDS, backend_names, get_backend
+from mla_fp8_bench.backends import DEFAULT_BACKENDS, EMULATION_BACKENDS, PLAN_BACKENDS, backend_names, get_backend
 from mla_fp8_bench.config import PREFIX, RunConfig
 from mla_fp8_bench.problem.cases import SUITES, SWEEP_CAPS, SWEEP_SEQ_LENS
 
@@ -41,7 +41,7 @@ def asv_backends() -> tuple[str, ...]:
 
 
 def plan_backends() -> tuple[str, ...]:  # backends with plan_stats (the AiterPlan tracks)
-    return tuple(b for b in asv_backends() if callable(getattr(type(get_backend(b)), "plan_stats", None)))
+    return tuple(b for b in asv_backends() if b in PLAN_BACKENDS)
 
 
 def selection_knobs(regex: str) -> dict[str, str]:
@@ -70,7 +70,7 @@ def lookup(cache: dict[str, Any], backend: str, case: str) -> dict[str, Any]:
 
 
 def emulation_backends() -> tuple[str, ...]:
-    return tuple(b for b in asv_backends() if get_backend(b).emulation)
+    return tuple(b for b in asv_backends() if b in EMULATION_BACKENDS)
 
 
 def emulation_apart(rec: dict[str, Any]) -> dict[str, Any]:
