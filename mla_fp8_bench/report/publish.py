@@ -112,13 +112,21 @@ def _asv_publish(conf: dict, base: Path, results: Path, site: Path) -> list[str]
     conf = dict(conf, repo=repo if re.match(r"\w+://|git@", repo) else str((base / repo).resolve()),
                 results_dir=str(results.resolve()), html_dir=str(site), env_dir=str(site.parent / "env"),
                 benchmark_dir=str((base / conf.get("benchmark_dir", "benchmarks")).resolve()))
+    left_out = []
+    if not re.match(r"\w+://|git@", repo):  # a branch this clone lacks: the site follows the checkout instead
+        have = [b for b in conf.get("branches") or [] if subprocess.run(
+            ["git", "-C", conf["repo"], "rev-parse", "--verify", "--quiet", f"refs/heads/{b}"],
+            capture_output=True).returncode == 0]
+        if conf.get("branches") and not have:
+            left_out.append(f"branch {', '.join(conf['branches'])} is not in this clone: the graphs follow HEAD")
+            conf["branches"] = ["HEAD"]
     (site.parent / "asv.conf.json").write_text(json.dumps(conf))
     p = subprocess.run([sys.executable, "-m", "asv", "publish", "--no-pull", "--config", "asv.conf.json"],
                        cwd=site.parent, capture_output=True, text=True)
     log = p.stdout + p.stderr
     if p.returncode != 0 or not (site / "index.html").is_file():
         raise PublishError(f"asv publish failed (exit {p.returncode}): {' '.join(log.split())[-600:]}")
-    return list(dict.fromkeys(" ".join(s.split("··", 1)[1].split()) for s in log.splitlines() if "··" in s))
+    return left_out + list(dict.fromkeys(" ".join(s.split("··", 1)[1].split()) for s in log.splitlines() if "··" in s))
 
 
 def publish_site(config: str | os.PathLike = "asv.conf.json", html_dir: str | os.PathLike | None = None,
