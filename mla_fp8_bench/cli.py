@@ -179,6 +179,9 @@ def _machine_facts(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             "num_cpu": str(os.cpu_count()), "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
             "gpu": pinfo.name if pinfo.device_type == "cuda" else "none"}
     committed = Path(args.results_dir) / args.name / "machine.json"
+    if not Path(args.results_dir).is_dir():  # elsewhere than the checkout: a published name would get this machine
+        raise ValueError(f"--results-dir {args.results_dir} is not a directory: run from the checkout or pass the "
+                         "results directory that holds the committed machines")
     if not committed.exists():
         return here, "this machine"
     facts = load_json(committed, "committed machine file")

@@ -694,3 +694,10 @@ def test_nightly_runs_one_at_a_time_per_results_directory(tmp_path, monkeypatch,
     assert ran == []
     assert f"results directory {suite / 'results'} is being written by another process (pid {os.getpid()})" in \
         _out(capsys)
+
+
+def test_asv_machine_away_from_the_results_never_files_this_machine_under_a_published_name(_isolated, tmp_path,
+                                                                                         capsys):
+    assert main(["--device", "cpu", "asv-machine", "h200", "--results-dir", str(tmp_path / "reslts")]) == 2
+    assert f"--results-dir {tmp_path / 'reslts'} is not a directory" in _out(capsys)
+    assert not (_isolated / ".asv-machine.json").exists()

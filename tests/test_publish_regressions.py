@@ -156,3 +156,15 @@ def test_the_opening_view_never_picks_a_machine_without_a_gpu(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps({"machines": machines, "benchmarks": {
         LAT: {"params": params, "param_names": ["backend", "case"]}}}))
     assert kernel_latency_view(tmp_path) is None
+
+
+def test_a_fifo_in_the_results_is_refused_before_asv_reads_it(tmp_path, capsys):
+    import os
+    import shutil
+
+    shutil.copytree(ROOT / "results", tmp_path / "results")
+    os.mkfifo(tmp_path / "results" / "h200" / "p.json")
+    assert main(["publish", "--results-dir", str(tmp_path / "results"), "--html-dir", str(tmp_path / "html")]) == 2
+    c = capsys.readouterr()
+    assert "p.json, which is not a regular file" in " ".join((c.out + c.err).split())
+    assert not (tmp_path / "html").exists()

@@ -151,3 +151,12 @@ def test_merged_files_are_readable_per_umask(tmp_path):
         os.umask(old)
     for f in (tmp_path / "results").rglob("*.json"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+
+
+def test_a_destination_name_too_long_is_one_line(tmp_path, capsys):
+    cpu = runner_dir(tmp_path / "cpu", "cpu-2core", "none", {"b.M.track_latency": [1e-3, 2e-3]})
+    before = snapshot(cpu)
+    assert main(["merge-results", str(cpu), "--into", str(tmp_path / ("x" * 300))]) == 2
+    c = capsys.readouterr()
+    assert "File name too long" in c.out + c.err and "Traceback" not in c.out + c.err
+    assert snapshot(cpu) == before

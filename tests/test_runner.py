@@ -256,3 +256,31 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
     p = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60,
                        cwd=Path(__file__).resolve().parents[1])
     assert p.stdout.strip() == f"cannot read run JSON {fifo}: it is not a regular file"
+
+
+def test_sampling_longer_than_a_user_waits_is_refused_once_a_call_is_timed(monkeypatch):
+    """The start-of-run estimate is a lower bound; once the first call is timed, sampling expected past the
+    limit (samples x that call, within the budget) is an error record that says so, not hours of silence."""
+    import time
+
+    from mla_fp8_bench.harness import runner
+
+    class Slow(Backend):
+        name, description = "test-slow", "sleeps 20 ms a call"
+
+        def availability(self, platform):
+            return Verdict.yes()
+
+        def prepare(self, inputs):
+            def run():
+                time.sleep(0.02)
+                return torch.zeros(inputs.q.shape[0], inputs.q.shape[1], 128, dtype=torch.float32)
+            return Prepared(run=run, graph_capturable=False)
+
+    monkeypatch.setitem(backends._REGISTRY, "test-slow", Slow)
+    monkeypatch.setattr(runner, "check_duration", lambda *a: None)  # past the start-of-run lower bound
+    opts = RunOptions(samples=1_000_000, time_budget_s=1e9)
+    (rec,) = evaluate(["test-slow"], resolve_cases(["s16"]), device="cpu", options=opts)["records"]
+    assert rec["status"] == "error" and "latency sampling would take about" in rec["reason"]
+    hours = float(rec["reason"].split("about ")[1].split(" h")[0])
+    assert hours >= 1_000_000 * 0.02 / 3600 - 0.05  # at least samples x the 20 ms call

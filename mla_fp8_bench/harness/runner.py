@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -155,8 +156,10 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
             rec.status, rec.reason = "skipped", sup.reason
             return rec
         prepared = backend.prepare_case(case_data.inputs)
+        t0 = time.perf_counter()
         out = prepared.run()
         synchronize(pinfo.device)
+        call_s = time.perf_counter() - t0  # the first call: an upper side of one sample, for the sampling check
         out = out.detach().clone()
         v = rec.values
         v.update(timing_scope=prepared.timing_scope, emulation=backend.emulation, fp8=backend.fp8)
@@ -175,6 +178,11 @@ def evaluate_one(backend: Backend, case_data: CaseData, pinfo: PlatformInfo, opt
         v.update(flops=case_flops(case), bytes=case_min_bytes(case))
         _check_finite(rec)
         if opts.timing and rec.status == "ok":
+            est = min(opts.time_budget_s, opts.samples * call_s)
+            if opts.max_wait_s is not None and est > opts.max_wait_s:
+                raise ValueError(f"latency sampling would take about {est / 3600:.1f} h ({opts.samples} samples of a "
+                                 f"{call_s:.3g} s call within {opts.time_budget_s:g} s): fewer samples or a shorter "
+                                 "time budget, or --allow-long to go on")
             _measure_timing(v, prepared, pinfo, opts)
         v.update({k: val for k, val in prepared.extras.items() if k not in v})
     except (BackendUnavailable, CaseUnsupported) as exc:

@@ -148,6 +148,8 @@ def publish_site(config: str | os.PathLike = "asv.conf.json", html_dir: str | os
     try:
         if not (results / "benchmarks.json").is_file():
             raise PublishError(f"--results-dir {results} holds no benchmarks.json: nothing to publish (run asv first)")
+        if odd := [p for p in results.rglob("*") if not (p.is_file() or p.is_dir())]:  # asv would block on a FIFO
+            raise PublishError(f"--results-dir {results} holds {odd[0]}, which is not a regular file: move it away")
         if offline and (missing := asset_problems()):
             raise PublishError(f"--offline needs the site's scripts in {assets_dir()} ({len(missing)} of "
                                f"{len(PINNED)} missing or changed): run `mla-fp8-bench publish --install-assets`")

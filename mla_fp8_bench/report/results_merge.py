@@ -74,13 +74,15 @@ def _benchmarks(sources: list[Path], dest: Path, report: dict[str, list]) -> dic
 def merge_results(sources: list[str], into: str, *, dry_run: bool = False) -> dict[str, list]:
     """Merge ``sources`` into ``into``; returns the lists ``machines``, ``copied``, ``unchanged``, ``added``,
     ``kept``."""
-    dest, srcs, real = Path(into), [Path(s) for s in sources], Path(os.path.realpath(into))  # realpath: no loop error
-    if (dest.exists() or dest.is_symlink()) and (not dest.is_dir() or R.is_machine_dir(dest)):
-        raise MergeError(f"destination {dest} is not a results directory (a file, a broken link, a machine's folder)")
-    if any((r := Path(os.path.realpath(s))) == real or r in real.parents for s in srcs):
-        raise MergeError(f"destination {dest} is a source or lies inside one: give a destination outside them")
-    report: dict[str, list] = {k: [] for k in ("machines", "copied", "unchanged", "added", "kept")}
     try:
+        dest, srcs = Path(into), [Path(s) for s in sources]
+        real = Path(os.path.realpath(into))  # realpath: no loop error
+        if (dest.exists() or dest.is_symlink()) and (not dest.is_dir() or R.is_machine_dir(dest)):
+            raise MergeError(f"destination {dest} is not a results directory (a file, a broken link, a machine's "
+                             "folder)")
+        if any((r := Path(os.path.realpath(s))) == real or r in real.parents for s in srcs):
+            raise MergeError(f"destination {dest} is a source or lies inside one: give a destination outside them")
+        report: dict[str, list] = {k: [] for k in ("machines", "copied", "unchanged", "added", "kept")}
         with locked(dest, "destination"):
             writes, bench = _plan(srcs, dest, report), _benchmarks(srcs, dest, report)
             if not dry_run:
@@ -88,8 +90,8 @@ def merge_results(sources: list[str], into: str, *, dry_run: bool = False) -> di
                     write_file_atomic(target, lambda f, d=data: f.write(d), binary=True)
                 if bench is not None:
                     write_json_atomic(bench, dest / "benchmarks.json", indent=4, sort_keys=True)
-    except (R.ResultsError, OutputError) as exc:
-        raise MergeError(str(exc)) from None
+    except (R.ResultsError, OutputError, OSError) as exc:  # OSError: e.g. a name too long; nothing is replaced
+        raise MergeError(" ".join(str(exc).split())[:300]) from None
     return report
 
 
