@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 
@@ -24,3 +26,15 @@ def poison_inputs(monkeypatch):
         monkeypatch.setattr(inputs_mod, "make_bf16_qkv", make)
 
     return poison
+
+
+@pytest.fixture
+def no_block():
+    """Fail, rather than hang, if the code under test blocks for 10 s (a FIFO opened for reading)."""
+    def alarm(*_):
+        raise TimeoutError("blocked for 10 s")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

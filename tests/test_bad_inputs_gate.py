@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -23,18 +22,6 @@ def write(tmp_path: Path, name: str, records: list[dict], env: dict = GPU) -> st
     p = tmp_path / name
     p.write_text(json.dumps({"env": env, "records": records}))
     return str(p)
-
-
-@pytest.fixture
-def no_block():
-    """Fail, rather than hang, if the code under test blocks for 10 s (a FIFO opened for reading)."""
-    def alarm(*_):
-        raise TimeoutError("blocked for 10 s")
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(10)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def usage_error(capsys, *args: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -73,18 +72,6 @@ def _rec(backend: str, case: str, lat: float = 1e-5, e8=0.05, e16=0.2) -> dict:
     return {"backend": backend, "case": case, "status": "ok", "reason": "", "latency_s": lat,
             "latency_samples_s": [lat, lat * 1.1], "max_abs_error_fp8_ref": e8, "max_abs_error_bf16_ref": e16,
             "tflops": 1.0, "timing_scope": "kernel"}
-
-
-@pytest.fixture
-def no_block():
-    """Fail, rather than hang, if the code under test blocks for 10 s (a FIFO opened for reading)."""
-    def alarm(*_):
-        raise TimeoutError("blocked for 10 s")
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(10)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def test_truncated_result_file_found_by_commit_is_named_not_no_results(tmp_path):
